@@ -1,0 +1,36 @@
+# Two commands on a fresh machine: `make run` and `make test`. Both build .venv themselves.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+CONFIG  ?= deploy/configs/quickstart.yaml
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER = 0
+export RAY_USAGE_STATS_ENABLED = 0
+
+.PHONY: install run test test-unit test-e2e test-gpu study bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt torch==2.13.0 -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/stabledrl train --config $(CONFIG)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not gpu" tests
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+test-e2e: $(STAMP)
+	$(BIN)/python -m pytest -q -m e2e tests
+
+test-gpu:
+	python -m pytest -q -m gpu tests/gpu
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

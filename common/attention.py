@@ -1,0 +1,49 @@
+"""Attention layouts as 4-D boolean masks ``[B, 1, Q, K]`` (True = may attend).
+
+transformers honours a custom 4-D boolean mask with the ``sdpa`` backend (``eager`` silently
+ignores it; tests/unit/test_attention.py checks the backend we rely on). Rows of padding tokens
+attend only to themselves so that no softmax row is empty.
+
+Block layout for block-diffusion families (SDAR / TraDo / DiffusionGemma): completion position c
+is in block ``c // block_size``; the prompt is cut into blocks counted *backwards* from its end
+(ids -1, -2, ...), so response blocks start exactly at the response and a row's layout does not
+depend on the batch's left padding. A key is visible to a query iff ``block[k] <= block[q]``.
+When the prompt length is a multiple of the block size this is SDAR's absolute alignment.
+"""
+from __future__ import annotations
+
+import torch
+
+PAD_BLOCK = torch.iinfo(torch.long).min // 2
+
+
+def full_mask(valid: torch.Tensor) -> torch.Tensor:
+    """[B, L] bool -> [B, 1, L, L]: every real token sees every real token (LLaDA, Dream)."""
+    b, l = valid.shape
+    allowed = valid[:, None, :].expand(b, l, l)
+    return _pad_rows_see_self(allowed, valid)[:, None]
+
+
+def block_ids(prompt_mask: torch.Tensor, completion_width: int, block_size: int) -> torch.Tensor:
+    """[B, P] prompt mask -> [B, P + C] block index of every position (PAD_BLOCK on padding)."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    b, p = prompt_mask.shape
+    device = prompt_mask.device
+    # distance of each real prompt token from the end of its prompt: 0 for the last one
+    from_end = prompt_mask.long().flip(1).cumsum(1).flip(1) - 1
+    prompt_blocks = torch.where(prompt_mask, -(from_end // block_size) - 1, torch.full_like(from_end, PAD_BLOCK))
+    completion_blocks = (torch.arange(completion_width, device=device) // block_size).expand(b, completion_width)
+    return torch.cat([prompt_blocks, completion_blocks], dim=1)
+
+
+def block_causal_mask(blocks: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[B, L] block ids + [B, L] valid -> [B, 1, L, L]: a query sees keys of its own and earlier blocks."""
+    allowed = (blocks[:, None, :] <= blocks[:, :, None]) & valid[:, None, :]
+    return _pad_rows_see_self(allowed, valid)[:, None]
+
+
+def _pad_rows_see_self(allowed: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    l = valid.shape[1]
+    eye = torch.eye(l, dtype=torch.bool, device=valid.device)[None]
+    return torch.where(valid[:, :, None], allowed, eye)

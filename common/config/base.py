@@ -1,0 +1,82 @@
+"""Config plumbing: strict pydantic models, YAML files and dotted command-line overrides.
+
+Every component gets one section (a ``StrictModel``); unknown keys are errors, constraints live in
+the field types, and a failure names the dotted path of the offending field. Overrides are applied
+to the raw YAML dict *before* validation, so ``loss.clip_max=abc`` fails exactly like a bad file.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Base of every config section: unknown keys are rejected, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class ConfigError(ValueError):
+    """A config that cannot run, with every problem named by its dotted field path."""
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    with path.open() as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML: ``3``, ``1e-6``, ``true``, ``[1,2]``)."""
+    out = _deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key.path=value")
+        key, raw = item.split("=", 1)
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ConfigError(f"override {item!r} has an empty key")
+        value = yaml.safe_load(raw) if raw.strip() else None
+        node = out
+        for p in parts[:-1]:
+            child = node.get(p)
+            if child is None:
+                child = node[p] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def validate(model: type[M], data: dict[str, Any], source: str = "config") -> M:
+    """Validate ``data`` into ``model``; re-raise as a ConfigError that lists dotted field paths,
+    the value given and what is allowed."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            given = err.get("input")
+            given_s = "" if isinstance(given, dict) else f" (got {given!r})"
+            lines.append(f"  {loc}: {err['msg']}{given_s}")
+        raise ConfigError(f"invalid {source}:\n" + "\n".join(lines)) from None
+
+
+def _deepcopy(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _deepcopy(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_deepcopy(v) for v in d]
+    return d

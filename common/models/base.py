@@ -1,0 +1,101 @@
+"""One policy interface over the transformers models of every dLLM family.
+
+Samplers and estimators see only ``DiffusionPolicy``: ``forward`` returns logits *aligned in
+place* (row k predicts token k) whatever the family does internally, plus the KV cache when asked.
+Dream predicts token k from position k-1 ("shifted logits"); the shift is undone here, so no
+caller branches on the family.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    name: str  # "llada" | "dream" | "sdar" | "diffusion_gemma"
+    attention: Literal["full", "block"]  # full bidirectional, or block-causal (block diffusion)
+    shifted_logits: bool  # Dream: logits at k-1 predict token k
+    default_block_size: int  # generation block (sampler) / diffusion block (block families)
+
+
+@dataclass
+class PolicyOutput:
+    logits: torch.Tensor  # [B, L_kept, V], row j predicts the token at kept position j
+    past_key_values: Any = None
+
+
+class DiffusionPolicy(nn.Module):
+    """A masked-diffusion LM: the wrapped transformers model plus the tokens the algorithms need."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: FamilySpec,
+        *,
+        mask_token_id: int,
+        eos_token_id: int,
+        pad_token_id: int,
+        block_size: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.spec = spec
+        self.mask_token_id = int(mask_token_id)
+        self.eos_token_id = int(eos_token_id)
+        self.pad_token_id = int(pad_token_id)
+        self.block_size = int(block_size or spec.default_block_size)
+
+    @property
+    def is_block_diffusion(self) -> bool:
+        return self.spec.attention == "block"
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.get_text_config().vocab_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, L]
+        *,
+        attention_mask: Optional[torch.Tensor] = None,  # [B, 1, L, L_total] bool, True = attend
+        position_ids: Optional[torch.Tensor] = None,  # [B, L]
+        past_key_values: Any = None,
+        use_cache: bool = False,
+        logits_from: Optional[int] = None,  # keep logits only for positions >= logits_from
+    ) -> PolicyOutput:
+        length = input_ids.shape[1]
+        start = 0 if logits_from is None else int(logits_from)
+        shift = 1 if self.spec.shifted_logits else 0
+        if shift and start == 0:
+            raise ValueError("shifted-logit families cannot predict position 0 of a chunk; pass logits_from >= 1")
+        keep = torch.arange(start - shift, length - shift, device=input_ids.device)
+        kwargs: dict[str, Any] = {}
+        if past_key_values is not None:
+            kwargs[self._cache_kwarg] = past_key_values
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=use_cache,
+            logits_to_keep=keep,
+            **kwargs,
+        )
+        cache = getattr(out, "past_key_values", None)
+        if cache is None:
+            cache = getattr(out, "cache", None)
+        return PolicyOutput(logits=out.logits, past_key_values=cache)
+
+    @property
+    def _cache_kwarg(self) -> str:
+        # transformers >= 5.2x renamed `past_key_values` to `cache`; accept both releases
+        params = inspect.signature(self.model.forward).parameters
+        return "cache" if "cache" in params else "past_key_values"

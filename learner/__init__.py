@@ -1,0 +1,1 @@
+"""Learner side: losses (pure functions, one registry), the DeepSpeed engine, the learner worker."""

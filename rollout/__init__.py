@@ -1,0 +1,1 @@
+"""Rollout side: the diffusion sampling engine and the rollout worker (Ray actor)."""
