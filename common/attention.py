@@ -47,3 +47,35 @@ def _pad_rows_see_self(allowed: torch.Tensor, valid: torch.Tensor) -> torch.Tens
     l = valid.shape[1]
     eye = torch.eye(l, dtype=torch.bool, device=valid.device)[None]
     return torch.where(valid[:, :, None], allowed, eye)
+
+
+def staircase_mask(prompt_mask: torch.Tensor, completion_width: int, block_size: int) -> torch.Tensor:
+    """[B, P] prompt mask -> [B, 1, P + 2C, P + 2C]: the staircase layout of block-diffusion training.
+
+    The sequence is ``[prompt | clean completion | noisy completion]``; both completion copies carry
+    the same block ids (and, at the caller, the same position ids). Attention rules:
+
+    - prompt and clean rows: block-causal over ``[prompt | clean]`` (own and earlier blocks);
+    - noisy row in block b: the prompt, clean blocks ``< b`` and its own noisy block b
+      (bidirectional inside), never clean block b or later, so no label leaks.
+
+    One forward then scores every block's term log p(y_b | q, y_<b) at the noisy copy: the rows of
+    noisy block b see exactly what a per-block forward over ``[prompt | y_<b | noisy y_b]`` sees.
+    """
+    b, p = prompt_mask.shape
+    c = completion_width
+    device = prompt_mask.device
+    clean_blocks = block_ids(prompt_mask, c, block_size)  # [B, P + C]
+    noisy_blocks = clean_blocks[:, p:]  # [B, C]
+    blocks = torch.cat([clean_blocks, noisy_blocks], dim=1)  # [B, L]
+    noisy = torch.zeros(p + 2 * c, dtype=torch.bool, device=device)
+    noisy[p + c :] = True
+    ones = torch.ones(b, 2 * c, dtype=torch.bool, device=device)
+    valid = torch.cat([prompt_mask, ones], dim=1)  # [B, L]
+
+    bq, bk = blocks[:, :, None], blocks[:, None, :]  # [B, L, 1], [B, 1, L]
+    q_noisy, k_noisy = noisy[None, :, None], noisy[None, None, :]
+    clean_rule = ~k_noisy & (bk <= bq)
+    noisy_rule = (~k_noisy & (bk < bq)) | (k_noisy & (bk == bq))
+    allowed = torch.where(q_noisy, noisy_rule, clean_rule) & valid[:, None, :]
+    return _pad_rows_see_self(allowed, valid)[:, None]

@@ -1,0 +1,30 @@
+"""Likelihood estimators for masked-diffusion LMs (ALGORITHMS.md §2, §5), one registry.
+
+    from common.estimators import estimate, learner_seeds
+    ll = estimate(policy, batch, seeds, cfg)          # cfg: common.config.estimator.EstimatorConfig
+
+| name         | forwards per estimate      | ``token`` (per-token value)                               |
+|--------------|----------------------------|-----------------------------------------------------------|
+| mean_field   | num_draws (d1: 1)          | log p(o_k | prompt-masked q, all-masked completion)       |
+| elbo_mc      | num_draws (2)              | none                                                      |
+| block_random | num_draws (2)              | none                                                      |
+| spg_sandwich | num_draws (2)              | none; ``elbo`` = block_random's value of the same draws   |
+| coupled      | 1 + 2 num_draws (3)        | 1/2 [log p(o_k | all masked) + w log p(o_k | pair view)]   |
+| trajectory   | distinct (merged) steps    | log p(o_k | the state o_k was decoded from)               |
+| staircase    | num_draws (1), length P+2C | none                                                      |
+
+Block-diffusion families score every estimator through the staircase layout (scoring.py).
+"""
+from common.estimators import block_random, coupled, elbo, mean_field, staircase, trajectory  # noqa: F401  (registration)
+from common.estimators.base import ESTIMATORS, LogLikelihood, estimate, get_estimator, learner_seeds
+from common.estimators.scoring import build_inputs, score_views
+
+__all__ = [
+    "ESTIMATORS",
+    "LogLikelihood",
+    "estimate",
+    "get_estimator",
+    "learner_seeds",
+    "build_inputs",
+    "score_views",
+]

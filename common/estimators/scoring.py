@@ -1,0 +1,87 @@
+"""Score masked views: log p_theta(o_k | view) at the requested completion positions only.
+
+Full-attention families (LLaDA, Dream) read a plain forward over ``[prompt | noisy completion]``.
+Block-diffusion families (SDAR, TraDo) read the staircase layout ``[prompt | clean completion |
+noisy completion]`` (ALGORITHMS.md §5): block b of the noisy copy sees the prompt and the *clean*
+blocks before it, so one forward scores every block's term log p(y_b | q, y_<b). Every estimator goes
+through here, so each one means the same thing on both kinds of family.
+
+Cost control: logits are kept from the completion on (``logits_from``), the log-softmax is taken only
+at the scored positions (gather + logsumexp in float32; never a softmax over the vocabulary at every
+position), views with nothing to score are skipped, and ``draw_batch`` bounds how many views of each
+row share one forward.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from common.attention import full_mask, staircase_mask
+from common.estimators.masking import Views
+from common.models.base import DiffusionPolicy
+from common.types import SequenceBatch
+
+
+def build_inputs(
+    policy: DiffusionPolicy,
+    prompt_ids: torch.Tensor,  # [N, P], noisy prompt (left-padded)
+    prompt_mask: torch.Tensor,  # [N, P]
+    clean_completion: torch.Tensor,  # [N, C]
+    noisy_completion: torch.Tensor,  # [N, C]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(input_ids, attention_mask, position_ids, logits_from) of the layout the policy's family scores with.
+
+    The returned logits (from ``logits_from``) cover exactly the noisy completion's C positions.
+    """
+    n, p = prompt_mask.shape
+    c = noisy_completion.shape[1]
+    ones = torch.ones(n, c, dtype=torch.bool, device=prompt_mask.device)
+    valid = torch.cat([prompt_mask, ones], dim=1)  # [N, P + C]
+    positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)  # [N, P + C], from each row's first real token
+    if not policy.is_block_diffusion:
+        input_ids = torch.cat([prompt_ids, noisy_completion], dim=1)  # [N, P + C]
+        return input_ids, full_mask(valid), positions, p
+    input_ids = torch.cat([prompt_ids, clean_completion, noisy_completion], dim=1)  # [N, P + 2C]
+    positions = torch.cat([positions, positions[:, p:]], dim=1)  # both copies share position ids
+    return input_ids, staircase_mask(prompt_mask, c, policy.block_size), positions, p + c
+
+
+def token_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[M, V] logits, [M] targets -> [M] float32 log-softmax at the targets."""
+    picked = logits.gather(-1, targets[:, None]).squeeze(-1).float()
+    return picked - torch.logsumexp(logits.float(), dim=-1)
+
+
+def score_views(policy: DiffusionPolicy, batch: SequenceBatch, views: Views, draw_batch: Optional[int] = None) -> torch.Tensor:
+    """[B, V, C] float32: log p_theta(o_k | view v of row b) where ``views.score``, 0 elsewhere.
+
+    Views are taken ``draw_batch`` at a time (all B rows of each), skipping (row, view) pairs with
+    nothing to score; differentiable when grad is enabled.
+    """
+    device = policy.device
+    batch = batch.to(device)
+    b, v, c = views.score.shape
+    p = batch.prompt_width
+    score = views.score.to(device)
+    active = score.any(dim=-1)  # [B, V]
+    step = max(1, v if draw_batch is None else int(draw_batch))
+    out = torch.zeros(b, v, c, dtype=torch.float32, device=device)
+    prompt_ids, completion_ids = batch.input_ids[:, :p], batch.completion_ids
+    for start in range(0, v, step):
+        # view-major order inside the chunk: all rows of view `start`, then of `start + 1`, ...
+        vi, bi = active[:, start : start + step].T.nonzero(as_tuple=True)
+        if bi.numel() == 0:
+            continue
+        vi = vi + start
+        noisy_prompt = torch.where(views.prompt.to(device)[bi, vi], policy.mask_token_id, prompt_ids[bi])
+        noisy_completion = torch.where(views.completion.to(device)[bi, vi], policy.mask_token_id, completion_ids[bi])
+        inputs, attn, positions, logits_from = build_inputs(
+            policy, noisy_prompt, batch.prompt_mask[bi], completion_ids[bi], noisy_completion
+        )
+        logits = policy(inputs, attention_mask=attn, position_ids=positions, logits_from=logits_from).logits  # [N, C, V]
+        sel = score[bi, vi]  # [N, C]
+        lp = token_logp(logits[sel], completion_ids[bi][sel])  # [M]
+        rows = torch.zeros(sel.shape, dtype=torch.float32, device=device).masked_scatter(sel, lp)  # [N, C]
+        out = out.index_put((bi, vi), rows)
+    return out
