@@ -1,0 +1,126 @@
+"""Sampler settings: how a rollout turns prompts into completions (ALGORITHMS.md §6).
+
+Defaults are the released StableDRL/SPG rollout settings for LLaDA-8B (gen 256, 128 steps,
+block 32, temperature 0.9, low-confidence remasking, no cache). A block-diffusion policy
+(SDAR / TraDo) generates in its own trained block size: leave ``block_length`` at ``None`` (or set
+it equal to the policy's) and the sampler takes ``policy.block_size``.
+
+Every cross-field rule is checked where the values are known and names the field that breaks it:
+at construction for the fields themselves, and in ``layout(policy_block_size)`` once the policy
+(and so a ``block_length=None``) is known.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from common.config.base import ConfigError, StrictModel
+
+
+class SamplerConfig(StrictModel):
+    """One rollout engine's sampling settings."""
+
+    gen_length: int = Field(256, ge=1, description="completion canvas length C (tokens); EOS-filled after the first EOS")
+    block_length: Optional[int] = Field(
+        32,
+        ge=1,
+        description="semi-autoregressive block (full attention); None = the policy's block size. "
+        "Block-diffusion policies require None or their own block size.",
+    )
+    steps: Optional[int] = Field(
+        128,
+        ge=1,
+        description="denoising steps over the whole canvas, split evenly over the blocks (one forward each); "
+        "None = one token per step (steps = gen_length)",
+    )
+    temperature: float = Field(0.9, ge=0.0, description="0 = argmax; T > 0 = Gumbel-max sample from softmax(logits / T)")
+    remasking: Literal["low_confidence", "random"] = Field(
+        "low_confidence",
+        description="which masked positions of the block are committed each step: the k most confident "
+        "(confidence = probability of the chosen token), or k uniformly at random",
+    )
+    threshold: Optional[float] = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="parallel decoding: commit every masked position of the block whose confidence exceeds this "
+        "(at least one per step) instead of the fixed k per step; needs remasking=low_confidence",
+    )
+    cache: Literal["auto", "none", "prefix", "dual"] = Field(
+        "auto",
+        description="KV cache. Full attention: none (exact), prefix or dual (approximate, Fast-dLLM, refreshed once "
+        "per block). Block diffusion: prefix = the exact cache of finished blocks, none = reference path "
+        "without cache, dual is invalid. auto = the fastest exact choice (full: none, block: prefix).",
+    )
+    noise_dtype: Literal["float32", "float64"] = Field(
+        "float64",
+        description="dtype of the Gumbel noise (LLaDA draws it in float64: low-precision Gumbel-max lowers the "
+        "effective temperature, arXiv 2409.02908)",
+    )
+    stop_at_eos: bool = Field(
+        True, description="stop a row once it has an EOS with everything before it decoded; stop when all rows have"
+    )
+    max_batch_size: int = Field(64, ge=1, description="rows per sampler call; the engine splits larger requests")
+
+    @field_validator("block_length")
+    @classmethod
+    def _block_divides_gen(cls, v: Optional[int], info: ValidationInfo) -> Optional[int]:
+        gen = info.data.get("gen_length")
+        if v is not None and gen is not None and gen % v:
+            raise ValueError(f"block_length={v} must divide gen_length={gen}")
+        return v
+
+    @field_validator("steps")
+    @classmethod
+    def _steps_fit_blocks(cls, v: Optional[int], info: ValidationInfo) -> Optional[int]:
+        gen, block = info.data.get("gen_length"), info.data.get("block_length")
+        if v is not None and gen is not None and block is not None:
+            _steps_problem(v, gen, block, raise_as=ValueError)
+        return v
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold_needs_confidence(cls, v: Optional[float], info: ValidationInfo) -> Optional[float]:
+        if v is not None and info.data.get("remasking") != "low_confidence":
+            raise ValueError("threshold decoding ranks by confidence; it needs remasking='low_confidence'")
+        return v
+
+    @model_validator(mode="after")
+    def _recheck_on_assignment(self) -> "SamplerConfig":
+        # field validators see only earlier fields at construction; assignment re-runs this check
+        if self.block_length is not None:
+            self.layout(self.block_length)
+        if self.threshold is not None and self.remasking != "low_confidence":
+            raise ValueError("threshold: needs remasking='low_confidence'")
+        return self
+
+    def layout(self, policy_block_size: int, *, block_diffusion: bool = False) -> tuple[int, int, int]:
+        """(block_length, num_blocks, steps_per_block) for a policy; ConfigError names the bad field."""
+        block = self.block_length if self.block_length is not None else int(policy_block_size)
+        if block_diffusion and block != policy_block_size:
+            raise ConfigError(
+                f"block_length={block} differs from the block-diffusion policy's block size {policy_block_size}; "
+                "set block_length to None or to the policy's block size"
+            )
+        if self.gen_length % block:
+            raise ConfigError(f"block_length={block} must divide gen_length={self.gen_length}")
+        steps = self.steps if self.steps is not None else self.gen_length
+        _steps_problem(steps, self.gen_length, block, raise_as=ConfigError)
+        num_blocks = self.gen_length // block
+        return block, num_blocks, steps // num_blocks
+
+    def resolved_cache(self, block_diffusion: bool) -> Literal["none", "prefix", "dual"]:
+        if self.cache == "auto":
+            return "prefix" if block_diffusion else "none"
+        if block_diffusion and self.cache == "dual":
+            raise ConfigError("cache='dual' has no meaning for block diffusion (later blocks are invisible); use prefix or none")
+        return self.cache
+
+
+def _steps_problem(steps: int, gen: int, block: int, *, raise_as: type[Exception]) -> None:
+    num_blocks = gen // block
+    if steps % num_blocks:
+        raise raise_as(f"steps={steps} must be a multiple of the number of blocks gen_length/block_length={num_blocks}")
+    if steps > gen:
+        raise raise_as(f"steps={steps} exceeds gen_length={gen}: a step commits at least one token")

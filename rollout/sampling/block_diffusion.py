@@ -1,0 +1,97 @@
+"""Block-diffusion sampling (SDAR, TraDo; ALGORITHMS.md §5) with an exact KV cache.
+
+log pi(y) = sum_b log pi(y_b | q, y_<b): blocks of ``policy.block_size`` are generated left to
+right, each by masked diffusion over its own positions (decode.py's step rule), attending to
+the prompt and the finished blocks through the block-causal mask of common/attention.py. Since
+a finished block's keys depend only on blocks at or before it, caching them is exact.
+
+Cached path, one forward per denoising step and nothing else:
+  - first step: [prompt | block 0] (the prompt prefill rides along with block 0's first step);
+  - later steps: [previous block | current block]; the previous block is clean and final, so the
+    forward writes its exact K/V into the cache while denoising the current block (the "run it
+    once more clean to append it" pass of SDAR, fused into the next block's first step; on other
+    steps it rewrites identical values, which lets each row move to its next block on its own).
+The reference path (``cache="none"``) runs the whole canvas with the block-causal mask each step;
+the two give the same tokens and the same number of forwards.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from common.attention import block_causal_mask, block_ids
+from common.config.sampler import SamplerConfig
+from common.models.base import DiffusionPolicy
+from rollout.sampling.base import GenerationOutput, HostView, forward_block_logits, run_denoising
+from rollout.sampling.cache import SlotKVCache
+from rollout.sampling.canvas import Canvas, build_canvas
+from rollout.sampling.state import DecodeState
+
+
+def chunk_block_mask(blocks: torch.Tensor, valid: torch.Tensor, query: torch.Tensor, visible: int) -> torch.Tensor:
+    """Block-causal mask for the query slots ``query`` [B, Lq] against slots [0, visible):
+    [B, 1, Lq, visible], a query sees valid keys of its own and earlier blocks; padding sees itself."""
+    key_blocks, key_valid = blocks[:, :visible], valid[:, :visible]  # [B, K]
+    query_blocks, query_valid = blocks.gather(1, query), valid.gather(1, query)  # [B, Lq]
+    allowed = (key_blocks[:, None, :] <= query_blocks[:, :, None]) & key_valid[:, None, :]
+    itself = torch.arange(visible, device=query.device)[None, None, :] == query[:, :, None]
+    return torch.where(query_valid[:, :, None], allowed, itself)[:, None]
+
+
+class BlockDiffusionLogits:
+    """``block_logits`` for a block-diffusion policy, with the exact cache or without a cache."""
+
+    def __init__(self, policy: DiffusionPolicy, canvas: Canvas, block_size: int, use_cache: bool) -> None:
+        self.policy, self.canvas, self.block_size = policy, canvas, block_size
+        self.blocks = block_ids(canvas.prompt_mask, canvas.gen_length, block_size)  # [B, T]
+        self.cache = SlotKVCache(canvas.total_length) if use_cache else None
+        self.mask = None if use_cache else block_causal_mask(self.blocks, canvas.valid)  # [B, 1, T, T]
+
+    def __call__(self, state: DecodeState, view: HostView) -> torch.Tensor:
+        c, bs = self.canvas, self.block_size
+        if self.cache is None:
+            offsets = None if view.lo == view.hi else state.block_start - view.lo
+            return forward_block_logits(
+                self.policy, c.ids, attention_mask=self.mask, position_ids=c.position_ids,
+                logits_from=c.prompt_width + view.lo, offsets=offsets, block_length=bs,
+            )
+        if view.forward == 0:  # [prompt | block 0]: every row is in block 0
+            n = c.prompt_width + bs
+            query = torch.arange(n, device=c.ids.device).expand(c.batch_size, n)
+            logits_from = c.prompt_width
+            visible = n
+        else:  # [previous block | current block]
+            current = state.block_positions()  # [B, bs]
+            query = torch.cat([current - bs, current], dim=1)  # [B, 2 bs]
+            logits_from = bs
+            visible = min(c.prompt_width + view.hi + bs, c.total_length)
+        self.cache.set_slots(query, visible)
+        return forward_block_logits(
+            self.policy, c.ids.gather(1, query),
+            attention_mask=chunk_block_mask(self.blocks, c.valid, query, visible),
+            position_ids=c.position_ids.gather(1, query), logits_from=logits_from, offsets=None,
+            block_length=bs, cache=self.cache,
+        )
+
+
+def generate_block_diffusion(
+    policy: DiffusionPolicy, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig
+) -> GenerationOutput:
+    """Generate ``cfg.gen_length`` tokens after each prompt with a block-diffusion policy;
+    ``cfg.cache``: "prefix"/"auto" = exact KV cache, "none" = the reference path."""
+    if not policy.is_block_diffusion:
+        raise ValueError(f"{policy.spec.name} is a full-attention family; use generate_full_attention")
+    block_size, _, steps_per_block = cfg.layout(policy.block_size, block_diffusion=True)
+    use_cache = cfg.resolved_cache(block_diffusion=True) == "prefix"
+    with torch.inference_mode():
+        # at least one block of prompt slots, so [previous block | block 0] is always inside the canvas
+        canvas = build_canvas(
+            prompts, cfg.gen_length, mask_token_id=policy.mask_token_id, pad_token_id=policy.pad_token_id,
+            device=policy.device, min_prompt_width=block_size,
+        )
+        return run_denoising(
+            canvas, seeds, cfg, block_length=block_size, steps_per_block=steps_per_block,
+            mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id,
+            block_logits=BlockDiffusionLogits(policy, canvas, block_size, use_cache),
+        )

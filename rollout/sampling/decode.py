@@ -1,0 +1,94 @@
+"""One denoising step of masked-diffusion decoding: pick tokens, score them, commit some.
+
+LLaDA's sampler (arXiv 2502.09992, Alg. 4-5) at each step, for the masked positions of the
+current block:
+
+    x0_k   = argmax_v  l_k[v] / T + g_k[v],   g ~ Gumbel(0, 1)   (argmax of l_k when T = 0)
+    conf_k = softmax(l_k)[x0_k] = exp(l_k[x0_k] - logsumexp(l_k))
+    commit the k masked positions of highest conf (low-confidence remasking: the rest stay masked),
+    or k uniformly random ones (random remasking), or every one with conf > threshold and at
+    least one (Fast-dLLM parallel decoding, arXiv 2505.22618).
+
+The Gumbel-max form is LLaDA's ``exp(l) / (-log u)^T`` written in log space. The confidence is
+computed in float32 from a logsumexp over the block positions only, never a float64 softmax of
+the whole canvas. The mask token is never chosen (its logit is set to -inf), so a committed
+position can never read as masked again.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def transfer_schedule(block_length: int, steps_per_block: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[steps_per_block] tokens committed at each step of a block: block_length split as evenly as
+    possible, the remainder on the first steps (LLaDA's ``get_num_transfer_tokens``); sums to block_length."""
+    base, rem = divmod(block_length, steps_per_block)
+    k = torch.full((steps_per_block,), base, dtype=torch.long, device=device)
+    k[:rem] += 1
+    return k
+
+
+def choose_tokens(
+    logits: torch.Tensor,  # [B, Lb, V] logits of each row's current block (any float dtype)
+    temperature: float,
+    generators: Sequence[torch.Generator],  # one per row
+    *,
+    mask_token_id: int,
+    noise_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick a token per position and its confidence. Returns (x0 [B, Lb] int64, conf [B, Lb] float32).
+
+    Each row draws its Gumbel noise from its own generator, so its choice does not depend on its
+    batch neighbours. ``logits`` is modified in place (the mask token's logit is set to -inf).
+    """
+    logits[..., mask_token_id] = NEG_INF
+    if temperature > 0:
+        noise = torch.empty(logits.shape, dtype=noise_dtype, device=logits.device)  # [B, Lb, V]
+        for row, g in enumerate(generators):
+            noise[row].uniform_(generator=g)
+        # Gumbel(0,1) = -log(-log u); the clamp keeps u -> 1 from giving an infinite winner
+        noise.log_().neg_().clamp_(min=torch.finfo(noise_dtype).tiny).log_().neg_()
+        noise.add_(logits, alpha=1.0 / temperature)
+        x0 = noise.argmax(dim=-1)  # [B, Lb]
+        del noise
+    else:
+        x0 = logits.argmax(dim=-1)  # [B, Lb]
+    picked = logits.gather(-1, x0[..., None]).squeeze(-1).float()  # [B, Lb]
+    conf = torch.exp(picked - torch.logsumexp(logits.float(), dim=-1))  # [B, Lb] = p(x0)
+    return x0, conf
+
+
+def random_scores(shape: tuple[int, int], generators: Sequence[torch.Generator], device: torch.device) -> torch.Tensor:
+    """[B, Lb] uniform scores for random remasking, one generator per row."""
+    scores = torch.empty(shape, dtype=torch.float32, device=device)
+    for row, g in enumerate(generators):
+        scores[row].uniform_(generator=g)
+    return scores
+
+
+def commit_mask(
+    scores: torch.Tensor,  # [B, Lb] higher = commit first
+    masked: torch.Tensor,  # [B, Lb] bool: positions still [MASK] (and rows still working)
+    *,
+    k: Optional[torch.Tensor] = None,  # [B] tokens to commit this step
+    threshold: Optional[float] = None,
+) -> torch.Tensor:
+    """[B, Lb] bool: the masked positions committed this step.
+
+    Fixed k: the k highest-scoring masked positions (ties go to the earlier position).
+    Threshold: every masked position with score > threshold, plus the best one, so a row with
+    masked positions always makes progress.
+    """
+    scores = scores.masked_fill(~masked, NEG_INF)
+    order = scores.argsort(dim=1, descending=True, stable=True)  # [B, Lb]
+    ar = torch.arange(scores.shape[1], device=scores.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(1, order, ar)  # rank[b, j]: 0 = best
+    if threshold is not None:
+        return masked & ((scores > threshold) | (rank == 0))
+    if k is None:
+        raise ValueError("commit_mask needs k (tokens per step) or a threshold")
+    return masked & (rank < k[:, None])

@@ -1,0 +1,110 @@
+"""Semi-autoregressive masked-diffusion sampling for full-attention dLLMs (LLaDA, Dream).
+
+LLaDA (arXiv 2502.09992): canvas [prompt | [MASK] x gen_length], cut into blocks of
+block_length decoded left to right; each block gets steps / num_blocks steps, each step one
+forward over the canvas; the step rule is in decode.py. Only the current block's logits are
+used, so positions outside it are never chosen (the reference sets their confidence to -inf).
+
+Caches (Fast-dLLM, arXiv 2505.22618) are approximate for full attention, since every position's
+keys depend on every other position: a full forward refreshes the cache whenever a row starts a
+new block (and is that step's forward), then
+  - ``prefix``: each step feeds [current block | suffix] and reads the prefix K/V from the cache;
+  - ``dual``:   each step feeds only the current block and reads prefix and suffix K/V from it.
+``none`` is the exact baseline: a full forward every step. With a fixed number of steps all rows
+refresh together; with threshold decoding a refresh triggered by one row also refreshes its
+neighbours, so only the exact path is independent of batch neighbours in that mode.
+
+Dream's shifted logits (token k predicted at k-1) are undone by ``DiffusionPolicy``; a cached step
+therefore also feeds the token just before the block, whose logit predicts the block's first.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from common.attention import full_mask
+from common.config.sampler import SamplerConfig
+from common.models.base import DiffusionPolicy
+from rollout.sampling.base import GenerationOutput, HostView, forward_block_logits, run_denoising
+from rollout.sampling.cache import SlotKVCache
+from rollout.sampling.canvas import Canvas, build_canvas
+from rollout.sampling.state import DecodeState
+
+
+class FullAttentionLogits:
+    """``block_logits`` for a full-attention policy under one cache mode ("none", "prefix", "dual")."""
+
+    def __init__(self, policy: DiffusionPolicy, canvas: Canvas, block_length: int, mode: str) -> None:
+        self.policy, self.canvas, self.block_length, self.mode = policy, canvas, block_length, mode
+        self.shift = int(policy.spec.shifted_logits)
+        self.mask = full_mask(canvas.valid)  # [B, 1, T, T], fixed for the whole generation
+        t = canvas.total_length
+        self.cache = None if mode == "none" else SlotKVCache(t)
+        self.all_slots = torch.arange(t, device=canvas.ids.device).expand(canvas.batch_size, t)
+
+    def __call__(self, state: DecodeState, view: HostView) -> torch.Tensor:
+        if self.cache is None or view.refresh:
+            return self._full(state, view)
+        return self._prefix(state, view) if self.mode == "prefix" else self._dual(state)
+
+    def _offsets(self, state: DecodeState, view: HostView) -> torch.Tensor | None:
+        return None if view.lo == view.hi else state.block_start - view.lo
+
+    def _full(self, state: DecodeState, view: HostView) -> torch.Tensor:
+        c = self.canvas
+        if self.cache is not None:
+            self.cache.set_slots(self.all_slots, c.total_length)
+        return forward_block_logits(
+            self.policy, c.ids, attention_mask=self.mask, position_ids=c.position_ids,
+            logits_from=c.prompt_width + view.lo, offsets=self._offsets(state, view),
+            block_length=self.block_length, cache=self.cache,
+        )
+
+    def _prefix(self, state: DecodeState, view: HostView) -> torch.Tensor:
+        c, cache = self.canvas, self.cache
+        start = c.prompt_width + view.lo - self.shift
+        slot = torch.arange(start, c.total_length, device=c.ids.device)  # [Lq]
+        # a row ahead of the slowest keeps its cached prefix: its tokens before its block go to scratch
+        keep = slot[None, :] < (c.prompt_width + state.block_start)[:, None]  # [B, Lq]
+        cache.set_slots(torch.where(keep, cache.scratch_slot, slot[None, :]), c.total_length)
+        return forward_block_logits(
+            self.policy, c.ids[:, start:], attention_mask=self.mask[:, :, start:], position_ids=c.position_ids[:, start:],
+            logits_from=self.shift, offsets=self._offsets(state, view), block_length=self.block_length, cache=cache,
+        )
+
+    def _dual(self, state: DecodeState) -> torch.Tensor:
+        c, cache = self.canvas, self.cache
+        query = state.block_positions()  # [B, Lb] canvas indices
+        slots = query
+        if self.shift:
+            query = torch.cat([query[:, :1] - 1, query], dim=1)  # [B, 1 + Lb]
+            slots = torch.cat([torch.full_like(query[:, :1], cache.scratch_slot), slots], dim=1)
+        cache.set_slots(slots, c.total_length)
+        lq = query.shape[1]
+        attend = c.valid[:, None, None, :].expand(c.batch_size, 1, lq, c.total_length)  # [B, 1, Lq, T]
+        return forward_block_logits(
+            self.policy, c.ids.gather(1, query), attention_mask=attend, position_ids=c.position_ids.gather(1, query),
+            logits_from=self.shift, offsets=None, block_length=self.block_length, cache=cache,
+        )
+
+
+def generate_full_attention(
+    policy: DiffusionPolicy, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig
+) -> GenerationOutput:
+    """Generate ``cfg.gen_length`` tokens after each prompt (1-D int tensors, no padding);
+    ``seeds`` [B] seeds each row's own generator."""
+    if policy.is_block_diffusion:
+        raise ValueError(f"{policy.spec.name} is a block-diffusion family; use generate_block_diffusion")
+    block_length, _, steps_per_block = cfg.layout(policy.block_size)
+    mode = cfg.resolved_cache(block_diffusion=False)
+    with torch.inference_mode():
+        canvas = build_canvas(
+            prompts, cfg.gen_length, mask_token_id=policy.mask_token_id, pad_token_id=policy.pad_token_id,
+            device=policy.device,
+        )
+        return run_denoising(
+            canvas, seeds, cfg, block_length=block_length, steps_per_block=steps_per_block,
+            mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id,
+            block_logits=FullAttentionLogits(policy, canvas, block_length, mode),
+        )
