@@ -1,0 +1,201 @@
+"""The ``task`` config section: which task, where its prompts come from, how they are rewarded.
+
+Discriminated by ``name``; the per-task knobs live on each task's model. Example::
+
+    task:
+      name: countdown
+      source: {kind: generated, n: 10000, seed: 0}
+      held_out: 200
+      number_use: exactly_once
+      reward: {format_weight: 0.1, custom: "rewards/my_reward.py:score", on_failure: drop}
+
+File data (any task)::
+
+    task:
+      name: gsm8k
+      source: {kind: file, path: data/gsm8k_train.parquet, columns: {prompt: question}}
+      held_out_source: {kind: file, path: data/gsm8k_test.jsonl, columns: {prompt: question}}
+      on_bad_row: skip
+
+The record schema per task (canonical field names; ``columns`` maps them to the file's names) is
+in ``common/tasks/data.py``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import Field, field_validator, model_validator
+
+from common.config.base import StrictModel, validate
+
+_CUSTOM_SPEC = re.compile(r"^[^:\s][^:]*:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class GeneratedSource(StrictModel):
+    """Prompts made by the task's generator (arithmetic, countdown, sudoku4)."""
+
+    kind: Literal["generated"] = "generated"
+    n: int = Field(10000, ge=1, description="rows to generate, all distinct (held-out rows are taken from these)")
+    seed: int = Field(0, description="generator seed; row i is a function of (task, seed, i) only")
+
+
+class FileSource(StrictModel):
+    """Prompts read from a local JSONL or Parquet file."""
+
+    kind: Literal["file"] = "file"
+    path: str = Field(description="local path of a .jsonl / .json (one object per line) or .parquet file")
+    format: Literal["auto", "jsonl", "parquet"] = Field("auto", description="'auto' picks by file extension")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="canonical field -> column name in the file, e.g. {prompt: question}; unmapped fields keep their name",
+    )
+
+
+Source = Annotated[Union[GeneratedSource, FileSource], Field(discriminator="kind")]
+
+
+class RewardConfig(StrictModel):
+    """Reward = correctness_weight * correctness + format_weight * format, computed in a sandbox."""
+
+    correctness_weight: float = Field(1.0, ge=0, description="weight of the task's checker (or the custom function)")
+    format_weight: float = Field(0.1, ge=0, description="weight of the well-formed-answer part (0 disables it)")
+    custom: Optional[str] = Field(
+        None,
+        description="'path/to/file.py:function' or 'package.module:function' replacing the task's checker; "
+        "signature fn(completion: str, row: common.tasks.Row) -> float",
+    )
+    isolation: Literal["auto", "inline", "process"] = Field(
+        "auto",
+        description="'process' runs rewards in a child process (timeouts are enforced, crashes contained); "
+        "'inline' runs them in the worker (exceptions and bad values are still caught); 'auto' = process iff custom is set",
+    )
+    timeout_s: float = Field(5.0, gt=0, description="per-completion time limit (enforced with isolation=process)")
+    on_failure: Literal["zero", "drop"] = Field(
+        "zero", description="a failing reward (exception, non-number, NaN/inf, timeout) gives reward 0, or drops the sample"
+    )
+
+    @field_validator("custom")
+    @classmethod
+    def _custom_spec(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not _CUSTOM_SPEC.match(v):
+            raise ValueError("must be 'path/to/file.py:function' or 'package.module:function'")
+        return v
+
+    @property
+    def resolved_isolation(self) -> Literal["inline", "process"]:
+        if self.isolation == "auto":
+            return "process" if self.custom else "inline"
+        return self.isolation
+
+
+class _TaskBase(StrictModel):
+    source: Source = Field(default_factory=GeneratedSource, description="where the prompts come from")
+    held_out: Union[Annotated[int, Field(ge=0)], Annotated[float, Field(gt=0, lt=1)]] = Field(
+        0,
+        description="held-out rows taken from the source: an int is an exact count (the rows with the smallest "
+        "split hash), a float in (0, 1) a fraction (rows whose hash falls below it; membership never depends on other rows)",
+    )
+    held_out_source: Optional[FileSource] = Field(None, description="a separate held-out file (then held_out must be 0)")
+    split_seed: int = Field(0, description="seed of the train / held-out split hash")
+    max_prompt_tokens: int = Field(512, ge=1, description="rows whose rendered prompt is longer are bad rows")
+    on_bad_row: Literal["error", "skip"] = Field(
+        "error", description="'error': stop at the first bad row, naming its row number; 'skip': drop bad rows and count them"
+    )
+    system_prompt: Optional[str] = Field(None, description="system message (chat models) or text put before the prompt")
+    template: Optional[str] = Field(None, description="prompt template containing '{prompt}' once; None = the task's default")
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+
+    @field_validator("template")
+    @classmethod
+    def _one_slot(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and v.count("{prompt}") != 1:
+            raise ValueError("must contain '{prompt}' exactly once")
+        return v
+
+    @model_validator(mode="after")
+    def _held_out_once(self) -> "_TaskBase":
+        if self.held_out_source is not None and self.held_out:
+            raise ValueError("set held_out or held_out_source, not both")
+        return self
+
+
+class ArithmeticConfig(_TaskBase):
+    """Short integer problems ('23+41=' -> '64'): what the CPU quickstart trains on."""
+
+    name: Literal["arithmetic"]
+    digits: int = Field(2, ge=1, le=4, description="largest operand has this many digits")
+    operators: list[Literal["+", "-", "*", "/"]] = Field(["+", "-"], min_length=1, description="operators to draw from")
+    terms: int = Field(2, ge=2, le=4, description="operands per problem")
+    allow_negative: bool = Field(False, description="allow negative answers (else subtractions are reordered)")
+
+
+class CountdownConfig(_TaskBase):
+    """Reach the target with + - * / and the given numbers (TinyZero, d1)."""
+
+    name: Literal["countdown"]
+    min_numbers: int = Field(3, ge=2, le=6, description="fewest numbers per puzzle (TinyZero's set: 3 to 4)")
+    max_numbers: int = Field(4, ge=2, le=6, description="most numbers per puzzle")
+    max_number: int = Field(100, ge=2, le=1000, description="numbers are drawn from 1..max_number")
+    max_target: int = Field(1000, ge=1, description="generated targets lie in 1..max_target")
+    number_use: Literal["exactly_once", "at_most_once"] = Field(
+        "exactly_once",
+        description="'exactly_once' (TinyZero, d1: the multiset of numbers used equals the given one) or "
+        "'at_most_once' (the released StableDRL/SPG loader: a sub-multiset)",
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> "CountdownConfig":
+        if self.min_numbers > self.max_numbers:
+            raise ValueError("min_numbers must be <= max_numbers")
+        return self
+
+
+class Sudoku4Config(_TaskBase):
+    """4x4 Sudoku given as 16 digits, 0 = empty (d1's format)."""
+
+    name: Literal["sudoku4"]
+    empty_cells: int = Field(10, ge=1, le=12, description="empty cells per generated puzzle")
+    unique: bool = Field(True, description="generate only puzzles with a unique solution")
+    scoring: Literal["cells", "valid"] = Field(
+        "cells",
+        description="'cells' (d1): fraction of empty cells equal to the reference solution; "
+        "'valid': 1 iff the grid is a valid solution consistent with the clues",
+    )
+
+    @model_validator(mode="after")
+    def _cells_need_unique(self) -> "Sudoku4Config":
+        if self.scoring == "cells" and not self.unique and isinstance(self.source, GeneratedSource):
+            raise ValueError("scoring 'cells' compares with one solution: generate unique puzzles or use scoring 'valid'")
+        return self
+
+
+class Gsm8kConfig(_TaskBase):
+    """Grade-school word problems; the answer is the final number (file data only)."""
+
+    name: Literal["gsm8k"]
+    source: FileSource
+
+
+class MathConfig(_TaskBase):
+    """Competition math with a \\boxed{} answer (file data only)."""
+
+    name: Literal["math"]
+    source: FileSource
+    box: Literal["last", "first"] = Field("last", description="which \\boxed{} of a completion is its answer")
+
+
+TaskConfig = Annotated[
+    Union[ArithmeticConfig, CountdownConfig, Sudoku4Config, Gsm8kConfig, MathConfig],
+    Field(discriminator="name"),
+]
+AnyTaskConfig = Union[ArithmeticConfig, CountdownConfig, Sudoku4Config, Gsm8kConfig, MathConfig]
+
+
+class _Section(StrictModel):
+    task: TaskConfig
+
+
+def parse_task_config(data: dict) -> AnyTaskConfig:
+    """Validate a ``task`` section on its own; errors name fields as ``task.<path>``."""
+    return validate(_Section, {"task": data}, source="task config").task

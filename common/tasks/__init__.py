@@ -1,0 +1,54 @@
+"""Tasks, rewards and data: what the rollout worker rewards and the coordinator streams.
+
+    from common.config.task import parse_task_config
+    from common.tasks import PromptStream, RewardScorer, load_task_data
+
+    cfg = parse_task_config({"name": "arithmetic", "held_out": 200})
+    data = load_task_data(cfg)                      # TaskData(task, train, held_out, reports)
+    stream = PromptStream(data.train, seed=0)       # coordinator: stream.next(), state_dict()
+    row = stream.next()
+    prompt = data.task.render_prompt(row)            # e.g. "23+41="
+    with RewardScorer(cfg) as scorer:               # rollout worker
+        result = scorer.score("64", row)            # RewardResult(total, parts), or None = dropped
+
+Importing this package registers every task in ``TASKS``; it does not import torch.
+"""
+from common.tasks import arithmetic, countdown, gsm8k, hendrycks_math, sudoku  # noqa: F401  (registration)
+from common.tasks.base import TASKS, BadRow, NonNumericReward, RewardResult, Row, Task, stable_hash
+from common.tasks.build import build_task, load_reward_function
+from common.tasks.data import (
+    DataError,
+    LoadReport,
+    TaskData,
+    generate_rows,
+    load_task_data,
+    read_records,
+    rows_from_records,
+    split_rows,
+)
+from common.tasks.sandbox import RewardScorer, RewardStats
+from common.tasks.stream import DataCursor, PromptStream
+
+__all__ = [
+    "TASKS",
+    "BadRow",
+    "DataCursor",
+    "DataError",
+    "LoadReport",
+    "NonNumericReward",
+    "PromptStream",
+    "RewardResult",
+    "RewardScorer",
+    "RewardStats",
+    "Row",
+    "Task",
+    "TaskData",
+    "build_task",
+    "generate_rows",
+    "load_reward_function",
+    "load_task_data",
+    "read_records",
+    "rows_from_records",
+    "split_rows",
+    "stable_hash",
+]

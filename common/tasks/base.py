@@ -1,0 +1,171 @@
+"""What a task is: rows, a prompt template, a reward, and a reference completion.
+
+A ``Task`` is a small frozen record of functions, not a class hierarchy: each task module builds
+one from its config section and registers the builder in ``TASKS``. The reward of a completion
+``o`` for a row ``q`` is
+
+    r(o, q) = w_c · correctness(o, q) + w_f · format(o, q)        (both parts in [0, 1])
+
+with ``w_c`` / ``w_f`` from ``task.reward`` in the config. TinyZero and d1 (arXiv 2504.12216)
+give 0.1 for a well-formed but wrong answer and 1.0 for a right one; with ``w_f = 0.1`` a right
+answer here scores 1.1 (it is necessarily well-formed), which keeps the same ranking and the
+same right-minus-formatted gap of 1.0.
+
+Contract for ``completion`` arguments: the decoded completion up to (not including) the first
+EOS, special tokens removed. Reward functions never raise on any string (empty, huge, non-ASCII);
+the sandbox (``common.tasks.sandbox``) still guards them.
+
+This package does not import torch: the reward sandbox starts child processes that import it.
+"""
+from __future__ import annotations
+
+import hashlib
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from common.registry import Registry
+
+PROMPT_SLOT = "{prompt}"
+MAX_NUMBER_CHARS = 64  # longer digit runs are not numbers a task can mean (and int() caps at 4300)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One prompt of a task. ``prompt`` is the question text; the template wraps it."""
+
+    prompt_id: str
+    prompt: str
+    answer: str  # the reference answer as text (for logging and the checkers)
+    meta: Mapping[str, Any] = field(default_factory=dict)  # task data: numbers, target, puzzle, ...
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    total: float
+    parts: dict[str, float]
+
+
+class BadRow(ValueError):
+    """A data record that cannot become a Row; ``reason`` is the counter it is skipped under."""
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NonNumericReward(TypeError):
+    """A reward function returned something that is not a real number."""
+
+
+def as_reward_number(value: object, what: str) -> float:
+    """``value`` as a float if it is a real number (bool and numpy scalars included), else raise."""
+    if not isinstance(value, numbers.Real):
+        raise NonNumericReward(f"{what} returned {type(value).__name__}, not a number")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task as the rollout worker and the warm-start stage see it.
+
+    ``correctness`` and ``format_score`` map (completion, row) to [0, 1]; ``reference`` gives a
+    right, well-formed completion; ``from_record`` turns a file record (canonical field names)
+    into a Row or raises BadRow; ``generate`` makes the row for one seed (None: file data only).
+    """
+
+    name: str
+    template: str
+    correctness: Callable[[str, Row], float]
+    format_score: Callable[[str, Row], float]
+    reference: Callable[[Row], str]
+    from_record: Callable[[Mapping[str, Any]], Row]
+    required_fields: tuple[str, ...]
+    generate: Optional[Callable[[int], Row]] = None
+    system_prompt: Optional[str] = None
+    correctness_weight: float = 1.0
+    format_weight: float = 0.0
+    correctness_name: str = "correctness"  # "custom" when a user function replaced the checker
+
+    def render_prompt(self, row: Row) -> str:
+        """The prompt text a plain (non-chat) tokenizer encodes: [system + blank line +] template."""
+        body = self.template.replace(PROMPT_SLOT, row.prompt)
+        return f"{self.system_prompt}\n\n{body}" if self.system_prompt else body
+
+    def messages(self, row: Row) -> list[dict[str, str]]:
+        """The same prompt as chat messages, for tokenizers with a chat template."""
+        out = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return out + [{"role": "user", "content": self.template.replace(PROMPT_SLOT, row.prompt)}]
+
+    def reward(self, completion: str, row: Row) -> RewardResult:
+        c = as_reward_number(self.correctness(completion, row), self.correctness_name)
+        parts = {self.correctness_name: c}
+        total = self.correctness_weight * c
+        if self.format_weight:
+            f = as_reward_number(self.format_score(completion, row), "format")
+            parts["format"] = f
+            total += self.format_weight * f
+        return RewardResult(total=total, parts=parts)
+
+    def reference_completion(self, row: Row) -> str:
+        return self.reference(row)
+
+
+# name -> builder(task config section) -> Task
+TASKS: Registry[Callable[[Any], Task]] = Registry("task")
+
+
+def stable_hash(*parts: object) -> int:
+    """A 63-bit hash of ``parts``, the same in every process and Python run (``hash()`` is salted)."""
+    digest = hashlib.blake2b(repr(parts).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def content_id(task_name: str, *content: object) -> str:
+    """A prompt id derived from a row's content (so a row keeps its id whatever the file order)."""
+    return f"{task_name}-{stable_hash(task_name, *content):016x}"
+
+
+def last_answer_tag(text: str) -> Optional[str]:
+    """Content of the last complete ``<answer>...</answer>`` (stripped), or None (d1, TinyZero).
+
+    The last closing tag and the nearest opening tag before it, found with two linear scans (a
+    non-greedy regex is quadratic on text with many unclosed tags). Where tags nest, as in
+    ``<answer>a<answer>b</answer>``, this reads ``b``; d1's ``findall`` would read ``a<answer>b``.
+    """
+    close = text.rfind("</answer>")
+    if close < 0:
+        return None
+    start = text.rfind("<answer>", 0, close)
+    return None if start < 0 else text[start + len("<answer>") : close].strip()
+
+
+def record_text(record: Mapping[str, Any], name: str) -> str:
+    """A required text field of a file record; numbers are accepted and printed."""
+    value = record.get(name)
+    if value is None:
+        raise BadRow(f"missing field {name!r}", "missing_field")
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise BadRow(f"field {name!r} must be text, got {type(value).__name__}")
+    text = str(value).strip()
+    if not text:
+        raise BadRow(f"field {name!r} is empty", "empty_field")
+    return text
+
+
+def record_id(record: Mapping[str, Any], task_name: str, *content: object) -> str:
+    """The record's ``id`` if it has one, else an id derived from its content."""
+    value = record.get("id")
+    if value is None or str(value).strip() == "":
+        return content_id(task_name, *content)
+    return str(value).strip()
+
+
+def shared_fields(cfg: Any, default_template: str) -> dict[str, Any]:
+    """The Task fields every builder takes from the shared part of a task config."""
+    return dict(
+        template=cfg.template if cfg.template is not None else default_template,
+        system_prompt=cfg.system_prompt,
+        correctness_weight=cfg.reward.correctness_weight,
+        format_weight=cfg.reward.format_weight,
+    )

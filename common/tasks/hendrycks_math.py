@@ -1,0 +1,105 @@
+"""``math``: competition problems with a ``\\boxed{}`` answer (Hendrycks et al., arXiv 2103.03874).
+
+The answer of a completion is the content of its last ``\\boxed{...}`` / ``\\fbox{...}`` (or the
+first, by config), read with brace matching: nested braces are kept, ``\\{`` / ``\\}`` are
+literal, and a box whose braces never close is ignored. ``\\boxed 5`` (no braces) is read up to
+the next space or ``$``. correctness = 1 iff that answer is equivalent to the reference after
+normalisation (``common.tasks.latex``); format = 1 iff a complete box exists.
+
+File records: ``prompt`` (the problem), ``answer`` (the final answer, or a worked solution with a
+``\\boxed{}``: its last box is the answer and the text is the reference reasoning); optional
+``solution`` (a worked solution), ``id``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator, Mapping, Optional
+
+from common.tasks.base import TASKS, BadRow, Row, Task, record_id, record_text, shared_fields
+from common.tasks.latex import equivalent
+
+NAME = "math"
+DEFAULT_TEMPLATE = "{prompt}\nReason step by step and put your final answer in \\boxed{}."
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+
+
+def boxes(text: str) -> Iterator[str]:
+    """Contents of every complete box in ``text``, in order of where each box starts."""
+    closing = _matching_braces(text)
+    for m in _BOX.finditer(text):
+        j = m.end()
+        while j < len(text) and text[j] == " ":
+            j += 1
+        if j < len(text) and text[j] == "{":
+            if j in closing:
+                yield text[j + 1 : closing[j]]
+        elif j > m.end():
+            bare = re.match(r"[^\s$]+", text[j:])
+            if bare:
+                yield bare.group(0)
+
+
+def _matching_braces(text: str) -> dict[int, int]:
+    """Index of each '{' -> index of the '}' closing it, in one pass; a group that never closes is
+    absent. Escaped characters (``\\{``, ``\\}``, ``\\\\``) never open or close a group."""
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "{":
+            stack.append(i)
+        elif ch == "}" and stack:
+            closing[stack.pop()] = i
+        i += 1
+    return closing
+
+
+def find_box(text: str, which: str = "last") -> Optional[str]:
+    found = list(boxes(text))
+    if not found:
+        return None
+    return found[-1] if which == "last" else found[0]
+
+
+def from_record(record: Mapping[str, Any]) -> Row:
+    prompt = record_text(record, "prompt")
+    raw = record_text(record, "answer")
+    solution = record.get("solution")
+    solution = str(solution).strip() if solution is not None and str(solution).strip() else None
+    if find_box(raw) is not None:
+        solution, raw = solution or raw, find_box(raw)
+    answer = raw.strip()
+    if not answer:
+        raise BadRow("answer box is empty")
+    if solution is not None and not (find_box(solution) and equivalent(find_box(solution), answer)):
+        solution = None  # a solution whose box disagrees is not a usable reference
+    meta = {"solution": solution}
+    return Row(prompt_id=record_id(record, NAME, prompt, answer), prompt=prompt, answer=answer, meta=meta)
+
+
+def reference(row: Row) -> str:
+    return row.meta.get("solution") or f"The final answer is \\boxed{{{row.answer}}}."
+
+
+@TASKS.register(NAME)
+def build(cfg: Any) -> Task:
+    def correctness(completion: str, row: Row) -> float:
+        predicted = find_box(completion, cfg.box)
+        return float(predicted is not None and equivalent(predicted, row.answer))
+
+    def format_score(completion: str, row: Row) -> float:
+        return float(find_box(completion) is not None)
+
+    return Task(
+        name=NAME,
+        correctness=correctness,
+        format_score=format_score,
+        reference=reference,
+        from_record=from_record,
+        required_fields=("prompt", "answer"),
+        **shared_fields(cfg, DEFAULT_TEMPLATE),
+    )
