@@ -1,0 +1,240 @@
+"""The learner's training engine: one DeepSpeed ZeRO-2/3 engine per learner rank.
+
+``LearnerEngine.train_step(micro_batches, loss_fn)`` runs one optimizer update over any number of
+micro-batches per rank with the loss normalised *globally*:
+
+    L = Σ_r Σ_i ℓ_{r,i},   each ℓ_{r,i} already divided by the global denominator D
+                           (e.g. the token count of the whole step over all ranks),
+
+so the update is the gradient of the whole step's loss whatever the data-parallel sharding
+(OpenRLHF's aggregate_loss argues the same invariance). DeepSpeed would distort this twice:
+
+  1. ``engine.backward`` divides the loss by gradient_accumulation_steps. We own accumulation
+     (``set_gradient_accumulation_boundary`` before every micro-batch, one ``step`` at the end)
+     and configure gas = 1, so that factor is 1.
+  2. ZeRO *averages* gradients over the W data-parallel ranks (reduce-scatter, then ÷W).
+     We back-propagate W·ℓ_{r,i}, so the reduced gradient is (1/W)·Σ_r Σ_i ∇(W·ℓ_{r,i}) = ∇L.
+
+tests/e2e/test_learner_engine.py checks the result against one process on all the data.
+
+Ranks may hold different numbers of micro-batches; under ZeRO-3 every forward gathers parameters
+collectively, so the shorter ranks repeat their first micro-batch with weight 0 (its gradient is
+exactly zero, its metrics are not counted).
+
+A step is skipped, counted, and leaves weights and Adam moments bit-identical when any rank saw a
+non-finite loss (one all-reduce per step, carried with the metrics) or the global grad norm is
+non-finite. DeepSpeed 0.19.8 skips non-finite grad norms by itself in bf16/fp32; a finite-norm
+step with a NaN loss (e.g. a NaN in a detached term) it would apply, hence ``GuardedAdamW``.
+"""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from common.config.learner import LearnerConfig
+from learner.group import local_device
+from learner.zero import (
+    build_optimizer,
+    deepspeed_config,
+    enable_gradient_checkpointing,
+    gathered_named_parameters,
+    is_finite,
+    lr_at,
+    resolve_dtype,
+)
+
+LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+class LearnerEngine:
+    """A model wrapped in DeepSpeed ZeRO on one learner rank (the learner group must exist:
+    ``learner.group.init_learner_group``). Every method is collective: call it on all ranks."""
+
+    def __init__(self, model: nn.Module, cfg: LearnerConfig) -> None:
+        import deepspeed
+
+        if not dist.is_initialized():
+            raise RuntimeError("LearnerEngine needs the learner process group; call init_learner_group first")
+        self.cfg = cfg
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.device = local_device()
+        self.dtype = resolve_dtype(cfg.deepspeed.dtype, self.device)
+        self.gradient_checkpointing = cfg.deepspeed.gradient_checkpointing and enable_gradient_checkpointing(model)
+        model.train()
+        self.optimizer = build_optimizer(model, cfg.optimizer)
+        self.optimizer.may_step = self._may_step
+        ds_config = deepspeed_config(cfg.deepspeed, cfg.optimizer, self.dtype, self.world_size)
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=ds_config)
+        self.applied_steps = 0  # optimizer updates applied (drives the lr schedule)
+        self.skipped_steps = 0  # steps skipped for a non-finite loss or grad norm
+        self._bad_loss = False
+
+    @property
+    def module(self) -> nn.Module:
+        return self.engine.module
+
+    # ---- training -------------------------------------------------------------------------
+    def train_step(self, micro_batches: Sequence[Any], loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer update over this rank's ``micro_batches`` (see the module docstring).
+
+        ``loss_fn(model, micro_batch) -> (loss, metrics)``: ``model`` is the DeepSpeed engine (it
+        forwards calls and attribute reads to the wrapped module); ``loss`` is this micro-batch's
+        share of the global loss (already ÷ the global denominator); ``metrics`` are scalar
+        tensors aggregated like the loss: summed over micro-batches and ranks, so make them
+        globally normalised contributions too; keys ending in ``_max`` / ``_min`` are reduced by
+        max / min instead. Every rank must produce the same keys.
+
+        Returns, identical on every rank: train/loss (the global loss), train/grad_norm (before
+        clipping; inf when DeepSpeed skipped), train/lr, train/skipped (0/1), train/skipped_total,
+        train/micro_batches (over all ranks) and train/<key> for each metric.
+        """
+        n_local = len(micro_batches)
+        if n_local == 0:
+            raise ValueError("train_step needs at least one micro-batch on every rank")
+        counts = torch.tensor([n_local], dtype=torch.float64, device=self.device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        n_steps = int(counts.item())
+
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        sums: dict[str, torch.Tensor] = {}
+        extremes: dict[str, torch.Tensor] = {}
+        bad = torch.zeros((), dtype=torch.float64, device=self.device)
+        for i in range(n_steps):
+            real = i < n_local
+            self.engine.set_gradient_accumulation_boundary(i == n_steps - 1)
+            loss, metrics = loss_fn(self.engine, micro_batches[i if real else 0])
+            # ×W undoes ZeRO's data-parallel mean; weight 0 makes a padding pass contribute nothing
+            self.engine.backward(loss * (self.world_size if real else 0.0))
+            if real:
+                loss = loss.detach().double()
+                bad = torch.maximum(bad, (~torch.isfinite(loss)).double())
+                loss_sum = loss_sum + loss
+                _accumulate(sums, extremes, metrics, self.device)
+
+        keys = sorted(sums)
+        packed = torch.stack([loss_sum, bad, torch.tensor(float(n_local), dtype=torch.float64, device=self.device)]
+                             + [sums[k] for k in keys])
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+        reduced_extremes = self._reduce_extremes(extremes)
+        self._bad_loss = bool(packed[1].item() > 0)
+
+        lr = lr_at(self.cfg.optimizer, self.applied_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.refused = False
+        self.engine.step()
+        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = float("nan") if grad_norm is None else float(grad_norm)
+        applied = self.engine.was_step_applied() and not self.optimizer.refused
+        if applied:
+            self.applied_steps += 1
+        else:
+            self.skipped_steps += 1
+
+        out = {
+            "train/loss": float(packed[0]),
+            "train/grad_norm": grad_norm,
+            "train/lr": lr,
+            "train/skipped": 0.0 if applied else 1.0,
+            "train/skipped_total": float(self.skipped_steps),
+            "train/micro_batches": float(packed[2]),
+        }
+        out.update({f"train/{k}": float(v) for k, v in zip(keys, packed[3:])})
+        out.update({f"train/{k}": v for k, v in reduced_extremes.items()})
+        return out
+
+    def _may_step(self) -> bool:
+        """Asked by GuardedAdamW inside DeepSpeed's step, after the global grad norm is known."""
+        norm = getattr(self.engine.optimizer, "_global_grad_norm", None)
+        norm = None if norm is None else float(norm)
+        return not self._bad_loss and (norm is None or is_finite(norm))
+
+    def _reduce_extremes(self, extremes: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One MAX all-reduce for every ``_max`` metric and the negated ``_min`` ones."""
+        if not extremes:
+            return {}
+        keys = sorted(extremes)
+        sign = [1.0 if k.endswith("_max") else -1.0 for k in keys]
+        packed = torch.stack([s * extremes[k] for s, k in zip(sign, keys)])
+        dist.all_reduce(packed, op=dist.ReduceOp.MAX)
+        return {k: s * float(v) for s, k, v in zip(sign, keys, packed)}
+
+    # ---- weights out ----------------------------------------------------------------------
+    def named_parameters_for_push(self, all_ranks: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full parameters, streamed bucket by bucket, on rank 0 (on every rank if ``all_ranks``).
+        Collective under ZeRO-3: every rank iterates to the end. Tensors are views valid until
+        the next item; they are in the training dtype on this rank's device."""
+        bucket_bytes = self.cfg.deepspeed.gather_bucket_mb << 20
+        receive = all_ranks or self.rank == 0
+        return gathered_named_parameters(self.engine.module, self.cfg.deepspeed.zero_stage, bucket_bytes, receive)
+
+    def state_dict_for_push(self, all_ranks: bool = False) -> Optional[dict[str, torch.Tensor]]:
+        """The full parameters as CPU copies on rank 0 (every rank if ``all_ranks``), None on
+        the others. Collective."""
+        out = {name: t.to("cpu", copy=True) for name, t in self.named_parameters_for_push(all_ranks)}
+        return out if (all_ranks or self.rank == 0) else None
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def save_checkpoint(self, directory: str | os.PathLike, client_state: Optional[dict] = None,
+                        tag: Optional[str] = None) -> str:
+        """DeepSpeed checkpoint (sharded weights + optimizer state) under ``directory/tag`` plus
+        ``client_state`` (version, data cursor, ...) and each rank's RNG states. All ranks must
+        see the same ``directory`` (a shared filesystem across nodes). Returns the tag."""
+        tag = tag or f"step{self.applied_steps + self.skipped_steps}"
+        state = {"client": client_state or {}, "engine": {"applied_steps": self.applied_steps,
+                                                          "skipped_steps": self.skipped_steps}}
+        self.engine.save_checkpoint(str(directory), tag=tag, client_state=state)
+        torch.save(_rng_states(), Path(directory) / tag / f"rng_rank{self.rank}.pt")
+        dist.barrier()
+        return tag
+
+    def load_checkpoint(self, directory: str | os.PathLike, tag: Optional[str] = None) -> dict:
+        """Restore weights, optimizer state, the lr schedule position and this rank's RNG states;
+        returns the ``client_state`` given to ``save_checkpoint``. ``tag=None``: the latest."""
+        path, state = self.engine.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True,
+                                                  load_lr_scheduler_states=False)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint {tag or '(latest)'} under {directory}")
+        self.applied_steps = int(state["engine"]["applied_steps"])
+        self.skipped_steps = int(state["engine"]["skipped_steps"])
+        tag = tag or Path(directory, "latest").read_text().strip()
+        _set_rng_states(torch.load(Path(directory) / tag / f"rng_rank{self.rank}.pt", weights_only=False))
+        return state["client"]
+
+
+def _accumulate(sums: dict[str, torch.Tensor], extremes: dict[str, torch.Tensor],
+                metrics: dict[str, torch.Tensor], device: torch.device) -> None:
+    for key, value in metrics.items():
+        value = torch.as_tensor(value).detach().to(device=device, dtype=torch.float64).reshape(())
+        if key.endswith("_max"):
+            extremes[key] = torch.maximum(extremes[key], value) if key in extremes else value
+        elif key.endswith("_min"):
+            extremes[key] = torch.minimum(extremes[key], value) if key in extremes else value
+        else:
+            sums[key] = sums[key] + value if key in sums else value
+
+
+def _rng_states() -> dict[str, Any]:
+    import numpy as np
+
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    import numpy as np
+
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])

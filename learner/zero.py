@@ -1,0 +1,154 @@
+"""DeepSpeed ZeRO plumbing behind ``learner.engine.LearnerEngine``: the DeepSpeed config, the
+guarded AdamW that can refuse a step, parameter groups, activation checkpointing, and the one
+place where ZeRO-3 shards are gathered into full tensors (``gathered_named_parameters``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterator, Optional
+
+import torch
+from torch import nn
+
+from common.config.learner import DeepSpeedConfig, OptimizerConfig
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """"auto" -> bf16 on a CUDA device with bf16 support, fp32 elsewhere (DeepSpeed's CPU path
+    runs fp32 and bf16 but not fp16)."""
+    if dtype == "bf16":
+        return torch.bfloat16
+    if dtype == "fp32":
+        return torch.float32
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def deepspeed_config(cfg: DeepSpeedConfig, opt: OptimizerConfig, dtype: torch.dtype, world_size: int) -> dict:
+    """The DeepSpeed JSON config. Gradient accumulation is ours (see ``LearnerEngine.train_step``):
+    DeepSpeed is told 1 micro-batch of 1 per rank, so its 1/gas loss scaling is 1."""
+    zero: dict = {
+        "stage": cfg.zero_stage,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": cfg.reduce_bucket_size,
+    }
+    if cfg.zero_stage == 3:
+        zero.update(
+            stage3_param_persistence_threshold=cfg.param_persistence_threshold,
+            stage3_prefetch_bucket_size=cfg.prefetch_bucket_size,
+        )
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
+        "gradient_clipping": opt.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        # GuardedAdamW subclasses torch's AdamW; DeepSpeed's allow-list checks the exact type
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+class GuardedAdamW(torch.optim.AdamW):
+    """torch AdamW whose ``step`` does nothing while ``may_step()`` says no.
+
+    DeepSpeed's ZeRO optimizer computes the global grad norm, clips, then calls this step on the
+    fp32 master partitions. Refusing here leaves master weights, bf16 weights and the Adam moments
+    untouched while DeepSpeed still clears the gradients, so a skipped step costs nothing but
+    itself. ``refused`` records whether the last call was refused.
+    """
+
+    def __init__(self, params, **kwargs) -> None:
+        super().__init__(params, **kwargs)
+        self.may_step: Callable[[], bool] = lambda: True
+        self.refused = False
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D401 - torch signature
+        if not self.may_step():
+            self.refused = True
+            return None
+        return super().step(closure)
+
+
+def build_optimizer(model: nn.Module, opt: OptimizerConfig) -> GuardedAdamW:
+    """AdamW with weight decay on matrices only (biases and norm weights are 1-D and never decay)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    return GuardedAdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
+
+
+def lr_at(opt: OptimizerConfig, applied_steps: int) -> float:
+    """lr for the update that follows ``applied_steps`` applied updates: linear warm-up
+    lr·(k+1)/warmup over the first ``warmup_steps`` updates, then constant."""
+    if opt.warmup_steps == 0:
+        return opt.lr
+    return opt.lr * min(1.0, (applied_steps + 1) / opt.warmup_steps)
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> bool:
+    """Call the first ``gradient_checkpointing_enable`` found (the HF model inside a
+    DiffusionPolicy); non-reentrant checkpointing, which ZeRO-3's parameter hooks need."""
+    for module in model.modules():
+        enable = getattr(module, "gradient_checkpointing_enable", None)
+        if callable(enable):
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            return True
+    return False
+
+
+def zero3_numel(p: torch.Tensor) -> int:
+    """Full element count of a parameter (ZeRO-3 partitions leave ``numel() == 0`` locally)."""
+    return int(getattr(p, "ds_numel", p.numel()))
+
+
+def gathered_named_parameters(
+    module: nn.Module, zero_stage: int, bucket_bytes: int, receive: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, full tensor)`` for every parameter of ``module`` where ``receive`` is true
+    (rank 0 for a weight push; every rank in tests).
+
+    Every rank must iterate to the end: under ZeRO-3 the gathers are collectives (a rank with
+    ``receive=False`` yields nothing but takes part). Parameters are gathered ``bucket_bytes`` at a time, so at most
+    one bucket of full tensors exists beyond the shards. A yielded tensor is a view that is valid
+    only until the next item is requested: copy it (``send`` does). Under ZeRO-2 every rank holds
+    full parameters and nothing is gathered.
+    """
+    named = list(module.named_parameters())
+    if zero_stage < 3:
+        if receive:
+            for name, p in named:
+                yield name, p.detach()
+        return
+    from deepspeed.runtime.zero import GatheredParameters
+
+    for bucket in _buckets(named, bucket_bytes):
+        with GatheredParameters([p for _, p in bucket], modifier_rank=None):
+            if receive:
+                for name, p in bucket:
+                    yield name, p.detach()
+
+
+def _buckets(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, p in named:
+        nbytes = zero3_numel(p) * p.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, p))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def is_finite(x: Optional[float]) -> bool:
+    return x is not None and math.isfinite(x)

@@ -1,0 +1,255 @@
+"""LearnerEngine on real Ray actors and real DeepSpeed (CPU, gloo, 2 ranks, ZeRO-2 and ZeRO-3).
+
+The reference for every update is plain torch in this process: the tiny policy, the loss of *all*
+micro-batches of both ranks, torch's grad-norm clipping and torch's AdamW. Adam's ε is set large
+(1.0) so that the update is close to linear in the gradient and a wrong gradient scale cannot
+hide behind Adam's normalisation; the grad norm is compared too.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
+from common.models.presets import build_tiny_policy  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+VOCAB, LENGTH = 97, 12
+TIMES: dict[str, float] = {}
+
+
+def make_micro_batch(seed: int, rows: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "input_ids": torch.randint(3, VOCAB, (rows, LENGTH), generator=g),
+        "targets": torch.randint(3, VOCAB, (rows, LENGTH), generator=g),
+    }
+
+
+def token_loss(model, mb: dict) -> tuple[torch.Tensor, dict]:
+    """Σ token cross-entropy ÷ the global token count (the step's denominator over all ranks)."""
+    logits = model(mb["input_ids"]).logits  # [b, L, V]
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), mb["targets"].flatten(), reduction="none")
+    loss = nll.sum() / mb["denominator"]
+    if mb.get("poison") == "loss":  # NaN in a detached term: finite gradients, NaN loss
+        loss = loss + torch.tensor(float("nan"))
+    if mb.get("poison") == "grad":  # finite loss, NaN gradient: d sqrt(|x|)/dx at x = 0
+        loss = loss + torch.sqrt((logits - logits.detach()).sum().abs())
+    return loss, {"nll": loss.detach(), "nll_max": nll.max().detach(), "tokens": torch.tensor(nll.numel() / mb["denominator"])}
+
+
+def shard(seeds_per_rank: list[list[tuple[int, int]]], **extra) -> list[list[dict]]:
+    """Micro-batches per rank, with the global token count attached to each."""
+    mbs = [[make_micro_batch(s, r) for s, r in seeds] for seeds in seeds_per_rank]
+    denominator = float(sum(mb["targets"].numel() for rank in mbs for mb in rank))
+    for rank in mbs:
+        for mb in rank:
+            mb.update(denominator=denominator, **extra)
+    return mbs
+
+
+@ray.remote(num_cpus=0.5)
+class LearnerRank:
+    def __init__(self) -> None:
+        torch.set_num_threads(1)
+        self.engine = None
+
+    def rendezvous_address(self):
+        from learner.group import rendezvous_address
+
+        return rendezvous_address()
+
+    def init_group(self, addr: str, port: int, rank: int, world: int) -> float:
+        from learner.group import init_learner_group
+
+        t0 = time.perf_counter()
+        init_learner_group(addr, port, rank, world, backend="gloo", timeout_s=60)
+        return time.perf_counter() - t0
+
+    def build(self, cfg: LearnerConfig, seed: int = 0) -> float:
+        from learner.engine import LearnerEngine
+
+        t0 = time.perf_counter()
+        self.engine = LearnerEngine(build_tiny_policy("llada", vocab_size=VOCAB, seed=seed), cfg)
+        return time.perf_counter() - t0
+
+    def step(self, micro_batches: list[dict]) -> tuple[dict, float]:
+        t0 = time.perf_counter()
+        metrics = self.engine.train_step(micro_batches, token_loss)
+        return metrics, time.perf_counter() - t0
+
+    def weights(self) -> dict:
+        return self.engine.state_dict_for_push(all_ranks=True)
+
+    def save(self, directory: str, client_state: dict) -> str:
+        return self.engine.save_checkpoint(directory, client_state)
+
+    def load(self, directory: str) -> dict:
+        return self.engine.load_checkpoint(directory)
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    sys.modules.setdefault(__name__, sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    t0 = time.perf_counter()
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    TIMES["ray_start"] = time.perf_counter() - t0
+    actors = [LearnerRank.remote() for _ in range(2)]
+    addr, port = ray.get(actors[0].rendezvous_address.remote())
+    TIMES["group_init"] = max(ray.get([a.init_group.remote(addr, port, r, 2) for r, a in enumerate(actors)]))
+    yield actors
+    ray.shutdown()
+    print("\ntimes (s):", {k: round(v, 2) for k, v in TIMES.items()})
+
+
+def build(ranks, cfg: LearnerConfig, seed: int = 0) -> None:
+    TIMES["deepspeed_init"] = max(ray.get([a.build.remote(cfg, seed) for a in ranks]))
+
+
+def step(ranks, mbs: list[list[dict]]) -> dict:
+    out = ray.get([a.step.remote(m) for a, m in zip(ranks, mbs)])
+    TIMES["train_step"] = max(t for _, t in out)
+    a, b = out[0][0], out[1][0]
+    assert a.keys() == b.keys() and all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a), \
+        f"metrics must be identical on every rank: {a} vs {b}"
+    return a
+
+
+def gathered(ranks) -> dict[str, torch.Tensor]:
+    w0, w1 = ray.get([a.weights.remote() for a in ranks])
+    assert w0.keys() == w1.keys()
+    for name in w0:
+        assert torch.equal(w0[name], w1[name]), f"{name} differs between ranks"
+    return w0
+
+
+def config(stage: int, clip: float, warmup: int = 2) -> LearnerConfig:
+    return LearnerConfig(
+        num_ranks=2,
+        optimizer=OptimizerConfig(lr=1e-2, betas=(0.9, 0.99), eps=1.0, weight_decay=0.1, grad_clip=clip,
+                                  warmup_steps=warmup),
+        deepspeed=DeepSpeedConfig(zero_stage=stage, dtype="fp32", param_persistence_threshold=0,
+                                  gradient_checkpointing=stage == 3),
+    )
+
+
+class Reference:
+    """One process on all the data: the loss of every micro-batch, torch clipping, torch AdamW
+    with the engine's parameter groups and warm-up."""
+
+    def __init__(self, opt: OptimizerConfig, seed: int = 0) -> None:
+        from learner.zero import build_optimizer
+
+        self.opt = opt
+        self.model = build_tiny_policy("llada", vocab_size=VOCAB, seed=seed).train()
+        self.optimizer = build_optimizer(self.model, opt)
+        self.applied = 0
+
+    def step(self, mbs: list[list[dict]]) -> tuple[float, float]:
+        from learner.zero import lr_at
+
+        self.optimizer.zero_grad()
+        total = sum(token_loss(self.model, mb)[0] for rank in mbs for mb in rank)
+        total.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opt.grad_clip or float("inf"))
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr_at(self.opt, self.applied)
+        self.optimizer.step()
+        self.applied += 1
+        return float(total.detach()), float(norm)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+
+def assert_update_close(before: dict, after: dict, ref_after: dict, rtol: float = 1e-4) -> None:
+    num = sum(((after[n] - ref_after[n]) ** 2).sum() for n in before)
+    den = sum(((ref_after[n] - before[n]) ** 2).sum() for n in before)
+    assert den > 0
+    assert (num / den).sqrt() < rtol, f"relative update error {(num / den).sqrt():.2e}"
+
+
+# rank 0 holds 2 micro-batches, rank 1 holds 3 of other sizes: uneven counts exercise the padding
+STEP1 = [[(11, 2), (12, 3)], [(13, 1), (14, 2), (15, 2)]]
+STEP2 = [[(21, 3)], [(22, 2), (23, 1)]]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_sharded_steps_equal_one_process_on_all_data(ranks, stage):
+    probe = Reference(config(stage, clip=0.0).optimizer)
+    _, norm = probe.step(shard(STEP1))
+    cfg = config(stage, clip=0.5 * norm)  # clipping active on the first step
+    ref = Reference(cfg.optimizer)
+    build(ranks, cfg)
+    before = gathered(ranks)
+    assert all(torch.equal(before[n], p) for n, p in ref.weights().items())
+
+    for data in (STEP1, STEP2):
+        start = ref.weights()
+        mbs = shard(data)
+        metrics = step(ranks, mbs)
+        ref_loss, ref_norm = ref.step(mbs)
+        after = gathered(ranks)  # identical on both ranks
+        assert metrics["train/skipped"] == 0.0
+        assert metrics["train/micro_batches"] == sum(len(r) for r in data)
+        assert metrics["train/loss"] == pytest.approx(ref_loss, rel=1e-5)
+        assert metrics["train/nll"] == pytest.approx(ref_loss, rel=1e-5)
+        assert metrics["train/tokens"] == pytest.approx(1.0, rel=1e-6)  # Σ of globally normalised parts
+        assert metrics["train/grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
+        assert_update_close(start, after, ref.weights())
+    assert metrics["train/lr"] == pytest.approx(1e-2)  # second update: warm-up (2 steps) is over
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_non_finite_loss_or_grad_skips_the_step(ranks, stage):
+    cfg = config(stage, clip=1.0)
+    build(ranks, cfg)
+    before = gathered(ranks)
+    # NaN loss with finite gradients on rank 1 only, then a NaN gradient with finite loss on rank 0:
+    # both ranks must skip, weights bit-identical, Adam moments and the lr schedule untouched
+    for poisoned_rank, poison in ((1, "loss"), (0, "grad")):
+        mbs = shard(STEP1)
+        for mb in mbs[poisoned_rank]:
+            mb["poison"] = poison
+        metrics = step(ranks, mbs)
+        assert metrics["train/skipped"] == 1.0
+        after = gathered(ranks)
+        assert all(torch.equal(before[n], after[n]) for n in before), f"{poison}: weights moved"
+    assert metrics["train/skipped_total"] == 2.0
+    # the next good step equals a first step from scratch (fresh moments, lr at warm-up position 0)
+    ref = Reference(cfg.optimizer)
+    mbs = shard(STEP1)
+    metrics = step(ranks, mbs)
+    ref_loss, ref_norm = ref.step(mbs)
+    assert metrics["train/skipped"] == 0.0 and metrics["train/lr"] == pytest.approx(5e-3)
+    assert metrics["train/grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
+    assert_update_close(before, gathered(ranks), ref.weights())
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_checkpoint_resume_equals_uninterrupted(ranks, stage, tmp_path):
+    cfg = config(stage, clip=1.0)
+    build(ranks, cfg)
+    step(ranks, shard(STEP1))
+    saved = gathered(ranks)
+    client = {"version": 1, "cursor": 17}
+    assert ray.get([a.save.remote(str(tmp_path), client) for a in ranks]) == ["step1", "step1"]
+    uninterrupted = step(ranks, shard(STEP2))
+    expected = gathered(ranks)
+
+    build(ranks, cfg, seed=1)  # fresh engines from other random weights
+    assert ray.get([a.load.remote(str(tmp_path)) for a in ranks]) == [client, client]
+    restored = gathered(ranks)
+    assert all(torch.equal(saved[n], restored[n]) for n in saved)
+    resumed = step(ranks, shard(STEP2))
+    assert resumed == uninterrupted  # same loss, grad norm, lr (schedule position restored)
+    result = gathered(ranks)
+    assert all(torch.equal(expected[n], result[n]) for n in expected), "resumed step differs"
