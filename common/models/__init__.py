@@ -1,5 +1,27 @@
-"""Model families behind one policy interface (see base.py)."""
+"""Model families behind one policy interface (see base.py; the families in families.py)."""
 from common.models.base import DiffusionPolicy, FamilySpec, PolicyOutput
-from common.models.presets import FAMILIES, build_tiny_policy
+from common.models.checkpoints import export_hf, save_original_checkpoint, write_preset
+from common.models.diffusion_gemma import ContextCache, DiffusionGemmaPolicy
+from common.models.families import FAMILIES, CheckpointError, detect_family
+from common.models.loading import load_policy, load_tokenizer, read_state_dict, resolve_token_ids
+from common.models.presets import PRESETS, build_tiny_policy
 
-__all__ = ["DiffusionPolicy", "FamilySpec", "PolicyOutput", "FAMILIES", "build_tiny_policy"]
+__all__ = [
+    "DiffusionPolicy",
+    "FamilySpec",
+    "PolicyOutput",
+    "DiffusionGemmaPolicy",
+    "ContextCache",
+    "FAMILIES",
+    "PRESETS",
+    "CheckpointError",
+    "build_tiny_policy",
+    "detect_family",
+    "load_policy",
+    "load_tokenizer",
+    "read_state_dict",
+    "resolve_token_ids",
+    "save_original_checkpoint",
+    "export_hf",
+    "write_preset",
+]

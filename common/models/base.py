@@ -21,6 +21,9 @@ class FamilySpec:
     attention: Literal["full", "block"]  # full bidirectional, or block-causal (block diffusion)
     shifted_logits: bool  # Dream: logits at k-1 predict token k
     default_block_size: int  # generation block (sampler) / diffusion block (block families)
+    # what a corrupted position holds: the [M] token (absorbing-state diffusion), or a token drawn
+    # uniformly from the vocabulary (DiffusionGemma renoises its canvas; it has no mask token)
+    noise: Literal["mask", "uniform"] = "mask"
 
 
 @dataclass
@@ -89,10 +92,24 @@ class DiffusionPolicy(nn.Module):
             logits_to_keep=keep,
             **kwargs,
         )
-        cache = getattr(out, "past_key_values", None)
+        cache = getattr(out, "cache", None)  # read the new name first: the old one logs a deprecation
         if cache is None:
-            cache = getattr(out, "cache", None)
+            cache = getattr(out, "past_key_values", None)
         return PolicyOutput(logits=out.logits, past_key_values=cache)
+
+    def corrupt(
+        self,
+        input_ids: torch.Tensor,  # [B, L]
+        masked: torch.Tensor,  # [B, L] bool, True = corrupt this position
+        generator: Optional[torch.Generator] = None,
+    ) -> torch.Tensor:
+        """[B, L] ids with the ``masked`` positions replaced by the family's noise: ``mask_token_id``,
+        or (``spec.noise == "uniform"``) tokens drawn uniformly from the vocabulary with ``generator``."""
+        if self.spec.noise == "mask":
+            return torch.where(masked, torch.full_like(input_ids, self.mask_token_id), input_ids)
+        gen_device = generator.device if generator is not None else input_ids.device
+        noise = torch.randint(0, self.vocab_size, input_ids.shape, generator=generator, device=gen_device)
+        return torch.where(masked, noise.to(input_ids.device), input_ids)
 
     @property
     def _cache_kwarg(self) -> str:

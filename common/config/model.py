@@ -1,0 +1,90 @@
+"""The model section: which dLLM to load and how (``common.models.load_policy`` reads it).
+
+    model: {path: /ckpt/LLaDA-8B-Instruct, dtype: bfloat16}
+    model: {preset: tiny-sdar, dtype: float32, preset_shape: {hidden_size: 32}}
+
+Exactly one of ``path`` (a local directory: config.json + *.safetensors + tokenizer files, in the
+family's released format or written by ``export_hf``) and ``preset`` (a tiny random model with the
+character tokenizer) is set. Nothing is downloaded and no checkpoint code is ever executed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import Field, PositiveInt, field_validator, model_validator
+
+from common.config.base import StrictModel
+
+Family = Literal["llada", "dream", "sdar", "diffusion_gemma"]
+Preset = Literal["tiny-llada", "tiny-dream", "tiny-sdar", "tiny-diffusion-gemma"]
+AttnImplementation = Literal["sdpa", "flash_attention_2", "flex_attention"]
+
+
+class PresetShape(StrictModel):
+    """Shape of a tiny preset (the defaults run a forward in milliseconds on a CPU)."""
+
+    hidden_size: PositiveInt = Field(64, description="width of the residual stream")
+    intermediate_size: PositiveInt = Field(128, description="width of the SwiGLU MLP")
+    num_hidden_layers: PositiveInt = Field(2, description="transformer blocks (DiffusionGemma: >= 2 to have both layer kinds)")
+    num_attention_heads: PositiveInt = Field(4, description="query heads; must divide hidden_size")
+    num_key_value_heads: PositiveInt = Field(2, description="key/value heads (grouped-query attention); must divide the query heads")
+    seed: int = Field(0, ge=0, description="torch seed of the random initialisation")
+
+    @model_validator(mode="after")
+    def _divisible(self) -> "PresetShape":
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must divide hidden_size ({self.hidden_size})")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads ({self.num_attention_heads})"
+            )
+        return self
+
+
+class ModelConfig(StrictModel):
+    """Which model to load, in which precision and with which attention kernel."""
+
+    path: Optional[Path] = Field(None, description="local checkpoint directory (config.json + *.safetensors + tokenizer)")
+    preset: Optional[Preset] = Field(None, description="a tiny random-initialised model of one family, char tokenizer")
+    family: Optional[Family] = Field(
+        None,
+        description="override of the family detected from config.json's model_type; needed only to read a plain "
+        "transformers directory (model_type llama / qwen2 / qwen3) that export_hf did not tag",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="parameter dtype; the released recipes train full-parameter bfloat16 on GPUs"
+    )
+    attn_implementation: AttnImplementation = Field(
+        "sdpa",
+        description="transformers attention kernel. sdpa honours our 4-D boolean masks (tested); flex_attention is "
+        "for CUDA; flash_attention_2 sees no 4-D mask, so it is refused for block-diffusion families. 'eager' is "
+        "not offered: it silently ignores custom 4-D masks",
+    )
+    block_size: Optional[PositiveInt] = Field(
+        None,
+        description="generation / diffusion block; None = the checkpoint's (block_size or canvas_length in "
+        "config.json) or the family default (LLaDA, Dream 32; SDAR/TraDo 4; DiffusionGemma 256)",
+    )
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward (learner memory saver)")
+    preset_shape: Optional[PresetShape] = Field(None, description="shape of the tiny preset (presets only)")
+
+    @field_validator("attn_implementation", mode="before")
+    @classmethod
+    def _no_eager(cls, value: Any) -> Any:
+        if value == "eager":
+            raise ValueError(
+                "'eager' attention ignores custom 4-D attention masks (padding, block-causal and staircase layouts "
+                "would silently leak); use 'sdpa'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelConfig":
+        if (self.path is None) == (self.preset is None):
+            raise ValueError("set exactly one of model.path (a checkpoint directory) and model.preset (a tiny model)")
+        if self.preset_shape is not None and self.preset is None:
+            raise ValueError("model.preset_shape applies to presets only; a checkpoint brings its own shape")
+        if self.preset is not None and self.family is not None and self.preset.removeprefix("tiny-").replace("-", "_") != self.family:
+            raise ValueError(f"model.family {self.family!r} contradicts model.preset {self.preset!r}")
+        return self

@@ -1,0 +1,98 @@
+"""Writing checkpoints: a family's released on-disk format, a plain transformers directory, presets.
+
+- ``save_original_checkpoint`` writes what the family's authors publish (LLaDA's
+  ``model.transformer.*`` names and ``d_model``-style config, Dream's ``model_type: Dream``, SDAR's
+  ``model_type: sdar``; DiffusionGemma's native transformers layout), so tests prove the loader on the
+  same bytes a real download has, and trained weights can go back to the authors' tooling.
+- ``export_hf`` writes a standard transformers directory (LlamaForCausalLM / Qwen2ForCausalLM /
+  Qwen3ForCausalLM / DiffusionGemmaForBlockDiffusion) that ``from_pretrained`` loads with no custom
+  code; ``dllm_family``, ``mask_token_id`` and ``block_size`` ride along in its config.json.
+- ``write_preset`` materialises a tiny preset (the CPU quickstart warm-starts from it).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import torch
+
+from common.config.model import ModelConfig
+from common.models.base import DiffusionPolicy
+from common.models.convert import hf_to_original
+from common.models.families import FAMILY_KEY, CheckpointError
+
+
+def save_original_checkpoint(
+    policy: DiffusionPolicy, tokenizer: Any, directory: Union[str, Path], family: Optional[str] = None
+) -> Path:
+    """Write ``policy`` in ``family``'s released format (config.json keys, parameter names,
+    model.safetensors) plus the tokenizer files; returns the directory."""
+    family = family or policy.spec.name
+    if family != policy.spec.name:
+        raise CheckpointError(f"a {policy.spec.name!r} policy cannot be written as a {family!r} checkpoint")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if family == "diffusion_gemma":  # its released format is transformers-native
+        policy.model.save_pretrained(directory)
+    else:
+        state = {k: v.detach().to("cpu") for k, v in policy.model.state_dict().items()}
+        raw, original = hf_to_original(family, policy.model.config, state)
+        raw.update(_token_fields(policy, tokenizer, family))
+        raw["torch_dtype"] = str(next(policy.parameters()).dtype).removeprefix("torch.")
+        _save_safetensors(original, directory / "model.safetensors")
+        (directory / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _token_fields(policy: DiffusionPolicy, tokenizer: Any, family: str) -> dict[str, Any]:
+    """Token ids the released config.json records. LLaDA and Dream store mask_token_id there; SDAR's
+    release takes it from the tokenizer, so it is written only when the tokenizer would disagree."""
+    fields: dict[str, Any] = {"eos_token_id": policy.eos_token_id, "pad_token_id": policy.pad_token_id}
+    if family in ("llada", "dream") or tokenizer.mask_token_id != policy.mask_token_id:
+        fields["mask_token_id"] = policy.mask_token_id
+    if policy.block_size != policy.spec.default_block_size:
+        fields["block_size"] = policy.block_size
+    return fields
+
+
+def _save_safetensors(state: dict[str, torch.Tensor], file: Path) -> None:
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    out = {}
+    for key, tensor in state.items():
+        tensor = tensor.contiguous()
+        if tensor.data_ptr() in seen:  # safetensors refuses shared storage: write a copy
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        out[key] = tensor
+    save_file(out, str(file), metadata={"format": "pt"})
+
+
+def export_hf(policy: DiffusionPolicy, tokenizer: Any, directory: Union[str, Path]) -> Path:
+    """Write a standard transformers directory of ``policy`` (``from_pretrained`` loads it, no custom
+    code) with the tokenizer; ``load_policy`` reads it back as the same family."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = policy.model.config
+    if policy.spec.name != "diffusion_gemma":  # its strict config takes no extra keys; model_type says it all
+        setattr(config, FAMILY_KEY, policy.spec.name)
+        config.mask_token_id = policy.mask_token_id
+        config.block_size = policy.block_size
+    policy.model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def write_preset(cfg: ModelConfig, directory: Union[str, Path], fmt: Literal["original", "hf"] = "original") -> Path:
+    """Materialise the tiny preset of ``cfg`` (``cfg.preset`` set) to ``directory``; afterwards
+    ``ModelConfig(path=directory)`` loads the same weights."""
+    from common.models.loading import load_policy
+
+    if cfg.preset is None:
+        raise ValueError("write_preset needs a ModelConfig with preset set")
+    policy, tokenizer = load_policy(cfg)
+    writer = save_original_checkpoint if fmt == "original" else export_hf
+    return writer(policy, tokenizer, directory)

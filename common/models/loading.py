@@ -1,0 +1,248 @@
+"""``load_policy``: a ModelConfig -> (DiffusionPolicy, tokenizer), from a local directory or a preset.
+
+Safety and reproducibility rules: nothing is downloaded (``local_files_only``), no code shipped with
+a checkpoint runs (``trust_remote_code=False``; released LLaDA / Dream / SDAR directories carry
+their own modeling code, which is replaced by the conversions in ``convert.py``), and weights are read
+only with safetensors or ``torch.load(weights_only=True)``.
+
+Token ids come from the checkpoint's config.json first (LLaDA and Dream record ``mask_token_id``),
+then from the tokenizer (SDAR / TraDo's ``<|MASK|>``, Gemma's ``<mask>``); a directory with no mask
+token at all is refused, because every sampler and estimator needs one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+from common.config.model import ModelConfig
+from common.models.base import DiffusionPolicy
+from common.models.convert import State, original_to_hf
+from common.models.families import FAMILIES, CheckpointError, detect_family, make_policy
+from common.models.presets import PRESETS, build_tiny_policy
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+CAUSAL_LM_CLASSES = {"llada": "LlamaForCausalLM", "dream": "Qwen2ForCausalLM", "sdar": "Qwen3ForCausalLM"}
+MASK_TOKEN_NAMES = ("<|mdm_mask|>", "<|MASK|>", "<|mask|>", "<mask>", "[MASK]")
+
+
+def load_policy(
+    cfg: ModelConfig,
+    device: Optional[Union[str, torch.device]] = None,
+    dtype: Optional[Union[str, torch.dtype]] = None,
+) -> tuple[DiffusionPolicy, Any]:
+    """(policy in eval mode, tokenizer) for ``cfg``; ``dtype`` overrides ``cfg.dtype``."""
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else (dtype or DTYPES[cfg.dtype])
+    if cfg.preset is not None:
+        policy, tokenizer = _load_preset(cfg, torch_dtype)
+    else:
+        policy, tokenizer = _load_directory(cfg, torch_dtype)
+    if cfg.gradient_checkpointing:
+        policy.model.config.use_cache = False
+        _enable_checkpointing(policy.model)
+    if device is not None:
+        policy.to(device)
+    return policy.eval(), tokenizer
+
+
+def _enable_checkpointing(model: torch.nn.Module) -> None:
+    # transformers >= 5.2x names it activation_checkpointing_enable (the old name warns); accept both
+    options = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
+def _load_preset(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPolicy, Any]:
+    from common.tokenizer import build_char_tokenizer
+
+    family = PRESETS[cfg.preset]
+    _check_attention(family, cfg.attn_implementation)
+    tokenizer = build_char_tokenizer()
+    shape = (cfg.preset_shape or _default_shape()).model_dump()
+    policy = build_tiny_policy(
+        family,
+        vocab_size=len(tokenizer),
+        mask_token_id=tokenizer.mask_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        block_size=cfg.block_size,
+        seed=shape.pop("seed"),
+        dtype=dtype,
+        attn_implementation=cfg.attn_implementation,
+        **shape,
+    )
+    return policy, tokenizer
+
+
+def _default_shape() -> Any:
+    from common.config.model import PresetShape
+
+    return PresetShape()
+
+
+def _load_directory(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPolicy, Any]:
+    path = Path(cfg.path).expanduser()
+    config_file = path / "config.json"
+    if not path.is_dir():
+        raise CheckpointError(f"model.path {path} is not a directory")
+    if not config_file.is_file():
+        raise CheckpointError(f"{path} has no config.json; a checkpoint directory needs config.json, weights and tokenizer files")
+    raw = json.loads(config_file.read_text())
+    family, is_original = detect_family(raw, cfg.family)
+    _check_attention(family, cfg.attn_implementation)
+    tokenizer = load_tokenizer(path)
+    if family == "diffusion_gemma":
+        model = _from_pretrained_native(path, dtype, cfg.attn_implementation)
+    elif is_original:
+        config, state = original_to_hf(family, raw, read_state_dict(path))
+        model = _instantiate(family, config, state, dtype, cfg.attn_implementation)
+    else:
+        model = _from_pretrained_exported(family, path, dtype, cfg.attn_implementation)
+    mask_id, eos_id, pad_id = resolve_token_ids(raw, tokenizer)
+    block = cfg.block_size or raw.get("block_size") or raw.get("canvas_length") or FAMILIES[family].default_block_size
+    return make_policy(family, model, mask_token_id=mask_id, eos_token_id=eos_id, pad_token_id=pad_id, block_size=block), tokenizer
+
+
+def _check_attention(family: str, attn_implementation: str) -> None:
+    if attn_implementation == "flash_attention_2" and FAMILIES[family].attention == "block":
+        raise CheckpointError(
+            f"attn_implementation flash_attention_2 cannot take the block-causal 4-D masks the {family!r} family needs; "
+            "use sdpa or flex_attention"
+        )
+
+
+def read_state_dict(path: Path) -> State:
+    """Every tensor of the checkpoint (safetensors shards, else pytorch_model*.bin with weights_only)."""
+    from safetensors.torch import load_file
+
+    shards = _weight_files(path, "model.safetensors.index.json", "*.safetensors")
+    if shards:
+        state: State = {}
+        for shard in shards:
+            state.update(load_file(str(shard)))
+        return state
+    bins = _weight_files(path, "pytorch_model.bin.index.json", "pytorch_model*.bin")
+    if not bins:
+        raise CheckpointError(f"{path} holds no weights (*.safetensors or pytorch_model*.bin)")
+    state = {}
+    for shard in bins:
+        state.update(torch.load(shard, map_location="cpu", weights_only=True, mmap=True))
+    return state
+
+
+def _weight_files(path: Path, index_name: str, pattern: str) -> list[Path]:
+    index = path / index_name
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise CheckpointError(f"{index} lists shards that are missing: {missing}")
+        return [path / n for n in names]
+    return sorted(path.glob(pattern))
+
+
+def _instantiate(family: str, config: Any, state: State, dtype: torch.dtype, attn_implementation: str) -> torch.nn.Module:
+    """The transformers model of ``config`` holding exactly ``state`` (missing, unexpected or
+    mis-shaped tensors are errors, not silently re-initialised weights)."""
+    import transformers
+
+    cls = getattr(transformers, CAUSAL_LM_CLASSES[family])
+    model, info = cls.from_pretrained(
+        None, config=config, state_dict=state, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True
+    )
+    _check_loading_info(info, f"{type(config).__name__} conversion")
+    return model.eval()
+
+
+def _from_pretrained_exported(family: str, path: Path, dtype: torch.dtype, attn_implementation: str) -> torch.nn.Module:
+    import transformers
+
+    model, info = getattr(transformers, CAUSAL_LM_CLASSES[family]).from_pretrained(
+        path, local_files_only=True, trust_remote_code=False, dtype=dtype,
+        attn_implementation=attn_implementation, output_loading_info=True,
+    )  # fmt: skip
+    _check_loading_info(info, str(path))
+    return model.eval()
+
+
+def _from_pretrained_native(path: Path, dtype: torch.dtype, attn_implementation: str) -> torch.nn.Module:
+    from common.models.diffusion_gemma import require_diffusion_gemma
+
+    cls = require_diffusion_gemma().DiffusionGemmaForBlockDiffusion
+    model, info = cls.from_pretrained(
+        path, local_files_only=True, trust_remote_code=False, dtype=dtype,
+        attn_implementation=attn_implementation, output_loading_info=True,
+    )  # fmt: skip
+    _check_loading_info(info, str(path))
+    return model.eval()
+
+
+def _check_loading_info(info: dict[str, Any], source: str) -> None:
+    problems = {k: sorted(info.get(k) or [])[:8] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    problems = {k: v for k, v in problems.items() if v}
+    if problems:
+        raise CheckpointError(f"weights of {source} do not match the model: {problems}")
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The checkpoint's tokenizer without running shipped code: transformers' own classes, else the
+    ``tokenizer.json`` (or Qwen2 ``vocab.json`` + ``merges.txt``) with the special tokens of
+    ``tokenizer_config.json``."""
+    from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFast, Qwen2Tokenizer
+
+    tok_cfg = _read_json(path / "tokenizer_config.json")
+    # a config.json that maps to shipped code would make AutoTokenizer try (and refuse) that code first
+    model_cfg = PretrainedConfig() if "auto_map" in _read_json(path / "config.json") else None
+    if "auto_map" not in tok_cfg:
+        try:
+            return AutoTokenizer.from_pretrained(path, config=model_cfg, local_files_only=True, trust_remote_code=False)
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    specials = {k: _token_text(tok_cfg[k]) for k in ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token") if tok_cfg.get(k)}
+    if (path / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), **specials)
+    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+        return Qwen2Tokenizer(vocab_file=str(path / "vocab.json"), merges_file=str(path / "merges.txt"), **specials)
+    raise CheckpointError(f"{path} has no tokenizer that loads without remote code (need tokenizer.json or vocab.json + merges.txt)")
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def _token_text(token: Any) -> str:
+    return token["content"] if isinstance(token, dict) else str(token)
+
+
+def resolve_token_ids(raw: dict[str, Any], tokenizer: Any) -> tuple[int, int, int]:
+    """(mask, eos, pad) ids: the checkpoint's config.json (or its text_config), then the tokenizer."""
+    text = raw.get("text_config") or {}
+
+    def from_config(key: str) -> Optional[int]:
+        value = raw.get(key, text.get(key))
+        value = value[0] if isinstance(value, (list, tuple)) and value else value
+        return None if value is None else int(value)
+
+    mask = from_config("mask_token_id")
+    if mask is None:
+        mask = tokenizer.mask_token_id
+    if mask is None:
+        vocab = tokenizer.get_vocab()
+        mask = next((vocab[name] for name in MASK_TOKEN_NAMES if name in vocab), None)
+    if mask is None:
+        raise CheckpointError(
+            "no mask token: config.json has no mask_token_id and the tokenizer has no mask token "
+            f"(looked for {', '.join(MASK_TOKEN_NAMES)}); add mask_token_id to config.json"
+        )
+    eos = from_config("eos_token_id")
+    eos = tokenizer.eos_token_id if eos is None else eos
+    if eos is None:
+        raise CheckpointError("no eos token id in config.json or the tokenizer")
+    pad = from_config("pad_token_id")
+    pad = tokenizer.pad_token_id if pad is None else pad
+    return int(mask), int(eos), int(eos if pad is None else pad)
