@@ -123,7 +123,7 @@ class _TaskBase(StrictModel):
 class ArithmeticConfig(_TaskBase):
     """Short integer problems ('23+41=' -> '64'): what the CPU quickstart trains on."""
 
-    name: Literal["arithmetic"]
+    name: Literal["arithmetic"] = Field(description="task name (selects this section's schema)")
     digits: int = Field(2, ge=1, le=4, description="largest operand has this many digits")
     operators: list[Literal["+", "-", "*", "/"]] = Field(["+", "-"], min_length=1, description="operators to draw from")
     terms: int = Field(2, ge=2, le=4, description="operands per problem")
@@ -133,7 +133,7 @@ class ArithmeticConfig(_TaskBase):
 class CountdownConfig(_TaskBase):
     """Reach the target with + - * / and the given numbers (TinyZero, d1)."""
 
-    name: Literal["countdown"]
+    name: Literal["countdown"] = Field(description="task name (selects this section's schema)")
     min_numbers: int = Field(3, ge=2, le=6, description="fewest numbers per puzzle (TinyZero's set: 3 to 4)")
     max_numbers: int = Field(4, ge=2, le=6, description="most numbers per puzzle")
     max_number: int = Field(100, ge=2, le=1000, description="numbers are drawn from 1..max_number")
@@ -154,7 +154,7 @@ class CountdownConfig(_TaskBase):
 class Sudoku4Config(_TaskBase):
     """4x4 Sudoku given as 16 digits, 0 = empty (d1's format)."""
 
-    name: Literal["sudoku4"]
+    name: Literal["sudoku4"] = Field(description="task name (selects this section's schema)")
     empty_cells: int = Field(10, ge=1, le=12, description="empty cells per generated puzzle")
     unique: bool = Field(True, description="generate only puzzles with a unique solution")
     scoring: Literal["cells", "valid"] = Field(
@@ -173,14 +173,14 @@ class Sudoku4Config(_TaskBase):
 class Gsm8kConfig(_TaskBase):
     """Grade-school word problems; the answer is the final number (file data only)."""
 
-    name: Literal["gsm8k"]
+    name: Literal["gsm8k"] = Field(description="task name (selects this section's schema)")
     source: FileSource
 
 
 class MathConfig(_TaskBase):
     """Competition math with a \\boxed{} answer (file data only)."""
 
-    name: Literal["math"]
+    name: Literal["math"] = Field(description="task name (selects this section's schema)")
     source: FileSource
     box: Literal["last", "first"] = Field("last", description="which \\boxed{} of a completion is its answer")
 

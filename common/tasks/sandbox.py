@@ -17,10 +17,12 @@ Isolation (``reward.isolation``):
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import subprocess
 import sys
+from collections import deque
 from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -29,6 +31,7 @@ from typing import Any, Optional, Sequence
 from common.config.base import ConfigError
 from common.tasks.base import NonNumericReward, RewardResult, Row, Task
 
+log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120.0
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -138,6 +141,7 @@ class RewardScorer:
 
         self.cfg = cfg
         self.stats = RewardStats()
+        self.recent_failures: deque[tuple[str, str]] = deque(maxlen=8)  # (kind, message), for logs
         self.isolation = cfg.reward.resolved_isolation
         self._child: Optional[_Child] = None
         self._task: Optional[Task] = None
@@ -156,7 +160,10 @@ class RewardScorer:
         if outcome == "ok":
             self.stats.ok += 1
             return payload
+        if not getattr(self.stats, outcome):
+            log.warning("reward %s on prompt %s: %s (further ones are only counted)", outcome, row.prompt_id, payload)
         setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+        self.recent_failures.append((outcome, str(payload)[:500]))
         if self.cfg.reward.on_failure == "drop":
             self.stats.dropped += 1
             return None
@@ -170,7 +177,7 @@ class RewardScorer:
         if self._task is not None:
             try:
                 return "ok", checked(self._task.reward(completion, row))
-            except Exception as e:
+            except (Exception, SystemExit) as e:  # user code calling sys.exit must not end the worker
                 return outcome_of(e), repr(e)
         if self._child is None or not self._child.alive:
             try:
@@ -198,4 +205,7 @@ class RewardScorer:
 
     def __del__(self) -> None:
         if getattr(self, "_child", None) is not None:
-            self.close()
+            try:
+                self.close()
+            except Exception:  # interpreter shutdown: the child dies with its stdin anyway
+                pass

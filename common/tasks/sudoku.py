@@ -18,6 +18,8 @@ import random
 import re
 from typing import Any, Mapping, Optional
 
+import numpy as np
+
 from common.tasks.base import TASKS, BadRow, Row, Task, content_id, last_answer_tag, record_id, shared_fields
 
 NAME = "sudoku4"
@@ -70,12 +72,12 @@ def all_grids() -> list[str]:
     global _ALL_GRIDS, _DIGIT_MASKS
     if _ALL_GRIDS is None:
         _ALL_GRIDS = solutions("0" * 16, limit=1000)
-        _DIGIT_MASKS = [tuple(sum(1 << i for i in range(16) if g[i] == d) for d in "1234") for g in _ALL_GRIDS]
+        _DIGIT_MASKS = np.array([[sum(1 << i for i in range(16) if g[i] == d) for d in "1234"] for g in _ALL_GRIDS])
     return _ALL_GRIDS
 
 
 _ALL_GRIDS: Optional[list[str]] = None
-_DIGIT_MASKS: list[tuple[int, ...]] = []  # per grid, per digit: bitmask of the cells holding it
+_DIGIT_MASKS = np.zeros((0, 4), dtype=np.int64)  # [288, 4]: per grid and digit, the bitmask of its cells
 
 
 def make_puzzle(rng: random.Random, empty_cells: int, unique: bool) -> tuple[str, str]:
@@ -88,9 +90,9 @@ def make_puzzle(rng: random.Random, empty_cells: int, unique: bool) -> tuple[str
     grids = all_grids()
     for _ in range(1000):
         k = rng.randrange(len(grids))
-        s = _DIGIT_MASKS[k]
-        diffs = [0xFFFF & ~((g[0] & s[0]) | (g[1] & s[1]) | (g[2] & s[2]) | (g[3] & s[3])) for g in _DIGIT_MASKS]
-        diffs = [d for d in diffs if d]
+        agree = np.bitwise_or.reduce(_DIGIT_MASKS & _DIGIT_MASKS[k], axis=1)  # [288] cells where g equals the solution
+        diffs = 0xFFFF & ~agree
+        diffs = diffs[diffs != 0]  # [287]
         clues, cleared = 0xFFFF, 0
         order = list(range(16))
         rng.shuffle(order)
@@ -98,7 +100,7 @@ def make_puzzle(rng: random.Random, empty_cells: int, unique: bool) -> tuple[str
             if cleared == empty_cells:
                 break
             trial = clues & ~(1 << i)
-            if unique and any(d & trial == 0 for d in diffs):
+            if unique and bool(((diffs & trial) == 0).any()):
                 continue
             clues, cleared = trial, cleared + 1
         if cleared == empty_cells:

@@ -113,3 +113,21 @@ def test_stats_merge_and_metrics():
     a, b = RewardStats(calls=3, ok=2, timeout=1, zeroed=1), RewardStats(calls=2, ok=1, exception=1, dropped=1)
     m = a.merge(b).as_metrics()
     assert m["reward/calls"] == 5 and m["reward/ok"] == 3 and m["reward/failed"] == 2 and m["reward/dropped"] == 1
+
+
+def test_inline_sys_exit_is_contained_and_failures_are_kept_for_logs(tmp_path):
+    path = tmp_path / "exits.py"
+    path.write_text("import sys\ndef score(completion, row):\n    sys.exit(2)\n")
+    scorer = RewardScorer(parse_task_config({"name": "arithmetic", "reward": {"custom": f"{path}:score", "isolation": "inline"}}))
+    assert scorer.score("2", ROW) == RewardResult(0.0, {})
+    assert scorer.stats.exception == 1 and scorer.recent_failures[0][0] == "exception"
+
+
+def test_builtin_reward_in_the_process_sandbox_matches_inline():
+    cfg = parse_task_config({"name": "countdown", "reward": {"isolation": "process"}})
+    row = build_task(cfg).generate(11)
+    texts = [build_task(cfg).reference_completion(row), "<answer>1+1</answer>", "", "<answer>" + "9" * 999 + "</answer>"]
+    inline = RewardScorer(parse_task_config({"name": "countdown"}))
+    with RewardScorer(cfg) as sandboxed:
+        assert [sandboxed.score(t, row) for t in texts] == [inline.score(t, row) for t in texts]
+        assert sandboxed.stats.ok == 4
