@@ -4,7 +4,8 @@ StableDRL (arXiv 2603.06743).
 block_random, per draw j (completion cut into generation blocks of ``block_length``):
   - block b_j: the released rule, a random permutation of the canvas's blocks taken modulo the
     number of blocks the completion covers, draw j takes entry j -- uniform over the completion's
-    blocks when they divide the canvas, and the n draws hit different blocks when they can;
+    blocks when their number divides the canvas's, and the n draws hit different blocks when the
+    completion fills the canvas;
   - blocks < b_j clean (each token masked with prompt_mask_prob when ``mask_clean_blocks``, as the
     released code's light noise does); in b_j, m ~ U{1 .. n_b} of its n_b real tokens masked;
     blocks > b_j and the canvas after the first EOS fully masked; prompt tokens masked with p;

@@ -58,7 +58,7 @@ def row_infos(batch: SequenceBatch) -> list[RowInfo]:
 
 def sample_generators(seeds: torch.Tensor) -> list[torch.Generator]:
     """One CPU generator per sample, seeded from that sample's seed alone."""
-    return [generator(int(s)) for s in seeds.tolist()]
+    return [generator(int(s)) for s in torch.as_tensor(seeds).reshape(-1).tolist()]
 
 
 def draw_bernoulli(g: torch.Generator, n: int, p: float) -> torch.Tensor:

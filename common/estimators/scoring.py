@@ -63,7 +63,7 @@ def score_views(policy: DiffusionPolicy, batch: SequenceBatch, views: Views, dra
     batch = batch.to(device)
     b, v, c = views.score.shape
     p = batch.prompt_width
-    score = views.score.to(device)
+    score, prompt_noise, completion_noise = (t.to(device) for t in (views.score, views.prompt, views.completion))
     active = score.any(dim=-1)  # [B, V]
     step = max(1, v if draw_batch is None else int(draw_batch))
     out = torch.zeros(b, v, c, dtype=torch.float32, device=device)
@@ -74,8 +74,8 @@ def score_views(policy: DiffusionPolicy, batch: SequenceBatch, views: Views, dra
         if bi.numel() == 0:
             continue
         vi = vi + start
-        noisy_prompt = torch.where(views.prompt.to(device)[bi, vi], policy.mask_token_id, prompt_ids[bi])
-        noisy_completion = torch.where(views.completion.to(device)[bi, vi], policy.mask_token_id, completion_ids[bi])
+        noisy_prompt = torch.where(prompt_noise[bi, vi], policy.mask_token_id, prompt_ids[bi])
+        noisy_completion = torch.where(completion_noise[bi, vi], policy.mask_token_id, completion_ids[bi])
         inputs, attn, positions, logits_from = build_inputs(
             policy, noisy_prompt, batch.prompt_mask[bi], completion_ids[bi], noisy_completion
         )

@@ -17,7 +17,7 @@ C = 12  # three blocks
 
 @pytest.fixture(scope="module")
 def policy():
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     p = build_tiny_policy("sdar", block_size=BLOCK, seed=3)
     with torch.no_grad():
         p.model.lm_head.weight.mul_(12.0)  # peaked, context-dependent predictions
