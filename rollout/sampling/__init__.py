@@ -23,6 +23,11 @@ def generate(
     """Sample ``cfg.gen_length`` tokens after each prompt with the sampler of the policy's family."""
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds; give one seed per row")
+    if policy.spec.noise != "mask":
+        raise NotImplementedError(
+            f"{policy.spec.name} corrupts with {policy.spec.noise} noise, not a mask token; these samplers decode "
+            "[MASK] canvases (LLaDA, Dream, SDAR/TraDo) and its own sampler is not built"
+        )
     if policy.is_block_diffusion:
         return generate_block_diffusion(policy, prompts, seeds, cfg)
     return generate_full_attention(policy, prompts, seeds, cfg)

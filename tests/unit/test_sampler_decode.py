@@ -7,7 +7,7 @@ import torch
 from common.seeding import generator
 from rollout.sampling.decode import choose_tokens, commit_mask, transfer_schedule
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)
 
 
 def gens(seeds):

@@ -18,7 +18,7 @@ from common.models.base import DiffusionPolicy, FamilySpec
 from rollout.sampling import generate
 
 VOCAB, EOS, MASK, PAD = 97, 1, 2, 0
-torch.set_num_threads(2)
+torch.set_num_threads(1)
 
 
 def target_table(length: int = 512, eos_at: int | None = None) -> torch.Tensor:

@@ -1,0 +1,60 @@
+"""RolloutEngine: the native engine's contract (micro-batches change nothing, order, weights, version)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.config.sampler import SamplerConfig
+from common.models import build_tiny_policy
+from rollout.engine import RolloutEngine, TorchRolloutEngine
+from rollout.sampling import generate
+
+torch.set_num_threads(1)
+
+
+def prompts_of(lengths):
+    return [torch.arange(4, 4 + n) + i for i, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("family,block_length", [("llada", 8), ("sdar", None)])
+def test_micro_batches_of_sorted_prompts_give_the_rows_of_one_big_batch(family, block_length):
+    policy = build_tiny_policy(family)
+    engine = TorchRolloutEngine(policy, policy_version=7)
+    assert isinstance(engine, RolloutEngine)
+    prompts = prompts_of([9, 2, 5, 12, 3, 7, 4])
+    seeds = torch.arange(100, 107)
+    cfg = SamplerConfig(gen_length=16, block_length=block_length, steps=8, temperature=0.9, max_batch_size=3)
+    out = engine.generate(prompts, seeds, cfg)
+    one_batch = generate(policy, prompts, seeds, cfg.model_copy(update={"max_batch_size": 64}))
+    assert torch.equal(out.completion_ids, one_batch.completion_ids)
+    assert torch.equal(out.decode_step, one_batch.decode_step)
+    assert torch.equal(out.completion_length, one_batch.completion_length)
+    assert out.tokens_generated == int(one_batch.completion_length.sum())
+    assert out.policy_version == 7
+    assert out.num_forwards >= 3 * 1  # three micro-batches, at least one forward each
+    assert out.completion_ids.shape == (7, 16) and out.time_s > 0
+
+
+def test_load_weights_switches_the_policy_and_its_version():
+    engine = TorchRolloutEngine(build_tiny_policy("llada", seed=0))
+    other = build_tiny_policy("llada", seed=1)
+    prompts, seeds = prompts_of([5, 6]), torch.tensor([1, 2])
+    cfg = SamplerConfig(gen_length=16, block_length=8, steps=8, temperature=0.0)
+    before = engine.generate(prompts, seeds, cfg)
+    engine.load_weights(other.state_dict(), version=3)
+    after = engine.generate(prompts, seeds, cfg)
+    assert after.policy_version == 3 and before.policy_version == 0
+    assert torch.equal(after.completion_ids, generate(other, prompts, seeds, cfg).completion_ids)
+    assert not torch.equal(after.completion_ids, before.completion_ids)
+    with pytest.raises(RuntimeError, match="Missing key"):
+        engine.load_weights({}, version=4)
+    assert engine.policy_version == 3
+
+
+def test_requests_are_checked():
+    engine = TorchRolloutEngine(build_tiny_policy("llada"))
+    cfg = SamplerConfig(gen_length=8, block_length=8, steps=8)
+    with pytest.raises(ValueError, match="one seed per row"):
+        engine.generate(prompts_of([3, 4]), torch.tensor([1]), cfg)
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        engine.generate([torch.tensor([], dtype=torch.long)], torch.tensor([1]), cfg)
