@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from common.config.sampler import SamplerConfig
 from common.models.base import DiffusionPolicy, FamilySpec
@@ -35,7 +36,8 @@ class OracleLM(nn.Module):
         super().__init__()
         self.table, self.shifted = table, shifted
         self.margin = torch.as_tensor(margin, dtype=torch.float32).expand(len(table)).clone()  # per position
-        self.config = SimpleNamespace(get_text_config=lambda: SimpleNamespace(vocab_size=VOCAB))
+        self.config = PretrainedConfig(vocab_size=VOCAB)
+        self.config._attn_implementation = "sdpa"  # the masks we pass are sdpa's boolean ones
         self.anchor = nn.Parameter(torch.zeros(1))  # gives the policy a device
         self.calls = 0
 
