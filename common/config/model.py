@@ -28,7 +28,9 @@ class PresetShape(StrictModel):
     intermediate_size: PositiveInt = Field(128, description="width of the SwiGLU MLP")
     num_hidden_layers: PositiveInt = Field(2, description="transformer blocks (DiffusionGemma: >= 2 to have both layer kinds)")
     num_attention_heads: PositiveInt = Field(4, description="query heads; must divide hidden_size")
-    num_key_value_heads: PositiveInt = Field(2, description="key/value heads (grouped-query attention); must divide the query heads")
+    num_key_value_heads: PositiveInt = Field(
+        2, description="key/value heads (grouped-query attention); must divide num_attention_heads"
+    )
     seed: int = Field(0, ge=0, description="torch seed of the random initialisation")
 
     @model_validator(mode="after")
@@ -57,9 +59,9 @@ class ModelConfig(StrictModel):
     )
     attn_implementation: AttnImplementation = Field(
         "sdpa",
-        description="transformers attention kernel. sdpa honours our 4-D boolean masks (tested); flex_attention is "
-        "for CUDA; flash_attention_2 sees no 4-D mask, so it is refused for block-diffusion families. 'eager' is "
-        "not offered: it silently ignores custom 4-D masks",
+        description="transformers attention kernel. sdpa takes our 4-D boolean masks as they are; flex_attention "
+        "(CUDA) gets them as a BlockMask; flash_attention_2 can apply no 4-D mask, so it is refused for "
+        "block-diffusion families and for any masked forward. 'eager' is not offered: it ignores custom 4-D masks",
     )
     block_size: Optional[PositiveInt] = Field(
         None,
@@ -85,6 +87,7 @@ class ModelConfig(StrictModel):
             raise ValueError("set exactly one of model.path (a checkpoint directory) and model.preset (a tiny model)")
         if self.preset_shape is not None and self.preset is None:
             raise ValueError("model.preset_shape applies to presets only; a checkpoint brings its own shape")
-        if self.preset is not None and self.family is not None and self.preset.removeprefix("tiny-").replace("-", "_") != self.family:
+        preset_family = None if self.preset is None else self.preset.removeprefix("tiny-").replace("-", "_")
+        if self.family is not None and preset_family not in (None, self.family):
             raise ValueError(f"model.family {self.family!r} contradicts model.preset {self.preset!r}")
         return self

@@ -3,7 +3,8 @@ from common.models.base import DiffusionPolicy, FamilySpec, PolicyOutput
 from common.models.checkpoints import export_hf, save_original_checkpoint, write_preset
 from common.models.diffusion_gemma import ContextCache, DiffusionGemmaPolicy
 from common.models.families import FAMILIES, CheckpointError, detect_family
-from common.models.loading import load_policy, load_tokenizer, read_state_dict, resolve_token_ids
+from common.models.loading import load_policy, read_state_dict, resolve_token_ids
+from common.models.tokenizer_files import load_tokenizer
 from common.models.presets import PRESETS, build_tiny_policy
 
 __all__ = [

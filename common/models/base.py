@@ -14,6 +14,8 @@ from typing import Any, Literal, Optional
 import torch
 from torch import nn
 
+from common.models.masks import backend_mask
+
 
 @dataclass(frozen=True)
 class FamilySpec:
@@ -86,7 +88,7 @@ class DiffusionPolicy(nn.Module):
             kwargs[self._cache_kwarg] = past_key_values
         out = self.model(
             input_ids=input_ids,
-            attention_mask=attention_mask,
+            attention_mask=backend_mask(attention_mask, self.model.config._attn_implementation),
             position_ids=position_ids,
             use_cache=use_cache,
             logits_to_keep=keep,

@@ -24,6 +24,11 @@ causality, for the context rows. So the staircase layout ``[prompt | clean | noi
 release's cache keeps: the last ``W`` keys for context rows, the last ``W - 1`` context keys before
 the canvas block (plus the canvas) for canvas rows.
 
+Caching (the rollout side): ``past_key_values`` is a ``ContextCache`` from an earlier call. Context
+rows of a call extend it *in place* (commit a finished block), canvas rows read it (``logits_from=0``
+decodes a canvas against it), and ``use_cache=True`` returns it; mask columns, when a mask is given,
+are ``[cached | this call's tokens]``.
+
 Not covered by the one forward: images (the vision tower is loaded but never fed), the
 self-conditioning signal of later denoising steps unless the caller passes
 ``self_conditioning_logits`` (estimators score the first-step, zero-signal decoder), and the
@@ -32,12 +37,14 @@ rollout engine's job.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from common.models.base import DiffusionPolicy, PolicyOutput
+from common.models.masks import backend_mask
 
 
 def require_diffusion_gemma() -> Any:
@@ -51,9 +58,15 @@ def require_diffusion_gemma() -> Any:
     except ImportError:
         raise ImportError(
             f"the diffusion_gemma family needs a transformers release that ships "
-            f"transformers.models.diffusion_gemma (DiffusionGemmaForBlockDiffusion; tested with 5.24); this "
+            f"transformers.models.diffusion_gemma (DiffusionGemmaForBlockDiffusion; tested with 5.17 and 5.24); this "
             f"environment has transformers {transformers.__version__}. Upgrade transformers or pick another family."
         ) from None
+
+
+def cache_kwarg(fn: Callable) -> str:
+    """Name of the cache argument of a transformers forward: ``cache`` in recent releases,
+    ``past_key_values`` before (5.17 still uses the old name and silently drops the new one)."""
+    return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
 
 
 def tiny_config(
@@ -150,12 +163,13 @@ class DiffusionGemmaPolicy(DiffusionPolicy):
             context = dict(input_ids=input_ids[:, :split], attention_mask=masks, position_ids=position_ids[:, :split])
         if split == length:  # context only: extend the cache, no canvas to score
             if context:
-                self.model.model.encoder(**context, cache=cache.kv)
+                encoder = self.model.model.encoder
+                encoder(**context, **{cache_kwarg(encoder.forward): cache.kv})
             logits = torch.zeros(b, 0, self.vocab_size, device=device)
         else:
             logits = self.model(
                 **context,
-                cache=cache.kv,
+                **{cache_kwarg(self.model.forward): cache.kv},
                 decoder_input_ids=input_ids[:, split:],
                 decoder_attention_mask=self._canvas_masks(attention_mask[:, :, split:], key_positions, past + split),
                 decoder_position_ids=position_ids[:, split:],
@@ -185,7 +199,7 @@ class DiffusionGemmaPolicy(DiffusionPolicy):
         layers only keys within the window: ``q - W < k <= q``."""
         distance = q_pos[:, None, :, None] - k_pos[:, None, None, :]  # [B, 1, Q, K]
         full = mask & (distance >= 0)
-        return {"full_attention": full, "sliding_attention": full & (distance < self.sliding_window)}
+        return self._for_backend({"full_attention": full, "sliding_attention": full & (distance < self.sliding_window)})
 
     def _canvas_masks(
         self,
@@ -200,4 +214,7 @@ class DiffusionGemmaPolicy(DiffusionPolicy):
         visible_canvas = mask & is_canvas
         block_start = torch.where(visible_canvas, k_pos[:, None, None, :], big).amin(-1, keepdim=True)  # [B, 1, Q, 1]
         in_window = is_canvas | (k_pos[:, None, None, :] >= block_start - (self.sliding_window - 1))
-        return {"full_attention": mask, "sliding_attention": mask & in_window}
+        return self._for_backend({"full_attention": mask, "sliding_attention": mask & in_window})
+
+    def _for_backend(self, masks: dict[str, torch.Tensor]) -> dict[str, Any]:
+        return {kind: backend_mask(m, self.model.config._attn_implementation) for kind, m in masks.items()}

@@ -22,6 +22,7 @@ from common.models.base import DiffusionPolicy
 from common.models.convert import State, original_to_hf
 from common.models.families import FAMILIES, CheckpointError, detect_family, make_policy
 from common.models.presets import PRESETS, build_tiny_policy
+from common.models.tokenizer_files import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CAUSAL_LM_CLASSES = {"llada": "LlamaForCausalLM", "dream": "Qwen2ForCausalLM", "sdar": "Qwen3ForCausalLM"}
@@ -105,7 +106,8 @@ def _load_directory(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPoli
         model = _from_pretrained_exported(family, path, dtype, cfg.attn_implementation)
     mask_id, eos_id, pad_id = resolve_token_ids(raw, tokenizer)
     block = cfg.block_size or raw.get("block_size") or raw.get("canvas_length") or FAMILIES[family].default_block_size
-    return make_policy(family, model, mask_token_id=mask_id, eos_token_id=eos_id, pad_token_id=pad_id, block_size=block), tokenizer
+    policy = make_policy(family, model, mask_token_id=mask_id, eos_token_id=eos_id, pad_token_id=pad_id, block_size=block)
+    return policy, tokenizer
 
 
 def _check_attention(family: str, attn_implementation: str) -> None:
@@ -189,42 +191,13 @@ def _check_loading_info(info: dict[str, Any], source: str) -> None:
         raise CheckpointError(f"weights of {source} do not match the model: {problems}")
 
 
-def load_tokenizer(path: Path) -> Any:
-    """The checkpoint's tokenizer without running shipped code: transformers' own classes, else the
-    ``tokenizer.json`` (or Qwen2 ``vocab.json`` + ``merges.txt``) with the special tokens of
-    ``tokenizer_config.json``."""
-    from transformers import AutoTokenizer, PretrainedConfig, PreTrainedTokenizerFast, Qwen2Tokenizer
-
-    tok_cfg = _read_json(path / "tokenizer_config.json")
-    # a config.json that maps to shipped code would make AutoTokenizer try (and refuse) that code first
-    model_cfg = PretrainedConfig() if "auto_map" in _read_json(path / "config.json") else None
-    if "auto_map" not in tok_cfg:
-        try:
-            return AutoTokenizer.from_pretrained(path, config=model_cfg, local_files_only=True, trust_remote_code=False)
-        except (OSError, ValueError, TypeError, KeyError):
-            pass
-    specials = {k: _token_text(tok_cfg[k]) for k in ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token") if tok_cfg.get(k)}
-    if (path / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), **specials)
-    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
-        return Qwen2Tokenizer(vocab_file=str(path / "vocab.json"), merges_file=str(path / "merges.txt"), **specials)
-    raise CheckpointError(f"{path} has no tokenizer that loads without remote code (need tokenizer.json or vocab.json + merges.txt)")
-
-
-def _read_json(file: Path) -> dict[str, Any]:
-    return json.loads(file.read_text()) if file.is_file() else {}
-
-
-def _token_text(token: Any) -> str:
-    return token["content"] if isinstance(token, dict) else str(token)
-
-
 def resolve_token_ids(raw: dict[str, Any], tokenizer: Any) -> tuple[int, int, int]:
     """(mask, eos, pad) ids: the checkpoint's config.json (or its text_config), then the tokenizer."""
     text = raw.get("text_config") or {}
 
     def from_config(key: str) -> Optional[int]:
-        value = raw.get(key, text.get(key))
+        value = raw.get(key)
+        value = text.get(key) if value is None else value
         value = value[0] if isinstance(value, (list, tuple)) and value else value
         return None if value is None else int(value)
 

@@ -49,7 +49,9 @@ def build_tiny_policy(
         from common.models.diffusion_gemma import require_diffusion_gemma, tiny_config
 
         block_size = block_size or TINY_CANVAS
-        config = tiny_config(vocab_size=vocab_size, canvas_length=block_size, attn_implementation=attn_implementation, **ids, **dims)
+        config = tiny_config(
+            vocab_size=vocab_size, canvas_length=block_size, attn_implementation=attn_implementation, **ids, **dims
+        )
         model = require_diffusion_gemma().DiffusionGemmaForBlockDiffusion(config)
     else:
         model = _tiny_causal_lm(family, vocab_size, attn_implementation, ids, dims)
@@ -66,7 +68,8 @@ def _tiny_causal_lm(family: str, vocab_size: int, attn_implementation: str, ids:
     head_dim = dims["hidden_size"] // dims["num_attention_heads"]
     if family == "llada":
         rope = {"rope_type": "default", "rope_theta": 500000.0}  # LLaDA-8B's theta
-        return LlamaForCausalLM(LlamaConfig(is_causal=False, head_dim=head_dim, rms_norm_eps=1e-5, rope_parameters=rope, **common))
+        config = LlamaConfig(is_causal=False, head_dim=head_dim, rms_norm_eps=1e-5, rope_parameters=rope, **common)
+        return LlamaForCausalLM(config)
     if family == "dream":
         rope = {"rope_type": "default", "rope_theta": 1000000.0}  # Qwen2.5's theta
         return Qwen2ForCausalLM(Qwen2Config(is_causal=False, rms_norm_eps=1e-6, rope_parameters=rope, **common))

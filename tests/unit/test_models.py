@@ -58,7 +58,8 @@ def test_llada_checkpoint_uses_released_names_and_keys(tokenizer, tmp_path):
     assert raw["model_type"] == "llada" and raw["architectures"] == ["LLaDAModelLM"]
     assert {"d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "rope_theta", "weight_tying"} <= set(raw)
     names = set(read_state_dict(tmp_path))
-    block = {f"model.transformer.blocks.0.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out", "attn_norm", "ff_norm")}
+    parts = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out", "attn_norm", "ff_norm")
+    block = {f"model.transformer.blocks.0.{n}.weight" for n in parts}
     assert block <= names
     assert {"model.transformer.wte.weight", "model.transformer.ln_f.weight", "model.transformer.ff_out.weight"} <= names
     assert not any(n.startswith("model.layers") or n == "lm_head.weight" for n in names)
@@ -225,6 +226,41 @@ def test_corrupt_writes_the_mask_token():
     assert (out[masked] == policy.mask_token_id).all() and torch.equal(out[~masked], ids[~masked])
 
 
+def _padded_block_batch(policy):
+    ids, pm = left_pad([torch.arange(5, 10), torch.tensor([10, 11])], pad_id=0)
+    completion = torch.randint(4, 97, (2, 8), generator=torch.Generator().manual_seed(0))
+    valid = torch.cat([pm, torch.ones(2, 8, dtype=torch.bool)], 1)
+    mask = block_causal_mask(block_ids(pm, 8, 4), valid) if policy.is_block_diffusion else full_mask(valid)
+    return torch.cat([ids, completion], 1), mask, (valid.long().cumsum(1) - 1).clamp(min=0), ids.shape[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attn", ["sdpa", "flex_attention"])
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar", "diffusion_gemma"])
+def test_cuda_attention_backends_obey_our_masks(family, attn, tokenizer, tmp_path):
+    """transformers' flex path adds a tensor mask to the scores, so a raw bool mask would mask
+    nothing; the policy hands flex a BlockMask instead. Both backends must match the CPU logits."""
+    if family == "diffusion_gemma":
+        pytest.importorskip("transformers.models.diffusion_gemma")
+    source = build_tiny_policy(family, seed=1)
+    save_original_checkpoint(source, tokenizer, tmp_path)
+    x, mask, pos, start = _padded_block_batch(source)
+    policy, _ = load_policy(ModelConfig(path=tmp_path, attn_implementation=attn), device="cuda")
+    with torch.no_grad():
+        expected = source(x, attention_mask=mask, position_ids=pos, logits_from=start).logits
+        got = policy(x.cuda(), attention_mask=mask.cuda(), position_ids=pos.cuda(), logits_from=start).logits.cpu()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_flash_attention_refuses_a_4d_mask():
+    from common.models.masks import backend_mask
+
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    assert backend_mask(mask, "sdpa") is mask and backend_mask(None, "flash_attention_2") is None
+    with pytest.raises(ValueError, match="cannot apply a 4-D attention mask"):
+        backend_mask(mask, "flash_attention_2")
+
+
 # ----------------------------------------------------------------------------------- failures
 def test_bad_directory_fails_clearly(tmp_path):
     with pytest.raises(CheckpointError, match="is not a directory"):
@@ -241,7 +277,8 @@ def test_missing_mask_token_fails_clearly(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
     vocab = {c: i for i, c in enumerate(["<pad>", "<eos>", "x", "y"] + [f"t{i}" for i in range(93)])}
-    bare = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")), eos_token="<eos>", pad_token="<pad>")
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    bare = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>", pad_token="<pad>")
     save_original_checkpoint(build_tiny_policy("sdar"), bare, tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     raw.pop("mask_token_id")
@@ -291,3 +328,36 @@ def test_model_config_rejects_eager_and_ambiguous_sources(tmp_path):
         validate(ModelConfig, {"preset": "tiny-sdar", "family": "dream"})
     with pytest.raises(ConfigError, match="dtyp: Extra inputs"):
         validate(ModelConfig, {"preset": "tiny-sdar", "dtyp": "float32"})
+
+
+def _byte_level_alphabet() -> list[str]:
+    """GPT-2's byte -> printable-unicode map (what Qwen2's byte-level BPE vocab is written in)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+def test_dream_style_tokenizer_loads_without_its_shipped_code(tmp_path):
+    """vocab.json + merges.txt, a custom tokenizer_class behind auto_map, and the special tokens
+    declared only in added_tokens_decoder: rebuilt as a Qwen2 tokenizer at the declared ids."""
+    from common.models import load_tokenizer
+
+    alphabet = _byte_level_alphabet()
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    vocab["ab"] = len(vocab)
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\na b\n")
+    added = {"257": "<|endoftext|>", "258": "<|mask|>", "259": "<|im_start|>"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "DreamTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+        "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mask|>",
+        "added_tokens_decoder": {i: {"content": c, "special": True} for i, c in added.items()},
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m['content'] }}{% endfor %}",
+    }))  # fmt: skip
+    shipped_code = {"AutoModel": "modeling_dream.DreamModel"}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "Dream", "auto_map": shipped_code}))
+    tok = load_tokenizer(tmp_path)
+    assert (tok.mask_token_id, tok.eos_token_id) == (258, 257)
+    assert tok("ab<|mask|>b").input_ids == [256, 258, vocab["b"]]
+    assert tok.apply_chat_template([{"role": "user", "content": "ab"}], tokenize=False) == "<|im_start|>ab"

@@ -10,6 +10,7 @@ import torch
 
 from common.config.model import ModelConfig
 from common.models import build_tiny_policy, export_hf, load_policy, save_original_checkpoint
+from common.models.diffusion_gemma import cache_kwarg
 from common.tokenizer import build_char_tokenizer
 
 pytest.importorskip("transformers.models.diffusion_gemma")
@@ -30,8 +31,9 @@ def _native(model, context: torch.Tensor, canvas: torch.Tensor, sc_logits=None) 
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config.get_text_config())
-    model.model.encoder(input_ids=context, cache=cache)
-    return model(cache=cache, decoder_input_ids=canvas, self_conditioning_logits=sc_logits).logits
+    model.model.encoder(input_ids=context, **{cache_kwarg(model.model.encoder.forward): cache})
+    kwargs = {cache_kwarg(model.forward): cache}
+    return model(decoder_input_ids=canvas, self_conditioning_logits=sc_logits, **kwargs).logits
 
 
 def _staircase(p: int, c: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
