@@ -129,6 +129,14 @@ class BroadcastPush:
                                f"from {SENDER} at {self.address}") from None
         return pickle.loads(self.store.get(key))
 
+    def close(self) -> None:
+        """Leave the group: abort its communicator (local, never waits on peers) and drop the
+        store. Call it on every member before building a new group (workers added or lost)."""
+        if self.group is not None:
+            self.group.abort()
+        self.group = None
+        self.store = None
+
     # ---- the group ------------------------------------------------------------------------
     def _connect(self) -> None:
         """Build the process group on the first transfer, once every member is known present

@@ -68,6 +68,9 @@ class WeightPush(Protocol):
     def receive(self, handle: WeightHandle, target: Union[nn.Module, LoadFn]) -> int:
         """Rollout worker. Loads every tensor into ``target``; returns the version received."""
 
+    def close(self) -> None:
+        """Release the transport (before a new one replaces it)."""
+
 
 def setup_weight_push(
     cfg: WeightPushConfig,
@@ -126,6 +129,9 @@ class ObjectStorePush:
         loader(list(payload["tensors"].items()))
         _finish(loader)
         return handle.version
+
+    def close(self) -> None:
+        self._latest = None
 
 
 class ParameterLoader:

@@ -55,6 +55,8 @@ class LearnerRank:
     def setup_push(self, cfg: WeightPushConfig, **kwargs) -> None:
         from coordinator.weights import setup_weight_push
 
+        if getattr(self, "push_end", None) is not None:
+            self.push_end.close()
         self.push_end = setup_weight_push(cfg, **kwargs) if self.rank == 0 else None
 
     def push(self, version: int):
@@ -79,6 +81,8 @@ class Receiver:
     def setup_push(self, cfg: WeightPushConfig, **kwargs) -> None:
         from coordinator.weights import setup_weight_push
 
+        if getattr(self, "push_end", None) is not None:
+            self.push_end.close()
         self.push_end = setup_weight_push(cfg, **kwargs)
 
     def receive(self, handle) -> int:
