@@ -197,6 +197,11 @@ class DiffusionGemmaPolicy(DiffusionPolicy):
     ) -> dict[str, torch.Tensor]:
         """Encoder masks: the caller's mask, token-causal (the encoder is causal), and for sliding
         layers only keys within the window: ``q - W < k <= q``."""
+        if getattr(self.model.config.get_text_config(), "use_bidirectional_attention", None) == "all":
+            raise NotImplementedError(
+                "this DiffusionGemma config makes its encoder bidirectional over text (use_bidirectional_attention="
+                "'all'); the policy maps only the causal encoder of the release"
+            )
         distance = q_pos[:, None, :, None] - k_pos[:, None, None, :]  # [B, 1, Q, K]
         full = mask & (distance >= 0)
         return self._for_backend({"full_attention": full, "sliding_attention": full & (distance < self.sliding_window)})
