@@ -58,3 +58,10 @@ def test_requests_are_checked():
         engine.generate(prompts_of([3, 4]), torch.tensor([1]), cfg)
     with pytest.raises(ValueError, match="prompt 0 is empty"):
         engine.generate([torch.tensor([], dtype=torch.long)], torch.tensor([1]), cfg)
+
+
+def test_uniform_noise_families_are_refused_not_decoded_as_masks():
+    policy = build_tiny_policy("diffusion_gemma")
+    cfg = SamplerConfig(gen_length=8, block_length=None, steps=8)
+    with pytest.raises(NotImplementedError, match="uniform noise"):
+        TorchRolloutEngine(policy).generate(prompts_of([3]), torch.tensor([1]), cfg)
