@@ -21,6 +21,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# Tests run on a 2-core machine: one intra-op thread is ~10x faster than two when pytest shares
+# the cores with Ray actors and other processes.
+torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_torch():
     torch.manual_seed(0)

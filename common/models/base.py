@@ -76,13 +76,17 @@ class DiffusionPolicy(nn.Module):
         past_key_values: Any = None,
         use_cache: bool = False,
         logits_from: Optional[int] = None,  # keep logits only for positions >= logits_from
+        logits_to: Optional[int] = None,  # ... and < logits_to (default: to the end of the chunk)
     ) -> PolicyOutput:
         length = input_ids.shape[1]
         start = 0 if logits_from is None else int(logits_from)
+        end = length if logits_to is None else int(logits_to)
+        if not 0 <= start < end <= length:
+            raise ValueError(f"need 0 <= logits_from < logits_to <= {length}, got {start}, {end}")
         shift = 1 if self.spec.shifted_logits else 0
         if shift and start == 0:
             raise ValueError("shifted-logit families cannot predict position 0 of a chunk; pass logits_from >= 1")
-        keep = torch.arange(start - shift, length - shift, device=input_ids.device)
+        keep = torch.arange(start - shift, end - shift, device=input_ids.device)
         kwargs: dict[str, Any] = {}
         if past_key_values is not None:
             kwargs[self._cache_kwarg] = past_key_values
