@@ -13,7 +13,7 @@ ray = pytest.importorskip("ray")
 
 from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
 from common.models.presets import build_tiny_policy  # noqa: E402
-from coordinator.weights import WeightPushConfig, transfer_weights  # noqa: E402
+from common.transport.weights import WeightPushConfig, transfer_weights  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +53,7 @@ class LearnerRank:
         self.engine.train_step([{"input_ids": ids, "denominator": 32.0}], ce_loss)
 
     def setup_push(self, cfg: WeightPushConfig, **kwargs) -> None:
-        from coordinator.weights import setup_weight_push
+        from common.transport.weights import setup_weight_push
 
         if getattr(self, "push_end", None) is not None:
             self.push_end.close()
@@ -79,7 +79,7 @@ class Receiver:
         self.version = -1
 
     def setup_push(self, cfg: WeightPushConfig, **kwargs) -> None:
-        from coordinator.weights import setup_weight_push
+        from common.transport.weights import setup_weight_push
 
         if getattr(self, "push_end", None) is not None:
             self.push_end.close()
@@ -173,7 +173,7 @@ def test_missing_receiver_fails_the_sender_in_time_and_names_it(cluster):
     learners, receivers = cluster
     cfg = WeightPushConfig(backend="gloo", timeout_s=4)
     setup_broadcast(cluster, cfg, ["rollout-0", "rollout-1", "rollout-ghost"])  # the ghost never joins
-    from coordinator.weights import WeightHandle
+    from common.transport.weights import WeightHandle
 
     t0 = time.perf_counter()
     sends = [a.push.remote(4) for a in learners]

@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 
 from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
 from common.models.presets import build_tiny_policy  # noqa: E402
-from coordinator.weights import WeightHandle, WeightPushConfig, transfer_weights  # noqa: E402
+from common.transport.weights import WeightHandle, WeightPushConfig, transfer_weights  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -79,7 +79,7 @@ class GpuRank:
         return self.engine.state_dict_for_push(all_ranks=True)
 
     def setup_push(self, cfg, **kwargs) -> None:
-        from coordinator.weights import setup_weight_push
+        from common.transport.weights import setup_weight_push
 
         if getattr(self, "push_end", None) is not None:
             self.push_end.close()
@@ -104,7 +104,7 @@ class GpuReceiver:
         self.model = build_tiny_policy("llada", vocab_size=VOCAB, seed=1, dtype=torch.bfloat16).cuda()
 
     def setup_push(self, cfg, **kwargs) -> None:
-        from coordinator.weights import setup_weight_push
+        from common.transport.weights import setup_weight_push
 
         if getattr(self, "push_end", None) is not None:
             self.push_end.close()

@@ -2,7 +2,7 @@
 
 - ``object_store`` (CPU): learner rank 0 puts the full parameters in the Ray object store once;
   every rollout worker fetches that one object.
-- ``nccl`` / ``gloo`` (collective broadcast, ``coordinator.weight_broadcast``): a process group of
+- ``nccl`` / ``gloo`` (collective broadcast, ``common.transport.broadcast``): a process group of
   its own between learner rank 0 (rank 0) and the rollout workers (ranks 1..N), apart from the
   learner's default group; the weights go out as flat byte buckets, loaded bucket by bucket.
   NCCL on GPU; gloo runs the same code on CPU (that is how the tests exercise it).
@@ -88,7 +88,7 @@ def setup_weight_push(
     backend = cfg.resolved_backend
     if backend == "object_store":
         return ObjectStorePush(cfg)
-    from coordinator.weight_broadcast import BroadcastPush
+    from common.transport.broadcast import BroadcastPush
 
     if master_addr is None or master_port is None:
         raise ValueError(f"the {backend} weight push needs master_addr and master_port (learner rank 0's node)")

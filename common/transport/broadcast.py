@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from coordinator.weights import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig, _finish, as_loader
+from common.transport.weights import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig, _finish, as_loader
 
 ALIGN = 16  # byte alignment of each tensor inside a bucket (any dtype can be viewed in place)
 SENDER = "learner rank 0"
