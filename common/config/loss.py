@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import Field, TypeAdapter, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from common.config.base import ConfigError, StrictModel
+from common.config.base import StrictModel, validate
 
 # "auto": per-token values where the estimator gives them (mean_field, coupled, trajectory),
 # the sequence form otherwise. "token" fails loudly when the estimator gives none.
@@ -108,18 +108,10 @@ LossConfig = Annotated[
     Field(discriminator="name"),
 ]
 
-_ADAPTER: TypeAdapter[Any] = TypeAdapter(LossConfig)
+class _Section(StrictModel):
+    loss: LossConfig
 
 
 def parse_loss_config(data: dict[str, Any], source: str = "loss") -> LossConfig:
     """Validate a ``loss:`` section; a bad section raises ConfigError naming the dotted field path."""
-    try:
-        return _ADAPTER.validate_python(data)
-    except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            given = err.get("input")
-            given_s = "" if isinstance(given, dict) else f" (got {given!r})"
-            lines.append(f"  {source}.{loc}: {err['msg']}{given_s}")
-        raise ConfigError(f"invalid {source} config:\n" + "\n".join(lines)) from None
+    return validate(_Section, {"loss": data}, source=f"{source} config").loss
