@@ -1,15 +1,66 @@
-"""`stabledrl` command line (train / eval / plot / scale)."""
+"""`stabledrl` command line.
+
+    stabledrl train --config deploy/configs/quickstart.yaml [key.path=value ...] [--dry-run]
+    python -m coordinator train --config ...
+
+The config is validated (file, overrides and every cross-section rule) before Ray starts; a bad
+one exits with status 2 and the dotted names of the fields to fix. ``--dry-run`` prints the
+resolved config as YAML and exits. With RAY_ADDRESS set (``ray job submit`` sets it for its
+entrypoint) the job joins that cluster; otherwise it starts a local Ray instance for itself.
+"""
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
+from typing import Optional
+
+import yaml
+
+from common.config.base import ConfigError
+from common.config.job import JobConfig, check_sampler_layout, load_job_config
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="stabledrl")
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="stabledrl", description="RL post-training of diffusion LMs on Ray + DeepSpeed")
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="run an RL job")
-    train.add_argument("--config", required=True)
-    train.add_argument("overrides", nargs="*")
+    train = sub.add_parser("train", help="run an RL job (see deploy/configs/)")
+    train.add_argument("--config", required=True, help="YAML job config")
+    train.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.max_staleness=1 run.steps=20")
     args = parser.parse_args(argv)
-    print(f"stabledrl {args.command}: the distributed runtime is not built yet (see the open issue); nothing to run.")
+
+    try:
+        cfg = load_job_config(args.config, args.overrides)
+        check_sampler_layout(cfg)
+    except ConfigError as e:
+        print(f"stabledrl: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+        return 0
+    return train_job(cfg)
+
+
+def train_job(cfg: JobConfig) -> int:
+    import ray
+
+    from coordinator.driver import Driver
+
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(log_to_driver=True)  # join the cluster RAY_ADDRESS names (ray job submit sets it)
+        where = f"cluster at {os.environ['RAY_ADDRESS']}"
+    else:
+        ray.init(address="local", num_cpus=cfg.cluster.local_num_cpus, include_dashboard=False, log_to_driver=True,
+                 logging_level=logging.WARNING)
+        where = "a local Ray instance"
+    print(f"stabledrl: {cfg.run.steps} steps, {cfg.learner.num_ranks} learner ranks (ZeRO-"
+          f"{cfg.learner.deepspeed.zero_stage}), {cfg.rollout.num_workers} rollout workers, loss {cfg.loss.name}, "
+          f"η = {cfg.algorithm.max_staleness}, on {where}; output in {cfg.run.output_dir}", flush=True)
+    try:
+        Driver(cfg, log=lambda line: print(line, flush=True)).run()
+    finally:
+        ray.shutdown()
     return 0

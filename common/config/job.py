@@ -2,18 +2,20 @@
 
     stabledrl train --config deploy/configs/quickstart.yaml algorithm.max_staleness=1 loss.clip_max=3
 
-Each component receives only its own section (the rollout worker: model, sampler, estimator,
-task; the learner: model, learner, estimator, loss); the coordinator reads algorithm, rollout,
-weights, warmstart, eval and run.
+Each component receives only its own sections (a rollout worker: model, sampler, estimator, task;
+a learner rank: model, learner, estimator, loss, algorithm); the coordinator reads algorithm,
+rollout, cluster, weights, warmstart, eval and run. ``load_job_config`` validates the file, the
+overrides and every rule that spans sections (``JobConfig._cross_checks``), so a bad config fails
+with the dotted name of the field before Ray is even started.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from common.config.base import StrictModel, apply_overrides, load_yaml, validate
+from common.config.base import ConfigError, StrictModel, apply_overrides, load_yaml, validate
 from common.config.estimator import EstimatorConfig
 from common.config.learner import LearnerConfig
 from common.config.loss import LossConfig
@@ -21,13 +23,16 @@ from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
 from common.config.task import TaskConfig
 from common.config.warmstart import EvalConfig, WarmStartConfig
+from common.transport.weights import WeightPushConfig
+
+TOKEN_ESTIMATORS = ("mean_field", "coupled", "trajectory")  # estimators that define per-token values
 
 
 class AlgorithmConfig(StrictModel):
     """What one RL step is (ALGORITHMS.md §3-4)."""
 
     group_size: int = Field(16, ge=2, description="G: completions per prompt; advantages are computed within a group")
-    groups_per_step: int = Field(8, ge=1, description="prompts (groups) per optimizer batch")
+    groups_per_step: int = Field(8, ge=1, description="prompts (groups) per optimizer batch, over all learner ranks")
     inner_iterations: int = Field(2, ge=1, description="μ: optimizer updates on each batch (StableDRL 2, d1 12)")
     advantage_scale: Literal["std", "none"] = Field(
         "none", description="A = r - mean_group(r), divided by the group's std when 'std'"
@@ -35,44 +40,140 @@ class AlgorithmConfig(StrictModel):
     max_staleness: int = Field(
         0, ge=0, description="η: a sample generated at version v_b trains at version v_l only if v_l - v_b <= η; 0 = synchronous"
     )
+    micro_batch_size: int = Field(
+        64, ge=1, description="samples per learner forward; a group-coupled loss (stabledrl, wd1) keeps whole groups "
+        "together, so a micro-batch then holds max(1, micro_batch_size // G) groups"
+    )
 
 
 class RolloutConfig(StrictModel):
-    """The rollout workers (Ray actors)."""
+    """The rollout workers (Ray actors) and how the coordinator feeds them."""
 
-    num_workers: int = Field(2, ge=1, description="rollout workers started with the job (scalable at run time)")
-    num_gpus: float = Field(0.0, ge=0.0, description="GPUs per worker (0 on CPU)")
-    num_cpus: float = Field(0.5, gt=0.0, description="CPUs reserved per worker")
-    prompts_per_request: int = Field(2, ge=1, description="prompts a worker samples together (each yields one group)")
+    num_workers: int = Field(2, ge=1, description="rollout workers started with the job")
+    prompts_per_request: int = Field(
+        2, ge=1, description="prompts one request carries; the worker samples their G completions each in one batch "
+        "and returns one group per prompt"
+    )
+    requests_per_worker: int = Field(
+        2, ge=1, description="requests queued on a worker at once (2: the next one is ready when one finishes)"
+    )
+    request_timeout_s: float = Field(
+        600.0, gt=0.0, description="longest the coordinator waits for any rollout or learner result before failing "
+        "with the list of what it waited for"
+    )
+
+
+class ActorResources(StrictModel):
+    """Ray resources of one actor; a placement-group bundle per actor reserves them."""
+
+    num_cpus: float = Field(0.5, gt=0.0, description="CPUs reserved (fractions let several actors share a core)")
+    num_gpus: float = Field(0.0, ge=0.0, description="GPUs (1 per learner rank and per rollout worker on GPU nodes)")
+
+
+class ClusterConfig(StrictModel):
+    """Where the actors run: Ray resources per role and their placement groups."""
+
+    learner: ActorResources = Field(default_factory=ActorResources, description="per learner rank")
+    rollout: ActorResources = Field(default_factory=ActorResources, description="per rollout worker")
+    learner_strategy: Literal["PACK", "STRICT_PACK", "SPREAD"] = Field(
+        "PACK", description="placement of the learner ranks (PACK keeps NCCL traffic on as few nodes as possible)"
+    )
+    rollout_strategy: Literal["PACK", "STRICT_PACK", "SPREAD"] = Field(
+        "PACK", description="placement of the rollout workers"
+    )
+    local_num_cpus: Optional[int] = Field(
+        None, ge=1, description="CPUs of the local Ray instance started when RAY_ADDRESS is unset (None: all cores)"
+    )
+    start_timeout_s: float = Field(
+        600.0, gt=0.0, description="longest wait for placement groups and for actors to load their models"
+    )
 
 
 class RunConfig(StrictModel):
     """Length, seeds, outputs of the run."""
 
     steps: int = Field(100, ge=1, description="optimizer batches to train (each runs inner_iterations updates)")
-    seed: int = Field(0, description="the run is a function of (config, seed)")
-    output_dir: Path = Field(Path("runs/latest"), description="metrics.jsonl, TensorBoard events, checkpoints, plots")
+    seed: int = Field(0, description="the run is a function of (config, seed): sampling and mask seeds derive from it")
+    output_dir: Path = Field(Path("runs/latest"), description="metrics.jsonl, TensorBoard events, checkpoints")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps (0: only at the end)")
+    save_final_checkpoint: bool = Field(True, description="save a checkpoint after the last step")
+    resume_from: Optional[Path] = Field(
+        None, description="a checkpoint directory written by this job (output_dir/checkpoints); continue from its latest tag"
+    )
     tensorboard: bool = Field(True, description="also write TensorBoard events")
     wandb_project: Optional[str] = Field(None, description="log to Weights & Biases under this project when set")
     progress: bool = Field(True, description="show a progress bar")
+    peak_tflops: Optional[float] = Field(
+        None, gt=0.0, description="peak dense TFLOP/s of one learner device; when set, perf/mfu is logged"
+    )
 
 
 class JobConfig(StrictModel):
     model: ModelConfig
     task: TaskConfig
-    sampler: SamplerConfig = SamplerConfig()
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     estimator: EstimatorConfig
     loss: LossConfig
-    algorithm: AlgorithmConfig = AlgorithmConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    learner: LearnerConfig = LearnerConfig()
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    weights: WeightPushConfig = Field(default_factory=WeightPushConfig)
     warmstart: Optional[WarmStartConfig] = None
-    eval: EvalConfig = EvalConfig()
-    run: RunConfig = RunConfig()
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "JobConfig":
+        """Rules that span sections; each message starts with the field to change."""
+        if self.algorithm.groups_per_step < self.learner.num_ranks:
+            raise ValueError(
+                f"algorithm.groups_per_step ({self.algorithm.groups_per_step}) must be >= learner.num_ranks "
+                f"({self.learner.num_ranks}): every rank trains on whole groups"
+            )
+        if self.model.preset == "tiny-diffusion-gemma" or self.model.family == "diffusion_gemma":
+            raise ValueError("model: DiffusionGemma renoises with uniform tokens and the rollout sampler decodes [MASK] "
+                             "canvases only; choose a llada, dream or sdar model")
+        level = getattr(self.loss, "level", None) or getattr(getattr(self.loss, "base", None), "level", None)
+        if level == "token" and self.estimator.name not in TOKEN_ESTIMATORS:
+            raise ValueError(f"loss.level 'token' needs per-token values, which estimator.name {self.estimator.name!r} "
+                             f"does not give; use one of {', '.join(TOKEN_ESTIMATORS)} or level 'sequence'")
+        if self.warmstart is not None and self.model.preset is None:
+            raise ValueError("warmstart trains a tiny preset from scratch: set model.preset, or drop warmstart to "
+                             "start from model.path")
+        backend = self.weights.backend
+        if backend == "nccl" and self.cluster.rollout.num_gpus == 0:
+            raise ValueError("weights.backend 'nccl' needs GPU rollout workers (cluster.rollout.num_gpus > 0)")
+        return self
 
 
 def load_job_config(path: str | Path, overrides: list[str] = ()) -> JobConfig:
     """YAML file + dotted overrides -> a validated JobConfig (ConfigError names every bad field)."""
     data = apply_overrides(load_yaml(path), list(overrides))
     return validate(JobConfig, data, source=f"config {path}")
+
+
+def check_sampler_layout(cfg: JobConfig) -> None:
+    """The sampler's block layout against the policy's block size, read from the preset or the
+    checkpoint's config.json without loading weights (ConfigError naming the field)."""
+    import json
+
+    from common.models.families import FAMILIES, CheckpointError, detect_family
+    from common.models.presets import PRESETS
+
+    if cfg.model.preset is not None:
+        family, raw = PRESETS[cfg.model.preset], {}
+    else:
+        config_file = Path(cfg.model.path) / "config.json"
+        if not config_file.is_file():
+            raise ConfigError(f"model.path: {cfg.model.path} has no config.json")
+        raw = json.loads(config_file.read_text())
+        try:
+            family, _ = detect_family(raw, cfg.model.family)
+        except CheckpointError as e:
+            raise ConfigError(f"model.path: {e}") from None
+    block = cfg.model.block_size or raw.get("block_size") or FAMILIES[family].default_block_size
+    try:
+        cfg.sampler.layout(int(block), block_diffusion=FAMILIES[family].attention == "block")
+    except ConfigError as e:
+        raise ConfigError(f"sampler: {e}") from None

@@ -1,0 +1,29 @@
+"""What every actor process sets up first: threads, the device, quiet third-party logs."""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+import torch
+
+
+def setup_actor_process() -> torch.device:
+    """cuda:0 where Ray gave the actor a GPU (it sees only that one), else the CPU with one torch
+    thread, so that several actors share a few cores without oversubscribing them. Silences the
+    deprecation chatter of torch.distributed, transformers and DeepSpeed in the job's output."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", 0)
+    else:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed otherwise warns while it probes for one
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    return device

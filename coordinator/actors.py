@@ -1,0 +1,135 @@
+"""Building the actors from one validated JobConfig, and waiting on them with named timeouts.
+
+Each role gets a placement group (one bundle per actor) so that Ray reserves the whole role or
+nothing: M learner ranks that must all exist to form their process group, N rollout workers.
+Every component receives only its own config sections. ``wait`` is the one way the coordinator
+blocks on actors: a timeout or a dead actor becomes an error that names what was waited for.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from common.config.job import ActorResources, JobConfig
+from common.config.model import ModelConfig
+from common.types import Group
+
+
+class ActorFailure(RuntimeError):
+    """An actor call failed or did not answer in time; the message names the actor and the call."""
+
+
+def wait(refs: Sequence[ray.ObjectRef], timeout_s: float, what: str | Sequence[str]) -> list[Any]:
+    """ray.get(refs) within ``timeout_s``; ``what`` names the call (one name, or one per ref)."""
+    names = [what] * len(refs) if isinstance(what, str) else list(what)
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    missing = [n for r, n in zip(refs, names) if r not in set(ready)]
+    if missing:
+        raise ActorFailure(f"waited {timeout_s:.0f} s for {', '.join(dict.fromkeys(missing))}; no answer")
+    out = []
+    for ref, name in zip(refs, names):
+        try:
+            out.append(ray.get(ref))
+        except ray.exceptions.RayError as e:
+            raise ActorFailure(f"{name} failed: {e}") from e
+    return out
+
+
+def bundle(resources: ActorResources) -> dict[str, float]:
+    out = {"CPU": resources.num_cpus}
+    if resources.num_gpus:
+        out["GPU"] = resources.num_gpus
+    return out
+
+
+def reserve(name: str, resources: ActorResources, count: int, strategy: str, timeout_s: float) -> PlacementGroup:
+    """A placement group of ``count`` bundles, ready within ``timeout_s`` or an error saying what
+    the cluster lacks."""
+    group = placement_group([bundle(resources)] * count, strategy=strategy, name=name)
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise ActorFailure(
+            f"placement group {name!r} ({count} x {bundle(resources)}, {strategy}) was not placed within "
+            f"{timeout_s:.0f} s; the cluster offers {ray.available_resources()} (cluster.* resources in the config)"
+        )
+    return group
+
+
+def in_group(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
+    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
+
+
+@dataclass
+class Actors:
+    """Handles of one job's actors; ``learners[r]`` is learner rank r."""
+
+    learners: list[Any]
+    rollouts: list[Any]
+    groups: list[PlacementGroup] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def call_learners(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
+        """The same call on every rank (the collective methods of LearnerWorker)."""
+        return [getattr(a, method).remote(*args, **kwargs) for a in self.learners]
+
+    def train(self, groups: Sequence[Group], version: int) -> list[ray.ObjectRef]:
+        """Whole groups to each rank, contiguous and balanced by count (rank r gets groups
+        offset_r .. offset_r + n_r - 1 of the step: group indices are unique over the step)."""
+        m = len(self.learners)
+        sizes = [len(groups) // m + (r < len(groups) % m) for r in range(m)]
+        refs, offset = [], 0
+        for rank, n in enumerate(sizes):
+            refs.append(self.learners[rank].train.remote(list(groups[offset : offset + n]), version, offset))
+            offset += n
+        return refs
+
+    def shutdown(self) -> None:
+        for actor in self.learners + self.rollouts:
+            ray.kill(actor)
+        for group in self.groups:
+            remove_placement_group(group)
+
+
+def rollout_model(cfg: JobConfig) -> ModelConfig:
+    """The rollout copy: the same weights, no activation checkpointing (inference only)."""
+    return cfg.model.model_copy(update={"gradient_checkpointing": False})
+
+
+def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
+                 log: Callable[[str], None] = print) -> Actors:
+    """Reserve both roles, start every actor, form the learner group and build its engine."""
+    t0 = time.perf_counter()
+    timeout = cfg.cluster.start_timeout_s
+    m, n = cfg.learner.num_ranks, cfg.rollout.num_workers
+    learner_pg = reserve("stabledrl-learner", cfg.cluster.learner, m, cfg.cluster.learner_strategy, timeout)
+    rollout_pg = reserve("stabledrl-rollout", cfg.cluster.rollout, n, cfg.cluster.rollout_strategy, timeout)
+    learner_actor = ray.remote(num_cpus=cfg.cluster.learner.num_cpus, num_gpus=cfg.cluster.learner.num_gpus)(learner_cls)
+    rollout_actor = ray.remote(num_cpus=cfg.cluster.rollout.num_cpus, num_gpus=cfg.cluster.rollout.num_gpus)(rollout_cls)
+    a = cfg.algorithm
+    learners = [
+        learner_actor.options(scheduling_strategy=in_group(learner_pg, r)).remote(
+            r, m, cfg.model, cfg.learner, cfg.estimator, cfg.loss, inner_iterations=a.inner_iterations,
+            advantage_scale=a.advantage_scale, micro_batch_size=a.micro_batch_size)
+        for r in range(m)
+    ]
+    rollouts = [
+        rollout_actor.options(scheduling_strategy=in_group(rollout_pg, i)).remote(
+            i, rollout_model(cfg), cfg.sampler, cfg.estimator, cfg.task, group_size=a.group_size, seed=cfg.run.seed)
+        for i in range(n)
+    ]
+    actors = Actors(learners, rollouts, [learner_pg, rollout_pg])
+    addr, port = wait([learners[0].rendezvous_address.remote()], timeout, "learner rank 0 (rendezvous address)")[0]
+    starts = [a.start.remote(addr, port) for a in learners]
+    readies = [w.ready.remote() for w in rollouts]
+    infos = wait(starts + readies, timeout, [f"learner rank {r} (start)" for r in range(m)]
+                 + [f"rollout worker {i} (model load)" for i in range(n)])
+    actors.info = {"learners": infos[:m], "rollouts": infos[m:], "start_s": time.perf_counter() - t0}
+    log(f"actors: {m} learner ranks on {infos[0]['device']} ({infos[0]['dtype']}), {n} rollout workers on "
+        f"{infos[m]['device']} ({infos[m]['parameters'] / 1e6:.2f}M parameters), up in {actors.info['start_s']:.1f} s")
+    return actors

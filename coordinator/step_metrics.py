@@ -1,0 +1,64 @@
+"""What one step logs besides the learner's own ``train/*``: rollout statistics of the batch, the
+ranks' results merged, throughput and (optionally) MFU. Names per DESIGN.md."""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Optional, Sequence
+
+from rollout.workflow import Episode
+
+
+def rollout_metrics(batch: Sequence[Episode]) -> dict[str, float]:
+    """rollout/*: rewards (and their parts), lengths, degenerate groups, versions, worker cost."""
+    samples = [s for e in batch for s in e.group.samples]
+    rewards = [s.reward for s in samples]
+    out = {
+        "rollout/reward_mean": statistics.fmean(rewards),
+        "rollout/reward_std": statistics.pstdev(rewards),
+        "rollout/completion_length": statistics.fmean(s.completion_length for s in samples),
+        "rollout/groups": float(len(batch)),
+        "rollout/samples": float(len(samples)),
+        # groups whose rewards are all equal carry no policy gradient (A = 0 for every sample)
+        "rollout/degenerate_groups": statistics.fmean(float(len({s.reward for s in e.group.samples}) == 1) for e in batch),
+        "rollout/policy_version_min": float(min(s.policy_version for s in samples)),
+        "rollout/behaviour_logp": statistics.fmean(s.behaviour_logp for s in samples),
+    }
+    for part in sorted({k for s in samples for k in s.reward_parts}):
+        out[f"rollout/reward/{part}"] = statistics.fmean(s.reward_parts.get(part, 0.0) for s in samples)
+    for key in ("generate_s", "reward_s", "estimate_s", "tokens", "forwards"):
+        out[f"rollout/{key}"] = sum(e.stats.get(key, 0.0) for e in batch)
+    return out
+
+
+def merge_ranks(results: Sequence[dict[str, float]]) -> dict[str, float]:
+    """``train/*`` are already global (identical on every rank); rank-local values are combined:
+    learner/staleness_max by max, learner/samples and tokens by sum, time by the slowest rank."""
+    out = dict(results[0])
+    out["learner/staleness_max"] = max(r["learner/staleness_max"] for r in results)
+    for key in ("learner/samples", "learner/tokens"):
+        out[key] = sum(r[key] for r in results)
+    out["time/train_rank"] = max(r["time/train_rank"] for r in results)
+    return out
+
+
+def perf_metrics(*, step_s: float, train_s: float, samples: float, tokens: float, sequence_tokens: float,
+                 inner_iterations: int, forwards_per_estimate: int, parameters: int, learner_devices: int,
+                 peak_tflops: Optional[float]) -> dict[str, float]:
+    """perf/*: samples and completion tokens trained per second of wall time, learner tokens/s;
+    MFU ≈ 6·N·(prompt + completion tokens)·forwards·μ / (train time · devices · peak), the usual
+    6N-per-token estimate of a forward and backward, ignoring attention FLOPs."""
+    out = {
+        "perf/samples_per_s": samples / step_s if step_s > 0 else 0.0,
+        "perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
+        "perf/learner_tokens_per_s": tokens * inner_iterations / train_s if train_s > 0 else 0.0,
+    }
+    if peak_tflops and train_s > 0:
+        flops = 6.0 * parameters * sequence_tokens * forwards_per_estimate * inner_iterations
+        out["perf/mfu"] = flops / (train_s * learner_devices * peak_tflops * 1e12)
+    return out
+
+
+def forwards_per_estimate(estimator: Any) -> int:
+    """Model forwards one learner estimate costs per sample (coupled: 1 + 2 per pair)."""
+    draws = int(getattr(estimator, "num_draws", 1))
+    return 1 + 2 * draws if estimator.name == "coupled" else draws

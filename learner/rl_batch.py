@@ -1,0 +1,105 @@
+"""One learner rank's share of an RL step, cut into micro-batches with the step's global counts.
+
+The coordinator hands every rank whole groups. A rank collates them, computes group-relative
+advantages (each group lies on one rank, so a rank has everything ``group_advantages`` needs),
+all-reduces its counts so that every loss term is divided by the *step's* totals (the rule of
+``learner/losses/inputs.py``), and cuts its rows into micro-batches: by whole groups when the loss
+couples a group's rows (stabledrl, wd1), by rows otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from common.estimators import learner_seeds
+from common.types import Group, SequenceBatch, collate_samples
+from learner.losses import group_advantages, local_counts
+
+
+@dataclass
+class MicroBatch:
+    """Rows of one learner forward; ``counts`` are the whole step's (all ranks, all micro-batches)."""
+
+    batch: SequenceBatch  # padded rows, ``advantages`` set (the SPG sandwich reads their sign)
+    mask_seeds: Tensor  # [b] int64, the seeds the rollout's behaviour estimate used
+    seeds: Tensor  # [b] int64, this inner iteration's estimator seeds (learner_seeds)
+    behaviour_logp: Tensor  # [b] float32
+    behaviour_token_logp: Optional[Tensor]  # [b, C] float32 where the estimator defines it
+    group_index: Tensor  # [b] int64, unique per group over the whole step
+    completion_length: Tensor  # [b] int64
+    counts: dict[str, Tensor]  # num_groups, num_samples, num_tokens of the whole step
+    share: float  # b / num_samples: this micro-batch's weight in row-averaged metrics
+
+    def for_iteration(self, masks: str, inner_iteration: int) -> "MicroBatch":
+        return replace(self, seeds=learner_seeds(self.mask_seeds, masks, inner_iteration))
+
+
+def global_counts(groups: Sequence[Group]) -> dict[str, Tensor]:
+    """This rank's counts summed over the learner group (one all-reduce; local outside a group)."""
+    rows = [s for g in groups for s in g.samples]
+    group_index = torch.tensor([i for i, g in enumerate(groups) for _ in g.samples])
+    lengths = torch.tensor([s.completion_length for s in rows])
+    counts = local_counts(group_index, lengths)
+    packed = torch.stack([counts["num_groups"], counts["num_samples"], counts["num_tokens"]]).double()
+    if dist.is_initialized():
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        packed = packed.to(device)
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+    packed = packed.cpu().float()
+    return {"num_groups": packed[0], "num_samples": packed[1], "num_tokens": packed[2]}
+
+
+def micro_batches(
+    groups: Sequence[Group],
+    *,
+    group_offset: int,
+    pad_token_id: int,
+    advantage_scale: str,
+    micro_batch_size: int,
+    whole_groups: bool,
+    counts: dict[str, Tensor],
+) -> list[MicroBatch]:
+    """Micro-batches of this rank's ``groups`` (group ``k`` here is group ``group_offset + k`` of the step)."""
+    rows = [s for g in groups for s in g.samples]
+    group_index = torch.tensor([group_offset + k for k, g in enumerate(groups) for _ in g.samples])
+    rewards = torch.tensor([s.reward for s in rows], dtype=torch.float32)
+    advantages = group_advantages(rewards, group_index, advantage_scale)  # [N]
+    cuts = _cuts([len(g.samples) for g in groups], micro_batch_size, whole_groups)
+    num_samples = float(counts["num_samples"])
+    out = []
+    for lo, hi in cuts:
+        part = rows[lo:hi]
+        adv = advantages[lo:hi]
+        token_values = [s.behaviour_token_logp for s in part]
+        out.append(MicroBatch(
+            batch=collate_samples(part, pad_token_id, advantages=adv),
+            mask_seeds=torch.tensor([s.mask_seed for s in part], dtype=torch.long),
+            seeds=torch.tensor([s.mask_seed for s in part], dtype=torch.long),
+            behaviour_logp=torch.tensor([s.behaviour_logp for s in part], dtype=torch.float32),
+            behaviour_token_logp=None if any(t is None for t in token_values) else torch.stack(token_values).float(),
+            group_index=group_index[lo:hi],
+            completion_length=torch.tensor([s.completion_length for s in part]),
+            counts=counts,
+            share=(hi - lo) / num_samples,
+        ))
+    return out
+
+
+def _cuts(group_sizes: list[int], micro_batch_size: int, whole_groups: bool) -> list[tuple[int, int]]:
+    """[lo, hi) row ranges: at most ``micro_batch_size`` rows each, or whole groups (at least one)."""
+    total = sum(group_sizes)
+    if not whole_groups:
+        return [(lo, min(lo + micro_batch_size, total)) for lo in range(0, total, micro_batch_size)]
+    cuts, lo, hi = [], 0, 0
+    for size in group_sizes:
+        if hi > lo and hi - lo + size > micro_batch_size:
+            cuts.append((lo, hi))
+            lo = hi
+        hi += size
+    if hi > lo:
+        cuts.append((lo, hi))
+    return cuts

@@ -1,0 +1,199 @@
+"""The learner rank: a Ray actor, rank r of M, holding one DeepSpeed ZeRO shard of the policy.
+
+One RL step on a batch of groups (``train``), as StableDRL / SPG / d1 run it:
+
+    A_i = group_advantages(r)                                  per group, on the rank holding it
+    for k in 0 .. μ-1:                                         inner iterations, one update each
+        ℓ_θ(o_i) = estimate(θ, o_i, learner_seeds(mask_seed_i, masks, k))
+        L = compute_loss(ℓ_θ, ELBO_μ, A, global counts)        micro-batched, ÷ step totals
+        θ ← AdamW(θ, ∇L)                                       LearnerEngine.train_step
+
+``ELBO_μ`` is the behaviour estimate the rollout worker shipped with each sample (version v_b).
+With the SPG sandwich, ℓ_θ is the sandwich but ratios must compare ELBOs: the loss receives
+``behaviour_logp + (ℓ_θ − ELBO_θ).detach()`` so that ℓ_θ − behaviour = ELBO_θ − ELBO_μ exactly,
+while the gradient flows through ℓ_θ (losses stay pure; no loss needs to know the estimator).
+
+Every method that touches the engine is collective: the coordinator calls it on all ranks.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from common.config.learner import LearnerConfig
+from common.config.model import ModelConfig
+from common.estimators import estimate
+from common.models import export_hf, load_policy
+from common.runtime import setup_actor_process
+from common.transport.weights import WeightHandle, WeightPushConfig, setup_weight_push
+from common.types import Group
+from learner.losses import LossInputs, compute_loss, needs_whole_groups
+from learner.rl_batch import MicroBatch, global_counts, micro_batches
+
+
+class LearnerWorker:
+    def __init__(self, rank: int, world_size: int, model: ModelConfig, learner: LearnerConfig, estimator: Any,
+                 loss: Any, *, inner_iterations: int, advantage_scale: str, micro_batch_size: int) -> None:
+        setup_actor_process()
+        self.rank, self.world_size = rank, world_size
+        self.model_cfg, self.cfg, self.estimator, self.loss_cfg = model, learner, estimator, loss
+        self.inner_iterations, self.advantage_scale = inner_iterations, advantage_scale
+        self.micro_batch_size = micro_batch_size
+        self.whole_groups = needs_whole_groups(loss)
+        self.engine = self.reference = self.tokenizer = self.push = None
+        self.steps = 0
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        from learner.group import rendezvous_address
+
+        return rendezvous_address()
+
+    def start(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        """Join the learner group and build the ZeRO engine (collective)."""
+        from learner.engine import LearnerEngine
+        from learner.group import init_learner_group
+
+        t0 = time.perf_counter()
+        init_learner_group(master_addr, master_port, self.rank, self.world_size, backend=self.cfg.backend,
+                           timeout_s=self.cfg.dist_timeout_s)
+        setup_actor_process()  # the group set-up resets DeepSpeed's log level
+        policy, self.tokenizer = load_policy(self.model_cfg)
+        self.pad_token_id = policy.pad_token_id
+        if _needs_reference(self.loss_cfg):  # a frozen copy of the initial weights for GRPO's KL
+            self.reference, _ = load_policy(self.model_cfg.model_copy(update={"gradient_checkpointing": False}))
+            self.reference.requires_grad_(False)
+        self.engine = LearnerEngine(policy, self.cfg)
+        if self.reference is not None:
+            self.reference.to(device=self.engine.device, dtype=self.engine.dtype)
+        return {"rank": self.rank, "device": str(self.engine.device), "dtype": str(self.engine.dtype),
+                "start_s": time.perf_counter() - t0}
+
+    # ---- one RL step ----------------------------------------------------------------------
+    def train(self, groups: Sequence[Group], version: int, group_offset: int) -> dict[str, float]:
+        """μ updates on this rank's ``groups`` (collective). ``version`` is the learner version
+        v_l the batch trains at; the returned ``learner/staleness_max`` is measured here, from the
+        samples' own stamps, as an independent check of the coordinator's bound."""
+        t0 = time.perf_counter()
+        counts = global_counts(groups)
+        mbs = micro_batches(groups, group_offset=group_offset, pad_token_id=self.pad_token_id,
+                            advantage_scale=self.advantage_scale, micro_batch_size=self.micro_batch_size,
+                            whole_groups=self.whole_groups, counts=counts)
+        per_iteration = []
+        for k in range(self.inner_iterations):
+            batch = [mb.for_iteration(self.estimator.masks, k) for mb in mbs]
+            per_iteration.append(self.engine.train_step(batch, self._loss))
+        self.steps += 1
+        out = _combine(per_iteration)
+        samples = [s for g in groups for s in g.samples]
+        out["learner/staleness_max"] = float(max(version - s.policy_version for s in samples))
+        out["learner/samples"] = float(len(samples))
+        out["learner/tokens"] = float(sum(s.completion_length for s in samples))
+        out["time/train_rank"] = time.perf_counter() - t0
+        return out
+
+    def _loss(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The micro-batch's share of the global loss (``model`` is the DeepSpeed engine)."""
+        ll = estimate(model, mb.batch, mb.seeds, self.estimator)
+        device = ll.sequence.device
+        behaviour = mb.behaviour_logp.to(device)
+        if ll.elbo is not None:  # SPG sandwich: ratios compare ELBOs (module docstring)
+            behaviour = behaviour + (ll.sequence - ll.elbo).detach()
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = estimate(self.reference, mb.batch, mb.seeds, self.estimator)
+        inputs = LossInputs(
+            logp=ll.sequence, behaviour_logp=behaviour, advantages=mb.batch.advantages.to(device),
+            group_index=mb.group_index.to(device), completion_length=mb.completion_length.to(device),
+            num_groups=mb.counts["num_groups"].to(device), num_samples=mb.counts["num_samples"].to(device),
+            num_tokens=mb.counts["num_tokens"].to(device),
+            token_logp=ll.token, token_mask=None if ll.token is None else ll.token_mask.to(device),
+            behaviour_token_logp=None if ll.token is None or mb.behaviour_token_logp is None
+            else mb.behaviour_token_logp.to(device),
+            ref_logp=None if ref is None else ref.ratio_value, ref_token_logp=None if ref is None else ref.token,
+            elbo=ll.ratio_value,
+        )
+        loss, metrics = compute_loss(inputs, self.loss_cfg)
+        return loss, _engine_metrics(metrics, mb.share)
+
+    # ---- weights, checkpoints, export -----------------------------------------------------
+    def setup_weight_push(self, cfg: WeightPushConfig, **kwargs: Any) -> None:
+        """Rank 0 builds the sending end; the other ranks only take part in the gathers."""
+        if self.push is not None:
+            self.push.close()
+        self.push = setup_weight_push(cfg, **kwargs) if self.rank == 0 else None
+
+    def push_weights(self, version: int) -> Optional[WeightHandle]:
+        """Send the full weights as ``version`` (rank 0; every rank joins the ZeRO-3 gathers)."""
+        named = self.engine.named_parameters_for_push()
+        if self.push is None:
+            for _ in named:
+                pass
+            return None
+        return self.push.send(named, version)
+
+    def save_checkpoint(self, directory: str, client_state: dict, tag: str) -> str:
+        return self.engine.save_checkpoint(directory, client_state, tag=tag)
+
+    def load_checkpoint(self, directory: str, tag: Optional[str] = None) -> dict:
+        return self.engine.load_checkpoint(directory, tag)
+
+    def export(self, directory: str) -> Optional[str]:
+        """Write the policy as a transformers directory (rank 0; collective gather)."""
+        state = self.engine.state_dict_for_push()
+        if state is None:
+            return None
+        policy, tokenizer = load_policy(self.model_cfg.model_copy(update={"gradient_checkpointing": False}))
+        missing = sorted(set(dict(policy.named_parameters())) - set(state))
+        if missing:
+            raise RuntimeError(f"export: {len(missing)} parameters missing from the gathered weights, e.g. {missing[:3]}")
+        policy.load_state_dict(state, strict=False)  # buffers (rotary tables) are rebuilt, not trained
+        return str(export_hf(policy, tokenizer, Path(directory)))
+
+
+def _needs_reference(loss: Any) -> bool:
+    base = getattr(loss, "base", None)
+    return getattr(loss, "kl_beta", 0.0) > 0 or (base is not None and _needs_reference(base))
+
+
+def _engine_metrics(metrics: dict[str, torch.Tensor], share: float) -> dict[str, torch.Tensor]:
+    """Loss metrics in the form LearnerEngine sums over micro-batches and ranks: ``loss/*`` shares
+    as they are; max / min statistics renamed to the engine's ``_max`` / ``_min`` suffixes; every
+    other statistic weighted by the micro-batch's share of the step's rows (a row-weighted mean)."""
+    out = {}
+    for key, value in metrics.items():
+        head, _, tail = key.rpartition("/")
+        if key.startswith("loss/"):
+            out[key] = value
+        elif tail in ("max", "min"):
+            out[f"{head}/_{tail}"] = value
+        elif key.endswith(("_max", "_min")):
+            out[key] = value
+        else:
+            out[key] = value * share
+    return out
+
+
+def _combine(per_iteration: list[dict[str, float]]) -> dict[str, float]:
+    """One record per step: the mean over inner iterations; grad norm also as its max, skipped
+    updates as a count; ``train/.../_max`` back to ``train/.../max``."""
+    out: dict[str, float] = {}
+    for key in per_iteration[0]:
+        values = [m[key] for m in per_iteration]
+        name = key.replace("/_max", "/max").replace("/_min", "/min")
+        if key.endswith("_max"):
+            out[name] = max(values)
+        elif key.endswith("_min"):
+            out[name] = min(values)
+        elif key in ("train/skipped",):
+            out[name] = sum(values)
+        elif key == "train/skipped_total":
+            out[name] = values[-1]
+        else:
+            out[name] = sum(values) / len(values)
+    out["train/grad_norm_max"] = max(m["train/grad_norm"] for m in per_iteration)
+    out["train/loss_first"] = per_iteration[0]["train/loss"]
+    return out

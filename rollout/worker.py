@@ -1,0 +1,106 @@
+"""The rollout worker: a Ray actor holding a policy copy, the sampler and the task's reward.
+
+The coordinator sends it requests of a few prompts (``generate``); each call returns one
+``Episode`` per prompt as soon as that request is done, so groups stream back request by request
+while other requests are still queued. Between requests it takes new weights
+(``receive_weights``: versioned, bounded by the push timeout) and reports the version it holds;
+every later request is sampled, and its behaviour estimate computed, under those weights.
+
+The class is plain Python; the coordinator makes it an actor with the resources of the config
+(``ray.remote(RolloutWorker).options(num_cpus=..., num_gpus=...)``). On a GPU the policy sits on
+``cuda:0`` (Ray exposes the one GPU it assigned); on a CPU the actor uses one torch thread, so
+several actors share the cores without oversubscribing them.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Sequence
+
+import torch
+
+from common.config.model import ModelConfig
+from common.config.sampler import SamplerConfig
+from common.config.task import AnyTaskConfig
+from common.models import load_policy
+from common.runtime import setup_actor_process
+from common.tasks import RewardScorer, Row, build_task
+from common.transport.weights import WeightHandle, WeightPushConfig, setup_weight_push
+from rollout.engine import TorchRolloutEngine
+from rollout.workflow import Episode, PromptRequest, behaviour_estimator, run_episodes
+
+
+class RolloutWorker:
+    def __init__(
+        self,
+        index: int,
+        model: ModelConfig,
+        sampler: SamplerConfig,
+        estimator: Any,
+        task: AnyTaskConfig,
+        *,
+        group_size: int,
+        seed: int,
+    ) -> None:
+        t0 = time.perf_counter()
+        self.index = index
+        self.device = setup_actor_process()
+        self.policy, self.tokenizer = load_policy(model, device=self.device)
+        self.engine = TorchRolloutEngine(self.policy, policy_version=0)
+        self.sampler, self.group_size, self.seed = sampler, group_size, seed
+        self.estimator = behaviour_estimator(estimator)
+        self.task = build_task(task)
+        inline = task.reward.resolved_isolation == "inline"
+        self.scorer = RewardScorer(task, self.task) if inline else RewardScorer(task)
+        self.push = None
+        self.start_s = time.perf_counter() - t0
+
+    def ready(self) -> dict[str, Any]:
+        """What the coordinator logs once every actor is up."""
+        return {"worker": self.index, "device": str(self.device), "pid": os.getpid(), "load_s": self.start_s,
+                "parameters": sum(p.numel() for p in self.policy.parameters()), "version": self.version()}
+
+    def version(self) -> int:
+        return self.engine.policy_version
+
+    # ---- rollouts -------------------------------------------------------------------------
+    def generate(self, requests: Sequence[PromptRequest]) -> list[Episode]:
+        """G completions per prompt, rewarded and behaviour-estimated (rollout/workflow.py)."""
+        return run_episodes(
+            self.engine, requests, policy=self.policy, tokenizer=self.tokenizer, task=self.task,
+            scorer=self.scorer, group_size=self.group_size, sampler=self.sampler, estimator=self.estimator,
+            seed=self.seed, worker=self.index,
+        )
+
+    def reward_stats(self) -> dict[str, float]:
+        return self.scorer.stats.as_metrics(prefix="rollout/reward_calls/")
+
+    # ---- weights --------------------------------------------------------------------------
+    def setup_weight_push(self, cfg: WeightPushConfig, **kwargs: Any) -> None:
+        """This worker's end of the push (object store: no arguments; broadcast: its rank etc.)."""
+        if self.push is not None:
+            self.push.close()
+        self.push = setup_weight_push(cfg, **kwargs)
+
+    def receive_weights(self, handle: WeightHandle) -> int:
+        """Load version ``handle.version`` into the policy; returns the version now held."""
+        if self.push is None:
+            raise RuntimeError(f"rollout worker {self.index}: setup_weight_push was never called")
+        version = self.push.receive(handle, self.policy)
+        self.engine.policy_version = version
+        return version
+
+    # ---- evaluation -----------------------------------------------------------------------
+    def evaluate(self, rows: Sequence[Row], samples_per_prompt: int, seed: int) -> tuple[int, Any]:
+        """(version held, EvalResult) of ``rows`` under the current weights (rollout/evaluate.py)."""
+        from rollout.evaluate import evaluate
+
+        result = evaluate(self.engine, rows, self.task, self.tokenizer, self.sampler, samples_per_prompt, seed,
+                          eos_token_id=self.policy.eos_token_id)
+        return self.version(), result
+
+    def close(self) -> None:
+        self.scorer.close()
+        if self.push is not None:
+            self.push.close()
+
