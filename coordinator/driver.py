@@ -97,7 +97,7 @@ class Driver:
         if cfg.warmstart is not None:
             from coordinator.warmstart import warm_start
 
-            path = warm_start(cfg)
+            path = warm_start(cfg, log=self.log)
             self.log(f"warm start: {path} ({time.perf_counter() - t0:.1f} s)")
             model = cfg.model.model_copy(update={"path": path, "preset": None, "preset_shape": None})
             self.cfg = cfg = cfg.model_copy(update={"model": model})

@@ -138,9 +138,6 @@ class JobConfig(StrictModel):
         if level == "token" and self.estimator.name not in TOKEN_ESTIMATORS:
             raise ValueError(f"loss.level 'token' needs per-token values, which estimator.name {self.estimator.name!r} "
                              f"does not give; use one of {', '.join(TOKEN_ESTIMATORS)} or level 'sequence'")
-        if self.warmstart is not None and self.model.preset is None:
-            raise ValueError("warmstart trains a tiny preset from scratch: set model.preset, or drop warmstart to "
-                             "start from model.path")
         backend = self.weights.backend
         if backend == "nccl" and self.cluster.rollout.num_gpus == 0:
             raise ValueError("weights.backend 'nccl' needs GPU rollout workers (cluster.rollout.num_gpus > 0)")

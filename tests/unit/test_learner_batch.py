@@ -1,0 +1,95 @@
+"""A learner rank's share of a step: micro-batch cuts, step-global counts and shares, the metric
+forms the engine reduces, and the SPG-sandwich ratio correction in the learner's loss."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.config.estimator import BlockRandomConfig, SPGSandwichConfig
+from common.config.learner import LearnerConfig
+from common.config.loss import StableDrlLossConfig
+from common.config.model import ModelConfig
+from common.estimators import estimate
+from common.models import load_policy
+from common.types import Group, Sample, collate_samples
+from learner.rl_batch import _cuts, global_counts, micro_batches
+from learner.worker import LearnerWorker, _combine, _engine_metrics
+
+
+def groups(sizes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for k, size in enumerate(sizes):
+        samples = []
+        for i in range(size):
+            completion = torch.randint(4, 40, (4,), generator=g)
+            length = int(torch.randint(1, 5, (1,), generator=g))
+            samples.append(Sample(sample_id=f"q{k}/{i}", prompt_id=f"q{k}", index=i,
+                                  prompt_ids=torch.randint(4, 40, (2 + k % 3,), generator=g), completion_ids=completion,
+                                  completion_length=length, reward=float(torch.rand(1, generator=g)),
+                                  behaviour_logp=-float(torch.rand(1, generator=g)), mask_seed=100 * k + i))
+        out.append(Group(f"q{k}", samples))
+    return out
+
+
+def test_cuts_keep_groups_whole_or_cut_rows():
+    assert _cuts([4, 4, 4], 8, whole_groups=True) == [(0, 8), (8, 12)]
+    assert _cuts([4, 4, 4], 6, whole_groups=True) == [(0, 4), (4, 8), (8, 12)]
+    assert _cuts([4, 4, 4], 2, whole_groups=True) == [(0, 4), (4, 8), (8, 12)]  # never splits a group
+    assert _cuts([4, 4, 4], 5, whole_groups=False) == [(0, 5), (5, 10), (10, 12)]
+
+
+def test_micro_batches_carry_step_counts_and_shares_summing_to_one():
+    gs = groups([3, 4, 2])
+    counts = global_counts(gs)  # no process group: the local counts are the step's
+    assert float(counts["num_groups"]) == 3 and float(counts["num_samples"]) == 9
+    assert float(counts["num_tokens"]) == sum(s.completion_length for g in gs for s in g.samples)
+    mbs = micro_batches(gs, group_offset=10, pad_token_id=0, advantage_scale="none", micro_batch_size=5,
+                        whole_groups=True, counts=counts)
+    assert [len(mb.mask_seeds) for mb in mbs] == [3, 4, 2]
+    assert sum(mb.share for mb in mbs) == pytest.approx(1.0)
+    assert torch.equal(torch.cat([mb.group_index for mb in mbs]), torch.tensor([10] * 3 + [11] * 4 + [12] * 2))
+    for mb in mbs:  # group-relative advantages: each group's sum is 0
+        assert float(mb.batch.advantages.sum()) == pytest.approx(0.0, abs=1e-6)
+        assert mb.behaviour_token_logp is None
+    assert torch.equal(mbs[0].for_iteration("shared", 3).seeds, mbs[0].mask_seeds)
+    assert not torch.equal(mbs[0].for_iteration("independent", 1).seeds, mbs[0].for_iteration("independent", 0).seeds)
+
+
+def test_metric_forms_round_trip_through_the_engine_convention():
+    metrics = {"loss/policy": torch.tensor(0.5), "ratio/max": torch.tensor(3.0), "log_ratio/min": torch.tensor(-1.0),
+               "ess/weight_max": torch.tensor(0.7), "ratio/mean": torch.tensor(2.0)}
+    sent = _engine_metrics(metrics, share=0.25)
+    assert set(sent) == {"loss/policy", "ratio/_max", "log_ratio/_min", "ess/weight_max", "ratio/mean"}
+    assert float(sent["ratio/mean"]) == 0.5 and float(sent["loss/policy"]) == 0.5
+    engine_out = [{"train/loss": 1.0, "train/grad_norm": 2.0, "train/ratio/_max": 3.0, "train/ratio/mean": 1.0,
+                   "train/skipped": 0.0, "train/skipped_total": 0.0},
+                  {"train/loss": 3.0, "train/grad_norm": 5.0, "train/ratio/_max": 4.0, "train/ratio/mean": 2.0,
+                   "train/skipped": 1.0, "train/skipped_total": 1.0}]
+    combined = _combine(engine_out)
+    assert combined["train/ratio/max"] == 4.0 and combined["train/ratio/mean"] == 1.5
+    assert combined["train/loss"] == 2.0 and combined["train/loss_first"] == 1.0
+    assert combined["train/grad_norm_max"] == 5.0 and combined["train/skipped"] == 1.0
+
+
+def test_sandwich_ratios_compare_elbos_while_the_loss_reads_the_sandwich():
+    """Behaviour = block_random's ELBO under the same weights and shared masks: every importance
+    ratio must be exactly 1 although the sandwich value differs from the ELBO for A <= 0."""
+    model = ModelConfig(preset="tiny-llada")
+    sandwich = SPGSandwichConfig(block_length=4, num_draws=2, masks="shared")
+    worker = LearnerWorker(0, 1, model, LearnerConfig(), sandwich, StableDrlLossConfig(), inner_iterations=1,
+                           advantage_scale="none", micro_batch_size=64)
+    policy, _ = load_policy(model)
+    gs = groups([4, 4])
+    samples = [s for g in gs for s in g.samples]
+    behaviour = estimate(policy, collate_samples(samples, 0), [s.mask_seed for s in samples],
+                         BlockRandomConfig(**{k: v for k, v in sandwich.model_dump().items()
+                                              if k in BlockRandomConfig.model_fields and k != "name"}))
+    for s, value in zip(samples, behaviour.sequence.tolist()):
+        s.behaviour_logp = value
+    mb = micro_batches(gs, group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=64,
+                       whole_groups=True, counts=global_counts(gs))[0]
+    loss, metrics = worker._loss(policy, mb)
+    assert float(metrics["log_ratio/_max"]) == pytest.approx(0.0, abs=1e-5)
+    assert float(metrics["log_ratio/_min"]) == pytest.approx(0.0, abs=1e-5)
+    assert loss.requires_grad

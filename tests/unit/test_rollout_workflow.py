@@ -1,0 +1,91 @@
+"""The episode (rollout/workflow.py) in one process: what a group carries, seeded by (seed, uid,
+index) only, the behaviour estimate reproducible by the learner from the sample's mask seed."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.config.estimator import BlockRandomConfig, SPGSandwichConfig
+from common.config.model import ModelConfig
+from common.config.sampler import SamplerConfig
+from common.config.task import parse_task_config
+from common.estimators import estimate
+from common.models import load_policy
+from common.seeding import derive_seed
+from common.tasks import RewardScorer, build_task, load_task_data
+from common.types import collate_samples
+from rollout.engine import TorchRolloutEngine
+from rollout.workflow import PromptRequest, behaviour_estimator, run_episodes
+
+G, SEED = 4, 11
+SAMPLER = SamplerConfig(gen_length=4, block_length=4, steps=4, temperature=1.0)
+ESTIMATOR = BlockRandomConfig(block_length=4, num_draws=2)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    policy, tokenizer = load_policy(ModelConfig(preset="tiny-llada"))
+    task_cfg = parse_task_config({"name": "arithmetic", "source": {"kind": "generated", "n": 50}})
+    rows = load_task_data(task_cfg).train
+    return policy, tokenizer, task_cfg, rows
+
+
+def episodes(setup, requests, version=0, estimator=ESTIMATOR, task_cfg=None):
+    policy, tokenizer, default_cfg, _ = setup
+    task_cfg = task_cfg or default_cfg
+    task = build_task(task_cfg)
+    engine = TorchRolloutEngine(policy, policy_version=version)
+    with RewardScorer(task_cfg, task) as scorer:
+        return run_episodes(engine, requests, policy=policy, tokenizer=tokenizer, task=task, scorer=scorer,
+                            group_size=G, sampler=SAMPLER, estimator=behaviour_estimator(estimator), seed=SEED)
+
+
+def test_a_group_is_g_stamped_samples_of_one_prompt(setup):
+    policy, _, _, rows = setup
+    requests = [PromptRequest(7, rows[0]), PromptRequest(8, rows[1])]
+    out = episodes(setup, requests, version=3)
+    assert [e.uid for e in out] == [7, 8]
+    for request, e in zip(requests, out):
+        assert e.group.prompt_id == request.row.prompt_id and len(e.group.samples) == G
+        for i, s in enumerate(e.group.samples):
+            assert s.sample_id == f"{request.row.prompt_id}/{i}" and s.index == i
+            assert s.policy_version == 3 and s.estimator == "block_random"
+            assert s.mask_seed == derive_seed(SEED, "mask", request.uid, i)
+            assert s.completion_ids.shape == (SAMPLER.gen_length,) and s.decode_step.shape == (SAMPLER.gen_length,)
+            assert 1 <= s.completion_length <= SAMPLER.gen_length
+            # the learner reproduces the behaviour estimate from the mask seed alone (same weights)
+            alone = estimate(policy, collate_samples([s], policy.pad_token_id), [s.mask_seed], ESTIMATOR)
+            assert float(alone.sequence.detach()) == pytest.approx(s.behaviour_logp, abs=1e-5)
+
+
+def test_a_request_is_reproduced_whatever_it_is_batched_with(setup):
+    _, _, _, rows = setup
+    alone = episodes(setup, [PromptRequest(5, rows[2])])[0]
+    batched = episodes(setup, [PromptRequest(9, rows[3]), PromptRequest(5, rows[2])])[1]
+    other_uid = episodes(setup, [PromptRequest(6, rows[2])])[0]
+    for a, b in zip(alone.group.samples, batched.group.samples):
+        assert torch.equal(a.completion_ids, b.completion_ids)
+        assert a.behaviour_logp == pytest.approx(b.behaviour_logp, abs=1e-5)
+    assert any(not torch.equal(a.completion_ids, c.completion_ids) or a.mask_seed != c.mask_seed
+               for a, c in zip(alone.group.samples, other_uid.group.samples))
+
+
+def test_the_sandwich_ships_the_elbo_its_ratios_compare(setup):
+    policy, _, _, rows = setup
+    sandwich = SPGSandwichConfig(block_length=4, num_draws=2, masks="shared")
+    assert behaviour_estimator(sandwich).name == "block_random"
+    e = episodes(setup, [PromptRequest(1, rows[4])], estimator=sandwich)[0]
+    batch = collate_samples(e.group.samples, policy.pad_token_id, advantages=-torch.ones(G))  # A <= 0: the mix
+    ll = estimate(policy, batch, [s.mask_seed for s in e.group.samples], sandwich)
+    assert not torch.allclose(ll.sequence, ll.elbo)  # the sandwich differs from the ELBO here ...
+    torch.testing.assert_close(ll.ratio_value, torch.tensor([s.behaviour_logp for s in e.group.samples]),
+                               rtol=1e-5, atol=1e-5)  # ... and the behaviour value is its ELBO
+
+
+def test_samples_whose_reward_is_dropped_leave_the_group(setup, tmp_path):
+    reward = tmp_path / "reward.py"
+    reward.write_text("def score(completion, row):\n    raise ValueError('no reward today')\n")
+    task_cfg = parse_task_config({"name": "arithmetic", "source": {"kind": "generated", "n": 50},
+                                  "reward": {"custom": f"{reward}:score", "isolation": "inline", "on_failure": "drop"}})
+    out = episodes(setup, [PromptRequest(0, setup[3][0])], task_cfg=task_cfg)
+    assert out[0].group is None and out[0].uid == 0
