@@ -7,10 +7,14 @@ a finished block's keys depend only on blocks at or before it, caching them is e
 
 Cached path, one forward per denoising step and nothing else:
   - first step: [prompt | block 0] (the prompt prefill rides along with block 0's first step);
-  - later steps: [previous block | current block]; the previous block is clean and final, so the
-    forward writes its exact K/V into the cache while denoising the current block (the "run it
-    once more clean to append it" pass of SDAR, fused into the next block's first step; on other
-    steps it rewrites identical values, which lets each row move to its next block on its own).
+  - a step where some row has just entered a new block: [previous block | current block]; the
+    previous block is clean and final, so the forward writes its exact K/V into the cache while
+    denoising the current block (the "run it once more clean to append it" pass of SDAR, fused
+    into the next block's first step; rows that entered earlier rewrite identical values, which
+    lets each row move to its next block on its own);
+  - every other step: [current block] alone, reading the prompt and finished blocks from the
+    cache (half the tokens of the two-block form; with fixed steps per block, all but one step
+    of each block).
 The reference path (``cache="none"``) runs the whole canvas with the block-causal mask each step;
 the two give the same tokens and the same number of forwards.
 """
@@ -61,10 +65,13 @@ class BlockDiffusionLogits:
             query = torch.arange(n, device=c.ids.device).expand(c.batch_size, n)
             logits_from = c.prompt_width
             visible = n
-        else:  # [previous block | current block]
+        else:
             current = state.block_positions()  # [B, bs]
-            query = torch.cat([current - bs, current], dim=1)  # [B, 2 bs]
-            logits_from = bs
+            if view.refresh:  # some row entered a new block: [previous block | current block]
+                query = torch.cat([current - bs, current], dim=1)  # [B, 2 bs]
+                logits_from = bs
+            else:  # every row's previous block is already in the cache: [current block]
+                query, logits_from = current, 0
             visible = min(c.prompt_width + view.hi + bs, c.total_length)
         self.cache.set_slots(query, visible)
         return forward_block_logits(

@@ -47,7 +47,8 @@ def test_cached_forwards_feed_at_most_two_blocks_after_the_prompt(sdar):
         out = generate(sdar, PROMPTS, SEEDS, cfg(cache="prefix", stop_at_eos=False))
     finally:
         hook.remove()
-    assert lengths == [8 + 4] + [2 * 4] * (out.num_forwards - 1)  # [prompt | block 0], then [previous | current]
+    # 2 steps per block: [prompt | block 0], [block 0]; then per block [previous | current], [current]
+    assert lengths == [8 + 4, 4] + [2 * 4, 4] * (out.num_forwards // 2 - 1)
 
 
 def test_chunk_mask_is_the_block_causal_mask_restricted_to_the_chunk():
