@@ -1,0 +1,116 @@
+"""Benchmark 4: block-diffusion sampling (SDAR-8B ~ Qwen3-8B shape, random weights, bf16) with the
+exact KV cache: batch 128, block 4, prompt 128, gen 256 (target >= 3,000 tokens/s on one H100).
+
+Whole generations through the real engine (``rollout.sampling.generate``, cache "prefix" = the
+exact cache), ``stop_at_eos=False`` so every row decodes all 256 positions:
+
+speed       steps = 256 (one token per step: 4 steps per block) and 128 (two per step); tokens/s
+            = B * 256 / wall seconds; achieved FLOP/s from the tokens each forward feeds.
+exactness   the cached path against the reference path without cache (whole canvas, block-causal
+            mask, every step) on a few rows: fraction of equal tokens (1.0 in fp32 on CPU; bf16
+            kernels of different shapes may round differently on the GPU, so it is reported).
+
+    python tests/benchmarks/bench_block_diffusion.py --peak-from matmul.json --out bd.json
+    python tests/benchmarks/bench_block_diffusion.py --tiny --out bd.json
+"""
+from __future__ import annotations
+
+import argparse
+
+import benchlib as bl
+import torch
+
+from common.config.sampler import SamplerConfig
+from rollout.sampling import generate
+
+PARTS = ("speed", "exactness")
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--batch", type=int, default=None, help="rows (default 128; 8 with --tiny)")
+    ap.add_argument("--prompt", type=int, default=None, help="default 128; 16 with --tiny")
+    ap.add_argument("--gen", type=int, default=None, help="default 256; 32 with --tiny")
+    ap.add_argument("--block", type=int, default=4, help="the policy's block size (SDAR / TraDo: 4)")
+    ap.add_argument("--steps", default=None, help="comma list of steps per generation (default gen, gen/2)")
+    ap.add_argument("--temperature", type=float, default=0.9)
+    ap.add_argument("--exact-batch", type=int, default=4)
+    ap.add_argument("--exact-gen", type=int, default=None, help="gen_length of the exactness runs (default 64; 16 tiny)")
+    ap.add_argument("--parts", default=",".join(PARTS))
+    ap.add_argument("--peak-from", default=None)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    a.shape = "tiny-sdar" if a.tiny else "sdar-8b"
+    a.batch = a.batch or (8 if a.tiny else 128)
+    a.prompt = a.prompt or (16 if a.tiny else 128)
+    a.gen = a.gen or (32 if a.tiny else 256)
+    a.exact_gen = a.exact_gen or (16 if a.tiny else 64)
+    a.steps = [int(s) for s in a.steps.split(",")] if a.steps else [a.gen, a.gen // 2]
+    return a
+
+
+def main() -> None:
+    a = parse()
+    dev = bl.device()
+    res = bl.Result("block_diffusion", a.out, vars(a))
+    peak = bl.read_peak_tflops(a.peak_from)
+    policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev), block_size=a.block), dev)
+    sc = bl.count_shape(policy)
+    res.put("model", {"shape": a.shape, "params": sc.total, "build_s": build_s, "block_size": policy.block_size,
+                      "measured_matmul_tflops": peak})
+    prompts = bl.random_prompts(a.batch, a.prompt, policy.vocab_size, seed=2)
+    seeds = torch.arange(a.batch)
+
+    def cfg(**kw) -> SamplerConfig:
+        base = dict(gen_length=a.gen, block_length=None, steps=a.gen, temperature=a.temperature, cache="prefix",
+                    stop_at_eos=False, max_batch_size=a.batch)
+        return SamplerConfig(**{**base, **kw})
+
+    def run(c: SamplerConfig, rows: int):
+        return bl.timed(lambda: generate(policy, prompts[:rows], seeds[:rows], c), dev)
+
+    parts = a.parts.split(",")
+    if "speed" in parts:
+        with res.part("speed", dev):
+            run(cfg(gen_length=4 * a.block, steps=4 * a.block), a.batch)  # warm-up: same batch, short canvas
+            rows = {}
+            for steps in a.steps:
+                out, secs = run(cfg(steps=steps), a.batch)
+                tflops = generation_flops(sc, a, steps, out.num_forwards) / secs / 1e12
+                rows[steps] = {"forwards": out.num_forwards, "seconds": secs, "tokens_per_s": a.batch * a.gen / secs,
+                               "tokens_per_step_per_row": a.gen / steps, "achieved_tflops": tflops,
+                               "pct_of_measured_matmul": 100 * tflops / peak if peak else None,
+                               "ms_per_forward": 1e3 * secs / out.num_forwards}
+                res.put("speed", {"batch": a.batch, "block": a.block, "by_steps": rows})
+    if "exactness" in parts:
+        with res.part("exactness", dev):
+            rows = min(a.exact_batch, a.batch)
+            c = cfg(gen_length=a.exact_gen, steps=a.exact_gen, temperature=0.0)
+            ref, ref_s = run(c.model_copy(update={"cache": "none"}), rows)
+            got, got_s = run(c, rows)
+            same = (got.completion_ids == ref.completion_ids).float()
+            res.put("exactness", {"rows": rows, "gen": a.exact_gen, "token_agreement": float(same.mean()),
+                                  "rows_identical": int(same.all(dim=1).sum()), "none_seconds": ref_s,
+                                  "cached_seconds": got_s, "same_forwards": got.num_forwards == ref.num_forwards})
+    res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
+
+
+def generation_flops(sc: bl.ShapeCount, a: argparse.Namespace, steps: int, forwards: int) -> float:
+    """FLOPs of one cached generation with fixed steps: the first forward feeds [prompt | block 0];
+    the first step of every later block feeds [previous block | current block] (the previous one
+    enters the cache), the other steps only the current block. Keys read: the prompt and the blocks
+    up to the current one (the average over the generation). Logits: the current block."""
+    b, bs = a.batch, a.block
+    mean_keys = a.prompt + a.gen / 2 + bs / 2
+    first = bl.forward_flops(sc, rows=b, query_len=a.prompt + bs, key_len=a.prompt + bs, logit_positions=bs)
+    entering = bl.forward_flops(sc, rows=b, query_len=2 * bs, key_len=mean_keys, logit_positions=bs)
+    inside = bl.forward_flops(sc, rows=b, query_len=bs, key_len=mean_keys, logit_positions=bs)
+    nblocks = a.gen // bs
+    n_entering = nblocks - 1
+    n_inside = max(forwards - 1 - n_entering, 0)
+    return first + n_entering * entering + n_inside * inside
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""Benchmarks 2 and 3: full-attention sampling (LLaDA-8B shape, random weights, bf16).
+
+Canvas [prompt 128 | gen 256], blocks of 32, a batch of B rows (default 32: 12,288 tokens per
+naive forward, compute-bound). Every part runs the real engine (``rollout.sampling.generate``)
+with ``stop_at_eos=False``, so every row decodes all 256 positions and the work is fixed.
+
+naive       The exact sampler (cache none). Every step is the same forward over the whole canvas
+            plus one decode step, so it is timed over one step per block (8 forwards) and a
+            generation of S steps costs S x that per-step time (stated as extrapolated). FLOPs:
+            Linear layers over B*384 tokens, the LM head over the block's B*32 positions,
+            attention 384 x 384; achieved rate / the card's measured matmul rate (target >= 60%).
+            Profile: the model forward alone (CUDA events) and the decode step alone.
+cached      Dual cache (Fast-dLLM, refreshed once per block), fixed steps S1 = 128 and S2 = 256,
+            whole generations measured. Cache speed-up at equal steps = naive(S) / cached(S).
+            From the two runs: t_cached = (T(S2) - T(S1)) / (S2 - S1) per cached step and
+            t_refresh per block, so a run at k tokens per forward costs
+            8 t_refresh + (256/k - 8) t_cached (the cost model, reported for k = 1..8).
+parallel    Confidence-threshold decoding (0.9) with the dual cache. A random model's top
+            probability is ~1/V, so the threshold would commit one token per step; the LM head is
+            scaled by alpha so that the median top-1 confidence of block 0's first step equals the
+            threshold (a model that is sure of about half its positions). The tokens per forward
+            this gives are measured, not chosen; the run checks the cost model at that k.
+agreement   Cached vs uncached tokens on fixed prompts, temperature 0, unscaled model: fraction of
+            equal completion tokens (dual, prefix vs none at equal steps; and dual vs none with
+            the threshold on the scaled model).
+
+    python tests/benchmarks/bench_full_attention.py --peak-from matmul.json --out fa.json
+    python tests/benchmarks/bench_full_attention.py --tiny --out fa.json
+"""
+from __future__ import annotations
+
+import argparse
+
+import benchlib as bl
+import torch
+
+from common.attention import full_mask
+from common.config.sampler import SamplerConfig
+from rollout.sampling import generate
+from rollout.sampling.canvas import build_canvas
+from rollout.sampling.decode import choose_tokens, commit_mask
+from common.seeding import generator
+
+PARTS = ("naive", "cached", "parallel", "agreement")
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="toy model and sizes (CPU check)")
+    ap.add_argument("--batch", type=int, default=None, help="rows (default 32; 4 with --tiny)")
+    ap.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 128; 16 with --tiny)")
+    ap.add_argument("--gen", type=int, default=None, help="gen_length (default 256; 32 with --tiny)")
+    ap.add_argument("--block", type=int, default=None, help="block_length (default 32; 8 with --tiny)")
+    ap.add_argument("--temperature", type=float, default=0.9, help="rollout temperature of the speed runs")
+    ap.add_argument("--threshold", type=float, default=0.9)
+    ap.add_argument("--agree-batch", type=int, default=None, help="rows of the agreement runs (default 4; 2 tiny)")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {PARTS}")
+    ap.add_argument("--peak-from", default=None, help="bench_matmul JSON of this card (the denominator)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    tiny = a.tiny
+    a.shape = "tiny-llada" if tiny else "llada-8b"
+    a.batch = a.batch or (4 if tiny else 32)
+    a.prompt = a.prompt or (16 if tiny else 128)
+    a.gen = a.gen or (32 if tiny else 256)
+    a.block = a.block or (8 if tiny else 32)
+    a.agree_batch = a.agree_batch or (2 if tiny else 4)
+    return a
+
+
+class Bench:
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a, self.dev = a, bl.device()
+        self.res = bl.Result("full_attention", a.out, vars(a))
+        self.peak = bl.read_peak_tflops(a.peak_from)
+        built, secs = bl.timed(lambda: bl.build_policy(a.shape, self.dev, bl.compute_dtype(self.dev)), self.dev)
+        self.policy, self.sc = built, bl.count_shape(built)
+        self.nblocks = a.gen // a.block
+        self.prompts = bl.random_prompts(a.batch, a.prompt, self.policy.vocab_size, seed=1)
+        self.seeds = torch.arange(a.batch)
+        self.res.put("model", {"shape": a.shape, "params": self.sc.total, "linear_params": self.sc.linear,
+                               "head_params": self.sc.head, "build_s": secs, "dtype": str(bl.compute_dtype(self.dev)),
+                               "measured_matmul_tflops": self.peak})
+        self.t_naive = None  # seconds per naive step
+        self.cached_s: dict[int, float] = {}  # steps -> seconds per dual-cache generation
+
+    def cfg(self, **kw) -> SamplerConfig:
+        base = dict(gen_length=self.a.gen, block_length=self.a.block, steps=self.nblocks, temperature=self.a.temperature,
+                    cache="none", stop_at_eos=False, max_batch_size=max(self.a.batch, self.a.agree_batch))
+        return SamplerConfig(**{**base, **kw})
+
+    def run(self, cfg: SamplerConfig, rows: int | None = None):
+        rows = rows or self.a.batch
+        return bl.timed(lambda: generate(self.policy, self.prompts[:rows], self.seeds[:rows], cfg), self.dev)
+
+    def pct(self, tflops: float) -> dict:
+        return {"pct_of_measured_matmul": None if not self.peak else 100 * tflops / self.peak,
+                "pct_of_nominal_989": 100 * tflops / bl.NOMINAL_H100_BF16_TFLOPS if self.dev.type == "cuda" else None}
+
+    # ---- 2: naive -------------------------------------------------------------------------
+    def naive(self) -> None:
+        a, cfg = self.a, self.cfg()
+        self.run(cfg)  # warm-up: CUDA context, cuBLAS handles, allocator
+        out, secs = self.run(cfg)
+        self.t_naive = secs / out.num_forwards
+        length = a.prompt + a.gen
+        flops = bl.forward_flops(self.sc, rows=a.batch, query_len=length, key_len=length, logit_positions=a.block)
+        engine_tflops = flops / self.t_naive / 1e12
+        fwd_ms, decode_ms = self.profile_naive_step()
+        tokens = a.batch * a.gen
+        self.res.put("naive", {
+            "batch": a.batch, "canvas": length, "forwards_timed": out.num_forwards, "seconds": secs,
+            "s_per_step": self.t_naive, "tflop_per_forward": flops / 1e12, "engine_tflops": engine_tflops,
+            **{f"engine_{k}": v for k, v in self.pct(engine_tflops).items()},
+            "forward_only_ms": fwd_ms, "forward_only_tflops": flops / (fwd_ms * 1e-3) / 1e12,
+            **{f"forward_only_{k}": v for k, v in self.pct(flops / (fwd_ms * 1e-3) / 1e12).items()},
+            "decode_step_ms": decode_ms,
+            "tokens_per_s_at_steps": {s: tokens / (s * self.t_naive) for s in (a.gen, a.gen // 2)},
+            "note": "tokens/s at S steps = B*gen / (S * s_per_step): every naive step is the same full forward",
+        })
+
+    def profile_naive_step(self) -> tuple[float, dict]:
+        """(model forward alone, ms) and the decode step alone (ms, float64 and float32 Gumbel noise)."""
+        a, p = self.a, self.policy
+        canvas = build_canvas(self.prompts, a.gen, mask_token_id=p.mask_token_id, pad_token_id=p.pad_token_id, device=self.dev)
+        mask = full_mask(canvas.valid)
+        with torch.inference_mode():
+            def forward():
+                return p(canvas.ids, attention_mask=mask, position_ids=canvas.position_ids,
+                         logits_from=a.prompt, logits_to=a.prompt + a.block).logits
+
+            fwd = bl.median(bl.event_times_ms(forward, self.dev, warmup=1, reps=3))
+            logits = forward()  # [B, Lb, V]
+            gens = [generator(i, self.dev) for i in range(a.batch)]
+            masked = torch.ones(logits.shape[:2], dtype=torch.bool, device=self.dev)
+            k = torch.full((a.batch,), max(1, a.block // 16), device=self.dev)
+            decode = {}
+            for name, noise in (("float64_noise", torch.float64), ("float32_noise", torch.float32)):
+                def step():
+                    x0, conf = choose_tokens(logits.clone(), a.temperature, gens, mask_token_id=p.mask_token_id,
+                                             noise_dtype=noise)
+                    return commit_mask(conf, masked, k=k)
+
+                decode[name] = bl.median(bl.event_times_ms(step, self.dev, warmup=1, reps=5))
+        return fwd, decode
+
+    # ---- 3: cached at equal steps, and the cost model --------------------------------------
+    def cached(self) -> None:
+        a = self.a
+        steps = sorted({min(a.gen, max(self.nblocks, a.gen // 2)), a.gen})  # 128 and 256
+        self.run(self.cfg(cache="dual", steps=2 * self.nblocks))  # warm-up of the cached shapes
+        rows = {}
+        for s in steps:
+            out, secs = self.run(self.cfg(cache="dual", steps=s))
+            self.cached_s[s] = secs
+            tps = a.batch * a.gen / secs
+            rows[s] = {"forwards": out.num_forwards, "seconds": secs, "tokens_per_s": tps}
+            if self.t_naive:
+                rows[s]["naive_tokens_per_s_extrapolated"] = a.batch * a.gen / (s * self.t_naive)
+                rows[s]["speedup_vs_naive_equal_steps"] = s * self.t_naive / secs
+        model = self.cost_model()
+        self.res.put("cached", {"mode": "dual", "batch": a.batch, "temperature": a.temperature, "by_steps": rows, **model})
+
+    def cost_model(self) -> dict:
+        if len(self.cached_s) < 2:
+            return {}
+        (s1, t1), (s2, t2) = sorted(self.cached_s.items())
+        t_c = (t2 - t1) / (s2 - s1)
+        t_refresh = t1 / self.nblocks - (s1 / self.nblocks - 1) * t_c
+        self.t_cached, self.t_refresh = t_c, t_refresh
+        out = {"t_cached_step_s": t_c, "t_refresh_step_s": t_refresh}
+        if self.t_naive:
+            naive_full = self.a.gen * self.t_naive  # naive at one token per step (LLaDA's reference setting)
+            out["speedup_vs_naive_steps_gen_at_k_tokens_per_forward"] = {
+                k: naive_full / self.predict(k) for k in (1, 2, 3, 4, 6, 8)}
+            out["cost_model"] = "T(k) = nblocks*t_refresh + (gen/k - nblocks)*t_cached; naive = gen*t_naive_step"
+        return out
+
+    def predict(self, k: float) -> float:
+        forwards = max(self.a.gen / k, self.nblocks)
+        return self.nblocks * self.t_refresh + (forwards - self.nblocks) * self.t_cached
+
+    # ---- 3: threshold decoding on a model with meaningful confidence -----------------------
+    def parallel(self) -> None:
+        a = self.a
+        head = self.policy.model.get_output_embeddings().weight
+        original = head.detach().clone()
+        try:
+            alpha, quantiles = self.calibrate(a.threshold, head)
+            cfg = self.cfg(cache="dual", steps=None, threshold=a.threshold)
+            self.run(cfg, rows=min(a.batch, 4))  # warm-up of the threshold path
+            out, secs = self.run(cfg)
+            k = a.batch * a.gen / (out.num_forwards * a.batch)  # forwards are batch-wide
+            row = {"alpha": alpha, "block0_top1_conf_quantiles_10_50_90": quantiles, "forwards": out.num_forwards,
+                   "tokens_per_forward_per_row": k, "seconds": secs, "tokens_per_s": a.batch * a.gen / secs}
+            if self.t_naive:
+                row["speedup_vs_naive_steps_gen"] = a.gen * self.t_naive / secs
+                row["speedup_vs_naive_steps_half_gen"] = (a.gen // 2) * self.t_naive / secs
+            if getattr(self, "t_cached", None):
+                row["cost_model_prediction_s"] = self.predict(k)
+            self.res.put("parallel", row)
+            if "agreement" in self.parts:
+                with self.res.part("agreement_threshold", self.dev):
+                    cfg0 = self.cfg(steps=None, threshold=a.threshold, temperature=0.0)
+                    self.res.put("agreement_threshold", self.agree(cfg0, ("dual",)))
+        finally:
+            with torch.no_grad():
+                head.copy_(original)
+
+    def calibrate(self, threshold: float, head: torch.Tensor) -> tuple[float, list[float]]:
+        """Scale the LM head by alpha so that the median top-1 probability over block 0's positions
+        at the first step equals ``threshold``; returns (alpha, top-1 quantiles at alpha)."""
+        a, p = self.a, self.policy
+        canvas = build_canvas(self.prompts, a.gen, mask_token_id=p.mask_token_id, pad_token_id=p.pad_token_id, device=self.dev)
+        with torch.inference_mode():
+            logits = p(canvas.ids, attention_mask=full_mask(canvas.valid), position_ids=canvas.position_ids,
+                       logits_from=a.prompt, logits_to=a.prompt + a.block).logits.float()  # [B, Lb, V]
+            logits[..., p.mask_token_id] = float("-inf")
+
+            def top1(alpha: float) -> torch.Tensor:
+                return torch.softmax(alpha * logits, dim=-1).amax(dim=-1).flatten()  # [B * Lb]
+
+            lo, hi = -6.0, 14.0  # log2 alpha
+            for _ in range(40):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if top1(2**mid).median() < threshold else (lo, mid)
+            alpha = 2 ** hi
+            q = torch.quantile(top1(alpha), torch.tensor([0.1, 0.5, 0.9], device=logits.device)).tolist()
+        with torch.no_grad():
+            head.mul_(alpha)
+        return alpha, q
+
+    # ---- 3: agreement -----------------------------------------------------------------------
+    def agreement(self) -> None:
+        cfg = self.cfg(steps=self.a.gen // 2, temperature=0.0)
+        self.res.put("agreement", self.agree(cfg, ("dual", "prefix")))
+
+    def agree(self, cfg: SamplerConfig, modes: tuple[str, ...]) -> dict:
+        rows = self.a.agree_batch
+        ref, ref_s = self.run(cfg.model_copy(update={"cache": "none"}), rows=rows)
+        out = {"rows": rows, "steps": cfg.steps, "threshold": cfg.threshold, "none_forwards": ref.num_forwards,
+               "none_seconds": ref_s}
+        for mode in modes:
+            got, secs = self.run(cfg.model_copy(update={"cache": mode}), rows=rows)
+            same = (got.completion_ids == ref.completion_ids).float()
+            out[mode] = {"token_agreement": float(same.mean()), "rows_identical": int(same.all(dim=1).sum()),
+                         "forwards": got.num_forwards, "seconds": secs}
+        return out
+
+
+def main() -> None:
+    a = parse()
+    bench = Bench(a)
+    bench.parts = [p for p in a.parts.split(",") if p]
+    for name in bench.parts:
+        if name not in PARTS:
+            bench.res.error(name, ValueError(f"unknown part {name!r}; valid: {PARTS}"))
+            continue
+        bl.log(f"full_attention: {name}")
+        with bench.res.part(name, bench.dev):
+            getattr(bench, name)()
+    bench.res.put("memory", {"peak_gib": bl.peak_memory_gib(bench.dev)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""Benchmark 5: learner throughput of one StableDRL step at the ~1.5B shape (Qwen2-1.5B dims, Dream
+family: bidirectional Qwen2 with an untied head, 1.78B parameters), DeepSpeed ZeRO-2 and ZeRO-3,
+bf16, sdpa, activation checkpointing on and off, on 1 or more GPUs (one process per GPU, the
+project's ``LearnerEngine`` over ``learner.group.init_learner_group``).
+
+One step = ``groups_per_step`` micro-batches per rank, each one group of G samples
+[prompt 128 | completion 256]; the loss re-estimates log-likelihoods with ``elbo_mc`` (2 Monte-Carlo
+masks, both in one forward of 2G rows, per-masked-token mean as released) and applies ``stabledrl``
+(C = 5) against behaviour estimates given with the batch; backward; clip; AdamW.
+
+Model FLOPs per micro-batch: F = one forward of 2G rows x 384 tokens (Linear layers, the head over
+the 256 completion positions, attention 384 x 384), training = 3F (forward + backward); with
+checkpointing the hardware also recomputes the forward (4F: reported as HFU, not MFU).
+MFU = model FLOPs / step seconds / (ranks x peak), against the card's measured matmul rate and
+against the nominal 989 TFLOP/s (H100 SXM / H200 bf16 dense). ZeRO-3 runs also time gathering the
+full weights from the shards (``named_parameters_for_push``: the learner side of a weight push).
+
+    python tests/benchmarks/bench_learner.py --world 1 --peak-from matmul.json --out learner1.json
+    python tests/benchmarks/bench_learner.py --world 2 --peak-from matmul.json --out learner2.json
+    python tests/benchmarks/bench_learner.py --tiny --world 2 --out learner2.json   # CPU, gloo
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import benchlib as bl
+import torch
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--world", type=int, default=1, help="learner ranks (one GPU each)")
+    ap.add_argument("--stages", default="2,3")
+    ap.add_argument("--checkpointing", default="on,off", help="activation checkpointing settings, in order")
+    ap.add_argument("--group-size", type=int, default=8, help="G: samples per group = per micro-batch")
+    ap.add_argument("--groups-per-step", type=int, default=4, help="micro-batches per rank per step")
+    ap.add_argument("--prompt", type=int, default=None, help="default 128; 16 tiny")
+    ap.add_argument("--gen", type=int, default=None, help="default 256; 32 tiny")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per setting (after one warm-up step)")
+    ap.add_argument("--peak-from", default=None)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)  # child mode
+    ap.add_argument("--addr", default="127.0.0.1", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    a.shape = "tiny-qwen2" if a.tiny else "qwen2-1.5b"
+    a.prompt = a.prompt or (16 if a.tiny else 128)
+    a.gen = a.gen or (32 if a.tiny else 256)
+    return a
+
+
+# ---- the parent: one process per rank, a fresh set of processes per ZeRO stage ------------------
+def launch(a: argparse.Namespace) -> int:
+    """Each stage runs in processes of its own: a DeepSpeed engine is never torn down and rebuilt
+    in one process (whatever it leaves behind cannot inflate the next stage's memory)."""
+    from learner.group import free_port
+
+    res = bl.Result(f"learner_{a.world}gpu", a.out, vars(a), echo=False, probe=False)
+    worst = 0
+    for stage in a.stages.split(","):
+        part_file = Path(a.out or f"/tmp/bench_learner_{os.getpid()}.json").with_suffix(f".zero{stage}.json")
+        part_file.unlink(missing_ok=True)
+        port = free_port()
+        codes = bl.launch_ranks(__file__, lambda r: [*sys.argv[1:], "--stages", stage, "--rank", str(r), "--port",
+                                                      str(port), "--out", str(part_file) if r == 0 else ""], a.world)
+        worst = max(worst, *codes)
+        try:
+            data = json.loads(part_file.read_text())
+        except (OSError, ValueError):
+            data = {}
+        res.data["environment"] = data.get("environment") or res.data["environment"]
+        for name, values in (data.get("parts") or {}).items():
+            res.put(name, values)
+        for name, text in (data.get("errors") or {}).items():
+            res.data["errors"][name] = text
+        if any(codes):
+            res.data["errors"][f"zero{stage}_ranks"] = f"rank exit codes {codes}"
+        res.write()
+        part_file.unlink(missing_ok=True)
+    return worst
+
+
+# ---- one rank ----------------------------------------------------------------------------------
+def micro_batches(a: argparse.Namespace, rank: int, vocab: int) -> list[dict]:
+    """``groups_per_step`` groups of G random (prompt, completion) pairs, with behaviour estimates
+    and advantages; the step's global counts are attached to each micro-batch."""
+    from common.types import SequenceBatch
+
+    g = torch.Generator().manual_seed(1000 + rank)
+    n_groups = a.groups_per_step * a.world
+    out = []
+    for i in range(a.groups_per_step):
+        rows = a.group_size
+        ids = torch.randint(4, vocab, (rows, a.prompt + a.gen), generator=g)  # no special ids: no EOS
+        batch = SequenceBatch(input_ids=ids, prompt_mask=torch.ones(rows, a.prompt, dtype=torch.bool),
+                              completion_mask=torch.ones(rows, a.gen, dtype=torch.bool))
+        rewards = torch.rand(rows, generator=g)
+        out.append({
+            "batch": batch, "seeds": torch.randint(0, 2**62, (rows,), generator=g),
+            "behaviour_logp": -torch.log(torch.tensor(float(vocab))) + 0.1 * torch.randn(rows, generator=g),
+            "advantages": (rewards - rewards.mean()) / (rewards.std() + 1e-6),
+            "group_index": torch.full((rows,), rank * a.groups_per_step + i),
+            "counts": (float(n_groups), float(n_groups * rows), float(n_groups * rows * a.gen)),
+        })
+    return out
+
+
+def stabledrl_loss_fn(est_cfg, loss_cfg):
+    from common.estimators import estimate
+    from learner.losses import LossInputs, compute_loss
+
+    def loss_fn(model, mb: dict):
+        ll = estimate(model, mb["batch"], mb["seeds"], est_cfg)  # [G] differentiable, 2 masks in one forward
+        dev = ll.sequence.device
+        groups, samples, tokens = mb["counts"]
+        inputs = LossInputs(
+            logp=ll.sequence, behaviour_logp=mb["behaviour_logp"].to(dev), advantages=mb["advantages"].to(dev),
+            group_index=mb["group_index"].to(dev), completion_length=mb["batch"].completion_mask.sum(1).to(dev),
+            num_groups=groups, num_samples=samples, num_tokens=tokens,
+        )
+        return compute_loss(inputs, loss_cfg)
+
+    return loss_fn
+
+
+def set_checkpointing(module: torch.nn.Module, on: bool) -> None:
+    for m in module.modules():
+        if hasattr(m, "gradient_checkpointing_enable"):
+            if on:
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                m.gradient_checkpointing_disable()
+            return
+    raise RuntimeError("no transformers model with gradient checkpointing inside the policy")
+
+
+def timed_step(engine, mbs, loss_fn, dev, metrics: dict) -> float:
+    """Seconds of one train_step, the slowest rank's (all ranks start together); ``metrics`` gets
+    the step's metrics (a skipped step would be cheaper: the result says if any was)."""
+    import torch.distributed as dist
+
+    bl.sync(dev)
+    dist.barrier()
+    t0 = time.perf_counter()
+    metrics.update(engine.train_step(mbs, loss_fn))
+    bl.sync(dev)
+    secs = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=engine.device)
+    dist.all_reduce(secs, op=dist.ReduceOp.MAX)
+    return float(secs)
+
+
+def rank_main(a: argparse.Namespace) -> None:
+    """One rank of one ZeRO stage (``a.stages`` holds a single stage here)."""
+    from learner.group import init_learner_group, local_device
+
+    rank, stage = a.rank, int(a.stages)
+    res = bl.Result(f"learner_{a.world}gpu", a.out if rank == 0 else None, vars(a), echo=rank == 0)
+    try:
+        init_learner_group(a.addr, a.port, rank, a.world, timeout_s=300)
+        run_stage(a, res, rank, stage, local_device())
+    except Exception as exc:  # recorded with its message, then the rank fails (the launcher stops the others)
+        res.error(f"zero{stage}", exc)
+        raise
+
+
+def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage: int, dev: torch.device) -> None:
+    from common.config.estimator import ElboMCConfig
+    from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
+    from common.config.loss import StableDrlLossConfig
+    from learner.engine import LearnerEngine
+
+    peak = bl.read_peak_tflops(a.peak_from)
+    loss_fn = stabledrl_loss_fn(ElboMCConfig(num_draws=2, weighting="mean", masks="independent"), StableDrlLossConfig())
+    policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev)), dev)
+    sc = bl.count_shape(policy)
+    cfg = LearnerConfig(num_ranks=a.world, optimizer=OptimizerConfig(lr=1e-6),
+                        deepspeed=DeepSpeedConfig(zero_stage=stage, gradient_checkpointing=False))
+    engine, init_s = bl.timed(lambda: LearnerEngine(policy, cfg), dev)
+    mbs = micro_batches(a, rank, policy.vocab_size)
+    flops = bl.forward_flops(sc, rows=2 * a.group_size, query_len=a.prompt + a.gen, key_len=a.prompt + a.gen,
+                             logit_positions=a.gen)  # F of one micro-batch (2 masks x G rows)
+    for ckpt in a.checkpointing.split(","):
+        name = f"zero{stage}_ckpt_{ckpt}"
+        with res.part(name, dev):
+            set_checkpointing(engine.module, ckpt == "on")
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+            last: dict = {}
+            warm = timed_step(engine, mbs, loss_fn, dev, last)
+            secs = [timed_step(engine, mbs, loss_fn, dev, last) for _ in range(a.steps)]
+            step_s = bl.median(secs)
+            model_flops = 3 * flops * a.groups_per_step * a.world
+            hardware_flops = (4 if ckpt == "on" else 3) * flops * a.groups_per_step * a.world
+            per_card = model_flops / step_s / a.world / 1e12
+            res.put(name, {
+                "world": a.world, "zero_stage": stage, "checkpointing": ckpt, "params": sc.total,
+                "dtype": str(engine.dtype), "build_s": build_s, "deepspeed_init_s": init_s,
+                "warmup_step_s": warm, "step_s": secs, "step_s_median": step_s,
+                "samples_per_s": a.group_size * a.groups_per_step * a.world / step_s,
+                "sequence_tokens_per_s": a.group_size * a.groups_per_step * a.world * (a.prompt + a.gen) / step_s,
+                "model_tflop_per_step": model_flops / 1e12, "model_tflops_per_card": per_card,
+                "mfu_vs_measured_matmul": per_card / peak if peak else None,
+                "mfu_vs_nominal_989": per_card / bl.NOMINAL_H100_BF16_TFLOPS if dev.type == "cuda" else None,
+                "hfu_vs_measured_matmul": hardware_flops / step_s / a.world / 1e12 / peak if peak else None,
+                "peak_memory_gib": bl.peak_memory_gib(dev),
+                "skipped_steps_total": last.get("train/skipped_total"), "loss": last.get("train/loss"),
+                "grad_norm": last.get("train/grad_norm"),
+                "note": "each sequence is fed twice per step (2 masked views); model FLOPs count both",
+            })
+    if stage == 3:
+        with res.part("zero3_gather", dev):
+            bl.sync(dev)
+            t0 = time.perf_counter()
+            gathered = sum(t.numel() for _, t in engine.named_parameters_for_push())
+            bl.sync(dev)
+            res.put("zero3_gather", {"seconds": time.perf_counter() - t0, "params_on_rank0": gathered,
+                                     "bucket_mb": cfg.deepspeed.gather_bucket_mb})
+
+
+def main() -> None:
+    a = parse()
+    if a.rank is None:
+        sys.exit(launch(a))
+    rank_main(a)
+
+
+if __name__ == "__main__":
+    main()

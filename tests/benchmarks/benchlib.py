@@ -1,0 +1,313 @@
+"""What every benchmark script shares: the model shapes, building a random policy directly on the
+device, timing, FLOP counts and the JSON result file.
+
+A benchmark script writes ``Result`` after every part it finishes (atomically), so a part that
+crashes or a kill at the runner's timeout still leaves the parts measured before it. Nothing here
+downloads anything: models are random-initialised at the real shapes, in bf16, on the GPU itself
+(``torch.device`` context: no CPU initialisation of 8B parameters).
+
+FLOPs are counted from the shapes of what actually runs (see ``forward_flops``): every Linear
+layer of the decoder over every input token, the LM head over the positions whose logits are
+kept, and attention (QK^T and AV) over the keys each query reads. A multiply-add is 2 FLOPs.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    torch.set_num_threads(1)  # CPU checks share 2 cores: one intra-op thread is the fastest there
+
+NOMINAL_H100_BF16_TFLOPS = 989.4  # H100 SXM / H200 dense bf16 (NVIDIA datasheet; no sparsity)
+
+# Real shapes (random weights). head_dim = hidden / heads for all three.
+SHAPES: dict[str, dict[str, Any]] = {
+    "llada-8b": dict(family="llada", vocab_size=126464, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                     num_key_value_heads=32, intermediate_size=12288),
+    "sdar-8b": dict(family="sdar", vocab_size=151936, hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+                    num_key_value_heads=8, intermediate_size=12288),
+    "qwen2-1.5b": dict(family="dream", vocab_size=151936, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                       num_key_value_heads=2, intermediate_size=8960),
+    # --tiny stand-ins: the same families and code paths at toy size (CPU validation)
+    "tiny-llada": dict(family="llada", vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=4, intermediate_size=128),
+    "tiny-sdar": dict(family="sdar", vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128),
+    "tiny-qwen2": dict(family="dream", vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=128),
+}
+# special ids inside every vocabulary above (the char tokenizer's layout)
+MASK_ID, EOS_ID, PAD_ID, BOS_ID = 2, 1, 0, 3
+
+
+# ---- devices and timing ---------------------------------------------------------------------
+def device() -> torch.device:
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def compute_dtype(dev: torch.device) -> torch.dtype:
+    return torch.bfloat16 if dev.type == "cuda" else torch.float32
+
+
+def sync(dev: Optional[torch.device] = None) -> None:
+    if (dev is None or dev.type == "cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], dev: torch.device) -> tuple[Any, float]:
+    """(fn(), wall seconds) with the device drained before and after."""
+    sync(dev)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(dev)
+    return out, time.perf_counter() - t0
+
+
+def event_times_ms(fn: Callable[[], Any], dev: torch.device, *, warmup: int, reps: int) -> list[float]:
+    """Per-call milliseconds of ``fn`` (CUDA events on GPU, host clock on CPU) after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    sync(dev)
+    out = []
+    for _ in range(reps):
+        if dev.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def peak_memory_gib(dev: torch.device) -> Optional[float]:
+    return round(torch.cuda.max_memory_allocated(dev) / 2**30, 2) if dev.type == "cuda" else None
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---- models ---------------------------------------------------------------------------------
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_policy(shape_name: str, dev: torch.device, dtype: torch.dtype, *, seed: int = 0, block_size: Optional[int] = None):
+    """A random-initialised DiffusionPolicy of ``SHAPES[shape_name]``, created on ``dev`` in ``dtype``:
+    parameters are allocated and initialised there (transformers' own init, run on the device), so
+    an 8B model costs seconds on a GPU instead of minutes of CPU init."""
+    from common.models.presets import build_tiny_policy
+
+    shape = dict(SHAPES[shape_name])
+    family = shape.pop("family")
+    with torch.device(dev), default_dtype(dtype):
+        policy = build_tiny_policy(
+            family, mask_token_id=MASK_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
+            block_size=block_size, seed=seed, dtype=dtype, attn_implementation="sdpa", **shape,
+        )
+    _rope_in_fp32(policy)
+    return policy.eval()
+
+
+def _rope_in_fp32(policy: torch.nn.Module) -> None:
+    """``Module.to(bf16)`` rounds the rotary inverse frequencies to bf16; a checkpoint loaded with
+    from_pretrained keeps them in fp32. Recompute them (default RoPE) so positions are as precise."""
+    cfg = policy.model.config
+    theta = float((getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    for module in policy.modules():
+        inv = getattr(module, "inv_freq", None)
+        if isinstance(inv, torch.Tensor) and inv.numel() == head_dim // 2:
+            exact = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=inv.device) / head_dim)
+            module.inv_freq = exact
+            if isinstance(getattr(module, "original_inv_freq", None), torch.Tensor):
+                module.original_inv_freq = exact.clone()
+
+
+@dataclass(frozen=True)
+class ShapeCount:
+    """Parameter counts that set the FLOPs of a forward."""
+
+    linear: int  # decoder Linear weights (attention + MLP of every layer), no embedding, no head
+    head: int  # LM head (vocab x hidden)
+    embedding: int
+    total: int
+    layers: int
+    heads: int
+    head_dim: int
+
+
+def count_shape(policy: torch.nn.Module) -> ShapeCount:
+    cfg = policy.model.config
+    head = policy.model.get_output_embeddings().weight
+    embed = policy.model.get_input_embeddings().weight
+    linear = sum(
+        m.weight.numel() for m in policy.model.modules()
+        if isinstance(m, torch.nn.Linear) and m.weight is not head
+    )
+    total = sum(p.numel() for p in policy.parameters())
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return ShapeCount(linear, head.numel(), embed.numel(), total, cfg.num_hidden_layers, cfg.num_attention_heads, head_dim)
+
+
+def forward_flops(sc: ShapeCount, *, rows: int, query_len: int, key_len: float, logit_positions: int) -> float:
+    """FLOPs of one forward of ``rows`` sequences: Linear layers over rows*query_len tokens, the
+    LM head over rows*logit_positions, attention 2 matmuls of query_len x key_len per head and layer
+    (``key_len`` = the keys a query reads, on average)."""
+    linear = 2.0 * sc.linear * rows * query_len
+    head = 2.0 * sc.head * rows * logit_positions
+    attention = 4.0 * rows * query_len * key_len * sc.heads * sc.head_dim * sc.layers
+    return linear + head + attention
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[torch.Tensor]:
+    """``n`` prompts of ``length`` token ids drawn from the ordinary ids (special ids excluded)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, vocab, (length,), generator=g) for _ in range(n)]
+
+
+# ---- results --------------------------------------------------------------------------------
+class Result:
+    """One benchmark's JSON record, rewritten atomically after every ``put``."""
+
+    def __init__(self, name: str, path: Optional[str], args: dict, echo: bool = True, probe: bool = True) -> None:
+        self.path = Path(path) if path else None
+        self.echo = echo  # False on the other ranks of a multi-process benchmark
+        self.data: dict[str, Any] = {
+            "benchmark": name, "started": _dt.datetime.now().isoformat(timespec="seconds"), "args": args,
+            # probe=False: a launcher that must not open a CUDA context takes its ranks' environment
+            "environment": environment() if probe else {}, "parts": {}, "errors": {}, "notes": [],
+        }
+        self.write()
+
+    def put(self, part: str, values: dict) -> None:
+        self.data["parts"][part] = values
+        if self.echo:
+            log(f"{self.data['benchmark']}/{part}: " + json.dumps(values, default=_jsonable)[:600])
+        self.write()
+
+    def note(self, text: str) -> None:
+        self.data["notes"].append(text)
+        self.write()
+
+    def error(self, part: str, exc: BaseException) -> None:
+        self.data["errors"][part] = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-2000:]
+        log(f"{self.data['benchmark']}/{part} FAILED: {self.data['errors'][part]}")
+        traceback.print_exc()
+        self.write()
+
+    def write(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=_jsonable))
+        os.replace(tmp, self.path)
+
+    @contextlib.contextmanager
+    def part(self, name: str, dev: Optional[torch.device] = None) -> Iterator[None]:
+        """Run a part; its failure is recorded and does not stop the parts after it."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded, the next part still runs
+            self.error(name, exc)
+            if dev is not None and dev.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, (torch.dtype, torch.device, Path)):
+        return str(x)
+    return float(x)
+
+
+def environment() -> dict[str, Any]:
+    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "host": platform.node()}
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["gpus_visible"] = torch.cuda.device_count()
+        env["cuda"] = torch.version.cuda
+    else:
+        env["gpu"] = None
+    try:
+        env["git"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True, timeout=10).stdout.strip()
+    except Exception:  # noqa: BLE001 - no git on the machine is fine
+        env["git"] = None
+    return env
+
+
+def launch_ranks(script: str, argv_for: Callable[[int], list[str]], world: int) -> list[int]:
+    """Run ``world`` processes ``python script *argv_for(rank)``, rank r seeing only the r-th visible
+    GPU (so each uses cuda:0); when one fails the others are stopped 5 s later (they would wait
+    for it forever). Returns the exit codes."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",") if visible else [str(r) for r in range(world)]
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, LOCAL_RANK="0")
+        if torch.cuda.is_available():
+            env["CUDA_VISIBLE_DEVICES"] = devices[rank]
+        procs.append(subprocess.Popen([sys.executable, script, *argv_for(rank)], env=env))
+    codes: list[Optional[int]] = [None] * world
+    while any(c is None for c in codes):
+        time.sleep(0.5)
+        codes = [p.poll() for p in procs]
+        if any(c not in (None, 0) for c in codes):
+            time.sleep(5)
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            codes = [p.wait() for p in procs]
+    return [int(c) for c in codes]
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def read_peak_tflops(path: Optional[str]) -> Optional[float]:
+    """The measured bf16 matmul rate from bench_matmul's JSON (None if absent or failed)."""
+    if not path or not Path(path).exists():
+        return None
+    try:
+        return float(json.loads(Path(path).read_text())["parts"]["matmul"]["tflops_median"])
+    except (KeyError, ValueError, TypeError):
+        return None

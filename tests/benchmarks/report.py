@@ -1,0 +1,149 @@
+"""The table of issue 4's targets from run_all's ``results.json`` (every lookup tolerates a missing
+job or part: a failed benchmark shows as "-" with its status, never breaks the table).
+
+    python tests/benchmarks/report.py tests/benchmarks/results/<run>.json   # re-print a table
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any, Optional
+
+
+def get(data: dict, *path: Any) -> Any:
+    for key in path:
+        if isinstance(data, dict):
+            data = data.get(key, data.get(str(key)))
+        else:
+            return None
+    return data
+
+
+def part(data: dict, job: str, name: str) -> dict:
+    return get(data, "jobs", job, "result", "parts", name) or {}
+
+
+def fmt(x: Optional[float], spec: str = ".1f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def met(value: Optional[float], goal: float, higher: bool = True) -> str:
+    if value is None:
+        return "-"
+    return "yes" if (value >= goal if higher else value <= goal) else "no"
+
+
+def card(data: dict) -> str:
+    for rec in (data.get("jobs") or {}).values():
+        gpu = get(rec, "result", "environment", "gpu")
+        if gpu:
+            return gpu
+    return "CPU" if data.get("tiny") else "?"
+
+
+def card_slug(data: dict) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", card(data)).strip("-").lower() or "unknown"
+    return ("tiny-" if data.get("tiny") else "") + slug
+
+
+def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
+    """(target, measured, goal, met, detail) per line."""
+    out = []
+    mm0, mm1 = part(data, "matmul_gpu0", "matmul"), part(data, "matmul_gpu1", "matmul")
+    out.append(("1 bf16 matmul rate (8192^3)", f"{fmt(mm0.get('tflops_median'))} / {fmt(mm1.get('tflops_median'))} TFLOP/s",
+                "denominator", "", "GPU 0 / GPU 1; copy "
+                f"{fmt(part(data, 'matmul_gpu0', 'copy').get('tb_per_s_read_plus_write'), '.2f')} TB/s (read+write)"))
+
+    nv = part(data, "full_attention", "naive")
+    out.append(("2 naive full-attention sampling, % of measured matmul",
+                fmt(nv.get("engine_pct_of_measured_matmul"), ".1f", "%"), ">= 60%",
+                met(nv.get("engine_pct_of_measured_matmul"), 60),
+                f"engine {fmt(nv.get('engine_tflops'))} TFLOP/s; forward alone "
+                f"{fmt(nv.get('forward_only_pct_of_measured_matmul'), '.1f', '%')}; decode step "
+                f"{fmt(get(nv, 'decode_step_ms', 'float64_noise'), '.1f')} ms of {fmt(_ms(nv.get('s_per_step')), '.0f')} ms/step"
+                f"; B={nv.get('batch', '-')}"))
+
+    ca = part(data, "full_attention", "cached")
+    by = ca.get("by_steps") or {}
+    eq = ", ".join(f"{s} steps: {fmt(get(v, 'speedup_vs_naive_equal_steps'), '.1f', 'x')}" for s, v in sorted(by.items(), key=lambda kv: int(kv[0])))
+    model = ca.get("speedup_vs_naive_steps_gen_at_k_tokens_per_forward") or {}
+    out.append(("3a dual cache vs naive, equal steps", eq or "-", "", "",
+                "cost model vs naive@gen steps at k tokens/forward: "
+                + ", ".join(f"k={k}: {fmt(v, '.1f', 'x')}" for k, v in model.items())))
+    pa = part(data, "full_attention", "parallel")
+    out.append(("3b dual cache + threshold 0.9 vs naive (1 token/step)", fmt(pa.get("speedup_vs_naive_steps_gen"), ".1f", "x"),
+                ">= 10x", met(pa.get("speedup_vs_naive_steps_gen"), 10),
+                f"{fmt(pa.get('tokens_per_s'), '.0f')} tokens/s at k={fmt(pa.get('tokens_per_forward_per_row'), '.2f')} "
+                f"tokens/forward (LM head x{fmt(pa.get('alpha'), '.3g')}); vs naive at gen/2 steps "
+                f"{fmt(pa.get('speedup_vs_naive_steps_half_gen'), '.1f', 'x')}"))
+    ag, agt = part(data, "full_attention", "agreement"), part(data, "full_attention", "agreement_threshold")
+    out.append(("3c cached vs uncached token agreement", f"dual {fmt(_pct(get(ag, 'dual', 'token_agreement')), '.1f', '%')}, "
+                f"prefix {fmt(_pct(get(ag, 'prefix', 'token_agreement')), '.1f', '%')}", "report", "",
+                f"temperature 0, {ag.get('rows', '-')} rows, {ag.get('steps', '-')} steps; with threshold: dual "
+                f"{fmt(_pct(get(agt, 'dual', 'token_agreement')), '.1f', '%')}"))
+
+    bd = part(data, "block_diffusion", "speed").get("by_steps") or {}
+    ex = part(data, "block_diffusion", "exactness")
+    best = max((get(v, "tokens_per_s") or 0 for v in bd.values()), default=None)
+    one = next((v for s, v in bd.items() if get(v, "tokens_per_step_per_row") == 1.0), {})
+    out.append(("4 block diffusion 8B, B=128, block 4: tokens/s", f"{fmt(one.get('tokens_per_s'), '.0f')} (1 token/step)",
+                ">= 3000", met(one.get("tokens_per_s"), 3000),
+                "; ".join(f"{fmt(get(v, 'tokens_per_step_per_row'), '.0f')} tok/step: {fmt(get(v, 'tokens_per_s'), '.0f')}/s "
+                          f"({fmt(get(v, 'ms_per_forward'), '.1f')} ms/fwd)" for v in bd.values())
+                + f"; cached == uncached tokens: {fmt(_pct(ex.get('token_agreement')), '.1f', '%')}" if best else "-"))
+
+    for job in ("learner_1gpu", "learner_2gpu"):
+        parts = get(data, "jobs", job, "result", "parts") or {}
+        for name, v in parts.items():
+            if not name.endswith(("_on", "_off")):
+                continue
+            mfu = v.get("mfu_vs_measured_matmul")
+            out.append((f"5 learner {v.get('world')} GPU ZeRO-{v.get('zero_stage')} ckpt {v.get('checkpointing')}: MFU",
+                        fmt(_pct(mfu), ".1f", "%"), ">= 40%", met(_pct(mfu), 40),
+                        f"vs nominal 989: {fmt(_pct(v.get('mfu_vs_nominal_989')), '.1f', '%')}; "
+                        f"{fmt(v.get('step_s_median'), '.2f')} s/step, {fmt(v.get('samples_per_s'), '.1f')} samples/s, "
+                        f"peak {fmt(v.get('peak_memory_gib'), '.1f')} GiB"))
+    gather = part(data, "learner_2gpu", "zero3_gather")
+    if gather:
+        out.append(("5b ZeRO-3 gather of the full weights (2 ranks)", fmt(gather.get("seconds"), ".2f", " s"), "report", "",
+                    f"{gather.get('params_on_rank0', '-')} params, {gather.get('bucket_mb', '-')} MiB buckets"))
+
+    pushes = {k: v for k, v in (get(data, "jobs", "push", "result", "parts") or {}).items() if k.startswith("push_")}
+    for name, v in pushes.items():
+        out.append((f"6 weight push 8B bf16 ({name[5:]} buckets) / raw broadcast", fmt(v.get("ratio_to_raw_per_tensor"), ".2f", "x"),
+                    "<= 2x", met(v.get("ratio_to_raw_per_tensor"), 2, higher=False),
+                    f"{fmt(v.get('median_s'), '.3f')} s, {fmt(v.get('gb_per_s'), '.0f')} GB/s; vs raw bucket broadcasts "
+                    f"{fmt(v.get('ratio_to_raw_buckets'), '.2f', 'x')}; bit-identical: {v.get('weights_bit_identical')}"))
+    if not pushes:
+        out.append(("6 weight push / raw broadcast", "-", "<= 2x", "-", _status(data, "push")))
+    out.append(("7 asynchrony eta=1 / eta=0 samples/s", "-", ">= 1.6x", "-", _status(data, "async")))
+    return out
+
+
+def _status(data: dict, job: str) -> str:
+    rec = get(data, "jobs", job) or {}
+    return f"{rec.get('status', 'not run')}: {rec.get('reason') or get(rec, 'result', 'errors') or ''}"[:300]
+
+
+def _pct(x: Optional[float]) -> Optional[float]:
+    return None if x is None else 100 * x
+
+
+def _ms(x: Optional[float]) -> Optional[float]:
+    return None if x is None else 1e3 * x
+
+
+def table(data: dict) -> str:
+    lines = [f"card: {card(data)}  gpus: {data.get('gpus')}  tiny: {data.get('tiny')}  wall: {data.get('wall_s')} s",
+             "", "| target | measured | goal | met | detail |", "|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(str(c).replace('|', '/') for c in r)} |" for r in rows(data)]
+    lines += ["", "| job | status | wall s | failed parts |", "|---|---|---|---|"]
+    for name, rec in (data.get("jobs") or {}).items():
+        errors = ", ".join(get(rec, "result", "errors") or {}) or rec.get("reason", "")
+        lines.append(f"| {name} | {rec.get('status')} | {rec.get('wall_s', '-')} | {errors} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table(json.loads(open(sys.argv[1]).read())))

@@ -1,0 +1,237 @@
+"""Run every GPU benchmark of issue 4 once, each in its own process with its own timeout, and always
+write what came back: ``results.json`` (every job's full record), ``table.md`` (one row per
+target) and ``run.log`` (all output) into ``--out`` (default ``$OUT``, else tests/benchmarks/results/
+latest), plus a dated copy under tests/benchmarks/results/.
+
+Schedule on a machine with 2+ GPUs (two lanes at once, then the jobs that need both GPUs):
+
+    lane GPU 0:  matmul -> full_attention (targets 1-3)
+    lane GPU 1:  matmul -> block_diffusion -> learner_1gpu (targets 1, 4, 5)
+    then:        learner_2gpu -> push (targets 5, 6) -> async (target 7, if bench_async.py exists)
+
+With one GPU the lanes run one after the other and the 2-GPU jobs are skipped; on a CPU only
+``--tiny`` runs (toy shapes, gloo), which is how the suite is validated before GPU time is spent.
+A job that fails or times out is recorded as such and the next one starts; a global deadline
+(``--deadline-s``) shortens the last timeouts so the whole run ends inside one device call.
+
+    source .whl/install.sh && python3 tests/benchmarks/run_all.py            # GPU machine
+    .venv/bin/python tests/benchmarks/run_all.py --tiny                      # CPU check
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+# NVLink multicast stays off on the lent machines (KINDS.md): forced for every child process
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+            "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@dataclass
+class Job:
+    name: str
+    script: str
+    args: list[str]
+    gpus: list[int]  # CUDA devices it uses ([] on CPU)
+    timeout_s: float
+    peak_from: str | None = None  # the matmul job whose rate is this job's denominator
+    record: dict = field(default_factory=dict)
+
+
+def plan(n_gpus: int, tiny: bool, out: Path) -> tuple[list[list[Job]], list[Job], dict[str, str]]:
+    """(parallel lanes, jobs after the lanes, skipped job -> reason)."""
+    t = ["--tiny"] if tiny else []
+    scale = 0.5 if tiny else 1.0
+    skipped: dict[str, str] = {}
+
+    def job(name, script, gpus, timeout, extra=(), peak=None):
+        return Job(name, script, [*t, *extra, "--out", str(out / f"{name}.json")], gpus, timeout * scale, peak)
+
+    async_script = HERE / "bench_async.py"
+    if n_gpus >= 2 or (n_gpus == 0 and tiny):
+        g0, g1 = ([0], [1]) if n_gpus else ([], [])
+        both = [0, 1] if n_gpus else []
+        lane0 = [job("matmul_gpu0", "bench_matmul.py", g0, 90),
+                 job("full_attention", "bench_full_attention.py", g0, 300, peak="matmul_gpu0")]
+        lane1 = [job("matmul_gpu1", "bench_matmul.py", g1, 90),
+                 job("block_diffusion", "bench_block_diffusion.py", g1, 180, peak="matmul_gpu1"),
+                 job("learner_1gpu", "bench_learner.py", g1, 240, ["--world", "1"], peak="matmul_gpu1")]
+        after = [job("learner_2gpu", "bench_learner.py", both, 240, ["--world", "2"], peak="matmul_gpu0"),
+                 job("push", "bench_push.py", both, 150)]
+        if async_script.exists():
+            after.append(job("async", async_script.name, both, 240))
+        else:
+            skipped["async"] = ("target 7 needs the coordinator's training driver (η=0 vs η=1 on 2 GPUs); "
+                                "tests/benchmarks/bench_async.py is not written yet")
+        lanes = [lane0, lane1] if n_gpus else [lane0 + lane1]
+        return lanes, after, skipped
+    if n_gpus == 1:
+        lane = [job("matmul_gpu0", "bench_matmul.py", [0], 90),
+                job("full_attention", "bench_full_attention.py", [0], 300, peak="matmul_gpu0"),
+                job("block_diffusion", "bench_block_diffusion.py", [0], 180, peak="matmul_gpu0"),
+                job("learner_1gpu", "bench_learner.py", [0], 240, ["--world", "1"], peak="matmul_gpu0")]
+        for name in ("learner_2gpu", "push", "async"):
+            skipped[name] = "needs 2 GPUs"
+        return [lane], [], skipped
+    raise SystemExit("no CUDA device: run with --tiny (toy shapes on the CPU) to check the suite")
+
+
+class Runner:
+    def __init__(self, out: Path, deadline_s: float) -> None:
+        self.out, self.t0, self.deadline = out, time.monotonic(), time.monotonic() + deadline_s
+        self.log_file = open(out / "run.log", "w", buffering=1)
+        self.lock = threading.Lock()
+        self.jobs: dict[str, Job] = {}
+
+    def say(self, text: str) -> None:
+        line = f"[{time.monotonic() - self.t0:7.1f}s] {text}"
+        with self.lock:
+            print(line, flush=True)
+            self.log_file.write(line + "\n")
+
+    def run(self, job: Job) -> None:
+        self.jobs[job.name] = job
+        left = self.deadline - time.monotonic()
+        if left < 30:
+            job.record = {"status": "skipped", "reason": f"deadline: {left:.0f} s left"}
+            self.say(f"SKIP {job.name}: {job.record['reason']}")
+            return
+        timeout = min(job.timeout_s, left)
+        args = list(job.args)
+        if job.peak_from:
+            args += ["--peak-from", str(self.out / f"{job.peak_from}.json")]
+        env = dict(os.environ, **SAFE_ENV)
+        if job.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in job.gpus)
+        cmd = [sys.executable, str(HERE / job.script), *args]
+        self.say(f"START {job.name} on {'GPU ' + ','.join(map(str, job.gpus)) if job.gpus else 'CPU'} "
+                 f"(timeout {timeout:.0f} s): {' '.join(cmd[1:])}")
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                cwd=HERE.parents[1], start_new_session=True, errors="replace")
+        reader = threading.Thread(target=self._pump, args=(job.name, proc), daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=timeout)
+            status = "ok" if rc == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            self._kill(proc)
+            rc, status = proc.wait(), "timeout"
+        reader.join(timeout=10)
+        wall = time.monotonic() - start
+        job.record = {"status": status, "rc": rc, "wall_s": round(wall, 1), "timeout_s": round(timeout, 1),
+                      "result": self._read(job)}
+        errors = (job.record["result"] or {}).get("errors") or {}
+        self.say(f"END {job.name}: {status} (rc {rc}) in {wall:.0f} s"
+                 + (f"; failed parts: {', '.join(errors)}" if errors else ""))
+
+    def _pump(self, name: str, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            line = line.rstrip()
+            with self.lock:
+                self.log_file.write(f"[{name}] {line}\n")
+                if _worth_echoing(line):
+                    print(f"[{name}] {line[:300]}", flush=True)
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)  # the job and the rank processes it started
+                proc.wait(timeout=wait)
+                return
+            except ProcessLookupError:
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def _read(self, job: Job) -> dict | None:
+        path = self.out / f"{job.name}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+
+def _worth_echoing(line: str) -> bool:
+    """Progress and errors reach the console; library warnings go to run.log only."""
+    noisy = ("Warning", "warn(", "warnings.warn", "[WARNING]", "return func(", "deprecated", "[transformers]")
+    return not any(n in line for n in noisy)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="toy shapes (CPU validation)")
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "latest"))
+    ap.add_argument("--deadline-s", type=float, default=510.0, help="the whole run ends within this")
+    ap.add_argument("--only", default=None, help="comma list of job names to run (others skipped)")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.json"):
+        stale.unlink()  # a result of an earlier run must never be read as this run's
+    import torch  # no CUDA context in this process: device_count reads the driver only
+
+    n_gpus = torch.cuda.device_count()
+    runner = Runner(out, a.deadline_s)
+    runner.say(f"stabledrl benchmarks: {n_gpus} GPU(s), torch {torch.__version__}, tiny={a.tiny}, out={out}")
+    lanes, after, skipped = plan(n_gpus, a.tiny, out)
+    only = set(a.only.split(",")) if a.only else None
+    if only:
+        for job in [j for lane in lanes for j in lane] + after:
+            if job.name not in only and not job.name.startswith("matmul"):
+                skipped[job.name] = "not in --only"
+        lanes = [[j for j in lane if j.name not in skipped] for lane in lanes]
+        after = [j for j in after if j.name not in skipped]
+    threads = [threading.Thread(target=lambda lane=lane: [runner.run(j) for j in lane]) for lane in lanes]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for job in after:
+        runner.run(job)
+    finish(runner, skipped, n_gpus, a.tiny)
+
+
+def finish(runner: Runner, skipped: dict[str, str], n_gpus: int, tiny: bool) -> None:
+    """Write results.json and table.md (the table is printed last), and the dated copies."""
+    import report
+
+    records = {name: job.record for name, job in runner.jobs.items()}
+    records.update({name: {"status": "skipped", "reason": why} for name, why in skipped.items()})
+    data = {"finished": dt.datetime.now().isoformat(timespec="seconds"), "gpus": n_gpus, "tiny": tiny,
+            "wall_s": round(time.monotonic() - runner.t0, 1), "jobs": records}
+    (runner.out / "results.json").write_text(json.dumps(data, indent=1))
+    try:
+        table = report.table(data)
+    except Exception as exc:  # noqa: BLE001 - the raw results are written already
+        table = f"(table failed: {exc!r}; see results.json)"
+    (runner.out / "table.md").write_text(table + "\n")
+    for stale in runner.out.glob("*.json"):  # $OUT returns at most 8 files: keep results.json only
+        if stale.name != "results.json":
+            stale.unlink()
+    card = report.card_slug(data)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M")
+    RESULTS.mkdir(exist_ok=True)
+    if runner.out.resolve() != RESULTS.resolve():
+        shutil.copy(runner.out / "results.json", RESULTS / f"{stamp}_{card}.json")
+        shutil.copy(runner.out / "table.md", RESULTS / f"{stamp}_{card}.md")
+    runner.say(f"wrote {runner.out}/results.json, table.md, run.log (copies: {RESULTS}/{stamp}_{card}.*)")
+    print("\n" + table, flush=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    main()

@@ -1,0 +1,102 @@
+"""The FLOP counts behind every MFU / %-of-matmul figure of the benchmarks, checked against torch's
+own FLOP counter (``torch.utils.flop_counter.FlopCounterMode``) on the tiny shapes, and the
+on-device model builder the benchmarks use. Attention FLOPs are left out of the comparison
+(the counter does not see the CPU sdpa kernel): ``heads=0`` drops that term, so what is compared
+is every matrix product of the Linear layers and the LM head, for the exact sequence of forwards
+each benchmark runs."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchlib as bl  # noqa: E402
+from common.attention import full_mask  # noqa: E402
+from common.config.sampler import SamplerConfig  # noqa: E402
+from rollout.sampling import generate  # noqa: E402
+
+
+def counted(fn) -> int:
+    with FlopCounterMode(display=False) as fc:
+        fn()
+    return fc.get_total_flops()
+
+
+def no_attention(sc: bl.ShapeCount) -> bl.ShapeCount:
+    return dataclasses.replace(sc, heads=0)
+
+
+@pytest.mark.parametrize("shape", ["tiny-llada", "tiny-sdar", "tiny-qwen2"])
+def test_forward_flops_match_the_counter(shape):
+    p = bl.build_policy(shape, torch.device("cpu"), torch.float32)
+    sc = no_attention(bl.count_shape(p))
+    b, length, lo, hi = 3, 24, 10, 18
+    ids = torch.randint(4, 500, (b, length))
+    mask = full_mask(torch.ones(b, length, dtype=torch.bool))
+    with torch.no_grad():
+        got = counted(lambda: p(ids, attention_mask=mask, position_ids=torch.arange(length).expand(b, length),
+                                logits_from=lo, logits_to=hi))
+    assert got == bl.forward_flops(sc, rows=b, query_len=length, key_len=length, logit_positions=hi - lo)
+
+
+def test_naive_generation_flops_are_steps_times_one_forward():
+    p = bl.build_policy("tiny-llada", torch.device("cpu"), torch.float32)
+    sc = no_attention(bl.count_shape(p))
+    prompts = bl.random_prompts(3, 16, p.vocab_size, seed=0)
+    cfg = SamplerConfig(gen_length=32, block_length=8, steps=8, cache="none", stop_at_eos=False)
+    got = counted(lambda: generate(p, prompts, torch.arange(3), cfg))
+    assert got == 8 * bl.forward_flops(sc, rows=3, query_len=48, key_len=48, logit_positions=8)
+
+
+@pytest.mark.parametrize("steps", [8, 16])
+def test_block_diffusion_generation_flops(steps):
+    import bench_block_diffusion as bd
+
+    p = bl.build_policy("tiny-sdar", torch.device("cpu"), torch.float32, block_size=4)
+    sc = no_attention(bl.count_shape(p))
+    a = argparse.Namespace(batch=3, block=4, prompt=16, gen=16)
+    prompts = bl.random_prompts(3, 16, p.vocab_size, seed=0)
+    cfg = SamplerConfig(gen_length=16, block_length=None, steps=steps, cache="prefix", stop_at_eos=False)
+    out = generate(p, prompts, torch.arange(3), cfg)
+    got = counted(lambda: generate(p, prompts, torch.arange(3), cfg))
+    assert got == bd.generation_flops(sc, a, steps, out.num_forwards)
+
+
+def test_learner_step_is_three_forwards_of_both_masks():
+    import bench_learner as bln
+    from common.config.estimator import ElboMCConfig
+    from common.config.loss import StableDrlLossConfig
+
+    p = bl.build_policy("tiny-qwen2", torch.device("cpu"), torch.float32).train()
+    sc = no_attention(bl.count_shape(p))
+    a = argparse.Namespace(groups_per_step=1, world=1, group_size=4, prompt=8, gen=16)
+    mb = bln.micro_batches(a, 0, p.vocab_size)[0]
+    loss_fn = bln.stabledrl_loss_fn(ElboMCConfig(num_draws=2, weighting="mean", masks="independent"), StableDrlLossConfig())
+
+    def step():
+        loss, _ = loss_fn(p, mb)
+        loss.backward()
+
+    forward = bl.forward_flops(sc, rows=2 * a.group_size, query_len=a.prompt + a.gen, key_len=0, logit_positions=a.gen)
+    # the LM head's input gradient and every weight gradient: backward = 2 x forward for every product
+    assert counted(step) == pytest.approx(3 * forward, rel=1e-9)
+
+
+def test_builder_makes_the_requested_dtype_with_exact_rope():
+    p = bl.build_policy("tiny-llada", torch.device("cpu"), torch.bfloat16)
+    assert {t.dtype for t in p.parameters()} == {torch.bfloat16}
+    cfg = p.model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    exact = 1.0 / 500000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    rotary = [m for m in p.modules() if isinstance(getattr(m, "inv_freq", None), torch.Tensor)]
+    assert rotary and all(torch.equal(m.inv_freq, exact) for m in rotary)
+    norms = [t for n, t in p.named_parameters() if n.endswith("norm.weight")]
+    assert norms and all(bool((t == 1).all()) for t in norms)  # transformers' own init ran
+    assert torch.get_default_dtype() == torch.float32  # the builder restores the default dtype
