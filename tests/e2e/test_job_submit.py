@@ -1,0 +1,83 @@
+"""`ray job submit` of a short run to a Ray head this test starts (`ray start --head --block` on
+loopback, free ports, its own temp dir); the job must succeed and leave its metrics. The head is
+stopped by signalling the process group the test started (never `ray stop`, which would stop
+every Ray instance on the machine)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from learner.group import free_port
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def wait_for_job_server(url: str, head: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise RuntimeError(f"ray start exited with {head.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/api/version", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"the job server at {url} did not answer within {timeout_s} s")
+
+
+@pytest.fixture
+def head():
+    temp_dir = tempfile.mkdtemp(prefix="sdray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    gcs_port, dashboard_port = free_port(), free_port()
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "disabled"}
+    log = open(Path(temp_dir) / "head.log", "w")
+    proc = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--include-dashboard=true",
+         "--num-cpus=4", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{dashboard_port}"
+    try:
+        wait_for_job_server(url, proc, timeout_s=120)
+        yield url, env
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the group this fixture started, by its id
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        log.close()
+
+
+def test_ray_job_submit_runs_a_short_job_to_success(head, tmp_path):
+    url, env = head
+    out_dir = tmp_path / "run"
+    result = subprocess.run(
+        # one learner rank and one rollout worker: this test is about the submission path (the
+        # multi-actor system is tested in test_system.py), and each actor costs seconds of start-up
+        [str(ROOT / "deploy" / "submit.sh"), "tests/e2e/tiny_job.yaml", f"run.output_dir={out_dir}",
+         "learner.num_ranks=1", "rollout.num_workers=1"],
+        env={**env, "RAY_ADDRESS": url, "RAY": str(BIN / "ray")}, capture_output=True, text=True, timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "succeeded" in output
+    assert "held-out accuracy:" in output
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train/loss" in r] == [1, 2]
+    assert (out_dir / "checkpoints" / "latest").read_text().strip() == "step2"
