@@ -1,7 +1,17 @@
-"""The supervised warm start (so a tiny random model has something for RL to sharpen) and evaluation."""
+"""The supervised warm start (so a tiny random model has something for RL to sharpen) and evaluation.
+
+    warmstart: {steps: 300, batch_size: 64, lr: 1.0e-3}
+    eval: {num_prompts: 200, samples_per_prompt: 1, seed: 1234}
+
+The warm start is LLaDA's masked-diffusion SFT (``learner/sft.py``) on the task's training rows and
+their reference completions; ``coordinator/warmstart.py`` caches the result under ``cache_dir`` by
+a hash of everything that determines it. Evaluation (``rollout/evaluate.py``) samples the held-out
+rows with the run's own sampler settings.
+"""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from pydantic import Field
 
@@ -13,7 +23,17 @@ class WarmStartConfig(StrictModel):
 
     steps: int = Field(300, ge=1, description="SFT optimizer steps")
     batch_size: int = Field(64, ge=1, description="(prompt, reference completion) pairs per step")
-    lr: float = Field(1e-3, gt=0.0, description="AdamW learning rate")
+    micro_batch_size: Optional[int] = Field(
+        None, ge=1, description="rows per forward (gradient accumulation inside a step); None = the whole batch"
+    )
+    lr: float = Field(1e-3, gt=0.0, description="AdamW learning rate (constant after the warm-up)")
+    warmup_steps: int = Field(0, ge=0, description="lr ramps linearly over the first warmup_steps steps")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
+    grad_clip: float = Field(1.0, ge=0.0, description="clip the global gradient L2 norm to this value; 0 disables")
+    mask_eps: float = Field(
+        1e-3, gt=0.0, lt=1.0, description="ε of the mask probability p = (1 - ε) t + ε, t ~ U(0, 1) (LLaDA's forward_process)"
+    )
+    log_every: int = Field(50, ge=1, description="print the mean SFT loss every N steps")
     cache_dir: Path = Field(Path(".cache/warmstart"), description="where the warm-started model is cached")
 
 
@@ -21,5 +41,9 @@ class EvalConfig(StrictModel):
     """Held-out evaluation with the run's sampler settings."""
 
     every: int = Field(0, ge=0, description="evaluate every N steps (0: only before and after training)")
-    num_prompts: int = Field(200, ge=1, description="held-out prompts evaluated")
-    samples_per_prompt: int = Field(1, ge=1, description="k for pass@k (pass@1 is averaged over the k samples)")
+    num_prompts: int = Field(200, ge=1, description="held-out prompts evaluated (the first N held-out rows)")
+    samples_per_prompt: int = Field(1, ge=1, description="n samples per prompt: pass@1 is their mean, pass@n the unbiased pass@k at k = n")
+    seed: int = Field(
+        1234,
+        description="sampling seed of every evaluation; the same seeds at every step make BEFORE and AFTER a paired comparison",
+    )
