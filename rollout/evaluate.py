@@ -1,0 +1,125 @@
+"""Held-out evaluation: pass@1, pass@k and mean correctness with the run's sampler settings.
+
+For each of N prompts, n completions are sampled (``samples_per_prompt``), decoded up to the first
+EOS without special tokens, and scored with the task's *correctness* (the checker, not the format
+part). A completion is correct when its correctness is 1 (full marks: a partly solved Sudoku is not
+correct). With c_i correct completions of prompt i:
+
+    pass@1 = (1/N) Σ_i c_i / n
+    pass@k = (1/N) Σ_i [1 - C(n - c_i, k) / C(n, k)]          (unbiased; Chen et al., arXiv 2107.03374)
+
+Sample j of prompt i is drawn with seed ``derive_seed(seed, "eval", prompt_id, j)``, so a result is a
+function of (weights, rows, sampler settings, seed) whatever the batching or row order, and two
+evaluations with one seed (BEFORE and AFTER training) are a paired comparison.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+
+from common.config.sampler import SamplerConfig
+from common.seeding import derive_seed
+from common.tasks.base import Row, Task
+from rollout.engine import RolloutEngine
+from rollout.workflow import decode_completion, encode_prompt  # the rollouts' own encoding and decoding
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one prompt with c correct out of n samples: 1 - C(n-c, k) / C(n, k).
+
+    Evaluated as 1 - Π_{m=n-c+1}^{n} (1 - k/m) (numerically stable; Chen et al.'s form)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / m for m in range(n - c + 1, n + 1))
+
+
+@dataclass
+class EvalResult:
+    """Accuracy of one evaluation; ``correct[i]`` counts prompt i's correct samples."""
+
+    num_prompts: int
+    samples_per_prompt: int
+    pass_at: dict[int, float]  # k -> pass@k
+    mean_correctness: float  # mean correctness value over every sample (partial credit counts)
+    correct: list[int]
+    completions: list[list[str]] = field(repr=False, default_factory=list)  # [N][n] decoded texts
+    time_s: float = 0.0
+    scoring_failures: int = 0  # checker calls that raised (a user reward); scored 0
+
+    @property
+    def pass_at_1(self) -> float:
+        return self.pass_at[1]
+
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
+        out = {f"{prefix}/pass@{k}": v for k, v in sorted(self.pass_at.items())}
+        out[f"{prefix}/mean_correctness"] = self.mean_correctness
+        out[f"{prefix}/time_s"] = self.time_s
+        return out
+
+
+def evaluate(
+    engine: RolloutEngine,
+    rows: Sequence[Row],
+    task: Task,
+    tokenizer: Any,
+    sampler_cfg: SamplerConfig,
+    samples_per_prompt: int = 1,
+    seed: int = 0,
+    ks: Optional[Sequence[int]] = None,
+    eos_token_id: Optional[int] = None,
+) -> EvalResult:
+    """Sample ``samples_per_prompt`` completions per row with ``engine`` and score them (module docstring).
+
+    ``ks``: the k of the reported pass@k (default 1 and ``samples_per_prompt``). ``eos_token_id``:
+    the policy's EOS (default the tokenizer's; checkpoints may record their own). One ``generate``
+    call covers every sample; the engine splits it by ``sampler_cfg.max_batch_size``.
+    """
+    if not rows:
+        raise ValueError("evaluate needs at least one row")
+    n = int(samples_per_prompt)
+    ks = sorted({1, n} if ks is None else set(ks))
+    if ks[0] < 1 or ks[-1] > n:
+        raise ValueError(f"every k must lie in 1..samples_per_prompt={n}, got {ks}")
+    t0 = time.perf_counter()
+    prompts = [encode_prompt(tokenizer, task, row) for row in rows for _ in range(n)]
+    seeds = torch.tensor([derive_seed(seed, "eval", row.prompt_id, j) for row in rows for j in range(n)], dtype=torch.long)
+    out = engine.generate(prompts, seeds, sampler_cfg)
+    eos = tokenizer.eos_token_id if eos_token_id is None else int(eos_token_id)
+    completions: list[list[str]] = []
+    correct: list[int] = []
+    total, failures = 0.0, 0
+    for i, row in enumerate(rows):
+        texts, c = [], 0
+        for j in range(n):
+            b = i * n + j
+            text = decode_completion(tokenizer, out.completion_ids[b].cpu(), int(out.completion_length[b]), eos)
+            try:
+                score = float(task.correctness(text, row))
+            except Exception:  # a user checker that raised: the sample counts as wrong
+                score, failures = 0.0, failures + 1
+            score = score if math.isfinite(score) else 0.0
+            total += score
+            c += int(score >= 1.0)
+            texts.append(text)
+        completions.append(texts)
+        correct.append(c)
+    pass_at = {k: sum(pass_at_k(n, c, k) for c in correct) / len(rows) for k in ks}
+    return EvalResult(
+        num_prompts=len(rows),
+        samples_per_prompt=n,
+        pass_at=pass_at,
+        mean_correctness=total / (len(rows) * n),
+        correct=correct,
+        completions=completions,
+        time_s=time.perf_counter() - t0,
+        scoring_failures=failures,
+    )
+
+
+__all__ = ["EvalResult", "decode_completion", "encode_prompt", "evaluate", "pass_at_k"]
