@@ -117,7 +117,11 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
                     f"{fmt(v.get('ratio_to_raw_buckets'), '.2f', 'x')}; bit-identical: {v.get('weights_bit_identical')}"))
     if not pushes:
         out.append(("6 weight push / raw broadcast", "-", "<= 2x", "-", _status(data, "push")))
-    out.append(("7 asynchrony eta=1 / eta=0 samples/s", "-", ">= 1.6x", "-", _status(data, "async")))
+    e0, e1 = part(data, "async", "eta0"), part(data, "async", "eta1")
+    ratio = part(data, "async", "speedup").get("eta1_over_eta0_samples_per_s")
+    out.append(("7 asynchrony: eta=1 / eta=0 samples trained per s", fmt(ratio, ".2f", "x"), ">= 1.6x", met(ratio, 1.6),
+                f"eta0 {fmt(e0.get('samples_per_s'), '.1f')}/s, eta1 {fmt(e1.get('samples_per_s'), '.1f')}/s; "
+                f"dropped at eta1: {e1.get('dropped_total', '-')}" if e0 or e1 else _status(data, "async")))
     return out
 
 
