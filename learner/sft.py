@@ -107,6 +107,53 @@ def sft_loss(
     return loss, metrics
 
 
+def sft_step(
+    policy: DiffusionPolicy,
+    optimizer: torch.optim.Optimizer,
+    batch: SequenceBatch,
+    p_mask: torch.Tensor,  # [B]
+    masked: torch.Tensor,  # [B, C]
+    micro_batch_size: int,
+    grad_clip: float,
+) -> tuple[float, float]:
+    """One optimizer update on ``batch`` in micro-batches (losses normalised by the whole batch, so
+    the gradient is the full batch's). Returns (loss, masked-token cross-entropy)."""
+    b = batch.input_ids.shape[0]
+    optimizer.zero_grad(set_to_none=True)
+    total, ce = 0.0, 0.0
+    for start in range(0, b, micro_batch_size):
+        rows = list(range(start, min(start + micro_batch_size, b)))
+        loss, metrics = sft_loss(policy, batch.select(rows), p_mask[rows], masked[rows], num_rows=b)
+        loss.backward()
+        total += float(loss.detach())
+        ce += float(metrics["sft/ce"]) * len(rows) / b
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
+    optimizer.step()
+    return total, ce
+
+
+class EpochOrder:
+    """Row indices for successive steps: epoch e visits all n rows once, in a permutation seeded by
+    (seed, e); a batch that crosses an epoch boundary continues into the next permutation."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+        self.epoch, self.cursor = -1, n
+        self.order = torch.empty(0, dtype=torch.long)
+
+    def take(self, count: int) -> list[int]:
+        picks: list[int] = []
+        while len(picks) < count:
+            if self.cursor >= self.n:
+                self.epoch, self.cursor = self.epoch + 1, 0
+                self.order = torch.randperm(self.n, generator=generator(derive_seed(self.seed, "sft-epoch", self.epoch)))
+            take = min(count - len(picks), self.n - self.cursor)
+            picks.extend(self.order[self.cursor : self.cursor + take].tolist())
+            self.cursor += take
+        return picks
+
+
 def run_sft(
     policy: DiffusionPolicy,
     tokenizer: Any,
@@ -140,8 +187,7 @@ def run_sft(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr
     )
     micro = cfg.micro_batch_size or cfg.batch_size
-    order: torch.Tensor = torch.empty(0, dtype=torch.long)
-    epoch, cursor = -1, n
+    order = EpochOrder(n, seed)
     curve: list[float] = []
     window: list[float] = []
     ce_window: list[float] = []
@@ -149,28 +195,11 @@ def run_sft(
     policy.train()
     try:
         for step in range(cfg.steps):
-            picks = []
-            while len(picks) < cfg.batch_size:  # next rows of the seeded epoch permutation
-                if cursor >= n:
-                    epoch, cursor = epoch + 1, 0
-                    order = torch.randperm(n, generator=generator(derive_seed(seed, "sft-epoch", epoch)))
-                take = min(cfg.batch_size - len(picks), n - cursor)
-                picks.extend(order[cursor : cursor + take].tolist())
-                cursor += take
+            picks = order.take(cfg.batch_size)
             p_mask, masked = draw_masks(cfg.batch_size, gen_length, generator(derive_seed(seed, "sft", step)), cfg.mask_eps)
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
-            optimizer.zero_grad(set_to_none=True)
-            step_loss, step_ce = 0.0, 0.0
-            for start in range(0, cfg.batch_size, micro):
-                idx = slice(start, start + micro)
-                loss, metrics = sft_loss(policy, data.select(picks[idx]), p_mask[idx], masked[idx], num_rows=cfg.batch_size)
-                loss.backward()
-                step_loss += float(loss.detach())
-                step_ce += float(metrics["sft/ce"]) * len(picks[idx]) / cfg.batch_size
-            if cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
-            optimizer.step()
+            step_loss, step_ce = sft_step(policy, optimizer, data.select(picks), p_mask, masked, micro, cfg.grad_clip)
             window.append(step_loss)
             ce_window.append(step_ce)
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
