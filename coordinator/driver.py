@@ -80,6 +80,7 @@ class Driver:
             before = self.evaluate()
             self.train()
             self.drain()
+            self.log_reward_stats()
             after = self.evaluate()
             if self.cfg.run.save_final_checkpoint:
                 self.save_checkpoint()
@@ -285,6 +286,16 @@ class Driver:
             record.update(self.startup)
         self.history.append(self.metrics.log(self.step, record))
         return record
+
+    def log_reward_stats(self) -> None:
+        """The reward calls of the whole run, summed over workers (failures isolated and counted)."""
+        stats = wait([w.reward_stats.remote() for w in self.actors.rollouts], self.cfg.rollout.request_timeout_s,
+                     "rollout workers (reward statistics)")
+        total = {k: sum(s[k] for s in stats) for k in stats[0]}
+        self.metrics.log(self.step, total)
+        if total.get("rollout/reward_calls/failed"):
+            self.log(f"reward: {int(total['rollout/reward_calls/failed'])} of {int(total['rollout/reward_calls/calls'])} "
+                     "calls failed (see rollout/reward_calls/* in metrics.jsonl)")
 
     def evaluate(self) -> Optional[HeldOutResult]:
         if not self.held_out:
