@@ -9,6 +9,9 @@ speed       steps = 256 (one token per step: 4 steps per block) and 128 (two per
 exactness   the cached path against the reference path without cache (whole canvas, block-causal
             mask, every step) on a few rows: fraction of equal tokens (1.0 in fp32 on CPU; bf16
             kernels of different shapes may round differently on the GPU, so it is reported).
+gqa_fold    the same one-token-per-step generation with grouped-query attention folded into the
+            query length instead of transformers' repeat_kv copy of the KV cache (gqa_fold.py, an
+            experiment): tokens/s, speed-up over the stock path, token agreement with it.
 
     python tests/benchmarks/bench_block_diffusion.py --peak-from matmul.json --out bd.json
     python tests/benchmarks/bench_block_diffusion.py --tiny --out bd.json
@@ -23,7 +26,7 @@ import torch
 from common.config.sampler import SamplerConfig
 from rollout.sampling import generate
 
-PARTS = ("speed", "exactness")
+PARTS = ("speed", "exactness", "gqa_fold")
 
 
 def parse() -> argparse.Namespace:
@@ -71,6 +74,7 @@ def main() -> None:
         return bl.timed(lambda: generate(policy, prompts[:rows], seeds[:rows], c), dev)
 
     parts = a.parts.split(",")
+    stock: dict = {}  # steps -> the stock path's speed row; "tokens" -> its exactness-run tokens
     if "speed" in parts:
         with res.part("speed", dev):
             run(cfg(gen_length=4 * a.block, steps=4 * a.block), a.batch)  # warm-up: same batch, short canvas
@@ -83,16 +87,34 @@ def main() -> None:
                                "pct_of_measured_matmul": 100 * tflops / peak if peak else None,
                                "ms_per_forward": 1e3 * secs / out.num_forwards}
                 res.put("speed", {"batch": a.batch, "block": a.block, "by_steps": rows})
+            stock = dict(rows)
     if "exactness" in parts:
         with res.part("exactness", dev):
             rows = min(a.exact_batch, a.batch)
             c = cfg(gen_length=a.exact_gen, steps=a.exact_gen, temperature=0.0)
             ref, ref_s = run(c.model_copy(update={"cache": "none"}), rows)
             got, got_s = run(c, rows)
+            stock["tokens"] = got.completion_ids
             same = (got.completion_ids == ref.completion_ids).float()
             res.put("exactness", {"rows": rows, "gen": a.exact_gen, "token_agreement": float(same.mean()),
                                   "rows_identical": int(same.all(dim=1).sum()), "none_seconds": ref_s,
                                   "cached_seconds": got_s, "same_forwards": got.num_forwards == ref.num_forwards})
+    if "gqa_fold" in parts:
+        with res.part("gqa_fold", dev):
+            from gqa_fold import folded_attention
+
+            with folded_attention(policy):
+                run(cfg(gen_length=4 * a.block, steps=4 * a.block), a.batch)  # warm-up
+                out, secs = run(cfg(steps=a.gen), a.batch)
+                row = {"steps": a.gen, "seconds": secs, "tokens_per_s": a.batch * a.gen / secs,
+                       "ms_per_forward": 1e3 * secs / out.num_forwards}
+                if a.gen in stock:
+                    row["speedup_vs_stock"] = stock[a.gen]["seconds"] / secs
+                if "tokens" in stock:
+                    rows = stock["tokens"].shape[0]
+                    folded, _ = run(cfg(gen_length=a.exact_gen, steps=a.exact_gen, temperature=0.0), rows)
+                    row["token_agreement_with_stock"] = float((folded.completion_ids == stock["tokens"]).float().mean())
+            res.put("gqa_fold", row)
     res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
 
 

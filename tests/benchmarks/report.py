@@ -93,6 +93,12 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
                           f"({fmt(get(v, 'ms_per_forward'), '.1f')} ms/fwd)" for v in bd.values())
                 + f"; cached == uncached tokens: {fmt(_pct(ex.get('token_agreement')), '.1f', '%')}" if best else "-"))
 
+    fold = part(data, "block_diffusion", "gqa_fold")
+    if fold:
+        out.append(("4b experiment: GQA folded into the query (no repeat_kv)", f"{fmt(fold.get('tokens_per_s'), '.0f')} tokens/s",
+                    "report", "", f"{fmt(fold.get('speedup_vs_stock'), '.2f', 'x')} the stock path; tokens equal to it: "
+                    f"{fmt(_pct(fold.get('token_agreement_with_stock')), '.1f', '%')}"))
+
     for job in ("learner_1gpu", "learner_2gpu"):
         parts = get(data, "jobs", job, "result", "parts") or {}
         for name, v in parts.items():

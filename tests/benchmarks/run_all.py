@@ -1,7 +1,9 @@
 """Run every GPU benchmark of issue 4 once, each in its own process with its own timeout, and always
 write what came back: ``results.json`` (every job's full record), ``table.md`` (one row per
 target) and ``run.log`` (all output) into ``--out`` (default ``$OUT``, else tests/benchmarks/results/
-latest), plus a dated copy under tests/benchmarks/results/.
+latest), rewritten after every job (a run cut short still leaves them), plus a dated copy under
+tests/benchmarks/results/ at the end. Jobs write their own JSON into a scratch directory, so
+``--out`` only ever holds those three files ($OUT brings back at most 8).
 
 Schedule on a machine with 2+ GPUs (two lanes at once, then the jobs that need both GPUs):
 
@@ -27,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -51,14 +54,14 @@ class Job:
     record: dict = field(default_factory=dict)
 
 
-def plan(n_gpus: int, tiny: bool, out: Path) -> tuple[list[list[Job]], list[Job], dict[str, str]]:
+def plan(n_gpus: int, tiny: bool, work: Path) -> tuple[list[list[Job]], list[Job], dict[str, str]]:
     """(parallel lanes, jobs after the lanes, skipped job -> reason)."""
     t = ["--tiny"] if tiny else []
     scale = 1.5 if tiny else 1.0  # a shared 2-core CPU is slower than a GPU at toy shapes
     skipped: dict[str, str] = {}
 
     def job(name, script, gpus, timeout, extra=(), peak=None):
-        return Job(name, script, [*t, *extra, "--out", str(out / f"{name}.json")], gpus, timeout * scale, peak)
+        return Job(name, script, [*t, *extra, "--out", str(work / f"{name}.json")], gpus, timeout * scale, peak)
 
     if n_gpus >= 2 or (n_gpus == 0 and tiny):
         g0, g1 = ([0], [1]) if n_gpus else ([], [])
@@ -84,11 +87,14 @@ def plan(n_gpus: int, tiny: bool, out: Path) -> tuple[list[list[Job]], list[Job]
 
 
 class Runner:
-    def __init__(self, out: Path, deadline_s: float) -> None:
+    def __init__(self, out: Path, deadline_s: float, n_gpus: int, tiny: bool) -> None:
         self.out, self.t0, self.deadline = out, time.monotonic(), time.monotonic() + deadline_s
+        self.work = Path(tempfile.mkdtemp(prefix="stabledrl-bench-"))  # the jobs' own JSON files
+        self.n_gpus, self.tiny = n_gpus, tiny
         self.log_file = open(out / "run.log", "w", buffering=1)
         self.lock = threading.Lock()
         self.jobs: dict[str, Job] = {}
+        self.skipped: dict[str, str] = {}
 
     def say(self, text: str) -> None:
         line = f"[{time.monotonic() - self.t0:7.1f}s] {text}"
@@ -106,7 +112,7 @@ class Runner:
         timeout = min(job.timeout_s, left)
         args = list(job.args)
         if job.peak_from:
-            args += ["--peak-from", str(self.out / f"{job.peak_from}.json")]
+            args += ["--peak-from", str(self.work / f"{job.peak_from}.json")]
         env = dict(os.environ, **SAFE_ENV)
         if job.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in job.gpus)
@@ -131,6 +137,24 @@ class Runner:
         errors = (job.record["result"] or {}).get("errors") or {}
         self.say(f"END {job.name}: {status} (rc {rc}) in {wall:.0f} s"
                  + (f"; failed parts: {', '.join(errors)}" if errors else ""))
+        self.snapshot()
+
+    def snapshot(self) -> tuple[dict, str]:
+        """Write results.json and table.md as they stand (after every job, and at the end)."""
+        import report
+
+        with self.lock:
+            records = {name: job.record for name, job in self.jobs.items() if job.record}
+            records.update({name: {"status": "skipped", "reason": why} for name, why in self.skipped.items()})
+            data = {"finished": dt.datetime.now().isoformat(timespec="seconds"), "gpus": self.n_gpus,
+                    "tiny": self.tiny, "wall_s": round(time.monotonic() - self.t0, 1), "jobs": records}
+            _write(self.out / "results.json", json.dumps(data, indent=1))
+            try:
+                table = report.table(data)
+            except Exception as exc:  # noqa: BLE001 - the raw results are written already
+                table = f"(table failed: {exc!r}; see results.json)"
+            _write(self.out / "table.md", table + "\n")
+        return data, table
 
     def _pump(self, name: str, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
@@ -153,11 +177,17 @@ class Runner:
                 continue
 
     def _read(self, job: Job) -> dict | None:
-        path = self.out / f"{job.name}.json"
+        path = self.work / f"{job.name}.json"
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _worth_echoing(line: str) -> bool:
@@ -175,14 +205,12 @@ def main() -> None:
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob("*.json"):
-        stale.unlink()  # a result of an earlier run must never be read as this run's
     import torch  # no CUDA context in this process: device_count reads the driver only
 
     n_gpus = torch.cuda.device_count()
-    runner = Runner(out, a.deadline_s)
+    runner = Runner(out, a.deadline_s, n_gpus, a.tiny)
     runner.say(f"stabledrl benchmarks: {n_gpus} GPU(s), torch {torch.__version__}, tiny={a.tiny}, out={out}")
-    lanes, after, skipped = plan(n_gpus, a.tiny, out)
+    lanes, after, skipped = plan(n_gpus, a.tiny, runner.work)
     only = set(a.only.split(",")) if a.only else None
     if only:
         for job in [j for lane in lanes for j in lane] + after:
@@ -190,6 +218,7 @@ def main() -> None:
                 skipped[job.name] = "not in --only"
         lanes = [[j for j in lane if j.name not in skipped] for lane in lanes]
         after = [j for j in after if j.name not in skipped]
+    runner.skipped = skipped
     threads = [threading.Thread(target=lambda lane=lane: [runner.run(j) for j in lane]) for lane in lanes]
     for th in threads:
         th.start()
@@ -197,26 +226,15 @@ def main() -> None:
         th.join()
     for job in after:
         runner.run(job)
-    finish(runner, skipped, n_gpus, a.tiny)
+    finish(runner)
 
 
-def finish(runner: Runner, skipped: dict[str, str], n_gpus: int, tiny: bool) -> None:
-    """Write results.json and table.md (the table is printed last), and the dated copies."""
+def finish(runner: Runner) -> None:
+    """The final results.json and table.md (the table is printed last), and the dated copies."""
     import report
 
-    records = {name: job.record for name, job in runner.jobs.items()}
-    records.update({name: {"status": "skipped", "reason": why} for name, why in skipped.items()})
-    data = {"finished": dt.datetime.now().isoformat(timespec="seconds"), "gpus": n_gpus, "tiny": tiny,
-            "wall_s": round(time.monotonic() - runner.t0, 1), "jobs": records}
-    (runner.out / "results.json").write_text(json.dumps(data, indent=1))
-    try:
-        table = report.table(data)
-    except Exception as exc:  # noqa: BLE001 - the raw results are written already
-        table = f"(table failed: {exc!r}; see results.json)"
-    (runner.out / "table.md").write_text(table + "\n")
-    for stale in runner.out.glob("*.json"):  # $OUT returns at most 8 files: keep results.json only
-        if stale.name != "results.json":
-            stale.unlink()
+    data, table = runner.snapshot()
+    shutil.rmtree(runner.work, ignore_errors=True)
     card = report.card_slug(data)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M")
     RESULTS.mkdir(exist_ok=True)
