@@ -58,7 +58,11 @@ def main() -> None:
     dev = bl.device()
     res = bl.Result("block_diffusion", a.out, vars(a))
     peak = bl.read_peak_tflops(a.peak_from)
-    policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev), block_size=a.block), dev)
+    try:
+        policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev), block_size=a.block), dev)
+    except Exception as exc:  # nothing can run without the model
+        res.error("model", exc)
+        raise
     sc = bl.count_shape(policy)
     res.put("model", {"shape": a.shape, "params": sc.total, "build_s": build_s, "block_size": policy.block_size,
                       "measured_matmul_tflops": peak})

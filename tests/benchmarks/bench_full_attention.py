@@ -69,9 +69,8 @@ def parse() -> argparse.Namespace:
 
 
 class Bench:
-    def __init__(self, a: argparse.Namespace) -> None:
-        self.a, self.dev = a, bl.device()
-        self.res = bl.Result("full_attention", a.out, vars(a))
+    def __init__(self, a: argparse.Namespace, res: bl.Result) -> None:
+        self.a, self.dev, self.res = a, bl.device(), res
         self.peak = bl.read_peak_tflops(a.peak_from)
         built, secs = bl.timed(lambda: bl.build_policy(a.shape, self.dev, bl.compute_dtype(self.dev)), self.dev)
         self.policy, self.sc = built, bl.count_shape(built)
@@ -250,7 +249,12 @@ class Bench:
 
 def main() -> None:
     a = parse()
-    bench = Bench(a)
+    res = bl.Result("full_attention", a.out, vars(a))
+    try:
+        bench = Bench(a, res)
+    except Exception as exc:  # the model build: nothing can run without it
+        res.error("model", exc)
+        raise
     bench.parts = [p for p in a.parts.split(",") if p]
     for name in bench.parts:
         if name not in PARTS:
