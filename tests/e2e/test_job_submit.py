@@ -1,11 +1,12 @@
 """`ray job submit` of a short run to a Ray head this test starts (`ray start --head --block` on
-loopback, free ports, its own temp dir); the job must succeed and leave its metrics. The head is
+loopback, free ports for everything, its own temp dir); the job must succeed and leave its metrics. The head is
 stopped by signalling the process group the test started (never `ray stop`, which would stop
 every Ray instance on the machine)."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,42 +39,68 @@ def wait_for_job_server(url: str, head: subprocess.Popen, timeout_s: float) -> N
     raise TimeoutError(f"the job server at {url} did not answer within {timeout_s} s")
 
 
+def session_members(sid: int) -> list[int]:
+    """Processes of the session ``sid`` (the head and every process it started, whatever their group)."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True, check=True).stdout
+    return [int(pid) for pid, s in (line.split() for line in out.splitlines()) if int(s) == sid]
+
+
+def stop_head(proc: subprocess.Popen) -> None:
+    """SIGTERM to the head's process group (a graceful `ray start --block` shutdown), then SIGKILL to
+    whatever of its session is left after 5 s: only processes this test started, by their ids."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in session_members(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+
+
 @pytest.fixture
 def head():
     temp_dir = tempfile.mkdtemp(prefix="sdray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    gcs_port, dashboard_port = free_port(), free_port()
+    # every port Ray would otherwise take at a fixed default is chosen free: another Ray instance on
+    # the machine (another test, another user) must not collide with this head or its agents
+    ports = {name: free_port() for name in ("port", "dashboard-port", "ray-client-server-port",
+                                            "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                            "runtime-env-agent-port", "metrics-export-port")}
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "disabled"}
     log = open(Path(temp_dir) / "head.log", "w")
     proc = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--include-dashboard=true",
-         "--num-cpus=4", "--disable-usage-stats", f"--temp-dir={temp_dir}"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+         "--include-dashboard=true", "--num-cpus=4", "--disable-usage-stats", f"--temp-dir={temp_dir}"]
+        + [f"--{name}={port}" for name, port in ports.items()],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,  # its own session: pid = sid
     )
-    url = f"http://127.0.0.1:{dashboard_port}"
+    url = f"http://127.0.0.1:{ports['dashboard-port']}"
     try:
         wait_for_job_server(url, proc, timeout_s=120)
         yield url, env
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the group this fixture started, by its id
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        stop_head(proc)
         log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_ray_job_submit_runs_a_short_job_to_success(head, tmp_path):
     url, env = head
     out_dir = tmp_path / "run"
-    result = subprocess.run(
-        # one learner rank and one rollout worker: this test is about the submission path (the
-        # multi-actor system is tested in test_system.py), and each actor costs seconds of start-up
-        [str(ROOT / "deploy" / "submit.sh"), "tests/e2e/tiny_job.yaml", f"run.output_dir={out_dir}",
-         "learner.num_ranks=1", "rollout.num_workers=1"],
-        env={**env, "RAY_ADDRESS": url, "RAY": str(BIN / "ray")}, capture_output=True, text=True, timeout=300,
-    )
+    for attempt in range(12):  # the job server answers before its agent registers (slow on a busy machine)
+        result = subprocess.run(
+            # one learner rank and one rollout worker: this test is about the submission path (the
+            # multi-actor system is tested in test_system.py), and each actor costs seconds of start-up
+            [str(ROOT / "deploy" / "submit.sh"), "tests/e2e/tiny_job.yaml", f"run.output_dir={out_dir}",
+             "learner.num_ranks=1", "rollout.num_workers=1"],
+            env={**env, "RAY_ADDRESS": url, "RAY": str(BIN / "ray")}, capture_output=True, text=True, timeout=300,
+        )
+        if "No available agent" not in result.stderr:
+            break
+        time.sleep(5)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "succeeded" in output
