@@ -203,3 +203,19 @@ def test_slow_worker_groups_older_than_eta_are_dropped(cluster, tmp_path):
     assert driver.history[-1]["staleness/dropped_total"] >= 2
     assert sum(r["staleness/dropped"] for r in driver.history) == driver.history[-1]["staleness/dropped_total"]
     assert driver.worker_versions == [steps, steps] and [v for v, _ in workers] == [steps, steps]
+
+
+def test_a_wait_that_times_out_names_what_it_waited_for(cluster):
+    from coordinator.actors import ActorFailure, wait
+
+    @ray.remote(num_cpus=0)
+    def stuck(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    fast, slow = stuck.remote(0.0), stuck.remote(30.0)
+    t0 = time.perf_counter()
+    with pytest.raises(ActorFailure, match=r"waited 1 s for rollout worker 7 \(prompts 3\.\.4\); no answer"):
+        wait([fast, slow], 1.0, ["rollout worker 6 (prompts 1..2)", "rollout worker 7 (prompts 3..4)"])
+    assert time.perf_counter() - t0 < 10
+    ray.cancel(slow, force=True)
