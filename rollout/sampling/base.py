@@ -5,13 +5,14 @@ The loop (``run_denoising``) is the same for every sampler; a sampler supplies o
 computes them (full forward, approximate cache, exact block cache). Host synchronisation: with a
 fixed number of steps all rows move through the blocks in lockstep, so the host knows the block
 without asking and reads the device once per block (only to stop early at EOS); with threshold
-decoding rows advance at their own pace and the host reads four integers per step.
+decoding rows advance at their own pace (or wait for each other at block ends: ``block_sync``,
+state.py) and the host reads the progress summary and the rows that step next, once per step.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -63,6 +64,7 @@ class HostView:
     hi: int  # highest
     refresh: bool  # some working row starts a new block (approximate caches refresh here)
     forward: int  # forwards run so far
+    rows: Optional[list[int]] = None  # rows that step (commit, draw randomness); None = all
 
 
 BlockLogits = Callable[[DecodeState, HostView], torch.Tensor]  # -> [B, Lb, V]
@@ -78,12 +80,14 @@ def run_denoising(
     mask_token_id: int,
     eos_token_id: int,
     block_logits: BlockLogits,
+    block_sync: bool = False,
 ) -> GenerationOutput:
-    """Decode the canvas block by block until every row is done; see the module docstring."""
+    """Decode the canvas block by block until every row is done; see the module docstring.
+    ``block_sync``: rows wait for each other at block ends (state.py; the approximate caches)."""
     t0 = time.perf_counter()
     device = canvas.ids.device
     generators = [generator(int(s), device) for s in seeds.tolist()]
-    state = DecodeState.start(canvas, block_length, mask_token_id, eos_token_id)
+    state = DecodeState.start(canvas, block_length, mask_token_id, eos_token_id, block_sync=block_sync)
     schedule = transfer_schedule(block_length, steps_per_block, device)
     num_blocks = canvas.gen_length // block_length
     fixed = cfg.threshold is None
@@ -94,6 +98,7 @@ def run_denoising(
         state.step(
             logits, generators, temperature=cfg.temperature, remasking=cfg.remasking, schedule=schedule,
             threshold=cfg.threshold, noise_dtype=getattr(torch, cfg.noise_dtype), stop_at_eos=cfg.stop_at_eos,
+            rows=view.rows,
         )
         n = view.forward + 1
         if fixed:  # lockstep: every working row is in block n // steps_per_block
@@ -105,12 +110,12 @@ def run_denoising(
             start = (n // steps_per_block) * block_length
             view = HostView(start, start, refresh=True, forward=n)
         else:
-            lo, hi, all_done, entered = state.progress()
+            lo, hi, all_done, entered, rows = state.progress()
             if all_done:
                 break
             if n >= max_forwards:
                 raise RuntimeError(f"threshold decoding ran {n} forwards without finishing gen_length={canvas.gen_length}")
-            view = HostView(lo, hi, refresh=entered, forward=n)
+            view = HostView(lo, hi, refresh=entered, forward=n, rows=rows)
     return _finish(state, eos_token_id, forwards=n, t0=t0)
 
 

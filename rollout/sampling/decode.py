@@ -39,17 +39,20 @@ def choose_tokens(
     *,
     mask_token_id: int,
     noise_dtype: torch.dtype = torch.float64,
+    rows: Optional[Sequence[int]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick a token per position and its confidence. Returns (x0 [B, Lb] int64, conf [B, Lb] float32).
 
     Each row draws its Gumbel noise from its own generator, so its choice does not depend on its
-    batch neighbours. ``logits`` is modified in place (the mask token's logit is set to -inf).
+    batch neighbours. ``rows`` (default: all) are the rows that draw; the others leave their
+    generator untouched (a row that commits nothing this step must not consume randomness, or its
+    later draws would depend on how long it waited) and their x0 is meaningless. ``logits`` is
+    modified in place (the mask token's logit is set to -inf).
     """
     logits[..., mask_token_id] = NEG_INF
     if temperature > 0:
         noise = torch.empty(logits.shape, dtype=noise_dtype, device=logits.device)  # [B, Lb, V]
-        for row, g in enumerate(generators):
-            noise[row].uniform_(generator=g)
+        _uniform_rows(noise, generators, rows)
         # Gumbel(0,1) = -log(-log u); the clamp keeps u -> 1 from giving an infinite winner
         noise.log_().neg_().clamp_(min=torch.finfo(noise_dtype).tiny).log_().neg_()
         noise.add_(logits, alpha=1.0 / temperature)
@@ -62,12 +65,28 @@ def choose_tokens(
     return x0, conf
 
 
-def random_scores(shape: tuple[int, int], generators: Sequence[torch.Generator], device: torch.device) -> torch.Tensor:
-    """[B, Lb] uniform scores for random remasking, one generator per row."""
+def random_scores(
+    shape: tuple[int, int], generators: Sequence[torch.Generator], device: torch.device,
+    rows: Optional[Sequence[int]] = None,
+) -> torch.Tensor:
+    """[B, Lb] uniform scores for random remasking, one generator per row (only ``rows`` draw)."""
     scores = torch.empty(shape, dtype=torch.float32, device=device)
-    for row, g in enumerate(generators):
-        scores[row].uniform_(generator=g)
+    _uniform_rows(scores, generators, rows)
     return scores
+
+
+def _uniform_rows(out: torch.Tensor, generators: Sequence[torch.Generator], rows: Optional[Sequence[int]]) -> None:
+    """U(0, 1) into ``out[row]`` from ``generators[row]`` for each drawing row; 0.5 in the others."""
+    if rows is None:
+        for row, g in enumerate(generators):
+            out[row].uniform_(generator=g)
+        return
+    drawing = set(rows)
+    for row, g in enumerate(generators):
+        if row in drawing:
+            out[row].uniform_(generator=g)
+        else:
+            out[row].fill_(0.5)
 
 
 def commit_mask(

@@ -6,13 +6,19 @@ forward over the canvas; the step rule is in decode.py. Only the current block's
 used, so positions outside it are never chosen (the reference sets their confidence to -inf).
 
 Caches (Fast-dLLM, arXiv 2505.22618) are approximate for full attention, since every position's
-keys depend on every other position: a full forward refreshes the cache whenever a row starts a
+keys depend on every other position: a full forward refreshes the cache when the batch starts a
 new block (and is that step's forward), then
   - ``prefix``: each step feeds [current block | suffix] and reads the prefix K/V from the cache;
   - ``dual``:   each step feeds only the current block and reads prefix and suffix K/V from it.
-``none`` is the exact baseline: a full forward every step. With a fixed number of steps all rows
-refresh together; with threshold decoding a refresh triggered by one row also refreshes its
-neighbours, so only the exact path is independent of batch neighbours in that mode.
+``none`` is the exact baseline: a full forward every step.
+
+With a cache the rows are block-synchronous (state.py, ``block_sync``): with threshold decoding a
+row that has decoded its block waits for the others, so the cache is refreshed exactly once per
+block (num_blocks full forwards per generation) instead of whenever some row starts a block.
+A waiting row neither commits, nor draws randomness, nor counts a step, so every mode decodes a
+row exactly as it would alone: its tokens do not depend on its batch neighbours (the price of
+waiting is forwards: a block costs the batch as many steps as its slowest row needs). The exact
+path keeps rows independent (no waiting).
 
 Dream's shifted logits (token k predicted at k-1) are undone by ``DiffusionPolicy``; a cached step
 therefore also feeds the token just before the block, whose logit predicts the block's first.
@@ -106,5 +112,5 @@ def generate_full_attention(
         return run_denoising(
             canvas, seeds, cfg, block_length=block_length, steps_per_block=steps_per_block,
             mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id,
-            block_logits=FullAttentionLogits(policy, canvas, block_length, mode),
+            block_logits=FullAttentionLogits(policy, canvas, block_length, mode), block_sync=mode != "none",
         )

@@ -1,12 +1,25 @@
 """Per-row decoding progress on the device, updated in place by one step at a time.
 
-Every row owns its current block: a row whose block is fully decoded moves on at once (with
-threshold decoding rows finish blocks at different steps), and a row that is finished (every
-position decoded, or an EOS with everything before it decoded) stops committing. A row's
-trajectory depends only on its own canvas and its own generator, so its tokens do not depend on
-its batch neighbours. ``decode_step[b, c]`` is the row's own step counter (0-based) at which
-completion position c was committed; positions a finished row never decoded (after its EOS) get
-the row's last step.
+Two ways to move through the blocks (they differ only with threshold decoding, where rows finish
+a block after different numbers of steps; with a fixed number of steps every row finishes each
+block after exactly steps_per_block steps, so both are the same):
+
+- independent (``block_sync=False``, the exact paths): a row whose block is fully decoded moves
+  on at once;
+- block-synchronous (``block_sync=True``, the approximate prefix / dual caches, as Fast-dLLM's
+  batched decoding): every working row stays in the same block; a row that has decoded its block
+  *waits*, committing nothing, until the last working row has decoded it too, and then all move
+  on together. The batch therefore enters each block once, and the cache is refreshed once per
+  block (not whenever some row happens to start a block).
+
+A waiting step is no step of the row: its step counter does not advance and its generator draws
+nothing (the caller names the drawing rows, see ``progress``), so a row decodes exactly as it
+would alone, with its cache refreshed at each of its own block starts. A row that is finished
+(every position decoded, or an EOS with everything before it decoded) stops committing. In both
+modes a row's trajectory depends only on its own canvas and its own generator, not on its batch
+neighbours. ``decode_step[b, c]`` is the row's own step counter (0-based) at which completion
+position c was committed; positions a finished row never decoded (after its EOS) get the row's
+last step.
 """
 from __future__ import annotations
 
@@ -32,9 +45,12 @@ class DecodeState:
     finish_step: torch.Tensor  # [B] int64, row_step - 1 when the row finished
     entered: torch.Tensor  # [B] bool, the row moved to a new block at the last step
     decode_step: torch.Tensor  # [B, C] int64, -1 while undecoded
+    block_sync: bool = False  # every working row in the same block (see the module docstring)
 
     @classmethod
-    def start(cls, canvas: Canvas, block_length: int, mask_token_id: int, eos_token_id: int) -> "DecodeState":
+    def start(
+        cls, canvas: Canvas, block_length: int, mask_token_id: int, eos_token_id: int, block_sync: bool = False
+    ) -> "DecodeState":
         b, c, dev = canvas.batch_size, canvas.gen_length, canvas.ids.device
         zeros = torch.zeros(b, dtype=torch.long, device=dev)
         return cls(
@@ -49,6 +65,7 @@ class DecodeState:
             finish_step=zeros.clone(),
             entered=torch.ones(b, dtype=torch.bool, device=dev),
             decode_step=torch.full((b, c), -1, dtype=torch.long, device=dev),
+            block_sync=block_sync,
         )
 
     def block_positions(self) -> torch.Tensor:
@@ -68,17 +85,20 @@ class DecodeState:
         threshold: Optional[float],
         noise_dtype: torch.dtype,
         stop_at_eos: bool,
+        rows: Optional[Sequence[int]] = None,
     ) -> None:
-        """Commit this step's tokens into the canvas and advance every working row."""
+        """Commit this step's tokens into the canvas and advance every working row. ``rows``: the
+        rows that may commit this step and so draw randomness (``progress()[4]``); None = all."""
         ids, p = self.canvas.ids, self.canvas.prompt_width
         pos = self.block_positions()  # [B, Lb]
         current = ids.gather(1, pos)  # [B, Lb]
         working = ~self.done
         masked = (current == self.mask_token_id) & working[:, None]  # [B, Lb]
+        stepping = masked.any(dim=1)  # [B] working rows with something left in their block (not waiting)
         x0, conf = choose_tokens(
-            logits, temperature, generators, mask_token_id=self.mask_token_id, noise_dtype=noise_dtype
+            logits, temperature, generators, mask_token_id=self.mask_token_id, noise_dtype=noise_dtype, rows=rows
         )
-        scores = conf if remasking == "low_confidence" else random_scores(tuple(conf.shape), generators, conf.device)
+        scores = conf if remasking == "low_confidence" else random_scores(tuple(conf.shape), generators, conf.device, rows)
         k = schedule[self.block_step.clamp(max=schedule.numel() - 1)]  # [B]
         commit = commit_mask(scores, masked, k=k, threshold=threshold)  # [B, Lb]
 
@@ -86,9 +106,12 @@ class DecodeState:
         old_steps = self.decode_step.gather(1, pos - p)
         self.decode_step.scatter_(1, pos - p, torch.where(commit, self.row_step[:, None], old_steps))
 
-        self.row_step += working
-        self.block_step += working
-        finished_block = working & ~(masked & ~commit).any(dim=1)  # [B]
+        self.row_step += stepping
+        self.block_step += stepping
+        unfinished = (masked & ~commit).any(dim=1)  # [B]
+        if self.block_sync:  # the batch moves on when no working row has anything left in the block
+            unfinished = unfinished.any().expand_as(unfinished)
+        finished_block = working & ~unfinished  # [B]
         self.block_start += finished_block * self.block_length
         self.block_step.masked_fill_(finished_block, 0)
         self._update_done(working, stop_at_eos)
@@ -107,12 +130,17 @@ class DecodeState:
         self.finish_step = torch.where(newly, self.row_step - 1, self.finish_step)
         self.done |= newly
 
-    def progress(self) -> tuple[int, int, bool, bool]:
+    def progress(self) -> tuple[int, int, bool, bool, list[int]]:
         """Host view (one device->host copy): (lowest and highest current block start among working
-        rows, all rows done, some working row entered a new block at the last step)."""
+        rows, all rows done, some working row entered a new block at the last step, the rows that
+        will step next: working and not waiting)."""
         c = self.canvas.gen_length
         working = ~self.done
         lo = torch.where(working, self.block_start, c).min()
         hi = torch.where(working, self.block_start, -1).max()
-        summary = torch.stack([lo, hi, (~working).all().long(), self.entered.any().long()]).tolist()
-        return int(summary[0]), int(summary[1]), bool(summary[2]), bool(summary[3])
+        undecoded = self.canvas.ids.gather(1, self.block_positions()) == self.mask_token_id  # [B, Lb]
+        stepping = working & undecoded.any(dim=1)  # [B]
+        summary = torch.cat([torch.stack([lo, hi, (~working).all().long(), self.entered.any().long()]),
+                             stepping.long()]).tolist()
+        rows = [i for i, s in enumerate(summary[4:]) if s]
+        return int(summary[0]), int(summary[1]), bool(summary[2]), bool(summary[3]), rows
