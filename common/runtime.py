@@ -24,6 +24,7 @@ def setup_actor_process() -> torch.device:
         import transformers
 
         transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()  # "Loading weights" bars, one per actor
     except ImportError:  # pragma: no cover - transformers is a dependency
         pass
     return device

@@ -49,6 +49,9 @@ def train_job(cfg: JobConfig) -> int:
     from coordinator.driver import Driver
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    import transformers
+
+    transformers.logging.disable_progress_bar()  # per-file bars of model writes and loads
     if os.environ.get("RAY_ADDRESS"):
         ray.init(log_to_driver=True)  # join the cluster RAY_ADDRESS names (ray job submit sets it)
         where = f"cluster at {os.environ['RAY_ADDRESS']}"

@@ -124,7 +124,8 @@ class Driver:
         from tqdm import tqdm
 
         steps, batch_size = self.cfg.run.steps, self.cfg.algorithm.groups_per_step
-        bar = tqdm(total=steps, initial=self.step, desc="train", disable=not self.cfg.run.progress, dynamic_ncols=True)
+        bar = tqdm(total=steps, initial=self.step, desc="train", disable=not self.cfg.run.progress or not _tty(),
+                   dynamic_ncols=True)
         self.last_step_end = time.perf_counter()
         while self.step < steps:
             self.feed_workers()  # admit every rollout the staleness bound allows
@@ -141,7 +142,9 @@ class Driver:
                     record = self.finish_step()
                     bar.update(1)
                     bar.set_postfix(reward=f"{record['rollout/reward_mean']:.3f}", loss=f"{record['train/loss']:.4f}",
-                                    stale=int(record["staleness/dropped_total"]))
+                                    dropped=int(record["staleness/dropped_total"]))
+                    if self.cfg.run.progress and bar.disable and self.step % max(1, steps // 20) == 0:
+                        self.log(progress_line(self.step, steps, record))  # a log file gets lines, not a bar
         bar.close()
 
     # ---- rollouts ---------------------------------------------------------------------------
@@ -336,3 +339,15 @@ class Driver:
         if self.actors is not None:
             self.actors.shutdown()
             self.actors = None
+
+
+def _tty() -> bool:
+    import sys
+
+    return sys.stderr.isatty()
+
+
+def progress_line(step: int, steps: int, record: dict[str, float]) -> str:
+    return (f"step {step}/{steps}: reward {record['rollout/reward_mean']:.3f}, loss {record['train/loss']:.4f}, "
+            f"grad norm {record['train/grad_norm']:.3f}, staleness {record['staleness/mean']:.2f} "
+            f"(dropped {int(record['staleness/dropped_total'])}), {record['time/step']:.2f} s/step")
