@@ -17,10 +17,22 @@ Cached path, one forward per denoising step and nothing else:
     of each block).
 The reference path (``cache="none"``) runs the whole canvas with the block-causal mask each step;
 the two give the same tokens and the same number of forwards.
+
+Attention masks of the cached path. An in-block step of a batch in lockstep (every working row in
+the same block: fixed steps, or threshold decoding while the rows happen to agree) whose canvas
+has no left padding reads *every* visible slot: [prompt | finished blocks | own block], so it
+needs no mask at all. That step (3 of every 4 forwards at one token per step and block 4) runs
+with none: sdpa can then take its flash kernel with grouped-query attention (no ``repeat_kv``
+copy of the K/V cache for every query-head group, no boolean mask converted per layer). The
+attention modules are made non-causal for the generation (transformers would otherwise apply
+``is_causal``, or crop the keys, when no mask is given). Other steps keep the block-causal mask,
+built once per block while the batch is in lockstep (its query and visible slots do not change
+inside a block).
 """
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -43,6 +55,31 @@ def chunk_block_mask(blocks: torch.Tensor, valid: torch.Tensor, query: torch.Ten
     return torch.where(query_valid[:, :, None], allowed, itself)[:, None]
 
 
+def mask_free_attention(policy: DiffusionPolicy) -> Optional[dict]:
+    """The ``attention_mask`` that makes a transformers decoder attend to every key it is given
+    (``{layer type: None}``, passed through as prepared masks), or None where that cannot be
+    expressed: an attention backend other than sdpa, or a model without ``layer_types``."""
+    config = policy.model.config
+    layer_types = getattr(config, "layer_types", None)
+    if config._attn_implementation != "sdpa" or not layer_types:
+        return None
+    return {kind: None for kind in set(layer_types)}
+
+
+@contextlib.contextmanager
+def non_causal(module: torch.nn.Module) -> Iterator[None]:
+    """Every attention module with an ``is_causal`` flag set to False inside the block (restored
+    after). Only forwards without a mask read the flag; masked forwards are unchanged."""
+    flipped = [m for m in module.modules() if getattr(m, "is_causal", None) is True]
+    for m in flipped:
+        m.is_causal = False
+    try:
+        yield
+    finally:
+        for m in flipped:
+            m.is_causal = True
+
+
 class BlockDiffusionLogits:
     """``block_logits`` for a block-diffusion policy, with the exact cache or without a cache."""
 
@@ -51,6 +88,11 @@ class BlockDiffusionLogits:
         self.blocks = block_ids(canvas.prompt_mask, canvas.gen_length, block_size)  # [B, T]
         self.cache = SlotKVCache(canvas.total_length) if use_cache else None
         self.mask = None if use_cache else block_causal_mask(self.blocks, canvas.valid)  # [B, 1, T, T]
+        # in-block steps of a lockstep batch read every visible slot: no mask when nothing is padding
+        padded = bool((~canvas.valid).any())
+        self.mask_free = None if (padded or not use_cache) else mask_free_attention(policy)
+        self._mask_key: Optional[tuple] = None  # (block start, query kind, visible) of the kept mask
+        self._block_mask: Optional[torch.Tensor] = None
 
     def __call__(self, state: DecodeState, view: HostView) -> torch.Tensor:
         c, bs = self.canvas, self.block_size
@@ -63,23 +105,34 @@ class BlockDiffusionLogits:
         if view.forward == 0:  # [prompt | block 0]: every row is in block 0
             n = c.prompt_width + bs
             query = torch.arange(n, device=c.ids.device).expand(c.batch_size, n)
-            logits_from = c.prompt_width
+            logits_from, kind = c.prompt_width, "prefill"
             visible = n
         else:
             current = state.block_positions()  # [B, bs]
             if view.refresh:  # some row entered a new block: [previous block | current block]
                 query = torch.cat([current - bs, current], dim=1)  # [B, 2 bs]
-                logits_from = bs
+                logits_from, kind = bs, "enter"
             else:  # every row's previous block is already in the cache: [current block]
-                query, logits_from = current, 0
+                query, logits_from, kind = current, 0, "inside"
             visible = min(c.prompt_width + view.hi + bs, c.total_length)
         self.cache.set_slots(query, visible)
         return forward_block_logits(
-            self.policy, c.ids.gather(1, query),
-            attention_mask=chunk_block_mask(self.blocks, c.valid, query, visible),
+            self.policy, c.ids.gather(1, query), attention_mask=self._attention(query, visible, kind, view),
             position_ids=c.position_ids.gather(1, query), logits_from=logits_from, offsets=None,
             block_length=bs, cache=self.cache,
         )
+
+    def _attention(self, query: torch.Tensor, visible: int, kind: str, view: HostView):
+        """The cached step's mask: none for an in-block step of an unpadded lockstep batch, else
+        the block-causal mask of the chunk, rebuilt only when the block or the chunk changes."""
+        lockstep = view.lo == view.hi
+        if kind == "inside" and lockstep and self.mask_free is not None:
+            return self.mask_free
+        key = (view.lo, kind, visible) if lockstep else None
+        if key is None or key != self._mask_key:
+            self._block_mask = chunk_block_mask(self.blocks, self.canvas.valid, query, visible)
+            self._mask_key = key
+        return self._block_mask
 
 
 def generate_block_diffusion(
@@ -97,8 +150,9 @@ def generate_block_diffusion(
             prompts, cfg.gen_length, mask_token_id=policy.mask_token_id, pad_token_id=policy.pad_token_id,
             device=policy.device, min_prompt_width=block_size,
         )
-        return run_denoising(
-            canvas, seeds, cfg, block_length=block_size, steps_per_block=steps_per_block,
-            mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id,
-            block_logits=BlockDiffusionLogits(policy, canvas, block_size, use_cache),
-        )
+        block_logits = BlockDiffusionLogits(policy, canvas, block_size, use_cache)
+        with non_causal(policy) if block_logits.mask_free is not None else contextlib.nullcontext():
+            return run_denoising(
+                canvas, seeds, cfg, block_length=block_size, steps_per_block=steps_per_block,
+                mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id, block_logits=block_logits,
+            )
