@@ -14,6 +14,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 import yaml
@@ -21,12 +22,14 @@ import yaml
 from common.config.base import ConfigError
 from common.config.job import JobConfig, check_sampler_layout, load_job_config
 
+QUICKSTART = Path(__file__).resolve().parents[1] / "deploy" / "configs" / "quickstart.yaml"
+
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="stabledrl", description="RL post-training of diffusion LMs on Ray + DeepSpeed")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run an RL job (see deploy/configs/)")
-    train.add_argument("--config", required=True, help="YAML job config")
+    train.add_argument("--config", default=str(QUICKSTART), help=f"YAML job config (default: {QUICKSTART})")
     train.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.max_staleness=1 run.steps=20")
     args = parser.parse_args(argv)

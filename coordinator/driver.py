@@ -84,6 +84,8 @@ class Driver:
             after = self.evaluate()
             if self.cfg.run.save_final_checkpoint:
                 self.save_checkpoint()
+            if self.cfg.run.export_final:
+                self.export()
         finally:
             self.close()
         if before is not None and after is not None:
@@ -323,6 +325,12 @@ class Driver:
         path = checkpoint.save(self.actors, self.cfg.run.output_dir, self.step, self.client_state(),
                                self.cfg.cluster.start_timeout_s)
         self.log(f"checkpoint: {path}")
+
+    def export(self) -> None:
+        directory = self.cfg.run.output_dir / "final_model"
+        wait(self.actors.call_learners("export", str(directory)), self.cfg.cluster.start_timeout_s,
+             [f"learner rank {r} (export)" for r in range(len(self.actors.learners))])
+        self.log(f"policy exported: {directory} (model.path={directory} loads it)")
 
     def restore(self, state: dict[str, Any]) -> None:
         self.step, self.next_uid = int(state["step"]), int(state["next_uid"])

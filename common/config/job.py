@@ -97,6 +97,10 @@ class RunConfig(StrictModel):
     output_dir: Path = Field(Path("runs/latest"), description="metrics.jsonl, TensorBoard events, checkpoints")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps (0: only at the end)")
     save_final_checkpoint: bool = Field(True, description="save a checkpoint after the last step")
+    export_final: bool = Field(
+        True, description="write the trained policy as a transformers directory, output_dir/final_model "
+        "(load it with model.path; `load_policy` reads it back)"
+    )
     resume_from: Optional[Path] = Field(
         None, description="a checkpoint directory written by this job (output_dir/checkpoints); continue from its latest tag"
     )

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from common.config.model import ModelConfig
+from common.models import load_policy
 from learner.group import free_port
 
 pytestmark = pytest.mark.e2e
@@ -108,3 +110,5 @@ def test_ray_job_submit_runs_a_short_job_to_success(head, tmp_path):
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2]
     assert (out_dir / "checkpoints" / "latest").read_text().strip() == "step2"
+    policy, _ = load_policy(ModelConfig(path=out_dir / "final_model"))  # the exported policy loads back
+    assert policy.spec.name == "llada"

@@ -49,3 +49,9 @@ def test_python_dash_m_coordinator_is_the_same_command():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert yaml.safe_load(out.stdout)["model"]["preset"] == "tiny-llada"
+
+
+def test_without_config_the_quickstart_is_the_default(capsys, no_training):
+    assert cli.main(["train", "--dry-run"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == yaml.safe_load(
+        yaml.safe_dump(cli.load_job_config(QUICKSTART).model_dump(mode="json")))
