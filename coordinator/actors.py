@@ -108,7 +108,11 @@ def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
     timeout = cfg.cluster.start_timeout_s
     m, n = cfg.learner.num_ranks, cfg.rollout.num_workers
     learner_pg = reserve("stabledrl-learner", cfg.cluster.learner, m, cfg.cluster.learner_strategy, timeout)
-    rollout_pg = reserve("stabledrl-rollout", cfg.cluster.rollout, n, cfg.cluster.rollout_strategy, timeout)
+    try:
+        rollout_pg = reserve("stabledrl-rollout", cfg.cluster.rollout, n, cfg.cluster.rollout_strategy, timeout)
+    except ActorFailure:
+        remove_placement_group(learner_pg)
+        raise
     learner_actor = ray.remote(num_cpus=cfg.cluster.learner.num_cpus, num_gpus=cfg.cluster.learner.num_gpus)(learner_cls)
     rollout_actor = ray.remote(num_cpus=cfg.cluster.rollout.num_cpus, num_gpus=cfg.cluster.rollout.num_gpus)(rollout_cls)
     a = cfg.algorithm
@@ -124,11 +128,15 @@ def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
         for i in range(n)
     ]
     actors = Actors(learners, rollouts, [learner_pg, rollout_pg])
-    addr, port = wait([learners[0].rendezvous_address.remote()], timeout, "learner rank 0 (rendezvous address)")[0]
-    starts = [a.start.remote(addr, port) for a in learners]
-    readies = [w.ready.remote() for w in rollouts]
-    infos = wait(starts + readies, timeout, [f"learner rank {r} (start)" for r in range(m)]
-                 + [f"rollout worker {i} (model load)" for i in range(n)])
+    try:
+        addr, port = wait([learners[0].rendezvous_address.remote()], timeout, "learner rank 0 (rendezvous address)")[0]
+        starts = [a.start.remote(addr, port) for a in learners]
+        readies = [w.ready.remote() for w in rollouts]
+        infos = wait(starts + readies, timeout, [f"learner rank {r} (start)" for r in range(m)]
+                     + [f"rollout worker {i} (model load)" for i in range(n)])
+    except BaseException:
+        actors.shutdown()  # a half-started job leaves no actors or reservations behind
+        raise
     actors.info = {"learners": infos[:m], "rollouts": infos[m:], "start_s": time.perf_counter() - t0}
     log(f"actors: {m} learner ranks on {infos[0]['device']} ({infos[0]['dtype']}), {n} rollout workers on "
         f"{infos[m]['device']} ({infos[m]['parameters'] / 1e6:.2f}M parameters), up in {actors.info['start_s']:.1f} s")

@@ -75,8 +75,8 @@ class Driver:
 
     # ---- the run --------------------------------------------------------------------------
     def run(self) -> RunResult:
-        self.setup()
         try:
+            self.setup()
             before = self.evaluate()
             self.train()
             self.drain()

@@ -214,8 +214,20 @@ def test_a_wait_that_times_out_names_what_it_waited_for(cluster):
         return seconds
 
     fast, slow = stuck.remote(0.0), stuck.remote(30.0)
+    ray.get(fast, timeout=60)  # finished: only the slow one may be named
     t0 = time.perf_counter()
     with pytest.raises(ActorFailure, match=r"waited 1 s for rollout worker 7 \(prompts 3\.\.4\); no answer"):
         wait([fast, slow], 1.0, ["rollout worker 6 (prompts 1..2)", "rollout worker 7 (prompts 3..4)"])
     assert time.perf_counter() - t0 < 10
     ray.cancel(slow, force=True)
+
+
+def test_resources_the_cluster_lacks_fail_in_time_naming_the_role(cluster, tmp_path):
+    from coordinator.actors import ActorFailure
+
+    cfg = job_config(tmp_path, cluster={"learner": {"num_cpus": 0.5, "num_gpus": 1}, "start_timeout_s": 2})
+    driver = Driver(cfg, log=lambda s: None)
+    with pytest.raises(ActorFailure, match=r"placement group 'stabledrl-learner' \(2 x \{'CPU': 0.5, 'GPU': 1.0\}"):
+        driver.run()
+    assert not ray.util.placement_group_table() or all(
+        pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
