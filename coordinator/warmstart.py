@@ -105,7 +105,7 @@ def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
         policy, tokenizer, data.train, data.task, ws, cfg.run.seed,
         gen_length=cfg.sampler.gen_length, log=lambda line: log(f"warm start: {line}"),
     )  # fmt: skip
-    export_hf(policy.to("cpu"), tokenizer, directory)
+    _quiet_export(policy.to("cpu"), tokenizer, directory)
     manifest = {
         "key": warmstart_key(cfg),
         "model": cfg.model.model_dump(mode="json"),
@@ -118,6 +118,19 @@ def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
         "time_s": time.perf_counter() - t0,
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _quiet_export(policy: Any, tokenizer: Any, directory: Path) -> None:
+    """``export_hf`` without transformers' one-shard progress bar in the job's log."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        export_hf(policy, tokenizer, directory)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _fingerprint(path: Path) -> list[tuple[str, int, int]]:
