@@ -17,6 +17,16 @@ One transfer of version v, in store keys under ``v{v}/``:
 Buckets are flat uint8 buffers: any dtype travels bit for bit and a bucket is one collective.
 A transfer that fails leaves the group unusable (a broken NCCL communicator cannot be trusted):
 rebuild it with ``setup_weight_push`` on a new port, with the workers that remain.
+
+Double buffering: each end keeps two bucket buffers and alternates between them, so the copies
+overlap the link. The sender packs bucket i+1 (and publishes its metadata) while bucket i is on
+the wire; a receiver posts its receive of bucket i+1 before copying bucket i into the model.
+Ordering is by streams, not by the host: a buffer is written again only after the broadcast that
+last used it (the current stream waits on that collective), and a broadcast starts only after the
+packing it sends (NCCL's stream waits on the current stream when the collective is posted). Only
+the last collective of a transfer is waited for on the host, with the transfer's timeout; the ones
+before it are bounded by the group's own timeout (NCCL's watchdog aborts a stuck collective).
+Memory: two buckets on each end (2 x ``bucket_mb``).
 """
 from __future__ import annotations
 
@@ -65,13 +75,18 @@ class BroadcastPush:
         try:
             self._wait_for_receivers(version)
             self._connect()
-            buckets = 0
-            for entries, payload in _pack(named_tensors, int(self.cfg.bucket_mb * 2**20), self.device,
-                                          WIRE_DTYPES.get(self.cfg.dtype)):
+            buckets, last = 0, None
+            packer = _Packer(int(self.cfg.bucket_mb * 2**20), self.device, WIRE_DTYPES.get(self.cfg.dtype))
+            for entries, payload in packer.buckets(named_tensors):
                 self.store.set(f"v{version}/meta/{buckets}", pickle.dumps((entries, payload.numel())))
-                self._broadcast(payload, f"bucket {buckets} of version {version}")
+                what = f"bucket {buckets} of version {version}"
+                last = self._post(payload, what)
+                if not packer.sent(last):  # sent from the tensor itself: keep it until it is out
+                    self._wait(last, what, block=False)
                 buckets += 1
             self.store.set(f"v{version}/meta/{buckets}", pickle.dumps(None))
+            if last is not None:
+                self._wait(last, f"bucket {buckets - 1} of version {version}")
         finally:
             for _ in named_tensors:  # the learner's other ranks are gathering alongside: finish with them
                 pass
@@ -108,18 +123,35 @@ class BroadcastPush:
         self.store.set(f"v{version}/ready/{self.rank}", b"1")
         loader = as_loader(target)
         self._connect()
+        buffers: list[Optional[torch.Tensor]] = [None, None]
+        pending = None  # (work, payload, entries, what) posted and not yet copied into the model
         i = 0
         while True:
             meta = self._wait_get(f"v{version}/meta/{i}", f"bucket {i} of weights version {version}")
             if meta is None:
                 break
             entries, nbytes = meta
-            payload = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-            self._broadcast(payload, f"bucket {i} of version {version}")
-            loader(list(_unpack(payload, entries)))
+            slot = buffers[i % 2]
+            if slot is None or slot.numel() < nbytes:
+                slot = buffers[i % 2] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            payload = slot[:nbytes]
+            what = f"bucket {i} of version {version}"
+            work = self._post(payload, what)  # bucket i arrives while bucket i-1 is copied below
+            if pending is not None:
+                self._load(pending, loader, block=False)
+            pending = (work, payload, entries, what)
             i += 1
+        if pending is not None:
+            self._load(pending, loader, block=True)
         _finish(loader)
         return version
+
+    def _load(self, pending: tuple, loader: LoadFn, *, block: bool) -> None:
+        """Copy a received bucket into the model once its broadcast is done (the current stream waits
+        for it; ``block``: the host waits too, bounded by the timeout)."""
+        work, payload, entries, what = pending
+        self._wait(work, what, block=block)
+        loader(list(_unpack(payload, entries)))
 
     def _wait_get(self, key: str, what: str):
         try:
@@ -156,39 +188,83 @@ class BroadcastPush:
             raise TimeoutError(f"weight push: rank {self.rank} could not form the {self.backend} group with "
                                f"{peers} at {self.address} within {self.cfg.timeout_s:.0f} s ({e})") from e
 
-    def _broadcast(self, payload: torch.Tensor, what: str) -> None:
+    def _post(self, payload: torch.Tensor, what: str):
+        """Start the broadcast of ``payload`` (root: rank 0); returns its work."""
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.timeout = self.timeout
-        peer = "the receivers" if self.rank == 0 else SENDER
         try:
-            self.group.broadcast([payload], opts).wait(self.timeout)
+            return self.group.broadcast([payload], opts)
         except Exception as e:
-            raise TimeoutError(f"weight push: rank {self.rank} broadcast of {what} with {peer} failed or timed "
-                               f"out after {self.cfg.timeout_s:.0f} s ({e}); rebuild the push group") from e
+            raise self._failed(what, e) from e
+
+    def _wait(self, work, what: str, block: bool = True) -> None:
+        """The current stream waits for ``work``; ``block``: the host too, at most the timeout
+        (gloo always blocks the host)."""
+        try:
+            if block:
+                work.wait(self.timeout)
+            else:
+                work.wait()
+        except Exception as e:
+            raise self._failed(what, e) from e
+
+    def _failed(self, what: str, e: Exception) -> TimeoutError:
+        peer = "the receivers" if self.rank == 0 else SENDER
+        return TimeoutError(f"weight push: rank {self.rank} broadcast of {what} with {peer} failed or timed "
+                            f"out after {self.cfg.timeout_s:.0f} s ({e}); rebuild the push group")
 
 
-def _pack(named_tensors: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int, device: torch.device,
-          wire: Optional[torch.dtype]) -> Iterator[tuple[list[tuple], torch.Tensor]]:
-    """Copy tensors into one reused flat byte buffer; yield (entries, filled bytes) per bucket.
-    The yielded buffer is overwritten after the consumer asks for the next bucket."""
-    buffer = torch.empty(bucket_bytes, dtype=torch.uint8, device=device)
-    entries: list[tuple] = []
-    used = 0
-    for name, tensor in named_tensors:
-        tensor = tensor.detach().to(device=device, dtype=wire or tensor.dtype)
-        raw = tensor.contiguous().reshape(-1).view(torch.uint8)  # [numel · itemsize]
-        if entries and used + raw.numel() > bucket_bytes:
-            yield entries, buffer[:used]
-            entries, used = [], 0
-        if raw.numel() > bucket_bytes:  # a tensor larger than a bucket travels alone
-            yield [(name, tensor.dtype, tuple(tensor.shape), 0)], raw
-            continue
-        buffer[used : used + raw.numel()].copy_(raw)
-        entries.append((name, tensor.dtype, tuple(tensor.shape), used))
-        used = _aligned(used + raw.numel())
-    if entries:
-        yield entries, buffer[:used]
+class _Packer:
+    """Packs tensors into two alternating flat byte buffers: ``buckets`` yields (entries, filled
+    bytes) per bucket; the caller posts its broadcast and hands the work to ``sent``. A buffer is
+    written again only after its previous broadcast (stream order, see the module docstring)."""
+
+    def __init__(self, bucket_bytes: int, device: torch.device, wire: Optional[torch.dtype]) -> None:
+        self.bucket_bytes, self.device, self.wire = bucket_bytes, device, wire
+        self.buffers = [torch.empty(bucket_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
+        self.works: list = [None, None]  # the broadcast that last read each buffer
+        self.current = 0  # the buffer being filled
+        self.lent = None  # the buffer whose bytes were yielded and not yet sent
+
+    def sent(self, work) -> bool:
+        """Record the broadcast of the last bucket; False if it was sent from a tensor, not a buffer."""
+        if self.lent is None:
+            return False
+        self.works[self.lent] = work
+        self.lent = None
+        return True
+
+    def buckets(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[list[tuple], torch.Tensor]]:
+        entries: list[tuple] = []
+        used = 0
+        for name, tensor in named_tensors:
+            tensor = tensor.detach().to(device=self.device, dtype=self.wire or tensor.dtype)
+            raw = tensor.contiguous().reshape(-1).view(torch.uint8)  # [numel · itemsize]
+            if entries and used + raw.numel() > self.bucket_bytes:
+                yield self._lend(entries, used)
+                entries, used = [], 0
+            if raw.numel() > self.bucket_bytes:  # a tensor larger than a bucket travels alone, from itself
+                yield [(name, tensor.dtype, tuple(tensor.shape), 0)], raw
+                continue
+            if not entries:
+                self._reusable(self.current)
+            self.buffers[self.current][used : used + raw.numel()].copy_(raw)
+            entries.append((name, tensor.dtype, tuple(tensor.shape), used))
+            used = _aligned(used + raw.numel())
+        if entries:
+            yield self._lend(entries, used)
+
+    def _lend(self, entries: list[tuple], used: int) -> tuple[list[tuple], torch.Tensor]:
+        self.lent = self.current
+        self.current = 1 - self.current
+        return entries, self.buffers[self.lent][:used]
+
+    def _reusable(self, k: int) -> None:
+        """The current stream waits for the broadcast that last read buffer ``k``."""
+        if self.works[k] is not None:
+            self.works[k].wait()
+            self.works[k] = None
 
 
 def _unpack(payload: torch.Tensor, entries: list[tuple]) -> Iterator[tuple[str, torch.Tensor]]:
