@@ -250,8 +250,10 @@ class Driver:
                                f"(buffer {len(self.buffer)} groups, capacity {self.staleness.capacity()})")
         ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=timeout)
         now = time.perf_counter()
+        # an ack waits behind the worker's queued requests, then for the transfer itself
+        ack_timeout = timeout * self.cfg.rollout.requests_per_worker + self.cfg.weights.timeout_s
         late = [f"{j.what} for {now - j.since:.0f} s" for j in self.pending.values()
-                if now - j.since > (self.cfg.weights.timeout_s if j.kind == "ack" else timeout)]
+                if now - j.since > (ack_timeout if j.kind == "ack" else timeout)]
         if not ready or late:
             waiting = late or [f"{j.what} for {now - j.since:.0f} s" for j in self.pending.values()]
             raise ActorFailure("no answer within the timeout from: " + "; ".join(waiting))
