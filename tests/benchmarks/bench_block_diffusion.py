@@ -6,12 +6,25 @@ exact cache), ``stop_at_eos=False`` so every row decodes all 256 positions:
 
 speed       steps = 256 (one token per step: 4 steps per block) and 128 (two per step); tokens/s
             = B * 256 / wall seconds; achieved FLOP/s from the tokens each forward feeds.
+profile     torch.profiler over 8 forwards (2 blocks: their entering steps and in-block steps, with
+            the decode steps between them) of a one-token-per-step generation: wall vs device-busy
+            ms per forward, kernels launched, the top-20 kernels and the top host ops. Wall far
+            above device-busy time means the forward is bound by the host (Python and launches of
+            ~3,000 aten ops per forward at this depth), not by the GPU.
 exactness   the cached path against the reference path without cache (whole canvas, block-causal
-            mask, every step) on a few rows: fraction of equal tokens (1.0 in fp32 on CPU; bf16
-            kernels of different shapes may round differently on the GPU, so it is reported).
+            mask, every step), temperature 0: (a) in fp32 on a model of the same widths and
+            vocabulary but 4 layers (fp32 kernels round alike whatever the shape: must be 100%
+            identical), (b) on the bf16 8B model (random weights give nearly flat logits, so the
+            bf16 rounding of different kernel shapes flips argmaxes: reported, not a defect).
+cuda_graph  an experiment (graphed_steps.py): the in-block step with static shapes (all T slots
+            behind a block-causal mask) replayed as one CUDA graph per generation; tokens/s at one
+            token per step with transformers' sdpa (repeat_kv + masked kernel) and with the GQA
+            fold; exactness in fp32 (the 4-layer model: graphed vs reference tokens, must be 100%).
+            On a CPU the static path runs uncaptured (checks the code path, not the speed).
 gqa_fold    the same one-token-per-step generation with grouped-query attention folded into the
             query length instead of transformers' repeat_kv copy of the KV cache (gqa_fold.py, an
-            experiment): tokens/s, speed-up over the stock path, token agreement with it.
+            experiment; not in --quick: the first run measured 0.95x): tokens/s, speed-up over
+            the stock path, token agreement with it.
 
     python tests/benchmarks/bench_block_diffusion.py --peak-from matmul.json --out bd.json
     python tests/benchmarks/bench_block_diffusion.py --tiny --out bd.json
@@ -19,6 +32,7 @@ gqa_fold    the same one-token-per-step generation with grouped-query attention 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import benchlib as bl
 import torch
@@ -26,7 +40,8 @@ import torch
 from common.config.sampler import SamplerConfig
 from rollout.sampling import generate
 
-PARTS = ("speed", "exactness", "gqa_fold")
+PARTS = ("speed", "profile", "exactness", "cuda_graph", "gqa_fold")
+QUICK_PARTS = ("speed", "profile", "exactness", "cuda_graph")
 
 
 def parse() -> argparse.Namespace:
@@ -40,7 +55,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=0.9)
     ap.add_argument("--exact-batch", type=int, default=4)
     ap.add_argument("--exact-gen", type=int, default=None, help="gen_length of the exactness runs (default 64; 16 tiny)")
-    ap.add_argument("--parts", default=",".join(PARTS))
+    ap.add_argument("--exact-layers", type=int, default=4, help="layers of the fp32 exactness model")
+    ap.add_argument("--quick", action="store_true", help=f"parts {QUICK_PARTS} only (the GPU re-measure)")
+    ap.add_argument("--parts", default=None, help=f"comma list of {PARTS} (default all; --quick: {QUICK_PARTS})")
     ap.add_argument("--peak-from", default=None)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -50,6 +67,7 @@ def parse() -> argparse.Namespace:
     a.gen = a.gen or (32 if a.tiny else 256)
     a.exact_gen = a.exact_gen or (16 if a.tiny else 64)
     a.steps = [int(s) for s in a.steps.split(",")] if a.steps else [a.gen, a.gen // 2]
+    a.parts = a.parts or ",".join(QUICK_PARTS if a.quick else PARTS)
     return a
 
 
@@ -92,17 +110,29 @@ def main() -> None:
                                "ms_per_forward": 1e3 * secs / out.num_forwards}
                 res.put("speed", {"batch": a.batch, "block": a.block, "by_steps": rows})
             stock = dict(rows)
+    if "profile" in parts:
+        with res.part("profile", dev):
+            c = cfg(gen_length=4 * a.block, steps=4 * a.block)  # forwards: prefill, then 4 per block
+            res.put("profile", bl.profile_forwards(policy.model, lambda: generate(policy, prompts, seeds, c), dev,
+                                                   skip=a.block, active=2 * a.block))
     if "exactness" in parts:
         with res.part("exactness", dev):
             rows = min(a.exact_batch, a.batch)
             c = cfg(gen_length=a.exact_gen, steps=a.exact_gen, temperature=0.0)
-            ref, ref_s = run(c.model_copy(update={"cache": "none"}), rows)
-            got, got_s = run(c, rows)
-            stock["tokens"] = got.completion_ids
-            same = (got.completion_ids == ref.completion_ids).float()
-            res.put("exactness", {"rows": rows, "gen": a.exact_gen, "token_agreement": float(same.mean()),
-                                  "rows_identical": int(same.all(dim=1).sum()), "none_seconds": ref_s,
-                                  "cached_seconds": got_s, "same_forwards": got.num_forwards == ref.num_forwards})
+            row = {"rows": rows, "gen": a.exact_gen}
+            fp32 = bl.build_policy(a.shape, dev, torch.float32, block_size=a.block, num_hidden_layers=a.exact_layers)
+            row["fp32"] = {"layers": a.exact_layers, **agreement(fp32, prompts[:rows], seeds[:rows], c)}
+            row["fp32"].pop("_tokens")
+            del fp32
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+            own = agreement(policy, prompts[:rows], seeds[:rows], c)
+            stock["tokens"] = own.pop("_tokens")
+            row[str(bl.compute_dtype(dev)).replace("torch.", "")] = own
+            res.put("exactness", row)
+    if "cuda_graph" in parts:
+        with res.part("cuda_graph", dev):
+            res.put("cuda_graph", cuda_graph(a, policy, prompts, seeds, cfg, stock, dev))
     if "gqa_fold" in parts:
         with res.part("gqa_fold", dev):
             from gqa_fold import folded_attention
@@ -114,12 +144,51 @@ def main() -> None:
                        "ms_per_forward": 1e3 * secs / out.num_forwards}
                 if a.gen in stock:
                     row["speedup_vs_stock"] = stock[a.gen]["seconds"] / secs
-                if "tokens" in stock:
+                if stock.get("tokens") is not None:
                     rows = stock["tokens"].shape[0]
                     folded, _ = run(cfg(gen_length=a.exact_gen, steps=a.exact_gen, temperature=0.0), rows)
                     row["token_agreement_with_stock"] = float((folded.completion_ids == stock["tokens"]).float().mean())
             res.put("gqa_fold", row)
     res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
+
+
+def cuda_graph(a, policy, prompts, seeds, cfg, stock: dict, dev: torch.device) -> dict:
+    """The graphed in-block step (graphed_steps.py): speed at one token per step, stock attention
+    and GQA fold, and fp32 exactness on the small model."""
+    from gqa_fold import folded_attention
+    from graphed_steps import generate_graphed
+
+    row: dict = {}
+    rows = min(a.exact_batch, a.batch)
+    c = cfg(gen_length=a.exact_gen, steps=a.exact_gen, temperature=0.0)
+    fp32 = bl.build_policy(a.shape, dev, torch.float32, block_size=a.block, num_hidden_layers=a.exact_layers)
+    (graphed, replays), _ = bl.timed(lambda: generate_graphed(fp32, prompts[:rows], seeds[:rows], c), dev)
+    ref = generate(fp32, prompts[:rows], seeds[:rows], c.model_copy(update={"cache": "none"}))
+    row["fp32_exactness"] = {"layers": a.exact_layers, "replays": replays,
+                             "token_agreement": float((graphed.completion_ids == ref.completion_ids).float().mean())}
+    del fp32, graphed, ref
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    for name, ctx in (("sdpa", contextlib.nullcontext), ("sdpa_gqa_fold", lambda: folded_attention(policy))):
+        with ctx():
+            generate_graphed(policy, prompts, seeds, cfg(gen_length=4 * a.block, steps=4 * a.block))  # warm-up
+            (out, replays), secs = bl.timed(lambda: generate_graphed(policy, prompts, seeds, cfg(steps=a.gen)), dev)
+        r = {"steps": a.gen, "replays": replays, "seconds": secs, "tokens_per_s": a.batch * a.gen / secs,
+             "ms_per_forward": 1e3 * secs / out.num_forwards}
+        if a.gen in stock:
+            r["speedup_vs_eager"] = stock[a.gen]["seconds"] / secs
+        row[name] = r
+    return row
+
+
+def agreement(policy, prompts, seeds, c: SamplerConfig) -> dict:
+    """Cached (exact cache) vs reference tokens of one model, temperature 0."""
+    ref, ref_s = bl.timed(lambda: generate(policy, prompts, seeds, c.model_copy(update={"cache": "none"})), policy.device)
+    got, got_s = bl.timed(lambda: generate(policy, prompts, seeds, c), policy.device)
+    same = (got.completion_ids == ref.completion_ids).float()
+    return {"token_agreement": float(same.mean()), "rows_identical": int(same.all(dim=1).sum()),
+            "none_seconds": ref_s, "cached_seconds": got_s, "same_forwards": got.num_forwards == ref.num_forwards,
+            "_tokens": got.completion_ids}
 
 
 def generation_flops(sc: bl.ShapeCount, a: argparse.Namespace, steps: int, forwards: int) -> float:

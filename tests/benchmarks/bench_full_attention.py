@@ -10,8 +10,8 @@ naive       The exact sampler (cache none). Every step is the same forward over 
             Linear layers over B*384 tokens, the LM head over the block's B*32 positions,
             attention 384 x 384; achieved rate / the card's measured matmul rate (target >= 60%).
             Profile: the model forward alone (CUDA events) and the decode step alone.
-cached      Dual cache (Fast-dLLM, refreshed once per block), fixed steps S1 = 128 and S2 = 256,
-            whole generations measured. Cache speed-up at equal steps = naive(S) / cached(S).
+cached      Dual cache (Fast-dLLM, refreshed once per block), fixed steps S1 = 128 and S2 = 256
+            (--quick: 64 and 128), whole generations measured. Cache speed-up at equal steps = naive(S) / cached(S).
             From the two runs: t_cached = (T(S2) - T(S1)) / (S2 - S1) per cached step and
             t_refresh per block, so a run at k tokens per forward costs
             8 t_refresh + (256/k - 8) t_cached (the cost model, reported for k = 1..8).
@@ -19,10 +19,20 @@ parallel    Confidence-threshold decoding (0.9) with the dual cache. A random mo
             probability is ~1/V, so the threshold would commit one token per step; the LM head is
             scaled by alpha so that the median top-1 confidence of block 0's first step equals the
             threshold (a model that is sure of about half its positions). The tokens per forward
-            this gives are measured, not chosen; the run checks the cost model at that k.
-agreement   Cached vs uncached tokens on fixed prompts, temperature 0, unscaled model: fraction of
-            equal completion tokens (dual, prefix vs none at equal steps; and dual vs none with
-            the threshold on the scaled model).
+            this gives are measured, not chosen; the run checks the cost model at that k. Rows are
+            block-synchronous under the cache (rollout/sampling/state.py), so the cache is
+            refreshed once per block: the refreshes are counted (= the number of blocks).
+profile     torch.profiler over 6 in-block dual-cache steps (forward + decode step): wall vs
+            device-busy ms per step, kernels launched, top-20 kernels, top host ops.
+agreement   Temperature 0, fixed prompts, gen/2 steps (--quick: gen/4), the LM head scaled as in
+            parallel. (a) Same-state agreement, the cache's own error: at every cached step the
+            exact full forward is also run on the *same* canvas,
+            and the block's masked positions are compared (argmax agreement, mean total-variation
+            distance of the two distributions). (b) Trajectory agreement: fraction of equal final
+            tokens, cached vs uncached generation; one early difference changes everything after
+            it, and on random weights (nearly flat logits) bf16 rounding alone flips argmaxes, so
+            (b) measures divergence, not quality ((a) is the number to read). Dual and prefix
+            (--quick: dual); and (b) with the threshold on the scaled model.
 
     python tests/benchmarks/bench_full_attention.py --peak-from matmul.json --out fa.json
     python tests/benchmarks/bench_full_attention.py --tiny --out fa.json
@@ -30,6 +40,7 @@ agreement   Cached vs uncached tokens on fixed prompts, temperature 0, unscaled 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import benchlib as bl
 import torch
@@ -37,11 +48,13 @@ import torch
 from common.attention import full_mask
 from common.config.sampler import SamplerConfig
 from rollout.sampling import generate
+from rollout.sampling.base import forward_block_logits, run_denoising
 from rollout.sampling.canvas import build_canvas
+from rollout.sampling.full_attention import FullAttentionLogits
 from rollout.sampling.decode import choose_tokens, commit_mask
 from common.seeding import generator
 
-PARTS = ("naive", "cached", "parallel", "agreement")
+PARTS = ("naive", "cached", "parallel", "profile", "agreement")
 
 
 def parse() -> argparse.Namespace:
@@ -55,6 +68,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--agree-batch", type=int, default=None, help="rows of the agreement runs (default 4; 2 tiny)")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {PARTS}")
+    ap.add_argument("--quick", action="store_true", help="fewer and shorter runs (the GPU re-measure)")
     ap.add_argument("--peak-from", default=None, help="bench_matmul JSON of this card (the denominator)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -146,7 +160,8 @@ class Bench:
     # ---- 3: cached at equal steps, and the cost model --------------------------------------
     def cached(self) -> None:
         a = self.a
-        steps = sorted({min(a.gen, max(self.nblocks, a.gen // 2)), a.gen})  # 128 and 256
+        top = a.gen // 2 if a.quick else a.gen
+        steps = sorted({min(a.gen, max(self.nblocks, top // 2)), top})  # 128 and 256 (--quick: 64 and 128)
         self.run(self.cfg(cache="dual", steps=2 * self.nblocks))  # warm-up of the cached shapes
         rows = {}
         for s in steps:
@@ -180,17 +195,33 @@ class Bench:
         return self.nblocks * self.t_refresh + (forwards - self.nblocks) * self.t_cached
 
     # ---- 3: threshold decoding on a model with meaningful confidence -----------------------
-    def parallel(self) -> None:
-        a = self.a
+    @contextlib.contextmanager
+    def scaled_head(self):
+        """The LM head scaled by the calibrated alpha inside the block (restored after); yields
+        (alpha, top-1 quantiles)."""
         head = self.policy.model.get_output_embeddings().weight
         original = head.detach().clone()
         try:
-            alpha, quantiles = self.calibrate(a.threshold, head)
+            yield self.calibrate(self.a.threshold, head)
+        finally:
+            with torch.no_grad():
+                head.copy_(original)
+
+    def parallel(self) -> None:
+        a = self.a
+        with self.scaled_head() as (alpha, quantiles):
             cfg = self.cfg(cache="dual", steps=None, threshold=a.threshold)
             self.run(cfg, rows=min(a.batch, 4))  # warm-up of the threshold path
-            out, secs = self.run(cfg)
+            lengths: list[int] = []
+            hook = self.policy.model.register_forward_pre_hook(
+                lambda m, args, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+            try:
+                out, secs = self.run(cfg)
+            finally:
+                hook.remove()
             k = a.batch * a.gen / (out.num_forwards * a.batch)  # forwards are batch-wide
             row = {"alpha": alpha, "block0_top1_conf_quantiles_10_50_90": quantiles, "forwards": out.num_forwards,
+                   "refreshes": sum(n == a.prompt + a.gen for n in lengths), "blocks": self.nblocks,
                    "tokens_per_forward_per_row": k, "seconds": secs, "tokens_per_s": a.batch * a.gen / secs}
             if self.t_naive:
                 row["speedup_vs_naive_steps_gen"] = a.gen * self.t_naive / secs
@@ -202,9 +233,6 @@ class Bench:
                 with self.res.part("agreement_threshold", self.dev):
                     cfg0 = self.cfg(steps=None, threshold=a.threshold, temperature=0.0)
                     self.res.put("agreement_threshold", self.agree(cfg0, ("dual",)))
-        finally:
-            with torch.no_grad():
-                head.copy_(original)
 
     def calibrate(self, threshold: float, head: torch.Tensor) -> tuple[float, list[float]]:
         """Scale the LM head by alpha so that the median top-1 probability over block 0's positions
@@ -229,22 +257,83 @@ class Bench:
             head.mul_(alpha)
         return alpha, q
 
+    # ---- profile of the cached step -------------------------------------------------------
+    def profile(self) -> None:
+        a = self.a
+        cfg = self.cfg(cache="dual", steps=a.gen // 2)  # gen/2 steps: 16 steps per block of 32
+        run = lambda: generate(self.policy, self.prompts, self.seeds, cfg)  # noqa: E731
+        self.res.put("profile", {"what": "in-block dual-cache steps (forward + decode step)",
+                                 **bl.profile_forwards(self.policy.model, run, self.dev, skip=2, active=6)})
+
     # ---- 3: agreement -----------------------------------------------------------------------
     def agreement(self) -> None:
-        cfg = self.cfg(steps=self.a.gen // 2, temperature=0.0)
-        self.res.put("agreement", self.agree(cfg, ("dual", "prefix")))
+        """On the scaled (confident) model of the threshold run: a flat random model's argmax is
+        decided by differences far below any cache's error."""
+        cfg = self.cfg(steps=self.a.gen // (4 if self.a.quick else 2), temperature=0.0)
+        with self.scaled_head() as (alpha, _):
+            row = self.agree(cfg, ("dual",) if self.a.quick else ("dual", "prefix"), same_state=True)
+        self.res.put("agreement", {"lm_head_alpha": alpha, **row})
 
-    def agree(self, cfg: SamplerConfig, modes: tuple[str, ...]) -> dict:
+    def agree(self, cfg: SamplerConfig, modes: tuple[str, ...], same_state: bool = False) -> dict:
         rows = self.a.agree_batch
         ref, ref_s = self.run(cfg.model_copy(update={"cache": "none"}), rows=rows)
         out = {"rows": rows, "steps": cfg.steps, "threshold": cfg.threshold, "none_forwards": ref.num_forwards,
                "none_seconds": ref_s}
         for mode in modes:
-            got, secs = self.run(cfg.model_copy(update={"cache": mode}), rows=rows)
+            c = cfg.model_copy(update={"cache": mode})
+            if same_state:
+                (got, state_stats), secs = bl.timed(lambda: probe_same_state(self.policy, self.prompts[:rows],
+                                                                              self.seeds[:rows], c), self.dev)
+            else:
+                (got, secs), state_stats = self.run(c, rows=rows), {}
             same = (got.completion_ids == ref.completion_ids).float()
             out[mode] = {"token_agreement": float(same.mean()), "rows_identical": int(same.all(dim=1).sum()),
-                         "forwards": got.num_forwards, "seconds": secs}
+                         "forwards": got.num_forwards, "seconds": secs, **state_stats}
         return out
+
+
+class SameStateProbe(FullAttentionLogits):
+    """The cached ``block_logits`` that also runs the exact full forward on the same canvas at
+    every cached step and accumulates how far the two block distributions are, over the
+    positions still masked: argmax agreement and total-variation distance."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.positions, self.same_argmax, self.tv = 0, None, None
+
+    def __call__(self, state, view):
+        got = super().__call__(state, view)  # [B, Lb, V]
+        if view.refresh:  # a refresh is the exact forward itself
+            return got
+        c = self.canvas
+        exact = forward_block_logits(self.policy, c.ids, attention_mask=self.mask, position_ids=c.position_ids,
+                                     logits_from=c.prompt_width + view.lo, offsets=self._offsets(state, view),
+                                     block_length=self.block_length)
+        masked = (c.ids.gather(1, state.block_positions()) == self.policy.mask_token_id) & ~state.done[:, None]
+        p, q = torch.softmax(got.float(), -1), torch.softmax(exact.float(), -1)  # [B, Lb, V]
+        same = (got.argmax(-1) == exact.argmax(-1)) & masked
+        tv = 0.5 * (p - q).abs().sum(-1) * masked
+        self.same_argmax = same.sum() if self.same_argmax is None else self.same_argmax + same.sum()
+        self.tv = tv.sum() if self.tv is None else self.tv + tv.sum()
+        self.positions += masked.sum()
+        return got
+
+
+def probe_same_state(policy, prompts, seeds, cfg: SamplerConfig):
+    """(GenerationOutput, same-state statistics) of one cached generation (see SameStateProbe)."""
+    block_length, _, steps_per_block = cfg.layout(policy.block_size)
+    mode = cfg.resolved_cache(block_diffusion=False)
+    with torch.inference_mode():
+        canvas = build_canvas(prompts, cfg.gen_length, mask_token_id=policy.mask_token_id,
+                              pad_token_id=policy.pad_token_id, device=policy.device)
+        probe = SameStateProbe(policy, canvas, block_length, mode)
+        out = run_denoising(canvas, seeds, cfg, block_length=block_length, steps_per_block=steps_per_block,
+                            mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id, block_logits=probe,
+                            block_sync=True)
+    n = max(int(probe.positions), 1)
+    return out, {"same_state_positions": int(probe.positions),
+                 "same_state_argmax_agreement": float(probe.same_argmax) / n if probe.same_argmax is not None else None,
+                 "same_state_mean_tv_distance": float(probe.tv) / n if probe.tv is not None else None}
 
 
 def main() -> None:

@@ -3,8 +3,10 @@ family: bidirectional Qwen2 with an untied head, 1.78B parameters), DeepSpeed Ze
 bf16, sdpa, activation checkpointing on and off, on 1 or more GPUs (one process per GPU, the
 project's ``LearnerEngine`` over ``learner.group.init_learner_group``).
 
-One step = ``groups_per_step`` micro-batches per rank, each one group of G samples
-[prompt 128 | completion 256]; the loss re-estimates log-likelihoods with ``elbo_mc`` (2 Monte-Carlo
+One step = ``groups_per_step`` groups of G samples per rank [prompt 128 | completion 256], in
+micro-batches of ``--micro-batch-groups`` k groups (k = 1: 4 micro-batches of G; k = 2: 2 of 2G;
+a comma list runs each k on the same engine, parts suffixed ``_mb<k>``; bigger micro-batches
+feed bigger matrix products and pay the per-micro-batch costs (Python, ZeRO hooks) less often); the loss re-estimates log-likelihoods with ``elbo_mc`` (2 Monte-Carlo
 masks, both in one forward of 2G rows, per-masked-token mean as released) and applies ``stabledrl``
 (C = 5) against behaviour estimates given with the batch; backward; clip; AdamW.
 
@@ -14,6 +16,13 @@ checkpointing the hardware also recomputes the forward (4F: reported as HFU, not
 MFU = model FLOPs / step seconds / (ranks x peak), against the card's measured matmul rate and
 against the nominal 989 TFLOP/s (H100 SXM / H200 bf16 dense). ZeRO-3 runs also time gathering the
 full weights from the shards (``named_parameters_for_push``: the learner side of a weight push).
+
+Stage ``3t`` is ZeRO-3 with settings tuned for a model that fits (an experiment: the project's
+defaults are in learner/zero.py): overlap_comm, stage3_prefetch_bucket_size 2e8 elements (about
+4 layers ahead instead of less than one), stage3_param_persistence_threshold 1e6 (the small
+projections stay gathered), stage3_max_live_parameters / max_reuse_distance 1e9.
+The optimizer is the project's (torch AdamW under DeepSpeed ZeRO): it steps on DeepSpeed's flat
+fp32 partitions (one tensor per parameter group), so fused / foreach kernels change nothing there.
 
     python tests/benchmarks/bench_learner.py --world 1 --peak-from matmul.json --out learner1.json
     python tests/benchmarks/bench_learner.py --world 2 --peak-from matmul.json --out learner2.json
@@ -36,7 +45,8 @@ def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--world", type=int, default=1, help="learner ranks (one GPU each)")
-    ap.add_argument("--stages", default="2,3")
+    ap.add_argument("--stages", default="2,3", help="comma list of 2, 3, 3t (ZeRO-3 tuned, see above)")
+    ap.add_argument("--micro-batch-groups", default="1", help="comma list of groups per micro-batch")
     ap.add_argument("--checkpointing", default="on,off", help="activation checkpointing settings, in order")
     ap.add_argument("--group-size", type=int, default=8, help="G: samples per group = per micro-batch")
     ap.add_argument("--groups-per-step", type=int, default=4, help="micro-batches per rank per step")
@@ -111,6 +121,38 @@ def micro_batches(a: argparse.Namespace, rank: int, vocab: int) -> list[dict]:
     return out
 
 
+def merge(mbs: list[dict], k: int) -> list[dict]:
+    """Micro-batches of ``k`` groups each (rows concatenated; the step's global counts unchanged)."""
+    from common.types import SequenceBatch
+
+    out = []
+    for i in range(0, len(mbs), k):
+        part = mbs[i : i + k]
+        batch = SequenceBatch(input_ids=torch.cat([m["batch"].input_ids for m in part]),
+                              prompt_mask=torch.cat([m["batch"].prompt_mask for m in part]),
+                              completion_mask=torch.cat([m["batch"].completion_mask for m in part]))
+        merged = {key: torch.cat([m[key] for m in part]) for key in ("seeds", "behaviour_logp", "advantages", "group_index")}
+        out.append({"batch": batch, **merged, "counts": part[0]["counts"]})
+    return out
+
+
+def tuned_zero3(cfg):
+    """(LearnerConfig, deepspeed_config wrapper) of stage ``3t`` (see the module docstring)."""
+    import learner.engine
+
+    cfg = cfg.model_copy(update={"deepspeed": cfg.deepspeed.model_copy(update={
+        "prefetch_bucket_size": 200_000_000, "param_persistence_threshold": 1_000_000})})
+    base = learner.engine.deepspeed_config
+
+    def config(*args, **kwargs) -> dict:
+        out = base(*args, **kwargs)
+        out["zero_optimization"].update(overlap_comm=True, stage3_max_live_parameters=1_000_000_000,
+                                        stage3_max_reuse_distance=1_000_000_000)
+        return out
+
+    return cfg, config
+
+
 def stabledrl_loss_fn(est_cfg, loss_cfg):
     from common.estimators import estimate
     from learner.losses import LossInputs, compute_loss
@@ -159,7 +201,7 @@ def rank_main(a: argparse.Namespace) -> None:
     """One rank of one ZeRO stage (``a.stages`` holds a single stage here)."""
     from learner.group import init_learner_group, local_device
 
-    rank, stage = a.rank, int(a.stages)
+    rank, stage = a.rank, a.stages
     res = bl.Result(f"learner_{a.world}gpu", a.out if rank == 0 else None, vars(a), echo=rank == 0)
     try:
         init_learner_group(a.addr, a.port, rank, a.world, timeout_s=300)
@@ -169,7 +211,7 @@ def rank_main(a: argparse.Namespace) -> None:
         raise
 
 
-def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage: int, dev: torch.device) -> None:
+def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str, dev: torch.device) -> None:
     from common.config.estimator import ElboMCConfig
     from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
     from common.config.loss import StableDrlLossConfig
@@ -179,14 +221,22 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage: int, dev:
     loss_fn = stabledrl_loss_fn(ElboMCConfig(num_draws=2, weighting="mean", masks="independent"), StableDrlLossConfig())
     policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev)), dev)
     sc = bl.count_shape(policy)
+    stage = int(stage_name.rstrip("t"))
     cfg = LearnerConfig(num_ranks=a.world, optimizer=OptimizerConfig(lr=1e-6),
                         deepspeed=DeepSpeedConfig(zero_stage=stage, gradient_checkpointing=False))
+    if stage_name == "3t":
+        import learner.engine
+
+        cfg, learner.engine.deepspeed_config = tuned_zero3(cfg)
     engine, init_s = bl.timed(lambda: LearnerEngine(policy, cfg), dev)
-    mbs = micro_batches(a, rank, policy.vocab_size)
+    groups = micro_batches(a, rank, policy.vocab_size)
     flops = bl.forward_flops(sc, rows=2 * a.group_size, query_len=a.prompt + a.gen, key_len=a.prompt + a.gen,
-                             logit_positions=a.gen)  # F of one micro-batch (2 masks x G rows)
-    for ckpt in a.checkpointing.split(","):
-        name = f"zero{stage}_ckpt_{ckpt}"
+                             logit_positions=a.gen)  # F of one group (2 masks x G rows)
+    sizes = [int(k) for k in a.micro_batch_groups.split(",")]
+    settings = [(ckpt, k) for ckpt in a.checkpointing.split(",") for k in sizes]
+    for ckpt, k in settings:
+        name = f"zero{stage_name}_ckpt_{ckpt}" + (f"_mb{k}" if len(sizes) > 1 else "")
+        mbs = merge(groups, k)
         with res.part(name, dev):
             set_checkpointing(engine.module, ckpt == "on")
             if dev.type == "cuda":
@@ -199,7 +249,8 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage: int, dev:
             hardware_flops = (4 if ckpt == "on" else 3) * flops * a.groups_per_step * a.world
             per_card = model_flops / step_s / a.world / 1e12
             res.put(name, {
-                "world": a.world, "zero_stage": stage, "checkpointing": ckpt, "params": sc.total,
+                "world": a.world, "zero_stage": stage_name, "checkpointing": ckpt, "params": sc.total,
+                "micro_batch_rows": 2 * a.group_size * k, "micro_batches_per_rank": len(mbs),
                 "dtype": str(engine.dtype), "build_s": build_s, "deepspeed_init_s": init_s,
                 "warmup_step_s": warm, "step_s": secs, "step_s_median": step_s,
                 "samples_per_s": a.group_size * a.groups_per_step * a.world / step_s,
@@ -211,6 +262,7 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage: int, dev:
                 "peak_memory_gib": bl.peak_memory_gib(dev),
                 "skipped_steps_total": last.get("train/skipped_total"), "loss": last.get("train/loss"),
                 "grad_norm": last.get("train/grad_norm"),
+                "deepspeed_zero": _zero_settings(engine),
                 "note": "each sequence is fed twice per step (2 masked views); model FLOPs count both",
             })
     if stage == 3:
@@ -221,6 +273,15 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage: int, dev:
             bl.sync(dev)
             res.put("zero3_gather", {"seconds": time.perf_counter() - t0, "params_on_rank0": gathered,
                                      "bucket_mb": cfg.deepspeed.gather_bucket_mb})
+
+
+def _zero_settings(engine) -> dict:
+    """The zero_optimization settings DeepSpeed actually ran with (the record says what was tuned)."""
+    try:
+        zero = engine.engine.config["zero_optimization"]
+        return {k: zero[k] for k in sorted(zero) if not isinstance(zero[k], dict)}
+    except Exception:  # noqa: BLE001 - a DeepSpeed release without the raw config: nothing to add
+        return {}
 
 
 def main() -> None:

@@ -120,13 +120,15 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def build_policy(shape_name: str, dev: torch.device, dtype: torch.dtype, *, seed: int = 0, block_size: Optional[int] = None):
-    """A random-initialised DiffusionPolicy of ``SHAPES[shape_name]``, created on ``dev`` in ``dtype``:
-    parameters are allocated and initialised there (transformers' own init, run on the device), so
-    an 8B model costs seconds on a GPU instead of minutes of CPU init."""
+def build_policy(shape_name: str, dev: torch.device, dtype: torch.dtype, *, seed: int = 0, block_size: Optional[int] = None,
+                 **overrides: int):
+    """A random-initialised DiffusionPolicy of ``SHAPES[shape_name]`` (``overrides`` replace some of
+    its dims, e.g. ``num_hidden_layers``), created on ``dev`` in ``dtype``: parameters are allocated
+    and initialised there (transformers' own init, run on the device), so an 8B model costs
+    seconds on a GPU instead of minutes of CPU init."""
     from common.models.presets import build_tiny_policy
 
-    shape = dict(SHAPES[shape_name])
+    shape = {**SHAPES[shape_name], **overrides}
     family = shape.pop("family")
     with torch.device(dev), default_dtype(dtype):
         policy = build_tiny_policy(
@@ -297,6 +299,78 @@ def launch_ranks(script: str, argv_for: Callable[[int], list[str]], world: int) 
                     p.kill()
             codes = [p.wait() for p in procs]
     return [int(c) for c in codes]
+
+
+# ---- profiles ---------------------------------------------------------------------------------
+def profile_forwards(model: torch.nn.Module, run: Callable[[], Any], dev: torch.device, *, skip: int, active: int,
+                     top: int = 20) -> dict:
+    """torch.profiler over ``active`` consecutive forwards of ``model`` (and whatever runs between
+    them: the sampler's decode steps) inside ``run()``, after its first ``skip`` forwards. Returns
+    per forward: wall ms, device-busy ms (sum of kernel times), kernels launched, host ops; the
+    ``top`` kernels by device time (CPU: the ``top`` ops by self CPU time); and the top host ops.
+    wall >> device busy means the host (Python + launches) is the bottleneck, not the GPU. The run
+    is cut short (an exception from the hook) once the profiled forwards are done."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    prof = profile(activities=acts)
+    state = {"n": 0, "t0": None, "wall": None}
+
+    def hook(*_):
+        state["n"] += 1
+        if state["n"] == skip:
+            sync(dev)
+            prof.start()
+            state["t0"] = time.perf_counter()
+        elif state["n"] == skip + active and state["t0"] is not None:
+            sync(dev)
+            state["wall"] = time.perf_counter() - state["t0"]
+            prof.stop()
+            raise _ProfileDone
+
+    handle = model.register_forward_hook(hook)
+    try:
+        run()
+    except _ProfileDone:
+        pass
+    finally:
+        handle.remove()
+    if state["wall"] is None:
+        raise RuntimeError(f"the run made {state['n']} forwards; the profile needs {skip + active}")
+    return _profile_table(prof.key_averages(), state["wall"], active, dev, top)
+
+
+class _ProfileDone(Exception):
+    """Raised from the profiling hook to end the profiled run early."""
+
+
+def _profile_table(events, wall_s: float, active: int, dev: torch.device, top: int) -> dict:
+    def dev_us(e) -> float:
+        return float(getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0) or 0)
+
+    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA") and dev_us(e) > 0]
+    host_ops = [e for e in events if e.key.startswith("aten::")]
+    launches = sum(e.count for e in events if e.key.startswith(("cudaLaunchKernel", "cuLaunchKernel")))
+    busy_us = sum(dev_us(e) for e in kernels)
+    per = float(active)
+    out: dict[str, Any] = {
+        "forwards_profiled": active,
+        "wall_ms_per_forward": 1e3 * wall_s / per,
+        "device_busy_ms_per_forward": busy_us / 1e3 / per if kernels else None,
+        "device_busy_fraction": busy_us / 1e6 / wall_s if kernels else None,
+        "kernels_per_forward": sum(e.count for e in kernels) / per if kernels else None,
+        "kernel_launch_calls_per_forward": launches / per if launches else None,
+        "host_aten_ops_per_forward": sum(e.count for e in host_ops) / per,
+    }
+    if kernels:
+        ranked = sorted(kernels, key=dev_us, reverse=True)[:top]
+        out["top_kernels"] = [{"name": e.key[:120], "calls_per_forward": e.count / per,
+                               "ms_per_forward": dev_us(e) / 1e3 / per, "pct_of_busy": 100 * dev_us(e) / busy_us}
+                              for e in ranked]
+    ranked_host = sorted(host_ops, key=lambda e: e.self_cpu_time_total, reverse=True)[: (10 if kernels else top)]
+    out["top_host_ops"] = [{"name": e.key[:120], "calls_per_forward": e.count / per,
+                            "self_cpu_ms_per_forward": e.self_cpu_time_total / 1e3 / per} for e in ranked_host]
+    return out
 
 
 def median(xs: list[float]) -> float:

@@ -75,13 +75,22 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
     out.append(("3b dual cache + threshold 0.9 vs naive (1 token/step)", fmt(pa.get("speedup_vs_naive_steps_gen"), ".1f", "x"),
                 ">= 10x", met(pa.get("speedup_vs_naive_steps_gen"), 10),
                 f"{fmt(pa.get('tokens_per_s'), '.0f')} tokens/s at k={fmt(pa.get('tokens_per_forward_per_row'), '.2f')} "
-                f"tokens/forward (LM head x{fmt(pa.get('alpha'), '.3g')}); vs naive at gen/2 steps "
-                f"{fmt(pa.get('speedup_vs_naive_steps_half_gen'), '.1f', 'x')}"))
+                f"tokens/forward (LM head x{fmt(pa.get('alpha'), '.3g')}), {pa.get('forwards', '-')} forwards, "
+                f"{pa.get('refreshes', '-')} refreshes for {pa.get('blocks', '-')} blocks; cost model "
+                f"{fmt(pa.get('cost_model_prediction_s'), '.2f')} s vs {fmt(pa.get('seconds'), '.2f')} s measured; "
+                f"vs naive at gen/2 steps {fmt(pa.get('speedup_vs_naive_steps_half_gen'), '.1f', 'x')}"))
     ag, agt = part(data, "full_attention", "agreement"), part(data, "full_attention", "agreement_threshold")
-    out.append(("3c cached vs uncached token agreement", f"dual {fmt(_pct(get(ag, 'dual', 'token_agreement')), '.1f', '%')}, "
-                f"prefix {fmt(_pct(get(ag, 'prefix', 'token_agreement')), '.1f', '%')}", "report", "",
-                f"temperature 0, {ag.get('rows', '-')} rows, {ag.get('steps', '-')} steps; with threshold: dual "
+    modes = [m for m in ("dual", "prefix") if isinstance(ag.get(m), dict)]
+    out.append(("3c cached vs exact, same state: argmax agreement",
+                ", ".join(f"{m} {fmt(_pct(get(ag, m, 'same_state_argmax_agreement')), '.1f', '%')}" for m in modes) or "-",
+                "report", "", "; ".join(
+                    f"{m}: mean TV {fmt(get(ag, m, 'same_state_mean_tv_distance'), '.3f')} over "
+                    f"{get(ag, m, 'same_state_positions')} masked positions, trajectory token agreement "
+                    f"{fmt(_pct(get(ag, m, 'token_agreement')), '.1f', '%')}" for m in modes)
+                + f"; temperature 0, {ag.get('rows', '-')} rows, {ag.get('steps', '-')} steps, LM head "
+                f"x{fmt(ag.get('lm_head_alpha'), '.3g')}; with threshold, trajectory: dual "
                 f"{fmt(_pct(get(agt, 'dual', 'token_agreement')), '.1f', '%')}"))
+    out.append(_profile_row("3d profile: dual-cache step", part(data, "full_attention", "profile")))
 
     bd = part(data, "block_diffusion", "speed").get("by_steps") or {}
     ex = part(data, "block_diffusion", "exactness")
@@ -91,21 +100,41 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
                 ">= 3000", met(one.get("tokens_per_s"), 3000),
                 "; ".join(f"{fmt(get(v, 'tokens_per_step_per_row'), '.0f')} tok/step: {fmt(get(v, 'tokens_per_s'), '.0f')}/s "
                           f"({fmt(get(v, 'ms_per_forward'), '.1f')} ms/fwd)" for v in bd.values())
-                + f"; cached == uncached tokens: {fmt(_pct(ex.get('token_agreement')), '.1f', '%')}" if best else "-"))
+                + f"; cached == uncached tokens: fp32 {fmt(_pct(get(ex, 'fp32', 'token_agreement')), '.1f', '%')}, "
+                f"{_low(ex)} {fmt(_pct(get(ex, _low(ex), 'token_agreement') or ex.get('token_agreement')), '.1f', '%')}"
+                if best else "-"))
+    fp32 = get(ex, "fp32", "token_agreement")
+    if fp32 is not None:
+        out.append(("4a exact cache == reference path, fp32 (same widths, "
+                    f"{get(ex, 'fp32', 'layers')} layers)", fmt(_pct(fp32), ".1f", "%"), "100%", met(fp32, 1.0),
+                    f"{ex.get('rows', '-')} rows x {ex.get('gen', '-')} tokens, temperature 0; {_low(ex)} full model: "
+                    f"{fmt(_pct(get(ex, _low(ex), 'token_agreement')), '.1f', '%')} (flat random logits: rounding flips)"))
 
     fold = part(data, "block_diffusion", "gqa_fold")
     if fold:
         out.append(("4b experiment: GQA folded into the query (no repeat_kv)", f"{fmt(fold.get('tokens_per_s'), '.0f')} tokens/s",
                     "report", "", f"{fmt(fold.get('speedup_vs_stock'), '.2f', 'x')} the stock path; tokens equal to it: "
                     f"{fmt(_pct(fold.get('token_agreement_with_stock')), '.1f', '%')}"))
+    out.append(_profile_row("4c profile: block-diffusion step", part(data, "block_diffusion", "profile")))
+    graph = part(data, "block_diffusion", "cuda_graph")
+    if graph:
+        runs = {k: v for k, v in graph.items() if isinstance(v, dict) and "tokens_per_s" in v}
+        best_graph = max((v["tokens_per_s"] for v in runs.values()), default=None)
+        out.append(("4d experiment: in-block step as a CUDA graph, tokens/s (1 token/step)", fmt(best_graph, ".0f"),
+                    ">= 3000", met(best_graph, 3000), "; ".join(
+                        f"{k}: {fmt(v.get('tokens_per_s'), '.0f')}/s ({fmt(v.get('ms_per_forward'), '.1f')} ms/fwd, "
+                        f"{fmt(v.get('speedup_vs_eager'), '.2f', 'x')} eager, {v.get('replays')} replays)"
+                        for k, v in runs.items())
+                    + f"; fp32 graphed == reference: {fmt(_pct(get(graph, 'fp32_exactness', 'token_agreement')), '.1f', '%')}"))
 
     for job in ("learner_1gpu", "learner_2gpu"):
         parts = get(data, "jobs", job, "result", "parts") or {}
         for name, v in parts.items():
-            if not name.endswith(("_on", "_off")):
+            if not (name.startswith("zero") and "_ckpt_" in name):
                 continue
             mfu = v.get("mfu_vs_measured_matmul")
-            out.append((f"5 learner {v.get('world')} GPU ZeRO-{v.get('zero_stage')} ckpt {v.get('checkpointing')}: MFU",
+            mb = f", micro-batch {v['micro_batch_rows']} rows" if v.get("micro_batch_rows") else ""
+            out.append((f"5 learner {v.get('world')} GPU ZeRO-{v.get('zero_stage')} ckpt {v.get('checkpointing')}{mb}: MFU",
                         fmt(_pct(mfu), ".1f", "%"), ">= 40%", met(_pct(mfu), 40),
                         f"vs nominal 989: {fmt(_pct(v.get('mfu_vs_nominal_989')), '.1f', '%')}; "
                         f"{fmt(v.get('step_s_median'), '.2f')} s/step, {fmt(v.get('samples_per_s'), '.1f')} samples/s, "
@@ -129,6 +158,24 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
                 f"eta0 {fmt(e0.get('samples_per_s'), '.1f')}/s, eta1 {fmt(e1.get('samples_per_s'), '.1f')}/s; "
                 f"dropped at eta1: {e1.get('dropped_total', '-')}" if e0 or e1 else _status(data, "async")))
     return out
+
+
+def _profile_row(label: str, pr: dict) -> tuple[str, str, str, str, str]:
+    if not pr:
+        return (label, "-", "report", "", "not run")
+    top = (pr.get("top_kernels") or [{}])[0]
+    host = (pr.get("top_host_ops") or [{}])[0]
+    return (label, f"{fmt(pr.get('wall_ms_per_forward'), '.1f')} ms wall / "
+            f"{fmt(pr.get('device_busy_ms_per_forward'), '.1f')} ms GPU busy per forward", "report", "",
+            f"GPU busy {fmt(_pct(pr.get('device_busy_fraction')), '.0f', '%')}; "
+            f"{fmt(pr.get('kernels_per_forward'), '.0f')} kernels and {fmt(pr.get('host_aten_ops_per_forward'), '.0f')} "
+            f"host ops per forward; top kernel {str(top.get('name', '-'))[:60]} "
+            f"{fmt(top.get('pct_of_busy'), '.0f', '%')}; top host op {host.get('name', '-')}")
+
+
+def _low(ex: dict) -> str:
+    """The key of the exactness run in the compute dtype (bfloat16 on GPU, float32 on a CPU)."""
+    return next((k for k in ("bfloat16", "float16", "float32") if k in ex), "bfloat16")
 
 
 def _status(data: dict, job: str) -> str:

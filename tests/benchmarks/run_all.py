@@ -13,6 +13,11 @@ Schedule on a machine with 2+ GPUs (two lanes at once, then the jobs that need b
 
 With one GPU the lanes run one after the other and the 2-GPU jobs are skipped; on a CPU only
 ``--tiny`` runs (toy shapes, gloo), which is how the suite is validated before GPU time is spent.
+
+``--quick`` is the short re-measure (~2.5 min on 2 GPUs, deadline 175 s): the same schedule with
+fewer and shorter runs per job (full_attention/block_diffusion ``--quick``; learner_1gpu: ZeRO-2
+and tuned ZeRO-3, checkpointing off, micro-batches of 1 and 2 groups, 2 timed steps; push: 2
+repetitions). Combine with ``--only`` to run the changed jobs alone.
 A job that fails or times out is recorded as such and the next one starts; a global deadline
 (``--deadline-s``) shortens the last timeouts so the whole run ends inside one device call.
 
@@ -54,13 +59,25 @@ class Job:
     record: dict = field(default_factory=dict)
 
 
-def plan(n_gpus: int, tiny: bool, work: Path) -> tuple[list[list[Job]], list[Job], dict[str, str]]:
+# --quick: (timeout s, extra arguments) of each job that has a short form
+QUICK = {
+    "full_attention": (100, ["--quick"]),
+    "block_diffusion": (90, ["--quick"]),
+    "learner_1gpu": (100, ["--stages", "2,3t", "--checkpointing", "off", "--micro-batch-groups", "1,2", "--steps", "2"]),
+    "push": (50, ["--reps", "2"]),
+}
+
+
+def plan(n_gpus: int, tiny: bool, work: Path, quick: bool = False) -> tuple[list[list[Job]], list[Job], dict[str, str]]:
     """(parallel lanes, jobs after the lanes, skipped job -> reason)."""
     t = ["--tiny"] if tiny else []
     scale = 1.5 if tiny else 1.0  # a shared 2-core CPU is slower than a GPU at toy shapes
     skipped: dict[str, str] = {}
 
     def job(name, script, gpus, timeout, extra=(), peak=None):
+        if quick and name in QUICK:
+            timeout, more = QUICK[name]
+            extra = [*extra, *more]
         return Job(name, script, [*t, *extra, "--out", str(work / f"{name}.json")], gpus, timeout * scale, peak)
 
     if n_gpus >= 2 or (n_gpus == 0 and tiny):
@@ -73,6 +90,10 @@ def plan(n_gpus: int, tiny: bool, work: Path) -> tuple[list[list[Job]], list[Job
                  job("learner_1gpu", "bench_learner.py", g1, 240, ["--world", "1"], peak="matmul_gpu1")]
         after = [job("push", "bench_push.py", both, 150), job("async", "bench_async.py", both, 240),
                  job("learner_2gpu", "bench_learner.py", both, 240, ["--world", "2"], peak="matmul_gpu0")]
+        if quick:  # the learner's shorter form fits after full_attention on GPU 0: both lanes end together
+            learner = lane1.pop()
+            lane0.append(job("learner_1gpu", "bench_learner.py", g0, 240, ["--world", "1"], peak="matmul_gpu0"))
+            del learner
         lanes = [lane0, lane1] if n_gpus else [lane0 + lane1]
         return lanes, after, skipped
     if n_gpus == 1:
@@ -200,17 +221,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="toy shapes (CPU validation)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "latest"))
-    ap.add_argument("--deadline-s", type=float, default=510.0, help="the whole run ends within this")
+    ap.add_argument("--deadline-s", type=float, default=None, help="the whole run ends within this (510; --quick 175)")
     ap.add_argument("--only", default=None, help="comma list of job names to run (others skipped)")
+    ap.add_argument("--quick", action="store_true", help="the short re-measure (see the module docstring)")
     a = ap.parse_args()
+    a.deadline_s = a.deadline_s or (175.0 if a.quick else 510.0)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     import torch  # no CUDA context in this process: device_count reads the driver only
 
     n_gpus = torch.cuda.device_count()
     runner = Runner(out, a.deadline_s, n_gpus, a.tiny)
-    runner.say(f"stabledrl benchmarks: {n_gpus} GPU(s), torch {torch.__version__}, tiny={a.tiny}, out={out}")
-    lanes, after, skipped = plan(n_gpus, a.tiny, runner.work)
+    runner.say(f"stabledrl benchmarks: {n_gpus} GPU(s), torch {torch.__version__}, tiny={a.tiny}, quick={a.quick}, "
+               f"deadline {a.deadline_s:.0f} s, out={out}")
+    lanes, after, skipped = plan(n_gpus, a.tiny, runner.work, a.quick)
     only = set(a.only.split(",")) if a.only else None
     if only:
         for job in [j for lane in lanes for j in lane] + after:

@@ -100,3 +100,20 @@ def test_builder_makes_the_requested_dtype_with_exact_rope():
     norms = [t for n, t in p.named_parameters() if n.endswith("norm.weight")]
     assert norms and all(bool((t == 1).all()) for t in norms)  # transformers' own init ran
     assert torch.get_default_dtype() == torch.float32  # the builder restores the default dtype
+
+
+def test_profile_covers_the_requested_forwards_and_ends_the_run_early():
+    p = bl.build_policy("tiny-sdar", torch.device("cpu"), torch.float32, block_size=4)
+    prompts = bl.random_prompts(2, 8, p.vocab_size, seed=0)
+    c = SamplerConfig(gen_length=32, block_length=None, steps=32, temperature=0.9, cache="prefix", stop_at_eos=False)
+    seen: list[int] = []
+    hook = p.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        prof = bl.profile_forwards(p.model, lambda: generate(p, prompts, torch.arange(2), c), torch.device("cpu"),
+                                   skip=4, active=3)
+    finally:
+        hook.remove()
+    assert len(seen) == 7  # the generation (32 forwards) stopped right after the profiled window
+    assert prof["forwards_profiled"] == 3 and prof["wall_ms_per_forward"] > 0
+    assert prof["host_aten_ops_per_forward"] > 10 and prof["top_host_ops"]
+    assert prof["device_busy_ms_per_forward"] is None  # no device kernels on a CPU

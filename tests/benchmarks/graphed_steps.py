@@ -1,0 +1,101 @@
+"""An experiment for block-diffusion decoding: the in-block step as one replayed CUDA graph.
+
+The first GPU run measured 81 ms per forward at SDAR-8B shape, batch 128, block 4, where the
+matrix products need ~10-20 ms, and the same 80 ms per forward with 4 rows instead of 128: the
+forward is bound by the host. A Qwen3 forward of 36 layers issues ~3,000 aten ops (RMSNorm alone
+is 8 kernels, 145 times), each paying Python, dispatch and a kernel launch. A CUDA graph replays
+the whole forward's kernels with one launch.
+
+A graph needs static shapes and static buffers, so the in-block step of a lockstep batch is
+rewritten with shapes that do not change during a generation:
+
+    input ids, positions, cache slots   [B, bs]       copied into static tensors every step
+    keys                                all T slots   (the SlotKVCache buffers themselves)
+    attention mask                      [B, 1, bs, T] block-causal (hides the slots of later
+                                                      blocks), copied in once per block
+
+The first in-block step of a generation runs once eagerly on a side stream (warm-up), is captured,
+and every later in-block step is a replay; the prefill and each block's entering step stay eager.
+Per generation: one capture (the cache buffers belong to the generation). The decode step (token
+choice with per-row generators) stays eager. On a CPU the same static path runs without capture,
+which is how test_graphed_steps.py checks it against the reference path (identical tokens).
+Not in the project's sampler: bench_block_diffusion measures it (part ``cuda_graph``) to decide.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from common.config.sampler import SamplerConfig
+from rollout.sampling.base import GenerationOutput, HostView, forward_block_logits, run_denoising
+from rollout.sampling.block_diffusion import BlockDiffusionLogits, chunk_block_mask
+from rollout.sampling.canvas import Canvas, build_canvas
+from rollout.sampling.state import DecodeState
+
+
+class GraphedBlockDiffusionLogits(BlockDiffusionLogits):
+    """``BlockDiffusionLogits`` (exact cache) whose in-block lockstep steps use static shapes and,
+    on CUDA with ``capture``, one captured graph."""
+
+    def __init__(self, policy, canvas: Canvas, block_size: int, capture: bool) -> None:
+        super().__init__(policy, canvas, block_size, use_cache=True)
+        b, t, dev = canvas.batch_size, canvas.total_length, canvas.ids.device
+        self.ids = torch.zeros(b, block_size, dtype=torch.long, device=dev)  # [B, bs]
+        self.positions = torch.zeros_like(self.ids)
+        self.slots = torch.zeros_like(self.ids)
+        self.static_mask = torch.zeros(b, 1, block_size, t, dtype=torch.bool, device=dev)  # [B, 1, bs, T]
+        self.mask_free = None  # the static step always carries its mask
+        self.mask_block = -1  # block start the static mask was built for
+        self.capture = capture and dev.type == "cuda"
+        self.graph = None
+        self.logits = None  # the graph's output [B, bs, V]
+        self.replays = 0
+
+    def __call__(self, state: DecodeState, view: HostView) -> torch.Tensor:
+        if view.forward == 0 or view.refresh or view.lo != view.hi:
+            return super().__call__(state, view)
+        c = self.canvas
+        current = state.block_positions()  # [B, bs]
+        self.ids.copy_(c.ids.gather(1, current))
+        self.positions.copy_(c.position_ids.gather(1, current))
+        self.slots.copy_(current)
+        if self.mask_block != view.lo:
+            self.static_mask.copy_(chunk_block_mask(self.blocks, c.valid, current, c.total_length))
+            self.mask_block = view.lo
+        self.cache.set_slots(self.slots, c.total_length)
+        if not self.capture:
+            return self._step()
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        self.replays += 1
+        return self.logits
+
+    def _step(self) -> torch.Tensor:
+        return forward_block_logits(self.policy, self.ids, attention_mask=self.static_mask, position_ids=self.positions,
+                                    logits_from=0, offsets=None, block_length=self.block_size, cache=self.cache)
+
+    def _capture(self) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._step()  # warm-up: lazy initialisation happens outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self.logits = self._step()
+        self.graph = graph
+
+
+def generate_graphed(policy, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig,
+                     capture: bool = True) -> tuple[GenerationOutput, int]:
+    """``generate_block_diffusion`` with the graphed in-block step; returns (output, graph replays)."""
+    block_size, _, steps_per_block = cfg.layout(policy.block_size, block_diffusion=True)
+    with torch.inference_mode():
+        canvas = build_canvas(prompts, cfg.gen_length, mask_token_id=policy.mask_token_id,
+                              pad_token_id=policy.pad_token_id, device=policy.device, min_prompt_width=block_size)
+        logits = GraphedBlockDiffusionLogits(policy, canvas, block_size, capture)
+        out = run_denoising(canvas, seeds, cfg, block_length=block_size, steps_per_block=steps_per_block,
+                            mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id, block_logits=logits)
+    return out, logits.replays
