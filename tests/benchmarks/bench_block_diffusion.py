@@ -51,7 +51,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--prompt", type=int, default=None, help="default 128; 16 with --tiny")
     ap.add_argument("--gen", type=int, default=None, help="default 256; 32 with --tiny")
     ap.add_argument("--block", type=int, default=4, help="the policy's block size (SDAR / TraDo: 4)")
-    ap.add_argument("--steps", default=None, help="comma list of steps per generation (default gen, gen/2)")
+    ap.add_argument("--steps", default=None, help="comma list of steps per generation (default gen, gen/2; --quick: gen)")
     ap.add_argument("--temperature", type=float, default=0.9)
     ap.add_argument("--exact-batch", type=int, default=4)
     ap.add_argument("--exact-gen", type=int, default=None, help="gen_length of the exactness runs (default 64; 16 tiny)")
@@ -66,7 +66,7 @@ def parse() -> argparse.Namespace:
     a.prompt = a.prompt or (16 if a.tiny else 128)
     a.gen = a.gen or (32 if a.tiny else 256)
     a.exact_gen = a.exact_gen or (16 if a.tiny else 64)
-    a.steps = [int(s) for s in a.steps.split(",")] if a.steps else [a.gen, a.gen // 2]
+    a.steps = [int(s) for s in a.steps.split(",")] if a.steps else ([a.gen] if a.quick else [a.gen, a.gen // 2])
     a.parts = a.parts or ",".join(QUICK_PARTS if a.quick else PARTS)
     return a
 

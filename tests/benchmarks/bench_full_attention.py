@@ -32,7 +32,7 @@ agreement   Temperature 0, fixed prompts, gen/2 steps (--quick: gen/4), the LM h
             tokens, cached vs uncached generation; one early difference changes everything after
             it, and on random weights (nearly flat logits) bf16 rounding alone flips argmaxes, so
             (b) measures divergence, not quality ((a) is the number to read). Dual and prefix
-            (--quick: dual); and (b) with the threshold on the scaled model.
+            (--quick: dual); and (b) with the threshold on the scaled model (not in --quick).
 
     python tests/benchmarks/bench_full_attention.py --peak-from matmul.json --out fa.json
     python tests/benchmarks/bench_full_attention.py --tiny --out fa.json
@@ -229,7 +229,7 @@ class Bench:
             if getattr(self, "t_cached", None):
                 row["cost_model_prediction_s"] = self.predict(k)
             self.res.put("parallel", row)
-            if "agreement" in self.parts:
+            if "agreement" in self.parts and not a.quick:
                 with self.res.part("agreement_threshold", self.dev):
                     cfg0 = self.cfg(steps=None, threshold=a.threshold, temperature=0.0)
                     self.res.put("agreement_threshold", self.agree(cfg0, ("dual",)))

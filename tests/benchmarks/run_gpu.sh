@@ -2,7 +2,7 @@
 # The whole issue-4 benchmark suite in one device call (2 GPUs; ~4-5 min of an 8.5 min deadline).
 # On the GPU machine, from the repository root:
 #     source .whl/install.sh && bash tests/benchmarks/run_gpu.sh
-# The short re-measure of the jobs changed since the first run (~2.5 min, deadline 175 s):
+# The short re-measure of the jobs changed since the first run (~2.5 min, deadline 190 s):
 #     source .whl/install.sh && bash tests/benchmarks/run_gpu.sh --quick --only full_attention,block_diffusion,learner_1gpu,push
 # Results: $OUT/results.json, $OUT/table.md, $OUT/run.log (and a dated copy in tests/benchmarks/results/).
 # Extra arguments go to run_all.py, e.g. --only full_attention,block_diffusion or --deadline-s 300
