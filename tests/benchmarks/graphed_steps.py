@@ -83,7 +83,8 @@ class GraphedBlockDiffusionLogits(BlockDiffusionLogits):
             self._step()  # warm-up: lazy initialisation happens outside the capture
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        # captured on the warm-up's stream: its lazily created state (cuBLAS workspace) already exists
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
             self.logits = self._step()
         self.graph = graph
 
