@@ -69,8 +69,10 @@ def validate(model: type[M], data: dict[str, Any], source: str = "config") -> M:
         for err in e.errors():
             loc = ".".join(str(p) for p in err["loc"])
             given = err.get("input")
-            given_s = "" if isinstance(given, dict) else f" (got {given!r})"
-            lines.append(f"  {loc}: {err['msg']}{given_s}")
+            given_s = "" if isinstance(given, (dict, BaseModel)) else f" (got {given!r})"
+            msg = err["msg"].removeprefix("Value error, ")
+            # a whole-model validator has no location; its message starts with the field to change
+            lines.append(f"  {loc}: {msg}{given_s}" if loc else f"  {msg}")
         raise ConfigError(f"invalid {source}:\n" + "\n".join(lines)) from None
 
 
