@@ -22,6 +22,10 @@ parallel    Confidence-threshold decoding (0.9) with the dual cache. A random mo
             this gives are measured, not chosen; the run checks the cost model at that k. Rows are
             block-synchronous under the cache (rollout/sampling/state.py), so the cache is
             refreshed once per block: the refreshes are counted (= the number of blocks).
+cuda_graph  an experiment (graphed_steps.py): the dual-cache step replayed as one CUDA graph per
+            generation (refreshes eager), at the larger fixed step count of ``cached`` and with
+            the threshold on the scaled model: seconds, speed-ups over the eager dual cache and
+            over naive, and whether the tokens equal the eager runs' (they must: same kernels).
 profile     torch.profiler over 6 in-block dual-cache steps (forward + decode step): wall vs
             device-busy ms per step, kernels launched, top-20 kernels, top host ops.
 agreement   Temperature 0, fixed prompts, gen/2 steps (--quick: gen/4), the LM head scaled as in
@@ -54,7 +58,7 @@ from rollout.sampling.full_attention import FullAttentionLogits
 from rollout.sampling.decode import choose_tokens, commit_mask
 from common.seeding import generator
 
-PARTS = ("naive", "cached", "parallel", "profile", "agreement")
+PARTS = ("naive", "cached", "parallel", "cuda_graph", "profile", "agreement")
 
 
 def parse() -> argparse.Namespace:
@@ -96,6 +100,8 @@ class Bench:
                                "measured_matmul_tflops": self.peak})
         self.t_naive = None  # seconds per naive step
         self.cached_s: dict[int, float] = {}  # steps -> seconds per dual-cache generation
+        self.cached_tokens: dict[int, torch.Tensor] = {}  # steps -> its tokens
+        self.parallel_run: dict = {}  # the eager threshold run: seconds, tokens
 
     def cfg(self, **kw) -> SamplerConfig:
         base = dict(gen_length=self.a.gen, block_length=self.a.block, steps=self.nblocks, temperature=self.a.temperature,
@@ -167,6 +173,7 @@ class Bench:
         for s in steps:
             out, secs = self.run(self.cfg(cache="dual", steps=s))
             self.cached_s[s] = secs
+            self.cached_tokens[s] = out.completion_ids
             tps = a.batch * a.gen / secs
             rows[s] = {"forwards": out.num_forwards, "seconds": secs, "tokens_per_s": tps}
             if self.t_naive:
@@ -220,6 +227,7 @@ class Bench:
             finally:
                 hook.remove()
             k = a.batch * a.gen / (out.num_forwards * a.batch)  # forwards are batch-wide
+            self.parallel_run = {"seconds": secs, "tokens": out.completion_ids}
             row = {"alpha": alpha, "block0_top1_conf_quantiles_10_50_90": quantiles, "forwards": out.num_forwards,
                    "refreshes": sum(n == a.prompt + a.gen for n in lengths), "blocks": self.nblocks,
                    "tokens_per_forward_per_row": k, "seconds": secs, "tokens_per_s": a.batch * a.gen / secs}
@@ -257,6 +265,34 @@ class Bench:
             head.mul_(alpha)
         return alpha, q
 
+    # ---- experiment: the dual-cache step as a CUDA graph --------------------------------------
+    def cuda_graph(self) -> None:
+        from graphed_steps import generate_graphed_dual
+
+        a, row = self.a, {}
+
+        def timed_run(cfg):
+            return bl.timed(lambda: generate_graphed_dual(self.policy, self.prompts, self.seeds, cfg), self.dev)
+
+        timed_run(self.cfg(cache="dual", steps=2 * self.nblocks))  # warm-up (capture, replays)
+        steps = max(self.cached_s) if self.cached_s else self.a.gen // 2
+        (out, replays), secs = timed_run(self.cfg(cache="dual", steps=steps))
+        row["fixed"] = {"steps": steps, "replays": replays, "seconds": secs, "tokens_per_s": a.batch * a.gen / secs,
+                        "speedup_vs_eager_dual": self.cached_s[steps] / secs if steps in self.cached_s else None,
+                        "speedup_vs_naive_equal_steps": steps * self.t_naive / secs if self.t_naive else None,
+                        "tokens_equal_eager": _same(out.completion_ids, self.cached_tokens.get(steps))}
+        self.res.put("cuda_graph", row)
+        with self.scaled_head() as (alpha, _):
+            (out, replays), secs = timed_run(self.cfg(cache="dual", steps=None, threshold=a.threshold))
+        eager = self.parallel_run
+        row["threshold"] = {
+            "alpha": alpha, "forwards": out.num_forwards, "replays": replays, "seconds": secs,
+            "tokens_per_forward_per_row": a.gen / out.num_forwards, "tokens_per_s": a.batch * a.gen / secs,
+            "speedup_vs_naive_steps_gen": a.gen * self.t_naive / secs if self.t_naive else None,
+            "speedup_vs_eager_threshold": eager["seconds"] / secs if eager else None,
+            "tokens_equal_eager": _same(out.completion_ids, eager.get("tokens"))}
+        self.res.put("cuda_graph", row)
+
     # ---- profile of the cached step -------------------------------------------------------
     def profile(self) -> None:
         a = self.a
@@ -290,6 +326,10 @@ class Bench:
             out[mode] = {"token_agreement": float(same.mean()), "rows_identical": int(same.all(dim=1).sum()),
                          "forwards": got.num_forwards, "seconds": secs, **state_stats}
         return out
+
+
+def _same(a: torch.Tensor, b) -> bool | None:
+    return None if b is None else bool(torch.equal(a, b))
 
 
 class SameStateProbe(FullAttentionLogits):

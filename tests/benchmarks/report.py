@@ -91,6 +91,16 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
                 f"x{fmt(ag.get('lm_head_alpha'), '.3g')}; with threshold, trajectory: dual "
                 f"{fmt(_pct(get(agt, 'dual', 'token_agreement')), '.1f', '%')}"))
     out.append(_profile_row("3d profile: dual-cache step", part(data, "full_attention", "profile")))
+    fg = part(data, "full_attention", "cuda_graph")
+    if fg:
+        th, fx = fg.get("threshold") or {}, fg.get("fixed") or {}
+        out.append(("3e experiment: dual-cache step as a CUDA graph, + threshold vs naive", 
+                    fmt(th.get("speedup_vs_naive_steps_gen"), ".1f", "x"), ">= 10x", met(th.get("speedup_vs_naive_steps_gen"), 10),
+                    f"threshold: {fmt(th.get('tokens_per_s'), '.0f')} tokens/s, {th.get('forwards', '-')} forwards, "
+                    f"{fmt(th.get('speedup_vs_eager_threshold'), '.2f', 'x')} the eager run, tokens equal: "
+                    f"{th.get('tokens_equal_eager')}; fixed {fx.get('steps', '-')} steps: "
+                    f"{fmt(fx.get('speedup_vs_eager_dual'), '.2f', 'x')} eager dual, "
+                    f"{fmt(fx.get('speedup_vs_naive_equal_steps'), '.1f', 'x')} naive, tokens equal: {fx.get('tokens_equal_eager')}"))
 
     bd = part(data, "block_diffusion", "speed").get("by_steps") or {}
     ex = part(data, "block_diffusion", "exactness")

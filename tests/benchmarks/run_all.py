@@ -61,7 +61,7 @@ class Job:
 
 # --quick: (timeout s, extra arguments) of each job that has a short form
 QUICK = {
-    "full_attention": (100, ["--quick"]),
+    "full_attention": (120, ["--quick"]),
     "block_diffusion": (90, ["--quick"]),
     "learner_1gpu": (100, ["--stages", "2,3t", "--checkpointing", "off", "--micro-batch-groups", "1,2", "--steps", "2"]),
     "push": (45, ["--reps", "2"]),

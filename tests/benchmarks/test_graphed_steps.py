@@ -46,5 +46,20 @@ def test_captured_graph_gives_the_eager_static_tokens_in_fp32():
     seeds = torch.tensor([3, 4, 5])
     eager, _ = generate_graphed(policy, SAME, seeds, c, capture=False)
     graphed, replays = generate_graphed(policy, SAME, seeds, c, capture=True)
-    assert replays == 8 * 3 - 1  # every in-block step but the one captured
+    assert replays == 8 * 3  # every in-block step (the first is captured, then replayed)
     assert torch.equal(graphed.completion_ids, eager.completion_ids)
+
+
+@pytest.mark.parametrize("family", ["tiny-llada", "tiny-qwen2"])
+@pytest.mark.parametrize("kw", [dict(steps=16), dict(steps=32, threshold=0.012), dict(steps=16, temperature=0.0)])
+def test_static_dual_step_gives_the_dual_cache_tokens(family, kw):
+    from graphed_steps import generate_graphed_dual
+
+    policy = bl.build_policy(family, torch.device("cpu"), torch.float32)
+    c = SamplerConfig(**{**dict(gen_length=32, block_length=8, temperature=0.9, stop_at_eos=False, cache="dual"), **kw})
+    seeds = torch.tensor([3, 4, 5])
+    got, _ = generate_graphed_dual(policy, MIXED, seeds, c, capture=False)
+    ref = generate(policy, MIXED, seeds, c)
+    assert torch.equal(got.completion_ids, ref.completion_ids)
+    assert torch.equal(got.decode_step, ref.decode_step)
+    assert got.num_forwards == ref.num_forwards
