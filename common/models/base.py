@@ -7,6 +7,7 @@ caller branches on the family.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
@@ -117,8 +118,9 @@ class DiffusionPolicy(nn.Module):
         noise = torch.randint(0, self.vocab_size, input_ids.shape, generator=generator, device=gen_device)
         return torch.where(masked, noise.to(input_ids.device), input_ids)
 
-    @property
+    @functools.cached_property
     def _cache_kwarg(self) -> str:
-        # transformers >= 5.2x renamed `past_key_values` to `cache`; accept both releases
+        # transformers >= 5.2x renamed `past_key_values` to `cache`; accept both releases (read once:
+        # inspect.signature on every forward is host time the samplers cannot spare)
         params = inspect.signature(self.model.forward).parameters
         return "cache" if "cache" in params else "past_key_values"
