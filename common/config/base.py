@@ -70,10 +70,32 @@ def validate(model: type[M], data: dict[str, Any], source: str = "config") -> M:
             loc = ".".join(str(p) for p in err["loc"])
             given = err.get("input")
             given_s = "" if isinstance(given, (dict, BaseModel)) else f" (got {given!r})"
+            if err["type"] == "extra_forbidden":
+                given_s += f"; valid keys: {', '.join(_keys_at(model, err['loc'][:-1]))}"
             msg = err["msg"].removeprefix("Value error, ")
             # a whole-model validator has no location; its message starts with the field to change
             lines.append(f"  {loc}: {msg}{given_s}" if loc else f"  {msg}")
         raise ConfigError(f"invalid {source}:\n" + "\n".join(lines)) from None
+
+
+def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names of the section at ``loc`` (a union member is named by its tag in ``loc``)."""
+    from typing import get_args
+
+    def models_in(annotation: Any) -> list[type[BaseModel]]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        return [m for a in get_args(annotation) for m in models_in(a)]
+
+    candidates = [model]
+    for part in loc:
+        fields = [f for m in candidates for name, f in m.model_fields.items() if name == part]
+        if fields:
+            candidates = [m for f in fields for m in models_in(f.annotation)]
+        else:  # a discriminated union's tag: keep the member whose name field is that literal
+            candidates = [m for m in candidates if part in get_args(m.model_fields.get("name").annotation)] \
+                if all("name" in m.model_fields for m in candidates) else candidates
+    return sorted({name for m in candidates[:1] for name in m.model_fields})
 
 
 def _deepcopy(d: Any) -> Any:

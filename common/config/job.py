@@ -40,6 +40,11 @@ class AlgorithmConfig(StrictModel):
     max_staleness: int = Field(
         0, ge=0, description="η: a sample generated at version v_b trains at version v_l only if v_l - v_b <= η; 0 = synchronous"
     )
+    in_order: bool = Field(
+        False, description="batch b trains on exactly the prompts b·B .. (b+1)·B - 1 of the stream, waiting for a late "
+        "one, and every admitted request is sent at once: the run is then a function of (config, seed) for any η "
+        "and resumes exactly; False: the oldest finished groups (a straggler never holds the learner up)"
+    )
     micro_batch_size: int = Field(
         64, ge=1, description="samples per learner forward; a group-coupled loss (stabledrl, wd1) keeps whole groups "
         "together, so a micro-batch then holds max(1, micro_batch_size // G) groups"
@@ -61,6 +66,24 @@ class RolloutConfig(StrictModel):
         600.0, gt=0.0, description="longest the coordinator waits for any rollout or learner result before failing "
         "with the list of what it waited for"
     )
+    min_workers: int = Field(
+        1, ge=1, description="fewest workers the job runs with: `stabledrl scale` stops here, and a worker lost with "
+        "its node is replaced (instead of dropped) while fewer remain"
+    )
+    max_workers: Optional[int] = Field(
+        None, ge=1, description="most workers `stabledrl scale` and autoscale may run (None: num_workers)"
+    )
+    autoscale: bool = Field(
+        False, description="between steps, start a worker (up to max_workers) whenever the Ray cluster has free "
+        "resources for one (cluster.rollout), e.g. after a node joined"
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="replacements of one worker whose process died; one more death fails the job, naming it"
+    )
+
+    @property
+    def worker_limit(self) -> int:
+        return self.max_workers if self.max_workers is not None else self.num_workers
 
 
 class ActorResources(StrictModel):
@@ -92,6 +115,11 @@ class ClusterConfig(StrictModel):
 class RunConfig(StrictModel):
     """Length, seeds, outputs of the run."""
 
+    name: Optional[str] = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="the job's name on the Ray cluster, for "
+        "`stabledrl scale --job NAME` (None: the last part of output_dir)"
+    )
+
     steps: int = Field(100, ge=1, description="optimizer batches to train (each runs inner_iterations updates)")
     seed: int = Field(0, description="the run is a function of (config, seed): sampling and mask seeds derive from it")
     output_dir: Path = Field(Path("runs/latest"), description="metrics.jsonl, TensorBoard events, checkpoints")
@@ -102,7 +130,8 @@ class RunConfig(StrictModel):
         "(load it with model.path; `load_policy` reads it back)"
     )
     resume_from: Optional[Path] = Field(
-        None, description="a checkpoint directory written by this job (output_dir/checkpoints); continue from its latest tag"
+        None, description="a checkpoint directory written by this job (output_dir/checkpoints); continue from its "
+        "latest tag (`stabledrl train --resume RUN_DIR` sets it)"
     )
     tensorboard: bool = Field(True, description="also write TensorBoard events")
     wandb_project: Optional[str] = Field(None, description="log to Weights & Biases under this project when set")
@@ -110,6 +139,10 @@ class RunConfig(StrictModel):
     peak_tflops: Optional[float] = Field(
         None, gt=0.0, description="peak dense TFLOP/s of one learner device; when set, perf/mfu is logged"
     )
+
+    @property
+    def job_name(self) -> str:
+        return self.name or Path(self.output_dir).resolve().name
 
 
 class JobConfig(StrictModel):
@@ -145,7 +178,24 @@ class JobConfig(StrictModel):
         backend = self.weights.backend
         if backend == "nccl" and self.cluster.rollout.num_gpus == 0:
             raise ValueError("weights.backend 'nccl' needs GPU rollout workers (cluster.rollout.num_gpus > 0)")
+        self._check_estimator_blocks()
+        self._check_worker_bounds()
         return self
+
+    def _check_estimator_blocks(self) -> None:
+        """SPG's block masking (block_random, spg_sandwich) masks the sampler's generation blocks."""
+        width, block = getattr(self.estimator, "block_length", None), self.sampler.block_length
+        if width is not None and block is not None and width != block:
+            raise ValueError(f"estimator.block_length ({width}) must equal sampler.block_length ({block}): "
+                             f"{self.estimator.name} masks the completion block by block as it was generated")
+
+    def _check_worker_bounds(self) -> None:
+        r = self.rollout
+        if not r.min_workers <= r.num_workers <= r.worker_limit:
+            raise ValueError(f"rollout: need min_workers ({r.min_workers}) <= num_workers ({r.num_workers}) <= "
+                             f"max_workers ({r.worker_limit})")
+        if r.autoscale and r.max_workers is None:
+            raise ValueError("rollout.autoscale needs rollout.max_workers (how far it may grow)")
 
 
 def load_job_config(path: str | Path, overrides: list[str] = ()) -> JobConfig:
@@ -178,3 +228,18 @@ def check_sampler_layout(cfg: JobConfig) -> None:
         cfg.sampler.layout(int(block), block_diffusion=FAMILIES[family].attention == "block")
     except ConfigError as e:
         raise ConfigError(f"sampler: {e}") from None
+
+
+def check_resources(cfg: JobConfig, offered: dict[str, float], where: str = "the Ray cluster") -> None:
+    """Both roles' actors against what the cluster offers in total (``ray.cluster_resources()``),
+    before any actor starts; ConfigError naming the fields that size the job."""
+    roles = (("learner.num_ranks", cfg.learner.num_ranks, "cluster.learner", cfg.cluster.learner),
+             ("rollout.num_workers", cfg.rollout.num_workers, "cluster.rollout", cfg.cluster.rollout))
+    for resource, attribute in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
+        needed = sum(count * getattr(res, attribute) for _, count, _, res in roles)
+        have = float(offered.get(resource, 0.0))
+        if needed > have + 1e-9:
+            terms = " + ".join(f"{count_name} ({count}) × {res_name}.{attribute} ({getattr(res, attribute)})"
+                               for count_name, count, res_name, res in roles)
+            raise ConfigError(f"{terms} = {needed:g} {resource}s, but {where} has {have:g}: lower these or give "
+                              "the cluster more (cluster.local_num_cpus for a local instance)")
