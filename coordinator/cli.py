@@ -2,6 +2,7 @@
 
     stabledrl train --config deploy/configs/quickstart.yaml [key.path=value ...] [--dry-run]
     python -m coordinator train --config ...
+    stabledrl eval | plot | study ...        (coordinator/report_cli.py)
 
 The config is validated (file, overrides and every cross-section rule) before Ray starts; a bad
 one exits with status 2 and the dotted names of the fields to fix. ``--dry-run`` prints the
@@ -21,6 +22,7 @@ import yaml
 
 from common.config.base import ConfigError
 from common.config.job import JobConfig, check_sampler_layout, load_job_config
+from coordinator import report_cli
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "deploy" / "configs" / "quickstart.yaml"
 
@@ -32,7 +34,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     train.add_argument("--config", default=str(QUICKSTART), help=f"YAML job config (default: {QUICKSTART})")
     train.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.max_staleness=1 run.steps=20")
+    report_cli.add_commands(sub)  # eval, plot, study
     args = parser.parse_args(argv)
+    if args.command in report_cli.COMMANDS:
+        return report_cli.run(args)
 
     try:
         cfg = load_job_config(args.config, args.overrides)

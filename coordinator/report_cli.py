@@ -1,0 +1,124 @@
+"""The `eval`, `plot` and `study` subcommands of `stabledrl` (``coordinator/cli.py`` adds them).
+
+    stabledrl eval  --config X (--model DIR | --checkpoint DIR) [--k K] [--num-prompts N] [overrides]
+    stabledrl plot  RUN_DIR [RUN_DIR ...] --out fig.png [--group parent]
+    stabledrl study [--config deploy/configs/study_cpu.yaml] [overrides] | --report STUDY_DIR
+
+Configs are validated before anything heavy starts; a bad one exits 2 naming the field.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from common.config.base import ConfigError
+
+STUDY_CPU = Path(__file__).resolve().parents[1] / "deploy" / "configs" / "study_cpu.yaml"
+COMMANDS = ("eval", "plot", "study")
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    ev = sub.add_parser("eval", help="held-out pass@1 / pass@k of an exported model or a checkpoint")
+    ev.add_argument("--config", required=True, help="the job config the policy was trained with (task, sampler, eval)")
+    source = ev.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="a transformers directory (run.export_final writes output_dir/final_model)")
+    source.add_argument("--checkpoint", help="a DeepSpeed checkpoint: output_dir, output_dir/checkpoints or one tag")
+    ev.add_argument("--k", type=int, default=1, help="also report pass@k (k <= samples per prompt)")
+    ev.add_argument("--num-prompts", type=int, default=None, help="first N held-out prompts (default eval.num_prompts)")
+    ev.add_argument("--samples", type=int, default=None, help="samples per prompt (default max(k, eval.samples_per_prompt))")
+    ev.add_argument("--show", type=int, default=0, help="print the completions of the first N prompts")
+    ev.add_argument("--out", default=None, help="also write the result as JSON here")
+    ev.add_argument("overrides", nargs="*", help="dotted overrides of the config, e.g. sampler.temperature=0")
+
+    pl = sub.add_parser("plot", help="reward, held-out accuracy, ratios, grad norm, clipping, staleness to PNG")
+    pl.add_argument("runs", nargs="+", help="run directories (holding metrics.jsonl) or metrics.jsonl files")
+    pl.add_argument("--out", required=True, help="PNG to write")
+    pl.add_argument("--group", choices=("none", "parent"), default="none",
+                    help="parent: runs in one directory share a colour (a study's METHOD/seedN), mean drawn thick")
+    pl.add_argument("--smooth", type=float, default=0.8, help="EMA weight of the reward panel (0: raw)")
+    pl.add_argument("--title", default=None)
+
+    st = sub.add_parser("study", help="GRPO vs StableDRL vs StableDRL+DiPOD vs DRPO over seeds: table + figure")
+    st.add_argument("--config", default=str(STUDY_CPU), help=f"study config (default: {STUDY_CPU})")
+    st.add_argument("--report", metavar="STUDY_DIR", default=None,
+                    help="only rebuild table.md, results.json, figure.png (and the STUDY.md section) from STUDY_DIR")
+    st.add_argument("--dry-run", action="store_true", help="print the runs and the first run's config, then exit")
+    st.add_argument("overrides", nargs="*", help="dotted overrides, e.g. job.run.steps=10 seeds=[0] output_dir=/tmp/s")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return {"eval": _eval, "plot": _plot, "study": _study}[args.command](args)
+    except ConfigError as e:
+        print(f"stabledrl: {e}", file=sys.stderr)
+        return 2
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from common.config.job import load_job_config
+    from coordinator.offline_eval import eval_command
+
+    cfg = load_job_config(args.config, args.overrides)
+    if args.k < 1 or (args.samples is not None and args.samples < args.k):
+        raise ConfigError(f"--k must be >= 1 and at most --samples (got k={args.k}, samples={args.samples})")
+    eval_command(cfg, model_dir=args.model, checkpoint=args.checkpoint, k=args.k, num_prompts=args.num_prompts,
+                 samples_per_prompt=args.samples, out=args.out, show=args.show)
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from coordinator.plot import load_runs, plot_runs
+
+    runs = load_runs(args.runs, group=args.group)
+    status = plot_runs(runs, args.out, title=args.title, smooth=args.smooth)
+    missing = [title for title, s in status.items() if s != "drawn"]
+    print(f"stabledrl plot: {len(runs)} run(s) -> {args.out}" + (f" (not logged: {', '.join(missing)})" if missing else ""))
+    return 0
+
+
+def _study(args: argparse.Namespace) -> int:
+    from coordinator.study import load_study_config, load_study_dir, run_config, save_study_config, write_report
+
+    if args.report:
+        study = load_study_dir(args.report)
+        written = write_report(study, command=f"stabledrl study --report {args.report}")
+        print(f"stabledrl study: {len(written['runs'])} runs -> {written['table']}, {written['figure']}")
+        return 0
+    study = load_study_config(args.config, args.overrides)
+    if args.dry_run:
+        import yaml
+
+        print("runs: " + ", ".join(f"{m}/seed{s}" for m, s in study.runs))
+        first = run_config(study, *study.runs[0])
+        print(yaml.safe_dump(first.model_dump(mode="json"), sort_keys=False), end="")
+        return 0
+    return _run_study(study, " ".join(["stabledrl study --config", args.config, *map(shlex.quote, args.overrides)]))
+
+
+def _run_study(study, command: str) -> int:
+    from coordinator.study import run_study, save_study_config, write_report
+
+    save_study_config(study)
+    print(f"stabledrl study: {len(study.runs)} runs ({len(study.methods)} methods x {len(study.seeds)} seeds), "
+          f"{study.concurrency} at a time; output in {study.output_dir}", flush=True)
+
+    def report(result) -> None:
+        statuses = {(o.method, o.seed): o.status for o in result.outcomes}
+        write_report(study, statuses=statuses, figure=False)
+
+    result = run_study(study, log=lambda line: print(line, flush=True), on_run_end=report)
+    statuses = {(o.method, o.seed): o.status for o in result.outcomes}
+    timing = {"warm start": result.warmstart_s, "runs": result.wall_s - result.warmstart_s, "total": result.wall_s}
+    t0 = time.monotonic()
+    written = write_report(study, statuses=statuses, timing=timing, command=command)
+    print((study.output_dir / "table.md").read_text())
+    print(f"stabledrl study: {sum(s == 'finished' for s in statuses.values())}/{len(study.runs)} runs finished in "
+          f"{result.wall_s:.0f} s (warm start {result.warmstart_s:.0f} s, report {time.monotonic() - t0:.0f} s); "
+          f"table {written['table']}, figure {written['figure']}")
+    failed = [f"{o.method}/seed{o.seed}: {o.error}" for o in result.outcomes if o.status == "failed"]
+    for line in failed:
+        print(f"  failed: {line}", file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,16 @@
+"""The stability study: GRPO, StableDRL, StableDRL + DiPOD and DRPO on one model, task and set
+of seeds, in the regime ALGORITHMS.md §1 blames (independent masks, few Monte-Carlo draws,
+several inner iterations, stale samples), with a table and a figure of the outcome.
+
+    stabledrl study --config deploy/configs/study_cpu.yaml     (make study)
+    stabledrl study --report runs/study_cpu                    (table + figure from the files)
+
+config.py: the study config; runner.py: warm start, Ray, runs on warm actors (actors.py);
+analysis.py: collapses, spikes, tables; report.py: table.md, results.json, figure.png, STUDY.md.
+"""
+from coordinator.study.config import CollapseRule, StudyConfig, load_study_config, run_config
+from coordinator.study.report import load_study_dir, save_study_config, write_report
+from coordinator.study.runner import StudyResult, run_study
+
+__all__ = ["CollapseRule", "StudyConfig", "StudyResult", "load_study_config", "load_study_dir", "run_config",
+           "run_study", "save_study_config", "write_report"]
