@@ -20,6 +20,9 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/stabledrl train --config $(CONFIG)
 
+study: $(STAMP)
+	$(BIN)/stabledrl study --config deploy/configs/study_cpu.yaml
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not gpu" tests
 

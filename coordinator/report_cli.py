@@ -80,7 +80,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _study(args: argparse.Namespace) -> int:
-    from coordinator.study import load_study_config, load_study_dir, run_config, save_study_config, write_report
+    from coordinator.study import load_study_config, load_study_dir, run_config, write_report
 
     if args.report:
         study = load_study_dir(args.report)
@@ -101,24 +101,19 @@ def _study(args: argparse.Namespace) -> int:
 def _run_study(study, command: str) -> int:
     from coordinator.study import run_study, save_study_config, write_report
 
-    save_study_config(study)
+    study_file = save_study_config(study)
     print(f"stabledrl study: {len(study.runs)} runs ({len(study.methods)} methods x {len(study.seeds)} seeds), "
           f"{study.concurrency} at a time; output in {study.output_dir}", flush=True)
-
-    def report(result) -> None:
-        statuses = {(o.method, o.seed): o.status for o in result.outcomes}
-        write_report(study, statuses=statuses, figure=False)
-
-    result = run_study(study, log=lambda line: print(line, flush=True), on_run_end=report)
-    statuses = {(o.method, o.seed): o.status for o in result.outcomes}
+    result = run_study(study, log=lambda line: print(line, flush=True), study_file=study_file)
     timing = {"warm start": result.warmstart_s, "runs": result.wall_s - result.warmstart_s, "total": result.wall_s}
     t0 = time.monotonic()
-    written = write_report(study, statuses=statuses, timing=timing, command=command)
+    written = write_report(study, statuses=result.statuses, timing=timing, command=command)
     print((study.output_dir / "table.md").read_text())
-    print(f"stabledrl study: {sum(s == 'finished' for s in statuses.values())}/{len(study.runs)} runs finished in "
-          f"{result.wall_s:.0f} s (warm start {result.warmstart_s:.0f} s, report {time.monotonic() - t0:.0f} s); "
+    statuses = list(result.statuses.values())
+    print(f"stabledrl study: {statuses.count('finished')}/{len(statuses)} runs finished in {result.wall_s:.0f} s "
+          f"(warm start {result.warmstart_s:.0f} s, report {time.monotonic() - t0:.0f} s); "
           f"table {written['table']}, figure {written['figure']}")
-    failed = [f"{o.method}/seed{o.seed}: {o.error}" for o in result.outcomes if o.status == "failed"]
+    failed = [f"{o.method}/seed{o.seed}: {o.status} {o.error}" for o in result.outcomes if o.status != "finished"]
     for line in failed:
-        print(f"  failed: {line}", file=sys.stderr)
-    return 1 if failed else 0
+        print(f"  {line}", file=sys.stderr)
+    return 1 if any(o.status == "failed" for o in result.outcomes) else 0

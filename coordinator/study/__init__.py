@@ -5,12 +5,12 @@ several inner iterations, stale samples), with a table and a figure of the outco
     stabledrl study --config deploy/configs/study_cpu.yaml     (make study)
     stabledrl study --report runs/study_cpu                    (table + figure from the files)
 
-config.py: the study config; runner.py: warm start, Ray, runs on warm actors (actors.py);
+config.py: the study config; runner.py: warm start, Ray, the runs (in lanes when concurrent);
 analysis.py: collapses, spikes, tables; report.py: table.md, results.json, figure.png, STUDY.md.
 """
 from coordinator.study.config import CollapseRule, StudyConfig, load_study_config, run_config
-from coordinator.study.report import load_study_dir, save_study_config, write_report
+from coordinator.study.report import load_study_dir, load_study_file, save_study_config, write_report
 from coordinator.study.runner import StudyResult, run_study
 
-__all__ = ["CollapseRule", "StudyConfig", "StudyResult", "load_study_config", "load_study_dir", "run_config",
+__all__ = ["CollapseRule", "StudyConfig", "StudyResult", "load_study_config", "load_study_dir", "load_study_file", "run_config",
            "run_study", "save_study_config", "write_report"]

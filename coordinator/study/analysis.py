@@ -48,7 +48,7 @@ def grad_spike(grad_norms: Sequence[float]) -> tuple[float, float]:
     if not finite:
         return math.nan, math.nan
     top, median = max(finite), statistics.median(finite)
-    return top, top / median if median > 0 else math.inf
+    return top, top / median if median > 0 else (math.inf if top > 0 else math.nan)
 
 
 @dataclass
@@ -56,7 +56,7 @@ class RunSummary:
     method: str
     seed: int
     steps: int  # training steps logged
-    finished: bool
+    status: str  # "finished" | "stopped" (deadline) | "failed" | "not started"
     start_accuracy: float
     final_accuracy: float
     best_accuracy: float
@@ -73,9 +73,13 @@ class RunSummary:
     def collapsed(self) -> bool:
         return self.collapse_step is not None
 
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
 
 def summarize_run(method: str, seed: int, records: Sequence[dict[str, float]], rule: CollapseRule, *,
-                  finished: bool = True) -> RunSummary:
+                  status: str = "finished") -> RunSummary:
     curves = RunCurves(f"{method}/seed{seed}", list(records))
     reward_steps, rewards = curves.series((REWARD,))
     eval_steps, accuracy = curves.series((ACCURACY,))
@@ -86,7 +90,7 @@ def summarize_run(method: str, seed: int, records: Sequence[dict[str, float]], r
     ratio_max = curves.series(("train/ratio/max",))[1]
     skipped = curves.series(("train/skipped_total",))[1]
     return RunSummary(
-        method=method, seed=seed, steps=len(rewards), finished=finished,
+        method=method, seed=seed, steps=len(rewards), status=status,
         start_accuracy=accuracy[0] if eval_steps and eval_steps[0] == 0 else math.nan,
         final_accuracy=after_start[-1] if after_start else math.nan,
         best_accuracy=max(after_start) if after_start else math.nan,
@@ -152,7 +156,7 @@ def run_table(runs: Sequence[RunSummary]) -> str:
     """One row per run: the numbers behind the method table."""
     head = ("| run | steps | pass@1 start → final (best) | reward EMA peak → final | collapse at step "
             "| max grad norm (× median) | max ratio | skipped |\n|---|---|---|---|---|---|---|---|\n")
-    rows = [f"| {r.method}/seed{r.seed}{'' if r.finished else ' (unfinished)'} | {r.steps} "
+    rows = [f"| {r.method}/seed{r.seed}{'' if r.finished else f' ({r.status})'} | {r.steps} "
             f"| {_num(100 * r.start_accuracy, 1)} → {_num(100 * r.final_accuracy, 1)} ({_num(100 * r.best_accuracy, 1)}) "
             f"| {_num(r.peak_reward, 3)} → {_num(r.final_reward, 3)} | {r.collapse_step if r.collapsed else '-'} "
             f"| {_num(r.grad_norm_max)} (× {_num(r.grad_spike, 1)}) | {_num(r.ratio_max, 1)} | {int(r.skipped_steps)} |"
@@ -161,4 +165,4 @@ def run_table(runs: Sequence[RunSummary]) -> str:
 
 
 def as_json(runs: Sequence[RunSummary]) -> list[dict[str, Any]]:
-    return [{**asdict(r), "collapsed": r.collapsed} for r in runs]
+    return [{**asdict(r), "collapsed": r.collapsed, "finished": r.finished} for r in runs]

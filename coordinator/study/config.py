@@ -14,6 +14,7 @@ method fails by its dotted field before Ray or the warm start. The warm start ru
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -98,13 +99,14 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_config(study: StudyConfig, method: str, seed: int, *, model_path: Optional[Path] = None) -> JobConfig:
-    """The JobConfig of one run: job + methods[method], run.seed = seed, its own output directory,
-    no checkpoint or export (a study keeps metrics only); with ``model_path`` the run starts from
+    """The JobConfig of one run: job + methods[method], run.seed = seed, its own output directory
+    and Ray job name, no checkpoint or export (a study keeps metrics only); with ``model_path`` the run starts from
     that directory (the shared warm start) instead of warm-starting itself."""
     data = merge(study.job, study.methods[method])
     run = dict(data.get("run", {}))
     run.update(seed=seed, output_dir=str(study.output_dir / method / f"seed{seed}"), progress=False,
-               save_final_checkpoint=False, export_final=False, resume_from=None)
+               save_final_checkpoint=False, export_final=False, resume_from=None,
+               name=re.sub(r"[^A-Za-z0-9._-]", "-", f"{study.output_dir.name}-{method}-seed{seed}"))  # unique on the cluster
     data["run"] = run
     if model_path is not None:
         data["model"] = {**{k: v for k, v in data["model"].items() if k not in ("preset", "preset_shape", "path")},

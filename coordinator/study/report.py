@@ -30,6 +30,11 @@ def save_study_config(study: StudyConfig) -> Path:
     return path
 
 
+def load_study_file(path: str | Path) -> StudyConfig:
+    """The StudyConfig saved by ``save_study_config``."""
+    return StudyConfig.model_validate(json.loads(Path(path).read_text()))
+
+
 def load_study_dir(directory: str | Path) -> StudyConfig:
     """The StudyConfig a study directory was written with, pointed at where the directory is now."""
     directory = Path(directory)
@@ -52,8 +57,8 @@ def collect(study: StudyConfig, statuses: Optional[dict[tuple[str, int], str]] =
         records = read_metrics(file)
         steps = run_config(study, method, seed).run.steps
         trained = [int(r["step"]) for r in records if "rollout/reward_mean" in r]
-        finished = (statuses or {}).get((method, seed), "finished" if trained and max(trained) >= steps else "stopped")
-        out.append(summarize_run(method, seed, records, study.collapse, finished=finished == "finished"))
+        status = (statuses or {}).get((method, seed), "finished" if trained and max(trained) >= steps else "stopped")
+        out.append(summarize_run(method, seed, records, study.collapse, status=status))
     return out
 
 
@@ -85,6 +90,9 @@ def write_report(study: StudyConfig, *, statuses: Optional[dict[tuple[str, int],
         "grad norm: the largest pre-clip norm of any update, and its ratio to the run's median.\n",
         "\n" + run_table(runs),
     ]
+    missing = {f"{m}/seed{s}": st for (m, s), st in (statuses or {}).items() if st != "finished"}
+    if missing:
+        text.append("\nNot finished: " + ", ".join(f"{run} ({st})" for run, st in missing.items()) + "\n")
     if timing:
         text.append("\n" + ", ".join(f"{k} {v:.0f} s" for k, v in timing.items()) + "\n")
     (out_dir / "table.md").write_text("".join(text))

@@ -1,28 +1,33 @@
-"""Running a study: one warm start, one Ray session, every (method, seed) run through the
-coordinator's own loop, ``concurrency`` runs at a time on warm actors.
+"""Running a study: one warm start, one Ray instance, every (method, seed) run through the
+coordinator's own Driver, ``concurrency`` runs at a time.
 
     study = load_study_config("deploy/configs/study_cpu.yaml")
-    result = run_study(study)        # output_dir/METHOD/seedN/metrics.jsonl, table.md, results.json, figure.png
+    result = run_study(study)        # output_dir/METHOD/seedN/metrics.jsonl (+ table, figure: report.py)
 
 Runs go in seed-major order (every method's seed 0, then seed 1, ...), so a study cut short by
-its deadline still compares the methods on the same seeds. The report is rewritten after every
-finished run. A run that fails is recorded with its error and its lane gets fresh actors.
+its deadline still compares the methods on the same seeds. With concurrency K > 1 the runs are
+dealt round-robin to K *lanes*: driver processes attached to the same Ray instance, each in its
+own Ray namespace (a job's placement groups and named actors are per namespace), each running
+its runs one after another. With K = 1 the one lane is this process. Every finished, stopped or
+failed run appends one line to ``output_dir/outcomes.jsonl``; a failed run does not stop the others.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
-import threading
+import subprocess
+import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
-from common.config.job import JobConfig
 from coordinator.driver import Driver
-from coordinator.study.actors import Slot
 from coordinator.study.config import StudyConfig, run_config, warmstart_config
 
 Log = Callable[[str], None]
+OUTCOMES = "outcomes.jsonl"
 
 
 class StudyStopped(RuntimeError):
@@ -30,49 +35,23 @@ class StudyStopped(RuntimeError):
 
 
 class StudyDriver(Driver):
-    """The coordinator's Driver on a lane's warm actors: ``setup`` resets them instead of
-    starting new ones (the rest as ``Driver.setup``, without warm start or resume: the study
-    warm-starts once and never resumes), ``close`` leaves them to the lane, and ``wait_any``
-    gives up once the study's deadline has passed."""
+    """The coordinator's Driver, which gives up once the study's deadline (wall-clock seconds
+    since the epoch) has passed; everything else is the Driver's own."""
 
-    def __init__(self, cfg: JobConfig, slot: Slot, *, log: Log, deadline: Optional[float] = None) -> None:
+    def __init__(self, cfg, *, log: Log, deadline: Optional[float] = None) -> None:
         super().__init__(cfg, log=log)
-        self.slot, self.deadline = slot, deadline
+        self.deadline = deadline
 
-    def setup(self) -> None:
-        from common.metrics import MetricsLogger
-        from common.tasks import PromptStream, load_task_data
-
-        t0 = time.perf_counter()
-        cfg = self.cfg
-        data = load_task_data(cfg.task)
-        self.rows = {r.prompt_id: r for r in data.train}
-        self.held_out = data.held_out[: cfg.eval.num_prompts]
-        self.stream = PromptStream(data.train, seed=cfg.run.seed)
-        self.metrics = MetricsLogger(cfg.run.output_dir, tensorboard=cfg.run.tensorboard,
-                                     wandb_project=cfg.run.wandb_project, run_config=cfg.model_dump(mode="json"))
-        t1 = time.perf_counter()
-        self.actors = self.slot.prepare(cfg)
-        self.worker_versions = [0] * len(self.actors.rollouts)
-        self.setup_weight_push()
-        self.startup = {"time/startup_prepare": t1 - t0, "time/startup_actors": time.perf_counter() - t1}
-
-    def wait_any(self):
-        if self.deadline is not None and time.monotonic() > self.deadline:
+    def wait_any(self, *args, **kwargs):
+        if self.deadline is not None and time.time() > self.deadline:
             raise StudyStopped(f"study deadline reached at step {self.step}")
-        return super().wait_any()
-
-    def close(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
-        self.actors = None  # the lane owns them
+        return super().wait_any(*args, **kwargs)
 
 
 @dataclass
 class RunOutcome:
     method: str
     seed: int
-    output_dir: Path
     status: str  # "finished" | "stopped" (deadline) | "failed" | "not started"
     wall_s: float = 0.0
     error: str = ""
@@ -85,78 +64,101 @@ class StudyResult:
     wall_s: float = 0.0
     model_path: Optional[Path] = None
 
+    @property
+    def statuses(self) -> dict[tuple[str, int], str]:
+        return {(o.method, o.seed): o.status for o in self.outcomes}
 
-def run_study(study: StudyConfig, *, log: Log = print, on_run_end: Optional[Callable[[StudyResult], None]] = None) -> StudyResult:
-    """Warm-start once, then every run (see the module docstring). Ray is started here (a local
-    instance) unless it is already initialised; ``on_run_end`` is called after every run (the
-    report writer)."""
+
+def run_study(study: StudyConfig, *, log: Log = print, study_file: Optional[Path] = None) -> StudyResult:
+    """Warm-start once, then every run (module docstring). Ray is started here (a local instance,
+    or the cluster RAY_ADDRESS names) unless this process is already connected. ``study_file``:
+    the study's JSON (report.save_study_config), which lane processes read; needed for K > 1."""
     import ray
 
-    t_start = time.monotonic()
+    t_start = time.time()
     result = StudyResult()
     result.model_path = shared_warm_start(study, log)
-    result.warmstart_s = time.monotonic() - t_start
+    result.warmstart_s = time.time() - t_start
     deadline = t_start + study.deadline_s if study.deadline_s else None
+    (study.output_dir / OUTCOMES).unlink(missing_ok=True)
     own_ray = not ray.is_initialized()
     if own_ray:
-        start_local_ray(warmstart_config(study))
-    queue = list(study.runs)
-    lock = threading.Lock()
-
-    def lane(index: int) -> None:
-        slot = Slot(index, log=log)
-        try:
-            while True:
-                with lock:
-                    if not queue:
-                        return
-                    method, seed = queue.pop(0)
-                    if deadline is not None and time.monotonic() > deadline:
-                        result.outcomes.append(RunOutcome(method, seed, study.output_dir / method / f"seed{seed}", "not started"))
-                        continue
-                outcome = run_one(study, method, seed, slot, result.model_path, log, deadline)
-                with lock:
-                    result.outcomes.append(outcome)
-                    if on_run_end is not None:
-                        on_run_end(result)
-        finally:
-            slot.shutdown()
-
+        start_ray(warmstart_config(study))
     try:
-        threads = [threading.Thread(target=lane, args=(i,), name=f"study-lane-{i}", daemon=True)
-                   for i in range(min(study.concurrency, len(queue)))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        lanes = min(study.concurrency, len(study.runs))
+        if lanes == 1:
+            run_lane(study, study.runs, result.model_path, deadline, log)
+        else:
+            if study_file is None:
+                raise ValueError("concurrency > 1 needs the study file the lane processes read (save_study_config)")
+            run_lane_processes(study, lanes, study_file, result.model_path, deadline,
+                               ray.get_runtime_context().gcs_address)
     finally:
         if own_ray:
             ray.shutdown()
-    result.wall_s = time.monotonic() - t_start
+    result.outcomes = read_outcomes(study)
+    result.wall_s = time.time() - t_start
     return result
 
 
-def run_one(study: StudyConfig, method: str, seed: int, slot: Slot, model_path: Path, log: Log,
+def run_lane(study: StudyConfig, runs: Sequence[tuple[str, int]], model_path: Path, deadline: Optional[float],
+             log: Log) -> None:
+    """The runs of one lane, one after another, in this process's Ray connection."""
+    for method, seed in runs:
+        if deadline is not None and time.time() > deadline:
+            outcome = RunOutcome(method, seed, "not started")
+        else:
+            outcome = run_one(study, method, seed, model_path, log, deadline)
+        with (study.output_dir / OUTCOMES).open("a") as f:  # one short line per write: no interleaving
+            f.write(json.dumps(asdict(outcome)) + "\n")
+
+
+def run_one(study: StudyConfig, method: str, seed: int, model_path: Path, log: Log,
             deadline: Optional[float]) -> RunOutcome:
-    """One run on ``slot``'s actors; a failed or stopped run leaves the lane with fresh actors to come."""
     cfg = run_config(study, method, seed, model_path=model_path)
     name = f"{method}/seed{seed}"
-    t0 = time.monotonic()
+    t0 = time.time()
     try:
-        driver = StudyDriver(cfg, slot, log=lambda line: log(f"[{name}] {line}"), deadline=deadline)
-        outcome = driver.run()
+        run = StudyDriver(cfg, log=lambda line: log(f"[{name}] {line}"), deadline=deadline).run()
     except StudyStopped as e:
-        slot.shutdown()
         log(f"[{name}] stopped: {e}")
-        return RunOutcome(method, seed, cfg.run.output_dir, "stopped", time.monotonic() - t0, str(e))
-    except Exception as e:  # one run's failure is reported, the study goes on
-        slot.shutdown()
+        return RunOutcome(method, seed, "stopped", time.time() - t0, str(e))
+    except Exception as e:  # one run's failure is reported; the study goes on
         log(f"[{name}] failed: {type(e).__name__}: {e}")
-        return RunOutcome(method, seed, cfg.run.output_dir, "failed", time.monotonic() - t0, f"{type(e).__name__}: {e}")
-    wall = time.monotonic() - t0
-    after = "n/a" if outcome.after is None else f"{100 * outcome.after.pass_at_1:.1f}%"
-    log(f"[{name}] done: {outcome.steps} steps in {wall:.0f} s, held-out pass@1 {after}")
-    return RunOutcome(method, seed, cfg.run.output_dir, "finished", wall)
+        return RunOutcome(method, seed, "failed", time.time() - t0, f"{type(e).__name__}: {e}")
+    after = "n/a" if run.after is None else f"{100 * run.after.pass_at_1:.1f}%"
+    log(f"[{name}] done: {run.steps} steps in {time.time() - t0:.0f} s, held-out pass@1 {after}")
+    return RunOutcome(method, seed, "finished", time.time() - t0)
+
+
+def run_lane_processes(study: StudyConfig, lanes: int, study_file: Path, model_path: Path,
+                       deadline: Optional[float], address: str) -> None:
+    """K lane processes (``python -m coordinator.study.runner``), run i going to lane i mod K;
+    their output goes to this process's stdout, line by line."""
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    procs = []
+    for lane in range(lanes):
+        cmd = [sys.executable, "-m", "coordinator.study.runner", "--study", str(study_file), "--model", str(model_path),
+               "--address", address, "--lane", str(lane), "--lanes", str(lanes)]
+        if deadline is not None:
+            cmd += ["--deadline", repr(deadline)]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=os.getcwd()))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        print(f"study: lane exit codes {codes} (see the lines above)", flush=True)
+
+
+def read_outcomes(study: StudyConfig) -> list[RunOutcome]:
+    """The outcome of every run, in the study's order ('not started' where a lane left none)."""
+    path = study.output_dir / OUTCOMES
+    found = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                o = RunOutcome(**json.loads(line))
+                found[(o.method, o.seed)] = o
+    return [found.get(run, RunOutcome(run[0], run[1], "not started")) for run in study.runs]
 
 
 def shared_warm_start(study: StudyConfig, log: Log) -> Path:
@@ -170,23 +172,54 @@ def shared_warm_start(study: StudyConfig, log: Log) -> Path:
         return Path(cfg.model.path)
     from coordinator.warmstart import warm_start
 
-    t0 = time.monotonic()
+    t0 = time.time()
     path = warm_start(cfg, log=log)
-    log(f"warm start: {path} ({time.monotonic() - t0:.1f} s)")
+    log(f"warm start: {path} ({time.time() - t0:.1f} s)")
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the SFT's cached blocks are the actors' now
     return Path(path)
 
 
-def start_local_ray(cfg: JobConfig) -> None:
-    """A local Ray instance for the study (RAY_ADDRESS set: join that cluster instead). The
-    repository goes on the workers' PYTHONPATH, so the actors import it without an install."""
+def start_ray(cfg, address: Optional[str] = None, namespace: Optional[str] = None) -> None:
+    """Join ``address`` (a lane), the cluster RAY_ADDRESS names, or start a local instance. The
+    repository goes on the workers' PYTHONPATH, so actors import it without an install."""
     import logging
 
     import ray
 
     repo = str(Path(__file__).resolve().parents[2])
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [repo, os.environ.get("PYTHONPATH")])))
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=True)
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address, namespace=namespace, log_to_driver=True, logging_level=logging.WARNING)
         return
     ray.init(address="local", num_cpus=cfg.cluster.local_num_cpus, include_dashboard=False, log_to_driver=True,
              logging_level=logging.WARNING)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """A lane process: its share of the study's runs, in its own Ray namespace."""
+    ap = argparse.ArgumentParser(description="one lane of a stabledrl study (started by run_study)")
+    ap.add_argument("--study", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--address", required=True)
+    ap.add_argument("--lane", type=int, required=True)
+    ap.add_argument("--lanes", type=int, required=True)
+    ap.add_argument("--deadline", type=float, default=None)
+    a = ap.parse_args(argv)
+    import ray
+
+    from coordinator.study.report import load_study_file
+
+    study = load_study_file(a.study)
+    start_ray(None, address=a.address, namespace=f"stabledrl-study-lane{a.lane}")
+    try:
+        run_lane(study, study.runs[a.lane :: a.lanes], Path(a.model), a.deadline, lambda line: print(line, flush=True))
+    finally:
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The stability study on one GPU, in one device call (kind nvidia-h100-x1 or nvidia-h200, carry [".whl"]):
+#     source .whl/install.sh && bash deploy/study_gpu.sh
+# Writes $OUT/study/ (study.json, METHOD/seedN/metrics.jsonl, table.md, results.json, figure.png when
+# matplotlib is there) and $OUT/study.log. Back on the development machine, from the repository root:
+#     stabledrl study --report <fetched>/study      # table + figure into STUDY.md (section "gpu")
+# Extra arguments are dotted overrides of deploy/configs/study_gpu.yaml, e.g. job.learner.optimizer.lr=2e-5.
+# The CPU check of this exact script (tiny model, 2 runs at once, no GPU):
+#     OUT=/tmp/sg PATH=.venv/bin:$PATH bash deploy/study_gpu.sh job.model.dtype=float32 \
+#         job.model.preset_shape.hidden_size=32 job.model.preset_shape.intermediate_size=64 \
+#         job.model.preset_shape.num_hidden_layers=1 job.model.preset_shape.num_attention_heads=2 \
+#         job.model.preset_shape.num_key_value_heads=2 job.warmstart.steps=20 job.run.steps=3 job.eval.every=2 \
+#         job.eval.num_prompts=16 job.cluster.learner.num_gpus=0 job.cluster.rollout.num_gpus=0 concurrency=2
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast
+OUT="${OUT:-runs/study_gpu_out}"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi (CPU check)"
+python3 -c "import importlib.util as u; m = [n for n in ('deepspeed', 'pydantic', 'ray', 'yaml') if u.find_spec(n) is None]; \
+print('missing', m, '- was .whl/install.sh sourced?' if m else ''); \
+print('matplotlib:', 'yes' if u.find_spec('matplotlib') else 'missing; draw the figure later with stabledrl study --report')"
+# 570 s is the last resort; the study's own deadline (deadline_s) ends training well before it
+timeout -k 10 570 python3 -m coordinator study --config deploy/configs/study_gpu.yaml output_dir="$OUT/study" "$@" \
+  2>&1 | tee "$OUT/study.log"
+status=${PIPESTATUS[0]}
+echo "study exit status $status; $(du -sh "$OUT" | cut -f1) in $OUT"
+exit "$status"
