@@ -205,7 +205,7 @@ class LearnerEngine:
         self.applied_steps = int(state["engine"]["applied_steps"])
         self.skipped_steps = int(state["engine"]["skipped_steps"])
         tag = tag or Path(directory, "latest").read_text().strip()
-        _set_rng_states(torch.load(Path(directory) / tag / f"rng_rank{self.rank}.pt", weights_only=False))
+        _set_rng_states(torch.load(Path(directory) / tag / f"rng_rank{self.rank}.pt", weights_only=True))
         return state["client"]
 
 
@@ -222,9 +222,13 @@ def _accumulate(sums: dict[str, torch.Tensor], extremes: dict[str, torch.Tensor]
 
 
 def _rng_states() -> dict[str, Any]:
+    """Every RNG of this process as tensors, ints and strings only, so that it loads back with
+    ``torch.load(weights_only=True)`` (no unpickling of arbitrary objects from a checkpoint)."""
     import numpy as np
 
-    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    states = {"python": random.getstate(), "torch": torch.get_rng_state(),
+              "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -234,7 +238,8 @@ def _set_rng_states(states: dict[str, Any]) -> None:
     import numpy as np
 
     random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    kind, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])

@@ -77,14 +77,13 @@ class LearnerWorker:
         v_l the batch trains at; the returned ``learner/staleness_max`` is measured here, from the
         samples' own stamps, as an independent check of the coordinator's bound."""
         t0 = time.perf_counter()
-        counts = global_counts(groups)
-        mbs = micro_batches(groups, group_offset=group_offset, pad_token_id=self.pad_token_id,
-                            advantage_scale=self.advantage_scale, micro_batch_size=self.micro_batch_size,
-                            whole_groups=self.whole_groups, counts=counts)
-        per_iteration = []
-        for k in range(self.inner_iterations):
-            batch = [mb.for_iteration(self.estimator.masks, k) for mb in mbs]
-            per_iteration.append(self.engine.train_step(batch, self._loss))
+        try:
+            per_iteration = self._updates(groups, version, group_offset)
+        except RuntimeError as e:  # gloo / NCCL raise RuntimeError subclasses when a peer stalls or dies
+            raise RuntimeError(
+                f"learner rank {self.rank} of {self.world_size}: the step at version {version} failed "
+                f"({type(e).__name__}: {e}); a collective that ends after learner.dist_timeout_s = "
+                f"{self.cfg.dist_timeout_s:.0f} s means another rank stalled or died") from e
         self.steps += 1
         out = _combine(per_iteration)
         samples = [s for g in groups for s in g.samples]
@@ -93,6 +92,18 @@ class LearnerWorker:
         out["learner/tokens"] = float(sum(s.completion_length for s in samples))
         out["time/train_rank"] = time.perf_counter() - t0
         return out
+
+    def _updates(self, groups: Sequence[Group], version: int, group_offset: int) -> list[dict[str, float]]:
+        """The μ optimizer updates of one step (every collective of the step happens in here)."""
+        counts = global_counts(groups)
+        mbs = micro_batches(groups, group_offset=group_offset, pad_token_id=self.pad_token_id,
+                            advantage_scale=self.advantage_scale, micro_batch_size=self.micro_batch_size,
+                            whole_groups=self.whole_groups, counts=counts)
+        per_iteration = []
+        for k in range(self.inner_iterations):
+            batch = [mb.for_iteration(self.estimator.masks, k) for mb in mbs]
+            per_iteration.append(self.engine.train_step(batch, self._loss))
+        return per_iteration
 
     def _loss(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The micro-batch's share of the global loss (``model`` is the DeepSpeed engine)."""
@@ -134,6 +145,11 @@ class LearnerWorker:
                 pass
             return None
         return self.push.send(named, version)
+
+    def parameter_shapes(self) -> dict[str, list[int]]:
+        """Full shape of every parameter (ZeRO-3 partitions report their unpartitioned ``ds_shape``),
+        recorded with a checkpoint so that a resume into another model is refused."""
+        return {name: list(getattr(p, "ds_shape", None) or p.shape) for name, p in self.engine.module.named_parameters()}
 
     def save_checkpoint(self, directory: str, client_state: dict, tag: str) -> str:
         return self.engine.save_checkpoint(directory, client_state, tag=tag)
