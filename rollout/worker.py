@@ -56,8 +56,11 @@ class RolloutWorker:
         self.start_s = time.perf_counter() - t0
 
     def ready(self) -> dict[str, Any]:
-        """What the coordinator logs once every actor is up."""
+        """What the coordinator logs once the actor is up, and where it runs (elasticity: which node)."""
+        import ray
+
         return {"worker": self.index, "device": str(self.device), "pid": os.getpid(), "load_s": self.start_s,
+                "node_id": ray.get_runtime_context().get_node_id(),
                 "parameters": sum(p.numel() for p in self.policy.parameters()), "version": self.version()}
 
     def version(self) -> int:
@@ -65,12 +68,20 @@ class RolloutWorker:
 
     # ---- rollouts -------------------------------------------------------------------------
     def generate(self, requests: Sequence[PromptRequest]) -> list[Episode]:
-        """G completions per prompt, rewarded and behaviour-estimated (rollout/workflow.py)."""
-        return run_episodes(
+        """G completions per prompt, rewarded and behaviour-estimated (rollout/workflow.py). The
+        first episode also carries this request's reward-call counts (``reward_calls/<outcome>``),
+        so the coordinator counts every delivered call once, also of a worker that dies later."""
+        before = self.scorer.stats.as_metrics(prefix="")
+        episodes = run_episodes(
             self.engine, requests, policy=self.policy, tokenizer=self.tokenizer, task=self.task,
             scorer=self.scorer, group_size=self.group_size, sampler=self.sampler, estimator=self.estimator,
             seed=self.seed, worker=self.index,
         )
+        after = self.scorer.stats.as_metrics(prefix="")
+        if episodes:
+            calls = {f"reward_calls/{k}": after[k] - before[k] for k in after}
+            episodes[0].stats = {**episodes[0].stats, **calls}  # the episodes share one stats dict
+        return episodes
 
     def reward_stats(self) -> dict[str, float]:
         return self.scorer.stats.as_metrics(prefix="rollout/reward_calls/")
