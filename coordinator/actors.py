@@ -25,19 +25,26 @@ class ActorFailure(RuntimeError):
 
 
 def wait(refs: Sequence[ray.ObjectRef], timeout_s: float, what: str | Sequence[str]) -> list[Any]:
-    """ray.get(refs) within ``timeout_s``; ``what`` names the call (one name, or one per ref)."""
+    """ray.get(refs) within ``timeout_s``; ``what`` names the call (one name, or one per ref).
+
+    Fails fast: the first call that fails (its actor died, it raised) ends the wait at once, with
+    the calls still running named, instead of waiting for a collective that can no longer finish."""
     names = [what] * len(refs) if isinstance(what, str) else list(what)
-    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-    missing = [n for r, n in zip(refs, names) if r not in set(ready)]
-    if missing:
-        raise ActorFailure(f"waited {timeout_s:.0f} s for {', '.join(dict.fromkeys(missing))}; no answer")
-    out = []
-    for ref, name in zip(refs, names):
+    name_of = dict(zip(refs, names))
+    deadline = time.monotonic() + timeout_s
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            missing = dict.fromkeys(name_of[r] for r in pending)
+            raise ActorFailure(f"waited {timeout_s:.0f} s for {', '.join(missing)}; no answer")
         try:
-            out.append(ray.get(ref))
+            ray.get(ready[0])
         except ray.exceptions.RayError as e:
-            raise ActorFailure(f"{name} failed: {e}") from e
-    return out
+            still = dict.fromkeys(name_of[r] for r in pending)
+            running = f" (still running: {', '.join(still)})" if still else ""
+            raise ActorFailure(f"{name_of[ready[0]]} failed: {e}{running}") from e
+    return ray.get(list(refs))
 
 
 def bundle(resources: ActorResources) -> dict[str, float]:
@@ -67,12 +74,23 @@ def in_group(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrat
 
 @dataclass
 class Actors:
-    """Handles of one job's actors; ``learners[r]`` is learner rank r."""
+    """Handles of one job's actors; ``learners[r]`` is learner rank r, ``pool`` the rollout workers."""
 
     learners: list[Any]
-    rollouts: list[Any]
+    pool: Any  # coordinator.pool.RolloutPool, or a list of worker handles to adopt as a fixed pool
     groups: list[PlacementGroup] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.pool, list):
+            from coordinator.pool import RolloutPool
+
+            self.pool = RolloutPool.adopt(self.pool)
+
+    @property
+    def rollouts(self) -> list[Any]:
+        """The active rollout workers' handles (evaluation, statistics)."""
+        return [w.actor for w in self.pool.active()]
 
     def call_learners(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
         """The same call on every rank (the collective methods of LearnerWorker)."""
@@ -90,8 +108,9 @@ class Actors:
         return refs
 
     def shutdown(self) -> None:
-        for actor in self.learners + self.rollouts:
+        for actor in self.learners:
             ray.kill(actor)
+        self.pool.shutdown()
         for group in self.groups:
             remove_placement_group(group)
 
@@ -104,17 +123,19 @@ def rollout_model(cfg: JobConfig) -> ModelConfig:
 def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
                  log: Callable[[str], None] = print) -> Actors:
     """Reserve both roles, start every actor, form the learner group and build its engine."""
+    from coordinator.pool import RolloutPool
+
     t0 = time.perf_counter()
     timeout = cfg.cluster.start_timeout_s
     m, n = cfg.learner.num_ranks, cfg.rollout.num_workers
     learner_pg = reserve("stabledrl-learner", cfg.cluster.learner, m, cfg.cluster.learner_strategy, timeout)
+    pool = RolloutPool(cfg, rollout_cls, log)
     try:
-        rollout_pg = reserve("stabledrl-rollout", cfg.cluster.rollout, n, cfg.cluster.rollout_strategy, timeout)
+        workers = pool.start(n)
     except ActorFailure:
         remove_placement_group(learner_pg)
         raise
     learner_actor = ray.remote(num_cpus=cfg.cluster.learner.num_cpus, num_gpus=cfg.cluster.learner.num_gpus)(learner_cls)
-    rollout_actor = ray.remote(num_cpus=cfg.cluster.rollout.num_cpus, num_gpus=cfg.cluster.rollout.num_gpus)(rollout_cls)
     a = cfg.algorithm
     learners = [
         learner_actor.options(scheduling_strategy=in_group(learner_pg, r)).remote(
@@ -122,21 +143,18 @@ def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
             advantage_scale=a.advantage_scale, micro_batch_size=a.micro_batch_size)
         for r in range(m)
     ]
-    rollouts = [
-        rollout_actor.options(scheduling_strategy=in_group(rollout_pg, i)).remote(
-            i, rollout_model(cfg), cfg.sampler, cfg.estimator, cfg.task, group_size=a.group_size, seed=cfg.run.seed)
-        for i in range(n)
-    ]
-    actors = Actors(learners, rollouts, [learner_pg, rollout_pg])
+    actors = Actors(learners, pool, [learner_pg])
     try:
         addr, port = wait([learners[0].rendezvous_address.remote()], timeout, "learner rank 0 (rendezvous address)")[0]
         starts = [a.start.remote(addr, port) for a in learners]
-        readies = [w.ready.remote() for w in rollouts]
+        readies = [w.actor.ready.remote() for w in workers]
         infos = wait(starts + readies, timeout, [f"learner rank {r} (start)" for r in range(m)]
-                     + [f"rollout worker {i} (model load)" for i in range(n)])
+                     + [f"{w.name} (model load)" for w in workers])
     except BaseException:
         actors.shutdown()  # a half-started job leaves no actors or reservations behind
         raise
+    for worker, info in zip(workers, infos[m:]):
+        worker.info, worker.state = info, "active"
     actors.info = {"learners": infos[:m], "rollouts": infos[m:], "start_s": time.perf_counter() - t0}
     log(f"actors: {m} learner ranks on {infos[0]['device']} ({infos[0]['dtype']}), {n} rollout workers on "
         f"{infos[m]['device']} ({infos[m]['parameters'] / 1e6:.2f}M parameters), up in {actors.info['start_s']:.1f} s")

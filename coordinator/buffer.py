@@ -4,7 +4,8 @@ Finished groups wait here, keyed by their request ``uid`` (a duplicate delivery 
 ignored and counted). ``take(n)`` first drops every buffered group the learner may no longer use
 (v_l − v_b > η: StalenessController's drop rule, counted there), then returns the n oldest groups
 by uid, i.e. in the order their prompts were admitted, which is the order AReaL's admission bound
-assumes. Fewer than n fresh groups: nothing is taken and the buffer waits for more.
+assumes. Fewer than n fresh groups: nothing is taken and the buffer waits for more. In-order
+batches (``algorithm.in_order``) also wait while an older uid is still being generated.
 """
 from __future__ import annotations
 
@@ -39,14 +40,18 @@ class GroupBuffer:
         self.groups[episode.uid] = episode
         return True
 
-    def take(self, n: int) -> Optional[list[Episode]]:
-        """The n oldest fresh episodes for the learner at ``staleness.version``, or None."""
+    def take(self, n: int, before: Optional[int] = None) -> Optional[list[Episode]]:
+        """The n oldest fresh episodes for the learner at ``staleness.version``, or None. With
+        ``before`` (the oldest uid still being generated), only a batch of uids all older than it:
+        batch b is then exactly the b-th n fresh uids of the stream (in-order batches)."""
         stale = [uid for uid, e in self.groups.items() if not self.staleness.is_fresh(e.group.policy_version)]
         if stale:
             self.staleness.consume([self.groups.pop(uid).group.policy_version for uid in stale])  # dropped, counted
         if len(self.groups) < n:
             return None
         uids = sorted(self.groups)[:n]
+        if before is not None and uids[-1] > before:
+            return None  # an older prompt is still out: wait for it
         batch = [self.groups.pop(uid) for uid in uids]
         kept = self.staleness.consume([e.group.policy_version for e in batch])
         assert all(kept), "fresh groups were judged stale"

@@ -1,49 +1,226 @@
-"""Checkpoints: the learner's DeepSpeed state plus everything the coordinator needs to continue.
+"""Checkpoints: the learner's DeepSpeed state plus everything the coordinator needs to continue,
+checked before a resume trusts any of it.
 
-    output_dir/checkpoints/step<N>/          DeepSpeed shards + optimizer state, per-rank RNG
-    output_dir/checkpoints/latest            the newest tag (DeepSpeed writes it)
-    output_dir/checkpoints/step<N>/coordinator.json   the same client state, human-readable
+    output_dir/checkpoints/latest                     the newest tag (DeepSpeed writes it)
+    output_dir/checkpoints/step<N>/                   DeepSpeed shards + optimizer state, rng_rank<r>.pt
+    output_dir/checkpoints/step<N>/episodes.*         groups generated but not yet trained on (episode_io)
+    output_dir/checkpoints/step<N>/coordinator.json   written last: the client state, the resolved
+                                                      config, parameter shapes, every file's size
 
-The client state (saved through ``LearnerEngine.save_checkpoint``) holds the step, the policy
-version, the prompt stream's cursor, the staleness controller's counters, the next request uid
-and the requests that were admitted but not yet trained on (re-queued on resume with their uids,
-so they are sampled with the same seeds). The coordinator draws no random numbers of its own:
-every seed derives from (run.seed, uid, sample index), so no coordinator RNG state is needed.
+The client state holds the step, the policy version, the prompt stream's cursor, the staleness
+controller's counters, the next request uid, the requests re-queued after a fault and not yet
+re-admitted, the reward-call and fault counters. Every RNG of the job is covered: each learner
+rank saves its Python / NumPy / torch (/ CUDA) generators; rollout seeds derive from
+(run.seed, uid, sample index) and the coordinator draws none, so no other RNG state exists.
+
+``verify`` runs before any actor starts and refuses, with the reason: a tag without
+coordinator.json (a save that did not finish: the previous complete tag is used instead, and
+said so), a file whose size differs from the manifest (truncated or partly copied), a file that
+does not read as a torch checkpoint or that would unpickle anything beyond the few DeepSpeed
+classes its optimizer state holds (``torch.load(weights_only=False)`` inside DeepSpeed would
+otherwise run it), and a config that differs in a field the saved state depends on.
+``check_shapes`` refuses a checkpoint of another model once the learner reports its shapes.
 """
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 from coordinator.actors import Actors, wait
+from coordinator.episode_io import load_episodes, save_episodes
+from rollout.workflow import Episode
 
-FORMAT = 1
+FORMAT = 2
+STATE_FILE = "coordinator.json"
+# fields the saved state depends on (dotted prefixes); everything else may change on resume
+MUST_MATCH = ("model", "task", "sampler", "estimator", "loss", "algorithm", "learner.num_ranks",
+              "learner.deepspeed.zero_stage", "run.seed")
+MAY_DIFFER = ("sampler.max_batch_size", "algorithm.micro_batch_size", "model.gradient_checkpointing")
+# what DeepSpeed 0.19's ZeRO optimizer state pickles besides tensors and containers
+DEEPSPEED_GLOBALS = frozenset({
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+})
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from; the message says which file or field and why."""
 
 
 def checkpoint_dir(output_dir: Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def save(actors: Actors, output_dir: Path, step: int, state: dict[str, Any], timeout_s: float) -> Path:
-    """Collective save on every learner rank; returns the tag's directory."""
+def save(actors: Actors, output_dir: Path, step: int, state: dict[str, Any], episodes: list[Episode],
+         timeout_s: float) -> Path:
+    """Collective save on every learner rank, then the episodes, then coordinator.json (last, atomically:
+    its presence marks the tag complete). ``state`` must hold "config" and "parameter_shapes"."""
     directory = checkpoint_dir(output_dir)
     tag = f"step{step}"
-    state = {"format": FORMAT, **state}
-    wait(actors.call_learners("save_checkpoint", str(directory), state, tag), timeout_s,
+    state = {"format": FORMAT, "tag": tag, **state}
+    client = {k: v for k, v in state.items() if k not in ("config", "parameter_shapes")}
+    wait(actors.call_learners("save_checkpoint", str(directory), client, tag), timeout_s,
          [f"learner rank {r} (checkpoint {tag})" for r in range(len(actors.learners))])
-    (directory / tag / "coordinator.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    save_episodes(directory / tag, episodes)
+    write_state(directory / tag, state)
     return directory / tag
 
 
-def load(actors: Actors, directory: Path, timeout_s: float) -> dict[str, Any]:
-    """Restore every learner rank from ``directory`` (its ``latest`` tag); returns the client state."""
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    """coordinator.json with the size of every other file of the tag, written atomically."""
+    state = {**state, "files": {p.name: p.stat().st_size for p in sorted(path.iterdir())
+                                if p.is_file() and not p.name.startswith(".") and p.name != STATE_FILE}}
+    tmp = path / f".{STATE_FILE}.tmp"
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path / STATE_FILE)
+
+
+@dataclass
+class Resume:
+    directory: Path
+    tag: str
+    state: dict[str, Any]
+    episodes: list[Episode] = field(default_factory=list)
+
+
+def verify(directory: Path, config: dict[str, Any], log: Callable[[str], None] = print) -> Resume:
+    """The newest complete checkpoint under ``directory`` checked against ``config`` (the job's
+    resolved config as JSON); CheckpointError with the reason otherwise."""
     directory = Path(directory)
-    if not (directory / "latest").is_file():
-        raise FileNotFoundError(f"run.resume_from: {directory} holds no checkpoint (no 'latest' file)")
-    states = wait(actors.call_learners("load_checkpoint", str(directory)), timeout_s,
-                  [f"learner rank {r} (load checkpoint)" for r in range(len(actors.learners))])
-    state = states[0]
+    latest = directory / "latest"
+    if not latest.is_file():
+        raise CheckpointError(f"run.resume_from: {directory} holds no checkpoint (no 'latest' file)")
+    tags = sorted((p.name for p in directory.glob("step*") if p.is_dir()), key=_step_of, reverse=True)
+    first = latest.read_text().strip()
+    tags = [first] + [t for t in tags if t != first and _step_of(t) < _step_of(first)]
+    for tag in tags:
+        if (directory / tag / STATE_FILE).is_file():
+            break
+        log(f"checkpoint {directory / tag} is incomplete (no {STATE_FILE}: its save did not finish); "
+            "trying the one before")
+    else:
+        raise CheckpointError(f"run.resume_from: no complete checkpoint under {directory} (tags tried: {tags})")
+    path = directory / tag
+    state = _read_state(path)
+    _check_files(path, state["files"])
+    for name in state["files"]:
+        if name.endswith(".pt"):
+            _check_pickle(path / name)
+    _check_config(state["config"], config, path)
+    try:
+        episodes = load_episodes(path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    return Resume(directory, tag, state, episodes)
+
+
+def load(actors: Actors, resume: Resume, timeout_s: float) -> dict[str, Any]:
+    """Restore every learner rank from the verified tag; returns the client state."""
+    states = wait(actors.call_learners("load_checkpoint", str(resume.directory), resume.tag), timeout_s,
+                  [f"learner rank {r} (load checkpoint {resume.tag})" for r in range(len(actors.learners))])
+    if states[0].get("step") != resume.state["step"]:
+        raise CheckpointError(f"{resume.directory / resume.tag}: DeepSpeed's client state is step "
+                              f"{states[0].get('step')}, {STATE_FILE} says {resume.state['step']}")
+    return states[0]
+
+
+def check_shapes(saved: dict[str, list[int]], current: dict[str, list[int]], where: Path) -> None:
+    """Refuse a checkpoint of another model: parameters missing, extra, or of another shape."""
+    problems = [f"{n}: checkpoint {saved[n]}, model {current[n]}" for n in sorted(set(saved) & set(current))
+                if list(saved[n]) != list(current[n])]
+    problems += [f"{n}: only in the checkpoint" for n in sorted(set(saved) - set(current))]
+    problems += [f"{n}: only in the model" for n in sorted(set(current) - set(saved))]
+    if problems:
+        raise CheckpointError(f"{where} holds another model ({len(problems)} parameters differ), e.g. "
+                              + "; ".join(problems[:3]))
+
+
+# ---- the checks -----------------------------------------------------------------------------
+def _step_of(tag: str) -> int:
+    digits = tag.removeprefix("step")
+    return int(digits) if digits.isdigit() else -1
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path / STATE_FILE} cannot be read ({e})") from None
     if state.get("format") != FORMAT:
-        raise ValueError(f"run.resume_from: {directory} was written by another checkpoint format ({state.get('format')})")
+        raise CheckpointError(f"{path} was written by checkpoint format {state.get('format')}, this code reads {FORMAT}")
+    missing = [k for k in ("step", "files", "config", "parameter_shapes") if k not in state]
+    if missing:
+        raise CheckpointError(f"{path / STATE_FILE} lacks {', '.join(missing)}")
     return state
+
+
+def _check_files(path: Path, sizes: dict[str, int]) -> None:
+    for name, size in sorted(sizes.items()):
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing (the checkpoint's manifest lists it)")
+        if file.stat().st_size != size:
+            raise CheckpointError(f"{file} has {file.stat().st_size} bytes, the manifest says {size}: truncated or "
+                                  "partly copied")
+
+
+def _check_pickle(file: Path) -> None:
+    """Only tensors, containers and DeepSpeed's own few classes may be unpickled from ``file``."""
+    import torch
+
+    try:
+        found = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(file)))
+    except Exception as e:  # not a zip / torch file: corrupt
+        raise CheckpointError(f"{file} is not a readable torch checkpoint ({type(e).__name__}: {e})") from None
+    foreign = sorted(found - DEEPSPEED_GLOBALS)
+    if foreign:
+        raise CheckpointError(f"{file} would unpickle {', '.join(foreign)}, which no checkpoint of this job holds: "
+                              "refused (loading it could run code)")
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def _check_config(saved: dict[str, Any], current: dict[str, Any], where: Path) -> None:
+    def relevant(key: str) -> bool:
+        under = lambda p: key == p or key.startswith(p + ".")  # noqa: E731
+        return any(under(p) for p in MUST_MATCH) and not any(under(p) for p in MAY_DIFFER)
+
+    old, new = _flatten(saved), _flatten(current)
+    differ = [f"{k}: checkpoint {old.get(k)!r}, config {new.get(k)!r}" for k in sorted(set(old) | set(new))
+              if relevant(k) and old.get(k) != new.get(k)]
+    if differ:
+        raise CheckpointError(f"{where} was written by another config; these fields must match to resume: "
+                              + "; ".join(differ))
+
+
+def restore_metrics(output_dir: Path, step: int) -> Optional[int]:
+    """A resumed run recomputes every step after ``step``: drop their lines from metrics.jsonl (the
+    old file is kept as metrics.before_resume.jsonl). Returns how many lines were dropped."""
+    path = Path(output_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    lines = path.read_text().splitlines(keepends=True)
+    keep = [line for line in lines if _line_step(line) <= step]
+    if len(keep) < len(lines):
+        path.with_name("metrics.before_resume.jsonl").write_text("".join(lines))
+        path.write_text("".join(keep))
+    return len(lines) - len(keep)
+
+
+def _line_step(line: str) -> float:
+    try:
+        return float(json.loads(line).get("step", 0))
+    except (json.JSONDecodeError, AttributeError):
+        return float("inf")  # a torn last line goes

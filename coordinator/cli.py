@@ -2,6 +2,8 @@
 
     stabledrl train --config deploy/configs/quickstart.yaml [key.path=value ...] [--dry-run]
     python -m coordinator train --config ...
+    stabledrl train --resume runs/quickstart [key.path=value ...]   # continue from the last checkpoint
+    stabledrl scale --job quickstart [--workers N] [--address HOST:PORT]   # a running job's rollout workers
     stabledrl eval | plot | study ...        (coordinator/report_cli.py)
 
 The config is validated (file, overrides and every cross-section rule) before Ray starts; a bad
@@ -33,14 +35,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     train = sub.add_parser("train", help="run an RL job (see deploy/configs/)")
     train.add_argument("--config", default=str(QUICKSTART), help=f"YAML job config (default: {QUICKSTART})")
     train.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint "
+                       "(its config.yaml, unless --config is given; overrides still apply)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.max_staleness=1 run.steps=20")
+    scale = sub.add_parser("scale", help="show or change the rollout workers of a running job")
+    scale.add_argument("--job", required=True, help="the job's run.name (default: the last part of its output_dir)")
+    scale.add_argument("--workers", type=int, help="rollout workers wanted (rollout.min_workers .. max_workers)")
+    scale.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
+                       help="the cluster's GCS address, HOST:PORT (default: $RAY_ADDRESS, else the local cluster)")
     report_cli.add_commands(sub)  # eval, plot, study
     args = parser.parse_args(argv)
     if args.command in report_cli.COMMANDS:
         return report_cli.run(args)
+    if args.command == "scale":
+        from coordinator.control import scale_command
+
+        return scale_command(args.job, args.workers, args.address)
 
     try:
-        cfg = load_job_config(args.config, args.overrides)
+        cfg = load_job_config(*resume_source(args)) if args.resume else load_job_config(args.config, args.overrides)
         check_sampler_layout(cfg)
     except ConfigError as e:
         print(f"stabledrl: {e}", file=sys.stderr)
@@ -49,6 +62,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0
     return train_job(cfg)
+
+
+def resume_source(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """(config file, overrides) of ``train --resume RUN_DIR``: the run's own config.yaml (written
+    when it started) unless --config names another, pointed at RUN_DIR and its checkpoints."""
+    run_dir = Path(args.resume)
+    config = args.config if args.config != str(QUICKSTART) else run_dir / "config.yaml"
+    if not Path(config).is_file():
+        raise ConfigError(f"--resume {run_dir}: no {config} (is it a run directory?); pass --config")
+    return str(config), [*args.overrides, f"run.output_dir={run_dir}", f"run.resume_from={run_dir / 'checkpoints'}"]
 
 
 def train_job(cfg: JobConfig) -> int:
@@ -70,8 +93,17 @@ def train_job(cfg: JobConfig) -> int:
     print(f"stabledrl: {cfg.run.steps} steps, {cfg.learner.num_ranks} learner ranks (ZeRO-"
           f"{cfg.learner.deepspeed.zero_stage}), {cfg.rollout.num_workers} rollout workers, loss {cfg.loss.name}, "
           f"η = {cfg.algorithm.max_staleness}, on {where}; output in {cfg.run.output_dir}", flush=True)
+    from coordinator.actors import ActorFailure
+    from coordinator.checkpoint import CheckpointError
+
     try:
         Driver(cfg, log=lambda line: print(line, flush=True)).run()
+    except (ConfigError, CheckpointError) as e:  # refused before any actor started
+        print(f"stabledrl: {e}", file=sys.stderr)
+        return 2
+    except ActorFailure as e:
+        print(f"stabledrl: job failed: {e}", file=sys.stderr)
+        return 1
     finally:
         ray.shutdown()
     return 0

@@ -30,6 +30,15 @@ def rollout_metrics(batch: Sequence[Episode]) -> dict[str, float]:
     return out
 
 
+def data_metrics(reports: Sequence[Any]) -> dict[str, float]:
+    """data/*: rows read and kept over the task's sources, rows skipped by reason (on_bad_row: skip)."""
+    out = {"data/rows_read": float(sum(r.read for r in reports)), "data/rows_kept": float(sum(r.kept for r in reports))}
+    for report in reports:
+        for reason, n in report.skipped.items():
+            out[f"data/skipped/{reason}"] = out.get(f"data/skipped/{reason}", 0.0) + n
+    return out
+
+
 def merge_ranks(results: Sequence[dict[str, float]]) -> dict[str, float]:
     """``train/*`` are already global (identical on every rank); rank-local values are combined:
     learner/staleness_max by max, learner/samples and tokens by sum, time by the slowest rank."""
