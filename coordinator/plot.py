@@ -15,7 +15,8 @@ itself. The panels (``PANELS``) are the signals a stability study reads:
 
 A panel none of the runs logged says "not logged" (DRPO has no clipping, a synchronous run no
 staleness worth drawing). Runs that share a label (``group``) share a colour: each run is a thin
-line and their mean over the steps they have in common a thick one, so seeds read as a band.
+line and their mean over the steps they have in common a thick one (geometric on log-scale
+panels), so seeds read as a band.
 """
 from __future__ import annotations
 
@@ -115,12 +116,23 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
     return out
 
 
-def mean_series(series: Sequence[Series]) -> Series:
-    """The mean over runs at each step every run has (seeds of one method, aligned by step)."""
+def mean_series(series: Sequence[Series], geometric: bool = False) -> Series:
+    """The mean over runs at each step every run has (seeds of one method, aligned by step);
+    ``geometric``: exp of the mean log, over the positive values (log-scale panels, where one
+    run's spike would otherwise be the whole arithmetic mean)."""
     common = set(series[0][0]).intersection(*(set(s[0]) for s in series[1:]))
     lookups = [dict(zip(*s)) for s in series]
-    steps = sorted(common)
-    return steps, [math.fsum(m[s] for m in lookups) / len(lookups) for s in steps]
+    steps, means = [], []
+    for step in sorted(common):
+        values = [m[step] for m in lookups]
+        if geometric:
+            values = [math.log(v) for v in values if v > 0]
+            if not values:
+                continue
+        mean = math.fsum(values) / len(values)
+        steps.append(step)
+        means.append(math.exp(mean) if geometric else mean)
+    return steps, means
 
 
 def plot_runs(runs: Sequence[RunCurves], out: str | Path, *, title: Optional[str] = None,
@@ -160,7 +172,7 @@ def plot_runs(runs: Sequence[RunCurves], out: str | Path, *, title: Optional[str
             else:
                 for s in series:
                     ax.plot(*s, color=colour, linewidth=0.7, alpha=0.35, **style)
-                (line,) = ax.plot(*mean_series(series), color=colour, linewidth=2.0)
+                (line,) = ax.plot(*mean_series(series, geometric=panel.log), color=colour, linewidth=2.0)
             handles.setdefault(label, line)
         status[panel.title] = "drawn" if drawn else "not logged"
         ax.set_title(panel.title, fontsize=9)

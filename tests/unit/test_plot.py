@@ -47,6 +47,8 @@ def test_ema_and_mean_series():
     assert ema([3.0, 1.0], 0.0) == [3.0, 1.0]
     steps, mean = mean_series([([1, 2, 3], [1.0, 2.0, 3.0]), ([2, 3, 4], [4.0, 6.0, 8.0])])
     assert steps == [2, 3] and mean == [3.0, 4.5]  # only the steps both runs have
+    steps, geo = mean_series([([1, 2], [1.0, 0.0]), ([1, 2], [100.0, 4.0])], geometric=True)
+    assert steps == [1, 2] and geo == pytest.approx([10.0, 4.0])  # a zero has no log: left out
 
 
 def test_run_names_are_the_shortest_distinct_suffixes(tmp_path):
