@@ -96,7 +96,8 @@ class Driver(WorkerEvents, Checkpoints):
         finally:
             self.close()
         if before is not None and after is not None:
-            self.log(f"held-out accuracy: {100 * before.pass_at_1:.1f}% -> {100 * after.pass_at_1:.1f}%")
+            self.log(f"held-out accuracy: {100 * before.pass_at_1:.1f}% -> {100 * after.pass_at_1:.1f}% "
+                     f"(pass@1, {self.cfg.eval.describe(self.cfg.sampler)}, {after.num_prompts} prompts never trained on)")
         else:
             self.log("held-out accuracy: n/a (the task has no held-out rows: set task.held_out)")
         return RunResult(self.step, self.staleness.version, before, after, str(self.cfg.run.output_dir))
@@ -342,10 +343,10 @@ class Driver(WorkerEvents, Checkpoints):
             return None
         e = self.cfg.eval
         result = evaluate_held_out(self.actors.rollouts, self.held_out, e.samples_per_prompt, e.seed,
-                                   self.cfg.rollout.request_timeout_s)
+                                   self.cfg.rollout.request_timeout_s, e.sampler_for(self.cfg.sampler))
         self.metrics.log(self.step, result.metrics())
         self.log(f"step {self.step}: held-out pass@1 {100 * result.pass_at_1:.1f}% on {result.num_prompts} prompts "
-                 f"(weights version {result.version}, {result.time_s:.1f} s)")
+                 f"({e.describe(self.cfg.sampler)}, weights version {result.version}, {result.time_s:.1f} s)")
         return result
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ counts (the unbiased estimator is a mean over prompts, so merging slices is exac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from common.tasks import Row
 from coordinator.actors import wait
@@ -36,11 +36,13 @@ class HeldOutResult:
 
 
 def evaluate_held_out(workers: Sequence[Any], rows: Sequence[Row], samples_per_prompt: int, seed: int,
-                      timeout_s: float) -> HeldOutResult:
+                      timeout_s: float, sampler: Optional[Any] = None) -> HeldOutResult:
+    """Evaluate ``rows`` on the workers with ``sampler`` (None: each worker's own sampler config)."""
     from rollout.evaluate import pass_at_k
 
     slices = [list(rows[i :: len(workers)]) for i in range(len(workers))]
-    calls = [(i, w.evaluate.remote(part, samples_per_prompt, seed)) for i, (w, part) in enumerate(zip(workers, slices)) if part]
+    calls = [(i, w.evaluate.remote(part, samples_per_prompt, seed, sampler))
+             for i, (w, part) in enumerate(zip(workers, slices)) if part]
     answers = wait([ref for _, ref in calls], timeout_s, [f"rollout worker {i} (held-out evaluation)" for i, _ in calls])
     versions = {version for version, _ in answers}
     if len(versions) != 1:

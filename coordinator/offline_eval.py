@@ -5,7 +5,8 @@
 
 The policy is loaded in this process (CUDA when available). The rows are the config's held-out
 rows (the first ``--num-prompts``, default eval.num_prompts), sampled with the run's sampler
-section and scored by ``rollout.evaluate.evaluate`` with per-sample seeds from eval.seed: the
+section (at eval.temperature when it is set) and scored by ``rollout.evaluate.evaluate`` with
+per-sample seeds from eval.seed: the
 same function and seeds as the job's own evaluation, so the same weights give the same pass@1
 that the job logged as eval/pass@1.
 
@@ -90,7 +91,7 @@ def evaluate_policy(cfg: JobConfig, policy: Any, tokenizer: Any, *, k: int = 1, 
     if not rows:
         raise ValueError("the config's task has no held-out rows (set task.held_out or task.held_out_source)")
     n = max(k, samples_per_prompt or cfg.eval.samples_per_prompt)
-    return evaluate(TorchRolloutEngine(policy), rows, data.task, tokenizer, cfg.sampler, n, cfg.eval.seed,
+    return evaluate(TorchRolloutEngine(policy), rows, data.task, tokenizer, cfg.eval.sampler_for(cfg.sampler), n, cfg.eval.seed,
                     ks=sorted({1, k}), eos_token_id=policy.eos_token_id)
 
 

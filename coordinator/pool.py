@@ -150,8 +150,16 @@ class RolloutPool:
         available = ray.available_resources()
         return all(available.get(k, 0.0) >= v for k, v in need.items())
 
-    def shutdown(self) -> None:
-        for worker in list(self.workers.values()):
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """Close every worker (reward sandbox, push channel) and let its process exit; ``ray.kill``
+        takes any that has not answered within ``grace_s`` (a killed worker with live threads
+        aborts noisily in its log)."""
+        workers = list(self.workers.values())
+        closing = [w.actor.close.remote() for w in workers]
+        ray.wait(closing, num_returns=len(closing), timeout=grace_s)
+        exiting = [w.actor.__ray_terminate__.remote() for w in workers]
+        ray.wait(exiting, num_returns=len(exiting), timeout=grace_s)
+        for worker in workers:
             ray.kill(worker.actor, no_restart=True)
             if worker.placement is not None and worker.placement.owned:
                 remove_placement_group(worker.placement.group)

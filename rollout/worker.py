@@ -102,12 +102,14 @@ class RolloutWorker:
         return version
 
     # ---- evaluation -----------------------------------------------------------------------
-    def evaluate(self, rows: Sequence[Row], samples_per_prompt: int, seed: int) -> tuple[int, Any]:
-        """(version held, EvalResult) of ``rows`` under the current weights (rollout/evaluate.py)."""
+    def evaluate(self, rows: Sequence[Row], samples_per_prompt: int, seed: int,
+                 sampler: Optional[Any] = None) -> tuple[int, Any]:
+        """(version held, EvalResult) of ``rows`` under the current weights (rollout/evaluate.py),
+        sampled with ``sampler`` (default: the worker's own sampler config)."""
         from rollout.evaluate import evaluate
 
-        result = evaluate(self.engine, rows, self.task, self.tokenizer, self.sampler, samples_per_prompt, seed,
-                          eos_token_id=self.policy.eos_token_id)
+        result = evaluate(self.engine, rows, self.task, self.tokenizer, sampler or self.sampler, samples_per_prompt,
+                          seed, eos_token_id=self.policy.eos_token_id)
         return self.version(), result
 
     def close(self) -> None:

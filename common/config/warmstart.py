@@ -11,7 +11,7 @@ rows with the run's own sampler settings.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from pydantic import Field
 
@@ -38,7 +38,8 @@ class WarmStartConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
-    """Held-out evaluation with the run's sampler settings."""
+    """Held-out evaluation with the run's sampler settings (``temperature`` may differ: LLaDA's and
+    d1's evaluations decode greedily, T = 0, while RL samples at T > 0)."""
 
     every: int = Field(0, ge=0, description="evaluate every N steps (0: only before and after training)")
     num_prompts: int = Field(200, ge=1, description="held-out prompts evaluated (the first N held-out rows)")
@@ -47,3 +48,16 @@ class EvalConfig(StrictModel):
         1234,
         description="sampling seed of every evaluation; the same seeds at every step make BEFORE and AFTER a paired comparison",
     )
+    temperature: Optional[float] = Field(
+        None, ge=0.0, description="sampling temperature of the evaluation (0: greedy); null: the sampler's own"
+    )
+
+    def sampler_for(self, sampler: Any) -> Any:
+        """The run's sampler config with this evaluation's temperature."""
+        if self.temperature is None or self.temperature == sampler.temperature:
+            return sampler
+        return sampler.model_copy(update={"temperature": self.temperature})
+
+    def describe(self, sampler: Any) -> str:
+        t = self.sampler_for(sampler).temperature
+        return "greedy" if t == 0 else f"T = {t:g}"

@@ -138,6 +138,22 @@ def test_a_real_policy_gives_the_same_result_for_any_row_order_and_batch_size():
     assert 0.0 <= first.pass_at[1] <= first.pass_at[2] <= 1.0
 
 
+def test_an_evaluation_temperature_of_0_is_greedy_and_independent_of_the_seed():
+    from common.config.warmstart import EvalConfig
+
+    data = arithmetic(12)
+    engine = TorchRolloutEngine(build_tiny_policy("llada", vocab_size=len(TOK)))
+    assert EvalConfig().sampler_for(SAMPLER) is SAMPLER and EvalConfig().describe(SAMPLER) == f"T = {SAMPLER.temperature:g}"
+    greedy_cfg = EvalConfig(temperature=0.0)
+    greedy = greedy_cfg.sampler_for(SAMPLER)
+    assert greedy.temperature == 0.0 and greedy.steps == SAMPLER.steps and greedy_cfg.describe(SAMPLER) == "greedy"
+    a = evaluate(engine, data.train, data.task, TOK, greedy, samples_per_prompt=2, seed=3)
+    b = evaluate(engine, data.train, data.task, TOK, greedy, samples_per_prompt=2, seed=4)
+    assert a.completions == b.completions  # argmax decoding: no seed enters
+    assert all(len(set(c)) == 1 for c in a.completions)  # both samples of a prompt are the same
+    assert a.pass_at[1] == a.pass_at[2]
+
+
 def test_bad_arguments_are_refused():
     data = arithmetic(8)
     engine = OracleEngine(data.task, data.train, lambda row, seed: row.answer)

@@ -10,7 +10,8 @@ from common.config.base import ConfigError
 from common.config.job import check_sampler_layout, load_job_config
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted((ROOT / "deploy" / "configs").glob("*.yaml"))
+CONFIGS = sorted(p for p in (ROOT / "deploy" / "configs").glob("*.yaml") if not p.name.startswith("study_"))
+STUDY_CONFIGS = sorted((ROOT / "deploy" / "configs").glob("study_*.yaml"))
 
 GOOD = {
     "model": {"preset": "tiny-llada"},
@@ -35,6 +36,14 @@ def test_deploy_configs_exist_and_parse():
         cfg = load_job_config(path)
         if cfg.model.preset is not None:
             check_sampler_layout(cfg)
+
+
+def test_deploy_study_configs_parse_as_studies():
+    from coordinator.study.config import load_study_config
+
+    assert {p.name for p in STUDY_CONFIGS} >= {"study_cpu.yaml", "study_gpu.yaml"}
+    for path in STUDY_CONFIGS:
+        load_study_config(path)
 
 
 def test_a_good_config_and_its_overrides(tmp_path):
