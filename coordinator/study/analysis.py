@@ -7,8 +7,8 @@ Per run:
     start / final / best held-out pass@1   eval/pass@1 at step 0, at the last evaluation, and the
                                            largest over the evaluations after step 0
     collapse step                          ``find_collapse`` on the batch reward (CollapseRule)
-    largest grad-norm spike                max_t g_t and max_t g_t / median_t g_t, where g_t is the
-                                           step's largest pre-clip gradient norm over its μ updates
+    largest grad-norm spike                max_t g_t and max_t g_t / median_{t: g_t > 0} g_t, where g_t is
+                                           the step's largest pre-clip gradient norm over its μ updates
 Per method: means and standard deviations over seeds, collapses counted as n of N runs.
 """
 from __future__ import annotations
@@ -43,12 +43,17 @@ def find_collapse(rewards: Sequence[float], rule: CollapseRule) -> Optional[int]
 
 
 def grad_spike(grad_norms: Sequence[float]) -> tuple[float, float]:
-    """(largest gradient norm, largest / median): how far the worst step stands above a typical one."""
+    """(largest gradient norm, largest / median): how far the worst step stands above a typical one.
+
+    The median is over the steps that had a gradient (norm > 0): a step whose groups all scored
+    alike has zero advantages and a zero gradient, and a collapsed run has mostly such steps, which
+    would put the median at 0 and the ratio at infinity. Non-finite norms (skipped updates) are left out."""
     finite = [g for g in grad_norms if math.isfinite(g)]
     if not finite:
         return math.nan, math.nan
-    top, median = max(finite), statistics.median(finite)
-    return top, top / median if median > 0 else (math.inf if top > 0 else math.nan)
+    moved = [g for g in finite if g > 0]
+    top = max(finite)
+    return top, top / statistics.median(moved) if moved else math.nan
 
 
 @dataclass

@@ -62,6 +62,28 @@ def collect(study: StudyConfig, statuses: Optional[dict[tuple[str, int], str]] =
     return out
 
 
+def recorded_statuses(study: StudyConfig) -> dict[tuple[str, int], str]:
+    """(method, seed) -> status from the runner's outcomes.jsonl (empty when there is none); a run
+    the file does not name (a study killed from outside) is judged by its steps in ``collect``."""
+    path = study.output_dir / "outcomes.jsonl"
+    out = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                o = json.loads(line)
+                out[(o["method"], int(o["seed"]))] = o["status"]
+    return out
+
+
+def recorded_timing(study: StudyConfig) -> dict[str, float]:
+    """The timing an earlier write_report stored in results.json (empty when there is none)."""
+    path = study.output_dir / "results.json"
+    try:
+        return dict(json.loads(path.read_text()).get("timing") or {})
+    except (OSError, ValueError):
+        return {}
+
+
 def settings_line(study: StudyConfig) -> str:
     """What every run shares, in one line (the regime the study runs in)."""
     cfg = run_config(study, next(iter(study.methods)), study.seeds[0])
@@ -77,7 +99,13 @@ def write_report(study: StudyConfig, *, statuses: Optional[dict[tuple[str, int],
                  timing: Optional[dict[str, float]] = None, command: Optional[str] = None,
                  figure: bool = True) -> dict[str, Any]:
     """Write table.md, results.json and figure.png under ``study.output_dir`` (and the report
-    section, when configured); returns what was written and the run summaries."""
+    section, when configured); returns what was written and the run summaries. Without
+    ``statuses`` or ``timing`` (a report redrawn from a directory), the ones the study recorded
+    there are used: outcomes.jsonl and the timing in an earlier results.json."""
+    if statuses is None:
+        statuses = recorded_statuses(study) or None
+    if timing is None:
+        timing = recorded_timing(study) or None
     runs = collect(study, statuses)
     methods = summarize_methods(runs, list(study.methods))
     out_dir = study.output_dir

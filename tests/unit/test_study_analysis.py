@@ -56,6 +56,14 @@ def test_grad_spike_is_max_over_median_and_ignores_skipped_steps():
     assert all(math.isnan(x) for x in grad_spike([]))
 
 
+def test_grad_spike_median_leaves_out_steps_without_a_gradient():
+    # a collapsed run: most steps' groups all score 0, so their advantages and gradients are 0
+    top, ratio = grad_spike([2.0, 4.0, 40.0] + [0.0] * 10)
+    assert top == 40.0 and ratio == 40.0 / 4.0
+    top, ratio = grad_spike([0.0, 0.0])
+    assert top == 0.0 and math.isnan(ratio)
+
+
 def records(rewards, evals, grad=1.0):
     out = [{"step": 0, "eval/pass@1": evals[0]}]
     for i, r in enumerate(rewards, start=1):

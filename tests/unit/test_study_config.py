@@ -100,6 +100,22 @@ def test_report_from_files_alone(tmp_path):
     assert "Command: `stabledrl study --report X`" in md and "](docs/cpu.png)" in md and "| 1/2 |" in md
 
 
+def test_report_redrawn_from_a_directory_keeps_the_recorded_statuses_and_timing(tmp_path):
+    study = load_study_config(STUDY_CPU, [f"output_dir={tmp_path / 'study'}", "seeds=[0]", "job.run.steps=30",
+                                          "report=null"])
+    save_study_config(study)
+    for method, seed in study.runs:
+        fake_run(study.output_dir / method / f"seed{seed}", [0.4] * 30, 0.4)
+    write_report(study, statuses={run: "finished" for run in study.runs}, timing={"total": 123.0})
+    with (study.output_dir / "outcomes.jsonl").open("w") as f:  # the runner's record: drpo was stopped
+        f.write(json.dumps({"method": "drpo", "seed": 0, "status": "stopped", "wall_s": 1.0, "error": ""}) + "\n")
+    write_report(load_study_dir(study.output_dir), figure=False)
+    table = (study.output_dir / "table.md").read_text()
+    assert "| drpo | 1 (1 unfinished) |" in table and "| grpo | 1 |" in table
+    assert "Not finished: drpo/seed0 (stopped)" in table and "total 123 s" in table
+    assert json.loads((study.output_dir / "results.json").read_text())["timing"] == {"total": 123.0}
+
+
 def test_publish_appends_a_missing_section(tmp_path):
     study = load_study_config(STUDY_CPU, [f"report.markdown={tmp_path / 'S.md'}", "report.section=gpu",
                                           f"report.figure={tmp_path / 'f.png'}"])
