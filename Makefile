@@ -4,6 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 CONFIG  ?= deploy/configs/quickstart.yaml
+RUN_DIR ?= runs/quickstart
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER = 0
 export RAY_USAGE_STATS_ENABLED = 0
 
@@ -19,6 +20,7 @@ install: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/stabledrl train --config $(CONFIG)
+	$(BIN)/stabledrl plot $(RUN_DIR) --out $(RUN_DIR)/training.png
 
 study: $(STAMP)
 	$(BIN)/stabledrl study --config deploy/configs/study_cpu.yaml
@@ -34,6 +36,9 @@ test-e2e: $(STAMP)
 
 test-gpu:
 	python -m pytest -q -m gpu tests/gpu
+
+bench: $(STAMP)  # the GPU benchmarks' CPU check (toy shapes); on a GPU: bash tests/benchmarks/run_gpu.sh
+	$(BIN)/python tests/benchmarks/run_all.py --tiny --quick --out runs/bench_cpu
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
