@@ -15,6 +15,7 @@ from common.models.base import DiffusionPolicy
 from rollout.sampling.base import GenerationOutput
 from rollout.sampling.block_diffusion import generate_block_diffusion
 from rollout.sampling.full_attention import generate_full_attention
+from rollout.sampling.uniform_block import generate_uniform_block
 
 
 def generate(
@@ -23,11 +24,8 @@ def generate(
     """Sample ``cfg.gen_length`` tokens after each prompt with the sampler of the policy's family."""
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds; give one seed per row")
-    if policy.spec.noise != "mask":
-        raise NotImplementedError(
-            f"{policy.spec.name} corrupts with {policy.spec.noise} noise, not a mask token; these samplers decode "
-            "[MASK] canvases (LLaDA, Dream, SDAR/TraDo) and its own sampler is not built"
-        )
+    if policy.spec.noise == "uniform":  # DiffusionGemma: uniform-noise canvases (uniform_block.py)
+        return generate_uniform_block(policy, prompts, seeds, cfg)
     if policy.is_block_diffusion:
         return generate_block_diffusion(policy, prompts, seeds, cfg)
     return generate_full_attention(policy, prompts, seeds, cfg)

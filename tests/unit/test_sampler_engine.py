@@ -60,8 +60,12 @@ def test_requests_are_checked():
         engine.generate([torch.tensor([], dtype=torch.long)], torch.tensor([1]), cfg)
 
 
-def test_uniform_noise_families_are_refused_not_decoded_as_masks():
+def test_uniform_noise_families_run_their_own_sampler_never_mask_canvases():
     policy = build_tiny_policy("diffusion_gemma")
-    cfg = SamplerConfig(gen_length=8, block_length=None, steps=8)
-    with pytest.raises(NotImplementedError, match="uniform noise"):
-        TorchRolloutEngine(policy).generate(prompts_of([3]), torch.tensor([1]), cfg)
+    seen = []
+    hook = policy.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["decoder_input_ids"]), with_kwargs=True)
+    try:
+        out = TorchRolloutEngine(policy).generate(prompts_of([3]), torch.tensor([1]), SamplerConfig(gen_length=8, block_length=None, steps=8))
+    finally:
+        hook.remove()
+    assert out.completion_ids.shape == (1, 8) and seen and not any((s == policy.mask_token_id).all() for s in seen)
