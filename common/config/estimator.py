@@ -127,6 +127,30 @@ class StaircaseConfig(_TimeRange):
     draw_batch: Optional[int] = Field(None, ge=1, description=_DRAW_BATCH_DOC)
 
 
+class UniformStaircaseConfig(_TimeRange):
+    """Uniform-noise block diffusion (DiffusionGemma): per-block UDLM ELBO (arXiv 2412.10193) or a
+    corrupted-token surrogate, every block in one staircase forward (common/estimators/uniform.py)."""
+
+    name: Literal["uniform_staircase"] = "uniform_staircase"
+    objective: Literal["elbo", "corrupted_logp"] = Field(
+        "elbo", description="'elbo' = UDLM's continuous-time ELBO integrand at every real position (a bound on "
+        "log pi); 'corrupted_logp' = log p(o_k) at the corrupted positions only (a surrogate, not a bound)",
+    )
+    t_min: float = Field(0.0, ge=0.0, le=1.0, description="t_b ~ U(t_min, t_max) per block; each position is "
+                         "corrupted with probability t_b (UDLM: U(0, 1))")
+    t_max: float = Field(1.0, ge=0.0, le=1.0, description="(UDLM: 1)")
+    num_draws: int = Field(1, ge=1, description="corruption draws (staircase forwards) per estimate")
+    weighting: Weighting = Field(
+        "weighted", description="'weighted' = sum over blocks (elbo: the ELBO; corrupted_logp: n_b/m_b-scaled); "
+        "'mean' = per-scored-token mean (the StableDRL / SPG length-normalised form)",
+    )
+    masks: Masks = Field("shared", description=_MASKS_DOC)
+
+
+# estimators that corrupt with the family's uniform noise (common/estimators/uniform.py); every other one
+# writes the [MASK] token, which a uniform-noise family (DiffusionGemma) was never trained to read
+UNIFORM_NOISE_ESTIMATORS = ("uniform_staircase",)
+
 EstimatorConfig = Annotated[
     Union[
         MeanFieldConfig,
@@ -136,6 +160,7 @@ EstimatorConfig = Annotated[
         CoupledConfig,
         TrajectoryConfig,
         StaircaseConfig,
+        UniformStaircaseConfig,
     ],
     Field(discriminator="name"),
 ]

@@ -12,15 +12,21 @@
 | coupled      | 1 + 2 num_draws (3)        | 1/2 [log p(o_k | all masked) + w log p(o_k | pair view)]   |
 | trajectory   | distinct (merged) steps    | log p(o_k | the state o_k was decoded from)               |
 | staircase    | num_draws (1), length P+2C | none                                                      |
+| uniform_staircase | num_draws (1), length P+2C | none (uniform-noise families: DiffusionGemma)        |
 
-Block-diffusion families score every estimator through the staircase layout (scoring.py).
+Block-diffusion families score every estimator through the staircase layout (scoring.py). A
+uniform-noise family (DiffusionGemma) takes only the estimators in ``UNIFORM_NOISE_ESTIMATORS``:
+the others corrupt with the [MASK] token, which such a model never saw.
 """
-from common.estimators import block_random, coupled, elbo, mean_field, staircase, trajectory  # noqa: F401  (registration)
-from common.estimators.base import ESTIMATORS, LogLikelihood, estimate, get_estimator, learner_seeds
+from common.estimators import block_random, coupled, elbo, mean_field, staircase, trajectory, uniform  # noqa: F401  (registration)
+from common.estimators.base import (
+    ESTIMATORS, UNIFORM_NOISE_ESTIMATORS, LogLikelihood, estimate, get_estimator, learner_seeds,
+)
 from common.estimators.scoring import build_inputs, score_views
 
 __all__ = [
     "ESTIMATORS",
+    "UNIFORM_NOISE_ESTIMATORS",
     "LogLikelihood",
     "estimate",
     "get_estimator",

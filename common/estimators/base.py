@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Sequence
 
 import torch
 
+from common.config.estimator import UNIFORM_NOISE_ESTIMATORS
 from common.registry import Registry
 from common.seeding import derive_seed
 
@@ -67,7 +68,12 @@ def get_estimator(name: str) -> Estimator:
 
 
 def estimate(policy: "DiffusionPolicy", batch: "SequenceBatch", seeds: torch.Tensor | Sequence[int], cfg: Any) -> LogLikelihood:
-    """Run the estimator that ``cfg.name`` selects."""
+    """Run the estimator that ``cfg.name`` selects (one that corrupts as the policy's family does)."""
+    if (policy.spec.noise == "uniform") != (cfg.name in UNIFORM_NOISE_ESTIMATORS):
+        raise ValueError(
+            f"estimator {cfg.name!r} does not corrupt with the {policy.spec.noise!r} noise of {policy.spec.name}; "
+            f"uniform-noise families take {', '.join(UNIFORM_NOISE_ESTIMATORS)}, [MASK] families every other one"
+        )
     return get_estimator(cfg.name)(policy, batch, as_seeds(seeds, batch.input_ids.shape[0]), cfg)
 
 

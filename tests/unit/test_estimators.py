@@ -74,7 +74,7 @@ SEEDS = torch.tensor([101, 202, 303])
 
 def test_registry_names_and_unknown_name():
     assert ESTIMATORS.names() == sorted(
-        ["mean_field", "elbo_mc", "block_random", "spg_sandwich", "coupled", "trajectory", "staircase"]
+        ["mean_field", "elbo_mc", "block_random", "spg_sandwich", "coupled", "trajectory", "staircase", "uniform_staircase"]
     )
     with pytest.raises(KeyError, match="valid: block_random, coupled"):
         get_estimator("elbo")
