@@ -16,7 +16,7 @@ from typing import Literal, Optional
 from pydantic import Field, model_validator
 
 from common.config.base import ConfigError, StrictModel, apply_overrides, load_yaml, validate
-from common.config.estimator import EstimatorConfig
+from common.config.estimator import UNIFORM_NOISE_ESTIMATORS, EstimatorConfig
 from common.config.learner import LearnerConfig
 from common.config.loss import LossConfig
 from common.config.model import ModelConfig
@@ -168,9 +168,18 @@ class JobConfig(StrictModel):
                 f"algorithm.groups_per_step ({self.algorithm.groups_per_step}) must be >= learner.num_ranks "
                 f"({self.learner.num_ranks}): every rank trains on whole groups"
             )
-        if self.model.preset == "tiny-diffusion-gemma" or self.model.family == "diffusion_gemma":
-            raise ValueError("model: DiffusionGemma renoises with uniform tokens and the rollout sampler decodes [MASK] "
-                             "canvases only; choose a llada, dream or sdar model")
+        # DiffusionGemma renoises with uniform tokens: its own sampler (rollout/sampling/uniform_block.py) and the
+        # uniform-noise estimators read its canvases; every other estimator writes [MASK], which it never saw
+        uniform = self.model.preset == "tiny-diffusion-gemma" or self.model.family == "diffusion_gemma"
+        masked = not uniform and (self.model.preset is not None or self.model.family is not None)
+        if uniform and self.estimator.name not in UNIFORM_NOISE_ESTIMATORS:
+            raise ValueError(f"estimator.name {self.estimator.name!r} corrupts with the [MASK] token, but DiffusionGemma "
+                             f"renoises with uniform tokens; use {' or '.join(UNIFORM_NOISE_ESTIMATORS)}")
+        if masked and self.estimator.name in UNIFORM_NOISE_ESTIMATORS:
+            raise ValueError(f"estimator.name {self.estimator.name!r} scores uniform-noise canvases (DiffusionGemma); "
+                             "this model decodes [MASK] canvases: use staircase, elbo_mc or another masked estimator")
+        if uniform and getattr(self.sampler, "cuda_graph", False):
+            raise ValueError("sampler.cuda_graph: the DiffusionGemma sampler has no graphed step; set it False")
         level = getattr(self.loss, "level", None) or getattr(getattr(self.loss, "base", None), "level", None)
         if level == "token" and self.estimator.name not in TOKEN_ESTIMATORS:
             raise ValueError(f"loss.level 'token' needs per-token values, which estimator.name {self.estimator.name!r} "

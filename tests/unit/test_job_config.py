@@ -68,7 +68,7 @@ def test_a_good_config_and_its_overrides(tmp_path):
         (["learner.deepspeed.zero_stage=1"], "learner.deepspeed.zero_stage"),
         (["weights.backend=carrier_pigeon"], "weights.backend"),
         (["weights.backend=nccl"], "weights.backend"),  # NCCL with CPU rollout workers
-        (["model.preset=tiny-diffusion-gemma"], "model"),
+        (["model.preset=tiny-diffusion-gemma"], "estimator.name"),  # a [MASK] estimator on a uniform-noise model
         (["loss.name=grpo", "loss.level=token"], "loss.level"),  # per-token ratios from a sequence estimator
         (["warmstart.steps=0"], "warmstart.steps"),
         (["model.path=/ckpt"], "model"),  # both a preset and a path
