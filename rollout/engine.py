@@ -24,7 +24,7 @@ import torch
 
 from common.config.sampler import SamplerConfig
 from common.models.base import DiffusionPolicy
-from rollout.sampling import GenerationOutput, generate
+from rollout.sampling import GenerationOutput, StepGraphs, generate
 
 
 @runtime_checkable
@@ -45,11 +45,16 @@ class TorchRolloutEngine:
 
     Requests larger than ``cfg.max_batch_size`` run in micro-batches of prompts of similar length
     (less left padding); since rows are independent of their neighbours this changes no token.
+    With ``cfg.cuda_graph`` the engine keeps the static cached steps (and their CUDA graphs) of the
+    last ``graph_capacity`` shapes across requests (rollout/sampling/graphs.py), so a shape is
+    captured once and replayed by every later request of that shape, across weight updates
+    (``load_weights`` copies in place, where the graphs read).
     """
 
-    def __init__(self, policy: DiffusionPolicy, policy_version: int = 0) -> None:
+    def __init__(self, policy: DiffusionPolicy, policy_version: int = 0, graph_capacity: int = 2) -> None:
         self.policy = policy.eval()
         self.policy_version = int(policy_version)
+        self.graphs = StepGraphs(graph_capacity)
 
     def generate(self, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig) -> GenerationOutput:
         if len(prompts) != len(seeds):
@@ -62,7 +67,7 @@ class TorchRolloutEngine:
         parts = []
         for start in range(0, len(by_length), cfg.max_batch_size):
             rows = by_length[start : start + cfg.max_batch_size]
-            parts.append(generate(self.policy, [prompts[i] for i in rows], seeds[rows], cfg))
+            parts.append(generate(self.policy, [prompts[i] for i in rows], seeds[rows], cfg, self.graphs))
         out = GenerationOutput.concat(parts)
         inverse = torch.empty(len(by_length), dtype=torch.long)
         inverse[torch.tensor(by_length)] = torch.arange(len(by_length))

@@ -28,6 +28,11 @@ attention modules are made non-causal for the generation (transformers would oth
 ``is_causal``, or crop the keys, when no mask is given). Other steps keep the block-causal mask,
 built once per block while the batch is in lockstep (its query and visible slots do not change
 inside a block).
+
+With ``cfg.cuda_graph`` the in-block steps of a lockstep batch run from static buffers instead,
+over all canvas slots behind the block-causal mask, replayed as one CUDA graph (graphs.py); the
+other steps stay as above (with a mask: the graphed canvas may be padded) and write into the
+static step's cache. The tokens are the reference path's (fp32).
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ from common.models.base import DiffusionPolicy
 from rollout.sampling.base import GenerationOutput, HostView, forward_block_logits, run_denoising
 from rollout.sampling.cache import SlotKVCache
 from rollout.sampling.canvas import Canvas, build_canvas
+from rollout.sampling.graphs import StepGraphs, graph_prompt_width, graphed_generation
 from rollout.sampling.state import DecodeState
 
 
@@ -81,9 +87,11 @@ def non_causal(module: torch.nn.Module) -> Iterator[None]:
 
 
 class BlockDiffusionLogits:
-    """``block_logits`` for a block-diffusion policy, with the exact cache or without a cache."""
+    """``block_logits`` for a block-diffusion policy, with the exact cache or without a cache;
+    ``graphs``: in-block lockstep steps from a static step of that pool (exact cache only)."""
 
-    def __init__(self, policy: DiffusionPolicy, canvas: Canvas, block_size: int, use_cache: bool) -> None:
+    def __init__(self, policy: DiffusionPolicy, canvas: Canvas, block_size: int, use_cache: bool,
+                 graphs: Optional[StepGraphs] = None) -> None:
         self.policy, self.canvas, self.block_size = policy, canvas, block_size
         self.blocks = block_ids(canvas.prompt_mask, canvas.gen_length, block_size)  # [B, T]
         self.cache = SlotKVCache(canvas.total_length) if use_cache else None
@@ -93,9 +101,19 @@ class BlockDiffusionLogits:
         self.mask_free = None if (padded or not use_cache) else mask_free_attention(policy)
         self._mask_key: Optional[tuple] = None  # (block start, query kind, visible) of the kept mask
         self._block_mask: Optional[torch.Tensor] = None
+        self.static = None
+        if graphs is not None:
+            if not use_cache:
+                raise ValueError("a graphed block-diffusion step needs the exact cache")
+            self.static = graphs.step(policy, kind="block_inside", batch=canvas.batch_size, query_length=block_size,
+                                      num_slots=canvas.total_length, logits_from=0, block_length=block_size)
+            self.cache, self.mask_free = self.static.cache, None  # the static step always carries its mask
+            self._static_block = -1  # block start the static mask holds (this generation)
 
     def __call__(self, state: DecodeState, view: HostView) -> torch.Tensor:
         c, bs = self.canvas, self.block_size
+        if self.static is not None and view.forward > 0 and not view.refresh and view.lo == view.hi:
+            return self._static_inside(state, view)
         if self.cache is None:
             offsets = None if view.lo == view.hi else state.block_start - view.lo
             return forward_block_logits(
@@ -122,6 +140,16 @@ class BlockDiffusionLogits:
             block_length=bs, cache=self.cache,
         )
 
+    def _static_inside(self, state: DecodeState, view: HostView) -> torch.Tensor:
+        """An in-block step of a lockstep batch from the static step: [current block] against all
+        T slots, later blocks hidden by the block-causal mask (built once per block)."""
+        c = self.canvas
+        current = state.block_positions()  # [B, bs]
+        if self._static_block != view.lo:
+            self.static.mask.copy_(chunk_block_mask(self.blocks, c.valid, current, c.total_length))  # [B, 1, bs, T]
+            self._static_block = view.lo
+        return self.static(c.ids.gather(1, current), c.position_ids.gather(1, current), current)
+
     def _attention(self, query: torch.Tensor, visible: int, kind: str, view: HostView):
         """The cached step's mask: none for an in-block step of an unpadded lockstep batch, else
         the block-causal mask of the chunk, rebuilt only when the block or the chunk changes."""
@@ -136,22 +164,35 @@ class BlockDiffusionLogits:
 
 
 def generate_block_diffusion(
-    policy: DiffusionPolicy, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig
+    policy: DiffusionPolicy, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig,
+    graphs: Optional[StepGraphs] = None,
 ) -> GenerationOutput:
     """Generate ``cfg.gen_length`` tokens after each prompt with a block-diffusion policy;
-    ``cfg.cache``: "prefix"/"auto" = exact KV cache, "none" = the reference path."""
+    ``cfg.cache``: "prefix"/"auto" = exact KV cache, "none" = the reference path. With
+    ``cfg.cuda_graph`` the in-block steps replay a static step of ``graphs`` (kept across calls;
+    None: a pool for this call only)."""
     if not policy.is_block_diffusion:
         raise ValueError(f"{policy.spec.name} is a full-attention family; use generate_full_attention")
     block_size, _, steps_per_block = cfg.layout(policy.block_size, block_diffusion=True)
     use_cache = cfg.resolved_cache(block_diffusion=True) == "prefix"
+    # at least one block of prompt slots, so [previous block | block 0] is always inside the canvas
+    width = block_size
+    if cfg.cuda_graph:
+        graphs = graphs if graphs is not None else StepGraphs()
+        width = graph_prompt_width(prompts, block_size)
     with torch.inference_mode():
-        # at least one block of prompt slots, so [previous block | block 0] is always inside the canvas
         canvas = build_canvas(
             prompts, cfg.gen_length, mask_token_id=policy.mask_token_id, pad_token_id=policy.pad_token_id,
-            device=policy.device, min_prompt_width=block_size,
+            device=policy.device, min_prompt_width=width,
         )
-        block_logits = BlockDiffusionLogits(policy, canvas, block_size, use_cache)
-        with non_causal(policy) if block_logits.mask_free is not None else contextlib.nullcontext():
+        block_logits = BlockDiffusionLogits(policy, canvas, block_size, use_cache, graphs if cfg.cuda_graph else None)
+        if cfg.cuda_graph:
+            context = graphed_generation(policy)
+        elif block_logits.mask_free is not None:
+            context = non_causal(policy)
+        else:
+            context = contextlib.nullcontext()
+        with context:
             return run_denoising(
                 canvas, seeds, cfg, block_length=block_size, steps_per_block=steps_per_block,
                 mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id, block_logits=block_logits,

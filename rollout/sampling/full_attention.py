@@ -22,10 +22,15 @@ path keeps rows independent (no waiting).
 
 Dream's shifted logits (token k predicted at k-1) are undone by ``DiffusionPolicy``; a cached step
 therefore also feeds the token just before the block, whose logit predicts the block's first.
+
+With ``cfg.cuda_graph`` (dual cache only) the cached step runs from static buffers and is replayed
+as one CUDA graph (graphs.py); its shape is the same whatever the block, so it computes what the
+eager dual step computes. Refreshes stay eager.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import Optional, Sequence
 
 import torch
 
@@ -35,19 +40,31 @@ from common.models.base import DiffusionPolicy
 from rollout.sampling.base import GenerationOutput, HostView, forward_block_logits, run_denoising
 from rollout.sampling.cache import SlotKVCache
 from rollout.sampling.canvas import Canvas, build_canvas
+from rollout.sampling.graphs import StepGraphs, graph_prompt_width, graphed_generation
 from rollout.sampling.state import DecodeState
 
 
 class FullAttentionLogits:
-    """``block_logits`` for a full-attention policy under one cache mode ("none", "prefix", "dual")."""
+    """``block_logits`` for a full-attention policy under one cache mode ("none", "prefix", "dual");
+    ``graphs``: the dual cache's cached step from a static step of that pool."""
 
-    def __init__(self, policy: DiffusionPolicy, canvas: Canvas, block_length: int, mode: str) -> None:
+    def __init__(self, policy: DiffusionPolicy, canvas: Canvas, block_length: int, mode: str,
+                 graphs: Optional[StepGraphs] = None) -> None:
         self.policy, self.canvas, self.block_length, self.mode = policy, canvas, block_length, mode
         self.shift = int(policy.spec.shifted_logits)
         self.mask = full_mask(canvas.valid)  # [B, 1, T, T], fixed for the whole generation
         t = canvas.total_length
         self.cache = None if mode == "none" else SlotKVCache(t)
         self.all_slots = torch.arange(t, device=canvas.ids.device).expand(canvas.batch_size, t)
+        self.static = None
+        if graphs is not None:
+            if mode != "dual":
+                raise ValueError(f"only the dual-cache step has a static shape, not cache={mode!r}")
+            lq = block_length + self.shift
+            self.static = graphs.step(policy, kind="dual", batch=canvas.batch_size, query_length=lq, num_slots=t,
+                                      logits_from=self.shift, block_length=block_length)
+            self.cache = self.static.cache
+            self.static.mask.copy_(canvas.valid[:, None, None, :].expand_as(self.static.mask))  # [B, 1, Lq, T]
 
     def __call__(self, state: DecodeState, view: HostView) -> torch.Tensor:
         if self.cache is None or view.refresh:
@@ -86,6 +103,8 @@ class FullAttentionLogits:
         if self.shift:
             query = torch.cat([query[:, :1] - 1, query], dim=1)  # [B, 1 + Lb]
             slots = torch.cat([torch.full_like(query[:, :1], cache.scratch_slot), slots], dim=1)
+        if self.static is not None:
+            return self.static(c.ids.gather(1, query), c.position_ids.gather(1, query), slots)
         cache.set_slots(slots, c.total_length)
         lq = query.shape[1]
         attend = c.valid[:, None, None, :].expand(c.batch_size, 1, lq, c.total_length)  # [B, 1, Lq, T]
@@ -96,21 +115,28 @@ class FullAttentionLogits:
 
 
 def generate_full_attention(
-    policy: DiffusionPolicy, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig
+    policy: DiffusionPolicy, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig,
+    graphs: Optional[StepGraphs] = None,
 ) -> GenerationOutput:
     """Generate ``cfg.gen_length`` tokens after each prompt (1-D int tensors, no padding);
-    ``seeds`` [B] seeds each row's own generator."""
+    ``seeds`` [B] seeds each row's own generator. With ``cfg.cuda_graph`` (dual cache) the cached
+    steps replay a static step of ``graphs`` (kept across calls; None: a pool for this call only)."""
     if policy.is_block_diffusion:
         raise ValueError(f"{policy.spec.name} is a block-diffusion family; use generate_block_diffusion")
     block_length, _, steps_per_block = cfg.layout(policy.block_size)
     mode = cfg.resolved_cache(block_diffusion=False)
-    with torch.inference_mode():
+    width = 1
+    if cfg.cuda_graph:
+        graphs = graphs if graphs is not None else StepGraphs()
+        width = graph_prompt_width(prompts, 1)
+    with torch.inference_mode(), graphed_generation(policy) if cfg.cuda_graph else contextlib.nullcontext():
         canvas = build_canvas(
             prompts, cfg.gen_length, mask_token_id=policy.mask_token_id, pad_token_id=policy.pad_token_id,
-            device=policy.device,
+            device=policy.device, min_prompt_width=width,
         )
+        block_logits = FullAttentionLogits(policy, canvas, block_length, mode, graphs if cfg.cuda_graph else None)
         return run_denoising(
             canvas, seeds, cfg, block_length=block_length, steps_per_block=steps_per_block,
             mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id,
-            block_logits=FullAttentionLogits(policy, canvas, block_length, mode), block_sync=mode != "none",
+            block_logits=block_logits, block_sync=mode != "none",
         )

@@ -1,0 +1,144 @@
+"""The static cached steps of ``SamplerConfig.cuda_graph`` (rollout/sampling/graphs.py), run on the
+CPU without capture: the graph only replays what this path computes, so these tests pin the tokens.
+
+Block diffusion: the static in-block step gives exactly the reference path's tokens (fp32), over
+several blocks, with padded prompts, with EOS stops, with threshold decoding. Full attention: the
+static dual-cache step gives the eager dual cache's tokens. The engine keeps its static steps across
+requests (reused, dropped when the weights move, bounded), and a bad combination is refused.
+"""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from common.config.base import ConfigError, validate
+from common.config.sampler import SamplerConfig
+from common.models import build_tiny_policy
+from rollout.engine import TorchRolloutEngine
+from rollout.sampling import StepGraphs, generate, graphs as graphs_module
+
+torch.set_num_threads(1)
+SAME = [torch.arange(5, 11), torch.arange(20, 26), torch.arange(40, 46)]
+MIXED = [torch.arange(5, 10), torch.arange(20, 22), torch.arange(40, 48)]
+SEEDS = torch.tensor([3, 4, 5])
+
+
+@pytest.fixture(scope="module")
+def sdar():
+    return build_tiny_policy("sdar", block_size=4)
+
+
+def cfg(**kw) -> SamplerConfig:
+    return SamplerConfig(**{**dict(gen_length=32, block_length=None, steps=32, temperature=0.9, stop_at_eos=False), **kw})
+
+
+def assert_same(got, ref) -> None:
+    assert torch.equal(got.completion_ids, ref.completion_ids)
+    assert torch.equal(got.decode_step, ref.decode_step)
+    assert torch.equal(got.completion_length, ref.completion_length)
+    assert got.num_forwards == ref.num_forwards
+
+
+@pytest.mark.parametrize("prompts", [SAME, MIXED], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("kw", [dict(), dict(steps=16), dict(temperature=0.0), dict(remasking="random"),
+                                dict(threshold=0.02)], ids=["1/step", "2/step", "greedy", "random", "threshold"])
+def test_static_in_block_step_gives_the_reference_tokens(sdar, prompts, kw):
+    graphs = StepGraphs()
+    got = generate(sdar, prompts, SEEDS, cfg(cuda_graph=True, **kw), graphs)
+    ref = generate(sdar, prompts, SEEDS, cfg(cache="none", **kw))
+    assert_same(got, ref)
+    if "threshold" not in kw:  # 8 blocks: the first step of each feeds two blocks, the others run static
+        steps = 32 // kw.get("steps", 32)
+        assert graphs.calls == 8 * (4 // steps - 1) and graphs.built == 1
+    else:
+        assert 0 < graphs.calls < got.num_forwards
+    assert graphs.captures == 0 and graphs.replays == 0  # nothing is captured on a CPU
+
+
+def test_static_step_stops_at_eos_like_the_reference():
+    policy = build_tiny_policy("sdar", block_size=4)
+    free = generate(policy, MIXED, SEEDS, cfg())
+    policy.eos_token_id = int(free.completion_ids[0, 9])  # a token the model really emits: rows stop early
+    got = generate(policy, MIXED, SEEDS, cfg(cuda_graph=True, stop_at_eos=True))
+    ref = generate(policy, MIXED, SEEDS, cfg(cache="none", stop_at_eos=True))
+    assert_same(got, ref)
+    assert int(got.completion_length.min()) < 32  # some row stopped at its EOS, the others went on
+
+
+def test_prompt_width_is_bucketed_and_padding_changes_no_token(sdar):
+    lengths = []
+    hook = sdar.model.register_forward_pre_hook(lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        got = generate(sdar, MIXED, SEEDS, cfg(cuda_graph=True))
+    finally:
+        hook.remove()
+    assert lengths[0] == graphs_module.PROMPT_BUCKET + 4  # [prompt padded to 32 | block 0]
+    assert_same(got, generate(sdar, MIXED, SEEDS, cfg()))
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("kw", [dict(steps=16), dict(steps=32, threshold=0.012), dict(steps=16, temperature=0.0)])
+def test_static_dual_step_gives_the_eager_dual_cache_tokens(family, kw):
+    policy = build_tiny_policy(family)
+    c = SamplerConfig(**{**dict(gen_length=32, block_length=8, temperature=0.9, stop_at_eos=False, cache="dual"), **kw})
+    graphs = StepGraphs()
+    got = generate(policy, MIXED, SEEDS, c.model_copy(update={"cuda_graph": True}), graphs)
+    assert_same(got, generate(policy, MIXED, SEEDS, c))
+    assert graphs.calls == got.num_forwards - 4  # every forward but the 4 refreshes
+
+
+def test_engine_keeps_its_static_step_across_requests_and_weight_loads():
+    policy = build_tiny_policy("sdar", block_size=4, seed=0)
+    engine = TorchRolloutEngine(policy)
+    c = cfg(cuda_graph=True, steps=16)
+    first = engine.generate(MIXED, SEEDS, c)
+    others = [torch.arange(50, 53), torch.arange(60, 70), torch.arange(70, 74)]
+    second = engine.generate(others, SEEDS + 7, c)  # same rows, prompts in the same bucket: same shape
+    assert (engine.graphs.built, engine.graphs.reuses) == (1, 1)
+    assert_same(second, generate(policy, others, SEEDS + 7, cfg(cache="none", steps=16)))
+
+    other = build_tiny_policy("sdar", block_size=4, seed=1)
+    engine.load_weights(other.state_dict(), version=2)  # copied in place: the static step stays valid
+    after = engine.generate(MIXED, SEEDS, c)
+    assert (engine.graphs.built, engine.graphs.reuses) == (1, 2)
+    assert_same(after, generate(other, MIXED, SEEDS, cfg(cache="none", steps=16)))
+    assert not torch.equal(after.completion_ids, first.completion_ids)
+
+    with torch.no_grad():  # a parameter with a new storage: the step is rebuilt (a graph would read the old one)
+        policy.model.lm_head.weight = torch.nn.Parameter(policy.model.lm_head.weight.clone())
+    engine.generate(MIXED, SEEDS, c)
+    assert engine.graphs.built == 2
+
+
+def test_static_steps_are_bounded_least_recently_used_first(sdar):
+    graphs = StepGraphs(capacity=2)
+    c = cfg(cuda_graph=True, steps=16, gen_length=16)
+    for rows in (1, 2, 3, 1):  # three shapes, then the first again
+        generate(sdar, MIXED[:rows], SEEDS[:rows], c, graphs)
+    assert graphs.built == 4 and len(graphs._steps) == 2  # shape 1 was dropped before it came back
+    assert graphs.calls == 4 * 4 * 3  # 4 blocks of 4 steps: 3 static steps each, dropped steps still counted
+    with pytest.raises(ValueError, match="at least one"):
+        StepGraphs(capacity=0)
+
+
+def test_without_cuda_one_log_line_says_nothing_is_captured(sdar, caplog, monkeypatch):
+    monkeypatch.setattr(graphs_module, "_announced", set())
+    with caplog.at_level(logging.WARNING, logger="rollout.sampling.graphs"):
+        for _ in range(2):
+            generate(sdar, SAME, SEEDS, cfg(cuda_graph=True, gen_length=8, steps=4))
+    lines = [r.getMessage() for r in caplog.records if r.name == "rollout.sampling.graphs"]
+    assert len(lines) == 1 and "without CUDA graph capture" in lines[0]
+
+
+def test_graphs_need_a_cached_step_of_static_shape(sdar):
+    with pytest.raises(ConfigError) as err:
+        validate(SamplerConfig, {"cache": "none", "cuda_graph": True}, source="rollout.sampler")
+    assert "cuda_graph:" in str(err.value) and "static shape" in str(err.value)
+    llada = build_tiny_policy("llada")
+    for cache in ("auto", "prefix"):  # full attention resolves to the exact path or the prefix cache
+        with pytest.raises(ConfigError, match="cuda_graph=True with cache="):
+            generate(llada, SAME, SEEDS, SamplerConfig(gen_length=16, block_length=8, steps=8, cache=cache, cuda_graph=True))
+    assert SamplerConfig(cuda_graph=True).resolved_cache(block_diffusion=True) == "prefix"
+    assert SamplerConfig().cuda_graph is False  # eager stays the default
