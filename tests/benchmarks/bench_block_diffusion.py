@@ -4,27 +4,35 @@ exact KV cache: batch 128, block 4, prompt 128, gen 256 (target >= 3,000 tokens/
 Whole generations through the real engine (``rollout.sampling.generate``, cache "prefix" = the
 exact cache), ``stop_at_eos=False`` so every row decodes all 256 positions:
 
-speed       steps = 256 (one token per step: 4 steps per block) and 128 (two per step); tokens/s
-            = B * 256 / wall seconds; achieved FLOP/s from the tokens each forward feeds.
+speed       the eager sampler (the default), steps = 256 (one token per step: 4 steps per block)
+            and 128 (two per step; --quick: 256 only); tokens/s = B * 256 / wall seconds; achieved
+            FLOP/s from the tokens each forward feeds.
+graphed     the sampler's CUDA-graph path (``SamplerConfig.cuda_graph``, rollout/sampling/graphs.py:
+            the in-block step from static buffers over all T slots behind the block-causal mask,
+            GQA folded into the query, one graph per shape) at the same steps, through one
+            ``StepGraphs`` pool kept across generations as ``TorchRolloutEngine`` keeps it: the
+            first generation of the shape (its capture included) and the next one (replays only:
+            an engine's steady state); tokens/s and speed-up over the eager run at equal steps.
 profile     torch.profiler over 8 forwards (2 blocks: their entering steps and in-block steps, with
-            the decode steps between them) of a one-token-per-step generation: wall vs device-busy
-            ms per forward, kernels launched, the top-20 kernels and the top host ops. Wall far
-            above device-busy time means the forward is bound by the host (Python and launches of
-            ~3,000 aten ops per forward at this depth), not by the GPU.
+            the decode steps between them) of an eager one-token-per-step generation: wall vs
+            device-busy ms per forward, kernels launched, the top-20 kernels and the top host ops.
+            Wall far above device-busy time means the forward is bound by the host (Python and
+            launches of ~3,000 aten ops per forward at this depth), not by the GPU.
+graph_profile  the same table over a whole short graphed generation (after one that captured its
+            shape): 4 blocks, 16 forwards, 12 of them replays. Whether kernels launched by a graph
+            replay are listed depends on the profiler: the record says how many kernels it saw.
 exactness   the cached path against the reference path without cache (whole canvas, block-causal
             mask, every step), temperature 0: (a) in fp32 on a model of the same widths and
             vocabulary but 4 layers (fp32 kernels round alike whatever the shape: must be 100%
-            identical), (b) on the bf16 8B model (random weights give nearly flat logits, so the
-            bf16 rounding of different kernel shapes flips argmaxes: reported, not a defect).
-cuda_graph  an experiment (graphed_steps.py): the in-block step with static shapes (all T slots
-            behind a block-causal mask) replayed as one CUDA graph per generation; tokens/s at one
-            token per step with transformers' sdpa (repeat_kv + masked kernel) and with the GQA
-            fold; exactness in fp32 (the 4-layer model: graphed vs reference tokens, must be 100%).
-            On a CPU the static path runs uncaptured (checks the code path, not the speed).
-gqa_fold    the same one-token-per-step generation with grouped-query attention folded into the
-            query length instead of transformers' repeat_kv copy of the KV cache (gqa_fold.py, an
-            experiment; not in --quick: the first run measured 0.95x): tokens/s, speed-up over
-            the stock path, token agreement with it.
+            identical), for the eager cached path and the graphed path; (b) eager cached on the
+            bf16 8B model (random weights give nearly flat logits, so the bf16 rounding of different
+            kernel shapes flips argmaxes: reported, not a defect; not in --quick).
+gqa_fold    the eager one-token-per-step generation with grouped-query attention folded into the
+            query length (common/models/gqa_fold.py; the graphed path always folds) instead of
+            transformers' repeat_kv copy of the KV cache; not in --quick (the first run measured
+            0.95x: eager steps are bound by the host): tokens/s, speed-up, token agreement.
+On a CPU (--tiny) the graphed path runs its static steps uncaptured: it checks the code path and
+the tokens, not the speed.
 
     python tests/benchmarks/bench_block_diffusion.py --peak-from matmul.json --out bd.json
     python tests/benchmarks/bench_block_diffusion.py --tiny --out bd.json
@@ -32,16 +40,16 @@ gqa_fold    the same one-token-per-step generation with grouped-query attention 
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 import benchlib as bl
 import torch
 
 from common.config.sampler import SamplerConfig
-from rollout.sampling import generate
+from common.models.gqa_fold import folded_attention
+from rollout.sampling import StepGraphs, generate
 
-PARTS = ("speed", "profile", "exactness", "cuda_graph", "gqa_fold")
-QUICK_PARTS = ("speed", "profile", "exactness", "cuda_graph")
+PARTS = ("speed", "graphed", "profile", "graph_profile", "exactness", "gqa_fold")
+QUICK_PARTS = ("speed", "graphed", "graph_profile", "exactness")
 
 
 def parse() -> argparse.Namespace:
@@ -56,7 +64,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--exact-batch", type=int, default=4)
     ap.add_argument("--exact-gen", type=int, default=None, help="gen_length of the exactness runs (default 64; 16 tiny)")
     ap.add_argument("--exact-layers", type=int, default=4, help="layers of the fp32 exactness model")
-    ap.add_argument("--quick", action="store_true", help=f"parts {QUICK_PARTS} only (the GPU re-measure)")
+    ap.add_argument("--quick", action="store_true", help=f"parts {QUICK_PARTS} only, fp32 exactness only")
     ap.add_argument("--parts", default=None, help=f"comma list of {PARTS} (default all; --quick: {QUICK_PARTS})")
     ap.add_argument("--peak-from", default=None)
     ap.add_argument("--out", default=None)
@@ -92,110 +100,124 @@ def main() -> None:
                     stop_at_eos=False, max_batch_size=a.batch)
         return SamplerConfig(**{**base, **kw})
 
-    def run(c: SamplerConfig, rows: int):
-        return bl.timed(lambda: generate(policy, prompts[:rows], seeds[:rows], c), dev)
+    def run(c: SamplerConfig, rows: int, graphs: StepGraphs | None = None):
+        return bl.timed(lambda: generate(policy, prompts[:rows], seeds[:rows], c, graphs), dev)
+
+    def speed_row(out, secs: float, steps: int) -> dict:
+        tflops = generation_flops(sc, a, steps, out.num_forwards) / secs / 1e12
+        return {"forwards": out.num_forwards, "seconds": secs, "tokens_per_s": a.batch * a.gen / secs,
+                "tokens_per_step_per_row": a.gen / steps, "achieved_tflops": tflops,
+                "pct_of_measured_matmul": 100 * tflops / peak if peak else None,
+                "ms_per_forward": 1e3 * secs / out.num_forwards}
 
     parts = a.parts.split(",")
-    stock: dict = {}  # steps -> the stock path's speed row; "tokens" -> its exactness-run tokens
+    short = dict(gen_length=4 * a.block, steps=4 * a.block)  # warm-ups and profiles: 4 blocks, 16 forwards
+    eager: dict = {}  # steps -> the eager path's speed row
     if "speed" in parts:
         with res.part("speed", dev):
-            run(cfg(gen_length=4 * a.block, steps=4 * a.block), a.batch)  # warm-up: same batch, short canvas
-            rows = {}
+            run(cfg(**short), a.batch)  # warm-up: same batch, short canvas
             for steps in a.steps:
                 out, secs = run(cfg(steps=steps), a.batch)
-                tflops = generation_flops(sc, a, steps, out.num_forwards) / secs / 1e12
-                rows[steps] = {"forwards": out.num_forwards, "seconds": secs, "tokens_per_s": a.batch * a.gen / secs,
-                               "tokens_per_step_per_row": a.gen / steps, "achieved_tflops": tflops,
-                               "pct_of_measured_matmul": 100 * tflops / peak if peak else None,
-                               "ms_per_forward": 1e3 * secs / out.num_forwards}
-                res.put("speed", {"batch": a.batch, "block": a.block, "by_steps": rows})
-            stock = dict(rows)
+                eager[steps] = speed_row(out, secs, steps)
+                res.put("speed", {"batch": a.batch, "block": a.block, "path": "eager", "by_steps": eager})
+    if "graphed" in parts:
+        with res.part("graphed", dev):
+            run(cfg(cuda_graph=True, **short), a.batch)  # warm-up of the kernels (a shape of its own)
+            graphs, rows = StepGraphs(), {}
+            for i, steps in enumerate(a.steps):  # the shape's capture included, then replays only
+                for when in ("first", "again") if i == 0 else ("again",):
+                    out, secs = run(cfg(steps=steps, cuda_graph=True), a.batch, graphs)
+                    row = {**speed_row(out, secs, steps), "captures": graphs.captures, "replays": graphs.replays}
+                    if steps in eager:
+                        row["speedup_vs_eager"] = eager[steps]["seconds"] / secs
+                    rows[f"{steps}_{when}"] = row
+                    res.put("graphed", {"batch": a.batch, "block": a.block, "path": "cuda_graph", "by_run": rows})
+            del graphs
+            _free(dev)
     if "profile" in parts:
         with res.part("profile", dev):
-            c = cfg(gen_length=4 * a.block, steps=4 * a.block)  # forwards: prefill, then 4 per block
+            c = cfg(**short)  # forwards: prefill, then 4 per block
             res.put("profile", bl.profile_forwards(policy.model, lambda: generate(policy, prompts, seeds, c), dev,
                                                    skip=a.block, active=2 * a.block))
+    if "graph_profile" in parts:
+        with res.part("graph_profile", dev):
+            graphs, c = StepGraphs(), cfg(cuda_graph=True, **short)
+            first = generate(policy, prompts, seeds, c, graphs)  # captures the short canvas's shape
+            before = graphs.replays
+            table = bl.profile_run(lambda: generate(policy, prompts, seeds, c, graphs), dev, forwards=first.num_forwards)
+            res.put("graph_profile", {**table, "replays_profiled": graphs.replays - before, "captures": graphs.captures})
+            del graphs
+            _free(dev)
     if "exactness" in parts:
         with res.part("exactness", dev):
-            rows = min(a.exact_batch, a.batch)
-            c = cfg(gen_length=a.exact_gen, steps=a.exact_gen, temperature=0.0)
-            row = {"rows": rows, "gen": a.exact_gen}
-            fp32 = bl.build_policy(a.shape, dev, torch.float32, block_size=a.block, num_hidden_layers=a.exact_layers)
-            row["fp32"] = {"layers": a.exact_layers, **agreement(fp32, prompts[:rows], seeds[:rows], c)}
-            row["fp32"].pop("_tokens")
-            del fp32
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-            own = agreement(policy, prompts[:rows], seeds[:rows], c)
-            stock["tokens"] = own.pop("_tokens")
-            row[str(bl.compute_dtype(dev)).replace("torch.", "")] = own
-            res.put("exactness", row)
-    if "cuda_graph" in parts:
-        with res.part("cuda_graph", dev):
-            res.put("cuda_graph", cuda_graph(a, policy, prompts, seeds, cfg, stock, dev))
+            res.put("exactness", exactness(a, policy, prompts, seeds, cfg, dev))
     if "gqa_fold" in parts:
         with res.part("gqa_fold", dev):
-            from gqa_fold import folded_attention
-
             with folded_attention(policy):
-                run(cfg(gen_length=4 * a.block, steps=4 * a.block), a.batch)  # warm-up
+                run(cfg(**short), a.batch)  # warm-up
                 out, secs = run(cfg(steps=a.gen), a.batch)
                 row = {"steps": a.gen, "seconds": secs, "tokens_per_s": a.batch * a.gen / secs,
                        "ms_per_forward": 1e3 * secs / out.num_forwards}
-                if a.gen in stock:
-                    row["speedup_vs_stock"] = stock[a.gen]["seconds"] / secs
-                if stock.get("tokens") is not None:
-                    rows = stock["tokens"].shape[0]
-                    folded, _ = run(cfg(gen_length=a.exact_gen, steps=a.exact_gen, temperature=0.0), rows)
-                    row["token_agreement_with_stock"] = float((folded.completion_ids == stock["tokens"]).float().mean())
+                if a.gen in eager:
+                    row["speedup_vs_stock"] = eager[a.gen]["seconds"] / secs
             res.put("gqa_fold", row)
     res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
 
 
-def cuda_graph(a, policy, prompts, seeds, cfg, stock: dict, dev: torch.device) -> dict:
-    """The graphed in-block step (graphed_steps.py): speed at one token per step, stock attention
-    and GQA fold, and fp32 exactness on the small model."""
-    from gqa_fold import folded_attention
-    from graphed_steps import generate_graphed
-
-    row: dict = {}
+def exactness(a, policy, prompts, seeds, cfg, dev: torch.device) -> dict:
+    """Reference path (no cache) vs the eager exact cache and the graphed path, temperature 0:
+    fp32 on a 4-layer model of the real widths; the compute dtype on the full model (not --quick)."""
     rows = min(a.exact_batch, a.batch)
     c = cfg(gen_length=a.exact_gen, steps=a.exact_gen, temperature=0.0)
+    out = {"rows": rows, "gen": a.exact_gen}
     fp32 = bl.build_policy(a.shape, dev, torch.float32, block_size=a.block, num_hidden_layers=a.exact_layers)
-    (graphed, replays), _ = bl.timed(lambda: generate_graphed(fp32, prompts[:rows], seeds[:rows], c), dev)
-    ref = generate(fp32, prompts[:rows], seeds[:rows], c.model_copy(update={"cache": "none"}))
-    row["fp32_exactness"] = {"layers": a.exact_layers, "replays": replays,
-                             "token_agreement": float((graphed.completion_ids == ref.completion_ids).float().mean())}
-    del fp32, graphed, ref
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-    for name, ctx in (("sdpa", contextlib.nullcontext), ("sdpa_gqa_fold", lambda: folded_attention(policy))):
-        with ctx():
-            generate_graphed(policy, prompts, seeds, cfg(gen_length=4 * a.block, steps=4 * a.block))  # warm-up
-            (out, replays), secs = bl.timed(lambda: generate_graphed(policy, prompts, seeds, cfg(steps=a.gen)), dev)
-        r = {"steps": a.gen, "replays": replays, "seconds": secs, "tokens_per_s": a.batch * a.gen / secs,
-             "ms_per_forward": 1e3 * secs / out.num_forwards}
-        if a.gen in stock:
-            r["speedup_vs_eager"] = stock[a.gen]["seconds"] / secs
-        row[name] = r
-    return row
+    out["fp32"] = {"layers": a.exact_layers, **agreement(fp32, prompts[:rows], seeds[:rows], c, graphed=True)}
+    del fp32
+    _free(dev)
+    if not a.quick:
+        out[str(bl.compute_dtype(dev)).replace("torch.", "")] = agreement(policy, prompts[:rows], seeds[:rows], c)
+    return out
 
 
-def agreement(policy, prompts, seeds, c: SamplerConfig) -> dict:
-    """Cached (exact cache) vs reference tokens of one model, temperature 0."""
+def agreement(policy, prompts, seeds, c: SamplerConfig, graphed: bool = False) -> dict:
+    """Cached (exact cache) and, with ``graphed``, the CUDA-graph path vs reference tokens of one model."""
     ref, ref_s = bl.timed(lambda: generate(policy, prompts, seeds, c.model_copy(update={"cache": "none"})), policy.device)
     got, got_s = bl.timed(lambda: generate(policy, prompts, seeds, c), policy.device)
     same = (got.completion_ids == ref.completion_ids).float()
-    return {"token_agreement": float(same.mean()), "rows_identical": int(same.all(dim=1).sum()),
-            "none_seconds": ref_s, "cached_seconds": got_s, "same_forwards": got.num_forwards == ref.num_forwards,
-            "_tokens": got.completion_ids}
+    row = {"token_agreement": float(same.mean()), "rows_identical": int(same.all(dim=1).sum()),
+           "none_seconds": ref_s, "cached_seconds": got_s, "same_forwards": got.num_forwards == ref.num_forwards}
+    if graphed:
+        row.update(graphed_agreement(policy, prompts, seeds, c, ref))
+    return row
+
+
+def graphed_agreement(policy, prompts, seeds, c: SamplerConfig, ref) -> dict:
+    """The graphed path against the reference: its first generation (capture), the next one on the
+    same pool (replays of that graph), and one more after every weight changed in place (what a
+    weight push does): the kept graph must read the new weights. Changes ``policy``'s weights."""
+    graphs, g = StepGraphs(), c.model_copy(update={"cuda_graph": True})
+    first = generate(policy, prompts, seeds, g, graphs)
+    again = generate(policy, prompts, seeds, g, graphs)
+    with torch.no_grad():
+        gen = torch.Generator(device=policy.device).manual_seed(7)
+        for p in policy.parameters():
+            p.mul_(1 + 0.5 * torch.rand(p.shape, generator=gen, device=p.device, dtype=p.dtype))
+    ref2 = generate(policy, prompts, seeds, c.model_copy(update={"cache": "none"}))
+    moved = generate(policy, prompts, seeds, g, graphs)
+    return {"graphed_token_agreement": float((first.completion_ids == ref.completion_ids).float().mean()),
+            "graphed_decode_steps_equal": bool(torch.equal(first.decode_step, ref.decode_step)),
+            "graphed_replay_identical": bool(torch.equal(again.completion_ids, first.completion_ids)),
+            "graphed_after_inplace_weights_agreement": float((moved.completion_ids == ref2.completion_ids).float().mean()),
+            "reference_changed_with_weights": not torch.equal(ref2.completion_ids, ref.completion_ids),
+            "graphed_captures": graphs.captures, "graphed_replays": graphs.replays, "graphed_reuses": graphs.reuses}
 
 
 def generation_flops(sc: bl.ShapeCount, a: argparse.Namespace, steps: int, forwards: int) -> float:
     """FLOPs of one cached generation with fixed steps: the first forward feeds [prompt | block 0];
     the first step of every later block feeds [previous block | current block] (the previous one
     enters the cache), the other steps only the current block. Keys read: the prompt and the blocks
-    up to the current one (the average over the generation). Logits: the current block."""
+    up to the current one (the average over the generation; the graphed step reads all T slots,
+    the extra ones masked: not counted as useful work). Logits: the current block."""
     b, bs = a.batch, a.block
     mean_keys = a.prompt + a.gen / 2 + bs / 2
     first = bl.forward_flops(sc, rows=b, query_len=a.prompt + bs, key_len=a.prompt + bs, logit_positions=bs)
@@ -205,6 +227,11 @@ def generation_flops(sc: bl.ShapeCount, a: argparse.Namespace, steps: int, forwa
     n_entering = nblocks - 1
     n_inside = max(forwards - 1 - n_entering, 0)
     return first + n_entering * entering + n_inside * inside
+
+
+def _free(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

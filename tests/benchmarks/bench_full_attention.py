@@ -22,10 +22,12 @@ parallel    Confidence-threshold decoding (0.9) with the dual cache. A random mo
             this gives are measured, not chosen; the run checks the cost model at that k. Rows are
             block-synchronous under the cache (rollout/sampling/state.py), so the cache is
             refreshed once per block: the refreshes are counted (= the number of blocks).
-cuda_graph  an experiment (graphed_steps.py): the dual-cache step replayed as one CUDA graph per
-            generation (refreshes eager), at the larger fixed step count of ``cached`` and with
-            the threshold on the scaled model: seconds, speed-ups over the eager dual cache and
-            over naive, and whether the tokens equal the eager runs' (they must: same kernels).
+cuda_graph  the sampler's graphed dual-cache step (``SamplerConfig.cuda_graph``, rollout/sampling/
+            graphs.py; refreshes eager), through one ``StepGraphs`` pool kept across generations
+            (captured at the warm-up, replayed after), at the larger fixed step count of ``cached``
+            and with the threshold on the scaled model: seconds, speed-ups over the eager dual
+            cache and over naive, and whether the tokens equal the eager runs' (they must: the
+            same kernels, LLaDA having no grouped-query heads to fold, prompt 128 no bucketing).
 profile     torch.profiler over 6 in-block dual-cache steps (forward + decode step): wall vs
             device-busy ms per step, kernels launched, top-20 kernels, top host ops.
 agreement   Temperature 0, fixed prompts, gen/2 steps (--quick: gen/4), the LM head scaled as in
@@ -265,14 +267,16 @@ class Bench:
             head.mul_(alpha)
         return alpha, q
 
-    # ---- experiment: the dual-cache step as a CUDA graph --------------------------------------
+    # ---- the sampler's graphed dual-cache step ------------------------------------------------
     def cuda_graph(self) -> None:
-        from graphed_steps import generate_graphed_dual
+        from rollout.sampling import StepGraphs
 
-        a, row = self.a, {}
+        a, row, graphs = self.a, {}, StepGraphs()
 
         def timed_run(cfg):
-            return bl.timed(lambda: generate_graphed_dual(self.policy, self.prompts, self.seeds, cfg), self.dev)
+            cfg, before = cfg.model_copy(update={"cuda_graph": True}), graphs.replays
+            out, secs = bl.timed(lambda: generate(self.policy, self.prompts, self.seeds, cfg, graphs), self.dev)
+            return (out, graphs.replays - before), secs  # this run's replays
 
         timed_run(self.cfg(cache="dual", steps=2 * self.nblocks))  # warm-up (capture, replays)
         steps = max(self.cached_s) if self.cached_s else self.a.gen // 2

@@ -5,8 +5,11 @@ project's ``LearnerEngine`` over ``learner.group.init_learner_group``).
 
 One step = ``groups_per_step`` groups of G samples per rank [prompt 128 | completion 256], in
 micro-batches of ``--micro-batch-groups`` k groups (k = 1: 4 micro-batches of G; k = 2: 2 of 2G;
-a comma list runs each k on the same engine, parts suffixed ``_mb<k>``; bigger micro-batches
-feed bigger matrix products and pay the per-micro-batch costs (Python, ZeRO hooks) less often); the loss re-estimates log-likelihoods with ``elbo_mc`` (2 Monte-Carlo
+k = 4: one of 4G; a k that does not divide groups_per_step rounds the step up to a multiple of k,
+e.g. k = 3: 6 groups in 2 micro-batches of 3G; a comma list runs each k on the same engine,
+smallest first, parts suffixed ``_mb<k>``; bigger micro-batches feed bigger matrix products and pay
+the per-micro-batch costs (Python, ZeRO hooks, gradient copies) less often, for memory: a k that
+runs out of it is recorded and the larger ones are skipped); the loss re-estimates log-likelihoods with ``elbo_mc`` (2 Monte-Carlo
 masks, both in one forward of 2G rows, per-masked-token mean as released) and applies ``stabledrl``
 (C = 5) against behaviour estimates given with the batch; backward; clip; AdamW.
 
@@ -21,8 +24,15 @@ Stage ``3t`` is ZeRO-3 with settings tuned for a model that fits (an experiment:
 defaults are in learner/zero.py): overlap_comm, stage3_prefetch_bucket_size 2e8 elements (about
 4 layers ahead instead of less than one), stage3_param_persistence_threshold 1e6 (the small
 projections stay gathered), stage3_max_live_parameters / max_reuse_distance 1e9.
-The optimizer is the project's (torch AdamW under DeepSpeed ZeRO): it steps on DeepSpeed's flat
-fp32 partitions (one tensor per parameter group), so fused / foreach kernels change nothing there.
+The optimizer is the project's (torch AdamW under DeepSpeed ZeRO, foreach kernels on CUDA): it
+steps on DeepSpeed's flat fp32 partitions (one tensor per parameter group), still ~10 passes over
+the 7 GB of fp32 master weights at 1.78B (param, grad, two moments, temporaries). Stage suffixes
+are benchmark-only experiments on top of a stage (the project's defaults stay in learner/):
+``f`` = AdamW with ``fused=True`` (one kernel, one pass: ~3x less optimizer memory traffic),
+``t`` on ZeRO-2 = ``f`` plus ``overlap_comm`` (gradient bucket copies on a side stream, overlapped
+with the backward). ``--profile STAGE`` runs torch.profiler over one more step of that stage's
+first setting: wall vs GPU-busy time per step, the top kernels and host ops (what explains the
+rest of the step).
 
     python tests/benchmarks/bench_learner.py --world 1 --peak-from matmul.json --out learner1.json
     python tests/benchmarks/bench_learner.py --world 2 --peak-from matmul.json --out learner2.json
@@ -45,7 +55,9 @@ def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--world", type=int, default=1, help="learner ranks (one GPU each)")
-    ap.add_argument("--stages", default="2,3", help="comma list of 2, 3, 3t (ZeRO-3 tuned, see above)")
+    ap.add_argument("--stages", default="2,3", help="comma list of 2, 3, 3t (ZeRO-3 tuned), 2f (fused AdamW), "
+                    "2t (fused AdamW + overlap_comm); see above")
+    ap.add_argument("--profile", default=None, help="profile one step of this stage's first setting (e.g. 2t)")
     ap.add_argument("--micro-batch-groups", default="1", help="comma list of groups per micro-batch")
     ap.add_argument("--checkpointing", default="on,off", help="activation checkpointing settings, in order")
     ap.add_argument("--group-size", type=int, default=8, help="G: samples per group = per micro-batch")
@@ -97,15 +109,16 @@ def launch(a: argparse.Namespace) -> int:
 
 
 # ---- one rank ----------------------------------------------------------------------------------
-def micro_batches(a: argparse.Namespace, rank: int, vocab: int) -> list[dict]:
-    """``groups_per_step`` groups of G random (prompt, completion) pairs, with behaviour estimates
-    and advantages; the step's global counts are attached to each micro-batch."""
+def micro_batches(a: argparse.Namespace, rank: int, vocab: int, groups: int | None = None) -> list[dict]:
+    """``groups`` (default ``groups_per_step``) groups of G random (prompt, completion) pairs per
+    rank, with behaviour estimates and advantages; the step's global counts are attached to each."""
     from common.types import SequenceBatch
 
+    groups = groups or a.groups_per_step
     g = torch.Generator().manual_seed(1000 + rank)
-    n_groups = a.groups_per_step * a.world
+    n_groups = groups * a.world
     out = []
-    for i in range(a.groups_per_step):
+    for i in range(groups):
         rows = a.group_size
         ids = torch.randint(4, vocab, (rows, a.prompt + a.gen), generator=g)  # no special ids: no EOS
         batch = SequenceBatch(input_ids=ids, prompt_mask=torch.ones(rows, a.prompt, dtype=torch.bool),
@@ -115,7 +128,7 @@ def micro_batches(a: argparse.Namespace, rank: int, vocab: int) -> list[dict]:
             "batch": batch, "seeds": torch.randint(0, 2**62, (rows,), generator=g),
             "behaviour_logp": -torch.log(torch.tensor(float(vocab))) + 0.1 * torch.randn(rows, generator=g),
             "advantages": (rewards - rewards.mean()) / (rewards.std() + 1e-6),
-            "group_index": torch.full((rows,), rank * a.groups_per_step + i),
+            "group_index": torch.full((rows,), rank * groups + i),
             "counts": (float(n_groups), float(n_groups * rows), float(n_groups * rows * a.gen)),
         })
     return out
@@ -151,6 +164,28 @@ def tuned_zero3(cfg):
         return out
 
     return cfg, config
+
+
+def fused_adamw(tuned: bool):
+    """(learner.engine.build_optimizer, deepspeed_config) wrappers of stages ``2f`` / ``2t``: AdamW
+    with ``fused=True``; ``tuned`` adds ZeRO's overlap_comm (see the module docstring)."""
+    import learner.engine
+    from learner.zero import GuardedAdamW
+
+    base_optimizer, base_config = learner.engine.build_optimizer, learner.engine.deepspeed_config
+
+    def build(model, opt):
+        plain = base_optimizer(model, opt)  # the project's parameter groups and settings
+        groups = [{k: v for k, v in g.items() if k in ("params", "weight_decay")} for g in plain.param_groups]
+        return GuardedAdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, fused=True)
+
+    def config(*args, **kwargs) -> dict:
+        out = base_config(*args, **kwargs)
+        if tuned:
+            out["zero_optimization"].update(overlap_comm=True)
+        return out
+
+    return build, config
 
 
 def stabledrl_loss_fn(est_cfg, loss_cfg):
@@ -221,50 +256,42 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
     loss_fn = stabledrl_loss_fn(ElboMCConfig(num_draws=2, weighting="mean", masks="independent"), StableDrlLossConfig())
     policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev)), dev)
     sc = bl.count_shape(policy)
-    stage = int(stage_name.rstrip("t"))
+    stage = int(stage_name.rstrip("tf"))
     cfg = LearnerConfig(num_ranks=a.world, optimizer=OptimizerConfig(lr=1e-6),
                         deepspeed=DeepSpeedConfig(zero_stage=stage, gradient_checkpointing=False))
     if stage_name == "3t":
         import learner.engine
 
         cfg, learner.engine.deepspeed_config = tuned_zero3(cfg)
+    elif stage_name in ("2f", "2t"):
+        import learner.engine
+
+        learner.engine.build_optimizer, learner.engine.deepspeed_config = fused_adamw(tuned=stage_name == "2t")
     engine, init_s = bl.timed(lambda: LearnerEngine(policy, cfg), dev)
-    groups = micro_batches(a, rank, policy.vocab_size)
     flops = bl.forward_flops(sc, rows=2 * a.group_size, query_len=a.prompt + a.gen, key_len=a.prompt + a.gen,
                              logit_positions=a.gen)  # F of one group (2 masks x G rows)
-    sizes = [int(k) for k in a.micro_batch_groups.split(",")]
-    settings = [(ckpt, k) for ckpt in a.checkpointing.split(",") for k in sizes]
-    for ckpt, k in settings:
-        name = f"zero{stage_name}_ckpt_{ckpt}" + (f"_mb{k}" if len(sizes) > 1 else "")
-        mbs = merge(groups, k)
-        with res.part(name, dev):
-            set_checkpointing(engine.module, ckpt == "on")
-            if dev.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(dev)
-            last: dict = {}
-            warm = timed_step(engine, mbs, loss_fn, dev, last)
-            secs = [timed_step(engine, mbs, loss_fn, dev, last) for _ in range(a.steps)]
-            step_s = bl.median(secs)
-            model_flops = 3 * flops * a.groups_per_step * a.world
-            hardware_flops = (4 if ckpt == "on" else 3) * flops * a.groups_per_step * a.world
-            per_card = model_flops / step_s / a.world / 1e12
-            res.put(name, {
-                "world": a.world, "zero_stage": stage_name, "checkpointing": ckpt, "params": sc.total,
-                "micro_batch_rows": 2 * a.group_size * k, "micro_batches_per_rank": len(mbs),
-                "dtype": str(engine.dtype), "build_s": build_s, "deepspeed_init_s": init_s,
-                "warmup_step_s": warm, "step_s": secs, "step_s_median": step_s,
-                "samples_per_s": a.group_size * a.groups_per_step * a.world / step_s,
-                "sequence_tokens_per_s": a.group_size * a.groups_per_step * a.world * (a.prompt + a.gen) / step_s,
-                "model_tflop_per_step": model_flops / 1e12, "model_tflops_per_card": per_card,
-                "mfu_vs_measured_matmul": per_card / peak if peak else None,
-                "mfu_vs_nominal_989": per_card / bl.NOMINAL_H100_BF16_TFLOPS if dev.type == "cuda" else None,
-                "hfu_vs_measured_matmul": hardware_flops / step_s / a.world / 1e12 / peak if peak else None,
-                "peak_memory_gib": bl.peak_memory_gib(dev),
-                "skipped_steps_total": last.get("train/skipped_total"), "loss": last.get("train/loss"),
-                "grad_norm": last.get("train/grad_norm"),
-                "deepspeed_zero": _zero_settings(engine),
-                "note": "each sequence is fed twice per step (2 masked views); model FLOPs count both",
-            })
+    sizes = sorted(int(k) for k in a.micro_batch_groups.split(","))
+    for ckpt in a.checkpointing.split(","):
+        for k in sizes:
+            name = f"zero{stage_name}_ckpt_{ckpt}" + (f"_mb{k}" if len(sizes) > 1 else "")
+            n_groups = -(-a.groups_per_step // k) * k  # a multiple of k: equal micro-batches
+            mbs = merge(micro_batches(a, rank, policy.vocab_size, n_groups), k)
+            with res.part(name, dev):
+                try:
+                    run_setting(a, res, name, engine, mbs, loss_fn, dev, ckpt=ckpt, k=k, n_groups=n_groups, flops=flops,
+                                sc=sc, peak=peak, build_s=build_s, init_s=init_s, stage_name=stage_name)
+                except torch.OutOfMemoryError as exc:  # bigger micro-batches would not fit either
+                    if a.world > 1:  # the other ranks wait in a collective: fail the stage instead
+                        raise
+                    total = torch.cuda.get_device_properties(dev).total_memory / 2**30 if dev.type == "cuda" else None
+                    res.put(name, {"out_of_memory": True, "micro_batch_rows": 2 * a.group_size * k,
+                                   "device_memory_gib": total, "message": str(exc)[:300]})
+                    bl.log(f"{name}: out of memory at {2 * a.group_size * k} rows; larger micro-batches skipped")
+                    torch.cuda.empty_cache()
+                    break
+            if a.profile == stage_name and k == sizes[0]:
+                with res.part(f"zero{stage_name}_profile", dev):
+                    res.put(f"zero{stage_name}_profile", profile_step(engine, mbs, loss_fn, dev, k * 2 * a.group_size))
     if stage == 3:
         with res.part("zero3_gather", dev):
             bl.sync(dev)
@@ -273,6 +300,47 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
             bl.sync(dev)
             res.put("zero3_gather", {"seconds": time.perf_counter() - t0, "params_on_rank0": gathered,
                                      "bucket_mb": cfg.deepspeed.gather_bucket_mb})
+
+
+def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, flops, sc, peak, build_s, init_s,
+                stage_name) -> None:
+    """One (checkpointing, micro-batch size) setting: a warm-up step, ``a.steps`` timed steps."""
+    set_checkpointing(engine.module, ckpt == "on")
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    last: dict = {}
+    warm = timed_step(engine, mbs, loss_fn, dev, last)
+    secs = [timed_step(engine, mbs, loss_fn, dev, last) for _ in range(a.steps)]
+    step_s = bl.median(secs)
+    model_flops = 3 * flops * n_groups * a.world
+    hardware_flops = (4 if ckpt == "on" else 3) * flops * n_groups * a.world
+    per_card = model_flops / step_s / a.world / 1e12
+    res.put(name, {
+        "world": a.world, "zero_stage": stage_name, "checkpointing": ckpt, "params": sc.total,
+        "micro_batch_rows": 2 * a.group_size * k, "micro_batches_per_rank": len(mbs),
+        "groups_per_step_per_rank": n_groups,
+        "dtype": str(engine.dtype), "build_s": build_s, "deepspeed_init_s": init_s,
+        "warmup_step_s": warm, "step_s": secs, "step_s_median": step_s,
+        "samples_per_s": a.group_size * n_groups * a.world / step_s,
+        "sequence_tokens_per_s": a.group_size * n_groups * a.world * (a.prompt + a.gen) / step_s,
+        "model_tflop_per_step": model_flops / 1e12, "model_tflops_per_card": per_card,
+        "mfu_vs_measured_matmul": per_card / peak if peak else None,
+        "mfu_vs_nominal_989": per_card / bl.NOMINAL_H100_BF16_TFLOPS if dev.type == "cuda" else None,
+        "hfu_vs_measured_matmul": hardware_flops / step_s / a.world / 1e12 / peak if peak else None,
+        "peak_memory_gib": bl.peak_memory_gib(dev),
+        "skipped_steps_total": last.get("train/skipped_total"), "loss": last.get("train/loss"),
+        "grad_norm": last.get("train/grad_norm"),
+        "deepspeed_zero": _zero_settings(engine),
+        "adamw": {key: engine.optimizer.defaults.get(key) for key in ("fused", "foreach")},
+        "note": "each sequence is fed twice per step (2 masked views); model FLOPs count both",
+    })
+
+
+def profile_step(engine, mbs, loss_fn, dev, rows: int) -> dict:
+    """torch.profiler over one more train_step: wall vs GPU-busy time, top kernels, top host ops."""
+    table = bl.profile_run(lambda: engine.train_step(mbs, loss_fn), dev, forwards=1)
+    table = {k.replace("_per_forward", "_per_step"): v for k, v in table.items() if k != "forwards_profiled"}
+    return {"micro_batch_rows": rows, "micro_batches": len(mbs), **table}
 
 
 def _zero_settings(engine) -> dict:

@@ -340,6 +340,21 @@ def profile_forwards(model: torch.nn.Module, run: Callable[[], Any], dev: torch.
     return _profile_table(prof.key_averages(), state["wall"], active, dev, top)
 
 
+def profile_run(run: Callable[[], Any], dev: torch.device, *, forwards: int, top: int = 20) -> dict:
+    """torch.profiler over the whole of ``run()`` (which makes ``forwards`` forwards, some of them
+    graph replays that no forward hook sees): the same per-forward table as ``profile_forwards``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    sync(dev)
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        run()
+        sync(dev)
+        wall = time.perf_counter() - t0
+    return _profile_table(prof.key_averages(), wall, forwards, dev, top)
+
+
 class _ProfileDone(Exception):
     """Raised from the profiling hook to end the profiled run early."""
 

@@ -120,6 +120,23 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
                     f"{ex.get('rows', '-')} rows x {ex.get('gen', '-')} tokens, temperature 0; {_low(ex)} full model: "
                     f"{fmt(_pct(get(ex, _low(ex), 'token_agreement')), '.1f', '%')} (flat random logits: rounding flips)"))
 
+    gr = part(data, "block_diffusion", "graphed").get("by_run") or {}
+    if gr:
+        steady = next((v for k, v in gr.items() if k.endswith("_again") and get(v, "tokens_per_step_per_row") == 1.0), {})
+        first = next((v for k, v in gr.items() if k.endswith("_first")), {})
+        out.append(("4 block diffusion 8B, B=128, block 4, sampler cuda_graph=True: tokens/s",
+                    f"{fmt(steady.get('tokens_per_s'), '.0f')} (1 token/step)", ">= 3000", met(steady.get("tokens_per_s"), 3000),
+                    f"{fmt(steady.get('speedup_vs_eager'), '.2f', 'x')} eager, {fmt(steady.get('ms_per_forward'), '.1f')} ms/fwd "
+                    f"(replays only); first generation of the shape (capture included) {fmt(first.get('tokens_per_s'), '.0f')}/s"
+                    + "".join(f"; {k}: {fmt(get(v, 'tokens_per_s'), '.0f')}/s" for k, v in gr.items() if v not in (steady, first))
+                    + f"; {steady.get('captures', '-')} capture(s), {steady.get('replays', '-')} replays in all; fp32 graphed == "
+                    f"reference: {fmt(_pct(get(ex, 'fp32', 'graphed_token_agreement')), '.1f', '%')} (replayed again: "
+                    f"identical {get(ex, 'fp32', 'graphed_replay_identical')}; after in-place weight changes: "
+                    f"{fmt(_pct(get(ex, 'fp32', 'graphed_after_inplace_weights_agreement')), '.1f', '%')}, "
+                    f"{get(ex, 'fp32', 'graphed_captures')} capture)"))
+    gp = part(data, "block_diffusion", "graph_profile")
+    if gp:
+        out.append(_profile_row("4e profile: graphed block-diffusion generation (short)", gp))
     fold = part(data, "block_diffusion", "gqa_fold")
     if fold:
         out.append(("4b experiment: GQA folded into the query (no repeat_kv)", f"{fmt(fold.get('tokens_per_s'), '.0f')} tokens/s",
@@ -140,10 +157,19 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
     for job in ("learner_1gpu", "learner_2gpu"):
         parts = get(data, "jobs", job, "result", "parts") or {}
         for name, v in parts.items():
+            if name.startswith("zero") and name.endswith("_profile"):
+                out.append(_step_profile_row(f"5p profile: one learner step, {name[:-8]}", v))
+                continue
             if not (name.startswith("zero") and "_ckpt_" in name):
+                continue
+            if v.get("out_of_memory"):
+                out.append((f"5 learner {name}: MFU", "out of memory", ">= 40%", "-",
+                            f"{v.get('micro_batch_rows')} rows on a {fmt(v.get('device_memory_gib'), '.0f')} GiB card; "
+                            "larger micro-batches skipped"))
                 continue
             mfu = v.get("mfu_vs_measured_matmul")
             mb = f", micro-batch {v['micro_batch_rows']} rows" if v.get("micro_batch_rows") else ""
+            mb += ", fused AdamW" if get(v, "adamw", "fused") else ""
             out.append((f"5 learner {v.get('world')} GPU ZeRO-{v.get('zero_stage')} ckpt {v.get('checkpointing')}{mb}: MFU",
                         fmt(_pct(mfu), ".1f", "%"), ">= 40%", met(_pct(mfu), 40),
                         f"vs nominal 989: {fmt(_pct(v.get('mfu_vs_nominal_989')), '.1f', '%')}; "
@@ -181,6 +207,14 @@ def _profile_row(label: str, pr: dict) -> tuple[str, str, str, str, str]:
             f"{fmt(pr.get('kernels_per_forward'), '.0f')} kernels and {fmt(pr.get('host_aten_ops_per_forward'), '.0f')} "
             f"host ops per forward; top kernel {str(top.get('name', '-'))[:60]} "
             f"{fmt(top.get('pct_of_busy'), '.0f', '%')}; top host op {host.get('name', '-')}")
+
+
+def _step_profile_row(label: str, pr: dict) -> tuple[str, str, str, str, str]:
+    top = pr.get("top_kernels") or []
+    return (label, f"{fmt(pr.get('wall_ms_per_step'), '.0f')} ms wall / {fmt(pr.get('device_busy_ms_per_step'), '.0f')} ms "
+            "GPU busy per step", "report", "", f"{pr.get('micro_batch_rows', '-')}-row micro-batches; top kernels: "
+            + ", ".join(f"{str(k.get('name'))[:40]} {fmt(k.get('pct_of_busy'), '.0f', '%')}" for k in top[:4])
+            + f"; {fmt(pr.get('host_aten_ops_per_step'), '.0f')} host ops per step")
 
 
 def _low(ex: dict) -> str:

@@ -15,9 +15,13 @@ With one GPU the lanes run one after the other and the 2-GPU jobs are skipped; o
 ``--tiny`` runs (toy shapes, gloo), which is how the suite is validated before GPU time is spent.
 
 ``--quick`` is the short re-measure (~2.5 min on 2 GPUs, deadline 190 s): fewer and shorter runs
-per job (full_attention/block_diffusion ``--quick``; learner_1gpu: ZeRO-2 and tuned ZeRO-3,
-checkpointing off, micro-batches of 1 and 2 groups, 2 timed steps, on GPU 0 after
-full_attention; push: 2 repetitions). Combine with ``--only`` to run the changed jobs alone.
+per job (full_attention/block_diffusion ``--quick``: block diffusion eager and with the sampler's
+CUDA graphs; learner_1gpu: ZeRO-2 plain, with fused AdamW (2f) and with fused AdamW + overlap_comm
+(2t), checkpointing off, micro-batches of 2, 3 and 4 groups (32/48/64 rows), 2 timed steps, one
+profiled step of 2t, on GPU 0 after full_attention; push: 2 repetitions). Combine with ``--only``
+to run the changed jobs alone; on one GPU:
+
+    source .whl/install.sh && DEADLINE_S=210 bash tests/benchmarks/run_gpu.sh --quick --only block_diffusion,learner_1gpu
 A job that fails or times out is recorded as such and the next one starts; a global deadline
 (``--deadline-s``) shortens the last timeouts so the whole run ends inside one device call.
 
@@ -62,8 +66,9 @@ class Job:
 # --quick: (timeout s, extra arguments) of each job that has a short form
 QUICK = {
     "full_attention": (120, ["--quick"]),
-    "block_diffusion": (90, ["--quick"]),
-    "learner_1gpu": (100, ["--stages", "2,3t", "--checkpointing", "off", "--micro-batch-groups", "1,2", "--steps", "2"]),
+    "block_diffusion": (120, ["--quick"]),
+    "learner_1gpu": (150, ["--stages", "2,2f,2t", "--checkpointing", "off", "--micro-batch-groups", "2,3,4", "--steps", "2",
+                           "--profile", "2t"]),
     "push": (45, ["--reps", "2"]),
 }
 
@@ -105,6 +110,19 @@ def plan(n_gpus: int, tiny: bool, work: Path, quick: bool = False) -> tuple[list
             skipped[name] = "needs 2 GPUs"
         return [lane], [], skipped
     raise SystemExit("no CUDA device: run with --tiny (toy shapes on the CPU) to check the suite")
+
+
+def select(lanes: list[list[Job]], after: list[Job], skipped: dict[str, str], only: str | None):
+    """The plan restricted to the jobs named in ``only`` (a comma list; the matmul jobs always run:
+    they are the denominators); the others are added to ``skipped``."""
+    if not only:
+        return lanes, after, skipped
+    names = set(only.split(","))
+    for job in [j for lane in lanes for j in lane] + after:
+        if job.name not in names and not job.name.startswith("matmul"):
+            skipped[job.name] = "not in --only"
+    lanes = [[j for j in lane if j.name not in skipped] for lane in lanes]
+    return lanes, [j for j in after if j.name not in skipped], skipped
 
 
 class Runner:
@@ -224,6 +242,9 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=None, help="the whole run ends within this (510; --quick 190)")
     ap.add_argument("--only", default=None, help="comma list of job names to run (others skipped)")
     ap.add_argument("--quick", action="store_true", help="the short re-measure (see the module docstring)")
+    ap.add_argument("--gpus", type=int, default=None,
+                    help="GPUs to schedule for (default: all visible); with --tiny on a CPU, --gpus 1 rehearses the "
+                    "one-GPU schedule")
     a = ap.parse_args()
     a.deadline_s = a.deadline_s or (190.0 if a.quick else 510.0)
     out = Path(a.out)
@@ -231,17 +252,14 @@ def main() -> None:
     import torch  # no CUDA context in this process: device_count reads the driver only
 
     n_gpus = torch.cuda.device_count()
+    if a.gpus is not None:
+        if a.gpus > n_gpus and not a.tiny:
+            raise SystemExit(f"--gpus {a.gpus}: only {n_gpus} visible")
+        n_gpus = a.gpus
     runner = Runner(out, a.deadline_s, n_gpus, a.tiny)
     runner.say(f"stabledrl benchmarks: {n_gpus} GPU(s), torch {torch.__version__}, tiny={a.tiny}, quick={a.quick}, "
                f"deadline {a.deadline_s:.0f} s, out={out}")
-    lanes, after, skipped = plan(n_gpus, a.tiny, runner.work, a.quick)
-    only = set(a.only.split(",")) if a.only else None
-    if only:
-        for job in [j for lane in lanes for j in lane] + after:
-            if job.name not in only and not job.name.startswith("matmul"):
-                skipped[job.name] = "not in --only"
-        lanes = [[j for j in lane if j.name not in skipped] for lane in lanes]
-        after = [j for j in after if j.name not in skipped]
+    lanes, after, skipped = select(*plan(n_gpus, a.tiny, runner.work, a.quick), a.only)
     runner.skipped = skipped
     threads = [threading.Thread(target=lambda lane=lane: [runner.run(j) for j in lane]) for lane in lanes]
     for th in threads:

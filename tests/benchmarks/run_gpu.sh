@@ -4,6 +4,8 @@
 #     source .whl/install.sh && bash tests/benchmarks/run_gpu.sh
 # The short re-measure of the jobs changed since the first run (~2.5 min, deadline 190 s):
 #     source .whl/install.sh && bash tests/benchmarks/run_gpu.sh --quick --only full_attention,block_diffusion,learner_1gpu,push
+# One GPU (block diffusion eager + CUDA graphs, learner quick; ~2.5-3.5 min, 2-GPU jobs skipped):
+#     source .whl/install.sh && DEADLINE_S=210 bash tests/benchmarks/run_gpu.sh --quick --only block_diffusion,learner_1gpu
 # Results: $OUT/results.json, $OUT/table.md, $OUT/run.log (and a dated copy in tests/benchmarks/results/).
 # Extra arguments go to run_all.py, e.g. --only full_attention,block_diffusion or --deadline-s 300
 # (or DEADLINE_S=300 in the environment).
