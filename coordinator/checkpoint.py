@@ -38,7 +38,7 @@ STATE_FILE = "coordinator.json"
 # fields the saved state depends on (dotted prefixes); everything else may change on resume
 MUST_MATCH = ("model", "task", "sampler", "estimator", "loss", "algorithm", "learner.num_ranks",
               "learner.deepspeed.zero_stage", "run.seed")
-MAY_DIFFER = ("sampler.max_batch_size", "algorithm.micro_batch_size", "model.gradient_checkpointing")
+MAY_DIFFER = ("sampler.max_batch_size", "sampler.cuda_graph", "algorithm.micro_batch_size", "model.gradient_checkpointing")
 # what DeepSpeed 0.19's ZeRO optimizer state pickles besides tensors and containers
 DEEPSPEED_GLOBALS = frozenset({
     "deepspeed.runtime.fp16.loss_scaler.LossScaler",

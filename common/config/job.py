@@ -219,10 +219,11 @@ def check_sampler_layout(cfg: JobConfig) -> None:
     import json
 
     from common.models.families import FAMILIES, CheckpointError, detect_family
-    from common.models.presets import PRESETS
+    from common.models.presets import PRESETS, TINY_CANVAS
 
     if cfg.model.preset is not None:
-        family, raw = PRESETS[cfg.model.preset], {}
+        family = PRESETS[cfg.model.preset]
+        raw = {"canvas_length": TINY_CANVAS} if family == "diffusion_gemma" else {}
     else:
         config_file = Path(cfg.model.path) / "config.json"
         if not config_file.is_file():
@@ -232,7 +233,8 @@ def check_sampler_layout(cfg: JobConfig) -> None:
             family, _ = detect_family(raw, cfg.model.family)
         except CheckpointError as e:
             raise ConfigError(f"model.path: {e}") from None
-    block = cfg.model.block_size or raw.get("block_size") or FAMILIES[family].default_block_size
+    # SDAR/TraDo write block_size, DiffusionGemma canvas_length (its block)
+    block = cfg.model.block_size or raw.get("block_size") or raw.get("canvas_length") or FAMILIES[family].default_block_size
     try:
         cfg.sampler.layout(int(block), block_diffusion=FAMILIES[family].attention == "block")
     except ConfigError as e:

@@ -8,7 +8,7 @@ from common.config.base import ConfigError, validate
 from common.config.job import JobConfig, check_sampler_layout
 
 GEMMA = {
-    "model": {"preset": "tiny-diffusion-gemma", "block_size": 4},  # check_sampler_layout reads 256 without it
+    "model": {"preset": "tiny-diffusion-gemma"},
     "task": {"name": "arithmetic", "held_out": 0},
     "sampler": {"gen_length": 8, "block_length": None, "steps": 4},
     "estimator": {"name": "uniform_staircase"},
@@ -25,7 +25,7 @@ def job(**sections) -> JobConfig:
 def test_a_diffusion_gemma_job_validates_with_the_uniform_estimator():
     cfg = job()
     assert cfg.estimator.name == "uniform_staircase" and cfg.estimator.objective == "elbo"
-    check_sampler_layout(cfg)  # block 4 = the tiny preset's canvas length
+    check_sampler_layout(cfg)  # block 4 = the tiny preset's canvas length, read without model.block_size
     with pytest.raises(ConfigError, match="sampler"):
         check_sampler_layout(job(sampler={"gen_length": 16, "block_length": 8, "steps": 4}))
 
