@@ -10,7 +10,10 @@
 #         job.model.preset_shape.hidden_size=32 job.model.preset_shape.intermediate_size=64 \
 #         job.model.preset_shape.num_hidden_layers=1 job.model.preset_shape.num_attention_heads=2 \
 #         job.model.preset_shape.num_key_value_heads=2 job.warmstart.steps=20 job.run.steps=3 job.eval.every=2 \
-#         job.eval.num_prompts=16 job.cluster.learner.num_gpus=0 job.cluster.rollout.num_gpus=0 concurrency=2
+#         job.eval.num_prompts=16 job.cluster.learner.num_gpus=0 job.cluster.rollout.num_gpus=0 concurrency=2 report=null
+# report=null leaves STUDY.md and docs/study alone. ~6 min on a busy 2-core CPU; add deadline_s=150 to see
+# runs stopped and not started, or prefix STUDY_TIMEOUT_S=100 to see the last-resort kill (exit status
+# 124, no process left behind, `stabledrl study --report /tmp/sg/study` still draws the table).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=1
@@ -21,9 +24,12 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/de
 python3 -c "import importlib.util as u; m = [n for n in ('deepspeed', 'pydantic', 'ray', 'yaml') if u.find_spec(n) is None]; \
 print('missing', m, '- was .whl/install.sh sourced?' if m else ''); \
 print('matplotlib:', 'yes' if u.find_spec('matplotlib') else 'missing; draw the figure later with stabledrl study --report')"
-# 570 s is the last resort; the study's own deadline (deadline_s) ends training well before it
-timeout -k 10 570 python3 -m coordinator study --config deploy/configs/study_gpu.yaml output_dir="$OUT/study" "$@" \
-  2>&1 | tee "$OUT/study.log"
+# The device call's budget is 480 s, wheel install included. The study's own deadline (deadline_s: 360 s
+# after the study starts, ~30 s into the call) stops training and leaves ~30 s for stopping, Ray's
+# shutdown and the report. The timeout is the last resort (then `stabledrl study --report` redraws the
+# table from the metrics already in $OUT/study); STUDY_TIMEOUT_S sets it, e.g. to check that path on CPU.
+timeout -k 5 "${STUDY_TIMEOUT_S:-450}" python3 -m coordinator study --config deploy/configs/study_gpu.yaml \
+  output_dir="$OUT/study" "$@" 2>&1 | tee "$OUT/study.log"
 status=${PIPESTATUS[0]}
 echo "study exit status $status; $(du -sh "$OUT" | cut -f1) in $OUT"
 exit "$status"

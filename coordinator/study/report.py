@@ -111,7 +111,7 @@ def write_report(study: StudyConfig, *, statuses: Optional[dict[tuple[str, int],
     out_dir = study.output_dir
     rule = study.collapse
     text = [
-        f"Settings: {settings_line(study)}.\n",
+        f"Settings: {settings_line(study)}.\n\n",
         method_table(methods),
         f"\nCollapse: the reward EMA (weight {rule.ema}) falls below {rule.fraction:.0%} of its peak (peak >= "
         f"{rule.min_peak}) and stays there to the end, at least {rule.hold} steps. Accuracy in %, mean ± std over seeds; "

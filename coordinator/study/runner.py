@@ -28,6 +28,8 @@ from coordinator.study.config import StudyConfig, run_config, warmstart_config
 
 Log = Callable[[str], None]
 OUTCOMES = "outcomes.jsonl"
+# a lane process; not `-m coordinator.study.runner`, which the package has imported already (runpy warns)
+LANE_ENTRY = "import sys; from coordinator.study.runner import main; sys.exit(main(sys.argv[1:]))"
 
 
 class StudyStopped(RuntimeError):
@@ -133,13 +135,13 @@ def run_one(study: StudyConfig, method: str, seed: int, model_path: Path, log: L
 
 def run_lane_processes(study: StudyConfig, lanes: int, study_file: Path, model_path: Path,
                        deadline: Optional[float], address: str) -> None:
-    """K lane processes (``python -m coordinator.study.runner``), run i going to lane i mod K;
+    """K lane processes (``runner.main`` in a fresh interpreter), run i going to lane i mod K;
     their output goes to this process's stdout, line by line."""
     repo = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
     procs = []
     for lane in range(lanes):
-        cmd = [sys.executable, "-m", "coordinator.study.runner", "--study", str(study_file), "--model", str(model_path),
+        cmd = [sys.executable, "-c", LANE_ENTRY, "--study", str(study_file), "--model", str(model_path),
                "--address", address, "--lane", str(lane), "--lanes", str(lanes)]
         if deadline is not None:
             cmd += ["--deadline", repr(deadline)]
