@@ -1,0 +1,168 @@
+"""What the reliability tests share: a tiny job config, workers that record what they did (and
+die, stall or corrupt on cue), and a driver run that keeps the learner's final weights.
+
+Workers write JSON lines under a record directory, one file per process, so that what a killed
+process did before it died is still there: the rollout side one line per request (worker index,
+pid, uids), the learner side one line per finished step (rank, version, the sample ids it
+trained on, a checksum of its weights after the step)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+import ray
+
+from common.config.base import validate
+from common.config.job import JobConfig
+from coordinator.driver import Driver
+from learner.worker import LearnerWorker
+from rollout.worker import RolloutWorker
+
+REWARD = f"{Path(__file__).with_name('rewards.py')}:digit_fraction"
+
+
+def job_config(output_dir: Path, **sections: dict) -> JobConfig:
+    """tiny LLaDA, arithmetic (8 generated rows: an epoch is 2 steps of 4 groups), 2 learner ranks
+    (ZeRO-2), 2 rollout workers, η = 0; ``sections`` update the sections key by key."""
+    data = {
+        "model": {"preset": "tiny-llada"},
+        "task": {"name": "arithmetic", "held_out": 0, "source": {"kind": "generated", "n": 8},
+                 "reward": {"custom": REWARD, "isolation": "inline", "format_weight": 0.0}},
+        "sampler": {"gen_length": 4, "block_length": 4, "steps": 4, "temperature": 1.0},
+        "estimator": {"name": "block_random", "block_length": 4, "num_draws": 2},
+        "loss": {"name": "stabledrl"},
+        "algorithm": {"group_size": 4, "groups_per_step": 4, "inner_iterations": 1, "micro_batch_size": 8},
+        "rollout": {"num_workers": 2, "prompts_per_request": 1, "request_timeout_s": 120},
+        "learner": {"num_ranks": 2, "dist_timeout_s": 120, "optimizer": {"lr": 1e-2},
+                    "deepspeed": {"zero_stage": 2}},
+        "cluster": {"learner": {"num_cpus": 0.5}, "rollout": {"num_cpus": 0.5}, "start_timeout_s": 240},
+        "weights": {"timeout_s": 120},
+        "run": {"steps": 4, "seed": 7, "output_dir": str(output_dir), "progress": False, "tensorboard": False,
+                "save_final_checkpoint": False, "export_final": False},
+    }
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values}
+    return validate(JobConfig, data)
+
+
+def bad_rows_task(directory: Path) -> dict:
+    """A task section over a JSONL file of 8 good arithmetic rows and 3 bad ones (a missing prompt,
+    an empty prompt, a prompt over max_prompt_tokens), skipped and counted, with a reward function
+    that raises or returns a non-number on some completions (isolated, counted, scored 0)."""
+    good = [(12, 7), (3, 45), (60, 21), (8, 8), (33, 19), (71, 2), (5, 50), (14, 86)]
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in good]
+    rows[3:3] = [{"answer": "4"}]
+    rows[6:6] = [{"prompt": "", "answer": "3"}]
+    rows.append({"prompt": "1+" * 20 + "1=", "answer": "21"})
+    path = directory / "arithmetic.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"name": "arithmetic", "held_out": 0, "source": {"kind": "file", "path": str(path)},
+            "on_bad_row": "skip", "max_prompt_tokens": 16,
+            "reward": {"custom": f"{Path(__file__).with_name('flaky_rewards.py')}:flaky", "isolation": "inline",
+                       "format_weight": 0.0, "on_failure": "zero"}}
+
+
+def append(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_records(directory: Path, prefix: str) -> list[dict]:
+    out = []
+    for path in sorted(Path(directory).glob(f"{prefix}*.jsonl")):
+        out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return out
+
+
+def wait_for(path: Path, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def recording_rollout(records: Path, *, nan_uids: frozenset = frozenset(), die_on_call: Optional[int] = None,
+                      die_index: int = 1, always_die: bool = False, hold_index: Optional[int] = None) -> type:
+    """A rollout worker that records each request; the samples of ``nan_uids`` get a NaN behaviour
+    estimate. Worker ``die_index`` SIGKILLs its own process in the middle of its ``die_on_call``-th
+    request (after sampling, before returning), once per test (a marker file), or on every request
+    with ``always_die``. Its replacement announces itself; worker ``hold_index`` then waits for it
+    before each request, so that the replacement gets work of its own."""
+    died, replaced = records / "rollout_died", records / "rollout_replaced"
+
+    class RecordingRollout(RolloutWorker):
+        def __init__(self, index, *args, **kwargs):
+            super().__init__(index, *args, **kwargs)
+            self.calls = 0
+            if index == die_index and died.exists():
+                replaced.touch()
+
+        def generate(self, requests):
+            if hold_index == self.index and died.exists():
+                wait_for(replaced)
+            episodes = super().generate(requests)
+            self.calls += 1
+            append(records / f"rollout_{os.getpid()}.jsonl",
+                   {"worker": self.index, "pid": os.getpid(), "uids": [r.uid for r in requests],
+                    "node": ray.get_runtime_context().get_node_id()})
+            dies = always_die or (self.calls == die_on_call and not died.exists())
+            if self.index == die_index and dies:
+                died.touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+            for e in episodes:
+                if e.uid in nan_uids:
+                    for s in e.group.samples:
+                        s.behaviour_logp = float("nan")
+            return episodes
+
+    return RecordingRollout
+
+
+def recording_learner(records: Path, *, die_rank: Optional[int] = None, die_version: Optional[int] = None,
+                      gates: Optional[dict[int, Path]] = None) -> type:
+    """A learner rank that records every finished step; rank ``die_rank`` SIGKILLs itself when
+    asked to train at ``die_version`` (once per test); a step at version v waits for the file
+    ``gates[v]`` first (the test's way to hold the learner while it acts on the cluster)."""
+    died = records / "learner_died"
+
+    class RecordingLearner(LearnerWorker):
+        def train(self, groups, version, group_offset):
+            if gates and version in gates:
+                wait_for(gates[version])
+            if self.rank == die_rank and version == die_version and not died.exists():
+                died.touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+            out = super().train(groups, version, group_offset)
+            checksum = sum(float(p.detach().double().sum()) for p in self.engine.module.parameters())
+            append(records / f"learner_rank{self.rank}.jsonl",
+                   {"rank": self.rank, "version": version, "checksum": checksum, "skipped": out["train/skipped"],
+                    "sample_ids": [s.sample_id for g in groups for s in g.samples]})
+            return out
+
+        def weights(self):
+            return self.engine.state_dict_for_push()  # rank 0's full weights (collective)
+
+    return RecordingLearner
+
+
+def run_driver(cfg: JobConfig, rollout_cls: type, learner_cls: type, *, export: bool = False) -> tuple[Driver, dict]:
+    """Set up, train to the end, let the rollouts land; returns the driver and rank 0's weights."""
+    driver = Driver(cfg, rollout_cls=rollout_cls, learner_cls=learner_cls, log=lambda s: None, record_batches=True)
+    driver.setup()
+    try:
+        driver.train()
+        driver.drain()
+        if export:
+            driver.export()
+        weights = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=120)[0]
+    finally:
+        driver.close()
+    return driver, weights
+
+
+DETERMINISTIC = ("train/loss", "train/grad_norm", "train/skipped", "rollout/reward_mean", "rollout/samples",
+                 "rollout/policy_version_min", "staleness/mean", "staleness/max", "learner/staleness_max", "version",
+                 "rollout/reward_calls/calls", "rollout/reward_calls/failed")

@@ -1,0 +1,111 @@
+"""Elastic rollout on a simulated multi-node cluster (ray.cluster_utils.Cluster: one head with room
+for the learner rank and one worker, nodes added and removed while the job trains).
+
+A node joins: with rollout.autoscale the driver sees room for a worker between steps and starts
+one there; it loads the current weights and its groups reach the learner. The node leaves: the
+worker dies with it, its requests are re-queued, it is not replaced (the cluster shrank, and
+rollout.min_workers still run), and the job trains to the end. Every prompt is trained exactly
+once (η = 0: step s trains prompts 4(s-1) .. 4s-1)."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import harness  # noqa: E402
+from coordinator.driver import Driver  # noqa: E402
+from harness import job_config, read_records, recording_learner, recording_rollout  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(harness)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def operator(cluster, driver: Driver, records: Path, events: dict) -> None:
+    """Add a node after step 1; once its worker's groups were trained on, remove the node. Gates
+    hold the learner so that each act lands while the job trains."""
+    def until(condition, what, timeout_s=240):
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline or "failure" in events:
+                events["error"] = f"timed out waiting for {what}"
+                return False
+            time.sleep(0.05)
+        return True
+
+    if not until(lambda: len(driver.history) >= 1, "step 1"):
+        return
+    node = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    events["node"] = node.node_id
+    (records / "node_added").touch()  # step 2 trains now; its end sees the room
+    pool = lambda: driver.actors.pool.workers if driver.actors is not None else {}  # noqa: E731
+    if not until(lambda: getattr(pool().get(1), "state", None) == "active", "worker 1 active"):
+        return
+    (records / "worker1_active").touch()
+    if not until(lambda: any(e.worker == 1 for b in driver.batches for e in b), "a batch with worker 1's groups"):
+        return
+    cluster.remove_node(node)
+    events["removed_at_step"] = len(driver.history)
+    (records / "node_removed").touch()
+
+
+def test_a_node_that_joins_gets_a_worker_and_one_that_leaves_loses_it(cluster, tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    cfg = job_config(tmp_path / "run", task={"source": {"kind": "generated", "n": 64}}, learner={"num_ranks": 1},
+                     rollout={"num_workers": 1, "max_workers": 2, "autoscale": True},
+                     cluster={"learner": {"num_cpus": 0.5}, "rollout": {"num_cpus": 0.5}, "start_timeout_s": 120},
+                     run={"steps": 8})
+    gates = {1: records / "node_added", 2: records / "worker1_active", 6: records / "node_removed"}
+    driver = Driver(cfg, rollout_cls=recording_rollout(records), learner_cls=recording_learner(records, gates=gates),
+                    log=lambda s: None, record_batches=True)
+    events: dict = {}
+    driver.setup()
+
+    def train() -> None:  # the driver trains in a thread: Cluster.add_node must run on the main thread
+        try:
+            driver.train()
+            driver.drain()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            events["failure"] = e
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    try:
+        operator(cluster, driver, records, events)
+        thread.join(timeout=600)
+    finally:
+        driver.close()
+    assert not thread.is_alive() and "failure" not in events, events.get("failure")
+    assert "error" not in events, events.get("error")
+
+    calls = read_records(records, "rollout_")
+    assert {c["node"] for c in calls if c["worker"] == 1} == {events["node"]}, "worker 1 ran on the node that joined"
+    assert any(e.worker == 1 for batch in driver.batches for e in batch), "and its groups were trained on"
+    workers = [r["rollout/workers"] for r in driver.history]
+    assert workers[0] == 1 and 2 in workers and workers[-1] == 1, workers
+    last = driver.history[-1]
+    assert last["elastic/workers_added"] == 1
+    assert last["faults/rollout_worker_deaths"] == 1 and last["faults/rollout_workers_dropped"] == 1
+    assert last["faults/rollout_workers_replaced"] == 0
+    assert [r["version"] for r in driver.history] == [float(s) for s in range(1, 9)]
+    for s, batch in enumerate(driver.batches):
+        assert [e.uid for e in batch] == list(range(4 * s, 4 * s + 4))
+        assert {x.policy_version for e in batch for x in e.group.samples} == {s}

@@ -1,0 +1,130 @@
+"""Elasticity and faults with the NCCL weight push (the CPU tests run the same code over gloo).
+
+    python -m pytest -q -m gpu tests/gpu/test_elastic_gpu.py      # needs 4 GPUs: 1 rank + up to 3 workers
+
+One learner rank (ZeRO-2, bf16) and 2 GPU rollout workers, η = 1 with in-order batches. After
+step 1 the job is scaled to 3 workers (`coordinator.control.scale`, what `stabledrl scale` does):
+the new worker joins the NCCL group at the next push, which rebuilds it. Worker 0 then SIGKILLs
+itself in the middle of a request: its prompts are re-queued, a replacement starts and joins the
+group at the following push. Checks: every step trains on exactly its in-order prompts, each once,
+sampled at version max(0, b - 1) (the fault re-samples lost prompts at the version current when
+they are re-admitted, so that one is allowed to be newer); after the last push every worker holds
+rank 0's weights bit for bit under the final version; the counters say what happened.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from common.config.base import validate  # noqa: E402
+from common.config.job import JobConfig  # noqa: E402
+from coordinator.control import scale  # noqa: E402
+from coordinator.driver import Driver  # noqa: E402
+from learner.worker import LearnerWorker  # noqa: E402
+from rollout.worker import RolloutWorker  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+NAME = "gpu-elastic"
+
+
+class InspectedLearner(LearnerWorker):
+    def weights(self):
+        return self.engine.state_dict_for_push()
+
+
+def dying_rollout(marker: str) -> type:
+    class DyingRollout(RolloutWorker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.calls = 0
+
+        def generate(self, requests):
+            self.calls += 1
+            if self.index == 0 and self.calls == 6 and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().generate(requests)
+
+        def weights(self):
+            return self.version(), {n: p.detach().cpu().clone() for n, p in self.policy.named_parameters()}
+
+    return DyingRollout
+
+
+def job_config(output_dir) -> JobConfig:
+    gpu = {"num_cpus": 1, "num_gpus": 1}
+    return validate(JobConfig, {
+        "model": {"preset": "tiny-llada", "dtype": "bfloat16",
+                  "preset_shape": {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4,
+                                   "num_attention_heads": 8, "num_key_value_heads": 8}},
+        "task": {"name": "arithmetic", "held_out": 0, "source": {"kind": "generated", "n": 2000}},
+        "sampler": {"gen_length": 8, "block_length": 8, "steps": 8, "temperature": 1.0},
+        "estimator": {"name": "block_random", "block_length": 8, "num_draws": 2},
+        "loss": {"name": "stabledrl"},
+        "algorithm": {"group_size": 8, "groups_per_step": 4, "inner_iterations": 1, "max_staleness": 1,
+                      "in_order": True},
+        "rollout": {"num_workers": 2, "max_workers": 3, "prompts_per_request": 1, "request_timeout_s": 300},
+        "learner": {"num_ranks": 1, "dist_timeout_s": 300, "optimizer": {"lr": 1e-4},
+                    "deepspeed": {"zero_stage": 2, "dtype": "bf16"}},
+        "cluster": {"learner": gpu, "rollout": gpu, "start_timeout_s": 600},
+        "weights": {"backend": "nccl", "timeout_s": 300, "bucket_mb": 1},
+        "run": {"steps": 12, "seed": 0, "output_dir": str(output_dir), "progress": False, "tensorboard": False,
+                "save_final_checkpoint": False, "export_final": False, "name": NAME},
+    })
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster():
+    if torch.cuda.device_count() < 4:
+        pytest.skip("needs 4 GPUs")
+    sys.path.insert(0, os.getcwd())
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(address="local", num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=True)
+    yield
+    ray.shutdown()
+
+
+def test_nccl_group_follows_scale_out_and_a_killed_worker(gpu_cluster, tmp_path):
+    cfg = job_config(tmp_path)
+    driver = Driver(cfg, rollout_cls=dying_rollout(str(tmp_path / "died")), learner_cls=InspectedLearner,
+                    record_batches=True)
+    driver.setup()
+    events = {}
+
+    def operator():
+        while len(driver.history) < 1:
+            time.sleep(0.05)
+        events["scale"] = scale(NAME, 3)[0]
+
+    thread = threading.Thread(target=operator, daemon=True)
+    thread.start()
+    try:
+        driver.train()
+        driver.drain()
+        learner = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=300)[0]
+        held = ray.get([w.weights.remote() for w in driver.actors.rollouts], timeout=300)
+    finally:
+        driver.close()
+    thread.join(timeout=10)
+    assert "3 rollout workers requested" in events["scale"]
+    last = driver.history[-1]
+    assert last["elastic/workers_added"] == 1 and last["faults/rollout_worker_deaths"] == 1
+    assert last["faults/rollout_workers_replaced"] == 1 and last["rollout/workers"] == 3
+    assert os.path.exists(tmp_path / "died")
+    for b, batch in enumerate(driver.batches):
+        assert [e.uid for e in batch] == list(range(4 * b, 4 * b + 4))
+        assert all(max(0, b - 1) <= x.policy_version <= b for e in batch for x in e.group.samples)
+    steps = cfg.run.steps
+    assert len(held) >= 2 and all(version == steps for version, _ in held)  # a replacement may still be syncing
+    for _, weights in held:
+        assert all(torch.equal(weights[n], learner[n].cpu()) for n in learner)
+    print("\nworkers per step:", [int(r["rollout/workers"]) for r in driver.history],
+          "push (s):", [round(r["time/weight_push"], 3) for r in driver.history])
