@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
-import torch
 
 from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
