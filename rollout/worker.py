@@ -17,7 +17,6 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
-
 from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
 from common.config.task import AnyTaskConfig
