@@ -270,13 +270,18 @@ class Driver(WorkerEvents, Checkpoints):
                                f"{len(self.pool.active())} active workers)")
         ready, late = self.wait_any()
         records = []
-        for ref, job in ready:
-            if job.kind == "train":
-                record = self.on_train(ref, job)
-                if record is not None:
-                    records.append(record)
-            else:
-                self.on_worker_result(ref, job)
+        for i, (ref, job) in enumerate(ready):
+            try:
+                if job.kind == "train":
+                    record = self.on_train(ref, job)
+                    if record is not None:
+                        records.append(record)
+                else:
+                    self.on_worker_result(ref, job)
+            except BaseException:  # the job fails: the calls not handled yet stay owed, none is lost
+                for unhandled in ready[i + 1 :]:
+                    self.inflight.add(*unhandled)
+                raise
         fatal = []
         for ref, job in late:
             if job.kind == "start" and ref in self.inflight:
