@@ -31,5 +31,9 @@ print('matplotlib:', 'yes' if u.find_spec('matplotlib') else 'missing; draw the 
 timeout -k 5 "${STUDY_TIMEOUT_S:-450}" python3 -m coordinator study --config deploy/configs/study_gpu.yaml \
   output_dir="$OUT/study" "$@" 2>&1 | tee "$OUT/study.log"
 status=${PIPESTATUS[0]}
+# the per-run directories as one plain file: the device tool returns neither a name with '+'
+# (stabledrl+dipod) nor deep trees. Here: tar -xzf <fetched>/study_runs.tar.gz && stabledrl study --report study
+tar -czf "$OUT/study_runs.tar.gz" -C "$OUT" --exclude=checkpoints --exclude=final_model --exclude=tensorboard study \
+  && echo "packed $OUT/study_runs.tar.gz ($(du -h "$OUT/study_runs.tar.gz" | cut -f1))"
 echo "study exit status $status; $(du -sh "$OUT" | cut -f1) in $OUT"
 exit "$status"
