@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal, Optional
 
 import torch
@@ -99,9 +99,9 @@ class DiffusionPolicy(nn.Module):
             logits_to_keep=keep,
             **kwargs,
         )
-        cache = getattr(out, "cache", None)  # read the new name first: the old one logs a deprecation
-        if cache is None:
-            cache = getattr(out, "past_key_values", None)
+        # the output's own field name: reading `past_key_values` from a release that renamed it to
+        # `cache` logs a deprecation, even when the cache is None
+        cache = getattr(out, "cache" if "cache" in {f.name for f in fields(out)} else "past_key_values", None)
         return PolicyOutput(logits=out.logits, past_key_values=cache)
 
     def corrupt(
