@@ -122,15 +122,10 @@ def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
 
 def _quiet_export(policy: Any, tokenizer: Any, directory: Path) -> None:
     """``export_hf`` without transformers' one-shard progress bar in the job's log."""
-    from transformers.utils import logging as hf_logging
+    from common.models.loading import quiet_progress
 
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
+    with quiet_progress():
         export_hf(policy, tokenizer, directory)
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _fingerprint(path: Path) -> list[tuple[str, int, int]]:

@@ -12,8 +12,9 @@ token at all is refused, because every sampler and estimator needs one.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 
@@ -39,13 +40,29 @@ def load_policy(
     if cfg.preset is not None:
         policy, tokenizer = _load_preset(cfg, torch_dtype)
     else:
-        policy, tokenizer = _load_directory(cfg, torch_dtype)
+        with quiet_progress():
+            policy, tokenizer = _load_directory(cfg, torch_dtype)
     if cfg.gradient_checkpointing:
         policy.model.config.use_cache = False
         _enable_checkpointing(policy.model)
     if device is not None:
         policy.to(device)
     return policy.eval(), tokenizer
+
+
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """transformers without its per-shard progress bar (every actor loads the model: one bar each
+    in the job's log)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _enable_checkpointing(model: torch.nn.Module) -> None:
