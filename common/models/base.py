@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Literal, Optional
 
 import torch
@@ -101,7 +101,8 @@ class DiffusionPolicy(nn.Module):
         )
         # the output's own field name: reading `past_key_values` from a release that renamed it to
         # `cache` logs a deprecation, even when the cache is None
-        cache = getattr(out, "cache" if "cache" in {f.name for f in fields(out)} else "past_key_values", None)
+        renamed = any(f.name == "cache" for f in fields(out)) if is_dataclass(out) else hasattr(out, "cache")
+        cache = getattr(out, "cache" if renamed else "past_key_values", None)
         return PolicyOutput(logits=out.logits, past_key_values=cache)
 
     def corrupt(
