@@ -84,6 +84,16 @@ def wait_for(path: Path, timeout_s: float = 180.0) -> None:
         time.sleep(0.05)
 
 
+class InspectedLearner(LearnerWorker):
+    def weights(self):
+        return self.engine.state_dict_for_push()  # rank 0's full weights (collective)
+
+
+class InspectedRollout(RolloutWorker):
+    def weights(self):
+        return self.version(), {n: p.detach().clone() for n, p in self.policy.named_parameters()}
+
+
 def recording_rollout(records: Path, *, nan_uids: frozenset = frozenset(), die_on_call: Optional[int] = None,
                       die_index: int = 1, always_die: bool = False, hold_index: Optional[int] = None) -> type:
     """A rollout worker that records each request; the samples of ``nan_uids`` get a NaN behaviour
@@ -128,7 +138,7 @@ def recording_learner(records: Path, *, die_rank: Optional[int] = None, die_vers
     ``gates[v]`` first (the test's way to hold the learner while it acts on the cluster)."""
     died = records / "learner_died"
 
-    class RecordingLearner(LearnerWorker):
+    class RecordingLearner(InspectedLearner):
         def train(self, groups, version, group_offset):
             if gates and version in gates:
                 wait_for(gates[version])
@@ -142,14 +152,13 @@ def recording_learner(records: Path, *, die_rank: Optional[int] = None, die_vers
                     "sample_ids": [s.sample_id for g in groups for s in g.samples]})
             return out
 
-        def weights(self):
-            return self.engine.state_dict_for_push()  # rank 0's full weights (collective)
-
     return RecordingLearner
 
 
-def run_driver(cfg: JobConfig, rollout_cls: type, learner_cls: type, *, export: bool = False) -> tuple[Driver, dict]:
-    """Set up, train to the end, let the rollouts land; returns the driver and rank 0's weights."""
+def run_driver(cfg: JobConfig, rollout_cls: type = InspectedRollout, learner_cls: type = InspectedLearner, *,
+               export: bool = False, workers: bool = False) -> tuple[Driver, dict, list]:
+    """Set up, train to the end, let the rollouts land; returns the driver, rank 0's weights and,
+    with ``workers`` (an InspectedRollout class), every rollout worker's (version, weights)."""
     driver = Driver(cfg, rollout_cls=rollout_cls, learner_cls=learner_cls, log=lambda s: None, record_batches=True)
     driver.setup()
     try:
@@ -158,9 +167,10 @@ def run_driver(cfg: JobConfig, rollout_cls: type, learner_cls: type, *, export: 
         if export:
             driver.export()
         weights = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=120)[0]
+        held = ray.get([w.weights.remote() for w in driver.actors.rollouts], timeout=120) if workers else []
     finally:
         driver.close()
-    return driver, weights
+    return driver, weights, held
 
 
 DETERMINISTIC = ("train/loss", "train/grad_norm", "train/skipped", "rollout/reward_mean", "rollout/samples",

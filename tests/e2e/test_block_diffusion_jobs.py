@@ -19,9 +19,8 @@ ray = pytest.importorskip("ray")
 from common.config.base import validate  # noqa: E402
 from common.config.job import JobConfig  # noqa: E402
 from common.models import load_policy  # noqa: E402
-from coordinator.driver import Driver  # noqa: E402
-from learner.worker import LearnerWorker  # noqa: E402
-from rollout.worker import RolloutWorker  # noqa: E402
+import harness  # noqa: E402
+from harness import run_driver  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 REWARD = f"{Path(__file__).with_name('rewards.py')}:digit_fraction"
@@ -53,19 +52,10 @@ def block_job(output_dir: Path, preset: str) -> JobConfig:
     })
 
 
-class InspectedLearner(LearnerWorker):
-    def weights(self):
-        return self.engine.state_dict_for_push()
-
-
-class InspectedRollout(RolloutWorker):
-    def weights(self):
-        return self.version(), {n: p.detach().clone() for n, p in self.policy.named_parameters()}
-
-
 @pytest.fixture(scope="module")
 def cluster():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(harness)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
@@ -77,16 +67,7 @@ def test_a_block_diffusion_job_trains_and_pushes_its_weights(cluster, tmp_path, 
         pytest.importorskip("transformers.models.diffusion_gemma")
     estimator, _, noise = FAMILIES[preset]
     cfg = block_job(tmp_path, preset)
-    driver = Driver(cfg, rollout_cls=InspectedRollout, learner_cls=InspectedLearner, log=lambda s: None,
-                    record_batches=True)
-    driver.setup()
-    try:
-        driver.train()
-        driver.drain()
-        learner = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=120)[0]
-        workers = ray.get([w.weights.remote() for w in driver.actors.rollouts], timeout=120)
-    finally:
-        driver.close()
+    driver, learner, workers = run_driver(cfg, workers=True)
     initial, _ = load_policy(cfg.model)
     assert initial.spec.noise == noise
     assert any(not torch.equal(learner[n], p) for n, p in initial.named_parameters())  # the learner moved

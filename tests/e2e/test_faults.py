@@ -65,7 +65,7 @@ def config(out, task):
 def reference(cluster, task, tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
     records = tmp_path_factory.mktemp("reference_records")
-    driver, weights = run_driver(config(out, task), recording_rollout(records, nan_uids=frozenset({NAN_UID})),
+    driver, weights, _ = run_driver(config(out, task), recording_rollout(records, nan_uids=frozenset({NAN_UID})),
                                  recording_learner(records), export=True)
     return driver, weights, records, out
 
@@ -88,7 +88,7 @@ def faulty(cluster, task, tmp_path_factory):
     args = argparse.Namespace(resume=str(out), config=str(cli.QUICKSTART), overrides=[])
     resumed_cfg = load_job_config(*cli.resume_source(args))
     (records / "resumed").mkdir()
-    resumed, weights = run_driver(resumed_cfg, recording_rollout(records / "resumed", nan_uids=frozenset({NAN_UID})),
+    resumed, weights, _ = run_driver(resumed_cfg, recording_rollout(records / "resumed", nan_uids=frozenset({NAN_UID})),
                                   recording_learner(records / "resumed"))
     return driver, failure.value, failed_at, resumed, weights, records, out
 

@@ -120,7 +120,7 @@ def test_a_resumed_async_run_repeats_the_uninterrupted_one(elastic_run, tmp_path
     straight, straight_weights, _, out, learner = elastic_run
     cfg = config(tmp_path)
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume_from": out / "checkpoints"})})
-    resumed, weights = run_driver(cfg, recording_rollout(tmp_path), recording_learner(tmp_path))
+    resumed, weights, _ = run_driver(cfg, recording_rollout(tmp_path), recording_learner(tmp_path))
     assert [r["version"] for r in resumed.history] == [5.0, 6.0, 7.0, 8.0]
     ids = lambda batch: [x.sample_id for e in batch for x in e.group.samples]  # noqa: E731
     for got, want in zip(resumed.batches, straight.batches[4:]):

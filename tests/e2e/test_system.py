@@ -35,8 +35,8 @@ from common.models import load_policy  # noqa: E402
 from common.types import collate_samples  # noqa: E402
 from coordinator.driver import Driver  # noqa: E402
 from learner.losses import LossInputs, compute_loss, group_advantages, local_counts  # noqa: E402
-from learner.worker import LearnerWorker  # noqa: E402
-from rollout.worker import RolloutWorker  # noqa: E402
+import harness  # noqa: E402
+from harness import InspectedRollout  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -65,16 +65,6 @@ def job_config(output_dir: Path, **sections: dict) -> JobConfig:
     return validate(JobConfig, data)
 
 
-class InspectedLearner(LearnerWorker):
-    def weights(self):
-        return self.engine.state_dict_for_push()  # rank 0's full weights (collective)
-
-
-class InspectedRollout(RolloutWorker):
-    def weights(self):
-        return self.version(), {n: p.detach().clone() for n, p in self.policy.named_parameters()}
-
-
 def slow_rollout(metrics_path: Path, total_steps: int) -> type:
     """Worker 1 returns each request only once the learner is two versions past the weights that
     sampled it (read from metrics.jsonl): a straggler whose groups are always too old for η = 1."""
@@ -98,6 +88,7 @@ def slow_rollout(metrics_path: Path, total_steps: int) -> type:
 @pytest.fixture(scope="module")
 def cluster():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(harness)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
@@ -105,16 +96,7 @@ def cluster():
 
 def run_driver(cfg: JobConfig, rollout_cls: type = InspectedRollout) -> tuple[Driver, dict, list]:
     """Run the loop to the end; return the driver, rank 0's weights and every worker's (version, weights)."""
-    driver = Driver(cfg, rollout_cls=rollout_cls, learner_cls=InspectedLearner, log=lambda s: None, record_batches=True)
-    driver.setup()
-    try:
-        driver.train()
-        driver.drain()
-        learner = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=120)[0]
-        workers = ray.get([w.weights.remote() for w in driver.actors.rollouts], timeout=120)
-    finally:
-        driver.close()
-    return driver, learner, workers
+    return harness.run_driver(cfg, rollout_cls, workers=True)
 
 
 @pytest.fixture(scope="module")
