@@ -155,7 +155,7 @@ class RolloutPool:
         takes any that has not answered within ``grace_s`` (a killed worker with live threads
         aborts noisily in its log)."""
         workers = list(self.workers.values())
-        closing = [w.actor.close.remote() for w in workers if _has_method(w.actor, "close")]
+        closing = [w.actor.close.remote() for w in workers]
         ray.wait(closing, num_returns=len(closing), timeout=grace_s)
         exiting = [w.actor.__ray_terminate__.remote() for w in workers]
         ray.wait(exiting, num_returns=len(exiting), timeout=grace_s)
@@ -172,12 +172,3 @@ class RolloutPool:
         states = [w.state for w in self.workers.values()]
         return {"workers": len(self.live()), "active": states.count("active"), "starting": states.count("starting"),
                 "retiring": states.count("retiring")}
-
-
-def _has_method(actor: Any, name: str) -> bool:
-    """Whether the actor's class has ``name`` (a test double may not)."""
-    try:
-        getattr(actor, name)
-    except AttributeError:
-        return False
-    return True

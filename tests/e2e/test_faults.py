@@ -225,6 +225,9 @@ class DyingRollout:
     def setup_weight_push(self, cfg, **kwargs):
         return None
 
+    def close(self):
+        return None
+
     def generate(self, requests):
         import os
         import signal
