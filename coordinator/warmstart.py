@@ -31,6 +31,7 @@ import torch
 from common.config.base import ConfigError
 from common.config.job import JobConfig
 from common.models import export_hf, load_policy
+from common.models.loading import quiet_progress
 from common.tasks import load_task_data
 from learner.sft import run_sft
 
@@ -105,7 +106,8 @@ def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
         policy, tokenizer, data.train, data.task, ws, cfg.run.seed,
         gen_length=cfg.sampler.gen_length, log=lambda line: log(f"warm start: {line}"),
     )  # fmt: skip
-    _quiet_export(policy.to("cpu"), tokenizer, directory)
+    with quiet_progress():  # no transformers progress bar in the job's log
+        export_hf(policy.to("cpu"), tokenizer, directory)
     manifest = {
         "key": warmstart_key(cfg),
         "model": cfg.model.model_dump(mode="json"),
@@ -118,14 +120,6 @@ def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
         "time_s": time.perf_counter() - t0,
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-
-
-def _quiet_export(policy: Any, tokenizer: Any, directory: Path) -> None:
-    """``export_hf`` without transformers' one-shard progress bar in the job's log."""
-    from common.models.loading import quiet_progress
-
-    with quiet_progress():
-        export_hf(policy, tokenizer, directory)
 
 
 def _fingerprint(path: Path) -> list[tuple[str, int, int]]:

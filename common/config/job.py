@@ -218,7 +218,7 @@ def check_sampler_layout(cfg: JobConfig) -> None:
     checkpoint's config.json without loading weights (ConfigError naming the field)."""
     import json
 
-    from common.models.families import FAMILIES, CheckpointError, detect_family
+    from common.models.families import FAMILIES, CheckpointError, checkpoint_block_size, detect_family
     from common.models.presets import PRESETS, TINY_CANVAS
 
     if cfg.model.preset is not None:
@@ -233,10 +233,9 @@ def check_sampler_layout(cfg: JobConfig) -> None:
             family, _ = detect_family(raw, cfg.model.family)
         except CheckpointError as e:
             raise ConfigError(f"model.path: {e}") from None
-    # SDAR/TraDo write block_size, DiffusionGemma canvas_length (its block)
-    block = cfg.model.block_size or raw.get("block_size") or raw.get("canvas_length") or FAMILIES[family].default_block_size
+    block = checkpoint_block_size(family, raw, cfg.model.block_size)
     try:
-        cfg.sampler.layout(int(block), block_diffusion=FAMILIES[family].attention == "block")
+        cfg.sampler.layout(block, block_diffusion=FAMILIES[family].attention == "block")
     except ConfigError as e:
         raise ConfigError(f"sampler: {e}") from None
 

@@ -52,6 +52,13 @@ HF_MODEL_TYPES: dict[str, str] = {
 FAMILY_KEY = "dllm_family"  # written into exported config.json files
 
 
+def checkpoint_block_size(family: str, raw_config: dict[str, Any], override: Optional[int] = None) -> int:
+    """The policy's block: ``override`` (model.block_size), else the checkpoint's own key (SDAR /
+    TraDo ``block_size``, DiffusionGemma ``canvas_length``), else the family's default."""
+    return int(override or raw_config.get("block_size") or raw_config.get("canvas_length")
+               or FAMILIES[family].default_block_size)
+
+
 class CheckpointError(ValueError):
     """A model directory that cannot be loaded as a dLLM policy, with the reason and the fix."""
 

@@ -21,7 +21,7 @@ import torch
 from common.config.model import ModelConfig
 from common.models.base import DiffusionPolicy
 from common.models.convert import State, original_to_hf
-from common.models.families import FAMILIES, CheckpointError, detect_family, make_policy
+from common.models.families import FAMILIES, CheckpointError, checkpoint_block_size, detect_family, make_policy
 from common.models.presets import PRESETS, build_tiny_policy
 from common.models.tokenizer_files import load_tokenizer
 
@@ -122,7 +122,7 @@ def _load_directory(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPoli
     else:
         model = _from_pretrained_exported(family, path, dtype, cfg.attn_implementation)
     mask_id, eos_id, pad_id = resolve_token_ids(raw, tokenizer)
-    block = cfg.block_size or raw.get("block_size") or raw.get("canvas_length") or FAMILIES[family].default_block_size
+    block = checkpoint_block_size(family, raw, cfg.block_size)
     policy = make_policy(family, model, mask_token_id=mask_id, eos_token_id=eos_id, pad_token_id=pad_id, block_size=block)
     return policy, tokenizer
 
