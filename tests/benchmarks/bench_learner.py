@@ -24,13 +24,11 @@ Stage ``3t`` is ZeRO-3 with settings tuned for a model that fits (an experiment:
 defaults are in learner/zero.py): overlap_comm, stage3_prefetch_bucket_size 2e8 elements (about
 4 layers ahead instead of less than one), stage3_param_persistence_threshold 1e6 (the small
 projections stay gathered), stage3_max_live_parameters / max_reuse_distance 1e9.
-The optimizer is the project's (torch AdamW under DeepSpeed ZeRO, foreach kernels on CUDA): it
-steps on DeepSpeed's flat fp32 partitions (one tensor per parameter group), still ~10 passes over
-the 7 GB of fp32 master weights at 1.78B (param, grad, two moments, temporaries). Stage suffixes
-are benchmark-only experiments on top of a stage (the project's defaults stay in learner/):
-``f`` = AdamW with ``fused=True`` (one kernel, one pass: ~3x less optimizer memory traffic),
-``t`` on ZeRO-2 = ``f`` plus ``overlap_comm`` (gradient bucket copies on a side stream, overlapped
-with the backward). ``--profile STAGE`` runs torch.profiler over one more step of that stage's
+The optimizer is the project's (learner/zero.build_optimizer: torch AdamW under DeepSpeed ZeRO,
+``fused=True`` on CUDA since the 2026-11-26 1x H200 run measured it against foreach as stage
+``2f``): it steps on DeepSpeed's flat fp32 partitions (one tensor per parameter group). Stage
+``2t`` is a benchmark-only experiment on top of ZeRO-2 (the project's defaults stay in learner/):
+``overlap_comm`` (gradient bucket copies on a side stream, overlapped with the backward). ``--profile STAGE`` runs torch.profiler over one more step of that stage's
 first setting: wall vs GPU-busy time per step, the top kernels and host ops (what explains the
 rest of the step).
 
@@ -55,8 +53,8 @@ def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--world", type=int, default=1, help="learner ranks (one GPU each)")
-    ap.add_argument("--stages", default="2,3", help="comma list of 2, 3, 3t (ZeRO-3 tuned), 2f (fused AdamW), "
-                    "2t (fused AdamW + overlap_comm); see above")
+    ap.add_argument("--stages", default="2,3", help="comma list of 2, 3, 3t (ZeRO-3 tuned), "
+                    "2t (ZeRO-2 + overlap_comm); see above")
     ap.add_argument("--profile", default=None, help="profile one step of this stage's first setting (e.g. 2t)")
     ap.add_argument("--micro-batch-groups", default="1", help="comma list of groups per micro-batch")
     ap.add_argument("--checkpointing", default="on,off", help="activation checkpointing settings, in order")
@@ -166,26 +164,18 @@ def tuned_zero3(cfg):
     return cfg, config
 
 
-def fused_adamw(tuned: bool):
-    """(learner.engine.build_optimizer, deepspeed_config) wrappers of stages ``2f`` / ``2t``: AdamW
-    with ``fused=True``; ``tuned`` adds ZeRO's overlap_comm (see the module docstring)."""
+def overlap_comm_zero2():
+    """learner.engine.deepspeed_config of stage ``2t``: the project's, plus ZeRO's overlap_comm."""
     import learner.engine
-    from learner.zero import GuardedAdamW
 
-    base_optimizer, base_config = learner.engine.build_optimizer, learner.engine.deepspeed_config
-
-    def build(model, opt):
-        plain = base_optimizer(model, opt)  # the project's parameter groups and settings
-        groups = [{k: v for k, v in g.items() if k in ("params", "weight_decay")} for g in plain.param_groups]
-        return GuardedAdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, fused=True)
+    base_config = learner.engine.deepspeed_config
 
     def config(*args, **kwargs) -> dict:
         out = base_config(*args, **kwargs)
-        if tuned:
-            out["zero_optimization"].update(overlap_comm=True)
+        out["zero_optimization"].update(overlap_comm=True)
         return out
 
-    return build, config
+    return config
 
 
 def stabledrl_loss_fn(est_cfg, loss_cfg):
@@ -256,17 +246,17 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
     loss_fn = stabledrl_loss_fn(ElboMCConfig(num_draws=2, weighting="mean", masks="independent"), StableDrlLossConfig())
     policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev)), dev)
     sc = bl.count_shape(policy)
-    stage = int(stage_name.rstrip("tf"))
+    stage = int(stage_name.rstrip("t"))
     cfg = LearnerConfig(num_ranks=a.world, optimizer=OptimizerConfig(lr=1e-6),
                         deepspeed=DeepSpeedConfig(zero_stage=stage, gradient_checkpointing=False))
     if stage_name == "3t":
         import learner.engine
 
         cfg, learner.engine.deepspeed_config = tuned_zero3(cfg)
-    elif stage_name in ("2f", "2t"):
+    elif stage_name == "2t":
         import learner.engine
 
-        learner.engine.build_optimizer, learner.engine.deepspeed_config = fused_adamw(tuned=stage_name == "2t")
+        learner.engine.deepspeed_config = overlap_comm_zero2()
     engine, init_s = bl.timed(lambda: LearnerEngine(policy, cfg), dev)
     flops = bl.forward_flops(sc, rows=2 * a.group_size, query_len=a.prompt + a.gen, key_len=a.prompt + a.gen,
                              logit_positions=a.gen)  # F of one group (2 masks x G rows)

@@ -16,7 +16,7 @@ With one GPU the lanes run one after the other and the 2-GPU jobs are skipped; o
 
 ``--quick`` is the short re-measure (~2.5 min on 2 GPUs, deadline 190 s): fewer and shorter runs
 per job (full_attention/block_diffusion ``--quick``: block diffusion eager and with the sampler's
-CUDA graphs; learner_1gpu: ZeRO-2 plain, with fused AdamW (2f) and with fused AdamW + overlap_comm
+CUDA graphs; learner_1gpu: ZeRO-2 as the project runs it (fused AdamW on CUDA) and with overlap_comm
 (2t), checkpointing off, micro-batches of 2, 3 and 4 groups (32/48/64 rows), 2 timed steps, one
 profiled step of 2t, on GPU 0 after full_attention; push: 2 repetitions). Combine with ``--only``
 to run the changed jobs alone; on one GPU:
@@ -67,7 +67,7 @@ class Job:
 QUICK = {
     "full_attention": (120, ["--quick"]),
     "block_diffusion": (120, ["--quick"]),
-    "learner_1gpu": (150, ["--stages", "2,2f,2t", "--checkpointing", "off", "--micro-batch-groups", "2,3,4", "--steps", "2",
+    "learner_1gpu": (150, ["--stages", "2,2t", "--checkpointing", "off", "--micro-batch-groups", "2,3,4", "--steps", "2",
                            "--profile", "2t"]),
     "push": (45, ["--reps", "2"]),
 }

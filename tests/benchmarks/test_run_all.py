@@ -20,7 +20,7 @@ def test_one_gpu_runs_one_lane_and_skips_the_two_gpu_jobs(tmp_path):
     assert learner.peak_from == "matmul_gpu0"
     stages = learner.args[learner.args.index("--stages") + 1]
     sizes = learner.args[learner.args.index("--micro-batch-groups") + 1]
-    assert stages == "2,2f,2t" and sizes == "2,3,4" and "--world" in learner.args
+    assert stages == "2,2t" and sizes == "2,3,4" and "--world" in learner.args
 
 
 def test_two_gpus_run_two_lanes_then_the_jobs_that_need_both(tmp_path):
