@@ -4,7 +4,8 @@
 # Writes $OUT/study/ (study.json, METHOD/seedN/metrics.jsonl, table.md, results.json, figure.png when
 # matplotlib is there) and $OUT/study.log. Back on the development machine, from the repository root:
 #     stabledrl study --report <fetched>/study      # table + figure into STUDY.md (section "gpu")
-# Extra arguments are dotted overrides of deploy/configs/study_gpu.yaml, e.g. job.learner.optimizer.lr=2e-5.
+# Extra arguments are dotted overrides of deploy/configs/study_gpu.yaml, e.g. job.learner.optimizer.lr=5e-5
+# job.estimator.masks=shared report.section=gpu-shared-lr5e-5 report.figure=docs/study/study_gpu_shared_lr5e-5.png.
 # The CPU check of this exact script (tiny model, 2 runs at once, no GPU):
 #     OUT=/tmp/sg PATH=.venv/bin:$PATH bash deploy/study_gpu.sh job.model.dtype=float32 \
 #         job.model.preset_shape.hidden_size=32 job.model.preset_shape.intermediate_size=64 \
@@ -24,11 +25,12 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/de
 python3 -c "import importlib.util as u; m = [n for n in ('deepspeed', 'pydantic', 'ray', 'yaml') if u.find_spec(n) is None]; \
 print('missing', m, '- was .whl/install.sh sourced?' if m else ''); \
 print('matplotlib:', 'yes' if u.find_spec('matplotlib') else 'missing; draw the figure later with stabledrl study --report')"
-# The device call's budget is 480 s, wheel install included. The study's own deadline (deadline_s: 360 s
-# after the study starts, ~30 s into the call) stops training and leaves ~30 s for stopping, Ray's
-# shutdown and the report. The timeout is the last resort (then `stabledrl study --report` redraws the
-# table from the metrics already in $OUT/study); STUDY_TIMEOUT_S sets it, e.g. to check that path on CPU.
-timeout -k 5 "${STUDY_TIMEOUT_S:-450}" python3 -m coordinator study --config deploy/configs/study_gpu.yaml \
+# The device call's limit is 595 s (run's timeout_s), wheel install included. The study's own deadline
+# (deadline_s: 445 s after the study starts, ~30 s into the call) stops training and leaves time for
+# stopping, Ray's shutdown and the report. The timeout is the last resort (then `stabledrl study
+# --report` redraws the table from the metrics already in $OUT/study); STUDY_TIMEOUT_S sets it, e.g.
+# to check that path on CPU.
+timeout -k 5 "${STUDY_TIMEOUT_S:-530}" python3 -m coordinator study --config deploy/configs/study_gpu.yaml \
   output_dir="$OUT/study" "$@" 2>&1 | tee "$OUT/study.log"
 status=${PIPESTATUS[0]}
 # the per-run directories as one plain file: the device tool returns neither a name with '+'
