@@ -84,15 +84,23 @@ def recorded_timing(study: StudyConfig) -> dict[str, float]:
         return {}
 
 
-def settings_line(study: StudyConfig) -> str:
-    """What every run shares, in one line (the regime the study runs in)."""
-    cfg = run_config(study, next(iter(study.methods)), study.seeds[0])
+def _settings(study: StudyConfig, method: str) -> list[str]:
+    cfg = run_config(study, method, study.seeds[0])
     est, a, opt = cfg.estimator, cfg.algorithm, cfg.learner.optimizer
     source = cfg.model.preset or Path(cfg.model.path or "").name
-    return (f"model {source}, task {cfg.task.name}; estimator {est.name} ({getattr(est, 'num_draws', 1)} draw(s), "
-            f"{est.masks} masks); G = {a.group_size}, {a.groups_per_step} groups/step, μ = {a.inner_iterations}, "
-            f"η = {a.max_staleness}; lr {opt.lr:g}, grad clip {opt.grad_clip:g}; {cfg.run.steps} steps; "
-            f"seeds {study.seeds}")
+    return [f"model {source}, task {cfg.task.name}",
+            f"estimator {est.name} ({getattr(est, 'num_draws', 1)} draw(s), {est.masks} masks)",
+            f"G = {a.group_size}", f"{a.groups_per_step} groups/step", f"μ = {a.inner_iterations}",
+            f"η = {a.max_staleness}", f"lr {opt.lr:g}, grad clip {opt.grad_clip:g}", f"{cfg.run.steps} steps"]
+
+
+def settings_line(study: StudyConfig) -> str:
+    """What every run shares, in one line (the regime the study runs in); a setting some method
+    overrides reads "per method" (μ per method) instead of the first method's value."""
+    per_method = [_settings(study, m) for m in study.methods]
+    parts = [first if all(p[k] == first for p in per_method) else f"{first.split(' ')[0]} per method"
+             for k, first in enumerate(per_method[0])]
+    return "; ".join([parts[0], parts[1], ", ".join(parts[2:6]), parts[6], parts[7], f"seeds {study.seeds}"])
 
 
 def write_report(study: StudyConfig, *, statuses: Optional[dict[tuple[str, int], str]] = None,

@@ -47,6 +47,16 @@ def test_runs_are_seed_major_and_each_has_its_own_directory_and_no_checkpoint(tm
     assert cfg.model.path == tmp_path / "warm" and cfg.model.preset is None
 
 
+def test_settings_line_says_per_method_for_what_a_method_overrides():
+    from coordinator.study.report import settings_line
+
+    shared = settings_line(load_study_config(STUDY_CPU))
+    assert "μ = 4" in shared and "per method" not in shared
+    study = load_study_config(STUDY_CPU, ["methods.grpo.algorithm.inner_iterations=1"])
+    line = settings_line(study)
+    assert "μ per method" in line and "μ = " not in line and "η = 1" in line and "lr 0.0001" in line
+
+
 @pytest.mark.parametrize("override, words", [
     ("methods.grpo.loss.clip_eps=-1", ["methods.grpo", "clip_eps"]),
     ("methods.drpo.loss.name=nope", ["methods.drpo", "loss"]),
