@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Iterator, Optional
 
 import ray
 
@@ -23,6 +25,32 @@ from learner.worker import LearnerWorker
 from rollout.worker import RolloutWorker
 
 REWARD = f"{Path(__file__).with_name('rewards.py')}:digit_fraction"
+
+
+@contextmanager
+def local_ray(module: str, num_cpus: int = 4) -> Iterator[None]:
+    """Ray on this machine for one test module's fixture. The module and this harness are pickled
+    by value: the actors' classes are defined there, and the workers cannot import them."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[module])
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def wait_until(condition: Callable[[], bool], what: str, events: dict, timeout_s: float = 240) -> bool:
+    """An operator thread's wait on a running job: poll ``condition`` every 50 ms. After
+    ``timeout_s``, or once the job recorded a "failure" in ``events``, return False with
+    events["error"] naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline or "failure" in events:
+            events["error"] = f"timed out waiting for {what}"
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def job_config(output_dir: Path, **sections: dict) -> JobConfig:

@@ -8,7 +8,6 @@ and with shared masks / corruption at η = 0 the first step's log-ratios are 0 (
 the worker shipped is the learner's own estimate under the same weights)."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -54,11 +53,8 @@ def block_job(output_dir: Path, preset: str) -> JobConfig:
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.cloudpickle.register_pickle_by_value(harness)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with harness.local_ray(__name__, num_cpus=2):
+        yield
 
 
 @pytest.mark.parametrize("preset", list(FAMILIES))

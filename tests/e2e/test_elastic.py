@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ ray = pytest.importorskip("ray")
 
 import harness  # noqa: E402
 from coordinator.driver import Driver  # noqa: E402
-from harness import job_config, read_records, recording_learner, recording_rollout  # noqa: E402
+from harness import job_config, read_records, recording_learner, recording_rollout, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -40,26 +39,17 @@ def cluster():
 def operator(cluster, driver: Driver, records: Path, events: dict) -> None:
     """Add a node after step 1; once its worker's groups were trained on, remove the node. Gates
     hold the learner so that each act lands while the job trains."""
-    def until(condition, what, timeout_s=240):
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline or "failure" in events:
-                events["error"] = f"timed out waiting for {what}"
-                return False
-            time.sleep(0.05)
-        return True
-
-    if not until(lambda: len(driver.history) >= 1, "step 1"):
+    if not wait_until(lambda: len(driver.history) >= 1, "step 1", events):
         return
     node = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     events["node"] = node.node_id
     (records / "node_added").touch()  # step 2 trains now; its end sees the room
     pool = lambda: driver.actors.pool.workers if driver.actors is not None else {}  # noqa: E731
-    if not until(lambda: getattr(pool().get(1), "state", None) == "active", "worker 1 active"):
+    if not wait_until(lambda: getattr(pool().get(1), "state", None) == "active", "worker 1 active", events):
         return
     (records / "worker1_active").touch()
-    if not until(lambda: any(e.worker == 1 for b in driver.batches for e in b), "a batch with worker 1's groups"):
+    if not wait_until(lambda: any(e.worker == 1 for b in driver.batches for e in b), "a batch with worker 1's groups", events):
         return
     cluster.remove_node(node)
     events["removed_at_step"] = len(driver.history)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from collections import Counter
 
@@ -45,11 +44,8 @@ NAN_UID = 9  # the second prompt of batch 3 (uids 8..11): step 3 sees a NaN rati
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.cloudpickle.register_pickle_by_value(harness)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with harness.local_ray(__name__):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ ray = pytest.importorskip("ray")
 import harness  # noqa: E402
 from coordinator.control import scale, start_control  # noqa: E402
 from coordinator.driver import Driver  # noqa: E402
-from harness import DETERMINISTIC, job_config, recording_learner, recording_rollout, run_driver  # noqa: E402
+from harness import DETERMINISTIC, job_config, recording_learner, recording_rollout, run_driver, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,11 +37,8 @@ NAME = "async-elastic"
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.cloudpickle.register_pickle_by_value(harness)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with harness.local_ray(__name__):
+        yield
 
 
 def config(out):
@@ -56,25 +52,16 @@ def config(out):
 def operator(driver: Driver, records: Path, events: dict) -> None:
     """The user at the terminal: scale to 3 after step 1, wait until the new worker has trained
     samples in a batch, scale to 1. Gates hold the learner so each act lands mid-run."""
-    def until(condition, what, timeout_s=240):
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                events["error"] = f"timed out waiting for {what}"
-                return False
-            time.sleep(0.05)
-        return True
-
-    if not until(lambda: len(driver.history) >= 1, "step 1"):
+    if not wait_until(lambda: len(driver.history) >= 1, "step 1", events):
         return
     events["up"] = scale(NAME, 3)[0]
     (records / "requested").touch()  # step 2 may train now: its end applies the request
     pool = lambda: driver.actors.pool.workers if driver.actors is not None else {}  # noqa: E731
     # up: with a broadcast push it then joins the group at the next push ("syncing" until then)
-    if not until(lambda: getattr(pool().get(2), "state", None) in ("syncing", "active"), "worker 2 up"):
+    if not wait_until(lambda: getattr(pool().get(2), "state", None) in ("syncing", "active"), "worker 2 up", events):
         return
     (records / "worker2_up").touch()
-    if not until(lambda: any(e.worker == 2 for b in driver.batches for e in b), "a batch with worker 2's groups"):
+    if not wait_until(lambda: any(e.worker == 2 for b in driver.batches for e in b), "a batch with worker 2's groups", events):
         return
     events["down"] = scale(NAME, 1)[0]
     events["down_at_step"] = len(driver.history)

@@ -18,7 +18,6 @@ spread (tests/e2e/rewards.py), plugged in through task.reward.custom as a user w
 from __future__ import annotations
 
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -87,11 +86,8 @@ def slow_rollout(metrics_path: Path, total_steps: int) -> type:
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.cloudpickle.register_pickle_by_value(harness)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    with harness.local_ray(__name__):
+        yield
 
 
 def run_driver(cfg: JobConfig, rollout_cls: type = InspectedRollout) -> tuple[Driver, dict, list]:
