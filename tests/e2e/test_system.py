@@ -26,7 +26,6 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from common.config.base import validate  # noqa: E402
 from common.config.job import JobConfig  # noqa: E402
 from common.estimators import estimate, learner_seeds  # noqa: E402
 from common.metrics import read_metrics  # noqa: E402
@@ -39,29 +38,16 @@ from harness import InspectedRollout  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
-REWARD = f"{Path(__file__).with_name('rewards.py')}:digit_fraction"
+# the harness's job with more rows, ZeRO-3, 2 prompts per request and the final export (gathered
+# from ZeRO-3 shards); a test's sections update these key by key
+SYSTEM = {"task": {"source": {"kind": "generated", "n": 500}}, "rollout": {"prompts_per_request": 2},
+          "learner": {"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0}},
+          "run": {"steps": 2, "export_final": True}}
 
 
 def job_config(output_dir: Path, **sections: dict) -> JobConfig:
-    data = {
-        "model": {"preset": "tiny-llada"},
-        "task": {"name": "arithmetic", "held_out": 0, "source": {"kind": "generated", "n": 500},
-                 "reward": {"custom": REWARD, "isolation": "inline", "format_weight": 0.0}},
-        "sampler": {"gen_length": 4, "block_length": 4, "steps": 4, "temperature": 1.0},
-        "estimator": {"name": "block_random", "block_length": 4, "num_draws": 2},
-        "loss": {"name": "stabledrl"},
-        "algorithm": {"group_size": 4, "groups_per_step": 4, "inner_iterations": 1, "micro_batch_size": 8},
-        "rollout": {"num_workers": 2, "prompts_per_request": 2, "request_timeout_s": 120},
-        "learner": {"num_ranks": 2, "dist_timeout_s": 120, "optimizer": {"lr": 1e-2},
-                    "deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0}},
-        "cluster": {"learner": {"num_cpus": 0.5}, "rollout": {"num_cpus": 0.5}, "start_timeout_s": 240},
-        "weights": {"timeout_s": 120},
-        "run": {"steps": 2, "seed": 7, "output_dir": str(output_dir), "progress": False, "tensorboard": False,
-                "save_final_checkpoint": False},
-    }
-    for name, values in sections.items():
-        data[name] = {**data[name], **values}
-    return validate(JobConfig, data)
+    merged = {name: {**SYSTEM.get(name, {}), **sections.get(name, {})} for name in {*SYSTEM, *sections}}
+    return harness.job_config(output_dir, **merged)
 
 
 def slow_rollout(metrics_path: Path, total_steps: int) -> type:
