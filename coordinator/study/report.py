@@ -118,8 +118,9 @@ def write_report(study: StudyConfig, *, statuses: Optional[dict[tuple[str, int],
     methods = summarize_methods(runs, list(study.methods))
     out_dir = study.output_dir
     rule = study.collapse
+    settings = settings_line(study)  # builds every method's run config: once per report
     text = [
-        f"Settings: {settings_line(study)}.\n\n",
+        f"Settings: {settings}.\n\n",
         method_table(methods),
         f"\nCollapse: the reward EMA (weight {rule.ema}) falls below {rule.fraction:.0%} of its peak (peak >= "
         f"{rule.min_peak}) and stays there to the end, at least {rule.hold} steps. Accuracy in %, mean ± std over seeds; "
@@ -133,24 +134,24 @@ def write_report(study: StudyConfig, *, statuses: Optional[dict[tuple[str, int],
         text.append("\n" + ", ".join(f"{k} {v:.0f} s" for k, v in timing.items()) + "\n")
     (out_dir / "table.md").write_text("".join(text))
     written: dict[str, Any] = {"table": out_dir / "table.md", "runs": runs, "figure": None}
-    payload = {"settings": settings_line(study), "timing": timing or {}, "runs": as_json(runs),
+    payload = {"settings": settings, "timing": timing or {}, "runs": as_json(runs),
                "statuses": {f"{m}/seed{s}": v for (m, s), v in (statuses or {}).items()}}
     (out_dir / "results.json").write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
     if figure and runs:
-        written["figure"] = draw_figure(study, runs)
+        written["figure"] = draw_figure(study, runs, title=settings)
     if study.report is not None:
         written["markdown"] = publish(study, "".join(text), written["figure"], command)
     return written
 
 
-def draw_figure(study: StudyConfig, runs: list[RunSummary]) -> Optional[Path]:
+def draw_figure(study: StudyConfig, runs: list[RunSummary], title: str) -> Optional[Path]:
     """figure.png: one colour per method, seeds as thin lines, their mean thick; None (and a
     note) when matplotlib is not installed."""
     from coordinator.plot import load_run, plot_runs
 
     curves = [load_run(study.output_dir / r.method / f"seed{r.seed}", f"{r.method}/seed{r.seed}", r.method) for r in runs]
     try:
-        plot_runs(curves, study.output_dir / "figure.png", title=settings_line(study))
+        plot_runs(curves, study.output_dir / "figure.png", title=title)
     except ImportError:
         print(f"study: matplotlib is missing; draw the figure later: stabledrl study --report {study.output_dir}")
         return None
