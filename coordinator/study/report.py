@@ -158,11 +158,22 @@ def draw_figure(study: StudyConfig, runs: list[RunSummary], title: str) -> Optio
     return study.output_dir / "figure.png"
 
 
+def section_markers(name: str) -> tuple[str, str]:
+    """The two comments that bound report section ``name`` in the markdown."""
+    return f"<!-- study:{name} -->", f"<!-- /study:{name} -->"
+
+
+def section_pattern(name: str) -> re.Pattern[str]:
+    """Report section ``name``, its markers included."""
+    begin, end = section_markers(name)
+    return re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+
+
 def publish(study: StudyConfig, table: str, figure: Optional[Path], command: Optional[str]) -> Path:
     """Replace the <!-- study:NAME --> ... <!-- /study:NAME --> section of the report markdown."""
     target = study.report
     markdown = target.markdown
-    begin, end = f"<!-- study:{target.section} -->", f"<!-- /study:{target.section} -->"
+    begin, end = section_markers(target.section)
     body = [begin, ""]
     if command:
         body += [f"Command: `{command}`", ""]
@@ -175,7 +186,7 @@ def publish(study: StudyConfig, table: str, figure: Optional[Path], command: Opt
     body += ["", end]
     section = "\n".join(body)
     old = markdown.read_text() if markdown.is_file() else f"# Study\n\n{begin}\n{end}\n"
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    pattern = section_pattern(target.section)
     new = pattern.sub(lambda _: section, old) if pattern.search(old) else old.rstrip() + "\n\n" + section + "\n"
     markdown.write_text(new)
     return markdown
