@@ -102,7 +102,18 @@ class _TaskBase(StrictModel):
     on_bad_row: Literal["error", "skip"] = Field(
         "error", description="'error': stop at the first bad row, naming its row number; 'skip': drop bad rows and count them"
     )
-    system_prompt: Optional[str] = Field(None, description="system message (chat models) or text put before the prompt")
+    system_prompt: Optional[str] = Field(
+        None,
+        description="system message of the chat template (chat models), or text put before the prompt with a blank "
+        "line (plain tokenizers); None = no system message (no built-in task sets one)",
+    )
+    chat_template: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="'auto': prompts go through the tokenizer's chat template (system + user turn, "
+        "add_generation_prompt) when it has one, else plain text; 'on': a template is required; 'off': always the "
+        "plain rendered text (data that is already templated). The same encoding serves rollouts, the warm start, "
+        "evaluation and max_prompt_tokens",
+    )
     template: Optional[str] = Field(None, description="prompt template containing '{prompt}' once; None = the task's default")
     reward: RewardConfig = Field(default_factory=RewardConfig)
 

@@ -87,6 +87,7 @@ class Task:
     correctness_weight: float = 1.0
     format_weight: float = 0.0
     correctness_name: str = "correctness"  # "custom" when a user function replaced the checker
+    chat_template: str = "auto"  # "auto" | "on" | "off": how common.tasks.prompts encodes prompts
 
     def render_prompt(self, row: Row) -> str:
         """The prompt text a plain (non-chat) tokenizer encodes: [system + blank line +] template."""
@@ -167,6 +168,7 @@ def shared_fields(cfg: Any, default_template: str) -> dict[str, Any]:
     return dict(
         template=cfg.template if cfg.template is not None else default_template,
         system_prompt=cfg.system_prompt,
+        chat_template=cfg.chat_template,
         correctness_weight=cfg.reward.correctness_weight,
         format_weight=cfg.reward.format_weight,
     )
