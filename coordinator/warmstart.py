@@ -32,6 +32,7 @@ from common.config.base import ConfigError
 from common.config.job import JobConfig
 from common.models import export_hf, load_policy
 from common.models.loading import quiet_progress
+from common.models.model_dir import resolve_model_dir
 from common.tasks import load_task_data
 from learner.sft import run_sft
 
@@ -47,7 +48,7 @@ def warmstart_key(cfg: JobConfig) -> str:
     parts: dict[str, Any] = {
         "format": WARMSTART_FORMAT,
         "model": cfg.model.model_dump(mode="json"),
-        "model_files": _fingerprint(Path(cfg.model.path)) if cfg.model.path is not None else None,
+        "model_files": _fingerprint(resolve_model_dir(cfg.model.path, cfg.model.revision)) if cfg.model.path is not None else None,
         "task": cfg.task.model_dump(mode="json"),
         "warmstart": cfg.warmstart.model_dump(mode="json", exclude={"cache_dir", "log_every"}),
         "gen_length": cfg.sampler.gen_length,

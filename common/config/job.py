@@ -216,8 +216,6 @@ def load_job_config(path: str | Path, overrides: list[str] = ()) -> JobConfig:
 def check_sampler_layout(cfg: JobConfig) -> None:
     """The sampler's block layout against the policy's block size, read from the preset or the
     checkpoint's config.json without loading weights (ConfigError naming the field)."""
-    import json
-
     from common.models.families import FAMILIES, CheckpointError, checkpoint_block_size, detect_family
     from common.models.presets import PRESETS, TINY_CANVAS
 
@@ -225,11 +223,13 @@ def check_sampler_layout(cfg: JobConfig) -> None:
         family = PRESETS[cfg.model.preset]
         raw = {"canvas_length": TINY_CANVAS} if family == "diffusion_gemma" else {}
     else:
-        config_file = Path(cfg.model.path) / "config.json"
-        if not config_file.is_file():
-            raise ConfigError(f"model.path: {cfg.model.path} has no config.json")
-        raw = json.loads(config_file.read_text())
-        try:
+        from common.models.model_dir import read_json_file, resolve_model_dir
+
+        try:  # a hub id resolves from the local cache here, before any actor starts
+            config_file = resolve_model_dir(cfg.model.path, cfg.model.revision) / "config.json"
+            if not config_file.is_file():
+                raise ConfigError(f"model.path: {cfg.model.path} has no config.json")
+            raw = read_json_file(config_file)
             family, _ = detect_family(raw, cfg.model.family)
         except CheckpointError as e:
             raise ConfigError(f"model.path: {e}") from None

@@ -80,7 +80,9 @@ def _add_declared_tokens(tokenizer: Any, tok_cfg: dict[str, Any]) -> None:
 
 
 def _read_json(file: Path) -> dict[str, Any]:
-    return json.loads(file.read_text()) if file.is_file() else {}
+    from common.models.model_dir import read_json_file
+
+    return read_json_file(file) if file.is_file() else {}
 
 
 def _text(token: Any) -> str:
