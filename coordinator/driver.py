@@ -29,6 +29,7 @@ import ray
 
 from common.config.job import JobConfig, check_resources
 from common.metrics import MetricsLogger
+from common.models.loading import load_model_tokenizer
 from common.tasks import PromptStream, load_task_data
 from coordinator import checkpoint
 from coordinator.actors import ActorFailure, Actors, start_actors
@@ -118,7 +119,7 @@ class Driver(WorkerEvents, Checkpoints):
             self.log(f"warm start: {path} ({time.perf_counter() - t0:.1f} s)")
             model = cfg.model.model_copy(update={"path": path, "preset": None, "preset_shape": None})
             self.cfg = cfg = cfg.model_copy(update={"model": model})
-        data = load_task_data(cfg.task)
+        data = load_task_data(cfg.task, tokenizer=load_model_tokenizer(cfg.model))  # max_prompt_tokens in model tokens
         self.rows = {r.prompt_id: r for r in data.train}
         self.held_out = data.held_out[: cfg.eval.num_prompts]
         self.stream = PromptStream(data.train, seed=cfg.run.seed)

@@ -86,7 +86,7 @@ def evaluate_policy(cfg: JobConfig, policy: Any, tokenizer: Any, *, k: int = 1, 
     from rollout.engine import TorchRolloutEngine
     from rollout.evaluate import evaluate
 
-    data = load_task_data(cfg.task)
+    data = load_task_data(cfg.task, tokenizer=tokenizer)
     rows = data.held_out[: num_prompts or cfg.eval.num_prompts]
     if not rows:
         raise ValueError("the config's task has no held-out rows (set task.held_out or task.held_out_source)")

@@ -97,7 +97,7 @@ def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
     t0 = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     policy, tokenizer = load_policy(cfg.model, device=device, dtype="float32")
-    data = load_task_data(cfg.task)
+    data = load_task_data(cfg.task, tokenizer=tokenizer)
     n_params = sum(p.numel() for p in policy.parameters())
     log(
         f"warm start: SFT of {cfg.model.preset or cfg.model.path} ({n_params / 1e6:.2f}M parameters) on "

@@ -92,9 +92,9 @@ def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
         fields = [f for m in candidates for name, f in m.model_fields.items() if name == part]
         if fields:
             candidates = [m for f in fields for m in models_in(f.annotation)]
-        else:  # a discriminated union's tag: keep the member whose name field is that literal
-            candidates = [m for m in candidates if part in get_args(m.model_fields.get("name").annotation)] \
-                if all("name" in m.model_fields for m in candidates) else candidates
+        else:  # a discriminated union's tag: keep the member with a literal field (name, kind) of that value
+            tagged = [m for m in candidates if any(part in get_args(f.annotation) for f in m.model_fields.values())]
+            candidates = tagged or candidates
     return sorted({name for m in candidates[:1] for name in m.model_fields})
 
 

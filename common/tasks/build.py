@@ -7,7 +7,9 @@ A user reward replaces the task's checker (the format part still applies with it
       reward: {custom: "my_package.rewards:score"}             # or an importable module
 
     def score(completion: str, row: common.tasks.Row) -> float:
-        '''completion: decoded text up to the first EOS; row.answer / row.meta: the reference.'''
+        '''completion: decoded text up to the first EOS; row.answer / row.meta: the reference;
+        row.record: the whole data record (every column, nested fields included: a verl file's
+        row.record["extra_info"], row.record["data_source"]); empty for generated tasks.'''
 
 Any real number is accepted (bool and numpy scalars included). The function is imported lazily,
 on its first call, so a worker that only renders prompts never runs user code; the reward
