@@ -42,19 +42,19 @@ def text_ids(text: str) -> list[int]:
     return list(text.encode())  # the test vocabulary is byte-level: one id per byte, the byte's value
 
 
-# What each release renders for a system + user conversation and for a user turn alone (the LLaDA,
-# Dream and SDAR / TraDo formats that their model cards and the dLLM-RL rollout prompts show).
+# What each released template renders for a system + user conversation and for a user turn alone
+# (for Dream and SDAR / TraDo also what their RL recipes' hand-written prompts hold).
 EXPECTED = {
     "llada": (
-        "<|startoftext|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-        "<|start_header_id|>user<|end_header_id|>\n\nQ: What is 2+3?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
-        "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nQ: What is 2+3?<|eot_id|>"
-        "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        ("<|startoftext|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nQ: What is 2+3?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
+        ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nQ: What is 2+3?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"),
     ),
     "dream": (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nQ: What is 2+3?<|im_end|>\n<|im_start|>assistant\n",
-        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nQ: What is 2+3?<|im_end|>\n"
-        "<|im_start|>assistant\n",
+        ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nQ: What is 2+3?<|im_end|>\n"
+        "<|im_start|>assistant\n"),
     ),
     "sdar": (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nQ: What is 2+3?<|im_end|>\n<|im_start|>assistant\n",

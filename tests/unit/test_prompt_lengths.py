@@ -75,8 +75,8 @@ def test_the_driver_counts_prompt_tokens_with_the_models_tokenizer(tmp_path, lla
     limit = len(prompt_ids(tok, parsed.task, parsed.train[0]))
     raw = apply_overrides(load_yaml("deploy/configs/quickstart.yaml"), [
         f"model={{path: {llada_dir}}}", "warmstart=null", f"run.output_dir={tmp_path / 'run'}",
-        f"task={{name: gsm8k, source: {{path: {path}, columns: {{prompt: question}}}}, template: '{{prompt}}', "
-        f"max_prompt_tokens: {limit}, on_bad_row: skip}}",
+        (f"task={{name: gsm8k, source: {{path: {path}, columns: {{prompt: question}}}}, template: '{{prompt}}', "
+        f"max_prompt_tokens: {limit}, on_bad_row: skip}}"),
     ])
     monkeypatch.setattr(driver.ray, "cluster_resources", lambda: {"CPU": 64.0})
     monkeypatch.setattr(driver.Driver, "start_control", lambda self: (_ for _ in ()).throw(_Stop()))
