@@ -113,7 +113,7 @@ class Driver(WorkerEvents, Checkpoints):
         if cfg.run.resume_from is not None:
             resume = checkpoint.verify(cfg.run.resume_from, self.config_json(), self.log)
         if cfg.warmstart is not None:
-            from coordinator.warmstart import warm_start
+            from recipes.warmstart import warm_start
 
             path = warm_start(cfg, log=self.log)
             self.log(f"warm start: {path} ({time.perf_counter() - t0:.1f} s)")

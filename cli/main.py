@@ -1,10 +1,10 @@
 """`stabledrl` command line.
 
     stabledrl train --config deploy/configs/quickstart.yaml [key.path=value ...] [--dry-run]
-    python -m coordinator train --config ...
+    python -m cli train --config ...
     stabledrl train --resume runs/quickstart [key.path=value ...]   # continue from the last checkpoint
     stabledrl scale --job quickstart [--workers N] [--address HOST:PORT]   # a running job's rollout workers
-    stabledrl eval | plot | study ...        (coordinator/report_cli.py)
+    stabledrl eval | plot | study ...        (cli/reports.py)
 
 The config is validated (file, overrides and every cross-section rule) before Ray starts; a bad
 one exits with status 2 and the dotted names of the fields to fix. ``--dry-run`` prints the
@@ -24,7 +24,7 @@ import yaml
 
 from common.config.base import ConfigError
 from common.config.job import JobConfig, check_sampler_layout, load_job_config
-from coordinator import report_cli
+from cli import reports
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "deploy" / "configs" / "quickstart.yaml"
 
@@ -43,10 +43,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     scale.add_argument("--workers", type=int, help="rollout workers wanted (rollout.min_workers .. max_workers)")
     scale.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
                        help="the cluster's GCS address, HOST:PORT (default: $RAY_ADDRESS, else the local cluster)")
-    report_cli.add_commands(sub)  # eval, plot, study
+    reports.add_commands(sub)  # eval, plot, study
     args = parser.parse_args(argv)
-    if args.command in report_cli.COMMANDS:
-        return report_cli.run(args)
+    if args.command in reports.COMMANDS:
+        return reports.run(args)
     if args.command == "scale":
         from coordinator.control import scale_command
 
