@@ -48,11 +48,12 @@ class GeneratedSource(StrictModel):
 
 
 class FileSource(StrictModel):
-    """Prompts read from a local JSONL or Parquet file."""
+    """Prompts read from a local JSONL, Parquet or CSV file."""
 
     kind: Literal["file"] = "file"
-    path: str = Field(description="local path of a .jsonl / .json (one object per line) or .parquet file")
-    format: Literal["auto", "jsonl", "parquet"] = Field("auto", description="'auto' picks by file extension")
+    path: str = Field(description="local path of a .jsonl / .json (one object per line), .parquet or .csv file "
+                      "(a header line; values are read as text)")
+    format: Literal["auto", "jsonl", "parquet", "csv"] = Field("auto", description="'auto' picks by file extension")
     columns: dict[str, str] = Field(
         default_factory=dict,
         description="canonical field -> column name in the file or dotted path into nested fields, e.g. "

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from pydantic import Field
 
 from common.config.base import StrictModel
+from common.config.protocol import ProtocolConfig
 
 
 class WarmStartConfig(StrictModel):
@@ -50,6 +51,11 @@ class EvalConfig(StrictModel):
     )
     temperature: Optional[float] = Field(
         None, ge=0.0, description="sampling temperature of the evaluation (0: greedy); null: the sampler's own"
+    )
+    protocol: Optional[ProtocolConfig] = Field(
+        None, description="also evaluate a published protocol at the same points (before, every N steps, after) on "
+        "the rollout workers, e.g. {name: d1, gen_lengths: [256], benchmarks: {gsm8k: {num_prompts: 200}}}; "
+        "`stabledrl eval --protocol` runs it offline"
     )
 
     def sampler_for(self, sampler: Any) -> Any:

@@ -94,6 +94,7 @@ class Task:
     format_weight: float = 0.0
     correctness_name: str = "correctness"  # "custom" when a user function replaced the checker
     chat_template: str = "auto"  # "auto" | "on" | "off": how common.tasks.prompts encodes prompts
+    response_prefix: str = ""  # text the answer starts with, put after the prompt (d1's evaluation: "<reasoning>")
 
     def render_prompt(self, row: Row) -> str:
         """The prompt text a plain (non-chat) tokenizer encodes: [system + blank line +] template

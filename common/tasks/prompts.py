@@ -56,12 +56,13 @@ def uses_chat_template(tokenizer: Any, task: Task) -> bool:
 
 
 def prompt_text(tokenizer: Any, task: Task, row: Row) -> str:
-    """The full prompt string: the chat-templated conversation, or the rendered plain text."""
+    """The full prompt string: the chat-templated conversation, or the rendered plain text; then
+    ``task.response_prefix``, the start of the answer written for the model (empty by default)."""
     if not uses_chat_template(tokenizer, task):
-        return task.render_prompt(row)
+        return task.render_prompt(row) + task.response_prefix
     messages = task.messages(row)
     _refuse_markup(tokenizer, messages, row)
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) + task.response_prefix
 
 
 def prompt_ids(tokenizer: Any, task: Task, row: Row) -> list[int]:

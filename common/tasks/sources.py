@@ -8,6 +8,7 @@
   or a truncated last line) and handled by ``task.on_bad_row`` like any bad row. A ``.json`` file
   holding one JSON array of objects is read as a whole.
 - **Parquet** goes through pyarrow; its schema makes every column one type.
+- **CSV** (a header line, then one record per line) through Python's csv: every value is text.
 - **Hugging Face datasets** (``source: {kind: hf, dataset: ...}``): a directory written by
   ``save_to_disk`` is read with ``datasets.load_from_disk``; a hub id (``openai/gsm8k``, with
   ``config`` and ``split``) with ``datasets.load_dataset``, which reads its local cache and obeys
@@ -21,6 +22,7 @@ layout), whose last turn must be the user's.
 """
 from __future__ import annotations
 
+import csv
 import json
 import re
 from dataclasses import dataclass, field
@@ -62,7 +64,9 @@ def read_file(path: Any, fmt: str = "auto") -> Records:
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
     if fmt == "auto":
-        fmt = "parquet" if path.suffix in (".parquet", ".pq") else "jsonl"
+        fmt = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}.get(path.suffix, "jsonl")
+    if fmt == "csv":
+        return _read_csv(path)
     if fmt == "parquet":
         try:
             import pyarrow.parquet as pq
@@ -102,6 +106,16 @@ def _read_jsonl(path: Path) -> Records:
             records.rows.append(value)
             records.numbers.append(number)
     return records
+
+
+def _read_csv(path: Path) -> Records:
+    """A CSV file with a header line; every value stays text (``0140...`` keeps its leading zero)."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            rows = [dict(r) for r in csv.DictReader(f)]
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise DataError(f"cannot read {path} as CSV (UTF-8 with a header line): {e}") from None
+    return Records(str(path), rows, list(range(1, len(rows) + 1)))
 
 
 def _read_json_array(path: Path, data: bytes) -> Records:

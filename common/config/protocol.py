@@ -1,0 +1,93 @@
+"""The ``eval.protocol`` section: a published evaluation protocol, offline or during training.
+
+    stabledrl eval --config run/config.yaml --protocol d1 --checkpoint run/checkpoints
+    eval:
+      protocol:
+        name: d1
+        gen_lengths: [128, 256, 512]
+        benchmarks: {gsm8k: {}, math500: {num_prompts: 100}}
+
+The protocol (``common.tasks.protocols``) fixes the prompts, the answer format and the graders of
+every benchmark; this section picks the benchmarks, where their data lies, and the decoding
+(d1: greedy, block 32, steps = length / 2, one column per generation length).
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from common.config.base import StrictModel
+from common.config.task import DataSource
+
+BenchmarkName = Literal["gsm8k", "math500", "countdown", "sudoku"]
+
+
+class BenchmarkConfig(StrictModel):
+    """One benchmark of the protocol; every field left out takes the protocol's choice."""
+
+    source: Optional[DataSource] = Field(
+        None, description="where the benchmark's rows are (a file or a Hugging Face dataset); None: the protocol's "
+        "(GSM8K test split and MATH500 from the datasets cache, Countdown and Sudoku from d1's files under data/d1/)"
+    )
+    num_prompts: Optional[int] = Field(
+        None, ge=1, description="evaluate a subsample of this many rows, drawn as the protocol draws it (d1: numpy "
+        "RandomState(42).choice without replacement); None: the protocol's set (d1: all of GSM8K and MATH500, 256 "
+        "of Countdown and Sudoku)"
+    )
+
+
+def _all_benchmarks() -> dict[str, BenchmarkConfig]:
+    return {name: BenchmarkConfig() for name in ("gsm8k", "math500", "countdown", "sudoku")}
+
+
+class ProtocolConfig(StrictModel):
+    """A published evaluation protocol: its prompts and graders, at several generation lengths."""
+
+    name: Literal["d1"] = Field("d1", description="the protocol: 'd1' (d1, SPG and StableDRL report with it)")
+    benchmarks: dict[BenchmarkName, BenchmarkConfig] = Field(
+        default_factory=_all_benchmarks, min_length=1,
+        description="benchmarks to evaluate (rows of the table): gsm8k, math500, countdown, sudoku",
+    )
+    gen_lengths: list[int] = Field(
+        [128, 256, 512], min_length=1, description="generation lengths (columns of the table), each a multiple of "
+        "block_length"
+    )
+    block_length: Optional[int] = Field(
+        32, ge=1, description="semi-autoregressive block (d1: 32); None: the policy's own block size (block-diffusion "
+        "policies such as SDAR / TraDo need theirs)"
+    )
+    steps_per_token: float = Field(
+        0.5, gt=0.0, le=1.0, description="denoising steps = gen_length × this (d1: gen_length / 2, two tokens per step)"
+    )
+    temperature: float = Field(0.0, ge=0.0, description="0: greedy decoding (d1); T > 0 samples, seeded per prompt")
+    remasking: Literal["low_confidence", "random"] = Field("low_confidence", description="as sampler.remasking (d1: low_confidence)")
+    cache: Literal["auto", "none", "prefix", "dual"] = Field("auto", description="as sampler.cache (auto: the exact one)")
+    batch_size: int = Field(16, ge=1, description="prompts per sampler call on one worker (memory, not results)")
+    max_prompt_tokens: int = Field(
+        4096, ge=1, description="a templated prompt longer than this stops the evaluation, naming the row (no benchmark "
+        "row is dropped silently)"
+    )
+    seed: int = Field(0, description="sampling seed when temperature > 0 (prompt i draws from (seed, prompt id))")
+
+    @field_validator("gen_lengths")
+    @classmethod
+    def _distinct_lengths(cls, v: list[int]) -> list[int]:
+        if any(length < 1 for length in v) or len(set(v)) != len(v):
+            raise ValueError("generation lengths must be distinct positive integers")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _lengths_fit_blocks(self) -> "ProtocolConfig":
+        for length in self.gen_lengths:
+            if self.block_length is not None and length % self.block_length:
+                raise ValueError(f"gen_lengths: {length} is not a multiple of block_length={self.block_length}")
+            if self.block_length is not None:
+                blocks, steps = length // self.block_length, self.steps(length)
+                if steps % blocks:
+                    raise ValueError(f"steps_per_token: {steps} steps for length {length} do not split over its "
+                                     f"{blocks} blocks")
+        return self
+
+    def steps(self, gen_length: int) -> int:
+        return max(1, round(gen_length * self.steps_per_token))

@@ -1,0 +1,186 @@
+"""Published evaluation protocols: which rows, what prompt, which grader, per benchmark.
+
+    protocol = PROTOCOLS["d1"]
+    bench = load_benchmark(protocol, "gsm8k", cfg.benchmarks["gsm8k"], tokenizer)   # BenchmarkRows
+    ids = prompt_ids(tokenizer, bench.task, bench.rows[0])      # the one prompt encoding
+    grade = bench.grade(completion, bench.rows[0])              # Grade(correct, total, answer)
+
+**d1** (arXiv 2504.12216; SPG and the StableDRL paper report with it on LLaDA-8B-Instruct): the
+user turn is the benchmark's instruction, a blank line, then the question; it goes through the
+model's chat template (``common.tasks.prompts``) and the answer is started for the model with
+``<reasoning>`` (d1 writes it after the template for every model). Decoding is greedy with
+low-confidence remasking, block 32, steps = length / 2, at lengths 128, 256 and 512
+(``common.config.protocol``). The rows: the GSM8K test split (1319) and MATH500 (500) whole; 256
+Countdown puzzles of d1's ``countdown_cd3_test.jsonl`` and 256 Sudoku puzzles of d1's
+``4x4_test_sudoku.csv``, drawn as d1 draws them (numpy ``RandomState(42).choice(N, 256,
+replace=False)``; Countdown's file holds 256 rows, so all of them). The graders are d1's readings
+(``common.tasks.graders``; MATH compares symbolically where Math-Verify is installed).
+
+The instruction texts are d1's, character for character (the stray ``"`` at the end of MATH500's
+is d1's too); the question lines follow d1's datasets. Where this differs from d1's scripts: the
+prompt is encoded once, without the second BOS that d1's ``tokenizer(prompt)`` adds in front of a
+LLaDA template that already holds one; and completions are read up to the first EOS.
+
+SPG's release evaluates the same way (its GSM8K reader also accepts an answer tag that never
+closes, and its Sudoku set is another split with three worked examples in the prompt); the
+StableDRL release's own scripts grade whole completions with Math-Verify.
+
+This module does not import torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from common.tasks.base import Row, Task
+from common.tasks.graders import GRADERS, Grade, Grader
+
+_FORMAT = "Respond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n<answer>\n\\boxed{...}\n</answer>"
+GSM8K_INSTRUCTION = ("You are a math expert. You will be given a question to solve. Solve it step by step. Wrap the final "
+                     "answer in a \\boxed{}. \n" + _FORMAT)
+MATH500_INSTRUCTION = ("You are a math expert. You will be given a question to solve. Solve it step by step. Wrap the "
+                       "final answer in a \\boxed{}.\n" + _FORMAT + '" \n')
+COUNTDOWN_INSTRUCTION = (
+    "Using only the provided numbers, create an arithmetic expression that evaluates to exactly the provided target "
+    "number. You may use the operations +, -, *, and / as needed, but each number must be used exactly once. Think "
+    "step-by-step. After reasoning, provide only your final expression inside \\boxed{} tags without including an "
+    "equals sign or the target number. For example: \\boxed{a + b * c}" + _FORMAT
+)
+SUDOKU_INSTRUCTION = (
+    "\nPlease solve the following 4x4 Sudoku puzzle. The puzzle is provided as a 16-character string reading "
+    "left-to-right, top-to-bottom, where '0' represents empty cells.\n\nRules:\n- Fill empty cells with digits 1-4\n"
+    "- Each row must contain digits 1-4 exactly once\n- Each column must contain digits 1-4 exactly once\n"
+    "- Each 2x2 box must contain digits 1-4 exactly once\n\nImportant: Your solution must be a COMPLETE 16-character "
+    "string with only the digits 1-4, representing your final solved grid.\n\nRespond in this exact format:\n"
+    "<reasoning>\nYour step-by-step solving process\n</reasoning>\n<answer>\n[16-character solution string with no "
+    "spaces or separators]\n</answer>\n"
+)
+D1_FILES = "https://raw.githubusercontent.com/dllm-reasoning/d1/main/dataset"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One row of a protocol's table."""
+
+    title: str  # as the papers' tables name it
+    task: str  # the task (common.tasks) whose records and checker fields the rows use
+    instruction: str  # text of the user turn before the question (a blank line between)
+    question: Callable[[Row], str]  # the question line of a row
+    source: dict[str, Any]  # the default data source (a task.source mapping)
+    num_prompts: Optional[int]  # rows evaluated by default (None: all)
+    unit: str  # what the accuracy counts: "answers", or "empty cells" (Sudoku)
+    fetch: str = ""  # how to get the default data when it is missing
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    benchmarks: dict[str, Benchmark]
+    response_prefix: str  # written after the chat template: the start of the model's answer
+    subsample_seed: int  # numpy RandomState seed of a subsample
+
+
+def _countdown_question(row: Row) -> str:
+    return f"Numbers: {list(row.meta['numbers'])}\nTarget: {row.meta['target']}"
+
+
+D1 = Protocol(
+    name="d1",
+    response_prefix="<reasoning>",
+    subsample_seed=42,
+    benchmarks={
+        "gsm8k": Benchmark(
+            "GSM8K", "gsm8k", GSM8K_INSTRUCTION, lambda row: row.prompt,
+            {"kind": "hf", "dataset": "openai/gsm8k", "config": "main", "split": "test", "columns": {"prompt": "question"}},
+            None, "answers"),
+        "math500": Benchmark(
+            "MATH500", "math", MATH500_INSTRUCTION, lambda row: row.prompt,
+            {"kind": "hf", "dataset": "HuggingFaceH4/MATH-500", "split": "test", "columns": {"prompt": "problem"}},
+            None, "answers"),
+        "countdown": Benchmark(
+            "Countdown", "countdown", COUNTDOWN_INSTRUCTION, _countdown_question,
+            {"kind": "file", "path": "data/d1/countdown_cd3_test.jsonl", "columns": {"numbers": "input", "target": "output"}},
+            256, "answers", f"mkdir -p data/d1 && curl -L -o data/d1/countdown_cd3_test.jsonl {D1_FILES}/countdown_cd3_test.jsonl"),
+        "sudoku": Benchmark(
+            "Sudoku", "sudoku4", SUDOKU_INSTRUCTION, lambda row: f"Solve the following Sudoku puzzle: {row.meta['puzzle']}\n",
+            {"kind": "file", "path": "data/d1/4x4_test_sudoku.csv", "columns": {"puzzle": "Puzzle", "solution": "Solution"}},
+            256, "empty cells", f"mkdir -p data/d1 && curl -L -o data/d1/4x4_test_sudoku.csv {D1_FILES}/4x4_test_sudoku.csv"),
+    },
+)
+PROTOCOLS: dict[str, Protocol] = {"d1": D1}
+
+
+@dataclass
+class BenchmarkRows:
+    """A benchmark ready to evaluate: its task (prompt encoding), rows in evaluation order, grader."""
+
+    name: str
+    benchmark: Benchmark
+    task: Task
+    rows: list[Row]
+    grade: Grader
+    source: str  # where the rows came from (for the table's notes)
+    size: int  # rows the source holds
+
+
+def subsample(n_rows: int, k: Optional[int], seed: int) -> list[int]:
+    """Indices of the rows a protocol evaluates: all in order (k None), or numpy's
+    ``RandomState(seed).choice(n_rows, k, replace=False)`` in the order it draws them (d1's draw)."""
+    if k is None:
+        return list(range(n_rows))
+    if k > n_rows:
+        raise ValueError(f"num_prompts={k} exceeds the {n_rows} rows of the benchmark")
+    return [int(i) for i in np.random.RandomState(seed).choice(n_rows, k, replace=False)]
+
+
+def benchmark_task(protocol: Protocol, name: str, max_prompt_tokens: int = 4096) -> Task:
+    """The benchmark's task with the protocol's prompt: instruction + blank line + question, then
+    the response prefix. Rows it reads carry the question as their prompt."""
+    from common.config.task import parse_task_config
+    from common.tasks.build import build_task
+
+    bench = protocol.benchmarks[name]
+    section: dict[str, Any] = {"name": bench.task, "template": bench.instruction + "\n\n{prompt}",
+                               "max_prompt_tokens": max_prompt_tokens, "source": bench.source}
+    task = build_task(parse_task_config(section))
+    task_from_record = task.from_record
+
+    def from_record(record: Any) -> Row:
+        row = task_from_record(record)
+        return dataclasses.replace(row, prompt=bench.question(row))
+
+    return dataclasses.replace(task, from_record=from_record, response_prefix=protocol.response_prefix)
+
+
+def load_benchmark(protocol: Protocol, name: str, cfg: Any, tokenizer: Any = None,
+                   max_prompt_tokens: int = 4096) -> BenchmarkRows:
+    """The rows of benchmark ``name`` (``cfg``: its ``BenchmarkConfig``). Row i of the source gets
+    the id ``<name>-<i>``, so results are keyed by position and duplicates in the data are kept.
+    A row that cannot be read or is too long stops loading, naming it (DataError)."""
+    from common.config.task import parse_task_config
+    from common.tasks.data import prompt_length, rows_from_records
+    from common.tasks.sources import DataError, read_source
+
+    bench = protocol.benchmarks[name]
+    task = benchmark_task(protocol, name, max_prompt_tokens)
+    source = cfg.source if cfg.source is not None else parse_task_config({"name": bench.task, "source": bench.source}).source
+    try:
+        records = read_source(source)
+    except DataError as e:
+        hint = f"; fetch d1's file with: {bench.fetch}" if bench.fetch and cfg.source is None else ""
+        raise DataError(f"benchmark {name}: {e}{hint}") from None
+    count = cfg.num_prompts or bench.num_prompts
+    if count is not None and count > len(records.rows):
+        raise DataError(f"benchmark {name}: {records.source} holds {len(records.rows)} rows, fewer than the {count} "
+                        f"to evaluate (set eval.protocol.benchmarks.{name}.num_prompts)")
+    chosen = subsample(len(records.rows), count, protocol.subsample_seed)
+    picked = [{**records.rows[i], "id": f"{name}-{i}"} for i in chosen]
+    rows, _ = rows_from_records(task, picked, source=records.source, columns=source.columns,
+                                max_prompt_tokens=max_prompt_tokens, on_bad_row="error",
+                                length=prompt_length(task, tokenizer))
+    return BenchmarkRows(name, bench, task, rows, GRADERS[bench.task], records.source, len(records.rows))
+
+
