@@ -13,9 +13,9 @@ that the job logged as eval/pass@1.
 ``--model`` takes a transformers directory (run.export_final writes one: output_dir/final_model;
 safetensors, nothing executed). ``--checkpoint`` takes a DeepSpeed checkpoint the job wrote
 (output_dir/checkpoints, a tag under it, or the run's output_dir): the architecture and tokenizer
-come from the config's model section and the weights from DeepSpeed's ZeRO-2/3 consolidation. That
-reader unpickles the checkpoint's optimizer files (DeepSpeed stores them with torch.save), so use
-it on checkpoints you trust, as you would to resume; a model from elsewhere goes through --model.
+come from the config's model section and the weights from DeepSpeed's ZeRO-2/3 consolidation, after
+the tag passed the checks a resume makes (its manifest, every file's size, no pickle naming more
+than tensors and DeepSpeed's classes). A model from elsewhere goes through --model.
 """
 from __future__ import annotations
 
@@ -43,11 +43,16 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
 
 
 def checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """The fp32 weights of a learner checkpoint, consolidated over ZeRO shards, by parameter name."""
+    """The fp32 weights of a learner checkpoint, consolidated over ZeRO shards, by parameter name.
+    The tag is verified first, as a resume verifies it (``coordinator.checkpoint.verify_tag``): every
+    checkpoint an evaluation reads comes through here."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+    from coordinator.checkpoint import verify_tag
+
     directory, tag = resolve_checkpoint(path)
+    verify_tag(directory / tag)
     return get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag)
 
 

@@ -1,6 +1,7 @@
 """The `eval`, `plot` and `study` subcommands of `stabledrl` (``cli/main.py`` adds them).
 
     stabledrl eval  --config X (--model DIR | --checkpoint DIR) [--k K] [--num-prompts N] [overrides]
+    stabledrl eval  --config X --protocol d1 [--model DIR | --checkpoint DIR] [--out DIR] [--benchmarks ..] [--lengths ..]
     stabledrl plot  RUN_DIR [RUN_DIR ...] --out fig.png [--group parent]
     stabledrl study [--config deploy/configs/study_cpu.yaml] [overrides] | --report STUDY_DIR
 
@@ -21,16 +22,26 @@ COMMANDS = ("eval", "plot", "study")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    ev = sub.add_parser("eval", help="held-out pass@1 / pass@k of an exported model or a checkpoint")
+    ev = sub.add_parser("eval", help="held-out pass@1 / pass@k of an exported model or a checkpoint; "
+                        "--protocol d1: the papers' table (cli/protocol_eval.py)")
     ev.add_argument("--config", required=True, help="the job config the policy was trained with (task, sampler, eval)")
-    source = ev.add_mutually_exclusive_group(required=True)
+    source = ev.add_mutually_exclusive_group()
     source.add_argument("--model", help="a transformers directory (run.export_final writes output_dir/final_model)")
     source.add_argument("--checkpoint", help="a DeepSpeed checkpoint: output_dir, output_dir/checkpoints or one tag")
     ev.add_argument("--k", type=int, default=1, help="also report pass@k (k <= samples per prompt)")
-    ev.add_argument("--num-prompts", type=int, default=None, help="first N held-out prompts (default eval.num_prompts)")
+    ev.add_argument("--num-prompts", type=int, default=None, help="first N held-out prompts (default eval.num_prompts); "
+                    "with --protocol: a subsample of N rows of every benchmark, drawn as the protocol draws")
     ev.add_argument("--samples", type=int, default=None, help="samples per prompt (default max(k, eval.samples_per_prompt))")
     ev.add_argument("--show", type=int, default=0, help="print the completions of the first N prompts")
-    ev.add_argument("--out", default=None, help="also write the result as JSON here")
+    ev.add_argument("--out", default=None, help="also write the result as JSON here; with --protocol: the output "
+                    "directory (results.jsonl, table.md, table.json; default runs/eval/PROTOCOL-NAME)")
+    ev.add_argument("--protocol", choices=("d1",), default=None, help="evaluate a published protocol (greedy, lengths "
+                    "128/256/512, GSM8K, MATH500, Countdown, Sudoku) over every GPU; without --model/--checkpoint "
+                    "the config's own model")
+    ev.add_argument("--benchmarks", default=None, help="with --protocol: comma-separated subset, e.g. gsm8k,math500")
+    ev.add_argument("--lengths", default=None, help="with --protocol: generation lengths, e.g. 256 or 128,256,512")
+    ev.add_argument("--workers", type=int, default=None, help="with --protocol: eval workers (default: one per GPU "
+                    "of the cluster; without GPUs rollout.num_workers)")
     ev.add_argument("overrides", nargs="*", help="dotted overrides of the config, e.g. sampler.temperature=0")
 
     pl = sub.add_parser("plot", help="reward, held-out accuracy, ratios, grad norm, clipping, staleness to PNG")
@@ -62,10 +73,37 @@ def _eval(args: argparse.Namespace) -> int:
     from cli.offline_eval import eval_command
 
     cfg = load_job_config(args.config, args.overrides)
+    if args.protocol:
+        return _protocol_eval(args, cfg)
+    if args.model is None and args.checkpoint is None:
+        raise ConfigError("eval: give --model or --checkpoint (or --protocol to evaluate the config's own model)")
     if args.k < 1 or (args.samples is not None and args.samples < args.k):
         raise ConfigError(f"--k must be >= 1 and at most --samples (got k={args.k}, samples={args.samples})")
     eval_command(cfg, model_dir=args.model, checkpoint=args.checkpoint, k=args.k, num_prompts=args.num_prompts,
                  samples_per_prompt=args.samples, out=args.out, show=args.show)
+    return 0
+
+
+def _protocol_eval(args: argparse.Namespace, cfg) -> int:
+    from cli.protocol_eval import protocol_command, protocol_config
+
+    try:
+        lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else None
+    except ValueError:
+        raise ConfigError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
+    benchmarks = args.benchmarks.split(",") if args.benchmarks else None
+    protocol = protocol_config(cfg, args.protocol, benchmarks=benchmarks, lengths=lengths, num_prompts=args.num_prompts)
+    from common.models.families import CheckpointError as ModelError
+    from common.tasks import DataError
+    from coordinator.checkpoint import CheckpointError
+    from recipes.protocol_results import ResultsMismatch
+
+    try:
+        protocol_command(cfg, protocol, model_dir=args.model, checkpoint=args.checkpoint, out=args.out,
+                         workers=args.workers, log=lambda line: print(line, flush=True))
+    except (DataError, ResultsMismatch, CheckpointError, ModelError) as e:  # refused before any sampling
+        print(f"stabledrl: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -119,6 +119,21 @@ def verify(directory: Path, config: dict[str, Any], log: Callable[[str], None] =
     return Resume(directory, tag, state, episodes)
 
 
+def verify_tag(path: Path) -> dict[str, Any]:
+    """The state of checkpoint tag ``path`` once its manifest, every file's size and every pickle
+    have passed the checks ``verify`` makes (CheckpointError naming the file otherwise): what an
+    evaluation checks before DeepSpeed reads a tag's files."""
+    path = Path(path)
+    if not (path / STATE_FILE).is_file():
+        raise CheckpointError(f"{path} has no {STATE_FILE}: not a complete checkpoint of a stabledrl job")
+    state = _read_state(path)
+    _check_files(path, state["files"])
+    for name in state["files"]:
+        if name.endswith(".pt"):
+            _check_pickle(path / name)
+    return state
+
+
 def load(actors: Actors, resume: Resume, timeout_s: float) -> dict[str, Any]:
     """Restore every learner rank from the verified tag; returns the client state."""
     states = wait(actors.call_learners("load_checkpoint", str(resume.directory), resume.tag), timeout_s,

@@ -345,6 +345,10 @@ class Driver(WorkerEvents, Checkpoints):
             self.log(f"reward: {int(failed)} of {int(calls)} calls failed (see rollout/reward_calls/* in metrics.jsonl)")
 
     def evaluate(self) -> Optional[HeldOutResult]:
+        if self.cfg.eval.protocol is not None:  # a published protocol's table as well (recipes/protocol_eval.py)
+            from recipes.protocol_eval import evaluate_in_training
+
+            self.metrics.log(self.step, evaluate_in_training(self.actors.rollouts, self.cfg, self.step, self.log))
         if not self.held_out:
             return None
         e = self.cfg.eval

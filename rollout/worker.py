@@ -110,6 +110,13 @@ class RolloutWorker:
                           seed, eos_token_id=self.policy.eos_token_id)
         return self.version(), result
 
+    def complete(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], sampler: SamplerConfig) -> list[str]:
+        """Decoded completions of token-id prompts under the current weights (a published evaluation
+        protocol during training: recipes/protocol_eval.py; the same call as rollout.eval_worker's)."""
+        from rollout.eval_worker import complete
+
+        return complete(self.engine, self.tokenizer, prompts, seeds, sampler, self.policy.eos_token_id)
+
     def close(self) -> None:
         self.scorer.close()
         if self.push is not None:

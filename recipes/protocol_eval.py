@@ -1,0 +1,222 @@
+"""A published evaluation protocol over every GPU of the cluster: the papers' table, resumable.
+
+    stabledrl eval --config run/config.yaml --protocol d1 [--checkpoint DIR | --model DIR] --out DIR
+
+1. The benchmarks are loaded and every prompt encoded here, once (``common.tasks.protocols``:
+   the protocol's prompt through ``common.tasks.prompts``, the encoding rollouts use).
+2. Work is cut into units of ``batch_size`` prompts of one benchmark at one generation length and
+   dealt to the workers as they come free (two units queued per worker): ``EvalWorker`` actors, one
+   policy copy per GPU, offline (``run_units``); the job's rollout workers during training
+   (``evaluate_in_training``). Both sample with the rollout engine and return decoded completions.
+3. Completions are graded here (``common.tasks.graders``) and appended to results.jsonl per prompt
+   (``recipes.protocol_results``): a rerun skips what is done and prints the same table.
+
+A row's completion is a function of (weights, prompt, decoding settings, its seed): sample i of a
+row draws from ``derive_seed(seed, "protocol", prompt_id)`` (greedy decoding draws nothing), so the
+table does not depend on how many workers ran or how the prompts were batched.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+from common.config.protocol import ProtocolConfig
+from common.config.sampler import SamplerConfig
+from common.seeding import derive_seed
+from common.tasks.base import stable_hash
+from common.tasks.graders import math_grader
+from common.tasks.prompts import prompt_ids
+from common.tasks.protocols import PROTOCOLS, BenchmarkRows, load_benchmark
+from recipes.protocol_results import ResultLog, protocol_table, record
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Prepared:
+    """The benchmarks of a protocol config with every prompt encoded for one tokenizer."""
+
+    cfg: ProtocolConfig
+    benchmarks: dict[str, BenchmarkRows]
+    prompts: dict[str, list[list[int]]]  # benchmark -> token ids per row
+
+    def prompt_hashes(self) -> dict[tuple[str, int, str], str]:
+        return {(name, n, row.prompt_id): f"{stable_hash(tuple(ids)):016x}" for name, bench in self.benchmarks.items()
+                for row, ids in zip(bench.rows, self.prompts[name]) for n in self.cfg.gen_lengths}
+
+    def header(self, policy: str) -> dict[str, Any]:
+        """What the results depend on (recipes.protocol_results: a rerun must match it)."""
+        c = self.cfg
+        decoding = {"block_length": c.block_length, "steps_per_token": c.steps_per_token, "temperature": c.temperature,
+                    "remasking": c.remasking, "cache": c.cache, "seed": c.seed}
+        sources = {name: {"source": b.source, "rows": b.size} for name, b in self.benchmarks.items()}
+        return {"protocol": c.name, "decoding": decoding, "policy": policy, "math_grader": math_grader(), "sources": sources}
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One sampler call: rows ``indices`` of a benchmark at one generation length."""
+
+    benchmark: str
+    gen_length: int
+    indices: tuple[int, ...]
+
+
+def prepare(cfg: ProtocolConfig, tokenizer: Any) -> Prepared:
+    protocol = PROTOCOLS[cfg.name]
+    benchmarks = {name: load_benchmark(protocol, name, bench, tokenizer, cfg.max_prompt_tokens)
+                  for name, bench in cfg.benchmarks.items()}
+    prompts = {name: [prompt_ids(tokenizer, b.task, row) for row in b.rows] for name, b in benchmarks.items()}
+    return Prepared(cfg, benchmarks, prompts)
+
+
+def sampler_for(cfg: ProtocolConfig, gen_length: int) -> SamplerConfig:
+    """The sampler settings of one column of the table."""
+    return SamplerConfig(gen_length=gen_length, block_length=cfg.block_length, steps=cfg.steps(gen_length),
+                         temperature=cfg.temperature, remasking=cfg.remasking, cache=cfg.cache,
+                         max_batch_size=cfg.batch_size)
+
+
+def pending_units(prepared: Prepared, done: set[tuple[str, int, str]]) -> list[Unit]:
+    """Units covering every (benchmark, length, row) not in ``done``, longest generations first
+    (the slowest units start early, so the workers finish together)."""
+    units = []
+    for n in sorted(prepared.cfg.gen_lengths, reverse=True):
+        for name, bench in prepared.benchmarks.items():
+            todo = [i for i, row in enumerate(bench.rows) if (name, n, row.prompt_id) not in done]
+            size = prepared.cfg.batch_size
+            units += [Unit(name, n, tuple(todo[k : k + size])) for k in range(0, len(todo), size)]
+    return units
+
+
+def unit_request(prepared: Prepared, unit: Unit) -> tuple[list[list[int]], list[int], SamplerConfig]:
+    """(prompt ids, seeds, sampler settings) of a unit, as ``complete`` takes them."""
+    rows = prepared.benchmarks[unit.benchmark].rows
+    seeds = [derive_seed(prepared.cfg.seed, "protocol", rows[i].prompt_id) for i in unit.indices]
+    return [prepared.prompts[unit.benchmark][i] for i in unit.indices], seeds, sampler_for(prepared.cfg, unit.gen_length)
+
+
+def grade_unit(prepared: Prepared, unit: Unit, completions: Sequence[str], hashes: dict) -> list[dict[str, Any]]:
+    bench = prepared.benchmarks[unit.benchmark]
+    out = []
+    for i, text in zip(unit.indices, completions):
+        row = bench.rows[i]
+        key = (unit.benchmark, unit.gen_length, row.prompt_id)
+        out.append(record(unit.benchmark, unit.gen_length, row.prompt_id, hashes[key], bench.grade(text, row), text))
+    return out
+
+
+def run_units(workers: Sequence[Any], prepared: Prepared, units: Sequence[Unit],
+              on_done: Callable[[Unit, list[str]], None], timeout_s: float, per_worker: int = 2) -> None:
+    """Deal ``units`` to the actors ``workers`` (each with ``complete``) as they come free and
+    hand each finished unit to ``on_done`` in the order they finish; every unit runs exactly once.
+    Fails (TimeoutError) when no unit finishes within ``timeout_s``, naming what was waiting."""
+    import ray
+
+    queue = list(reversed(units))
+    running: dict[Any, tuple[int, Unit]] = {}
+
+    def submit(w: int) -> None:
+        unit = queue.pop()
+        running[workers[w].complete.remote(*unit_request(prepared, unit))] = (w, unit)
+
+    for w in range(len(workers)):
+        for _ in range(per_worker):
+            if queue:
+                submit(w)
+    while running:
+        finished, _ = ray.wait(list(running), num_returns=1, timeout=timeout_s)
+        if not finished:
+            waiting = ", ".join(f"worker {w}: {u.benchmark}@{u.gen_length}" for w, u in running.values())
+            raise TimeoutError(f"protocol evaluation: no unit finished in {timeout_s:.0f} s (waiting for {waiting})")
+        w, unit = running.pop(finished[0])
+        on_done(unit, ray.get(finished[0]))
+        if queue:
+            submit(w)
+
+
+class Progress:
+    """A bar on a terminal; on a log, a line every 10% (and at the end)."""
+
+    def __init__(self, total: int, done: int, log: Log, label: str = "protocol eval") -> None:
+        self.total, self.count, self.log, self.label = total, done, log, label
+        self.t0, self.next_mark = time.monotonic(), 0.1
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=done, desc=label, unit="completion")
+
+    def update(self, n: int) -> None:
+        self.count += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.total and (self.count / self.total >= self.next_mark or self.count == self.total):
+            self.log(f"{self.label}: {self.count}/{self.total} completions ({100 * self.count / self.total:.0f}%, "
+                     f"{time.monotonic() - self.t0:.0f} s)")
+            while self.next_mark <= self.count / self.total:
+                self.next_mark += 0.1
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def evaluate(workers: Sequence[Any], prepared: Prepared, results: ResultLog, log: Log,
+             timeout_s: float) -> dict[str, Any]:
+    """Run every pending unit on ``workers``, appending grades to ``results``; returns the table."""
+    hashes = prepared.prompt_hashes()
+    results.check_prompts(hashes)
+    units = pending_units(prepared, results.done())
+    total = sum(len(b.rows) for b in prepared.benchmarks.values()) * len(prepared.cfg.gen_lengths)
+    remaining = sum(len(u.indices) for u in units)
+    if remaining < total:
+        log(f"protocol eval: {total - remaining} of {total} completions already graded in {results.out_dir}; "
+            f"{remaining} to go")
+    progress = Progress(total, total - remaining, log)
+    try:
+        run_units(workers, prepared, units,
+                  lambda unit, texts: (results.append(grade_unit(prepared, unit, texts, hashes)),
+                                       progress.update(len(texts))), timeout_s)
+    finally:
+        progress.close()
+    return table_of(prepared, results)
+
+
+def table_of(prepared: Prepared, results: ResultLog) -> dict[str, Any]:
+    import json
+
+    header = json.loads((results.out_dir / "run.json").read_text())
+    return protocol_table(header, prepared.benchmarks, prepared.cfg.gen_lengths, results.records)
+
+
+def evaluate_in_training(workers: Sequence[Any], cfg: Any, step: int, log: Log) -> dict[str, float]:
+    """``cfg.eval.protocol`` on the job's rollout workers (their current weights), its table written
+    to output_dir/protocol/step<N>/; returns metrics ``protocol/<benchmark>@<length>`` (0..1)."""
+    from recipes.protocol_results import write_table
+
+    prepared = _prepared_for(cfg.eval.protocol.model_dump_json(), cfg.model.model_dump_json())
+    out = Path(cfg.run.output_dir) / "protocol" / f"step{step}"
+    results = ResultLog.open(out, prepared.header(f"training step {step}"))
+    t0 = time.monotonic()
+    table = evaluate(workers, prepared, results, lambda line: None, cfg.rollout.request_timeout_s)
+    write_table(out, table)
+    metrics = {f"protocol/{row['benchmark']}@{n}": cell["accuracy"] / 100
+               for row in table["rows"] for n, cell in row["results"].items() if cell["accuracy"] is not None}
+    summary = ", ".join(f"{k.removeprefix('protocol/')} {100 * v:.1f}%" for k, v in metrics.items())
+    log(f"step {step}: protocol {prepared.cfg.name}: {summary} ({time.monotonic() - t0:.0f} s; table in {out})")
+    return {**metrics, "protocol/time_s": time.monotonic() - t0}
+
+
+@functools.lru_cache(maxsize=2)
+def _prepared_for(protocol_json: str, model_json: str) -> Prepared:
+    """The benchmarks of a job's protocol, loaded and encoded once per job (the model's tokenizer)."""
+    from common.config.model import ModelConfig
+    from common.models.loading import load_model_tokenizer
+
+    model = ModelConfig.model_validate_json(model_json)
+    return prepare(ProtocolConfig.model_validate_json(protocol_json), load_model_tokenizer(model))

@@ -1,0 +1,59 @@
+"""A policy copy that completes prompts: the actor offline evaluation spreads over the GPUs.
+
+    worker = EvalWorker(0, model_cfg)                    # the runner makes it a Ray actor, one per GPU
+    texts = worker.complete(prompt_ids, seeds, sampler)  # decoded completions, in prompt order
+
+It samples with the rollout engine (``rollout.engine.TorchRolloutEngine``: the samplers of
+``rollout.sampling``, as rollouts and held-out evaluation do) and decodes as evaluation does
+(``rollout.workflow.decode_completion``: up to the first EOS, special tokens removed). Grading stays
+with the caller, so the actor needs no task and no reward code.
+
+``loader`` builds (policy, tokenizer) from the model section (default ``load_policy``); the policy
+goes to the actor's device (``common.runtime.setup_actor_process``: ``cuda:0`` of the GPU Ray gave it).
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from common.config.model import ModelConfig
+from common.config.sampler import SamplerConfig
+from common.runtime import setup_actor_process
+from rollout.engine import TorchRolloutEngine
+from rollout.workflow import decode_completion
+
+Loader = Callable[[ModelConfig], tuple[Any, Any]]
+
+
+def complete(engine: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], seeds: Sequence[int],
+             sampler: SamplerConfig, eos_token_id: int) -> list[str]:
+    """One completion per prompt (token ids, no padding), decoded; row b draws only from seeds[b]."""
+    tensors = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
+    out = engine.generate(tensors, torch.tensor(list(seeds), dtype=torch.long), sampler)
+    return [decode_completion(tokenizer, out.completion_ids[b].cpu(), int(out.completion_length[b]), eos_token_id)
+            for b in range(len(tensors))]
+
+
+class EvalWorker:
+    def __init__(self, index: int, model: ModelConfig, loader: Optional[Loader] = None) -> None:
+        t0 = time.perf_counter()
+        self.index = index
+        self.device = setup_actor_process()
+        if loader is None:
+            from common.models import load_policy
+
+            policy, self.tokenizer = load_policy(model)
+        else:
+            policy, self.tokenizer = loader(model)
+        self.policy = policy.to(self.device).eval()
+        self.engine = TorchRolloutEngine(self.policy)
+        self.load_s = time.perf_counter() - t0
+
+    def ready(self) -> dict[str, Any]:
+        return {"worker": self.index, "device": str(self.device), "pid": os.getpid(), "load_s": self.load_s}
+
+    def complete(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], sampler: SamplerConfig) -> list[str]:
+        return complete(self.engine, self.tokenizer, prompts, seeds, sampler, self.policy.eos_token_id)
