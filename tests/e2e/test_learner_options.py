@@ -114,7 +114,8 @@ def step(ranks, k: int) -> dict:
 
 def learner_config(stage: int, **optimizer) -> LearnerConfig:
     return LearnerConfig(num_ranks=2, optimizer=OptimizerConfig(**{"lr": 1e-2, "eps": 1e-3, **optimizer}),
-                         deepspeed=DeepSpeedConfig(zero_stage=stage, dtype="fp32", param_persistence_threshold=0),
+                         deepspeed=DeepSpeedConfig(zero_stage=stage, dtype="fp32", param_persistence_threshold=0,
+                                                   gradient_checkpointing=stage == 3),
                          lora=LORA)
 
 
