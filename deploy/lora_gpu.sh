@@ -5,7 +5,8 @@
 # rollout worker, weights pushed over NCCL. No weights can be downloaded, so the model is random
 # at the real shape (vocab 126464, hidden 4096, 32 layers, MLP 12288), written once to $CKPT, and
 # the task is the generated arithmetic one. 3 ranks, not 2: full fine-tuning needs ~18 bytes per
-# parameter over the ranks (144 GB), which 2 ranks of an 80 GB H100 cannot hold.
+# parameter over the ranks (144 GB), which 2 ranks of an 80 GB H100 cannot hold. η = 0, so that a
+# push never waits for a request the worker is still sampling: time/weight_push is the transfer.
 # One device call per variant (kind nvidia-h100-x4, carry [".whl"]; each < 10 min, the first one
 # also writes the 16 GB checkpoint):
 #     source .whl/install.sh && bash deploy/lora_gpu.sh full
@@ -27,7 +28,7 @@ mkdir -p "$OUT" "$RUNS"
 
 common=(
   "task={name: arithmetic, source: {kind: generated, n: 2000}, held_out: 0}"
-  learner.num_ranks=3 rollout.num_workers=1 algorithm.groups_per_step=4 sampler.steps=32
+  learner.num_ranks=3 rollout.num_workers=1 algorithm.groups_per_step=4 algorithm.max_staleness=0 sampler.steps=32
   run.steps=2 run.checkpoint_every=0 run.save_final_checkpoint=false run.export_final=false run.progress=false
   run.output_dir="$RUNS/$VARIANT"
 )
@@ -68,10 +69,11 @@ records = [json.loads(line) for line in open(sys.argv[1])] if __import__("os").p
 for r in (r for r in records if "train/loss" in r):
     peaks = {k.rsplit("/", 1)[-1]: round(v, 2) for k, v in r.items() if k.startswith("learner/peak_gpu_gb/")}
     reserved = {k.rsplit("/", 1)[-1]: round(v, 2) for k, v in r.items() if k.startswith("learner/peak_gpu_reserved_gb/")}
+    host = {k.rsplit("/", 1)[-1]: round(v, 2) for k, v in r.items() if k.startswith("learner/peak_rss_gb/")}
     print(f"{sys.argv[2]} step {r['step']}: push {r['time/weight_push']:.3f} s, train {r['time/train']:.1f} s, "
           f"step {r['time/step']:.1f} s, parameters {r['learner/parameters'] / 1e6:.2f}M "
           f"(trained {r['learner/trained_parameters'] / 1e6:.2f}M), loss {r['train/loss']:.4g}, "
-          f"peak GPU GiB allocated {peaks or 'n/a (CPU)'}, reserved {reserved or 'n/a'}")
+          f"peak GPU GiB allocated {peaks or 'n/a (CPU)'}, reserved {reserved or 'n/a'}, host RSS GiB {host}")
 EOF
 echo "$VARIANT exit status $status"
 exit "$status"

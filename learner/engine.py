@@ -200,26 +200,33 @@ class LearnerEngine:
         return plain_named_parameters(self.engine.module, self.adapted, zero_stage=self.cfg.deepspeed.zero_stage,
                                       bucket_bytes=bucket_bytes, receive=receive, only_adapted=only_adapted)
 
-    def _cpu_copies(self, named: Iterator[tuple[str, torch.Tensor]], all_ranks: bool) -> Optional[dict[str, torch.Tensor]]:
+    def _cpu_copies(self, named: Iterator[tuple[str, torch.Tensor]],
+                    all_ranks: bool) -> Optional[dict[str, torch.Tensor]]:
         out = {name: t.to("cpu", copy=True) for name, t in named}
         return out if (all_ranks or self.rank == 0) else None
 
     def memory_metrics(self) -> dict[str, float]:
-        """Parameters (all, trained) and, on CUDA, every rank's peak allocated and reserved GPU
-        memory since it started, in GiB (``learner/peak_gpu_gb/rank<r>``): one all-gather, so the
-        values are the same on every rank. Collective."""
+        """Parameters (all, trained) and every rank's peak memory since it started, in GiB: host
+        (``learner/peak_rss_gb/rank<r>``) and, on CUDA, GPU allocated and reserved
+        (``learner/peak_gpu_gb/rank<r>``, ``learner/peak_gpu_reserved_gb/rank<r>``). One
+        all-gather, so the values are the same on every rank. Collective."""
+        import resource
+
         params = list(self.engine.module.parameters())
         out = {"learner/parameters": float(sum(zero3_numel(p) for p in params)),
                "learner/trained_parameters": float(sum(zero3_numel(p) for p in params if p.requires_grad))}
-        if self.device.type != "cuda":
-            return out
-        mine = torch.tensor([torch.cuda.max_memory_allocated(self.device), torch.cuda.max_memory_reserved(self.device)],
+        cuda = self.device.type == "cuda"
+        mine = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0,  # Linux: KiB
+                             torch.cuda.max_memory_allocated(self.device) if cuda else 0.0,
+                             torch.cuda.max_memory_reserved(self.device) if cuda else 0.0],
                             dtype=torch.float64, device=self.device) / 2**30
         every = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(every, mine)
-        for r, (allocated, reserved) in enumerate(t.tolist() for t in every):
-            out[f"learner/peak_gpu_gb/rank{r}"] = allocated
-            out[f"learner/peak_gpu_reserved_gb/rank{r}"] = reserved
+        for r, (rss, allocated, reserved) in enumerate(t.tolist() for t in every):
+            out[f"learner/peak_rss_gb/rank{r}"] = rss
+            if cuda:
+                out[f"learner/peak_gpu_gb/rank{r}"] = allocated
+                out[f"learner/peak_gpu_reserved_gb/rank{r}"] = reserved
         return out
 
     # ---- checkpoints ----------------------------------------------------------------------

@@ -115,7 +115,8 @@ def lr_at(opt: OptimizerConfig, applied_steps: int) -> float:
     if opt.schedule == "constant":
         return opt.lr
     if opt.total_updates is None:
-        raise ValueError(f"learner.optimizer.total_updates is unset; the {opt.schedule} schedule needs the run's length")
+        raise ValueError(f"learner.optimizer.total_updates is unset; the {opt.schedule} schedule needs the "
+                         "run's length")
     p = min(1.0, (k - warmup) / (opt.total_updates - warmup))
     shape = 1.0 - p if opt.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * p))
     return opt.lr_floor + (opt.lr - opt.lr_floor) * shape

@@ -26,7 +26,9 @@ class OptimizerConfig(StrictModel):
     lr: float = Field(1e-6, gt=0.0, description="peak learning rate, reached after warmup_steps applied updates")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (β1, β2); StableDRL releases (0.9, 0.99)")
     eps: float = Field(1e-8, gt=0.0, description="AdamW ε added to sqrt(v̂)")
-    weight_decay: float = Field(0.1, ge=0.0, description="decoupled weight decay of the parameters weight_decay_scope picks")
+    weight_decay: float = Field(
+        0.1, ge=0.0, description="decoupled weight decay of the parameters weight_decay_scope picks"
+    )
     weight_decay_scope: Literal["all", "matrices"] = Field(
         "matrices", description="matrices: only parameters of 2 or more dimensions decay (biases and norm weights "
         "never do); all: every trained parameter decays"

@@ -86,8 +86,13 @@ def main() -> None:
         for m in adapted:  # trained adapters: B != 0
             m.lora_B.normal_(0.0, 1e-3)
     plain = {n: p.detach() for n, p in receiver.named_parameters()}
-    merged = lambda: [(m.weight_name, merged_weight(m.base, m.lora_A, m.lora_B, m.scale)) for m in adapted]  # noqa: E731
-    adapters = lambda: [(m.path, t.detach()) for m in adapted for t in (m.lora_A, m.lora_B)]  # noqa: E731
+
+    def merged():
+        return [(m.weight_name, merged_weight(m.base, m.lora_A, m.lora_B, m.scale)) for m in adapted]
+
+    def adapters():
+        return [(m.path, t.detach()) for m in adapted for t in (m.lora_A, m.lora_B)]
+
     scale = adapted[0].scale
     base_copy = {m.weight_name: plain[m.weight_name].clone() for m in adapted}  # the adapter receiver's W
 
@@ -121,7 +126,8 @@ def main() -> None:
 
 def shape_bytes(s: dict, rank: int) -> dict[str, float]:
     """Wire bytes (bf16, GB) of each variant at a shape, with LoRA on all seven projections."""
-    h, f, kv = s["hidden_size"], s["intermediate_size"], s["num_key_value_heads"] * s["hidden_size"] // s["num_attention_heads"]
+    h, f = s["hidden_size"], s["intermediate_size"]
+    kv = s["num_key_value_heads"] * h // s["num_attention_heads"]
     mats = [(h, h), (kv, h), (kv, h), (h, h), (f, h), (f, h), (h, f)]  # q k v o gate up down: (out, in)
     layers = s["num_hidden_layers"]
     target = layers * sum(o * i for o, i in mats)

@@ -262,6 +262,10 @@ def test_a_lora_job_pushes_merged_matrices_and_exports_the_merged_model(cluster,
     for record in driver.history:
         assert record["learner/trained_parameters"] < 0.5 * record["learner/parameters"]
         assert math.isfinite(record["time/weight_push"])
+        # every rank's own peak reaches the record, which otherwise holds rank 0's values
+        ranks = {k.rsplit("/", 1)[-1] for k in record if k.startswith("learner/peak_rss_gb/")}
+        assert ranks == {"rank0", "rank1"}
+        assert all(0.1 < record[f"learner/peak_rss_gb/rank{r}"] < 64 for r in (0, 1))
 
     # the export is a plain checkpoint of the merged policy, read back by the loader
     model, _ = load_policy(cfg.model.model_copy(update={"path": tmp_path / "final_model", "preset": None}))

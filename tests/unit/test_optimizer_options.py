@@ -56,7 +56,8 @@ def test_no_warmup_starts_at_the_peak_and_a_decay_needs_its_length():
 
 
 def test_the_job_config_spans_the_schedule_over_the_whole_run():
-    cfg = load_job_config(QUICKSTART, ["learner.optimizer.schedule=linear", "run.steps=30", "algorithm.inner_iterations=2"])
+    cfg = load_job_config(QUICKSTART, ["learner.optimizer.schedule=linear", "run.steps=30",
+                                       "algorithm.inner_iterations=2"])
     assert cfg.learner.optimizer.total_updates == 60
     cfg = load_job_config(QUICKSTART, ["learner.optimizer.schedule=cosine", "learner.optimizer.total_updates=7"])
     assert cfg.learner.optimizer.total_updates == 7
