@@ -198,3 +198,23 @@ def _tokenizer_json(spec: ReleaseTokenizer, vocab: dict[str, int]) -> dict:
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
                   "vocab": vocab, "merges": []},
     }
+
+
+def write_tiny_release_checkpoint(family: str, directory: Union[str, Path], seed: int = 0, **shape: int) -> Path:
+    """A randomly initialised tiny model of ``family`` at the released vocabulary, written in the
+    family's released format next to these tokenizer files (chat template included): a stand-in for
+    the released checkpoint where a test points ``model.path`` (``shape`` overrides the tiny width)."""
+    from common.models.checkpoints import save_original_checkpoint
+    from common.models.presets import build_tiny_policy
+    from common.models.tokenizer_files import load_tokenizer
+
+    directory = Path(directory)
+    spec = write_release_tokenizer(family, directory)
+    ids = spec.ids
+    dims = {"hidden_size": 8, "intermediate_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1, **shape}
+    policy = build_tiny_policy(family, vocab_size=spec.vocab_size, mask_token_id=ids["mask_token_id"],
+                               eos_token_id=ids["eos_token_id"], pad_token_id=ids["pad_token_id"],
+                               bos_token_id=ids.get("bos_token_id", ids["pad_token_id"]), seed=seed, **dims)
+    save_original_checkpoint(policy, load_tokenizer(directory), directory)
+    write_release_tokenizer(family, directory)  # the release's own file layout, over save_pretrained's
+    return directory
