@@ -67,6 +67,11 @@ def load_eval_policy(cfg: JobConfig, *, model_dir: Optional[str | Path] = None,
     if model_dir is not None:
         model = cfg.model.model_copy(update={"path": Path(model_dir), "preset": None, "preset_shape": None})
         return load_policy(model, device=device)
+    if cfg.learner.lora is not None:
+        from coordinator.checkpoint import CheckpointError
+
+        raise CheckpointError(f"--checkpoint {checkpoint}: a LoRA job's checkpoints hold only its adapters; evaluate "
+                              "the merged policy it exports instead (--model OUTPUT_DIR/final_model)")
     policy, tokenizer = load_policy(cfg.model)  # the architecture and tokenizer; weights come next
     state = checkpoint_weights(checkpoint)
     names = dict(policy.named_parameters())

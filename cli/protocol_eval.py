@@ -86,7 +86,8 @@ def start_workers(cfg: JobConfig, model: Any, workers: Optional[int], log: Log, 
     count = workers or (int(gpus // per_gpu) if gpus else cfg.rollout.num_workers)
     if count < 1:
         raise ConfigError(f"--workers: the cluster offers {gpus:g} GPUs, fewer than one worker needs ({per_gpu:g})")
-    options = {"num_cpus": res.num_cpus, "num_gpus": per_gpu if gpus else 0.0}
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    options = {"num_cpus": min(res.num_cpus, cpus / count), "num_gpus": per_gpu if gpus else 0.0}
     actor = ray.remote(EvalWorker)
     handles = [actor.options(**options).remote(i, model, loader) for i in range(count)]
     info = wait([h.ready.remote() for h in handles], cfg.cluster.start_timeout_s,

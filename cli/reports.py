@@ -1,7 +1,7 @@
 """The `eval`, `plot` and `study` subcommands of `stabledrl` (``cli/main.py`` adds them).
 
     stabledrl eval  --config X (--model DIR | --checkpoint DIR) [--k K] [--num-prompts N] [overrides]
-    stabledrl eval  --config X --protocol d1 [--model DIR | --checkpoint DIR] [--out DIR] [--benchmarks ..] [--lengths ..]
+    stabledrl eval  --config X --protocol d1 [--model DIR | --checkpoint DIR] [--out DIR] [--lengths ..]
     stabledrl plot  RUN_DIR [RUN_DIR ...] --out fig.png [--group parent]
     stabledrl study [--config deploy/configs/study_cpu.yaml] [overrides] | --report STUDY_DIR
 
@@ -29,8 +29,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     source.add_argument("--model", help="a transformers directory (run.export_final writes output_dir/final_model)")
     source.add_argument("--checkpoint", help="a DeepSpeed checkpoint: output_dir, output_dir/checkpoints or one tag")
     ev.add_argument("--k", type=int, default=1, help="also report pass@k (k <= samples per prompt)")
-    ev.add_argument("--num-prompts", type=int, default=None, help="first N held-out prompts (default eval.num_prompts); "
-                    "with --protocol: a subsample of N rows of every benchmark, drawn as the protocol draws")
+    ev.add_argument("--num-prompts", type=int, default=None, help="first N held-out prompts (default "
+                    "eval.num_prompts); with --protocol: a subsample of N rows of every benchmark, drawn as the protocol "
+                    "draws")
     ev.add_argument("--samples", type=int, default=None, help="samples per prompt (default max(k, eval.samples_per_prompt))")
     ev.add_argument("--show", type=int, default=0, help="print the completions of the first N prompts")
     ev.add_argument("--out", default=None, help="also write the result as JSON here; with --protocol: the output "

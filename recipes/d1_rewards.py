@@ -4,13 +4,14 @@
 
 d1 sums five reward functions on every completion (up to 4.0 in all):
 
-| term        | value                                                                                      |
-|-------------|--------------------------------------------------------------------------------------------|
-| correctness | 2.0 iff the answer text equals the reference answer as a string                             |
-| integer     | 0.5 iff the answer text is all digits                                                       |
-| strict      | 0.5 iff the whole completion is ``<reasoning>\\n…\\n</reasoning>\\n<answer>\\n…\\n</answer>\\n``, each ``…`` one line |
-| soft        | 0.5 iff it starts with ``<reasoning>…</reasoning>`` then ``<answer>…</answer>`` (within a line each) |
-| XML count   | 0.125 for each of ``<reasoning>\\n``, ``\\n</reasoning>\\n``, ``\\n<answer>\\n``, ``\\n</answer>`` present exactly once, less 0.001 per character after the closing answer tag |
+- correctness: 2.0 iff the answer text equals the reference answer as a string;
+- integer: 0.5 iff the answer text is all digits;
+- strict format: 0.5 iff the whole completion is ``<reasoning>\\n…\\n</reasoning>\\n<answer>\\n…\\n</answer>\\n``
+  with each ``…`` on one line;
+- soft format: 0.5 iff it starts with ``<reasoning>…</reasoning>``, then ``<answer>…</answer>``, each
+  within a line;
+- XML count: 0.125 for each of ``<reasoning>\\n``, ``\\n</reasoning>\\n``, ``\\n<answer>\\n`` and
+  ``\\n</answer>`` that occurs exactly once, less 0.001 per character after the closing answer tag.
 
 The answer text is what follows the last ``<answer>`` up to the next ``</answer>`` (the rest of the
 completion if none), stripped. The reference is the number after GSM8K's ``####`` (``row.answer``).

@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 from common.config.protocol import ProtocolConfig
 from common.config.sampler import SamplerConfig
@@ -54,7 +54,8 @@ class Prepared:
         decoding = {"block_length": c.block_length, "steps_per_token": c.steps_per_token, "temperature": c.temperature,
                     "remasking": c.remasking, "cache": c.cache, "seed": c.seed}
         sources = {name: {"source": b.source, "rows": b.size} for name, b in self.benchmarks.items()}
-        return {"protocol": c.name, "decoding": decoding, "policy": policy, "math_grader": math_grader(), "sources": sources}
+        return {"protocol": c.name, "decoding": decoding, "policy": policy, "math_grader": math_grader(),
+                "sources": sources}
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ def unit_request(prepared: Prepared, unit: Unit) -> tuple[list[list[int]], list[
     """(prompt ids, seeds, sampler settings) of a unit, as ``complete`` takes them."""
     rows = prepared.benchmarks[unit.benchmark].rows
     seeds = [derive_seed(prepared.cfg.seed, "protocol", rows[i].prompt_id) for i in unit.indices]
-    return [prepared.prompts[unit.benchmark][i] for i in unit.indices], seeds, sampler_for(prepared.cfg, unit.gen_length)
+    prompts = [prepared.prompts[unit.benchmark][i] for i in unit.indices]
+    return prompts, seeds, sampler_for(prepared.cfg, unit.gen_length)
 
 
 def grade_unit(prepared: Prepared, unit: Unit, completions: Sequence[str], hashes: dict) -> list[dict[str, Any]]:

@@ -78,7 +78,8 @@ def _read_results(path: Path) -> dict[Key, dict[str, Any]]:
                 records[_key(result)] = result
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
             if number < len(lines):
-                raise ResultsMismatch(f"{path}: line {number} is not a result; the file was edited or damaged") from None
+                damaged = f"{path}: line {number} is not a result; the file was edited or damaged"
+                raise ResultsMismatch(damaged) from None
             with path.open("r+b") as f:  # the last line, cut short by a kill: dropped, so the next append starts clean
                 f.truncate(offset)
         offset += len(line) + 1
@@ -111,7 +112,8 @@ def protocol_table(header: dict[str, Any], benchmarks: dict[str, Any], gen_lengt
     for name, bench in benchmarks.items():
         cells: dict[str, Any] = {}
         for length in gen_lengths:
-            graded = [records[(name, length, r.prompt_id)] for r in bench.rows if (name, length, r.prompt_id) in records]
+            keys = [(name, length, r.prompt_id) for r in bench.rows]
+            graded = [records[k] for k in keys if k in records]
             correct, total = sum(g["correct"] for g in graded), sum(g["total"] for g in graded)
             cells[str(length)] = {"accuracy": 100.0 * correct / total if total else None, "correct": correct,
                                   "total": total, "graded": len(graded)}
@@ -124,8 +126,9 @@ def table_markdown(table: dict[str, Any]) -> str:
     lengths = table["gen_lengths"]
     d = table["decoding"]
     steps = ", ".join(f"{n}: {round(n * d['steps_per_token'])}" for n in lengths)
-    lines = [f"Protocol {table['protocol']}: pass@1 (%), {'greedy' if d['temperature'] == 0 else 'T = %g' % d['temperature']}, "
-             f"block {d['block_length'] or 'of the policy'}, steps per length {steps}; policy {table['policy']}",
+    decoding = "greedy" if d["temperature"] == 0 else f"T = {d['temperature']:g}"
+    lines = [f"Protocol {table['protocol']}: pass@1 (%), {decoding}, block {d['block_length'] or 'of the policy'}, "
+             f"steps per length {steps}; policy {table['policy']}",
              "",
              "| Benchmark | Prompts | " + " | ".join(str(n) for n in lengths) + " |",
              "|---|---:|" + "---:|" * len(lengths)]

@@ -58,15 +58,20 @@ class ProtocolConfig(StrictModel):
         "policies such as SDAR / TraDo need theirs)"
     )
     steps_per_token: float = Field(
-        0.5, gt=0.0, le=1.0, description="denoising steps = gen_length × this (d1: gen_length / 2, two tokens per step)"
+        0.5, gt=0.0, le=1.0,
+        description="denoising steps = gen_length × this (d1: gen_length / 2, two tokens per step)"
     )
     temperature: float = Field(0.0, ge=0.0, description="0: greedy decoding (d1); T > 0 samples, seeded per prompt")
-    remasking: Literal["low_confidence", "random"] = Field("low_confidence", description="as sampler.remasking (d1: low_confidence)")
-    cache: Literal["auto", "none", "prefix", "dual"] = Field("auto", description="as sampler.cache (auto: the exact one)")
+    remasking: Literal["low_confidence", "random"] = Field(
+        "low_confidence", description="as sampler.remasking (d1: low_confidence)"
+    )
+    cache: Literal["auto", "none", "prefix", "dual"] = Field(
+        "auto", description="as sampler.cache (auto: the exact one)"
+    )
     batch_size: int = Field(16, ge=1, description="prompts per sampler call on one worker (memory, not results)")
     max_prompt_tokens: int = Field(
-        4096, ge=1, description="a templated prompt longer than this stops the evaluation, naming the row (no benchmark "
-        "row is dropped silently)"
+        4096, ge=1, description="a templated prompt longer than this stops the evaluation, naming the row (no "
+        "benchmark row is dropped silently)"
     )
     seed: int = Field(0, description="sampling seed when temperature > 0 (prompt i draws from (seed, prompt id))")
 

@@ -36,11 +36,12 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from common.tasks.base import Row, Task
-from common.tasks.graders import GRADERS, Grade, Grader
+from common.tasks.graders import GRADERS, Grader
 
-_FORMAT = "Respond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n<answer>\n\\boxed{...}\n</answer>"
-GSM8K_INSTRUCTION = ("You are a math expert. You will be given a question to solve. Solve it step by step. Wrap the final "
-                     "answer in a \\boxed{}. \n" + _FORMAT)
+_FORMAT = ("Respond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n<answer>\n"
+           "\\boxed{...}\n</answer>")
+GSM8K_INSTRUCTION = ("You are a math expert. You will be given a question to solve. Solve it step by step. Wrap "
+                     "the final answer in a \\boxed{}. \n" + _FORMAT)
 MATH500_INSTRUCTION = ("You are a math expert. You will be given a question to solve. Solve it step by step. Wrap the "
                        "final answer in a \\boxed{}.\n" + _FORMAT + '" \n')
 COUNTDOWN_INSTRUCTION = (
@@ -59,6 +60,14 @@ SUDOKU_INSTRUCTION = (
     "spaces or separators]\n</answer>\n"
 )
 D1_FILES = "https://raw.githubusercontent.com/dllm-reasoning/d1/main/dataset"
+
+
+def _d1_file(name: str, columns: dict[str, str]) -> dict[str, Any]:
+    return {"kind": "file", "path": f"data/d1/{name}", "columns": columns}
+
+
+def _fetch(name: str) -> str:
+    return f"mkdir -p data/d1 && curl -L -o data/d1/{name} {D1_FILES}/{name}"
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,8 @@ D1 = Protocol(
     benchmarks={
         "gsm8k": Benchmark(
             "GSM8K", "gsm8k", GSM8K_INSTRUCTION, lambda row: row.prompt,
-            {"kind": "hf", "dataset": "openai/gsm8k", "config": "main", "split": "test", "columns": {"prompt": "question"}},
+            {"kind": "hf", "dataset": "openai/gsm8k", "config": "main", "split": "test",
+             "columns": {"prompt": "question"}},
             None, "answers"),
         "math500": Benchmark(
             "MATH500", "math", MATH500_INSTRUCTION, lambda row: row.prompt,
@@ -102,12 +112,13 @@ D1 = Protocol(
             None, "answers"),
         "countdown": Benchmark(
             "Countdown", "countdown", COUNTDOWN_INSTRUCTION, _countdown_question,
-            {"kind": "file", "path": "data/d1/countdown_cd3_test.jsonl", "columns": {"numbers": "input", "target": "output"}},
-            256, "answers", f"mkdir -p data/d1 && curl -L -o data/d1/countdown_cd3_test.jsonl {D1_FILES}/countdown_cd3_test.jsonl"),
+            _d1_file("countdown_cd3_test.jsonl", {"numbers": "input", "target": "output"}),
+            256, "answers", _fetch("countdown_cd3_test.jsonl")),
         "sudoku": Benchmark(
-            "Sudoku", "sudoku4", SUDOKU_INSTRUCTION, lambda row: f"Solve the following Sudoku puzzle: {row.meta['puzzle']}\n",
-            {"kind": "file", "path": "data/d1/4x4_test_sudoku.csv", "columns": {"puzzle": "Puzzle", "solution": "Solution"}},
-            256, "empty cells", f"mkdir -p data/d1 && curl -L -o data/d1/4x4_test_sudoku.csv {D1_FILES}/4x4_test_sudoku.csv"),
+            "Sudoku", "sudoku4", SUDOKU_INSTRUCTION,
+            lambda row: f"Solve the following Sudoku puzzle: {row.meta['puzzle']}\n",
+            _d1_file("4x4_test_sudoku.csv", {"puzzle": "Puzzle", "solution": "Solution"}),
+            256, "empty cells", _fetch("4x4_test_sudoku.csv")),
     },
 )
 PROTOCOLS: dict[str, Protocol] = {"d1": D1}
@@ -166,7 +177,9 @@ def load_benchmark(protocol: Protocol, name: str, cfg: Any, tokenizer: Any = Non
 
     bench = protocol.benchmarks[name]
     task = benchmark_task(protocol, name, max_prompt_tokens)
-    source = cfg.source if cfg.source is not None else parse_task_config({"name": bench.task, "source": bench.source}).source
+    source = cfg.source
+    if source is None:
+        source = parse_task_config({"name": bench.task, "source": bench.source}).source
     try:
         records = read_source(source)
     except DataError as e:

@@ -119,7 +119,7 @@ def test_countdown_expression_reading():
 
 @pytest.mark.parametrize("text,grid", [
     (f"<reasoning>r</reasoning>\n<answer>\n{SOLUTION}\n</answer>", SOLUTION),
-    (f"<answer>\n```\n3142 2431\n4213 1324\n```\n</answer>", SOLUTION),  # a fenced block, spaces dropped
+    ("<answer>\n```\n3142 2431\n4213 1324\n```\n</answer>", SOLUTION),  # a fenced block, spaces dropped
     (f"<answer>\n{SOLUTION[:12]}", SOLUTION[:12] + "0000"),  # a tag that never closes: to the end, padded
     (f"<answer></answer>\n{SOLUTION}", SOLUTION),  # an empty tag: what follows it
     (f"the grid {SOLUTION} is solved", SOLUTION),  # any 16-digit run

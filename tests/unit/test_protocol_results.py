@@ -136,3 +136,13 @@ def test_a_checkpoint_is_verified_before_deepspeed_reads_it(tmp_path):
         f.write(b"appended")
     with pytest.raises(CheckpointError, match="manifest says"):
         checkpoint_weights(tmp_path / "checkpoints")  # changed after the save
+
+
+def test_a_lora_jobs_checkpoint_points_to_the_merged_export():
+    from cli.offline_eval import load_eval_policy
+    from common.config.job import load_job_config
+    from coordinator.checkpoint import CheckpointError
+
+    cfg = load_job_config(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "recipe_d1_llada8b_gsm8k_lora.yaml")
+    with pytest.raises(CheckpointError, match="final_model"):
+        load_eval_policy(cfg, checkpoint="runs/d1")
