@@ -57,7 +57,8 @@ EOF
   fi
   common+=(model.path="$CKPT")
 fi
-[ "$VARIANT" = lora ] && common+=(learner.lora.rank=128 learner.lora.alpha=64)
+# LoRA also saves its final checkpoint (the adapters, their Adam states and the RNGs: a few GB)
+[ "$VARIANT" = lora ] && common+=(learner.lora.rank=128 learner.lora.alpha=64 run.save_final_checkpoint=true)
 
 timeout -k 5 "${LORA_GPU_TIMEOUT_S:-540}" python3 -m coordinator train --config deploy/configs/llada8b_1node.yaml \
   "${common[@]}" "$@" 2>&1 | tee "$OUT/$VARIANT.log"
@@ -75,5 +76,6 @@ for r in (r for r in records if "train/loss" in r):
           f"(trained {r['learner/trained_parameters'] / 1e6:.2f}M), loss {r['train/loss']:.4g}, "
           f"peak GPU GiB allocated {peaks or 'n/a (CPU)'}, reserved {reserved or 'n/a'}, host RSS GiB {host}")
 EOF
+[ -d "$RUNS/$VARIANT/checkpoints" ] && du -sh "$RUNS/$VARIANT/checkpoints"
 echo "$VARIANT exit status $status"
 exit "$status"
