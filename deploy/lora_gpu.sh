@@ -60,7 +60,8 @@ fi
 # LoRA also saves its final checkpoint (the adapters, their Adam states and the RNGs: a few GB)
 [ "$VARIANT" = lora ] && common+=(learner.lora.rank=128 learner.lora.alpha=64 run.save_final_checkpoint=true)
 
-timeout -k 5 "${LORA_GPU_TIMEOUT_S:-540}" python3 -m coordinator train --config deploy/configs/llada8b_1node.yaml \
+# the device call's limit is 600 s: the job gets what the checkpoint's writing left of 570 s
+timeout -k 5 "${LORA_GPU_TIMEOUT_S:-$((570 - SECONDS))}" python3 -m coordinator train --config deploy/configs/llada8b_1node.yaml \
   "${common[@]}" "$@" 2>&1 | tee "$OUT/$VARIANT.log"
 status=${PIPESTATUS[0]}
 cp "$RUNS/$VARIANT/metrics.jsonl" "$OUT/$VARIANT.metrics.jsonl" 2>/dev/null
