@@ -57,9 +57,11 @@ EOF
   fi
   common+=(model.path="$CKPT")
 fi
-[ "$VARIANT" = lora ] && common+=(learner.lora.rank=128 learner.lora.alpha=64)
+# LoRA also saves its final checkpoint (the adapters, their Adam states and the RNGs: a few GB)
+[ "$VARIANT" = lora ] && common+=(learner.lora.rank=128 learner.lora.alpha=64 run.save_final_checkpoint=true)
 
-timeout -k 5 "${LORA_GPU_TIMEOUT_S:-540}" python3 -m coordinator train --config deploy/configs/llada8b_1node.yaml \
+# the device call's limit is 600 s: the job gets what the checkpoint's writing left of 570 s
+timeout -k 5 "${LORA_GPU_TIMEOUT_S:-$((570 - SECONDS))}" python3 -m coordinator train --config deploy/configs/llada8b_1node.yaml \
   "${common[@]}" "$@" 2>&1 | tee "$OUT/$VARIANT.log"
 status=${PIPESTATUS[0]}
 cp "$RUNS/$VARIANT/metrics.jsonl" "$OUT/$VARIANT.metrics.jsonl" 2>/dev/null
@@ -75,5 +77,6 @@ for r in (r for r in records if "train/loss" in r):
           f"(trained {r['learner/trained_parameters'] / 1e6:.2f}M), loss {r['train/loss']:.4g}, "
           f"peak GPU GiB allocated {peaks or 'n/a (CPU)'}, reserved {reserved or 'n/a'}, host RSS GiB {host}")
 EOF
+[ -d "$RUNS/$VARIANT/checkpoints" ] && du -sh "$RUNS/$VARIANT/checkpoints"
 echo "$VARIANT exit status $status"
 exit "$status"

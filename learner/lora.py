@@ -61,13 +61,15 @@ def add_adapters(policy: nn.Module, cfg: LoraConfig) -> list[Adapted]:
     from peft import LoraConfig as PeftLoraConfig
     from peft import inject_adapter_in_model
 
-    linear_names = {name.rsplit(".", 1)[-1] for name, m in policy.model.named_modules() if isinstance(m, nn.Linear)}
-    unknown = [t for t in cfg.target_modules if t not in linear_names]
+    linears = [name for name, m in policy.model.named_modules() if isinstance(m, nn.Linear)]
+    unknown = [t for t in cfg.target_modules if not any(name.rsplit(".", 1)[-1] == t for name in linears)]
     if unknown:
         raise ValueError(f"learner.lora.target_modules: {unknown} name no Linear module of this model "
-                         f"(its Linear modules: {sorted(linear_names)})")
-    peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                              target_modules=list(cfg.target_modules), bias="none")
+                         f"(its Linear modules: {sorted({name.rsplit('.', 1)[-1] for name in linears})})")
+    # full paths of plain Linear modules only (DiffusionGemma's vision tower wraps its q_proj etc.)
+    targets = [name for name in linears if name.rsplit(".", 1)[-1] in cfg.target_modules]
+    peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
+                              bias="none")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(INIT_SEED)
         inject_adapter_in_model(peft_cfg, policy.model, adapter_name=ADAPTER)

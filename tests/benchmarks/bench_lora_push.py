@@ -49,6 +49,7 @@ def push_seconds(prepare, receive_load, reps: int) -> tuple[float, float]:
     cfg = WeightPushConfig(backend="gloo", timeout_s=300, bucket_mb=64)
     port = free_port()
     sent_prep: list[float] = []
+    received = threading.Event()  # the sender's store must outlive the receiver's last read
 
     def sender() -> None:
         push = setup_weight_push(cfg, rank=0, world_size=2, master_addr="127.0.0.1", master_port=port)
@@ -57,6 +58,7 @@ def push_seconds(prepare, receive_load, reps: int) -> tuple[float, float]:
             named = prepare()
             sent_prep.append(time.perf_counter() - t0)
             push.send(iter(named), version)
+        received.wait(cfg.timeout_s)
         push.close()
 
     thread = threading.Thread(target=sender)
@@ -67,6 +69,7 @@ def push_seconds(prepare, receive_load, reps: int) -> tuple[float, float]:
         t0 = time.perf_counter()
         push.receive(WeightHandle(version, "gloo"), receive_load())
         times.append(time.perf_counter() - t0)
+    received.set()
     push.close()
     thread.join()
     return statistics.median(times[1:]), statistics.median(sent_prep[1:])

@@ -1,7 +1,8 @@
 """The optimisation options through the real learner (DeepSpeed on CPU, gloo, 2 ranks on Ray actors):
 the lr schedule is what the updates use, LoRA trains only its adapters under ZeRO-2 and ZeRO-3, a
-LoRA checkpoint resumes bit for bit, and in a whole job (coordinator, rollout workers, weight push,
-export) the workers and the exported model compute the learner's logits.
+LoRA checkpoint resumes bit for bit, in a whole job (coordinator, rollout workers, weight push,
+export) the workers and the exported model compute the learner's logits, and a LoRA job resumed
+through the coordinator repeats the uninterrupted one.
 
 Families: the tiny LLaDA and Dream presets (Dream has biased q/k/v projections and shifted logits).
 """
@@ -273,3 +274,27 @@ def test_a_lora_job_pushes_merged_matrices_and_exports_the_merged_model(cluster,
     assert all(torch.equal(p, exported[n]) for n, p in model.named_parameters())
     assert all(torch.equal(exported[n], pushed[n]) for n in pushed)
     torch.testing.assert_close(model(PROBE, logits_from=1).logits, learner_logits, rtol=1e-4, atol=1e-5)
+
+
+def test_a_resumed_lora_job_repeats_the_uninterrupted_one(cluster, tmp_path):
+    """η = 0, in-order batches, ZeRO-3, a linear lr decay: 3 steps straight, against steps 1-2, a
+    checkpoint, and step 3 in a second job resumed from it (the frozen weights come from the
+    preset again, the adapters, Adam's moments and the schedule position from the checkpoint)."""
+    def config(out, **run):
+        return harness.job_config(
+            out, task={"source": {"kind": "generated", "n": 64}}, algorithm={"max_staleness": 0, "in_order": True},
+            learner={"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0}, "lora": LORA.model_dump(),
+                     "optimizer": {"lr": 1e-2, "schedule": "linear"}},
+            run={"steps": 3, "checkpoint_every": 2, **run})
+
+    straight, straight_weights, _ = harness.run_driver(config(tmp_path / "straight"))
+    resumed, weights, workers = harness.run_driver(
+        config(tmp_path / "resumed", resume_from=tmp_path / "straight" / "checkpoints"), workers=True)
+    assert [r["version"] for r in resumed.history] == [3.0]
+    for key in (*harness.DETERMINISTIC, "train/lr"):
+        assert resumed.history[0][key] == straight.history[2][key], key
+    assert straight.history[2]["train/lr"] == pytest.approx(1e-2 / 3)  # update 2 of 3: 1 - 2/3
+    assert weights.keys() == straight_weights.keys()
+    assert all(torch.equal(weights[n], straight_weights[n]) for n in weights), "the resumed step differs"
+    for version, held in workers:
+        assert version == 3 and all(torch.equal(held[n], weights[n]) for n in weights)
