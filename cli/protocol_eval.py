@@ -1,17 +1,17 @@
 """`stabledrl eval --protocol d1`: the papers' table for a policy, over every GPU of the cluster.
 
-    stabledrl eval --config deploy/configs/stabledrl_llada8b_gsm8k.yaml --protocol d1            # the base model
+    stabledrl eval --config deploy/configs/recipe_stabledrl_llada8b_gsm8k.yaml --protocol d1   # the base model
     stabledrl eval --config runs/x/config.yaml --protocol d1 --checkpoint runs/x --out runs/x/d1
     stabledrl eval --config X --protocol d1 --model runs/x/final_model --benchmarks gsm8k,math500 --lengths 256
 
 The policy is the config's model, ``--model`` (a transformers directory) or ``--checkpoint`` (a
 job's DeepSpeed checkpoint: verified and consolidated once, here, through ``cli.offline_eval``,
-and written to OUT/policy for the workers). One ``EvalWorker`` actor per GPU holds a copy (with
-RAY_ADDRESS set: the GPUs of that cluster; else a local Ray instance); on a machine without GPUs,
-``--workers`` CPU actors (each with the resources of a rollout worker, ``cluster.rollout``).
-The protocol settings are ``eval.protocol`` of the config (default: d1 with its four benchmarks
-and three lengths); the flags narrow them. Results go to OUT/results.jsonl as they are graded;
-rerunning the command continues where it stopped, and prints the same table.
+and written to OUT/policy for the workers: on several nodes OUT must be a shared directory). One
+``EvalWorker`` actor per GPU holds a copy (with RAY_ADDRESS set: the GPUs of that cluster; else a
+local Ray instance); on a machine without GPUs, ``--workers`` CPU actors (default
+rollout.num_workers). The protocol settings are ``eval.protocol`` of the config (default: d1 with
+its four benchmarks and three lengths); the flags narrow them. Results go to OUT/results.jsonl as
+they are graded; rerunning the command continues where it stopped, and prints the same table.
 """
 from __future__ import annotations
 

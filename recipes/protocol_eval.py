@@ -11,8 +11,8 @@
 3. Completions are graded here (``common.tasks.graders``) and appended to results.jsonl per prompt
    (``recipes.protocol_results``): a rerun skips what is done and prints the same table.
 
-A row's completion is a function of (weights, prompt, decoding settings, its seed): sample i of a
-row draws from ``derive_seed(seed, "protocol", prompt_id)`` (greedy decoding draws nothing), so the
+A row's completion is a function of (weights, prompt, decoding settings, its seed): a row draws
+from ``derive_seed(seed, "protocol", prompt_id)`` alone (greedy decoding draws nothing), so the
 table does not depend on how many workers ran or how the prompts were batched.
 """
 from __future__ import annotations
@@ -142,13 +142,13 @@ def run_units(workers: Sequence[Any], prepared: Prepared, units: Sequence[Unit],
 
 
 class Progress:
-    """A bar on a terminal; on a log, a line every 10% (and at the end)."""
+    """A bar on a terminal; on a log, a line every 10% (and at the end); nothing with ``show`` off."""
 
-    def __init__(self, total: int, done: int, log: Log, label: str = "protocol eval") -> None:
-        self.total, self.count, self.log, self.label = total, done, log, label
+    def __init__(self, total: int, done: int, log: Log, label: str = "protocol eval", show: bool = True) -> None:
+        self.total, self.count, self.log, self.label = total, done, log if show else (lambda line: None), label
         self.t0, self.next_mark = time.monotonic(), 0.1
         self.bar = None
-        if sys.stderr.isatty():
+        if show and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=done, desc=label, unit="completion")
@@ -169,7 +169,7 @@ class Progress:
 
 
 def evaluate(workers: Sequence[Any], prepared: Prepared, results: ResultLog, log: Log,
-             timeout_s: float) -> dict[str, Any]:
+             timeout_s: float, show_progress: bool = True) -> dict[str, Any]:
     """Run every pending unit on ``workers``, appending grades to ``results``; returns the table."""
     hashes = prepared.prompt_hashes()
     results.check_prompts(hashes)
@@ -179,11 +179,14 @@ def evaluate(workers: Sequence[Any], prepared: Prepared, results: ResultLog, log
     if remaining < total:
         log(f"protocol eval: {total - remaining} of {total} completions already graded in {results.out_dir}; "
             f"{remaining} to go")
-    progress = Progress(total, total - remaining, log)
+    progress = Progress(total, total - remaining, log, show=show_progress)
+
+    def graded(unit: Unit, texts: list[str]) -> None:
+        results.append(grade_unit(prepared, unit, texts, hashes))
+        progress.update(len(texts))
+
     try:
-        run_units(workers, prepared, units,
-                  lambda unit, texts: (results.append(grade_unit(prepared, unit, texts, hashes)),
-                                       progress.update(len(texts))), timeout_s)
+        run_units(workers, prepared, units, graded, timeout_s)
     finally:
         progress.close()
     return table_of(prepared, results)
@@ -205,7 +208,7 @@ def evaluate_in_training(workers: Sequence[Any], cfg: Any, step: int, log: Log) 
     out = Path(cfg.run.output_dir) / "protocol" / f"step{step}"
     results = ResultLog.open(out, prepared.header(f"training step {step}"))
     t0 = time.monotonic()
-    table = evaluate(workers, prepared, results, lambda line: None, cfg.rollout.request_timeout_s)
+    table = evaluate(workers, prepared, results, log, cfg.rollout.request_timeout_s, show_progress=False)
     write_table(out, table)
     metrics = {f"protocol/{row['benchmark']}@{n}": cell["accuracy"] / 100
                for row in table["rows"] for n, cell in row["results"].items() if cell["accuracy"] is not None}
