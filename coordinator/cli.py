@@ -93,6 +93,7 @@ def train_job(cfg: JobConfig) -> int:
     print(f"stabledrl: {cfg.run.steps} steps, {cfg.learner.num_ranks} learner ranks (ZeRO-"
           f"{cfg.learner.deepspeed.zero_stage}), {cfg.rollout.num_workers} rollout workers, loss {cfg.loss.name}, "
           f"η = {cfg.algorithm.max_staleness}, on {where}; output in {cfg.run.output_dir}", flush=True)
+    from common.tasks.sandbox import RewardFailureRate
     from coordinator.actors import ActorFailure
     from coordinator.checkpoint import CheckpointError
 
@@ -101,7 +102,7 @@ def train_job(cfg: JobConfig) -> int:
     except (ConfigError, CheckpointError) as e:  # refused before any actor started
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
-    except ActorFailure as e:
+    except (ActorFailure, RewardFailureRate) as e:
         print(f"stabledrl: job failed: {e}", file=sys.stderr)
         return 1
     finally:

@@ -86,7 +86,7 @@ def evaluate_policy(cfg: JobConfig, policy: Any, tokenizer: Any, *, k: int = 1, 
                     samples_per_prompt: Optional[int] = None) -> Any:
     """pass@1 and pass@k on the config's held-out rows (EvalResult); n = max(k, samples_per_prompt
     or eval.samples_per_prompt) samples per prompt."""
-    from common.tasks import load_task_data
+    from common.tasks import RewardScorer, load_task_data
     from rollout.engine import TorchRolloutEngine
     from rollout.evaluate import evaluate
 
@@ -95,8 +95,10 @@ def evaluate_policy(cfg: JobConfig, policy: Any, tokenizer: Any, *, k: int = 1, 
     if not rows:
         raise ValueError("the config's task has no held-out rows (set task.held_out or task.held_out_source)")
     n = max(k, samples_per_prompt or cfg.eval.samples_per_prompt)
-    return evaluate(TorchRolloutEngine(policy), rows, data.task, tokenizer, cfg.eval.sampler_for(cfg.sampler), n, cfg.eval.seed,
-                    ks=sorted({1, k}), eos_token_id=policy.eos_token_id)
+    inline = cfg.task.reward.resolved_isolation == "inline"
+    with RewardScorer(cfg.task, data.task) if inline else RewardScorer(cfg.task) as scorer:  # the job's sandbox
+        return evaluate(TorchRolloutEngine(policy), rows, data.task, tokenizer, cfg.eval.sampler_for(cfg.sampler), n,
+                        cfg.eval.seed, ks=sorted({1, k}), eos_token_id=policy.eos_token_id, scorer=scorer)
 
 
 def eval_command(cfg: JobConfig, *, model_dir: Optional[str] = None, checkpoint: Optional[str] = None, k: int = 1,

@@ -107,7 +107,7 @@ class RolloutWorker:
         from rollout.evaluate import evaluate
 
         result = evaluate(self.engine, rows, self.task, self.tokenizer, sampler or self.sampler, samples_per_prompt,
-                          seed, eos_token_id=self.policy.eos_token_id)
+                          seed, eos_token_id=self.policy.eos_token_id, scorer=self.scorer)  # the rollouts' sandbox
         return self.version(), result
 
     def close(self) -> None:
