@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -51,6 +52,7 @@ def save(actors: Actors, output_dir: Path, step: int, state: dict[str, Any], epi
     its presence marks the tag complete). ``state`` must hold "config" and "parameter_shapes"."""
     directory = checkpoint_dir(output_dir)
     tag = f"step{step}"
+    ensure_writable(directory / tag)
     state = {"format": FORMAT, "tag": tag, **state}
     client = {k: v for k, v in state.items() if k not in ("config", "parameter_shapes")}
     wait(actors.call_learners("save_checkpoint", str(directory), client, tag), timeout_s,
@@ -58,6 +60,25 @@ def save(actors: Actors, output_dir: Path, step: int, state: dict[str, Any], epi
     save_episodes(directory / tag, episodes)
     write_state(directory / tag, state)
     return directory / tag
+
+
+def ensure_writable(directory: Path) -> None:
+    """Create ``directory`` and prove a file can be written in it; a CheckpointError that says why
+    not (torch.save would only say that the parent directory does not exist)."""
+    probe = Path(directory) / f".write-test-{os.getpid()}"
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        blocked = Path(e.filename or directory)
+        while not blocked.exists() and blocked != blocked.parent:
+            blocked = blocked.parent
+        info = blocked.stat()
+        raise CheckpointError(
+            f"cannot write the checkpoint {directory}: {e.strerror or e} ({blocked} is owned by uid {info.st_uid}, "
+            f"mode {stat.filemode(info.st_mode)}; this job runs as uid {os.geteuid()}): run.output_dir must be "
+            "writable by the job") from None
 
 
 def write_state(path: Path, state: dict[str, Any]) -> None:

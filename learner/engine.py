@@ -189,6 +189,7 @@ class LearnerEngine:
         ``client_state`` (version, data cursor, ...) and each rank's RNG states. All ranks must
         see the same ``directory`` (a shared filesystem across nodes). Returns the tag."""
         tag = tag or f"step{self.applied_steps + self.skipped_steps}"
+        _check_writable(Path(directory) / tag)
         state = {"client": client_state or {}, "engine": {"applied_steps": self.applied_steps,
                                                           "skipped_steps": self.skipped_steps}}
         self.engine.save_checkpoint(str(directory), tag=tag, client_state=state)
@@ -213,6 +214,13 @@ class LearnerEngine:
         self.skipped_steps = int(state["engine"]["skipped_steps"])
         _set_rng_states(load_torch(Path(directory) / tag / f"rng_rank{self.rank}.pt"))
         return state["client"]
+
+
+def _check_writable(path: Path) -> None:
+    """A PermissionError naming ``path`` (torch.save would report a missing parent directory)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if not os.access(path, os.W_OK):
+        raise PermissionError(13, f"learner rank checkpoint: no permission to write in {path}", str(path))
 
 
 def _accumulate(sums: dict[str, torch.Tensor], extremes: dict[str, torch.Tensor],

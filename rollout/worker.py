@@ -58,7 +58,7 @@ class RolloutWorker:
         import ray
 
         return {"worker": self.index, "device": str(self.device), "pid": os.getpid(), "load_s": self.start_s,
-                "node_id": ray.get_runtime_context().get_node_id(),
+                "node_id": ray.get_runtime_context().get_node_id(), "reward_sandbox": self.scorer.confinement,
                 "parameters": sum(p.numel() for p in self.policy.parameters()), "version": self.version()}
 
     def version(self) -> int:
