@@ -12,6 +12,9 @@ A user reward replaces the task's checker (the format part still applies with it
 Any real number is accepted (bool and numpy scalars included). The function is imported lazily,
 on its first call, so a worker that only renders prompts never runs user code; the reward
 sandbox (``common.tasks.sandbox``) imports it at start-up to fail fast, and isolates its calls.
+There each call runs in a fresh fork of the process that imported the file once: import what the
+function needs at the top of the file, not inside the function (that import would be paid again
+on every call).
 
 A reward file is code the job runs, so it must be one nobody else could have changed: a regular
 file owned by the user running the job (or root), not writable by others, in a directory not

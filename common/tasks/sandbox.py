@@ -212,7 +212,8 @@ def _child_env(pass_env: Sequence[str], package_roots: Sequence[str]) -> dict[st
     """What the sandbox inherits: the project (and a custom reward's package) on PYTHONPATH, one
     thread per library, no bytecode writes, the locale; tokens and credentials of the worker's
     environment stay out."""
-    keep = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONHASHSEED", *pass_env)
+    keep = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONHASHSEED", "PYTHONHOME", "LD_LIBRARY_PATH",
+            *pass_env)
     env = {k: os.environ[k] for k in keep if k in os.environ}
     path = os.pathsep.join(p for p in (_PROJECT_ROOT, *package_roots, os.environ.get("PYTHONPATH")) if p)
     env.update(PYTHONPATH=path, PYTHONDONTWRITEBYTECODE="1", PYTHONSAFEPATH="1", OMP_NUM_THREADS="1",

@@ -82,9 +82,9 @@ def reward_file(tmp_path):
     return path
 
 
-def config(reward_file: Path, **sandbox):
+def config(reward_file: Path, timeout_s: float = 4.0, **sandbox):
     return parse_task_config({"name": "arithmetic", "reward": {
-        "custom": f"{reward_file}:score", "isolation": "process", "format_weight": 0.0, "timeout_s": 4.0,
+        "custom": f"{reward_file}:score", "isolation": "process", "format_weight": 0.0, "timeout_s": timeout_s,
         "sandbox": {"cpu_seconds": 1, "memory_mb": 1024, **sandbox}}})
 
 
@@ -105,15 +105,19 @@ def contained(scorer: RewardScorer, completion: str, kind: str, message: str = "
     assert scorer.score("2", ROW) == OK and scorer._child.proc.pid == pid
 
 
-def test_memory_cpu_time_and_exit_are_contained(scorer):
+def test_memory_time_and_exit_are_contained(scorer):
     contained(scorer, "alloc", "limit", "memory_mb = 1024")
-    t0 = time.monotonic()
-    contained(scorer, "spin", "limit", "cpu_seconds = 1")  # CPU time, before the 4 s wall-clock timeout
-    assert time.monotonic() - t0 < 4.0 * 2
     contained(scorer, "sleep", "timeout", "no answer in 4.0s")
     contained(scorer, "exit", "crash", "exit code 3")
     contained(scorer, "unlimit", "exception", "ValueError")  # a lowered hard limit cannot be raised again
-    assert scorer.stats.calls == 10 and scorer.stats.ok == 5 and scorer.stats.failed == 5
+    assert scorer.stats.calls == 8 and scorer.stats.ok == 4 and scorer.stats.failed == 4
+
+
+def test_cpu_time_is_limited_before_the_wall_clock_timeout(reward_file):
+    with RewardScorer(config(reward_file, timeout_s=120.0)) as scorer:  # a loaded machine may give it little CPU
+        t0 = time.monotonic()
+        contained(scorer, "spin", "limit", "cpu_seconds = 1")
+        assert time.monotonic() - t0 < 120.0
 
 
 def test_a_forked_child_does_not_outlive_the_call(scorer):
