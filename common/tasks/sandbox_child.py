@@ -19,6 +19,7 @@ the worker directly.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -83,10 +84,13 @@ class _Sandbox:
         privileges = confine.drop_privileges(become_nobody=not self.landlock, chown=[base])
         if privileges:
             notes.append(privileges)
-        self.confined = {"landlock": self.landlock, "notes": notes, "degraded": not self.landlock}
         self.task = build_task(self.cfg)
         if isinstance(self.task.correctness, CustomReward):
             self.task.correctness.load()
+        if settings.get("reward_file"):
+            digest = hashlib.sha256(Path(settings["reward_file"]).read_bytes()).hexdigest()[:16]
+            notes.insert(0, f"reward {settings['reward_file']} (sha256 {digest})")
+        self.confined = {"landlock": self.landlock, "notes": notes, "degraded": not self.landlock}
 
     def call(self, completion: str, row: Any) -> list:
         """One reward call in a forked, confined process; (outcome, payload) for the parent."""

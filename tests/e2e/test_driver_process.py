@@ -1,9 +1,11 @@
 """``stabledrl train`` as an operator runs it, as a subprocess on the tiny job: killed with SIGKILL,
 interrupted with Ctrl-C, or given a reward that always fails. Nothing of the job outlives its
 driver, a Ctrl-C leaves one line and the resume command, a failing reward stops the job naming
-it; while it runs, no listener the project opens is on every interface."""
+it; while it runs, no listener the project opens is on every interface. ``train --resume`` refuses
+a checkpoint whose pickle would run a command, before any actor starts."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -123,3 +125,28 @@ def test_a_reward_that_always_fails_stops_the_job_naming_it(tmp_path):
                      r"more than task.reward.max_failed_fraction = 0.5: the job stops instead of training on zeros", text), \
         text[-3000:]
     assert "reward sandbox: " in text  # how rewards are confined, said once
+
+
+def test_train_resume_refuses_a_malicious_checkpoint_before_any_actor_starts(tmp_path):
+    """``stabledrl train --resume`` on a run whose shard would run a command when unpickled."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "tests" / "unit"))
+    from malicious_pickles import armed, write
+    from test_checkpoint_loading import SHARD, job_tag
+
+    from common.checkpoint_files import STATE_FILE
+    from coordinator.checkpoint import write_state
+
+    run, marker = tmp_path / "run", tmp_path / "PWNED"
+    config = yaml.safe_load((ROOT / "tests/e2e/tiny_job.yaml").read_text())
+    config["run"]["output_dir"] = str(run)
+    tag = job_tag(run)  # run/checkpoints/step1 with its manifest
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    assert armed(write(tag / SHARD, "zip_os_system", marker), marker)
+    write_state(tag, json.loads((tag / STATE_FILE).read_text()))  # the sizes match again
+    proc = subprocess.run([*STABLEDRL, "train", "--resume", str(run)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"{tag / SHARD} would unpickle posix.system" in proc.stderr and "refused" in proc.stderr
+    assert "actors:" not in proc.stdout and not marker.exists()
