@@ -49,7 +49,6 @@ CALL_GRACE_S = 10.0  # beyond timeout_s: the sandbox's own fork, kill and clean-
 CLOSE_TIMEOUT_S = 5.0
 MAX_ANSWER_BYTES = 1 << 20
 FAILURE_KINDS = ("exception", "non_number", "non_finite", "timeout", "crash", "limit")
-ANSWERS = ("ready", "error", "ok", *FAILURE_KINDS)
 _reported: set[str] = set()  # what this process already logged about the sandbox
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -142,7 +141,7 @@ class _Child:
         self.to_child = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
         self.from_child = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
         self.to_child.send_bytes(json.dumps(settings).encode())
-        outcome, payload = self._receive(START_TIMEOUT_S)
+        outcome, payload = self._receive(START_TIMEOUT_S, ("ready", "error"))
         if outcome != "ready" or not isinstance(payload, dict):
             self.close()
             raise ConfigError(f"reward sandbox failed to start: {payload}")
@@ -153,9 +152,9 @@ class _Child:
             self.to_child.send((completion, row))
         except (OSError, EOFError) as e:
             return "crash", repr(e)
-        return self._receive(timeout_s + CALL_GRACE_S)  # the sandbox enforces timeout_s on the call itself
+        return self._receive(timeout_s + CALL_GRACE_S, ("ok", *FAILURE_KINDS))  # the sandbox enforces timeout_s
 
-    def _receive(self, timeout_s: float) -> tuple[str, Any]:
+    def _receive(self, timeout_s: float, expected: Sequence[str]) -> tuple[str, Any]:
         try:
             if not self.from_child.poll(timeout_s):
                 self.close()
@@ -167,7 +166,7 @@ class _Child:
         except (ValueError, TypeError) as e:
             self.close()
             return "crash", f"malformed answer from the reward sandbox ({e})"
-        if outcome not in ANSWERS:
+        if outcome not in expected:
             self.close()
             return "crash", f"malformed answer from the reward sandbox (outcome {str(outcome)[:40]!r})"
         return outcome, payload

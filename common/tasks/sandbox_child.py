@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from common.tasks import confine
-from common.tasks.sandbox import outcome_of
+from common.tasks.sandbox import FAILURE_KINDS, outcome_of
 
 MAX_REPLY_BYTES = 1 << 20
 EXIT_GRACE_S = 1.0  # an answered call has this long to exit before it is killed
+CALL_OUTCOMES = ("ok", *FAILURE_KINDS)
 
 
 def _serve() -> None:
@@ -67,30 +68,33 @@ class _Sandbox:
         from common.tasks.build import CustomReward, build_task
 
         self.cfg = parse_task_config(settings["task"])
-        box = self.cfg.reward.sandbox
         self.base, self.timeout_s, self.calls = base, self.cfg.reward.timeout_s, 0
         self.reaper = confine.Reaper()
-        confine.set_limits(memory_mb=box.memory_mb, file_size_mb=box.file_size_mb)
-        self.landlock, why = confine.landlock_abi() if box.landlock else (0, "task.reward.sandbox.landlock is false")
-        notes = [f"memory {box.memory_mb} MiB", f"CPU {box.cpu_seconds:g} s per call", f"files <= {box.file_size_mb} MiB",
-                 "own session and temporary directory per call", "leftover processes killed"]
-        if self.landlock:
-            confine.restrict_paths(_readable(settings, box.read_paths), [base, Path(os.devnull)],
-                                   read_files=_readable_files(settings), allow_network=box.allow_network)
-            network = "TCP allowed" if box.allow_network else "no TCP" if self.landlock >= 4 else "network not confined"
-            notes.append(f"Landlock ABI {self.landlock}: reads confined, writes only in its directory, {network}")
-        else:
-            notes.append(f"no Landlock ({why}): files and network not confined")
-        privileges = confine.drop_privileges(become_nobody=not self.landlock, chown=[base])
-        if privileges:
-            notes.append(privileges)
-        self.task = build_task(self.cfg)
+        notes = self._confine(settings)
+        self.task = build_task(self.cfg)  # a custom reward's module-level code runs confined
         if isinstance(self.task.correctness, CustomReward):
             self.task.correctness.load()
         if settings.get("reward_file"):
             digest = hashlib.sha256(Path(settings["reward_file"]).read_bytes()).hexdigest()[:16]
             notes.insert(0, f"reward {settings['reward_file']} (sha256 {digest})")
         self.confined = {"landlock": self.landlock, "notes": notes, "degraded": not self.landlock}
+
+    def _confine(self, settings: dict[str, Any]) -> list[str]:
+        """Limits, Landlock (else, as root, user nobody), no capabilities; returns what is in force."""
+        box = self.cfg.reward.sandbox
+        confine.set_limits(memory_mb=box.memory_mb, file_size_mb=box.file_size_mb)
+        self.landlock, why = confine.landlock_abi() if box.landlock else (0, "task.reward.sandbox.landlock is false")
+        notes = [f"memory {box.memory_mb} MiB", f"CPU {box.cpu_seconds:g} s per call", f"files <= {box.file_size_mb} MiB",
+                 "own session and temporary directory per call", "leftover processes killed"]
+        if self.landlock:
+            confine.restrict_paths(_readable(settings, box.read_paths), [self.base, Path(os.devnull)],
+                                   read_files=_readable_files(settings), allow_network=box.allow_network)
+            network = "TCP allowed" if box.allow_network else "no TCP" if self.landlock >= 4 else "network not confined"
+            notes.append(f"Landlock ABI {self.landlock}: reads confined, writes only in its directory, {network}")
+        else:
+            notes.append(f"no Landlock ({why}): files and network not confined")
+        privileges = confine.drop_privileges(become_nobody=not self.landlock, chown=[self.base])
+        return notes + ([privileges] if privileges else [])
 
     def call(self, completion: str, row: Any) -> list:
         """One reward call in a forked, confined process; (outcome, payload) for the parent."""
@@ -191,8 +195,10 @@ def _death(status: int, box: Any) -> list:
 
 
 def _parse(data: bytes) -> list:
+    """A call's answer: [outcome, payload] with an outcome a call may give (the reward's own code
+    can write to the call's pipe too, so nothing else passes)."""
     message = json.loads(data)
-    if not (isinstance(message, list) and len(message) == 2 and isinstance(message[0], str)):
+    if not (isinstance(message, list) and len(message) == 2 and message[0] in CALL_OUTCOMES):
         raise ValueError("malformed reply")
     return message
 

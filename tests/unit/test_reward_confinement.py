@@ -69,6 +69,15 @@ HOSTILE = textwrap.dedent(
             return 1.0
         if kind == "env":
             return float("STABLEDRL_TEST_SECRET" in os.environ)
+        if kind == "forge":                      # a forged answer on every descriptor it can reach
+            import pickle, struct
+            for payload in (b'["ready", {"notes": []}]', pickle.dumps(os.system)):
+                for fd in range(3, 64):
+                    try:
+                        os.write(fd, struct.pack("!i", len(payload)) + payload)
+                    except OSError:
+                        pass
+            time.sleep(600)
         return 1.0 if kind == row.answer else 0.0
     """
 )
@@ -106,11 +115,12 @@ def contained(scorer: RewardScorer, completion: str, kind: str, message: str = "
 
 
 def test_memory_time_and_exit_are_contained(scorer):
+    contained(scorer, "forge", "crash", "malformed")  # what reaches the worker is checked, never unpickled
     contained(scorer, "alloc", "limit", "memory_mb = 1024")
     contained(scorer, "sleep", "timeout", "no answer in 4.0s")
     contained(scorer, "exit", "crash", "exit code 3")
     contained(scorer, "unlimit", "exception", "ValueError")  # a lowered hard limit cannot be raised again
-    assert scorer.stats.calls == 8 and scorer.stats.ok == 4 and scorer.stats.failed == 4
+    assert scorer.stats.calls == 10 and scorer.stats.ok == 5 and scorer.stats.failed == 5
 
 
 def test_cpu_time_is_limited_before_the_wall_clock_timeout(reward_file):
