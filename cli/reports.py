@@ -50,9 +50,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from common.checkpoint_files import CheckpointError
+
     try:
         return {"eval": _eval, "plot": _plot, "study": _study}[args.command](args)
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
 

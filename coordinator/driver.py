@@ -31,6 +31,7 @@ from common.config.job import JobConfig, check_resources
 from common.metrics import MetricsLogger
 from common.models.loading import load_model_tokenizer
 from common.tasks import PromptStream, load_task_data
+from common.tasks.sandbox import check_failure_rate
 from coordinator import checkpoint
 from coordinator.actors import ActorFailure, Actors, start_actors
 from coordinator.buffer import GroupBuffer
@@ -202,6 +203,7 @@ class Driver(WorkerEvents, Checkpoints):
                 if key.startswith("reward_calls/"):
                     self.reward_calls[key] = self.reward_calls.get(key, 0.0) + value
             self.buffer.add(episode)
+        check_failure_rate(self.reward_calls, self.cfg.task)  # stop rather than train on zeros
 
     # ---- learner steps and weights ------------------------------------------------------------
     def start_training(self, batch: list[Episode]) -> None:
