@@ -94,7 +94,7 @@ def eval_config(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("variant", ["zip_os_system", "legacy_torch"])
 def test_eval_checkpoint_refuses_a_malicious_shard_with_exit_2(tmp_path, marker, capsys, variant):
-    from coordinator.cli import main
+    from cli.main import main
 
     tag = job_tag(tmp_path)
     file = tamper(tag, variant, marker)
@@ -116,7 +116,7 @@ def test_a_model_directory_with_a_malicious_bin_is_refused(tmp_path, marker, cap
     from common.config.model import ModelConfig
     from common.models import load_policy
     from common.models.loading import read_state_dict
-    from coordinator.cli import main
+    from cli.main import main
 
     directory = model_dir(tmp_path / "model")
     for f in directory.glob("*.safetensors"):
@@ -133,7 +133,7 @@ def test_a_model_directory_with_a_malicious_bin_is_refused(tmp_path, marker, cap
 def test_the_warm_start_cache_is_checked_against_its_hashes(tmp_path, marker):
     from common.config.base import validate
     from common.config.job import JobConfig
-    from coordinator.warmstart import MANIFEST, file_hashes, warm_start, warmstart_dir
+    from recipes.warmstart import MANIFEST, file_hashes, warm_start, warmstart_dir
 
     data = yaml.safe_load(eval_config(tmp_path).read_text())
     cfg = validate(JobConfig, {**data, "warmstart": {"steps": 1, "cache_dir": str(tmp_path / "cache")}})
