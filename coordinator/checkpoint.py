@@ -38,7 +38,7 @@ from rollout.workflow import Episode
 
 # fields the saved state depends on (dotted prefixes); everything else may change on resume
 MUST_MATCH = ("model", "task", "sampler", "estimator", "loss", "algorithm", "learner.num_ranks",
-              "learner.deepspeed.zero_stage", "run.seed")
+              "learner.deepspeed.zero_stage", "learner.lora", "run.seed")
 MAY_DIFFER = ("sampler.max_batch_size", "sampler.cuda_graph", "algorithm.micro_batch_size", "model.gradient_checkpointing")
 
 

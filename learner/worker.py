@@ -91,6 +91,7 @@ class LearnerWorker:
         out["learner/samples"] = float(len(samples))
         out["learner/tokens"] = float(sum(s.completion_length for s in samples))
         out["time/train_rank"] = time.perf_counter() - t0
+        out.update(self.engine.memory_metrics())
         return out
 
     def _updates(self, groups: Sequence[Group], version: int, group_offset: int) -> list[dict[str, float]]:
@@ -158,8 +159,8 @@ class LearnerWorker:
         return self.engine.load_checkpoint(directory, tag)
 
     def export(self, directory: str) -> Optional[str]:
-        """Write the policy as a transformers directory (rank 0; collective gather)."""
-        state = self.engine.state_dict_for_push()
+        """Write the policy (LoRA adapters merged) as a transformers directory (rank 0; collective gather)."""
+        state = self.engine.state_dict_for_export()
         if state is None:
             return None
         policy, tokenizer = load_policy(self.model_cfg.model_copy(update={"gradient_checkpointing": False}))

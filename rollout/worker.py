@@ -23,7 +23,7 @@ from common.config.task import AnyTaskConfig
 from common.models import load_policy
 from common.runtime import setup_actor_process
 from common.tasks import RewardScorer, Row, build_task
-from common.transport.weights import WeightHandle, WeightPushConfig, setup_weight_push
+from common.transport.weights import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
 from rollout.engine import TorchRolloutEngine
 from rollout.workflow import Episode, PromptRequest, behaviour_estimator, run_episodes
 
@@ -50,7 +50,7 @@ class RolloutWorker:
         self.task = build_task(task)
         inline = task.reward.resolved_isolation == "inline"
         self.scorer = RewardScorer(task, self.task) if inline else RewardScorer(task)
-        self.push = None
+        self.push, self.partial_push = None, False
         self.start_s = time.perf_counter() - t0
 
     def ready(self) -> dict[str, Any]:
@@ -85,17 +85,20 @@ class RolloutWorker:
         return self.scorer.stats.as_metrics(prefix="rollout/reward_calls/")
 
     # ---- weights --------------------------------------------------------------------------
-    def setup_weight_push(self, cfg: WeightPushConfig, **kwargs: Any) -> None:
-        """This worker's end of the push (object store: no arguments; broadcast: its rank etc.)."""
+    def setup_weight_push(self, cfg: WeightPushConfig, *, partial: bool = False, **kwargs: Any) -> None:
+        """This worker's end of the push (object store: no arguments; broadcast: its rank etc.).
+        ``partial``: a push may carry only some parameters (a LoRA learner sends the adapted
+        matrices); the others keep the weights this worker loaded."""
         if self.push is not None:
             self.push.close()
         self.push = setup_weight_push(cfg, **kwargs)
+        self.partial_push = partial
 
     def receive_weights(self, handle: WeightHandle) -> int:
         """Load version ``handle.version`` into the policy; returns the version now held."""
         if self.push is None:
             raise RuntimeError(f"rollout worker {self.index}: setup_weight_push was never called")
-        version = self.push.receive(handle, self.policy)
+        version = self.push.receive(handle, ParameterLoader(self.policy, partial=self.partial_push))
         self.engine.policy_version = version
         return version
 

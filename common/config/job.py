@@ -189,7 +189,19 @@ class JobConfig(StrictModel):
             raise ValueError("weights.backend 'nccl' needs GPU rollout workers (cluster.rollout.num_gpus > 0)")
         self._check_estimator_blocks()
         self._check_worker_bounds()
+        self._fill_schedule_length()
         return self
+
+    def _fill_schedule_length(self) -> None:
+        """A decaying lr schedule spans the whole run unless learner.optimizer.total_updates says otherwise."""
+        opt = self.learner.optimizer
+        if opt.schedule == "constant" or opt.total_updates is not None:
+            return
+        updates = self.run.steps * self.algorithm.inner_iterations
+        if updates <= opt.warmup_steps:
+            raise ValueError(f"learner.optimizer.warmup_steps ({opt.warmup_steps}) must be below the run's "
+                             f"{updates} updates (run.steps × algorithm.inner_iterations) for a decaying schedule")
+        opt.total_updates = updates
 
     def _check_estimator_blocks(self) -> None:
         """SPG's block masking (block_random, spg_sandwich) masks the sampler's generation blocks."""
