@@ -12,7 +12,8 @@ its own (CPU affinity, inherited by its Ray processes; ``cluster.local_num_cpus`
 machine has enough, else the runs share the machine's cores. CUDA is hidden from the runs
 (``--gpu`` shows it), so the sweep measures the CPU recipe on any host.
 
-Results are written as runs finish: ``results.jsonl`` (one line per run: BEFORE, AFTER, the
+Results are written to ``--out`` as runs finish (each run's own directory and log, and the warm
+starts' logs, go under ``--runs-dir``, default OUT/runs): ``results.jsonl`` (one line per run: BEFORE, AFTER, the
 final-window mean, the gain, the held-out curve, wall time) and ``summary.md`` (the table, the
 gain per warm start and over all runs: min / median / max). ``--budget-s``: no run starts after
 that many seconds; runs still going ``--grace-s`` later are stopped and marked as such.
@@ -156,7 +157,7 @@ def build_warm_starts(args: argparse.Namespace, env: dict, slots: list[list[int]
     while pending or active:
         while pending and free:
             spec, slot = pending.pop(0), free.pop(0)
-            log = args.out / f"warmstart-{spec.replace('=', '').replace(',', '-')}.log"
+            log = args.runs_dir / f"warmstart-{spec.replace('=', '').replace(',', '-')}.log"
             argv = [args.python, "-c", BUILD, str(args.config), *warm_start_overrides(spec), *args.set]
             active.append((spec, slot, launch(argv, slots[slot], log, env)))
         time.sleep(1)
@@ -169,13 +170,15 @@ def build_warm_starts(args: argparse.Namespace, env: dict, slots: list[list[int]
 
 def sweep(args: argparse.Namespace) -> list[dict]:
     args.out.mkdir(parents=True, exist_ok=True)
+    args.runs_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0")
+    env.setdefault("RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES", str(2 * 10**9))  # many local Ray instances at once
     if not args.gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     slots = core_sets(args.parallel, args.cores_per_run)
     t0 = time.monotonic()
     build_warm_starts(args, env, slots)
-    queue = [Run(ws, seed, args.out / "runs" / f"{ws.replace('=', '').replace(',', '-')}" / f"seed{seed}")
+    queue = [Run(ws, seed, args.runs_dir / f"{ws.replace('=', '').replace(',', '-')}" / f"seed{seed}")
              for seed in args.seeds for ws in args.warm_starts]  # one seed of every warm start first
     active: list[Run] = []
     free = list(range(len(slots)))
@@ -221,6 +224,7 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, default=CONFIG, help="the recipe (default: the quickstart's)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "quickstart_sweep", help="results and run directories")
+    p.add_argument("--runs-dir", type=Path, help="the runs' own directories and logs (default: OUT/runs)")
     p.add_argument("--warm-starts", nargs="+", default=list(WARM_STARTS), metavar="SPEC",
                    help="warmstart overrides per warm start, e.g. seed=1,steps=200,threads=1")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="RL seeds (run.seed) per warm start")
@@ -234,6 +238,7 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--python", default=sys.executable, help="the interpreter the runs use")
     args = p.parse_args(argv)
     args.out = args.out.resolve()
+    args.runs_dir = (args.runs_dir or args.out / "runs").resolve()
     args.config = args.config.resolve()
     return args
 
