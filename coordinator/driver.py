@@ -97,7 +97,8 @@ class Driver(WorkerEvents, Checkpoints):
             self.close()
         if before is not None and after is not None:
             self.log(f"held-out accuracy: {100 * before.pass_at_1:.1f}% -> {100 * after.pass_at_1:.1f}% "
-                     f"(pass@1, {self.cfg.eval.describe(self.cfg.sampler)}, {after.num_prompts} prompts never trained on)")
+                     f"± {100 * after.stderr:.1f} (pass@1, {self.cfg.eval.describe(self.cfg.sampler)}, "
+                     f"{after.num_prompts} prompts never trained on; ± one standard error over the prompts)")
         else:
             self.log("held-out accuracy: n/a (the task has no held-out rows: set task.held_out)")
         return RunResult(self.step, self.staleness.version, before, after, str(self.cfg.run.output_dir))
