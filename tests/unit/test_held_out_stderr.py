@@ -1,0 +1,27 @@
+"""The standard error the job's final line gives for AFTER: sqrt(p (1 - p) / N) over the prompts,
+which for greedy decoding (one sample per prompt, each right or wrong) is the exact standard error
+of a mean of N Bernoulli outcomes."""
+from __future__ import annotations
+
+import math
+import random
+
+from coordinator.evaluation import HeldOutResult
+
+
+def result(p: float, n: int) -> HeldOutResult:
+    return HeldOutResult(num_prompts=n, samples_per_prompt=1, pass_at={1: p}, mean_correctness=p, version=0, time_s=0.0)
+
+
+def test_stderr_of_pass_at_1_is_the_binomial_one():
+    assert math.isclose(result(0.8, 200).stderr, math.sqrt(0.8 * 0.2 / 200))
+    assert result(1.0, 200).stderr == 0.0 and result(0.0, 50).stderr == 0.0
+    assert math.isclose(result(0.5, 400).stderr, 0.025)
+
+
+def test_stderr_matches_the_spread_of_pass_at_1_over_resampled_prompt_sets():
+    rng = random.Random(0)
+    n, p = 200, 0.7
+    values = [sum(rng.random() < p for _ in range(n)) / n for _ in range(2000)]
+    spread = math.sqrt(sum((v - p) ** 2 for v in values) / len(values))
+    assert abs(spread - result(p, n).stderr) < 0.05 * result(p, n).stderr
