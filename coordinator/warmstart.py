@@ -86,7 +86,8 @@ def warm_start(cfg: JobConfig, log: Log = print) -> Path:
     """The directory of ``cfg.model`` fine-tuned on ``cfg.task``'s training rows (built if absent).
 
     Training runs in float32 on CUDA when available, else on the CPU with ``sft_threads(cfg)`` torch
-    threads (the process's count is restored afterwards); the directory is written with ``export_hf`` and loads with ``ModelConfig(path=...)``.
+    threads (the process's count is restored afterwards); the directory is written with ``export_hf``
+    and loads with ``ModelConfig(path=...)``.
     """
     final = warmstart_dir(cfg)
     if (final / MANIFEST).is_file():
@@ -146,7 +147,7 @@ def _train(cfg: JobConfig, directory: Path, device: str, log: Log) -> dict[str, 
     log(
         f"warm start: SFT of {cfg.model.preset or cfg.model.path} ({n_params / 1e6:.2f}M parameters) on "
         f"{len(data.train)} {cfg.task.name} training rows, {ws.steps} steps of {ws.batch_size} on {device}"
-        + (f" ({torch.get_num_threads()} threads, seed {sft_seed(cfg)})" if device == "cpu" else f" (seed {sft_seed(cfg)})")
+        + (f" ({torch.get_num_threads()} threads, " if device == "cpu" else " (") + f"seed {sft_seed(cfg)})"
     )
     metrics = run_sft(
         policy, tokenizer, data.train, data.task, ws, sft_seed(cfg),

@@ -3,20 +3,23 @@
     python deploy/quickstart_sweep.py --out runs/quickstart_sweep --parallel 2
     python deploy/quickstart_sweep.py --out /tmp/sweep --parallel 8 --cores-per-run 2 --budget-s 480
 
-A warm start is a set of ``warmstart.*`` overrides (``seed=1,steps=200,threads=1``); the default grid
-has six, whose held-out accuracy BEFORE RL spans 35-71% on the 2-core development machine. Every warm
-start is built first (in parallel, cached under .cache/warmstart as `make run` caches its own), then
-every (warm start, RL seed) pair runs ``python -m coordinator train`` with the quickstart config,
-``run.seed`` = the RL seed, and any ``--set`` overrides. Each run gets ``--cores-per-run`` cores of
-its own (CPU affinity, inherited by its Ray processes; ``cluster.local_num_cpus`` matches) when the
-machine has enough, else the runs share the machine's cores. CUDA is hidden from the runs
-(``--gpu`` shows it), so the sweep measures the CPU recipe on any host.
+A warm start is a set of ``warmstart.*`` overrides (``seed=1,steps=200,threads=1``); the default
+grid has seven, whose held-out accuracy BEFORE RL spans 35-71% on the 2-core development machine.
+Every warm start is built first (in parallel, cached under .cache/warmstart as `make run` caches
+its own), then every (warm start, RL seed) pair runs ``python -m coordinator train`` with the
+quickstart config, ``run.seed`` = the RL seed, and any ``--set`` overrides. Each run gets
+``--cores-per-run`` cores of its own (CPU affinity, inherited by its Ray processes;
+``cluster.local_num_cpus`` matches) when the machine has enough, else the runs share the machine's
+cores. CUDA is hidden from the runs (``--gpu`` shows it), so the sweep measures the CPU recipe on
+any host.
 
-Results are written to ``--out`` as runs finish (each run's own directory and log, and the warm
-starts' logs, go under ``--runs-dir``, default OUT/runs): ``results.jsonl`` (one line per run: BEFORE, AFTER, the
-final-window mean, the gain, the held-out curve, wall time) and ``summary.md`` (the table, the
-gain per warm start and over all runs: min / median / max). ``--budget-s``: no run starts after
-that many seconds; runs still going ``--grace-s`` later are stopped and marked as such.
+Results are written to ``--out`` as runs finish (the runs' own directories and logs, and the warm
+starts' logs, go under ``--runs-dir``, default OUT/runs): ``results.jsonl`` (one line per run:
+BEFORE, AFTER, the mean of the last ``--window`` evaluations, the gains, the held-out curve, the
+wall time) and ``summary.md`` (the table, the gain per warm start and over all runs: min / median
+/ max). A sweep into an --out that already holds results runs only the pairs not finished there.
+``--budget-s``: no run starts after that many seconds; runs still going ``--grace-s`` later are
+stopped and recorded as failed.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ WARM_STARTS = (  # SFT seed, steps and CPU threads; BEFORE on the 2-core develop
     "seed=2,steps=300,threads=1",  # (39.5%)
     "seed=3,steps=300,threads=2",  # (57.5%)
     "seed=0,steps=400,threads=1",  # (71.0%)
+    "seed=0,steps=350,threads=2",
 )
 QUIET = ("run.save_final_checkpoint=false", "run.export_final=false", "run.tensorboard=false")  # not measured
 
@@ -101,7 +105,8 @@ def summary(records: list[dict], args: argparse.Namespace) -> str:
             lines.append(f"| {r['warm_start']} | {r['seed']} | {r['before']:.1f} | {r['after']:.1f} | "
                          f"{r['gain']:+.1f} | {r['after_window']:.1f} | {r['gain_window']:+.1f} | {r['wall_s']:.0f} |")
         else:
-            lines.append(f"| {r['warm_start']} | {r['seed']} | failed (exit {r['returncode']}) | | | | | {r['wall_s']:.0f} |")
+            lines.append(f"| {r['warm_start']} | {r['seed']} | failed (exit {r['returncode']}) | | | | | "
+                         f"{r['wall_s']:.0f} |")
     if ok:
         lines += ["", "| warm start | BEFORE | gains (last eval) | gains (mean of last evals) |", "|---|---|---|---|"]
         for ws in sorted({r["warm_start"] for r in ok}):
@@ -165,7 +170,14 @@ def build_warm_starts(args: argparse.Namespace, env: dict, slots: list[list[int]
             if proc.poll() is not None:
                 active.remove((spec, slot, proc))
                 free.append(slot)
-                print(f"warm start {spec}: {'built' if proc.returncode == 0 else f'FAILED (exit {proc.returncode})'}", flush=True)
+                state = "built" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}), see {args.runs_dir}"
+                print(f"warm start {spec}: {state}", flush=True)
+
+
+def previous_records(path: Path) -> list[dict]:
+    """The finished runs an earlier sweep into the same --out recorded (they are not run again)."""
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [r for r in records if "gain" in r]
 
 
 def sweep(args: argparse.Namespace) -> list[dict]:
@@ -177,12 +189,13 @@ def sweep(args: argparse.Namespace) -> list[dict]:
         env["CUDA_VISIBLE_DEVICES"] = ""
     slots = core_sets(args.parallel, args.cores_per_run)
     t0 = time.monotonic()
-    build_warm_starts(args, env, slots)
+    build_warm_starts(args, env, slots)  # cached ones are found at once
+    records = previous_records(args.out / "results.jsonl")
+    done = {(r["warm_start"], r["seed"]) for r in records}
     queue = [Run(ws, seed, args.runs_dir / f"{ws.replace('=', '').replace(',', '-')}" / f"seed{seed}")
-             for seed in args.seeds for ws in args.warm_starts]  # one seed of every warm start first
+             for seed in args.seeds for ws in args.warm_starts if (ws, seed) not in done]  # one seed of each first
     active: list[Run] = []
     free = list(range(len(slots)))
-    records: list[dict] = []
     while queue or active:
         while queue and free and time.monotonic() - t0 < args.budget_s:
             run = queue.pop(0)
@@ -211,8 +224,11 @@ def sweep(args: argparse.Namespace) -> list[dict]:
             with open(args.out / "results.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
             (args.out / "summary.md").write_text(summary(records, args))
-            shown = f"{record['before']:.1f} -> {record['after']:.1f} ({record['gain']:+.1f}; last-evals mean " \
-                    f"{record['after_window']:.1f})" if "gain" in record else f"failed (exit {code}), see {run.out}/train.log"
+            if "gain" in record:
+                shown = (f"{record['before']:.1f} -> {record['after']:.1f} ({record['gain']:+.1f}; last-evals mean "
+                         f"{record['after_window']:.1f})")
+            else:
+                shown = f"failed (exit {code}), see {run.out}/train.log"
             print(f"[{time.monotonic() - t0:5.0f} s] {run.name}: {shown}, {record['wall_s']:.0f} s", flush=True)
     skipped = len(queue)
     if skipped:
@@ -221,7 +237,8 @@ def sweep(args: argparse.Namespace) -> list[dict]:
 
 
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, default=CONFIG, help="the recipe (default: the quickstart's)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "quickstart_sweep", help="results and run directories")
     p.add_argument("--runs-dir", type=Path, help="the runs' own directories and logs (default: OUT/runs)")
@@ -230,10 +247,10 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="RL seeds (run.seed) per warm start")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every run")
     p.add_argument("--parallel", type=int, default=2, help="runs at a time")
-    p.add_argument("--cores-per-run", type=int, default=2, help="cores pinned to each run (when the machine has enough)")
+    p.add_argument("--cores-per-run", type=int, default=2, help="cores pinned to each run (if the machine has enough)")
     p.add_argument("--budget-s", type=float, default=float("inf"), help="start no run after this many seconds")
     p.add_argument("--grace-s", type=float, default=240.0, help="stop runs still going this long after the budget")
-    p.add_argument("--window", type=int, default=3, help="evaluations (after step 0) averaged for the final-window gain")
+    p.add_argument("--window", type=int, default=3, help="last evaluations (after step 0) averaged for the window gain")
     p.add_argument("--gpu", action="store_true", help="let the runs see CUDA (default: CPU only)")
     p.add_argument("--python", default=sys.executable, help="the interpreter the runs use")
     args = p.parse_args(argv)

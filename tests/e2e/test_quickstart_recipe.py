@@ -41,7 +41,8 @@ def cluster():
 
 def held_out_curve(run_dir: Path) -> list[tuple[int, float]]:
     """(step, held-out pass@1 in %) of every evaluation the run logged."""
-    return [(int(r["step"]), 100 * r["eval/pass@1"]) for r in read_metrics(run_dir / "metrics.jsonl") if "eval/pass@1" in r]
+    records = read_metrics(run_dir / "metrics.jsonl")
+    return [(int(r["step"]), 100 * r["eval/pass@1"]) for r in records if "eval/pass@1" in r]
 
 
 @pytest.mark.parametrize("name", list(WARM_STARTS))
@@ -59,7 +60,7 @@ def test_quickstart_recipe_raises_held_out_accuracy_from_each_warm_start(cluster
     curve = held_out_curve(out)
     assert [s for s, _ in curve] == list(range(0, STEPS + 1, 10))
     before, after = curve[0][1], curve[-1][1]
-    assert before == pytest.approx(100 * result.before.pass_at_1) and after == pytest.approx(100 * result.after.pass_at_1)
+    assert (before, after) == pytest.approx((100 * result.before.pass_at_1, 100 * result.after.pass_at_1))
     late = statistics.mean(p for s, p in curve if s > STEPS / 2)
     shown = ", ".join(f"{p:.1f}" for _, p in curve)
     assert late >= before + MARGIN, f"{name}: held-out accuracy did not rise: {shown} (steps 0, 10, ...)"
