@@ -230,6 +230,8 @@ def sweep(args: argparse.Namespace) -> list[dict]:
             else:
                 shown = f"failed (exit {code}), see {run.out}/train.log"
             print(f"[{time.monotonic() - t0:5.0f} s] {run.name}: {shown}, {record['wall_s']:.0f} s", flush=True)
+    if records:
+        (args.out / "summary.md").write_text(summary(records, args))
     skipped = len(queue)
     if skipped:
         print(f"budget spent: {skipped} runs not started", flush=True)

@@ -61,3 +61,11 @@ def test_core_sets_are_disjoint_or_empty_when_the_machine_has_too_few(monkeypatc
     monkeypatch.setattr(sweep.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
     assert sweep.core_sets(3, 2) == [[0, 1], [2, 3], [4, 5]]
     assert sweep.core_sets(4, 2) == [[], [], [], []]
+
+
+def test_a_second_sweep_into_the_same_out_keeps_only_finished_runs(tmp_path):
+    done = sweep.run_record(fake_run(tmp_path, "a", 0, [35.0, 60.0]), 0, window=3)
+    failed = sweep.run_record(fake_run(tmp_path, "a", 1, [35.0]), 1, window=3)
+    (tmp_path / "results.jsonl").write_text(json.dumps(done) + "\n" + json.dumps(failed) + "\n")
+    assert [(r["warm_start"], r["seed"]) for r in sweep.previous_records(tmp_path / "results.jsonl")] == [("a", 0)]
+    assert sweep.previous_records(tmp_path / "absent.jsonl") == []
