@@ -44,7 +44,7 @@ WARM_STARTS = (  # SFT seed, steps and CPU threads; BEFORE on the 2-core develop
     "seed=2,steps=300,threads=1",  # (39.5%)
     "seed=3,steps=300,threads=2",  # (57.5%)
     "seed=0,steps=400,threads=1",  # (71.0%)
-    "seed=0,steps=350,threads=2",
+    "seed=0,steps=350,threads=1",
 )
 QUIET = ("run.save_final_checkpoint=false", "run.export_final=false", "run.tensorboard=false")  # not measured
 

@@ -58,6 +58,10 @@ class EvalConfig(StrictModel):
     temperature: Optional[float] = Field(
         None, ge=0.0, description="sampling temperature of the evaluation (0: greedy); null: the sampler's own"
     )
+    final_window: int = Field(
+        1, ge=1, description="the job's last line also gives the mean pass@1 of the last N evaluations (the final one "
+        "and those every `every` steps before it): one evaluation moves by a few points from step to step; 1: only AFTER"
+    )
 
     def sampler_for(self, sampler: Any) -> Any:
         """The run's sampler config with this evaluation's temperature."""

@@ -1,6 +1,7 @@
-"""The standard error the job's final line gives for AFTER: sqrt(p (1 - p) / N) over the prompts,
-which for greedy decoding (one sample per prompt, each right or wrong) is the exact standard error
-of a mean of N Bernoulli outcomes."""
+"""What the job's final line gives besides BEFORE -> AFTER: AFTER's standard error over the prompts,
+sqrt(p (1 - p) / N), which for greedy decoding (one sample per prompt, right or wrong) is the exact
+standard error of a mean of N Bernoulli outcomes; and, with eval.final_window > 1, the mean of the
+last evaluations after BEFORE."""
 from __future__ import annotations
 
 import math
@@ -25,3 +26,20 @@ def test_stderr_matches_the_spread_of_pass_at_1_over_resampled_prompt_sets():
     values = [sum(rng.random() < p for _ in range(n)) / n for _ in range(2000)]
     spread = math.sqrt(sum((v - p) ** 2 for v in values) / len(values))
     assert abs(spread - result(p, n).stderr) < 0.05 * result(p, n).stderr
+
+
+def test_the_final_line_gives_the_mean_of_the_last_evaluations_after_before():
+    from common.config.job import load_job_config
+    from coordinator.driver import Driver
+
+    cfg = load_job_config("deploy/configs/quickstart.yaml", ["eval.final_window=3"])
+    driver = Driver(cfg, log=lambda line: None)
+    driver.evaluations = [result(0.10, 200)]  # BEFORE alone: nothing to average
+    assert driver.final_window_text() == ""
+    driver.evaluations += [result(p, 200) for p in (0.50, 0.70, 0.80, 0.90)]  # BEFORE never enters the mean
+    assert driver.final_window_text() == "; mean of the last 3 evaluations: 80.0%"
+    driver.evaluations = driver.evaluations[:3]
+    assert driver.final_window_text() == "; mean of the last 2 evaluations: 60.0%"
+    one = Driver(load_job_config("deploy/configs/quickstart.yaml", ["eval.final_window=1"]), log=lambda line: None)
+    one.evaluations = driver.evaluations
+    assert one.final_window_text() == ""
