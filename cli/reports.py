@@ -62,9 +62,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from common.checkpoint_files import CheckpointError
+
     try:
         return {"eval": _eval, "plot": _plot, "study": _study}[args.command](args)
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
 
@@ -94,15 +96,14 @@ def _protocol_eval(args: argparse.Namespace, cfg) -> int:
         raise ConfigError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
     benchmarks = args.benchmarks.split(",") if args.benchmarks else None
     protocol = protocol_config(cfg, args.protocol, benchmarks=benchmarks, lengths=lengths, num_prompts=args.num_prompts)
-    from common.models.families import CheckpointError as ModelError
+    from common.checkpoint_files import CheckpointError  # also a model directory that cannot be loaded
     from common.tasks import DataError
-    from coordinator.checkpoint import CheckpointError
     from recipes.protocol_results import ResultsMismatch
 
     try:
         protocol_command(cfg, protocol, model_dir=args.model, checkpoint=args.checkpoint, out=args.out,
                          workers=args.workers, log=lambda line: print(line, flush=True))
-    except (DataError, ResultsMismatch, CheckpointError, ModelError) as e:  # refused before any sampling
+    except (DataError, ResultsMismatch, CheckpointError) as e:  # refused before any sampling
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
     return 0

@@ -31,6 +31,7 @@ from common.config.job import JobConfig, check_resources
 from common.metrics import MetricsLogger
 from common.models.loading import load_model_tokenizer
 from common.tasks import PromptStream, load_task_data
+from common.tasks.sandbox import check_failure_rate
 from coordinator import checkpoint
 from coordinator.actors import ActorFailure, Actors, start_actors
 from coordinator.buffer import GroupBuffer
@@ -77,6 +78,7 @@ class Driver(WorkerEvents, Checkpoints):
         self.actors: Optional[Actors] = None
         self.metrics: Optional[MetricsLogger] = None
         self.history: list[dict[str, float]] = []
+        self.evaluations: list[HeldOutResult] = []  # every held-out evaluation of this run, BEFORE first
         self.reward_calls: dict[str, float] = {}
         self.shapes: Optional[dict[str, list[int]]] = None
         WorkerEvents.__init__(self)
@@ -98,7 +100,9 @@ class Driver(WorkerEvents, Checkpoints):
             self.close()
         if before is not None and after is not None:
             self.log(f"held-out accuracy: {100 * before.pass_at_1:.1f}% -> {100 * after.pass_at_1:.1f}% "
-                     f"(pass@1, {self.cfg.eval.describe(self.cfg.sampler)}, {after.num_prompts} prompts never trained on)")
+                     f"± {100 * after.stderr:.1f} (pass@1, {self.cfg.eval.describe(self.cfg.sampler)}, "
+                     f"{after.num_prompts} prompts never trained on; ± one standard error over the prompts"
+                     f"{self.final_window_text()})")
         else:
             self.log("held-out accuracy: n/a (the task has no held-out rows: set task.held_out)")
         return RunResult(self.step, self.staleness.version, before, after, str(self.cfg.run.output_dir))
@@ -202,6 +206,7 @@ class Driver(WorkerEvents, Checkpoints):
                 if key.startswith("reward_calls/"):
                     self.reward_calls[key] = self.reward_calls.get(key, 0.0) + value
             self.buffer.add(episode)
+        check_failure_rate(self.reward_calls, self.cfg.task)  # stop rather than train on zeros
 
     # ---- learner steps and weights ------------------------------------------------------------
     def start_training(self, batch: list[Episode]) -> None:
@@ -355,9 +360,19 @@ class Driver(WorkerEvents, Checkpoints):
         result = evaluate_held_out(self.actors.rollouts, self.held_out, e.samples_per_prompt, e.seed,
                                    self.cfg.rollout.request_timeout_s, e.sampler_for(self.cfg.sampler))
         self.metrics.log(self.step, result.metrics())
+        self.evaluations.append(result)
         self.log(f"step {self.step}: held-out pass@1 {100 * result.pass_at_1:.1f}% on {result.num_prompts} prompts "
                  f"({e.describe(self.cfg.sampler)}, weights version {result.version}, {result.time_s:.1f} s)")
         return result
+
+    def final_window_text(self) -> str:
+        """'; mean of the last N evaluations: X%' over this process's evaluations after BEFORE (eval.final_window
+        > 1 and at least two of them), else ''."""
+        window = self.evaluations[1:][-self.cfg.eval.final_window :]
+        if self.cfg.eval.final_window == 1 or len(window) < 2:
+            return ""
+        mean = sum(r.pass_at_1 for r in window) / len(window)
+        return f"; mean of the last {len(window)} evaluations: {100 * mean:.1f}%"
 
     def close(self) -> None:
         if self.metrics is not None:

@@ -8,6 +8,7 @@ counts (the unbiased estimator is a mean over prompts, so merging slices is exac
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -27,6 +28,13 @@ class HeldOutResult:
     @property
     def pass_at_1(self) -> float:
         return self.pass_at[1]
+
+    @property
+    def stderr(self) -> float:
+        """Standard error of pass@1 over the prompts, sqrt(p (1 - p) / N): exact for one sample per
+        prompt, an upper bound for more (a prompt's mean over n samples varies less than one sample)."""
+        p = self.pass_at_1
+        return math.sqrt(p * (1.0 - p) / max(self.num_prompts, 1))
 
     def metrics(self) -> dict[str, float]:
         out = {f"eval/pass@{k}": v for k, v in sorted(self.pass_at.items())}

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from common.checkpoint_files import load_torch, restricted_unpickling, verify_tag
 from common.config.learner import LearnerConfig
 from learner.group import local_device
 from learner.lora import add_adapters, plain_named_parameters
@@ -236,6 +237,7 @@ class LearnerEngine:
         ``client_state`` (version, data cursor, ...) and each rank's RNG states. All ranks must
         see the same ``directory`` (a shared filesystem across nodes). Returns the tag."""
         tag = tag or f"step{self.applied_steps + self.skipped_steps}"
+        _check_writable(Path(directory) / tag)
         state = {"client": client_state or {}, "engine": {"applied_steps": self.applied_steps,
                                                           "skipped_steps": self.skipped_steps}}
         # with LoRA the frozen weights stay out: they are model.path's, loaded again on resume
@@ -247,17 +249,29 @@ class LearnerEngine:
 
     def load_checkpoint(self, directory: str | os.PathLike, tag: Optional[str] = None) -> dict:
         """Restore weights, optimizer state, the lr schedule position and this rank's RNG states;
-        returns the ``client_state`` given to ``save_checkpoint``. ``tag=None``: the latest."""
-        path, state = self.engine.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True,
-                                                  load_lr_scheduler_states=False,
-                                                  load_module_strict=not self.adapted)
+        returns the ``client_state`` given to ``save_checkpoint``. ``tag=None``: the latest.
+
+        The tag is verified first (``common.checkpoint_files.verify_tag``: manifest, sizes, no
+        foreign pickles) and DeepSpeed reads it under torch's restricted unpickler."""
+        tag = tag or Path(directory, "latest").read_text().strip()
+        verify_tag(Path(directory) / tag)
+        with restricted_unpickling():
+            path, state = self.engine.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True,
+                                                      load_lr_scheduler_states=False,
+                                                      load_module_strict=not self.adapted)
         if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint {tag or '(latest)'} under {directory}")
+            raise FileNotFoundError(f"no DeepSpeed checkpoint {tag} under {directory}")
         self.applied_steps = int(state["engine"]["applied_steps"])
         self.skipped_steps = int(state["engine"]["skipped_steps"])
-        tag = tag or Path(directory, "latest").read_text().strip()
-        _set_rng_states(torch.load(Path(directory) / tag / f"rng_rank{self.rank}.pt", weights_only=True))
+        _set_rng_states(load_torch(Path(directory) / tag / f"rng_rank{self.rank}.pt"))
         return state["client"]
+
+
+def _check_writable(path: Path) -> None:
+    """A PermissionError naming ``path`` (torch.save would report a missing parent directory)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if not os.access(path, os.W_OK):
+        raise PermissionError(13, f"learner rank checkpoint: no permission to write in {path}", str(path))
 
 
 def _accumulate(sums: dict[str, torch.Tensor], extremes: dict[str, torch.Tensor],

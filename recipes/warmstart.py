@@ -10,10 +10,17 @@ and trains RL from there. Held-out rows are never seen.
 
 The directory is ``cfg.warmstart.cache_dir / f"{model}-{task}-{key}"`` where ``key`` hashes
 everything that determines the weights: the model section (and, for a checkpoint, its files'
-names, sizes and mtimes), the task section, the warmstart section (but not ``cache_dir`` or
-``log_every``), the canvas width ``sampler.gen_length``, ``run.seed`` and ``WARMSTART_FORMAT``.
+names, sizes and mtimes), the task section, the warmstart section (not ``cache_dir`` or
+``log_every``), the canvas width ``sampler.gen_length``, the SFT's seed (``warmstart.seed``, else
+``run.seed``), the device and, on the CPU, the torch thread count the SFT runs with (``seed`` and
+``threads`` enter by these effective values), and ``WARMSTART_FORMAT``. The weights also depend
+on the processor's floating-point path: another CPU model may give another warm start from the
+same config, and the cache is local to the machine.
 A directory holding ``warmstart.json`` is complete and reused; it is written under a temporary
 name and renamed into place, so concurrent jobs and interrupted runs never see a partial one.
+The manifest lists every file of the directory with its size and SHA-256; a reused directory is
+checked against it first, and a file added, missing or changed since (a cache others can write to)
+is refused, naming the file, before anything is loaded from it.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from typing import Any, Callable
 
 import torch
 
+from common.checkpoint_files import CheckpointError
 from common.config.base import ConfigError
 from common.config.job import JobConfig
 from common.models import export_hf, load_policy
@@ -36,7 +44,7 @@ from common.models.model_dir import resolve_model_dir
 from common.tasks import load_task_data
 from learner.sft import run_sft
 
-WARMSTART_FORMAT = 1  # bump when the SFT code changes what one config produces
+WARMSTART_FORMAT = 2  # bump when the SFT code changes what one config produces (2: files hashed)
 MANIFEST = "warmstart.json"
 Log = Callable[[str], None]
 
@@ -50,11 +58,27 @@ def warmstart_key(cfg: JobConfig) -> str:
         "model": cfg.model.model_dump(mode="json"),
         "model_files": _fingerprint(resolve_model_dir(cfg.model.path, cfg.model.revision)) if cfg.model.path is not None else None,
         "task": cfg.task.model_dump(mode="json"),
-        "warmstart": cfg.warmstart.model_dump(mode="json", exclude={"cache_dir", "log_every"}),
+        "warmstart": cfg.warmstart.model_dump(mode="json", exclude={"cache_dir", "log_every", "seed", "threads"}),
         "gen_length": cfg.sampler.gen_length,
-        "seed": cfg.run.seed,
+        "seed": sft_seed(cfg),
+        "device": _device(),
+        "threads": sft_threads(cfg) if _device() == "cpu" else None,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sft_seed(cfg: JobConfig) -> int:
+    """The seed of the SFT's row order and masks: ``warmstart.seed``, else ``run.seed``."""
+    return cfg.run.seed if cfg.warmstart.seed is None else cfg.warmstart.seed
+
+
+def sft_threads(cfg: JobConfig) -> int:
+    """The torch thread count the SFT runs with on the CPU: ``warmstart.threads``, else the current one."""
+    return cfg.warmstart.threads or torch.get_num_threads()
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def warmstart_dir(cfg: JobConfig) -> Path:
@@ -66,11 +90,13 @@ def warmstart_dir(cfg: JobConfig) -> Path:
 def warm_start(cfg: JobConfig, log: Log = print) -> Path:
     """The directory of ``cfg.model`` fine-tuned on ``cfg.task``'s training rows (built if absent).
 
-    Training runs in float32 on CUDA when available, else on the CPU with the current torch thread
-    count; the directory is written with ``export_hf`` and loads with ``ModelConfig(path=...)``.
+    Training runs in float32 on CUDA when available, else on the CPU with ``sft_threads(cfg)`` torch
+    threads (the process's count is restored afterwards); the directory is written with ``export_hf``
+    and loads with ``ModelConfig(path=...)``.
     """
     final = warmstart_dir(cfg)
     if (final / MANIFEST).is_file():
+        check_cached(final)
         log(f"warm start: reusing {final}")
         return final
     if final.exists():
@@ -95,32 +121,77 @@ def warm_start(cfg: JobConfig, log: Log = print) -> Path:
 def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
     ws = cfg.warmstart
     t0 = time.perf_counter()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device, threads = _device(), torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(sft_threads(cfg))
+    try:
+        metrics = _train(cfg, directory, device, log)
+    finally:
+        torch.set_num_threads(threads)
+    manifest = {
+        "files": file_hashes(directory),
+        "key": warmstart_key(cfg),
+        "model": cfg.model.model_dump(mode="json"),
+        "task": cfg.task.model_dump(mode="json"),
+        "warmstart": ws.model_dump(mode="json"),
+        "gen_length": cfg.sampler.gen_length,
+        "seed": sft_seed(cfg),
+        "device": device,
+        "threads": sft_threads(cfg) if device == "cpu" else None,
+        "train_rows": metrics.pop("train_rows"),
+        "metrics": metrics,
+        "time_s": time.perf_counter() - t0,
+    }
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _train(cfg: JobConfig, directory: Path, device: str, log: Log) -> dict[str, Any]:
+    """The SFT itself: ``cfg.model`` trained on the training rows and exported to ``directory``."""
+    ws = cfg.warmstart
     policy, tokenizer = load_policy(cfg.model, device=device, dtype="float32")
     data = load_task_data(cfg.task, tokenizer=tokenizer)
     n_params = sum(p.numel() for p in policy.parameters())
     log(
         f"warm start: SFT of {cfg.model.preset or cfg.model.path} ({n_params / 1e6:.2f}M parameters) on "
         f"{len(data.train)} {cfg.task.name} training rows, {ws.steps} steps of {ws.batch_size} on {device}"
+        + (f" ({torch.get_num_threads()} threads, " if device == "cpu" else " (") + f"seed {sft_seed(cfg)})"
     )
     metrics = run_sft(
-        policy, tokenizer, data.train, data.task, ws, cfg.run.seed,
+        policy, tokenizer, data.train, data.task, ws, sft_seed(cfg),
         gen_length=cfg.sampler.gen_length, log=lambda line: log(f"warm start: {line}"),
     )  # fmt: skip
     with quiet_progress():  # no transformers progress bar in the job's log
         export_hf(policy.to("cpu"), tokenizer, directory)
-    manifest = {
-        "key": warmstart_key(cfg),
-        "model": cfg.model.model_dump(mode="json"),
-        "task": cfg.task.model_dump(mode="json"),
-        "warmstart": cfg.warmstart.model_dump(mode="json"),
-        "gen_length": cfg.sampler.gen_length,
-        "seed": cfg.run.seed,
-        "train_rows": len(data.train),
-        "metrics": metrics,
-        "time_s": time.perf_counter() - t0,
-    }
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return {**metrics, "train_rows": len(data.train)}
+
+
+def file_hashes(directory: Path) -> dict[str, dict[str, Any]]:
+    """{name: {bytes, sha256}} of every file of a model directory but the manifest."""
+    out = {}
+    for file in sorted(p for p in directory.iterdir() if p.name != MANIFEST):
+        digest = hashlib.sha256()
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        out[file.name] = {"bytes": file.stat().st_size, "sha256": digest.hexdigest()}
+    return out
+
+
+def check_cached(directory: Path) -> None:
+    """Refuse a cached warm start whose files differ from its manifest (CheckpointError naming one)."""
+    try:
+        listed = json.loads((directory / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{directory / MANIFEST} cannot be read or lists no files ({e!r}); "
+                              f"remove {directory} to rebuild the warm start") from None
+    found = file_hashes(directory) if all(p.is_file() for p in directory.iterdir()) else None
+    if found is None:
+        raise CheckpointError(f"{directory} holds a subdirectory; a warm start holds files only: remove it to rebuild")
+    for name in sorted(set(listed) | set(found)):
+        if listed.get(name) != found.get(name):
+            what = "is not in" if name not in listed else "is missing, listed in" if name not in found else "differs from"
+            raise CheckpointError(f"{directory / name} {what} the warm start's manifest ({MANIFEST}): refused "
+                                  f"(changed after it was written); remove {directory} to rebuild it")
 
 
 def _fingerprint(path: Path) -> list[tuple[str, int, int]]:

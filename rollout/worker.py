@@ -58,7 +58,7 @@ class RolloutWorker:
         import ray
 
         return {"worker": self.index, "device": str(self.device), "pid": os.getpid(), "load_s": self.start_s,
-                "node_id": ray.get_runtime_context().get_node_id(),
+                "node_id": ray.get_runtime_context().get_node_id(), "reward_sandbox": self.scorer.confinement,
                 "parameters": sum(p.numel() for p in self.policy.parameters()), "version": self.version()}
 
     def version(self) -> int:
@@ -110,7 +110,7 @@ class RolloutWorker:
         from rollout.evaluate import evaluate
 
         result = evaluate(self.engine, rows, self.task, self.tokenizer, sampler or self.sampler, samples_per_prompt,
-                          seed, eos_token_id=self.policy.eos_token_id)
+                          seed, eos_token_id=self.policy.eos_token_id, scorer=self.scorer)  # the rollouts' sandbox
         return self.version(), result
 
     def complete(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], sampler: SamplerConfig) -> list[str]:

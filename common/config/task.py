@@ -93,6 +93,28 @@ DataSource = Annotated[
 Source = Annotated[Union[GeneratedSource, FileSource, HFDatasetSource], Field(discriminator="kind")]
 
 
+class SandboxConfig(StrictModel):
+    """What a reward may take when it runs in the sandbox (``isolation: process``): each call runs in a
+    fresh process forked from the sandbox, in its own session and temporary directory; the limits
+    below apply to it, and every process it leaves behind is killed when the call ends."""
+
+    memory_mb: int = Field(4096, ge=64, description="address-space limit (RLIMIT_AS) of a reward process, in MiB; "
+                           "an allocation beyond it fails (MemoryError) and the call counts as a 'limit' failure")
+    cpu_seconds: float = Field(10.0, gt=0, description="CPU time limit (RLIMIT_CPU) of one reward call, all its "
+                               "threads together; past it the call is killed and counted as a 'limit' failure")
+    file_size_mb: int = Field(64, ge=1, description="largest file (RLIMIT_FSIZE) a reward may write, in MiB")
+    landlock: bool = Field(True, description="confine files with Linux Landlock where the kernel offers it: read only "
+                           "Python, the project, the reward file and read_paths; write only the call's own temporary "
+                           "directory; no signals to other processes. false (or no Landlock): as root, rewards run "
+                           "as user nobody instead")
+    allow_network: bool = Field(False, description="allow TCP connections and listening (denied with Landlock ABI >= 4; "
+                                "UDP and other sockets are not covered)")
+    read_paths: list[str] = Field(default_factory=list, description="more files or directories a reward may read "
+                                  "(e.g. a lookup table), absolute or relative to the working directory")
+    pass_env: list[str] = Field(default_factory=list, description="environment variables handed to reward code; the "
+                                "rest of the worker's environment (tokens, credentials) is withheld")
+
+
 class RewardConfig(StrictModel):
     """Reward = correctness_weight * correctness + format_weight * format, computed in a sandbox."""
 
@@ -113,6 +135,11 @@ class RewardConfig(StrictModel):
     on_failure: Literal["zero", "drop"] = Field(
         "zero", description="a failing reward (exception, non-number, NaN/inf, timeout) gives reward 0, or drops the sample"
     )
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits of the process sandbox")
+    max_failed_fraction: float = Field(
+        0.5, gt=0, le=1, description="the job stops, naming the reward and its failure counts, once more than this "
+        "fraction of its calls failed (after failure_check_after calls); 1 never stops")
+    failure_check_after: int = Field(64, ge=1, description="reward calls counted before max_failed_fraction applies")
 
     @field_validator("custom")
     @classmethod

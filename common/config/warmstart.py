@@ -23,6 +23,13 @@ class WarmStartConfig(StrictModel):
     """A short masked-diffusion SFT stage on the task's reference completions, cached by content hash."""
 
     steps: int = Field(300, ge=1, description="SFT optimizer steps")
+    seed: Optional[int] = Field(
+        None, description="seed of the SFT's row order and masks; None: run.seed (then every RL seed gets its own warm start)"
+    )
+    threads: Optional[int] = Field(
+        None, ge=1, description="torch CPU threads the SFT runs with (None: the process's current count, usually the "
+        "number of cores); the weights depend on it, since float sums are reduced in a different order"
+    )
     batch_size: int = Field(64, ge=1, description="(prompt, reference completion) pairs per step")
     micro_batch_size: Optional[int] = Field(
         None, ge=1, description="rows per forward (gradient accumulation inside a step); None = the whole batch"
@@ -56,6 +63,10 @@ class EvalConfig(StrictModel):
         None, description="also evaluate a published protocol at the same points (before, every N steps, after) on "
         "the rollout workers, e.g. {name: d1, gen_lengths: [256], benchmarks: {gsm8k: {num_prompts: 200}}}; "
         "`stabledrl eval --protocol` runs it offline"
+    )
+    final_window: int = Field(
+        1, ge=1, description="the job's last line also gives the mean pass@1 of the last N evaluations (the final one "
+        "and those every `every` steps before it): one evaluation moves by a few points from step to step; 1: only AFTER"
     )
 
     def sampler_for(self, sampler: Any) -> Any:

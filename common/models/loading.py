@@ -5,7 +5,9 @@
 (``local_files_only``), no code shipped with
 a checkpoint runs (``trust_remote_code=False``; released LLaDA / Dream / SDAR directories carry
 their own modeling code, which is replaced by the conversions in ``convert.py``), and weights are read
-only with safetensors or ``torch.load(weights_only=True)``.
+only with safetensors or ``torch.load(weights_only=True)`` after ``common.checkpoint_files`` has
+checked every ``pytorch_model*.bin`` of the directory (refused, naming the file, if its pickle names
+anything but tensors).
 
 Token ids come from the checkpoint's config.json first (LLaDA and Dream record ``mask_token_id``),
 then from the tokenizer (SDAR / TraDo's ``<|MASK|>``, Gemma's ``<mask>``); a directory with no mask
@@ -19,6 +21,7 @@ from typing import Any, Iterator, Optional, Union
 
 import torch
 
+from common.checkpoint_files import check_weight_files, load_torch
 from common.config.model import ModelConfig
 from common.models.base import DiffusionPolicy
 from common.models.convert import State, original_to_hf
@@ -121,6 +124,7 @@ def _load_directory(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPoli
     if not config_file.is_file():
         raise CheckpointError(f"{path} has no config.json; a checkpoint directory needs config.json, weights and tokenizer files")
     raw = read_json_file(config_file)
+    check_weight_files(path)  # pytorch_model*.bin holding more than tensors is refused, naming the file
     family, is_original = detect_family(raw, cfg.family)
     _check_attention(family, cfg.attn_implementation)
     tokenizer = load_tokenizer(path)
@@ -164,7 +168,7 @@ def read_state_dict(path: Path) -> State:
         raise CheckpointError(f"{path} holds no weights (*.safetensors or pytorch_model*.bin)")
     state = {}
     for shard in bins:
-        state.update(torch.load(shard, map_location="cpu", weights_only=True, mmap=True))
+        state.update(load_torch(shard, map_location="cpu", mmap=True))
     return state
 
 

@@ -1,6 +1,7 @@
 """Weight push by collective broadcast: learner rank 0 -> rollout workers (NCCL on GPU, gloo on CPU).
 
-The group is *not* the learner's default group: rank 0 hosts a TCPStore on a port of its own and
+The group is *not* the learner's default group: rank 0 hosts a TCPStore on a port of its own (bound
+to its node's IP only; bucket metadata crosses it as checked JSON: common/transport/store.py) and
 every member builds a ProcessGroupNCCL / ProcessGroupGloo object directly over that store, so the
 push group and the learner group never see each other's collectives (the vLLM
 StatelessProcessGroup idea, with torch's own backends).
@@ -30,7 +31,6 @@ Memory: two buckets on each end (2 x ``bucket_mb``).
 """
 from __future__ import annotations
 
-import pickle
 from datetime import timedelta
 from typing import Iterator, Optional, Sequence, Union
 
@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from common.transport.store import decode_meta, encode_meta, open_store
 from common.transport.weights import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig, _finish, as_loader
 
 ALIGN = 16  # byte alignment of each tensor inside a bucket (any dtype can be viewed in place)
@@ -59,8 +60,7 @@ class BroadcastPush:
         self.timeout = timedelta(seconds=cfg.timeout_s)
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         try:
-            self.store = dist.TCPStore(master_addr, master_port, is_master=rank == 0, timeout=self.timeout,
-                                       wait_for_workers=False)
+            self.store = open_store(master_addr, master_port, is_master=rank == 0, timeout=self.timeout)
         except Exception as e:  # torch raises DistNetworkError / RuntimeError by release
             raise TimeoutError(f"weight push: rank {rank} could not reach the store of {SENDER} at "
                                f"{self.address} within {cfg.timeout_s:.0f} s ({e})") from e
@@ -78,13 +78,13 @@ class BroadcastPush:
             buckets, last = 0, None
             packer = _Packer(int(self.cfg.bucket_mb * 2**20), self.device, WIRE_DTYPES.get(self.cfg.dtype))
             for entries, payload in packer.buckets(named_tensors):
-                self.store.set(f"v{version}/meta/{buckets}", pickle.dumps((entries, payload.numel())))
+                self.store.set(f"v{version}/meta/{buckets}", encode_meta(entries, payload.numel()))
                 what = f"bucket {buckets} of version {version}"
                 last = self._post(payload, what)
                 if not packer.sent(last):  # sent from the tensor itself: keep it until it is out
                     self._wait(last, what, block=False)
                 buckets += 1
-            self.store.set(f"v{version}/meta/{buckets}", pickle.dumps(None))
+            self.store.set(f"v{version}/meta/{buckets}", encode_meta(None))
             if last is not None:
                 self._wait(last, f"bucket {buckets - 1} of version {version}")
         finally:
@@ -159,7 +159,7 @@ class BroadcastPush:
         except Exception:
             raise TimeoutError(f"weight push: rank {self.rank} waited {self.cfg.timeout_s:.0f} s for {what} "
                                f"from {SENDER} at {self.address}") from None
-        return pickle.loads(self.store.get(key))
+        return decode_meta(self.store.get(key), f"weight push: {what} from {SENDER} at {self.address}")
 
     def close(self) -> None:
         """Leave the group: abort its communicator (local, never waits on peers) and drop the

@@ -198,6 +198,9 @@ def start_ray(cfg, address: Optional[str] = None, namespace: Optional[str] = Non
         return
     ray.init(address="local", num_cpus=cfg.cluster.local_num_cpus, include_dashboard=False, log_to_driver=True,
              logging_level=logging.WARNING)
+    from coordinator.watchdog import watch_descendants
+
+    watch_descendants()  # the instance ends with this process, however it ends
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -19,6 +19,8 @@ ray = pytest.importorskip("ray")
 from common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig, OptimizerConfig  # noqa: E402
 from common.models import load_policy  # noqa: E402
 from common.models.presets import build_tiny_policy  # noqa: E402
+from common.checkpoint_files import FORMAT  # noqa: E402
+from coordinator.checkpoint import write_state  # noqa: E402
 import harness  # noqa: E402
 from learner.worker import LearnerWorker  # noqa: E402
 from rollout.worker import RolloutWorker  # noqa: E402
@@ -170,6 +172,7 @@ def test_a_lora_checkpoint_resumes_exactly(ranks, stage, tmp_path):
     step(ranks, 0)
     saved = raw_weights(ranks)
     assert ray.get([r.save.remote(str(tmp_path)) for r in ranks]) == ["step1", "step1"]
+    write_state(tmp_path / "step1", {"format": FORMAT, "step": 1, "config": {}, "parameter_shapes": {}})  # as the job does
     uninterrupted = [step(ranks, k) for k in (1, 2)]
     expected = raw_weights(ranks)
 

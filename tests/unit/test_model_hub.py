@@ -74,12 +74,12 @@ def test_a_missing_hub_model_is_refused_with_the_fetch_command(hub_cache):
 
 
 def test_train_refuses_a_missing_hub_model_before_any_actor_starts(hub_cache, tmp_path, capsys):
-    from coordinator import cli
+    from cli.main import main
 
-    code = cli.main(["train", "--config", "deploy/configs/quickstart.yaml", "--dry-run",
+    code = main(["train", "--config", "deploy/configs/quickstart.yaml", "--dry-run",
                      "model.preset=null", "model.preset_shape=null", "model.path=acme/absent-model"])
     assert code == 2 and fetch_command("acme/absent-model") in capsys.readouterr().err
-    code = cli.main(["train", "--config", "deploy/configs/quickstart.yaml", "--dry-run",
+    code = main(["train", "--config", "deploy/configs/quickstart.yaml", "--dry-run",
                      "model.preset=null", "model.preset_shape=null", "model.path=acme/tiny-llada"])
     assert code == 0
 

@@ -123,7 +123,8 @@ def test_grade_unit_grades_each_completion_against_its_own_row(tmp_path):
 
 def test_a_checkpoint_is_verified_before_deepspeed_reads_it(tmp_path):
     from cli.offline_eval import checkpoint_weights
-    from coordinator.checkpoint import CheckpointError, write_state
+    from common.checkpoint_files import CheckpointError
+    from coordinator.checkpoint import write_state
 
     tag = tmp_path / "checkpoints" / "step2"
     tag.mkdir(parents=True)
@@ -141,7 +142,7 @@ def test_a_checkpoint_is_verified_before_deepspeed_reads_it(tmp_path):
 def test_a_lora_jobs_checkpoint_points_to_the_merged_export():
     from cli.offline_eval import load_eval_policy
     from common.config.job import load_job_config
-    from coordinator.checkpoint import CheckpointError
+    from common.checkpoint_files import CheckpointError
 
     cfg = load_job_config(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "recipe_d1_llada8b_gsm8k_lora.yaml")
     with pytest.raises(CheckpointError, match="final_model"):

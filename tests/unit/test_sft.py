@@ -4,6 +4,7 @@ deterministic and learns."""
 from __future__ import annotations
 
 import itertools
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -206,8 +207,17 @@ def test_warm_start_trains_once_caches_by_content_and_loads_back(tmp_path):
     assert warm_start(job(tmp_path, **{"warmstart.log_every": 1}), log=lines.append) == path  # log_every: same model
     assert len(lines) == 1 and "reusing" in lines[0]
     others = {warm_start(job(tmp_path, **{k: v}), log=lambda s: None) for k, v in
-              [("run.seed", 1), ("warmstart.steps", 5), ("sampler.gen_length", 8), ("task.held_out", 21)]}  # fmt: skip
-    assert len(others | {path}) == 5  # each of these changes the weights, so each gets its own directory
+              [("run.seed", 1), ("warmstart.steps", 5), ("sampler.gen_length", 8), ("task.held_out", 21),
+               ("warmstart.seed", 2), ("warmstart.threads", 2)]}  # fmt: skip
+    assert len(others | {path}) == 7  # each of these changes the weights, so each gets its own directory
+    # warmstart.seed and warmstart.threads enter by their effective values: this run's seed (0) and thread count (1)
+    same = {warm_start(job(tmp_path, **over), log=lambda s: None) for over in
+            [{"warmstart.seed": 0}, {"warmstart.threads": 1}, {"run.seed": 1, "warmstart.seed": 0}]}  # fmt: skip
+    assert same == {path}
+    two = warm_start(job(tmp_path, **{"warmstart.threads": 2}), log=lambda s: None)
+    assert json.loads((path / MANIFEST).read_text())["threads"] == 1
+    assert json.loads((two / MANIFEST).read_text())["threads"] == 2
+    assert torch.get_num_threads() == 1  # the SFT's thread count is the process's again afterwards
 
     loaded, tokenizer = load_policy(ModelConfig(path=path))
     fresh, _ = load_policy(job(tmp_path).model)
