@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 from coordinator.actors import Actors, wait
 from coordinator.episode_io import load_episodes, save_episodes
-from rollout.workflow import Episode
+from common.types import Episode
 
 FORMAT = 2
 STATE_FILE = "coordinator.json"
