@@ -1,11 +1,12 @@
 """What one step logs besides the learner's own ``train/*``: rollout statistics of the batch, the
-ranks' results merged, throughput and (optionally) MFU. Names per DESIGN.md."""
+ranks' results merged, throughput and (optionally) MFU (docs/design.md lists the names)."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from rollout.workflow import Episode
+from common.types import Episode
 
 
 def rollout_metrics(batch: Sequence[Episode]) -> dict[str, float]:
@@ -71,3 +72,33 @@ def forwards_per_estimate(estimator: Any) -> int:
     """Model forwards one learner estimate costs per sample (coupled: 1 + 2 per pair)."""
     draws = int(getattr(estimator, "num_draws", 1))
     return 1 + 2 * draws if estimator.name == "coupled" else draws
+
+
+@dataclass
+class StepEnd:
+    """What a finished step's record needs: taken when the learner's result came back, and (the
+    push's time) when its weights were out."""
+
+    batch: list[Episode]
+    results: list[dict[str, float]]
+    train_s: float
+    at_end: dict[str, float]  # staleness/*, rollout/* counters, workers, faults: as the step ended
+    push_s: float = 0.0
+    push_at: float = 0.0
+
+
+def step_record(end: StepEnd, *, version: int, step_s: float, inner_iterations: int, estimator: Any,
+                parameters: int, learner_devices: int, peak_tflops: Optional[float]) -> dict[str, float]:
+    """The metrics.jsonl line of one step (keys in the order the logs have always had)."""
+    staleness = {k: v for k, v in end.at_end.items() if k.startswith("staleness/")}
+    record = {**rollout_metrics(end.batch), **merge_ranks(end.results), **staleness}
+    record.update({"time/step": step_s, "time/train": end.train_s, "time/weight_push": end.push_s,
+                   "time/generate": record["rollout/generate_s"], "version": float(version),
+                   **{k: v for k, v in end.at_end.items() if not k.startswith("staleness/")}})
+    sequence_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for e in end.batch for s in e.group.samples)
+    record.update(perf_metrics(
+        step_s=step_s, train_s=end.train_s, samples=record["learner/samples"], tokens=record["learner/tokens"],
+        sequence_tokens=sequence_tokens, inner_iterations=inner_iterations,
+        forwards_per_estimate=forwards_per_estimate(estimator), parameters=parameters,
+        learner_devices=learner_devices, peak_tflops=peak_tflops))
+    return record
