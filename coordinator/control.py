@@ -4,8 +4,10 @@
     stabledrl scale --job quickstart                  # status only
 
 The driver starts ``JobControl`` as ``job:<run.job_name>`` in the Ray namespace ``stabledrl`` and
-polls it between steps: it reports its status (step, version, workers) and takes the newest
-requested worker count, which the rollout pool then reaches by starting or retiring workers.
+polls it between steps (an asynchronous call: the answer is an event for the scheduler): it
+reports its status (step, version, workers) and takes the newest requested worker count, which
+the scheduler then reaches by starting or retiring workers. ``stabledrl scale`` (cli/scale.py)
+is the other end.
 The actor is not detached: it dies with the driver, so a finished or crashed job leaves no name
 behind. A request outside [rollout.min_workers, rollout.max_workers] is refused by the actor
 itself, so the command answers at once with the allowed range.

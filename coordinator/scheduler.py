@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 from common.config.job import JobConfig
 from common.tasks import PromptStream, Row
@@ -42,8 +42,9 @@ from coordinator.step_metrics import StepEnd, step_record
 
 COUNTS = ("faults/rollout_worker_deaths", "faults/rollout_worker_hangs", "faults/rollout_workers_replaced",
           "faults/rollout_workers_dropped", "elastic/workers_added", "elastic/workers_retired")
-GOALS = {"restore": ("push", "drain"), "train": ("train",), "drain": ("drain",), "evaluate": ("evaluate",),
-         "checkpoint": ("checkpoint",)}
+Goal = Literal["evaluate", "train", "drain", "checkpoint", "restore"]
+GOALS: dict[str, tuple[str, ...]] = {"restore": ("push", "drain"), "train": ("train",), "drain": ("drain",),
+                                     "evaluate": ("evaluate",), "checkpoint": ("checkpoint",)}
 POLL_TIMEOUT_S = 30.0
 
 
@@ -98,7 +99,7 @@ class Scheduler:
         self.out: list[Any] = []  # commands answering the event being handled
 
     # ---- the driver's surface -----------------------------------------------------------------
-    def begin(self, goal: str, at: float = 0.0) -> list[Any]:
+    def begin(self, goal: Goal, at: float = 0.0) -> list[ev.Command]:
         """Start ``goal``: evaluate | train | drain | checkpoint | restore (module docstring);
         ``at``: the runtime's clock now (a step's time is counted from the previous step's end)."""
         self.agenda = [Task(name) for name in GOALS[goal]]
@@ -110,9 +111,17 @@ class Scheduler:
         """The goal is reached (or the job stopped)."""
         return not self.agenda or self.stopped is not None
 
-    def handle(self, event: Any) -> list[Any]:
+    def handle(self, event: ev.Event) -> list[ev.Command]:
         """The commands that answer ``event``."""
-        getattr(self, f"_on_{type(event).__name__}")(event)
+        handlers = {
+            ev.JobStarted: self._on_job_started, ev.WorkerStarted: self._on_worker_started,
+            ev.RolloutDone: self._on_rollout_done, ev.WeightsLoaded: self._on_weights_loaded,
+            ev.EvalDone: self._on_eval_done, ev.CallFailed: self._on_call_failed, ev.StepDone: self._on_step_done,
+            ev.LearnerFailed: self._on_learner_failed, ev.PushDone: self._on_push_done,
+            ev.PushFailed: self._on_push_failed, ev.CheckpointDone: self._on_checkpoint_done,
+            ev.ControlPolled: self._on_control_polled, ev.Stalled: self._on_stalled,
+        }
+        handlers[type(event)](event)
         return self._answer()
 
     def outstanding(self) -> list[int]:
@@ -147,7 +156,7 @@ class Scheduler:
         return {f"rollout/{k}": v for k, v in self.reward_calls.items()}
 
     # ---- the agenda ---------------------------------------------------------------------------
-    def _answer(self) -> list[Any]:
+    def _answer(self) -> list[ev.Command]:
         if self.stopped is None:
             self._advance()
             self._retire_idle()
@@ -159,7 +168,10 @@ class Scheduler:
         while self.agenda and self.stopped is None:
             task = self.agenda[0]
             first, task.started = not task.started, True
-            getattr(self, f"_task_{task.name}")(task, first)
+            tasks = {"train": self._task_train, "push": self._task_push, "finish": self._task_finish,
+                     "checkpoint": self._task_checkpoint, "evaluate": self._task_evaluate, "poll": self._task_poll,
+                     "drain": self._task_drain}
+            tasks[task.name](task, first)
             if not task.done:
                 return
             self.agenda.pop(0)
@@ -271,7 +283,7 @@ class Scheduler:
             self.emit(ev.Generate(call, index, requests, self.cfg.rollout.request_timeout_s))
             queued[index] += 1
 
-    def _on_RolloutDone(self, event: ev.RolloutDone) -> None:
+    def _on_rollout_done(self, event: ev.RolloutDone) -> None:
         if self.fleet.take(event.call) is None:
             return  # a call of a process already replaced: its requests were re-queued
         for episode in event.episodes:
@@ -281,7 +293,7 @@ class Scheduler:
             self.buffer.add(episode)
 
     # ---- learner steps and weights ------------------------------------------------------------
-    def _on_StepDone(self, event: ev.StepDone) -> None:
+    def _on_step_done(self, event: ev.StepDone) -> None:
         batch, self.training = self.training.batch, None
         self.staleness.advance()
         at_end = {**self.staleness.step_metrics(), "rollout/empty_groups_total": float(self.buffer.empty),
@@ -312,7 +324,7 @@ class Scheduler:
         call = self.fleet.call("load", f"{worker.name} (weights version {version})", worker)
         self.emit(ev.LoadWeights(call, worker.index, version, 2 * self.cfg.weights.timeout_s))
 
-    def _on_PushDone(self, event: ev.PushDone) -> None:
+    def _on_push_done(self, event: ev.PushDone) -> None:
         push, self.push = self.push, None
         for index, incarnation in push.receivers.items():
             worker = self.fleet.get(index)
@@ -325,7 +337,7 @@ class Scheduler:
         if push.task is not None:
             push.task.done = True
 
-    def _on_PushFailed(self, event: ev.PushFailed) -> None:
+    def _on_push_failed(self, event: ev.PushFailed) -> None:
         push, self.push = self.push, None
         for index in event.died:
             worker = self.fleet.get(index)
@@ -344,23 +356,23 @@ class Scheduler:
         if not self.fleet.active() and any(w.state == "syncing" for w in self.fleet.workers.values()):
             self._start_push(self.staleness.version, None)
 
-    def _on_LearnerFailed(self, event: ev.LearnerFailed) -> None:
+    def _on_learner_failed(self, event: ev.LearnerFailed) -> None:
         self.stop(f"{event.describe()}. The job stops; `stabledrl train --resume {self.cfg.run.output_dir}` "
                   "continues from its last checkpoint")
 
-    def _on_CheckpointDone(self, event: ev.CheckpointDone) -> None:
+    def _on_checkpoint_done(self, event: ev.CheckpointDone) -> None:
         self.log(f"checkpoint: {event.path}")
         if self.agenda and self.agenda[0].name == "checkpoint":
             self.agenda[0].done = True
 
-    def _on_EvalDone(self, event: ev.EvalDone) -> None:
+    def _on_eval_done(self, event: ev.EvalDone) -> None:
         if self.fleet.take(event.call) is None or self.held_out_run is None:
             return
         part, _ = self.held_out_run.running.pop(event.call)
         self.held_out_run.done[part] = (event.version, event.result)
 
     # ---- the fleet: starts, losses, sizes -----------------------------------------------------
-    def _on_JobStarted(self, event: ev.JobStarted) -> None:
+    def _on_job_started(self, event: ev.JobStarted) -> None:
         for index, info in sorted(event.workers.items()):
             worker = self.fleet.add()
             assert worker.index == index, "the job's first workers are numbered 0..N-1"
@@ -372,7 +384,7 @@ class Scheduler:
         call = self.fleet.call("start", what, worker)
         self.emit(ev.StartWorker(call, worker.index, replaces, self.cfg.cluster.start_timeout_s))
 
-    def _on_WorkerStarted(self, event: ev.WorkerStarted) -> None:
+    def _on_worker_started(self, event: ev.WorkerStarted) -> None:
         taken = self.fleet.take(event.call)
         if taken is None or taken[1] is None:
             return
@@ -393,12 +405,12 @@ class Scheduler:
         self.log(f"{worker.name} started on node {str(event.info.get('node_id'))[:12]} (pid {event.info.get('pid')}, "
                  f"{weights})")
 
-    def _on_WeightsLoaded(self, event: ev.WeightsLoaded) -> None:
+    def _on_weights_loaded(self, event: ev.WeightsLoaded) -> None:
         taken = self.fleet.take(event.call)
         if taken is not None and taken[1] is not None:
             taken[1].version = event.version
 
-    def _on_CallFailed(self, event: ev.CallFailed) -> None:
+    def _on_call_failed(self, event: ev.CallFailed) -> None:
         taken = self.fleet.take(event.call)
         if taken is None:
             return  # a call of a process already replaced (its loss was handled)
@@ -460,7 +472,7 @@ class Scheduler:
         self.fleet.remove(worker)
         self.emit(ev.RemoveWorker(worker.index))
 
-    def _on_ControlPolled(self, event: ev.ControlPolled) -> None:
+    def _on_control_polled(self, event: ev.ControlPolled) -> None:
         """Between steps: the size `stabledrl scale` asked for, or (autoscale) room for one more."""
         self.fleet.take(event.call)
         if event.requested is not None and self.fleet.autoscale:
@@ -481,7 +493,7 @@ class Scheduler:
                 self.counts["elastic/workers_retired"] += 1
                 self.log(f"{worker.name} retired; {len(self.fleet.live())} workers")
 
-    def _on_Stalled(self, event: ev.Stalled) -> None:
+    def _on_stalled(self, event: ev.Stalled) -> None:
         self.stop(f"the loop has nothing to wait for: no rollout admitted, no step running and no worker starting "
                   f"(buffer {len(self.buffer)} groups, capacity {self.staleness.capacity()}, "
                   f"{len(self.fleet.active())} active workers)")
