@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from common.config.base import ConfigError
 from common.tasks.base import NonNumericReward, RewardResult, Row, Task
@@ -169,9 +169,6 @@ class RewardScorer:
             return None
         self.stats.zeroed += 1
         return RewardResult(total=0.0, parts={})
-
-    def score_many(self, completions: Sequence[str], rows: Sequence[Row]) -> list[Optional[RewardResult]]:
-        return [self.score(c, r) for c, r in zip(completions, rows, strict=True)]
 
     def _call(self, completion: str, row: Row) -> tuple[str, Any]:
         if self._task is not None:
