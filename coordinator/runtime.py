@@ -12,9 +12,9 @@ receivers) of a push, finish together: one event once all are back. When one mem
 others get a few seconds to fail too, so that the rank that died is the one named, not its peers
 stuck in a collective with it.
 
-The Ray head. A loop that has heard nothing for a while checks that the cluster's GCS still
-answers; if it does not, the job stops with one message (Ray would end this process a minute later
-with its own).
+The Ray head. Every few seconds the loop checks that the cluster's GCS still accepts a
+connection; if it does not, the job stops with one message (Ray would end this process a minute
+later with its own, while the actors answer on for a while).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from coordinator.pool import node_alive
 from coordinator.weight_sync import WeightSync
 
 PEER_GRACE_S = 5.0  # how long the other members of a failed group may take to fail too
-GCS_PROBE_S = 10.0  # silence after which the GCS is checked
+GCS_PROBE_S = 10.0  # how often the loop checks that the GCS is there
 
 
 @dataclass
@@ -76,7 +76,7 @@ class RayRuntime:
         self.nodes: dict[int, Optional[str]] = {i: info.get("node_id") for i, info in
                                                 enumerate(actors.info.get("rollouts", []))}
         self.shapes: Optional[dict[str, list[int]]] = None
-        self.last_news = time.perf_counter()
+        self.last_probe = time.perf_counter()
 
     # ---- commands -------------------------------------------------------------------------------
     def execute(self, command: Any) -> list[Any]:
@@ -186,12 +186,13 @@ class RayRuntime:
         for group in list(self.groups):
             if group.failed_at is not None and now >= group.failed_at + PEER_GRACE_S:
                 events += self._settle(group, force=True)
-        if events:
-            self.last_news = now
-        elif now - self.last_news > GCS_PROBE_S and not gcs_alive():
-            raise ev.ActorFailure(f"the Ray cluster's head (GCS at {ray.get_runtime_context().gcs_address}) stopped "
-                                  f"answering: the job cannot go on. `stabledrl train --resume {self.output_dir}` "
-                                  "continues from its last checkpoint once the cluster is back")
+        if now - self.last_probe > GCS_PROBE_S:  # actors may still answer for a while after the head is gone
+            self.last_probe = now
+            if not gcs_alive():
+                raise ev.ActorFailure(
+                    f"the Ray cluster's head (GCS at {ray.get_runtime_context().gcs_address}) stopped answering: the "
+                    f"job cannot go on. `stabledrl train --resume {self.output_dir}` continues from its last "
+                    "checkpoint once the cluster is back")
         return events
 
     def _deadline(self, waiting: Waiting) -> float:

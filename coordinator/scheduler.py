@@ -181,7 +181,7 @@ class Scheduler:
             task.done = True
             return
         self._feed()
-        if self.training is None:
+        if self.training is None and self.push is None:  # a step trains on the weights last pushed
             before = (self.outstanding() or [None])[0] if self.cfg.algorithm.in_order else None
             batch = self.buffer.take(self.cfg.algorithm.groups_per_step, before=before)  # stale ones dropped, counted
             if batch is not None:
