@@ -14,7 +14,7 @@ much padding its batch needed (the estimators' determinism rests on this).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, TypedDict
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -76,6 +76,18 @@ class Episode:
     group: Optional[Group]
     worker: int
     stats: dict[str, float] = field(default_factory=dict)  # this prompt's share of the request's cost
+
+
+class WorkerInfo(TypedDict):
+    """What a rollout worker reports once it is up (RolloutWorker.ready)."""
+
+    worker: int
+    device: str
+    pid: int
+    load_s: float
+    node_id: str  # the Ray node it runs on (elasticity: a worker lost with its node)
+    parameters: int
+    version: int
 
 
 @dataclass

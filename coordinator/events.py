@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 
 from common.config.sampler import SamplerConfig
 from common.tasks import Row
-from common.types import Episode, PromptRequest
+from common.types import Episode, PromptRequest, WorkerInfo
 from rollout.evaluate import EvalResult
 
 CallId = int
@@ -29,7 +29,7 @@ class ActorFailure(RuntimeError):
 class JobStarted:
     """The actors of the job's start are up (RolloutPool.start, learner ranks started)."""
 
-    workers: dict[int, dict[str, Any]]  # index -> RolloutWorker.ready()
+    workers: dict[int, WorkerInfo]  # index -> RolloutWorker.ready()
     learner_ranks: int
     startup: dict[str, float] = field(default_factory=dict)  # time/startup_* of step 1's record
 
@@ -37,7 +37,7 @@ class JobStarted:
 @dataclass(frozen=True)
 class WorkerStarted:
     call: CallId
-    info: dict[str, Any]  # RolloutWorker.ready(): node_id, pid, device, parameters, version
+    info: WorkerInfo
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from common.models import load_policy
 from common.runtime import setup_actor_process
 from common.tasks import RewardScorer, Row, build_task
 from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
-from common.types import Episode, PromptRequest
+from common.types import Episode, PromptRequest, WorkerInfo
 from rollout.engine import TorchRolloutEngine
 from rollout.evaluate import EvalResult, evaluate
 from rollout.workflow import behaviour_estimator, run_episodes
@@ -58,7 +58,7 @@ class RolloutWorker:
         self.push = None
         self.start_s = time.perf_counter() - t0
 
-    def ready(self) -> dict[str, Any]:
+    def ready(self) -> WorkerInfo:
         """What the coordinator logs once the actor is up, and where it runs (elasticity: which node)."""
         import ray
 
