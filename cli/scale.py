@@ -62,7 +62,12 @@ def scale_command(job_name: str, workers: Optional[int], address: str) -> int:
     import logging
     import sys
 
-    os.environ.update(auth_env(os.environ))
+    token = auth_env(os.environ)
+    if token:
+        os.environ.update(token)
+        from ray._raylet import Config  # Ray caches its settings at import: re-read them, as ray.init does itself
+
+        Config.initialize("")
     ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
     try:
         answer, status = scale(job_name, workers)
