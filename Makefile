@@ -8,7 +8,7 @@ RUN_DIR ?= runs/quickstart
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER = 0
 export RAY_USAGE_STATS_ENABLED = 0
 
-.PHONY: install run test test-unit test-e2e test-gpu study bench clean
+.PHONY: install run test lint test-unit test-e2e test-gpu study bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -26,7 +26,11 @@ study: $(STAMP)
 	$(BIN)/stabledrl study --config deploy/configs/study_cpu.yaml
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not gpu" tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

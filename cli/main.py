@@ -49,7 +49,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.command in reports.COMMANDS:
         return reports.run(args)
     if args.command == "scale":
-        from coordinator.control import scale_command
+        from cli.scale import scale_command
 
         return scale_command(args.job, args.workers, args.address)
 

@@ -19,8 +19,8 @@ PAD_BLOCK = torch.iinfo(torch.long).min // 2
 
 def full_mask(valid: torch.Tensor) -> torch.Tensor:
     """[B, L] bool -> [B, 1, L, L]: every real token sees every real token (LLaDA, Dream)."""
-    b, l = valid.shape
-    allowed = valid[:, None, :].expand(b, l, l)
+    b, length = valid.shape
+    allowed = valid[:, None, :].expand(b, length, length)
     return _pad_rows_see_self(allowed, valid)[:, None]
 
 
@@ -44,8 +44,7 @@ def block_causal_mask(blocks: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
 
 
 def _pad_rows_see_self(allowed: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    l = valid.shape[1]
-    eye = torch.eye(l, dtype=torch.bool, device=valid.device)[None]
+    eye = torch.eye(valid.shape[1], dtype=torch.bool, device=valid.device)[None]
     return torch.where(valid[:, :, None], allowed, eye)
 
 

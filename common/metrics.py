@@ -1,6 +1,6 @@
 """Per-step metrics: JSONL always, TensorBoard when asked, Weights & Biases when configured.
 
-Names follow DESIGN.md: ``rollout/*`` (rewards, lengths, generation), ``train/*`` (loss parts,
+Names as in docs/design.md: ``rollout/*`` (rewards, lengths, generation), ``train/*`` (loss parts,
 ratio statistics, clip fraction, ESS, grad norm), ``staleness/*`` (mean, max, dropped),
 ``time/*`` (generate, train, weight push, step), ``perf/*`` (tokens/s, MFU), ``eval/*``.
 

@@ -1,4 +1,5 @@
-"""The data that crosses process boundaries: Sample, Group, and the padded SequenceBatch that
+"""The data that crosses process boundaries: Sample, Group, the wire types between the driver and
+the rollout workers (PromptRequest in, Episode out), and the padded SequenceBatch that
 estimators, samplers and the learner all read.
 
 Layout of a sequence batch (the one convention everything uses)::
@@ -13,9 +14,13 @@ much padding its batch needed (the estimators' determinism rests on this).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, TypedDict
 
 import torch
+from jaxtyping import Bool, Float, Int
+
+if TYPE_CHECKING:
+    from common.tasks.base import Row
 
 
 @dataclass
@@ -25,17 +30,17 @@ class Sample:
     sample_id: str  # f"{prompt_id}/{index}": exactly-once accounting key
     prompt_id: str
     index: int  # position within its group, 0..G-1
-    prompt_ids: torch.Tensor  # [Lp] int64, no padding
-    completion_ids: torch.Tensor  # [C] int64, the full canvas (EOS-filled after the first EOS)
+    prompt_ids: Int[torch.Tensor, " Lp"]  # no padding
+    completion_ids: Int[torch.Tensor, " C"]  # the full canvas (EOS-filled after the first EOS)
     completion_length: int  # tokens up to and including the first EOS (C if none)
     reward: float
     reward_parts: dict[str, float] = field(default_factory=dict)
     policy_version: int = 0  # version of the weights that generated it (v_b)
     behaviour_logp: float = 0.0  # sequence-level estimate under the behaviour policy
-    behaviour_token_logp: Optional[torch.Tensor] = None  # [C] float32, where the estimator defines it
+    behaviour_token_logp: Optional[Float[torch.Tensor, " C"]] = None  # where the estimator defines it
     estimator: str = ""
     mask_seed: int = 0
-    decode_step: Optional[torch.Tensor] = None  # [C] int64: step at which each token was unmasked
+    decode_step: Optional[Int[torch.Tensor, " C"]] = None  # step at which each token was unmasked
     answer: Optional[str] = None  # reference answer (for logging / evaluation)
 
 
@@ -56,15 +61,45 @@ class Group:
         return min(s.policy_version for s in self.samples)
 
 
+@dataclass(frozen=True)
+class PromptRequest:
+    uid: int  # position of the prompt in the run's stream: seeds and exactly-once accounting
+    row: Row
+
+
+@dataclass
+class Episode:
+    """One finished prompt: its group (None when every sample was dropped) and what it cost."""
+
+    uid: int
+    prompt_id: str
+    group: Optional[Group]
+    worker: int
+    stats: dict[str, float] = field(default_factory=dict)  # this prompt's share of the request's cost
+
+
+class WorkerInfo(TypedDict):
+    """What a rollout worker reports once it is up (RolloutWorker.ready)."""
+
+    worker: int
+    device: str
+    pid: int
+    load_s: float
+    node_id: str  # the Ray node it runs on (elasticity: a worker lost with its node)
+    reward_sandbox: str  # what the reward sandbox confines, in words (RewardScorer.confinement)
+    parameters: int
+    version: int
+
+
 @dataclass
 class SequenceBatch:
     """Padded tensors for a batch of (prompt, completion) pairs; see the module docstring."""
 
-    input_ids: torch.Tensor  # [B, P + C] int64
-    prompt_mask: torch.Tensor  # [B, P] bool
-    completion_mask: torch.Tensor  # [B, C] bool
-    decode_step: Optional[torch.Tensor] = None  # [B, C] int64
-    advantages: Optional[torch.Tensor] = None  # [B] float32 (the SPG sandwich needs the sign)
+    input_ids: Int[torch.Tensor, "B P+C"]
+    prompt_mask: Bool[torch.Tensor, "B P"]
+    completion_mask: Bool[torch.Tensor, "B C"]
+    decode_step: Optional[Int[torch.Tensor, "B C"]] = None
+    advantages: Optional[Float[torch.Tensor, " B"]] = None  # the SPG sandwich needs the sign
 
     @property
     def prompt_width(self) -> int:
@@ -129,14 +164,6 @@ def left_pad(seqs: Sequence[torch.Tensor], pad_id: int, width: Optional[int] = N
             ids[i, width - n :] = torch.as_tensor(s, dtype=torch.long)
             mask[i, width - n :] = True
     return ids, mask
-
-
-def completion_mask_from_ids(completion_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """[B, C] True up to and including the first EOS of each row (everything if no EOS)."""
-    is_eos = completion_ids == eos_id
-    # number of EOS strictly before each position; a position is kept while none came before it
-    before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()
-    return before == 0
 
 
 def collate_samples(samples: Sequence[Sample], pad_id: int, advantages: Optional[torch.Tensor] = None) -> SequenceBatch:

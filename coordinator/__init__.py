@@ -1,1 +1,14 @@
-"""The job driver: builds actors, owns the policy version and staleness, pushes weights."""
+"""The control plane of a job (docs/design.md has the whole picture).
+
+    driver.py       Driver(cfg).run(): sets the job up, then loops: scheduler <-> runtime
+    scheduler.py    the decisions, pure: events in, commands out (events.py); no Ray, no clock
+    fleet.py        the rollout workers' states and the calls out on them (pure)
+    staleness.py    the admission bound and the drop rule (pure); buffer.py: finished groups
+    held_out.py     the job's held-out evaluation: parts, re-runs, the merge (pure)
+    step_metrics.py what a step's metrics line holds (pure)
+    runtime.py      commands -> Ray calls, finished / failed / late calls -> events
+    actors.py       starting the actors; pool.py: the rollout workers' processes; placement.py
+    weight_sync.py  the driver's end of the weight push
+    checkpoint.py   checkpoints on disk, verified before a resume; episode_io.py: buffered groups
+    control.py      the job's control actor (`stabledrl scale` talks to it)
+"""

@@ -1,9 +1,10 @@
 """Building the actors from one validated JobConfig, and waiting on them with named timeouts.
 
-Each role gets a placement group (one bundle per actor) so that Ray reserves the whole role or
-nothing: M learner ranks that must all exist to form their process group, N rollout workers.
-Every component receives only its own config sections. ``wait`` is the one way the coordinator
-blocks on actors: a timeout or a dead actor becomes an error that names what was waited for.
+Each role gets a placement group (coordinator/placement.py): M learner ranks that must all exist
+to form their process group, N rollout workers (coordinator/pool.py). Every component receives
+only its own config sections. ``wait`` is how the runtime blocks on actors while it sets the job
+up, saves or exports: a timeout or a dead actor becomes an error that names what was waited for
+(the loop itself never blocks on one call: coordinator/runtime.py).
 """
 from __future__ import annotations
 
@@ -12,16 +13,23 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from common.config.job import ActorResources, JobConfig
-from common.config.model import ModelConfig
+from common.config.job import JobConfig
 from common.types import Group
+from coordinator.events import ActorFailure
+from coordinator.placement import in_group, reserve
+from coordinator.pool import RolloutPool
+
+__all__ = ["ActorFailure", "Actors", "first_line", "start_actors", "wait"]
 
 
-class ActorFailure(RuntimeError):
-    """An actor call failed or did not answer in time; the message names the actor and the call."""
+def first_line(error: BaseException, limit: int = 500) -> str:
+    """The first line of ``error``'s message (a Ray error's later lines are a traceback), cut at a
+    word boundary with "…" past ``limit`` characters."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else type(error).__name__
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
 
 
 def wait(refs: Sequence[ray.ObjectRef], timeout_s: float, what: str | Sequence[str]) -> list[Any]:
@@ -43,33 +51,8 @@ def wait(refs: Sequence[ray.ObjectRef], timeout_s: float, what: str | Sequence[s
         except ray.exceptions.RayError as e:
             still = dict.fromkeys(name_of[r] for r in pending)
             running = f" (still running: {', '.join(still)})" if still else ""
-            raise ActorFailure(f"{name_of[ready[0]]} failed: {e}{running}") from e
+            raise ActorFailure(f"{name_of[ready[0]]} failed: {first_line(getattr(e, 'cause', None) or e)}{running}") from e
     return ray.get(list(refs))
-
-
-def bundle(resources: ActorResources) -> dict[str, float]:
-    out = {"CPU": resources.num_cpus}
-    if resources.num_gpus:
-        out["GPU"] = resources.num_gpus
-    return out
-
-
-def reserve(name: str, resources: ActorResources, count: int, strategy: str, timeout_s: float) -> PlacementGroup:
-    """A placement group of ``count`` bundles, ready within ``timeout_s`` or an error saying what
-    the cluster lacks."""
-    group = placement_group([bundle(resources)] * count, strategy=strategy, name=name)
-    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
-    if not ready:
-        remove_placement_group(group)
-        raise ActorFailure(
-            f"placement group {name!r} ({count} x {bundle(resources)}, {strategy}) was not placed within "
-            f"{timeout_s:.0f} s; the cluster offers {ray.available_resources()} (cluster.* resources in the config)"
-        )
-    return group
-
-
-def in_group(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
-    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
 
 
 @dataclass
@@ -77,20 +60,18 @@ class Actors:
     """Handles of one job's actors; ``learners[r]`` is learner rank r, ``pool`` the rollout workers."""
 
     learners: list[Any]
-    pool: Any  # coordinator.pool.RolloutPool, or a list of worker handles to adopt as a fixed pool
+    pool: Any  # RolloutPool, or a list of worker handles to adopt as a fixed pool
     groups: list[PlacementGroup] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.pool, list):
-            from coordinator.pool import RolloutPool
-
             self.pool = RolloutPool.adopt(self.pool)
 
     @property
     def rollouts(self) -> list[Any]:
-        """The active rollout workers' handles (evaluation, statistics)."""
-        return [w.actor for w in self.pool.active()]
+        """The rollout workers' handles, by index."""
+        return [self.pool[index] for index in sorted(self.pool.processes)]
 
     def call_learners(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
         """The same call on every rank (the collective methods of LearnerWorker)."""
@@ -115,21 +96,14 @@ class Actors:
             remove_placement_group(group)
 
 
-def rollout_model(cfg: JobConfig) -> ModelConfig:
-    """The rollout copy: the same weights, no activation checkpointing (inference only)."""
-    return cfg.model.model_copy(update={"gradient_checkpointing": False})
-
-
 def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
                  log: Callable[[str], None] = print) -> Actors:
     """Reserve both roles, start every actor, form the learner group and build its engine."""
-    from coordinator.pool import RolloutPool
-
     t0 = time.perf_counter()
     timeout = cfg.cluster.start_timeout_s
     m, n = cfg.learner.num_ranks, cfg.rollout.num_workers
     learner_pg = reserve("stabledrl-learner", cfg.cluster.learner, m, cfg.cluster.learner_strategy, timeout)
-    pool = RolloutPool(cfg, rollout_cls, log)
+    pool = RolloutPool(cfg, rollout_cls)
     try:
         workers = pool.start(n)
     except ActorFailure:
@@ -147,14 +121,12 @@ def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
     try:
         addr, port = wait([learners[0].rendezvous_address.remote()], timeout, "learner rank 0 (rendezvous address)")[0]
         starts = [a.start.remote(addr, port) for a in learners]
-        readies = [w.actor.ready.remote() for w in workers]
+        readies = [w.ready.remote() for w in workers]
         infos = wait(starts + readies, timeout, [f"learner rank {r} (start)" for r in range(m)]
-                     + [f"{w.name} (model load)" for w in workers])
+                     + [f"rollout worker {i} (model load)" for i in range(n)])
     except BaseException:
         actors.shutdown()  # a half-started job leaves no actors or reservations behind
         raise
-    for worker, info in zip(workers, infos[m:]):
-        worker.info, worker.state = info, "active"
     actors.info = {"learners": infos[:m], "rollouts": infos[m:], "start_s": time.perf_counter() - t0}
     log(f"actors: {m} learner ranks on {infos[0]['device']} ({infos[0]['dtype']}), {n} rollout workers on "
         f"{infos[m]['device']} ({infos[m]['parameters'] / 1e6:.2f}M parameters), up in {actors.info['start_s']:.1f} s")

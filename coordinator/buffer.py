@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from common.types import Episode
 from coordinator.staleness import StalenessController
-from rollout.workflow import Episode
 
 
 class GroupBuffer:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 from common.checkpoint_files import FORMAT, STATE_FILE, CheckpointError, verify_tag
 from coordinator.actors import Actors, wait
 from coordinator.episode_io import load_episodes, save_episodes
-from rollout.workflow import Episode
+from common.types import Episode
 
 # fields the saved state depends on (dotted prefixes); everything else may change on resume
 MUST_MATCH = ("model", "task", "sampler", "estimator", "loss", "algorithm", "learner.num_ranks",

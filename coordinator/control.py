@@ -4,8 +4,10 @@
     stabledrl scale --job quickstart                  # status only
 
 The driver starts ``JobControl`` as ``job:<run.job_name>`` in the Ray namespace ``stabledrl`` and
-polls it between steps: it reports its status (step, version, workers) and takes the newest
-requested worker count, which the rollout pool then reaches by starting or retiring workers.
+polls it between steps (an asynchronous call: the answer is an event for the scheduler): it
+reports its status (step, version, workers) and takes the newest requested worker count, which
+the scheduler then reaches by starting or retiring workers. ``stabledrl scale`` (cli/scale.py)
+is the other end.
 The actor is not detached: it dies with the driver, so a finished or crashed job leaves no name
 behind. A request outside [rollout.min_workers, rollout.max_workers] is refused by the actor
 itself, so the command answers at once with the allowed range.
@@ -59,49 +61,3 @@ def start_control(job_name: str, min_workers: int, max_workers: int) -> Any:
                            f"(namespace {NAMESPACE!r}); give this one another run.name")
     actor = ray.remote(num_cpus=0)(JobControl).options(name=name, namespace=NAMESPACE, max_concurrency=4)
     return actor.remote(job_name, min_workers, max_workers)
-
-
-def running_jobs() -> list[str]:
-    return sorted(a["name"].removeprefix("job:") for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a.get("namespace") == NAMESPACE and a["name"].startswith("job:"))
-
-
-def find_job(job_name: str) -> Any:
-    try:
-        return ray.get_actor(actor_name(job_name), namespace=NAMESPACE)
-    except ValueError:
-        jobs = running_jobs()
-        raise LookupError(f"no running stabledrl job named {job_name!r} on this cluster; running: "
-                          f"{', '.join(jobs) if jobs else 'none'}") from None
-
-
-def scale(job_name: str, workers: Optional[int], timeout_s: float = 30.0) -> tuple[Optional[str], dict[str, Any]]:
-    """(the answer to the request or None, the job's status); ValueError for a count out of range."""
-    control = find_job(job_name)
-    answer = None
-    if workers is not None:
-        try:
-            answer = ray.get(control.request_workers.remote(workers), timeout=timeout_s)
-        except ray.exceptions.RayTaskError as e:
-            raise ValueError(str(e.cause) if getattr(e, "cause", None) else str(e)) from None
-    return answer, ray.get(control.get_status.remote(), timeout=timeout_s)
-
-
-def scale_command(job_name: str, workers: Optional[int], address: str) -> int:
-    """``stabledrl scale``: connect to the cluster, ask, print the job's status; exit status 2 when
-    the job is not found or the count is out of range."""
-    import logging
-    import sys
-
-    ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
-    try:
-        answer, status = scale(job_name, workers)
-    except (LookupError, ValueError) as e:
-        print(f"stabledrl scale: {e}", file=sys.stderr)
-        return 2
-    finally:
-        ray.shutdown()
-    if answer:
-        print(answer)
-    print(f"job {job_name!r}: " + ", ".join(f"{k} {v}" for k, v in status.items() if k != "job"))
-    return 0

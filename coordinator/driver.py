@@ -1,48 +1,41 @@
-"""The job driver: owns the policy version, the prompt stream and the staleness bound; wires the
-rollout workers to the learner ranks.
+"""The job driver: sets the job up, then joins the scheduler (decisions) to the runtime (Ray).
 
     driver = Driver(load_job_config("deploy/configs/quickstart.yaml"))
-    result = driver.run()          # warm start, actors, eval, train loop, eval, checkpoint
+    result = driver.run()          # warm start, actors, eval, train loop, eval, checkpoint, export
 
-The loop (``train``) is event-driven over Ray object refs: rollout requests, the learner's step
-and the workers' weight acknowledgements each finish when they finish, and nothing waits on a
-whole-batch barrier. How far rollouts may run ahead is the staleness controller's admission bound
-(AReaL): with η = 0 the next batch's prompts are admitted only after the weights they must be
-sampled with exist (synchronous RL); with η ≥ 1 the next batch is generated while the learner
-trains on this one. Weights reach a worker in order with its requests (Ray runs an actor's calls
-in submission order), so every request submitted after a push is sampled with the new version.
-
-Rollout workers come and go while the loop runs (coordinator/workers.py): a worker whose process
-dies has its requests re-queued under their uids (so they are sampled again with the same seeds)
-and is replaced; workers are added or retired between steps. A learner rank that fails ends the
-job at once, naming the rank; ``stabledrl train --resume RUN_DIR`` continues from the last
-checkpoint (coordinator/checkpoint.py), which holds everything the next steps depend on.
+``setup`` does everything that can refuse the job before the first actor starts (resources,
+the checkpoint to resume from, the data), then starts the actors and the weight transport.
+Every phase after it is a goal of the scheduler (coordinator/scheduler.py), reached by one loop,
+``_drive``: carry out the scheduler's commands (coordinator/runtime.py turns them into Ray calls),
+wait for what they started, hand each event back to the scheduler, until the goal is reached.
+How far rollouts run ahead of the learner is the staleness bound (η = 0: synchronous RL; η >= 1:
+the next batch is sampled while the learner trains on this one). ``stabledrl train --resume
+RUN_DIR`` continues from the last checkpoint (coordinator/checkpoint.py).
 """
 from __future__ import annotations
 
-import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import ray
 
 from common.config.job import JobConfig, check_resources
-from common.metrics import MetricsLogger
+from common.metrics import MetricsLogger, read_metrics
 from common.models.loading import load_model_tokenizer
 from common.tasks import PromptStream, load_task_data
-from common.tasks.sandbox import check_failure_rate
+from common.types import Episode
 from coordinator import checkpoint
-from coordinator.actors import ActorFailure, Actors, start_actors
-from coordinator.buffer import GroupBuffer
-from coordinator.evaluation import HeldOutResult, evaluate_held_out
-from coordinator.inflight import Inflight, Pending
-from coordinator.staleness import StalenessController
-from coordinator.resume import Checkpoints
-from coordinator.step_metrics import data_metrics, forwards_per_estimate, merge_ranks, perf_metrics, rollout_metrics
-from coordinator.workers import WorkerEvents
+from coordinator import events as ev
+from coordinator.actors import start_actors, wait
+from coordinator.control import start_control
+from coordinator.held_out import HeldOutResult, held_out_rows
+from coordinator.runtime import RayRuntime
+from coordinator.scheduler import Scheduler
+from coordinator.step_metrics import data_metrics
+from coordinator.weight_sync import WeightSync
 from learner.worker import LearnerWorker
-from rollout.workflow import Episode, PromptRequest
 from rollout.worker import RolloutWorker
 
 
@@ -50,47 +43,39 @@ from rollout.worker import RolloutWorker
 class RunResult:
     steps: int
     version: int
-    before: Optional[HeldOutResult]
+    before: Optional[HeldOutResult]  # a resumed run: its own first evaluation (step 0), from metrics.jsonl
     after: Optional[HeldOutResult]
     output_dir: str
 
 
-class Driver(WorkerEvents, Checkpoints):
+class DeadlineReached(RuntimeError):
+    """The driver's ``deadline`` (wall-clock seconds since the epoch) passed while it ran."""
+
+
+class Driver:
     def __init__(self, cfg: JobConfig, *, rollout_cls: type = RolloutWorker, learner_cls: type = LearnerWorker,
-                 log: Callable[[str], None] = print, record_batches: bool = False) -> None:
+                 log: Callable[[str], None] = print, record_batches: bool = False,
+                 deadline: Optional[float] = None) -> None:
         self.cfg = self.job_cfg = cfg  # job_cfg stays as given (a warm start changes cfg.model.path)
         self.rollout_cls, self.learner_cls, self.log = rollout_cls, learner_cls, log
-        self.record_batches = record_batches
-        self.batches: list[list[Episode]] = []  # the batch of every step (tests read it)
-        self.step = 0
-        self.next_uid = 0
-        self.requeue: list[PromptRequest] = []  # not admitted: a dead worker's requests, by uid
-        a, r = cfg.algorithm, cfg.rollout
-        self.depth = math.ceil((a.max_staleness + 1) * a.groups_per_step / r.prompts_per_request) if a.in_order \
-            else r.requests_per_worker  # requests queued per worker (in order: every admitted one at once)
-        self.inflight = Inflight({"rollout": r.request_timeout_s * (self.depth if a.in_order else 1),
-                                  "train": r.request_timeout_s, "start": cfg.cluster.start_timeout_s,
-                                  # an ack waits behind the worker's queued requests, then for the transfer
-                                  "ack": r.request_timeout_s * self.depth + cfg.weights.timeout_s})
-        self.training: Optional[dict[str, Any]] = None
-        self.staleness = StalenessController(a.max_staleness, a.groups_per_step)
-        self.buffer = GroupBuffer(self.staleness)
-        self.actors: Optional[Actors] = None
+        self.record_batches, self.deadline = record_batches, deadline
+        self.history: list[dict[str, float]] = []  # every step's metrics.jsonl record
+        self.batches: list[list[Episode]] = []  # every step's batch (with record_batches: tests read it)
+        self.evaluations: list[HeldOutResult] = []  # every held-out evaluation of the run, BEFORE first
+        self.scheduler: Optional[Scheduler] = None
+        self.runtime: Optional[RayRuntime] = None
         self.metrics: Optional[MetricsLogger] = None
-        self.history: list[dict[str, float]] = []
-        self.evaluations: list[HeldOutResult] = []  # every held-out evaluation of this run, BEFORE first
-        self.reward_calls: dict[str, float] = {}
-        self.shapes: Optional[dict[str, list[int]]] = None
-        WorkerEvents.__init__(self)
+        self.control: Any = None
+        self.progress: Any = None
 
-    # ---- the run --------------------------------------------------------------------------
+    # ---- the run --------------------------------------------------------------------------------
     def run(self) -> RunResult:
         try:
             self.setup()
             before = self.evaluate()
             self.train()
             self.drain()
-            self.log_reward_stats()
+            self.log_reward_totals()
             after = self.evaluate()
             if self.cfg.run.save_final_checkpoint:
                 self.save_checkpoint()
@@ -98,6 +83,10 @@ class Driver(WorkerEvents, Checkpoints):
                 self.export()
         finally:
             self.close()
+        self.evaluations = list(self.scheduler.evaluations)
+        if self.cfg.run.resume_from is not None:  # the run's own BEFORE and evaluations, not this process's
+            before = self.first_evaluation() or before
+            self.evaluations = self.recorded_evaluations() or self.evaluations
         if before is not None and after is not None:
             self.log(f"held-out accuracy: {100 * before.pass_at_1:.1f}% -> {100 * after.pass_at_1:.1f}% "
                      f"± {100 * after.stderr:.1f} (pass@1, {self.cfg.eval.describe(self.cfg.sampler)}, "
@@ -105,7 +94,7 @@ class Driver(WorkerEvents, Checkpoints):
                      f"{self.final_window_text()})")
         else:
             self.log("held-out accuracy: n/a (the task has no held-out rows: set task.held_out)")
-        return RunResult(self.step, self.staleness.version, before, after, str(self.cfg.run.output_dir))
+        return RunResult(self.step, self.scheduler.staleness.version, before, after, str(self.cfg.run.output_dir))
 
     def setup(self) -> None:
         """Everything that can refuse the job runs before the first actor starts: the resources
@@ -117,7 +106,7 @@ class Driver(WorkerEvents, Checkpoints):
         if cfg.run.resume_from is not None:
             resume = checkpoint.verify(cfg.run.resume_from, self.config_json(), self.log)
         if cfg.warmstart is not None:
-            from recipes.warmstart import warm_start
+            from recipes.warmstart import warm_start  # the job's first stage: an SFT recipe, cached
 
             path = warm_start(cfg, log=self.log)
             self.log(f"warm start: {path} ({time.perf_counter() - t0:.1f} s)")
@@ -125,8 +114,9 @@ class Driver(WorkerEvents, Checkpoints):
             self.cfg = cfg = cfg.model_copy(update={"model": model})
         data = load_task_data(cfg.task, tokenizer=load_model_tokenizer(cfg.model))  # max_prompt_tokens in model tokens
         self.rows = {r.prompt_id: r for r in data.train}
-        self.held_out = data.held_out[: cfg.eval.num_prompts]
-        self.stream = PromptStream(data.train, seed=cfg.run.seed)
+        held_out, note = held_out_rows(data.held_out, cfg.eval.num_prompts)
+        if note:
+            self.log(note)
         self.write_config()
         if resume is not None:
             dropped = checkpoint.restore_metrics(cfg.run.output_dir, int(resume.state["step"]))
@@ -138,198 +128,164 @@ class Driver(WorkerEvents, Checkpoints):
                                      append=resume is not None)
         self.log_data(data.reports)
         t1 = time.perf_counter()
-        self.start_control()
-        self.actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls, log=self.log)
-        self.setup_weight_push()
+        c = cfg.cluster
+        weights = cfg.weights.resolve(actors_have_gpus=c.learner.num_gpus > 0 and c.rollout.num_gpus > 0)
+        self.scheduler = Scheduler(cfg, PromptStream(data.train, seed=cfg.run.seed), held_out,
+                                   collective_push=weights.backend != "object_store")
+        self.control = start_control(cfg.run.job_name, cfg.rollout.min_workers, cfg.rollout.worker_limit)
+        actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls, log=self.log)
+        sync = WeightSync(weights, actors, c.start_timeout_s, partial=cfg.learner.lora is not None)
+        self.runtime = RayRuntime(actors, sync, control=self.control,
+                                  output_dir=cfg.run.output_dir, config=self.config_json(),
+                                  start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale)
+        self.runtime.sync.setup()
+        workers = dict(enumerate(actors.info["rollouts"]))
+        self.scheduler.handle(ev.JobStarted(workers, len(actors.learners)))
         if resume is not None:
             self.restore(resume)
-        self.startup = {"time/startup_prepare": t1 - t0, "time/startup_actors": time.perf_counter() - t1}
-        self.log(f"{len(data.train)} training prompts, {len(self.held_out)} held-out; startup "
+        self.scheduler.startup = {"time/startup_prepare": t1 - t0, "time/startup_actors": time.perf_counter() - t1}
+        self.log(f"{len(data.train)} training prompts, {len(held_out)} held-out; startup "
                  f"{time.perf_counter() - t0:.1f} s")
 
+    def evaluate(self) -> Optional[HeldOutResult]:
+        """Held-out pass@k with the current weights (None when the task has no held-out rows)."""
+        self._drive(self.scheduler.begin("evaluate"))
+        return self.scheduler.last_eval
+
+    def final_window_text(self) -> str:
+        """'; mean of the last N evaluations: X%' over the evaluations after BEFORE (eval.final_window > 1
+        and at least two of them), else ''."""
+        window = self.evaluations[1:][-self.cfg.eval.final_window :]
+        if self.cfg.eval.final_window == 1 or len(window) < 2:
+            return ""
+        mean = sum(r.pass_at_1 for r in window) / len(window)
+        return f"; mean of the last {len(window)} evaluations: {100 * mean:.1f}%"
+
     def train(self) -> None:
-        """The asynchronous loop (module docstring)."""
+        """Train to ``run.steps``, rollouts running ahead as far as the staleness bound allows."""
+        import sys
+
         from tqdm import tqdm
 
-        steps, batch_size = self.cfg.run.steps, self.cfg.algorithm.groups_per_step
-        bar = tqdm(total=steps, initial=self.step, desc="train", disable=not self.cfg.run.progress or not _tty(),
-                   dynamic_ncols=True)
-        self.last_step_end = time.perf_counter()
-        while self.step < steps:
-            self.feed_workers()  # admit every rollout the staleness bound allows
-            if self.training is None:
-                before = self.first_outstanding() if self.cfg.algorithm.in_order else None
-                batch = self.buffer.take(batch_size, before=before)  # groups older than η are dropped, counted
-                if batch is not None:
-                    self.start_training(batch)
-            for record in self.handle_events():
-                bar.update(1)
-                bar.set_postfix(reward=f"{record['rollout/reward_mean']:.3f}", loss=f"{record['train/loss']:.4f}",
-                                dropped=int(record["staleness/dropped_total"]))
-                if self.cfg.run.progress and bar.disable and self.step % max(1, steps // 20) == 0:
-                    self.log(progress_line(self.step, steps, record))  # a log file gets lines, not a bar
-        bar.close()
-
-    # ---- rollouts ---------------------------------------------------------------------------
-    def next_request(self) -> PromptRequest:
-        if self.requeue:
-            return self.requeue.pop(0)
-        request = PromptRequest(self.next_uid, self.stream.next())
-        self.next_uid += 1
-        return request
-
-    def first_outstanding(self) -> Optional[int]:
-        """The oldest uid admitted or re-queued and not yet back (in-order batches wait for it)."""
-        uids = [r.uid for r in self.inflight.requests()] + [r.uid for r in self.requeue]
-        return min(uids) if uids else None
-
-    def feed_workers(self) -> None:
-        """Give each active worker requests up to its queue depth while the admission bound allows."""
-        per_request = self.cfg.rollout.prompts_per_request
-        queued = {w.index: self.inflight.queued(w.index) for w in self.pool.active()}
-        while queued:
-            index = min(queued, key=queued.__getitem__)
-            n = min(per_request, self.staleness.capacity())
-            if queued[index] >= self.depth or n == 0 or not self.staleness.try_start(n):
-                return
-            requests = tuple(self.next_request() for _ in range(n))
-            worker = self.pool[index]
-            uids = f"{requests[0].uid}..{requests[-1].uid}" if n > 1 else str(requests[0].uid)
-            self.inflight.add(worker.actor.generate.remote(list(requests)),
-                              Pending("rollout", f"{worker.name} (prompts {uids})", worker=index,
-                                      incarnation=worker.restarts, requests=requests))
-            queued[index] += 1
-
-    def on_rollout(self, job: Pending, episodes: list[Episode]) -> None:
-        for episode in episodes:
-            for key, value in episode.stats.items():
-                if key.startswith("reward_calls/"):
-                    self.reward_calls[key] = self.reward_calls.get(key, 0.0) + value
-            self.buffer.add(episode)
-        check_failure_rate(self.reward_calls, self.cfg.task)  # stop rather than train on zeros
-
-    # ---- learner steps and weights ------------------------------------------------------------
-    def start_training(self, batch: list[Episode]) -> None:
-        refs = self.actors.train([e.group for e in batch], self.staleness.version)
-        for rank, ref in enumerate(refs):
-            self.inflight.add(ref, Pending("train", f"learner rank {rank} (step {self.step + 1})"))
-        self.training = {"refs": refs, "results": {}, "batch": batch, "start": time.perf_counter()}
-
-    def on_train(self, ref: ray.ObjectRef, job: Pending) -> Optional[dict[str, float]]:
-        """A rank's result; the step's record once every rank is back. A rank that failed or died
-        ends the job now (the others may be stuck in a collective with it): fail fast, name it."""
+        steps = self.cfg.run.steps
+        self.progress = tqdm(total=steps, initial=self.step, desc="train", dynamic_ncols=True,
+                             disable=not self.cfg.run.progress or not sys.stderr.isatty())
         try:
-            self.training["results"][ref] = ray.get(ref)
-        except ray.exceptions.RayError as e:
-            raise ActorFailure(self.learner_failure(ref, job, e)) from e
-        if len(self.training["results"]) == len(self.training["refs"]):
-            return self.finish_step()
-        return None
-
-    def learner_failure(self, ref: ray.ObjectRef, job: Pending, error: Exception) -> str:
-        """What failed: a rank that died is named first (its peers then fail in their collectives),
-        then ranks that raised, then ranks still running (stalled, or stuck waiting for the others)."""
-        others = {r: j for r, j in self.inflight.jobs.items() if j.kind == "train"}
-        if others:  # give the peers a moment to fail too, so that the dead rank is the one named
-            ray.wait(list(others), num_returns=len(others), timeout=5)
-        died, failed, running = [], [], []
-        for r, j in [(ref, job), *others.items()]:
-            if not ray.wait([r], timeout=0)[0]:
-                running.append(j)
-                continue
-            try:
-                ray.get(r)
-            except ray.exceptions.RayActorError as e:
-                died.append(f"{j.what} died ({_first_line(e)})")
-            except ray.exceptions.RayError as e:
-                failed.append(f"{j.what} failed: {_first_line(getattr(e, 'cause', None) or e)}")
-        parts = died + failed + ([f"still running: {self.inflight.describe(running)}"] if running else [])
-        return ("; ".join(parts) + f". The job stops; `stabledrl train --resume {self.cfg.run.output_dir}` continues "
-                "from its last checkpoint")
-
-    def finish_step(self) -> dict[str, float]:
-        batch, start = self.training["batch"], self.training["start"]
-        results = [self.training["results"][r] for r in self.training["refs"]]
-        train_s = time.perf_counter() - start
-        version = self.staleness.advance()
-        push_s = self.push_weights(version)
-        self.step += 1
-        self.training = None
-        if self.record_batches:
-            self.batches.append(batch)
-        record = self.log_step(batch, results, train_s, push_s)
-        every = self.cfg.run.checkpoint_every
-        if every and self.step % every == 0 and self.step < self.cfg.run.steps:
-            self.save_checkpoint()
-        if self.cfg.eval.every and self.step % self.cfg.eval.every == 0 and self.step < self.cfg.run.steps:
-            self.evaluate()
-        self.between_steps()
-        return record
-
-    # ---- waiting ------------------------------------------------------------------------------
-    def handle_events(self) -> list[dict[str, float]]:
-        """Handle every call that finished (at least one) and every late one; returns the records
-        of the steps that finished. A late call fails the job naming it, except a worker's start."""
-        if not len(self.inflight):
-            raise ActorFailure("the loop has nothing to wait for: no rollout admitted, no step running and no "
-                               f"worker starting (buffer {len(self.buffer)} groups, capacity {self.staleness.capacity()}, "
-                               f"{len(self.pool.active())} active workers)")
-        ready, late = self.wait_any()
-        records = []
-        for i, (ref, job) in enumerate(ready):
-            try:
-                if job.kind == "train":
-                    record = self.on_train(ref, job)
-                    if record is not None:
-                        records.append(record)
-                else:
-                    self.on_worker_result(ref, job)
-            except BaseException:  # the job fails: the calls not handled yet stay owed, none is lost
-                for unhandled in ready[i + 1 :]:
-                    self.inflight.add(*unhandled)
-                raise
-        fatal = []
-        for ref, job in late:
-            if job.kind == "start" and ref in self.inflight:
-                self.on_start_timeout(ref, job)
-            elif ref in self.inflight:
-                fatal.append(job)
-        if fatal:
-            raise ActorFailure("no answer within the timeout from: " + self.inflight.describe(fatal))
-        self.retire_idle()
-        return records
-
-    def wait_any(self) -> tuple[list[tuple[ray.ObjectRef, Pending]], list[tuple[ray.ObjectRef, Pending]]]:
-        """(finished calls, late calls) of the loop (Inflight.wait_any); a subclass may stop here."""
-        return self.inflight.wait_any()
+            self._drive(self.scheduler.begin("train", at=time.perf_counter()))
+        finally:
+            self.progress.close()
+            self.progress = None
 
     def drain(self) -> None:
-        """Let admitted rollouts, weight acks and starting workers finish (no new admissions)."""
-        while len(self.inflight):
-            self.handle_events()
+        """Let admitted rollouts, weight loads and starting workers finish (no new admissions)."""
+        self._drive(self.scheduler.begin("drain"))
 
-    # ---- logging, evaluation, checkpoints -------------------------------------------------------
-    def log_step(self, batch: list[Episode], results: list[dict[str, float]], train_s: float,
-                 push_s: float) -> dict[str, float]:
-        now = time.perf_counter()
-        step_s, self.last_step_end = now - self.last_step_end, now
-        info, a = self.actors.info, self.cfg.algorithm
-        record = {**rollout_metrics(batch), **merge_ranks(results), **self.staleness.step_metrics()}
-        record.update({"time/step": step_s, "time/train": train_s, "time/weight_push": push_s,
-                       "time/generate": record["rollout/generate_s"], "version": float(self.staleness.version),
-                       "rollout/empty_groups_total": float(self.buffer.empty), **self.worker_metrics(),
-                       **{f"rollout/{k}": v for k, v in self.reward_calls.items()}})
-        sequence_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for e in batch for s in e.group.samples)
-        record.update(perf_metrics(
-            step_s=step_s, train_s=train_s, samples=record["learner/samples"], tokens=record["learner/tokens"],
-            sequence_tokens=sequence_tokens, inner_iterations=a.inner_iterations,
-            forwards_per_estimate=forwards_per_estimate(self.cfg.estimator),
-            parameters=info["rollouts"][0]["parameters"], learner_devices=len(self.actors.learners),
-            peak_tflops=self.cfg.run.peak_tflops))
-        if self.step == 1:
-            record.update(self.startup)
-        self.history.append(self.metrics.log(self.step, record))
-        return record
+    def save_checkpoint(self) -> None:
+        self._drive(self.scheduler.begin("checkpoint"))
+
+    def export(self) -> None:
+        directory = self.cfg.run.output_dir / "final_model"
+        self.runtime.export(directory)
+        self.log(f"policy exported: {directory} (model.path={directory} loads it)")
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.runtime is not None:
+            self.runtime.close()
+        elif self.control is not None:
+            ray.kill(self.control)
+        self.runtime = self.control = None
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def _drive(self, commands: list[Any]) -> None:
+        """Carry out commands, wait for what they started, hand each event to the scheduler, until
+        the scheduler's goal is reached (or a Stop command ends the job)."""
+        pending = deque(commands)
+        while True:
+            while pending:
+                pending.extend(self._carry_out(pending.popleft()))
+            if self.scheduler.done:
+                return
+            if self.deadline is not None and time.time() > self.deadline:
+                raise DeadlineReached(f"deadline reached at step {self.step}")
+            for event in self.runtime.wait():
+                pending.extend(self.scheduler.handle(event))
+
+    def _carry_out(self, command: Any) -> list[Any]:
+        if isinstance(command, ev.Log):
+            self.log(command.line)
+        elif isinstance(command, ev.Record):
+            self._record(command)
+        elif isinstance(command, ev.Stop):
+            raise ev.ActorFailure(command.reason)
+        else:
+            return [c for event in self.runtime.execute(command) for c in self.scheduler.handle(event)]
+        return []
+
+    def _record(self, command: ev.Record) -> None:
+        written = self.metrics.log(command.step, command.metrics)
+        if command.batch is None:
+            return
+        self.history.append(written)
+        if self.record_batches:
+            self.batches.append(command.batch)
+        steps = self.cfg.run.steps
+        if self.progress is not None:
+            self.progress.update(1)
+            self.progress.set_postfix(reward=f"{written['rollout/reward_mean']:.3f}", loss=f"{written['train/loss']:.4f}",
+                                      dropped=int(written["staleness/dropped_total"]))
+            if self.cfg.run.progress and self.progress.disable and command.step % max(1, steps // 20) == 0:
+                self.log(progress_line(command.step, steps, written))  # a log file gets lines, not a bar
+
+    # ---- checkpoints and logs -------------------------------------------------------------------
+    def config_json(self) -> dict[str, Any]:
+        """The job's config as given (``run.resume_from`` left out): what config.yaml and every
+        checkpoint record, and what a resume is checked against."""
+        run = self.job_cfg.run.model_copy(update={"resume_from": None})
+        return self.job_cfg.model_copy(update={"run": run}).model_dump(mode="json")
+
+    def write_config(self) -> None:
+        """output_dir/config.yaml: the resolved config, which `stabledrl train --resume` reads back."""
+        import yaml
+
+        directory = self.cfg.run.output_dir
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.yaml").write_text(yaml.safe_dump(self.config_json(), sort_keys=False))
+
+    def restore(self, resume: checkpoint.Resume) -> None:
+        """After ``checkpoint.verify`` accepted the files and the config, and the actors started:
+        check the model's shapes, load every learner rank, restore the scheduler's state and push
+        the restored weights to every worker."""
+        actors, timeout = self.runtime.actors, self.cfg.cluster.start_timeout_s
+        where = resume.directory / resume.tag
+        shapes = wait([actors.learners[0].parameter_shapes.remote()], timeout, "learner rank 0 (parameter shapes)")[0]
+        checkpoint.check_shapes(resume.state["parameter_shapes"], shapes, where)
+        self.runtime.shapes = shapes
+        state = checkpoint.load(actors, resume, timeout)
+        try:
+            self.scheduler.load_state_dict(state, self.rows, resume.episodes)
+        except (ValueError, KeyError) as e:
+            raise checkpoint.CheckpointError(f"{where}: the task's rows changed ({e})") from None
+        except OverflowError as e:
+            raise checkpoint.CheckpointError(f"{where}: {e}") from None
+        self._drive(self.scheduler.begin("restore"))
+        self.log(f"resumed at step {self.step} (weights version {self.scheduler.staleness.version}, "
+                 f"{len(resume.episodes)} buffered groups) from {where}")
+
+    def first_evaluation(self) -> Optional[HeldOutResult]:
+        """The run's evaluation at step 0, as metrics.jsonl recorded it (a resumed run's BEFORE)."""
+        path = self.cfg.run.output_dir / "metrics.jsonl"
+        records = read_metrics(path) if path.is_file() else []
+        return next((HeldOutResult.from_metrics(r) for r in records if r.get("step") == 0 and "eval/pass@1" in r), None)
+
+    def recorded_evaluations(self) -> list[HeldOutResult]:
+        """Every held-out evaluation of the run, one per step (the last one recorded at a step: a
+        resumed process evaluates again at its checkpoint's step), as metrics.jsonl has them."""
+        path = self.cfg.run.output_dir / "metrics.jsonl"
+        by_step = {int(r["step"]): HeldOutResult.from_metrics(r) for r in (read_metrics(path) if path.is_file() else [])
+                   if "eval/pass@1" in r}
+        return [by_step[step] for step in sorted(by_step)]
 
     def log_data(self, reports: list[Any]) -> None:
         """Rows read, kept and skipped by reason (task.on_bad_row: skip), in the log and as data/*."""
@@ -339,60 +295,42 @@ class Driver(WorkerEvents, Checkpoints):
                 examples = "; ".join(report.examples[:3])
                 self.log(f"data: {report.source}: kept {report.kept} of {report.read} rows, skipped {reasons}"
                          + (f" (e.g. {examples})" if examples else ""))
-        self.metrics.log(self.step, data_metrics(reports))
+        self.metrics.log(0, data_metrics(reports))
 
-    def log_reward_stats(self) -> None:
+    def log_reward_totals(self) -> None:
         """The reward calls of the whole run, counted from the delivered requests (failures isolated)."""
-        total = {f"rollout/{k}": v for k, v in self.reward_calls.items()}
+        total = self.scheduler.totals()
         self.metrics.log(self.step, total)
         failed, calls = total.get("rollout/reward_calls/failed", 0), total.get("rollout/reward_calls/calls", 0)
         if failed:
             self.log(f"reward: {int(failed)} of {int(calls)} calls failed (see rollout/reward_calls/* in metrics.jsonl)")
 
-    def evaluate(self) -> Optional[HeldOutResult]:
-        if self.cfg.eval.protocol is not None:  # a published protocol's table as well (recipes/protocol_eval.py)
-            from recipes.protocol_eval import evaluate_in_training
+    # ---- what tests and tools read --------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self.scheduler.step if self.scheduler is not None else 0
 
-            self.metrics.log(self.step, evaluate_in_training(self.actors.rollouts, self.cfg, self.step, self.log))
-        if not self.held_out:
-            return None
-        e = self.cfg.eval
-        result = evaluate_held_out(self.actors.rollouts, self.held_out, e.samples_per_prompt, e.seed,
-                                   self.cfg.rollout.request_timeout_s, e.sampler_for(self.cfg.sampler))
-        self.metrics.log(self.step, result.metrics())
-        self.evaluations.append(result)
-        self.log(f"step {self.step}: held-out pass@1 {100 * result.pass_at_1:.1f}% on {result.num_prompts} prompts "
-                 f"({e.describe(self.cfg.sampler)}, weights version {result.version}, {result.time_s:.1f} s)")
-        return result
+    @property
+    def actors(self) -> Any:
+        """The job's actors (None before setup and after close)."""
+        return self.runtime.actors if self.runtime is not None else None
 
-    def final_window_text(self) -> str:
-        """'; mean of the last N evaluations: X%' over this process's evaluations after BEFORE (eval.final_window
-        > 1 and at least two of them), else ''."""
-        window = self.evaluations[1:][-self.cfg.eval.final_window :]
-        if self.cfg.eval.final_window == 1 or len(window) < 2:
-            return ""
-        mean = sum(r.pass_at_1 for r in window) / len(window)
-        return f"; mean of the last {len(window)} evaluations: {100 * mean:.1f}%"
+    def active_rollouts(self) -> list[Any]:
+        """The handles of the active rollout workers, by index (a test asks them for their weights)."""
+        return [self.runtime.actors.pool[w.index] for w in sorted(self.scheduler.fleet.active(), key=lambda w: w.index)]
 
-    def close(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
-        if self.actors is not None:
-            self.versions_at_close = self.worker_versions
-            self.actors.shutdown()
-            self.actors = None
-        self.stop_control()
+    @property
+    def worker_versions(self) -> list[int]:
+        """Weights version each active worker acknowledged, by index."""
+        return self.scheduler.fleet.versions()
 
+    @property
+    def stream(self) -> PromptStream:
+        return self.scheduler.stream
 
-def _first_line(e: BaseException) -> str:
-    lines = [line for line in str(e).strip().splitlines() if line.strip()]
-    return lines[-1][:400] if lines else type(e).__name__
-
-
-def _tty() -> bool:
-    import sys
-
-    return sys.stderr.isatty()
+    @property
+    def reward_calls(self) -> dict[str, float]:
+        return self.scheduler.reward_calls
 
 
 def progress_line(step: int, steps: int, record: dict[str, float]) -> str:

@@ -17,8 +17,7 @@ from typing import Sequence
 
 import torch
 
-from common.types import Group, Sample
-from rollout.workflow import Episode
+from common.types import Episode, Group, Sample
 
 TENSORS = ("prompt_ids", "completion_ids", "decode_step", "behaviour_token_logp")
 SCALARS = ("sample_id", "prompt_id", "index", "completion_length", "reward", "reward_parts", "policy_version",

@@ -1,11 +1,19 @@
 """What one step logs besides the learner's own ``train/*``: rollout statistics of the batch, the
-ranks' results merged, throughput and (optionally) MFU. Names per DESIGN.md."""
+ranks' results merged, throughput and (optionally) MFU (docs/design.md lists the names)."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from rollout.workflow import Episode
+from common.types import Episode
+from learner.losses.metrics import Reduce
+
+# how a rank-local value of LearnerWorker.train combines over the learner ranks (by key, then by
+# prefix); every other key is global (``train/*``: identical on every rank) and taken from rank 0
+RANK_REDUCTIONS = {"learner/staleness_max": Reduce.MAX, "learner/samples": Reduce.COUNT,
+                   "learner/tokens": Reduce.COUNT, "time/train_rank": Reduce.MAX}
+RANK_PREFIX_REDUCTIONS = {"learner/peak_": Reduce.MAX}  # peak memory per rank<r> (already all-gathered)
 
 
 def rollout_metrics(batch: Sequence[Episode]) -> dict[str, float]:
@@ -39,14 +47,25 @@ def data_metrics(reports: Sequence[Any]) -> dict[str, float]:
     return out
 
 
+def rank_reduction(key: str) -> Reduce:
+    """How ``key`` of the ranks' results combines (``RANK_REDUCTIONS``; LAST: rank 0's value)."""
+    if key in RANK_REDUCTIONS:
+        return RANK_REDUCTIONS[key]
+    return next((r for prefix, r in RANK_PREFIX_REDUCTIONS.items() if key.startswith(prefix)), Reduce.LAST)
+
+
 def merge_ranks(results: Sequence[dict[str, float]]) -> dict[str, float]:
-    """``train/*`` are already global (identical on every rank); rank-local values are combined:
-    learner/staleness_max by max, learner/samples and tokens by sum, time by the slowest rank."""
+    """One record from the learner ranks' results, each key by its reduction: ``train/*`` are
+    already global (rank 0's value); learner/staleness_max, the slowest rank's time and the peak
+    memory (learner/peak_*/rank<r>) by max, learner/samples and tokens by sum."""
     out = dict(results[0])
-    out["learner/staleness_max"] = max(r["learner/staleness_max"] for r in results)
-    for key in ("learner/samples", "learner/tokens"):
-        out[key] = sum(r[key] for r in results)
-    out["time/train_rank"] = max(r["time/train_rank"] for r in results)
+    for key in out:
+        reduce = rank_reduction(key)
+        values = [r[key] for r in results if key in r]
+        if reduce is Reduce.MAX:
+            out[key] = max(values)
+        elif reduce is Reduce.COUNT:
+            out[key] = sum(values)
     return out
 
 
@@ -71,3 +90,33 @@ def forwards_per_estimate(estimator: Any) -> int:
     """Model forwards one learner estimate costs per sample (coupled: 1 + 2 per pair)."""
     draws = int(getattr(estimator, "num_draws", 1))
     return 1 + 2 * draws if estimator.name == "coupled" else draws
+
+
+@dataclass
+class StepEnd:
+    """What a finished step's record needs: taken when the learner's result came back, and (the
+    push's time) when its weights were out."""
+
+    batch: list[Episode]
+    results: list[dict[str, float]]
+    train_s: float
+    at_end: dict[str, float]  # staleness/*, rollout/* counters, workers, faults: as the step ended
+    push_s: float = 0.0
+    push_at: float = 0.0
+
+
+def step_record(end: StepEnd, *, version: int, step_s: float, inner_iterations: int, estimator: Any,
+                parameters: int, learner_devices: int, peak_tflops: Optional[float]) -> dict[str, float]:
+    """The metrics.jsonl line of one step (keys in the order the logs have always had)."""
+    staleness = {k: v for k, v in end.at_end.items() if k.startswith("staleness/")}
+    record = {**rollout_metrics(end.batch), **merge_ranks(end.results), **staleness}
+    record.update({"time/step": step_s, "time/train": end.train_s, "time/weight_push": end.push_s,
+                   "time/generate": record["rollout/generate_s"], "version": float(version),
+                   **{k: v for k, v in end.at_end.items() if not k.startswith("staleness/")}})
+    sequence_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for e in end.batch for s in e.group.samples)
+    record.update(perf_metrics(
+        step_s=step_s, train_s=end.train_s, samples=record["learner/samples"], tokens=record["learner/tokens"],
+        sequence_tokens=sequence_tokens, inner_iterations=inner_iterations,
+        forwards_per_estimate=forwards_per_estimate(estimator), parameters=parameters,
+        learner_devices=learner_devices, peak_tflops=peak_tflops))
+    return record

@@ -45,6 +45,7 @@ from common.checkpoint_files import load_torch, restricted_unpickling, verify_ta
 from common.config.learner import LearnerConfig
 from learner.group import local_device
 from learner.lora import add_adapters, plain_named_parameters
+from learner.losses.metrics import Metric, Reduce
 from learner.zero import (
     build_optimizer,
     deepspeed_config,
@@ -56,7 +57,9 @@ from learner.zero import (
     zero3_numel,
 )
 
-LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, Metric]]]
+# how the engine's own values combine over the inner iterations of one RL step (the rest: mean)
+STEP_REDUCTIONS = {"train/skipped": Reduce.COUNT, "train/skipped_total": Reduce.LAST}
 
 
 class LearnerEngine:
@@ -94,10 +97,10 @@ class LearnerEngine:
 
         ``loss_fn(model, micro_batch) -> (loss, metrics)``: ``model`` is the DeepSpeed engine (it
         forwards calls and attribute reads to the wrapped module); ``loss`` is this micro-batch's
-        share of the global loss (already ÷ the global denominator); ``metrics`` are scalar
-        tensors aggregated like the loss: summed over micro-batches and ranks, so make them
-        globally normalised contributions too; keys ending in ``_max`` / ``_min`` are reduced by
-        max / min instead. Every rank must produce the same keys.
+        share of the global loss (already ÷ the global denominator); ``metrics`` map names to
+        ``Metric``s (learner/losses/metrics.py): a ``share`` (or a bare 0-d tensor) is summed over
+        micro-batches and ranks like the loss, so make it a globally normalised contribution too;
+        a ``max`` / ``min`` is reduced by max / min. Every rank must produce the same keys.
 
         Returns, identical on every rank: train/loss (the global loss), train/grad_norm (before
         clipping; inf when DeepSpeed skipped), train/lr, train/skipped (0/1), train/skipped_total,
@@ -112,7 +115,7 @@ class LearnerEngine:
 
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         sums: dict[str, torch.Tensor] = {}
-        extremes: dict[str, torch.Tensor] = {}
+        extremes: dict[str, tuple[Reduce, torch.Tensor]] = {}
         bad = torch.zeros((), dtype=torch.float64, device=self.device)
         for i in range(n_steps):
             real = i < n_local
@@ -164,13 +167,13 @@ class LearnerEngine:
         norm = None if norm is None else float(norm)
         return not self._bad_loss and (norm is None or is_finite(norm))
 
-    def _reduce_extremes(self, extremes: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One MAX all-reduce for every ``_max`` metric and the negated ``_min`` ones."""
+    def _reduce_extremes(self, extremes: dict[str, tuple[Reduce, torch.Tensor]]) -> dict[str, float]:
+        """One MAX all-reduce for every ``max`` metric and the negated ``min`` ones."""
         if not extremes:
             return {}
         keys = sorted(extremes)
-        sign = [1.0 if k.endswith("_max") else -1.0 for k in keys]
-        packed = torch.stack([s * extremes[k] for s, k in zip(sign, keys)])
+        sign = [1.0 if extremes[k][0] is Reduce.MAX else -1.0 for k in keys]
+        packed = torch.stack([s * extremes[k][1] for s, k in zip(sign, keys)])
         dist.all_reduce(packed, op=dist.ReduceOp.MAX)
         return {k: s * float(v) for s, k, v in zip(sign, keys, packed)}
 
@@ -274,16 +277,20 @@ def _check_writable(path: Path) -> None:
         raise PermissionError(13, f"learner rank checkpoint: no permission to write in {path}", str(path))
 
 
-def _accumulate(sums: dict[str, torch.Tensor], extremes: dict[str, torch.Tensor],
-                metrics: dict[str, torch.Tensor], device: torch.device) -> None:
-    for key, value in metrics.items():
+def _accumulate(sums: dict[str, torch.Tensor], extremes: dict[str, tuple[Reduce, torch.Tensor]],
+                metrics: dict[str, Any], device: torch.device) -> None:
+    for key, metric in metrics.items():
+        reduce = metric.reduce if isinstance(metric, Metric) else Reduce.SHARE
+        value = metric.value if isinstance(metric, Metric) else metric
         value = torch.as_tensor(value).detach().to(device=device, dtype=torch.float64).reshape(())
-        if key.endswith("_max"):
-            extremes[key] = torch.maximum(extremes[key], value) if key in extremes else value
-        elif key.endswith("_min"):
-            extremes[key] = torch.minimum(extremes[key], value) if key in extremes else value
-        else:
+        if reduce in (Reduce.MAX, Reduce.MIN):
+            pick = torch.maximum if reduce is Reduce.MAX else torch.minimum
+            extremes[key] = (reduce, pick(extremes[key][1], value) if key in extremes else value)
+        elif reduce is Reduce.SHARE:
             sums[key] = sums[key] + value if key in sums else value
+        else:
+            raise ValueError(f"metric {key!r}: the engine adds shares and takes max / min; weight a {reduce.value} "
+                             "into a share first (learner/worker.py does it by the micro-batch's rows)")
 
 
 def _rng_states() -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from common.estimators import learner_seeds
@@ -25,13 +26,13 @@ class MicroBatch:
     """Rows of one learner forward; ``counts`` are the whole step's (all ranks, all micro-batches)."""
 
     batch: SequenceBatch  # padded rows, ``advantages`` set (the SPG sandwich reads their sign)
-    mask_seeds: Tensor  # [b] int64, the seeds the rollout's behaviour estimate used
-    seeds: Tensor  # [b] int64, this inner iteration's estimator seeds (learner_seeds)
-    behaviour_logp: Tensor  # [b] float32
-    behaviour_token_logp: Optional[Tensor]  # [b, C] float32 where the estimator defines it
-    group_index: Tensor  # [b] int64, unique per group over the whole step
-    completion_length: Tensor  # [b] int64
-    counts: dict[str, Tensor]  # num_groups, num_samples, num_tokens of the whole step
+    mask_seeds: Int[Tensor, " b"]  # the seeds the rollout's behaviour estimate used
+    seeds: Int[Tensor, " b"]  # this inner iteration's estimator seeds (learner_seeds)
+    behaviour_logp: Float[Tensor, " b"]
+    behaviour_token_logp: Optional[Float[Tensor, "b C"]]  # where the estimator defines it
+    group_index: Int[Tensor, " b"]  # unique per group over the whole step
+    completion_length: Int[Tensor, " b"]
+    counts: dict[str, Float[Tensor, ""]]  # num_groups, num_samples, num_tokens of the whole step
     share: float  # b / num_samples: this micro-batch's weight in row-averaged metrics
 
     def for_iteration(self, masks: str, inner_iteration: int) -> "MicroBatch":

@@ -23,26 +23,30 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from common.config.estimator import EstimatorConfig
 from common.config.learner import LearnerConfig
+from common.config.loss import LossConfig
 from common.config.model import ModelConfig
 from common.estimators import estimate
 from common.models import export_hf, load_policy
 from common.runtime import setup_actor_process
-from common.transport.weights import WeightHandle, WeightPushConfig, setup_weight_push
+from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from common.types import Group
-from learner.losses import LossInputs, compute_loss, needs_whole_groups
+from learner.engine import STEP_REDUCTIONS
+from learner.losses import LossInputs, Metric, Reduce, compute_loss, needs_whole_groups
 from learner.rl_batch import MicroBatch, global_counts, micro_batches
 
 
 class LearnerWorker:
-    def __init__(self, rank: int, world_size: int, model: ModelConfig, learner: LearnerConfig, estimator: Any,
-                 loss: Any, *, inner_iterations: int, advantage_scale: str, micro_batch_size: int) -> None:
+    def __init__(self, rank: int, world_size: int, model: ModelConfig, learner: LearnerConfig, estimator: EstimatorConfig,
+                 loss: LossConfig, *, inner_iterations: int, advantage_scale: str, micro_batch_size: int) -> None:
         setup_actor_process()
         self.rank, self.world_size = rank, world_size
         self.model_cfg, self.cfg, self.estimator, self.loss_cfg = model, learner, estimator, loss
         self.inner_iterations, self.advantage_scale = inner_iterations, advantage_scale
         self.micro_batch_size = micro_batch_size
         self.whole_groups = needs_whole_groups(loss)
+        self.reductions: dict[str, Reduce] = dict(STEP_REDUCTIONS)  # how each train/* combines over iterations
         self.engine = self.reference = self.tokenizer = self.push = None
         self.steps = 0
 
@@ -80,12 +84,13 @@ class LearnerWorker:
         try:
             per_iteration = self._updates(groups, version, group_offset)
         except RuntimeError as e:  # gloo / NCCL raise RuntimeError subclasses when a peer stalls or dies
+            cause = (str(e).strip().splitlines() or [""])[0][:300]
             raise RuntimeError(
-                f"learner rank {self.rank} of {self.world_size}: the step at version {version} failed "
-                f"({type(e).__name__}: {e}); a collective that ends after learner.dist_timeout_s = "
-                f"{self.cfg.dist_timeout_s:.0f} s means another rank stalled or died") from e
+                f"learner rank {self.rank} of {self.world_size}: the step at version {version} failed; a collective "
+                f"that ends after learner.dist_timeout_s = {self.cfg.dist_timeout_s:.0f} s means another rank stalled "
+                f"or died ({type(e).__name__}: {cause})") from e
         self.steps += 1
-        out = _combine(per_iteration)
+        out = _combine(per_iteration, self.reductions)
         samples = [s for g in groups for s in g.samples]
         out["learner/staleness_max"] = float(max(version - s.policy_version for s in samples))
         out["learner/samples"] = float(len(samples))
@@ -106,7 +111,7 @@ class LearnerWorker:
             per_iteration.append(self.engine.train_step(batch, self._loss))
         return per_iteration
 
-    def _loss(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _loss(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, Metric]]:
         """The micro-batch's share of the global loss (``model`` is the DeepSpeed engine)."""
         ll = estimate(model, mb.batch, mb.seeds, self.estimator)
         device = ll.sequence.device
@@ -129,6 +134,7 @@ class LearnerWorker:
             elbo=ll.ratio_value,
         )
         loss, metrics = compute_loss(inputs, self.loss_cfg)
+        self.reductions.update({f"train/{k}": m.reduce for k, m in metrics.items()})
         return loss, _engine_metrics(metrics, mb.share)
 
     # ---- weights, checkpoints, export -----------------------------------------------------
@@ -176,41 +182,31 @@ def _needs_reference(loss: Any) -> bool:
     return getattr(loss, "kl_beta", 0.0) > 0 or (base is not None and _needs_reference(base))
 
 
-def _engine_metrics(metrics: dict[str, torch.Tensor], share: float) -> dict[str, torch.Tensor]:
-    """Loss metrics in the form LearnerEngine sums over micro-batches and ranks: ``loss/*`` shares
-    as they are; max / min statistics renamed to the engine's ``_max`` / ``_min`` suffixes; every
-    other statistic weighted by the micro-batch's share of the step's rows (a row-weighted mean)."""
-    out = {}
-    for key, value in metrics.items():
-        head, _, tail = key.rpartition("/")
-        if key.startswith("loss/"):
-            out[key] = value
-        elif tail in ("max", "min"):
-            out[f"{head}/_{tail}"] = value
-        elif key.endswith(("_max", "_min")):
-            out[key] = value
-        else:
-            out[key] = value * share
-    return out
+def _engine_metrics(metrics: dict[str, Metric], share: float) -> dict[str, Metric]:
+    """Loss metrics as LearnerEngine combines them over micro-batches and ranks: shares and
+    extremes as they are; a row statistic (``mean``) weighted by the micro-batch's share of the
+    step's rows, so that the sum over the step is a row-weighted mean."""
+    return {key: Metric(m.value * share, Reduce.SHARE) if m.reduce is Reduce.MEAN else m for key, m in metrics.items()}
 
 
-def _combine(per_iteration: list[dict[str, float]]) -> dict[str, float]:
-    """One record per step: the mean over inner iterations; grad norm also as its max, skipped
-    updates as a count; ``train/.../_max`` back to ``train/.../max``."""
+def _combine(per_iteration: list[dict[str, float]], reductions: dict[str, Reduce]) -> dict[str, float]:
+    """One record per step from the inner iterations' records, each value by its reduction
+    (learner/losses/metrics.py: max, min, count, last; mean and share: the mean); the grad norm
+    also as its max, the loss also as its first iteration's value."""
     out: dict[str, float] = {}
     for key in per_iteration[0]:
         values = [m[key] for m in per_iteration]
-        name = key.replace("/_max", "/max").replace("/_min", "/min")
-        if key.endswith("_max"):
-            out[name] = max(values)
-        elif key.endswith("_min"):
-            out[name] = min(values)
-        elif key in ("train/skipped",):
-            out[name] = sum(values)
-        elif key == "train/skipped_total":
-            out[name] = values[-1]
+        reduce = reductions.get(key, Reduce.MEAN)
+        if reduce is Reduce.MAX:
+            out[key] = max(values)
+        elif reduce is Reduce.MIN:
+            out[key] = min(values)
+        elif reduce is Reduce.COUNT:
+            out[key] = sum(values)
+        elif reduce is Reduce.LAST:
+            out[key] = values[-1]
         else:
-            out[name] = sum(values) / len(values)
+            out[key] = sum(values) / len(values)
     out["train/grad_norm_max"] = max(m["train/grad_norm"] for m in per_iteration)
     out["train/loss_first"] = per_iteration[0]["train/loss"]
     return out

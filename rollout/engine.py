@@ -1,42 +1,64 @@
 """The rollout engine interface, and the native torch engine that implements it.
 
-A rollout worker sees only ``RolloutEngine``: give it prompts with one seed per row, get back
-completions with the per-token decode step; give it new weights with their version. The native
-engine runs the samplers of rollout/sampling on a ``DiffusionPolicy`` in this process. Another
-backend (vLLM, SGLang: vLLM serves only DiffusionGemma among dLLMs today, see DESIGN.md) fills the
-same two methods and must keep the same contract:
+A rollout worker reaches its model only through ``RolloutEngine`` (the shape of AReaL's
+inference engines): sample completions, score them with the behaviour estimator, take new
+weights. The native engine runs the samplers of rollout/sampling and the estimators of
+common/estimators on a ``DiffusionPolicy`` in this process. Another backend (vLLM, SGLang: vLLM
+serves only DiffusionGemma among dLLMs today) fills the same three methods and keeps the same
+contract:
 
 - ``generate(prompts, seeds, cfg)``: prompts are 1-D int64 tensors without padding; ``seeds`` [B]
   seeds row b's randomness only, so a row's completion does not depend on its batch neighbours
   (needed for exactly-once replays and reproducible runs); output rows follow the prompt order;
   ``completion_ids`` is EOS-filled after the first EOS and ``decode_step`` [B, C] gives the step
   at which each token was committed (trajectory estimators read it; a backend that cannot record
-  it must say so rather than invent one).
-- ``load_weights(state_dict, version)``: names as in ``DiffusionPolicy.state_dict()``; after it
-  returns, every later ``generate`` uses these weights and reports ``policy_version = version``.
+  it must say so rather than invent one); the output carries the engine's ``policy_version``.
+- ``score(batch, seeds, estimator)``: the behaviour log-likelihood estimate of each row under the
+  weights that sampled it, with the row's mask seed (``common.estimators.estimate``'s contract):
+  the learner redraws the same masks from the same seeds.
+- ``update_weights(push, handle, partial=False)``: receive version ``handle.version`` through this
+  worker's end of the weight transport (common/transport) and load it; the engine owns the
+  version: after it returns, every later ``generate`` uses these weights and reports this version.
+  ``partial``: the push may carry only some parameters (a LoRA learner sends the matrices it
+  adapts, merged); the others keep the weights the engine holds.
 """
 from __future__ import annotations
 
 import time
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
+from common.config.estimator import EstimatorConfig
 from common.config.sampler import SamplerConfig
+from common.estimators import LogLikelihood, estimate
 from common.models.base import DiffusionPolicy
+from common.transport.weights import ParameterLoader, WeightHandle, WeightPush
+from common.types import SequenceBatch
 from rollout.sampling import GenerationOutput, StepGraphs, generate
 
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    policy_version: int
+    eos_token_id: int  # the token that ends a completion (the reward reads up to it)
+    pad_token_id: int  # the left padding of collated batches
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights every later ``generate`` and ``score`` uses."""
+        ...
 
     def generate(self, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig) -> GenerationOutput:
         """Sample ``cfg.gen_length`` tokens after each prompt; row b draws only from ``seeds[b]``."""
         ...
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Replace the weights (all of them, names of ``DiffusionPolicy.state_dict()``)."""
+    def score(self, batch: SequenceBatch, seeds: torch.Tensor, estimator: EstimatorConfig) -> LogLikelihood:
+        """The behaviour estimate of every row of ``batch`` under the current weights."""
+        ...
+
+    def update_weights(self, push: WeightPush, handle: WeightHandle, partial: bool = False) -> int:
+        """Receive and load version ``handle.version`` (``partial``: only some parameters may come);
+        returns the version now held."""
         ...
 
 
@@ -48,13 +70,18 @@ class TorchRolloutEngine:
     With ``cfg.cuda_graph`` the engine keeps the static cached steps (and their CUDA graphs) of the
     last ``graph_capacity`` shapes across requests (rollout/sampling/graphs.py), so a shape is
     captured once and replayed by every later request of that shape, across weight updates
-    (``load_weights`` copies in place, where the graphs read).
+    (``update_weights`` copies in place, where the graphs read).
     """
 
     def __init__(self, policy: DiffusionPolicy, policy_version: int = 0, graph_capacity: int = 2) -> None:
         self.policy = policy.eval()
-        self.policy_version = int(policy_version)
+        self.eos_token_id, self.pad_token_id = policy.eos_token_id, policy.pad_token_id
+        self._version = int(policy_version)
         self.graphs = StepGraphs(graph_capacity)
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
 
     def generate(self, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig) -> GenerationOutput:
         if len(prompts) != len(seeds):
@@ -73,11 +100,23 @@ class TorchRolloutEngine:
         inverse[torch.tensor(by_length)] = torch.arange(len(by_length))
         out = out.select(inverse)
         out.time_s = time.perf_counter() - t0
-        out.policy_version = self.policy_version
+        out.policy_version = self._version
         return out
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Copy the tensors into the policy's parameters in place (dtype and device converted);
-        every parameter and buffer must be given (a partial push is a bug upstream)."""
-        self.policy.load_state_dict(dict(state_dict), strict=True)  # raises on missing or unexpected names
-        self.policy_version = int(version)
+    @torch.no_grad()
+    def score(self, batch: SequenceBatch, seeds: torch.Tensor, estimator: EstimatorConfig) -> LogLikelihood:
+        return estimate(self.policy, batch, seeds, estimator)
+
+    def update_weights(self, push: WeightPush, handle: WeightHandle, partial: bool = False) -> int:
+        """Copy every received parameter into the policy in place (dtype and device converted);
+        a parameter the policy does not have is an error, and so is one that never arrives unless
+        the push is ``partial`` (then at least one must)."""
+        loader = ParameterLoader(self.policy, partial=partial)
+        version = push.receive(handle, loader)
+        loader.finish()
+        self._version = int(version)
+        return self._version
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.policy.parameters())

@@ -56,4 +56,4 @@ class EvalWorker:
         return {"worker": self.index, "device": str(self.device), "pid": os.getpid(), "load_s": self.load_s}
 
     def complete(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], sampler: SamplerConfig) -> list[str]:
-        return complete(self.engine, self.tokenizer, prompts, seeds, sampler, self.policy.eos_token_id)
+        return complete(self.engine, self.tokenizer, prompts, seeds, sampler, self.engine.eos_token_id)

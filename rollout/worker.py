@@ -4,7 +4,9 @@ The coordinator sends it requests of a few prompts (``generate``); each call ret
 ``Episode`` per prompt as soon as that request is done, so groups stream back request by request
 while other requests are still queued. Between requests it takes new weights
 (``receive_weights``: versioned, bounded by the push timeout) and reports the version it holds;
-every later request is sampled, and its behaviour estimate computed, under those weights.
+every later request is sampled, and its behaviour estimate computed, under those weights. The
+model is reached only through the rollout engine (rollout/engine.py): sampling, scoring and the
+weights with their version all go through it.
 
 The class is plain Python; the coordinator makes it an actor with the resources of the config
 (``ray.remote(RolloutWorker).options(num_cpus=..., num_gpus=...)``). On a GPU the policy sits on
@@ -17,15 +19,18 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
+from common.config.estimator import EstimatorConfig
 from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
 from common.config.task import AnyTaskConfig
 from common.models import load_policy
 from common.runtime import setup_actor_process
 from common.tasks import RewardScorer, Row, build_task
-from common.transport.weights import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
+from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+from common.types import Episode, PromptRequest, WorkerInfo
 from rollout.engine import TorchRolloutEngine
-from rollout.workflow import Episode, PromptRequest, behaviour_estimator, run_episodes
+from rollout.evaluate import EvalResult, evaluate
+from rollout.workflow import behaviour_estimator, run_episodes
 
 
 class RolloutWorker:
@@ -34,7 +39,7 @@ class RolloutWorker:
         index: int,
         model: ModelConfig,
         sampler: SamplerConfig,
-        estimator: Any,
+        estimator: EstimatorConfig,
         task: AnyTaskConfig,
         *,
         group_size: int,
@@ -43,8 +48,8 @@ class RolloutWorker:
         t0 = time.perf_counter()
         self.index = index
         self.device = setup_actor_process()
-        self.policy, self.tokenizer = load_policy(model, device=self.device)
-        self.engine = TorchRolloutEngine(self.policy, policy_version=0)
+        policy, self.tokenizer = load_policy(model, device=self.device)
+        self.engine = TorchRolloutEngine(policy, policy_version=0)
         self.sampler, self.group_size, self.seed = sampler, group_size, seed
         self.estimator = behaviour_estimator(estimator)
         self.task = build_task(task)
@@ -53,13 +58,13 @@ class RolloutWorker:
         self.push, self.partial_push = None, False
         self.start_s = time.perf_counter() - t0
 
-    def ready(self) -> dict[str, Any]:
+    def ready(self) -> WorkerInfo:
         """What the coordinator logs once the actor is up, and where it runs (elasticity: which node)."""
         import ray
 
         return {"worker": self.index, "device": str(self.device), "pid": os.getpid(), "load_s": self.start_s,
                 "node_id": ray.get_runtime_context().get_node_id(), "reward_sandbox": self.scorer.confinement,
-                "parameters": sum(p.numel() for p in self.policy.parameters()), "version": self.version()}
+                "parameters": self.engine.num_parameters, "version": self.version()}
 
     def version(self) -> int:
         return self.engine.policy_version
@@ -71,7 +76,7 @@ class RolloutWorker:
         so the coordinator counts every delivered call once, also of a worker that dies later."""
         before = self.scorer.stats.as_metrics(prefix="")
         episodes = run_episodes(
-            self.engine, requests, policy=self.policy, tokenizer=self.tokenizer, task=self.task,
+            self.engine, requests, tokenizer=self.tokenizer, task=self.task,
             scorer=self.scorer, group_size=self.group_size, sampler=self.sampler, estimator=self.estimator,
             seed=self.seed, worker=self.index,
         )
@@ -80,9 +85,6 @@ class RolloutWorker:
             calls = {f"reward_calls/{k}": after[k] - before[k] for k in after}
             episodes[0].stats = {**episodes[0].stats, **calls}  # the episodes share one stats dict
         return episodes
-
-    def reward_stats(self) -> dict[str, float]:
-        return self.scorer.stats.as_metrics(prefix="rollout/reward_calls/")
 
     # ---- weights --------------------------------------------------------------------------
     def setup_weight_push(self, cfg: WeightPushConfig, *, partial: bool = False, **kwargs: Any) -> None:
@@ -95,22 +97,19 @@ class RolloutWorker:
         self.partial_push = partial
 
     def receive_weights(self, handle: WeightHandle) -> int:
-        """Load version ``handle.version`` into the policy; returns the version now held."""
+        """Load version ``handle.version`` through the engine; returns the version now held."""
         if self.push is None:
             raise RuntimeError(f"rollout worker {self.index}: setup_weight_push was never called")
-        version = self.push.receive(handle, ParameterLoader(self.policy, partial=self.partial_push))
-        self.engine.policy_version = version
-        return version
+        return self.engine.update_weights(self.push, handle, partial=self.partial_push)
 
     # ---- evaluation -----------------------------------------------------------------------
     def evaluate(self, rows: Sequence[Row], samples_per_prompt: int, seed: int,
-                 sampler: Optional[Any] = None) -> tuple[int, Any]:
+                 sampler: Optional[SamplerConfig] = None) -> tuple[int, EvalResult]:
         """(version held, EvalResult) of ``rows`` under the current weights (rollout/evaluate.py),
         sampled with ``sampler`` (default: the worker's own sampler config)."""
-        from rollout.evaluate import evaluate
-
         result = evaluate(self.engine, rows, self.task, self.tokenizer, sampler or self.sampler, samples_per_prompt,
-                          seed, eos_token_id=self.policy.eos_token_id, scorer=self.scorer)  # the rollouts' sandbox
+                          seed, eos_token_id=self.engine.eos_token_id,
+                          scorer=self.scorer)  # the rollouts' sandbox
         return self.version(), result
 
     def complete(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], sampler: SamplerConfig) -> list[str]:
@@ -118,7 +117,7 @@ class RolloutWorker:
         protocol during training: recipes/protocol_eval.py; the same call as rollout.eval_worker's)."""
         from rollout.eval_worker import complete
 
-        return complete(self.engine, self.tokenizer, prompts, seeds, sampler, self.policy.eos_token_id)
+        return complete(self.engine, self.tokenizer, prompts, seeds, sampler, self.engine.eos_token_id)
 
     def close(self) -> None:
         self.scorer.close()

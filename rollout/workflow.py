@@ -17,36 +17,17 @@ worker failure reproduces it exactly.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import torch
 
-from common.config.estimator import BlockRandomConfig, SPGSandwichConfig
+from common.config.estimator import BlockRandomConfig, EstimatorConfig, SPGSandwichConfig
 from common.config.sampler import SamplerConfig
-from common.estimators import estimate
 from common.seeding import derive_seed
 from common.tasks import RewardScorer, Row, Task
 from common.tasks.prompts import prompt_ids
-from common.types import Group, Sample, collate_samples
+from common.types import Episode, Group, PromptRequest, Sample, collate_samples
 from rollout.engine import RolloutEngine
-
-
-@dataclass(frozen=True)
-class PromptRequest:
-    uid: int  # position of the prompt in the run's stream: seeds and exactly-once accounting
-    row: Row
-
-
-@dataclass
-class Episode:
-    """One finished prompt: its group (None when every sample was dropped) and what it cost."""
-
-    uid: int
-    prompt_id: str
-    group: Optional[Group]
-    worker: int
-    stats: dict[str, float] = field(default_factory=dict)  # this prompt's share of the request's cost
 
 
 def encode_prompt(tokenizer: Any, task: Task, row: Row) -> torch.Tensor:
@@ -65,7 +46,7 @@ def decode_completion(tokenizer: Any, completion_ids: torch.Tensor, length: int,
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def behaviour_estimator(cfg: Any) -> Any:
+def behaviour_estimator(cfg: EstimatorConfig) -> EstimatorConfig:
     """The estimator the rollout side runs: the configured one, except that the SPG sandwich
     (whose value depends on the advantage, unknown here) is replaced by block_random with the
     same settings: its ELBO is the sandwich's ``ratio_value`` on the same masks."""
@@ -88,13 +69,12 @@ def run_episodes(
     engine: RolloutEngine,
     requests: Sequence[PromptRequest],
     *,
-    policy: Any,
     tokenizer: Any,
     task: Task,
     scorer: RewardScorer,
     group_size: int,
     sampler: SamplerConfig,
-    estimator: Any,
+    estimator: EstimatorConfig,
     seed: int,
     worker: int = 0,
 ) -> list[Episode]:
@@ -113,7 +93,7 @@ def run_episodes(
     samples: list[list[Sample]] = [[] for _ in requests]
     for b, (q, i) in enumerate(rows):
         length = int(lengths[b])
-        text = decode_completion(tokenizer, completions[b], length, policy.eos_token_id)
+        text = decode_completion(tokenizer, completions[b], length, engine.eos_token_id)
         reward = scorer.score(text, requests[q].row)
         if reward is None:  # the task config drops samples whose reward failed
             continue
@@ -125,7 +105,7 @@ def run_episodes(
             mask_seed=mask_seed(seed, requests[q].uid, i), decode_step=decode_steps[b], answer=row.answer,
         ))
     t2 = time.perf_counter()
-    _estimate_behaviour(policy, [s for group in samples for s in group], estimator, sampler.max_batch_size)
+    _estimate_behaviour(engine, [s for group in samples for s in group], estimator, sampler.max_batch_size)
     t3 = time.perf_counter()
 
     n = len(requests)
@@ -138,14 +118,14 @@ def run_episodes(
     ]
 
 
-def _estimate_behaviour(policy: Any, samples: list[Sample], estimator: Any, chunk: int) -> None:
+def _estimate_behaviour(engine: RolloutEngine, samples: list[Sample], estimator: EstimatorConfig, chunk: int) -> None:
     """Fill behaviour_logp (and the per-token values where the estimator defines them) in place,
-    ``chunk`` samples per estimate call."""
+    ``chunk`` samples per ``engine.score`` call."""
     for start in range(0, len(samples), chunk):
         part = samples[start : start + chunk]
-        batch = collate_samples(part, policy.pad_token_id)
+        batch = collate_samples(part, engine.pad_token_id)
         seeds = torch.tensor([s.mask_seed for s in part], dtype=torch.long)
-        ll = estimate(policy, batch, seeds, estimator)
+        ll = engine.score(batch, seeds, estimator)
         values = ll.ratio_value.float().cpu()
         tokens = None if ll.token is None else ll.token.float().cpu()
         for j, s in enumerate(part):

@@ -1,4 +1,4 @@
-"""Configs of the likelihood estimators (ALGORITHMS.md §2, §5): one model per estimator, selected by
+"""Configs of the likelihood estimators (docs/algorithms.md §2, §5): one model per estimator, selected by
 ``name`` (a pydantic discriminated union). Defaults are the released settings of the method each
 estimator comes from; the docstring of each field names its source.
 

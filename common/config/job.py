@@ -29,7 +29,7 @@ TOKEN_ESTIMATORS = ("mean_field", "coupled", "trajectory")  # estimators that de
 
 
 class AlgorithmConfig(StrictModel):
-    """What one RL step is (ALGORITHMS.md §3-4)."""
+    """What one RL step is (docs/algorithms.md §3-4)."""
 
     group_size: int = Field(16, ge=2, description="G: completions per prompt; advantages are computed within a group")
     groups_per_step: int = Field(8, ge=1, description="prompts (groups) per optimizer batch, over all learner ranks")
@@ -63,8 +63,10 @@ class RolloutConfig(StrictModel):
         2, ge=1, description="requests queued on a worker at once (2: the next one is ready when one finishes)"
     )
     request_timeout_s: float = Field(
-        600.0, gt=0.0, description="longest the coordinator waits for any rollout or learner result before failing "
-        "with the list of what it waited for"
+        600.0, gt=0.0, description="longest one rollout request, one worker's part of a held-out evaluation or one "
+        "learner step may run (its clock starts when the call before it on the same actor finished): a rollout "
+        "worker past it is killed and replaced like a dead one, its prompts re-queued; a learner rank past it "
+        "stops the job, naming the rank"
     )
     min_workers: int = Field(
         1, ge=1, description="fewest workers the job runs with: `stabledrl scale` stops here, and a worker lost with "
@@ -78,7 +80,8 @@ class RolloutConfig(StrictModel):
         "resources for one (cluster.rollout), e.g. after a node joined"
     )
     max_restarts: int = Field(
-        3, ge=0, description="replacements of one worker whose process died; one more death fails the job, naming it"
+        3, ge=0, description="replacements of one worker whose process died or hung; one more loss fails the job, "
+        "naming it"
     )
 
     @property

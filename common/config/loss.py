@@ -1,6 +1,6 @@
 """Loss configs: one StrictModel per registered loss, a discriminated union on ``name``.
 
-Every field carries the released default of the method it configures (ALGORITHMS.md §3). The
+Every field carries the released default of the method it configures (docs/algorithms.md §3). The
 learner receives this section only; ``learner.losses.get_loss(cfg.name)`` finds the function.
 
     loss: {name: stabledrl, clip_max: 5.0}

@@ -1,4 +1,4 @@
-"""Sampler settings: how a rollout turns prompts into completions (ALGORITHMS.md §6).
+"""Sampler settings: how a rollout turns prompts into completions (docs/algorithms.md §6).
 
 Defaults are the released StableDRL/SPG rollout settings for LLaDA-8B (gen 256, 128 steps,
 block 32, temperature 0.9, low-confidence remasking, no cache). A block-diffusion policy

@@ -1,4 +1,4 @@
-"""Likelihood estimators for masked-diffusion LMs (ALGORITHMS.md §2, §5), one registry.
+"""Likelihood estimators for masked-diffusion LMs (docs/algorithms.md §2, §5), one registry.
 
     from common.estimators import estimate, learner_seeds
     ll = estimate(policy, batch, seeds, cfg)          # cfg: common.config.estimator.EstimatorConfig

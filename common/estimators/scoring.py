@@ -2,7 +2,7 @@
 
 Full-attention families (LLaDA, Dream) read a plain forward over ``[prompt | noisy completion]``.
 Block-diffusion families (SDAR, TraDo) read the staircase layout ``[prompt | clean completion |
-noisy completion]`` (ALGORITHMS.md §5): block b of the noisy copy sees the prompt and the *clean*
+noisy completion]`` (docs/algorithms.md §5): block b of the noisy copy sees the prompt and the *clean*
 blocks before it, so one forward scores every block's term log p(y_b | q, y_<b). Every estimator goes
 through here, so each one means the same thing on both kinds of family.
 

@@ -1,5 +1,5 @@
 """Block-diffusion ELBO with every block's term in one staircase forward (SDAR, arXiv 2510.06303;
-TraDo / TraceRL, arXiv 2509.06949; ALGORITHMS.md §5).
+TraDo / TraceRL, arXiv 2509.06949; docs/algorithms.md §5).
 
 Block diffusion factorises log pi(y) = sum_b log pi(y_b | q, y_<b). Per draw j and per completion
 block b (``policy.block_size`` tokens, n_b of them real): m_b ~ U{lo .. hi} with fractions in

@@ -285,9 +285,6 @@ class RewardScorer:
             return "inline: not confined (no timeout, no limits)"
         return "; ".join(self._child.confinement.get("notes", []))
 
-    def score_many(self, completions: Sequence[str], rows: Sequence[Row]) -> list[Optional[RewardResult]]:
-        return [self.score(c, r) for c, r in zip(completions, rows, strict=True)]
-
     def _call(self, completion: str, row: Row) -> tuple[str, Any]:
         if self._task is not None:
             try:

@@ -1,15 +1,40 @@
 """Weight transport between the learner and the rollout workers (runs inside both kinds of actor).
 
-``weights``: the ``WeightPush`` interface, its config, the Ray object-store push and the
-coordinator-side ``transfer_weights``; ``broadcast``: the collective (NCCL / gloo) push.
+``weights``: the interface (config, handle, ``WeightPush``, ``ParameterLoader``); ``object_store``
+and ``broadcast``: the two transports, which import only the interface; ``setup_weight_push``
+(here) builds this process's end of either from a resolved config.
 """
-from common.transport.weights import (
-    ParameterLoader,
-    WeightHandle,
-    WeightPush,
-    WeightPushConfig,
-    setup_weight_push,
-    transfer_weights,
-)
+from __future__ import annotations
 
-__all__ = ["ParameterLoader", "WeightHandle", "WeightPush", "WeightPushConfig", "setup_weight_push", "transfer_weights"]
+from typing import Optional, Sequence
+
+from common.transport.weights import ParameterLoader, WeightHandle, WeightPush, WeightPushConfig
+
+
+def setup_weight_push(
+    cfg: WeightPushConfig,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    peer_names: Optional[Sequence[str]] = None,
+) -> WeightPush:
+    """Build this process's end of the push. ``cfg.backend`` must be resolved (``WeightPushConfig.resolve``).
+    Object store: no arguments needed. Broadcast: ``rank`` 0 is learner rank 0, ranks 1..world_size-1
+    the rollout workers; (master_addr, master_port) is a free address on learner rank 0's node,
+    where rank 0 hosts the group's TCPStore; ``peer_names`` (rank 0 only) names receivers 1.. in errors."""
+    if cfg.backend == "auto":
+        raise ValueError("weights.backend 'auto' must be resolved against the cluster first (WeightPushConfig.resolve)")
+    if cfg.backend == "object_store":
+        from common.transport.object_store import ObjectStorePush
+
+        return ObjectStorePush(cfg)
+    from common.transport.broadcast import BroadcastPush
+
+    if master_addr is None or master_port is None:
+        raise ValueError(f"the {cfg.backend} weight push needs master_addr and master_port (learner rank 0's node)")
+    return BroadcastPush(cfg, cfg.backend, rank, world_size, master_addr, master_port, peer_names)
+
+
+__all__ = ["ParameterLoader", "WeightHandle", "WeightPush", "WeightPushConfig", "setup_weight_push"]

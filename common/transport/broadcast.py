@@ -32,22 +32,19 @@ Memory: two buckets on each end (2 x ``bucket_mb``).
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Iterator, Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from common.transport.store import decode_meta, encode_meta, open_store
-from common.transport.weights import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig, _finish, as_loader
+from common.transport.weights import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig
 
 ALIGN = 16  # byte alignment of each tensor inside a bucket (any dtype can be viewed in place)
 SENDER = "learner rank 0"
 
 
 class BroadcastPush:
-    concurrent = True
-
     def __init__(self, cfg: WeightPushConfig, backend: str, rank: int, world_size: int, master_addr: str,
                  master_port: int, peer_names: Optional[Sequence[str]] = None) -> None:
         if backend not in ("nccl", "gloo"):
@@ -116,12 +113,11 @@ class BroadcastPush:
             i += 1
 
     # ---- receiver -------------------------------------------------------------------------
-    def receive(self, handle: WeightHandle, target: Union[nn.Module, LoadFn]) -> int:
+    def receive(self, handle: WeightHandle, loader: LoadFn) -> int:
         if self.rank == 0:
             raise RuntimeError("rank 0 (learner rank 0) sends; it does not receive")
         version = handle.version
         self.store.set(f"v{version}/ready/{self.rank}", b"1")
-        loader = as_loader(target)
         self._connect()
         buffers: list[Optional[torch.Tensor]] = [None, None]
         pending = None  # (work, payload, entries, what) posted and not yet copied into the model
@@ -143,7 +139,6 @@ class BroadcastPush:
             i += 1
         if pending is not None:
             self._load(pending, loader, block=True)
-        _finish(loader)
         return version
 
     def _load(self, pending: tuple, loader: LoadFn, *, block: bool) -> None:

@@ -1,13 +1,14 @@
-"""The loss family: pure functions ``(LossInputs, cfg) -> (scalar, metrics)`` in one registry.
+"""The loss family: pure functions ``(LossInputs, cfg) -> LossOutput(loss, metrics)`` in one registry.
 
     from learner.losses import compute_loss, needs_whole_groups
-    loss, metrics = compute_loss(inputs, cfg.loss)
+    loss, metrics = compute_loss(inputs, cfg.loss)       # metrics: name -> Metric(value, reduce)
 
 One module per loss (grpo, stabledrl, spg, wd1, dppo, drpo, dipod); ``inputs`` documents the global
 normalisation rule every loss follows; ``advantages`` computes group-relative advantages.
 """
 from learner.losses.advantages import group_advantages
 from learner.losses.inputs import LossInputs, local_counts
+from learner.losses.metrics import LossOutput, Metric, Reduce
 from learner.losses.registry import LOSSES, LossEntry, compute_loss, get_loss, needs_whole_groups, register_loss
 
 # importing the modules registers the losses
@@ -17,6 +18,9 @@ __all__ = [
     "LOSSES",
     "LossEntry",
     "LossInputs",
+    "LossOutput",
+    "Metric",
+    "Reduce",
     "compute_loss",
     "get_loss",
     "group_advantages",

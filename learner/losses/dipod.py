@@ -1,16 +1,15 @@
 """DiPOD: any base loss plus an on-policy ELBO regulariser that keeps the bound tight."""
 from __future__ import annotations
 
-from torch import Tensor
 
 from common.config.loss import DipodLossConfig
 from learner.losses.inputs import LossInputs
-from learner.losses.metrics import detached
+from learner.losses.metrics import LossOutput, Metric
 from learner.losses.registry import get_loss, register_loss
 
 
 @register_loss("dipod", group_coupled=False, wraps_base=True)
-def dipod_loss(inputs: LossInputs, cfg: DipodLossConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def dipod_loss(inputs: LossInputs, cfg: DipodLossConfig) -> LossOutput:
     """DiPOD (arXiv 2606.13795):
 
         L = L_base − β_D · (1/num_samples) Σ_i ELBO_θ(o_i)        β_D = 0.05, same rollout batch
@@ -39,10 +38,10 @@ def dipod_loss(inputs: LossInputs, cfg: DipodLossConfig) -> tuple[Tensor, dict[s
     e = elbo.detach()
     metrics = {
         **base_metrics,
-        "loss/elbo_reg": regulariser,
-        "loss/total": total,
-        "dipod/elbo_mean": e.mean(),
-        "dipod/elbo_minus_behaviour": (e - inputs.behaviour_logp.float()).mean(),
-        "dipod/logp_minus_elbo": (inputs.logp.detach().float() - e).mean(),
+        "loss/elbo_reg": Metric.share(regulariser),
+        "loss/total": Metric.share(total),
+        "dipod/elbo_mean": Metric.mean(e.mean()),
+        "dipod/elbo_minus_behaviour": Metric.mean((e - inputs.behaviour_logp.float()).mean()),
+        "dipod/logp_minus_elbo": Metric.mean((inputs.logp.detach().float() - e).mean()),
     }
-    return total, detached(metrics)
+    return LossOutput(total, metrics)

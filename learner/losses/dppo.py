@@ -6,7 +6,7 @@ from torch import Tensor
 
 from common.config.loss import DppoLossConfig
 from learner.losses.inputs import LossInputs, units
-from learner.losses.metrics import advantage_metrics, detached, masked_mean, ratio_from_log, ratio_metrics
+from learner.losses.metrics import LossOutput, Metric, advantage_metrics, masked_mean, ratio_from_log, ratio_metrics
 from learner.losses.registry import register_loss
 
 
@@ -33,7 +33,7 @@ def trust_region_mask(p: Tensor, mu: Tensor, advantages: Tensor, cfg: DppoLossCo
 
 
 @register_loss("dppo", group_coupled=False)
-def dppo_loss(inputs: LossInputs, cfg: DppoLossConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def dppo_loss(inputs: LossInputs, cfg: DppoLossConfig) -> LossOutput:
     """DPPO (arXiv 2602.04879):
 
         r_ik = π_θ(o_ik) / μ(o_ik)                 anchored at the *behaviour* policy μ
@@ -60,11 +60,11 @@ def dppo_loss(inputs: LossInputs, cfg: DppoLossConfig) -> tuple[Tensor, dict[str
     divergence = (p - mu).abs() if cfg.divergence == "binary_tv" else binary_kl(p, mu)
     metrics = {
         **ratio_metrics(log_ratio, valid),
-        "dppo/masked_frac": masked_mean((~keep & valid).float(), valid),
-        "dppo/ratio_capped_frac": masked_mean((ratio > cfg.ratio_cap).float(), valid),
-        "dppo/divergence_mean": masked_mean(divergence, valid),
-        "loss/policy": policy,
-        "loss/total": policy,
+        "dppo/masked_frac": Metric.mean(masked_mean((~keep & valid).float(), valid)),
+        "dppo/ratio_capped_frac": Metric.mean(masked_mean((ratio > cfg.ratio_cap).float(), valid)),
+        "dppo/divergence_mean": Metric.mean(masked_mean(divergence, valid)),
+        "loss/policy": Metric.share(policy),
+        "loss/total": Metric.share(policy),
         **advantage_metrics(inputs.advantages),
     }
-    return policy, detached(metrics)
+    return LossOutput(policy, metrics)

@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from common.config.loss import DrpoLossConfig
 from learner.losses.inputs import LossInputs, units
-from learner.losses.metrics import advantage_metrics, detached, masked_mean, ratio_from_log, ratio_metrics
+from learner.losses.metrics import LossOutput, Metric, advantage_metrics, masked_mean, ratio_from_log, ratio_metrics
 from learner.losses.registry import register_loss
 
 
 @register_loss("drpo", group_coupled=False)
-def drpo_loss(inputs: LossInputs, cfg: DrpoLossConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def drpo_loss(inputs: LossInputs, cfg: DrpoLossConfig) -> LossOutput:
     """DRPO (arXiv 2606.09821), per token (or per sequence, weight |o_i|):
 
         r = π_θ / μ        (differentiable; μ = the behaviour probability, detached; no clipping)
@@ -41,13 +40,13 @@ def drpo_loss(inputs: LossInputs, cfg: DrpoLossConfig) -> tuple[Tensor, dict[str
     penalty_part = (penalty * u.weight).sum() / inputs.num_tokens
     metrics = {
         **ratio_metrics(log_ratio, valid),
-        "drpo/grad_weight_mean": masked_mean(grad_weight, valid),
-        "drpo/grad_weight_min": torch.where(valid, grad_weight, torch.ones_like(grad_weight)).amin(),
-        "drpo/corrective_frac": masked_mean((grad_weight < 0).float(), valid),
-        "drpo/penalty_mean": masked_mean(penalty, valid),
-        "loss/policy": total - penalty_part,
-        "loss/penalty": penalty_part,
-        "loss/total": total,
+        "drpo/grad_weight_mean": Metric.mean(masked_mean(grad_weight, valid)),
+        "drpo/grad_weight_min": Metric.min(torch.where(valid, grad_weight, torch.ones_like(grad_weight)).amin()),
+        "drpo/corrective_frac": Metric.mean(masked_mean((grad_weight < 0).float(), valid)),
+        "drpo/penalty_mean": Metric.mean(masked_mean(penalty, valid)),
+        "loss/policy": Metric.share(total - penalty_part),
+        "loss/penalty": Metric.share(penalty_part),
+        "loss/total": Metric.share(total),
         **advantage_metrics(inputs.advantages),
     }
-    return total, detached(metrics)
+    return LossOutput(total, metrics)

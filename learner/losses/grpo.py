@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from common.config.loss import GrpoLossConfig
 from learner.losses.inputs import LossInputs, units
-from learner.losses.metrics import advantage_metrics, detached, masked_mean, ratio_from_log, ratio_metrics
+from learner.losses.metrics import LossOutput, Metric, advantage_metrics, masked_mean, ratio_from_log, ratio_metrics
 from learner.losses.registry import register_loss
 
 
 @register_loss("grpo", group_coupled=False)
-def grpo_loss(inputs: LossInputs, cfg: GrpoLossConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def grpo_loss(inputs: LossInputs, cfg: GrpoLossConfig) -> LossOutput:
     """GRPO (arXiv 2402.03300) as d1 runs it on dLLMs (arXiv 2504.12216):
 
         ρ_ik = exp(log π̂_θ(o_ik) − log π̂_μ(o_ik))            (token ratios, or one per sequence)
@@ -20,7 +19,7 @@ def grpo_loss(inputs: LossInputs, cfg: GrpoLossConfig) -> tuple[Tensor, dict[str
 
     d1 defaults ε = 0.5, β = 0.04. The ratio is anchored at the behaviour estimate shipped with the
     sample. The clip is *conditional*: for A < 0 the min keeps the unclipped ρA, so a noise-inflated
-    ρ passes straight into the gradient (ALGORITHMS.md §1; ``clip/unclipped_high_neg_frac`` counts
+    ρ passes straight into the gradient (docs/algorithms.md §1; ``clip/unclipped_high_neg_frac`` counts
     it). Sequence form: each sequence counts as |o_i| tokens sharing its ratio.
     """
     u = units(inputs, cfg.level)
@@ -45,13 +44,13 @@ def grpo_loss(inputs: LossInputs, cfg: GrpoLossConfig) -> tuple[Tensor, dict[str
     r = ratio.detach()
     metrics = {
         **ratio_metrics(log_ratio, valid),
-        "clip/frac_upper": masked_mean(((a > 0) & (r > 1.0 + eps)).float(), valid),
-        "clip/frac_lower": masked_mean(((a < 0) & (r < 1.0 - eps)).float(), valid),
-        "clip/unclipped_high_neg_frac": masked_mean(((a < 0) & (r > 1.0 + eps)).float(), valid),
-        "kl/k3_mean": masked_mean(k3.detach(), valid),
-        "loss/policy": policy,
-        "loss/kl": cfg.kl_beta * kl,
-        "loss/total": total,
+        "clip/frac_upper": Metric.mean(masked_mean(((a > 0) & (r > 1.0 + eps)).float(), valid)),
+        "clip/frac_lower": Metric.mean(masked_mean(((a < 0) & (r < 1.0 - eps)).float(), valid)),
+        "clip/unclipped_high_neg_frac": Metric.mean(masked_mean(((a < 0) & (r > 1.0 + eps)).float(), valid)),
+        "kl/k3_mean": Metric.mean(masked_mean(k3.detach(), valid)),
+        "loss/policy": Metric.share(policy),
+        "loss/kl": Metric.share(cfg.kl_beta * kl),
+        "loss/total": Metric.share(total),
         **advantage_metrics(inputs.advantages),
     }
-    return total, detached(metrics)
+    return LossOutput(total, metrics)

@@ -34,29 +34,30 @@ from dataclasses import dataclass, fields, replace
 from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-Count = Union[float, Tensor]  # a python number or a 0-d tensor (e.g. the result of an all-reduce)
+Count = Union[float, Float[Tensor, ""]]  # a python number or a 0-d tensor (e.g. the result of an all-reduce)
 
 
 @dataclass
 class LossInputs:
     """Per-sample estimates and the step's global counts. B = rows here, T = completion width."""
 
-    logp: Tensor  # [B] sequence estimate under θ (differentiable)
-    behaviour_logp: Tensor  # [B] the same estimator under μ, computed by the rollout at version v_b
-    advantages: Tensor  # [B] A_i (group_advantages)
-    group_index: Tensor  # [B] int64; rows with equal values belong to one group (any ids, any order)
-    completion_length: Tensor  # [B] |o_i|: completion tokens up to and including the first EOS
+    logp: Float[Tensor, " B"]  # sequence estimate under θ (differentiable)
+    behaviour_logp: Float[Tensor, " B"]  # the same estimator under μ, computed by the rollout at version v_b
+    advantages: Float[Tensor, " B"]  # A_i (group_advantages)
+    group_index: Int[Tensor, " B"]  # rows with equal values belong to one group (any ids, any order)
+    completion_length: Int[Tensor, " B"]  # |o_i|: completion tokens up to and including the first EOS
     num_groups: Count  # groups in the whole optimizer step (all ranks and micro-batches)
     num_samples: Count  # samples in the whole step
     num_tokens: Count  # Σ_i |o_i| over the whole step
-    token_logp: Optional[Tensor] = None  # [B, T] per-token estimate under θ, where the estimator defines it
-    token_mask: Optional[Tensor] = None  # [B, T] bool, True on the |o_i| completion tokens
-    behaviour_token_logp: Optional[Tensor] = None  # [B, T] per-token estimate under μ
-    ref_logp: Optional[Tensor] = None  # [B] estimate under the reference policy (GRPO's KL)
-    ref_token_logp: Optional[Tensor] = None  # [B, T]
-    elbo: Optional[Tensor] = None  # [B] on-policy ELBO under θ (DiPOD); may be the same tensor as logp
+    token_logp: Optional[Float[Tensor, "B T"]] = None  # per-token estimate under θ, where the estimator defines it
+    token_mask: Optional[Bool[Tensor, "B T"]] = None  # True on the |o_i| completion tokens
+    behaviour_token_logp: Optional[Float[Tensor, "B T"]] = None  # per-token estimate under μ
+    ref_logp: Optional[Float[Tensor, " B"]] = None  # estimate under the reference policy (GRPO's KL)
+    ref_token_logp: Optional[Float[Tensor, "B T"]] = None
+    elbo: Optional[Float[Tensor, " B"]] = None  # on-policy ELBO under θ (DiPOD); may be the same tensor as logp
 
     def __post_init__(self) -> None:
         b = self.logp.shape
@@ -95,13 +96,13 @@ class LossInputs:
 
 
 class Units(NamedTuple):
-    """The units a ratio-based loss sums over: tokens [B, T] or whole sequences [B, 1]."""
+    """The units a ratio-based loss sums over: tokens (U = T) or whole sequences (U = 1)."""
 
-    logp: Tensor  # [B, U] under θ
-    behaviour_logp: Tensor  # [B, U] under μ
-    advantages: Tensor  # [B, U] A_i broadcast over the units of row i
-    weight: Tensor  # [B, U] token mask (token form) or |o_i| (sequence form), float
-    ref_logp: Optional[Tensor]  # [B, U]
+    logp: Float[Tensor, "B U"]  # under θ
+    behaviour_logp: Float[Tensor, "B U"]  # under μ
+    advantages: Float[Tensor, "B U"]  # A_i broadcast over the units of row i
+    weight: Float[Tensor, "B U"]  # token mask (token form) or |o_i| (sequence form)
+    ref_logp: Optional[Float[Tensor, "B U"]]
     level: str  # "token" or "sequence"
 
 
@@ -129,7 +130,7 @@ def units(inputs: LossInputs, level: str) -> Units:
     raise ValueError(f"unknown level {level!r}; valid: auto, token, sequence")
 
 
-def local_counts(group_index: Tensor, completion_length: Tensor) -> dict[str, Tensor]:
+def local_counts(group_index: Int[Tensor, " B"], completion_length: Int[Tensor, " B"]) -> dict[str, Float[Tensor, ""]]:
     """num_groups / num_samples / num_tokens of the rows given: the global counts when these rows
     are the whole step, else the per-rank part to all-reduce. Uses torch.unique (a host sync):
     call it when the batch is built, never inside a loss."""

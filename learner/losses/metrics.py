@@ -1,11 +1,23 @@
-"""Shared loss metrics: masked statistics of ratios, advantages and normalised weights.
+"""Loss metrics: a value with the way it combines (``Metric``), and the shared statistics of
+ratios, advantages and normalised weights.
 
-Every value is a detached 0-d tensor (no ``.item()``, no host sync). Statistics cover the rows of
-one micro-batch; the learner combines micro-batches by mean, except keys ending in ``max`` (max),
-keys ending in ``min`` (min), and ``loss/*`` keys, which are this micro-batch's share of the
-globally normalised step loss and therefore add up (sum).
+Every value is a detached 0-d tensor (no ``.item()``, no host sync) covering the rows of one
+micro-batch. How the learner combines a metric over the micro-batches and ranks of one update,
+and over the inner iterations of one step, is its ``Reduce``:
+
+    mean    a statistic of the rows: weighted by the micro-batch's share of the step's rows
+            (a row-weighted mean over the step), then the mean over inner iterations
+    share   this micro-batch's share of a globally normalised total (the ``loss/*`` parts): summed
+            over micro-batches and ranks, then the mean over inner iterations
+    max     the largest value (min: the smallest), everywhere
+    count   summed everywhere, inner iterations too (skipped updates)
+    last    a running total: its value after the last inner iteration
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import NamedTuple, Union
 
 import torch
 from torch import Tensor
@@ -13,6 +25,46 @@ from torch import Tensor
 from learner.losses.advantages import group_sum, groups_here
 
 LOG_RATIO_LIMIT = 20.0  # exp(±20) bounds every ratio: a finite value instead of inf/NaN from noise
+
+
+class Reduce(str, Enum):
+    MEAN = "mean"
+    SHARE = "share"
+    MAX = "max"
+    MIN = "min"
+    COUNT = "count"
+    LAST = "last"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric's value (a 0-d tensor, detached; a float once reduced) and how it combines."""
+
+    value: Union[Tensor, float]
+    reduce: Reduce = Reduce.MEAN
+
+    @classmethod
+    def mean(cls, x: Tensor) -> "Metric":
+        return cls(x.detach(), Reduce.MEAN)
+
+    @classmethod
+    def share(cls, x: Tensor) -> "Metric":
+        return cls(x.detach(), Reduce.SHARE)
+
+    @classmethod
+    def max(cls, x: Tensor) -> "Metric":
+        return cls(x.detach(), Reduce.MAX)
+
+    @classmethod
+    def min(cls, x: Tensor) -> "Metric":
+        return cls(x.detach(), Reduce.MIN)
+
+
+class LossOutput(NamedTuple):
+    """What a loss returns: the micro-batch's share of the step loss (differentiable) and its metrics."""
+
+    loss: Tensor
+    metrics: dict[str, Metric]
 
 
 def ratio_from_log(log_ratio: Tensor) -> Tensor:
@@ -41,37 +93,37 @@ def masked_min(x: Tensor, valid: Tensor) -> Tensor:
     return -masked_max(-x, valid)
 
 
-def ratio_metrics(log_ratio: Tensor, valid: Tensor) -> dict[str, Tensor]:
+def ratio_metrics(log_ratio: Tensor, valid: Tensor) -> dict[str, Metric]:
     """ratio/{mean,max,std} and log_ratio/{mean,min,max,std} over the valid units."""
     log_ratio = log_ratio.detach().float()
     ratio = ratio_from_log(log_ratio)
     return {
-        "ratio/mean": masked_mean(ratio, valid),
-        "ratio/max": masked_max(ratio, valid),
-        "ratio/std": masked_std(ratio, valid),
-        "log_ratio/mean": masked_mean(log_ratio, valid),
-        "log_ratio/min": masked_min(log_ratio, valid),
-        "log_ratio/max": masked_max(log_ratio, valid),
-        "log_ratio/std": masked_std(log_ratio, valid),
+        "ratio/mean": Metric.mean(masked_mean(ratio, valid)),
+        "ratio/max": Metric.max(masked_max(ratio, valid)),
+        "ratio/std": Metric.mean(masked_std(ratio, valid)),
+        "log_ratio/mean": Metric.mean(masked_mean(log_ratio, valid)),
+        "log_ratio/min": Metric.min(masked_min(log_ratio, valid)),
+        "log_ratio/max": Metric.max(masked_max(log_ratio, valid)),
+        "log_ratio/std": Metric.mean(masked_std(log_ratio, valid)),
     }
 
 
-def advantage_metrics(advantages: Tensor) -> dict[str, Tensor]:
+def advantage_metrics(advantages: Tensor) -> dict[str, Metric]:
     """advantage/{mean,std,abs_mean,max,min} and the fraction of exactly-zero advantages
     (rows of degenerate groups, which carry no policy gradient)."""
     a = advantages.detach().float()
     valid = torch.ones_like(a, dtype=torch.bool)
     return {
-        "advantage/mean": masked_mean(a, valid),
-        "advantage/std": masked_std(a, valid),
-        "advantage/abs_mean": masked_mean(a.abs(), valid),
-        "advantage/max": masked_max(a, valid),
-        "advantage/min": masked_min(a, valid),
-        "advantage/zero_frac": masked_mean((a == 0).float(), valid),
+        "advantage/mean": Metric.mean(masked_mean(a, valid)),
+        "advantage/std": Metric.mean(masked_std(a, valid)),
+        "advantage/abs_mean": Metric.mean(masked_mean(a.abs(), valid)),
+        "advantage/max": Metric.max(masked_max(a, valid)),
+        "advantage/min": Metric.min(masked_min(a, valid)),
+        "advantage/zero_frac": Metric.mean(masked_mean((a == 0).float(), valid)),
     }
 
 
-def ess_metrics(weights: Tensor, same: Tensor, prefix: str = "ess") -> dict[str, Tensor]:
+def ess_metrics(weights: Tensor, same: Tensor, prefix: str = "ess") -> dict[str, Metric]:
     """Effective sample size of self-normalised weights (Σ_{group} w̃ = 1).
 
     Per group ESS_g = 1 / Σ_{i∈g} w̃_i² ∈ [1, G]; ``{prefix}/mean`` is its mean over the groups here,
@@ -82,11 +134,7 @@ def ess_metrics(weights: Tensor, same: Tensor, prefix: str = "ess") -> dict[str,
     ess = 1.0 / group_sum(w.square(), same)  # [B] ESS of each row's group
     n_groups = groups_here(same)
     return {
-        f"{prefix}/mean": (ess / size).sum() / n_groups,
-        f"{prefix}/frac": (ess / size.square()).sum() / n_groups,
-        f"{prefix}/weight_max": w.amax(),
+        f"{prefix}/mean": Metric.mean((ess / size).sum() / n_groups),
+        f"{prefix}/frac": Metric.mean((ess / size.square()).sum() / n_groups),
+        f"{prefix}/weight_max": Metric.max(w.amax()),
     }
-
-
-def detached(metrics: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {k: v.detach() for k, v in metrics.items()}

@@ -1,6 +1,7 @@
 """The loss registry: name -> ``LossEntry`` (the pure function plus what the learner must know).
 
-A loss is ``fn(inputs: LossInputs, cfg) -> (scalar, metrics)``. ``group_coupled`` tells the learner
+A loss is ``fn(inputs: LossInputs, cfg) -> LossOutput(loss, metrics)``, each metric a ``Metric``
+that says how it combines over micro-batches, ranks and inner iterations. ``group_coupled`` tells the learner
 how it may cut a batch into micro-batches:
 
 - group-coupled (``stabledrl``: softmax of the weights over the group; ``wd1``: softmax of the
@@ -15,12 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from torch import Tensor
-
 from common.registry import Registry
 from learner.losses.inputs import LossInputs
+from learner.losses.metrics import LossOutput
 
-LossFn = Callable[[LossInputs, Any], "tuple[Tensor, dict[str, Tensor]]"]
+LossFn = Callable[[LossInputs, Any], LossOutput]
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class LossEntry:
     group_coupled: bool  # True: micro-batch by whole groups; False: by samples
     wraps_base: bool = False  # True: the config has a ``base`` loss whose coupling also applies
 
-    def __call__(self, inputs: LossInputs, cfg: Any) -> "tuple[Tensor, dict[str, Tensor]]":
+    def __call__(self, inputs: LossInputs, cfg: Any) -> LossOutput:
         return self.fn(inputs, cfg)
 
 
@@ -58,6 +58,6 @@ def needs_whole_groups(cfg: Any) -> bool:
     return entry.group_coupled or (entry.wraps_base and needs_whole_groups(cfg.base))
 
 
-def compute_loss(inputs: LossInputs, cfg: Any) -> "tuple[Tensor, dict[str, Tensor]]":
+def compute_loss(inputs: LossInputs, cfg: Any) -> LossOutput:
     """Look up ``cfg.name`` and apply it: the learner's one call."""
     return get_loss(cfg.name)(inputs, cfg)

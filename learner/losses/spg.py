@@ -1,16 +1,15 @@
 """SPG: a ratio-free policy gradient on the sandwiched likelihood bound."""
 from __future__ import annotations
 
-from torch import Tensor
 
 from common.config.loss import SpgLossConfig
 from learner.losses.inputs import LossInputs
-from learner.losses.metrics import advantage_metrics, detached
+from learner.losses.metrics import LossOutput, Metric, advantage_metrics
 from learner.losses.registry import register_loss
 
 
 @register_loss("spg", group_coupled=False)
-def spg_loss(inputs: LossInputs, cfg: SpgLossConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def spg_loss(inputs: LossInputs, cfg: SpgLossConfig) -> LossOutput:
     """SPG (arXiv 2510.09541):
 
         L = −Σ_i |o_i| A_i ℓ_SPG(o_i) / Σ_i |o_i|
@@ -23,9 +22,9 @@ def spg_loss(inputs: LossInputs, cfg: SpgLossConfig) -> tuple[Tensor, dict[str, 
     advantages = inputs.advantages.float()
     policy = -(length * advantages * inputs.logp.float()).sum() / inputs.num_tokens
     metrics = {
-        "loss/policy": policy,
-        "loss/total": policy,
-        "logp/mean": inputs.logp.float().mean(),
+        "loss/policy": Metric.share(policy),
+        "loss/total": Metric.share(policy),
+        "logp/mean": Metric.mean(inputs.logp.float().mean()),
         **advantage_metrics(advantages),
     }
-    return policy, detached(metrics)
+    return LossOutput(policy, metrics)

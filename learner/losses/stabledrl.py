@@ -4,17 +4,16 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
 
 from common.config.loss import StableDrlLossConfig
 from learner.losses.advantages import group_softmax, same_group
 from learner.losses.inputs import LossInputs
-from learner.losses.metrics import advantage_metrics, detached, ess_metrics, masked_mean, ratio_metrics
+from learner.losses.metrics import LossOutput, Metric, advantage_metrics, ess_metrics, masked_mean, ratio_metrics
 from learner.losses.registry import register_loss
 
 
 @register_loss("stabledrl", group_coupled=True)
-def stabledrl_loss(inputs: LossInputs, cfg: StableDrlLossConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def stabledrl_loss(inputs: LossInputs, cfg: StableDrlLossConfig) -> LossOutput:
     """StableDRL (arXiv 2603.06743), as released for LLaDA-8B:
 
         log w_i = (ELBO_θ(o_i) − ELBO_μ(o_i)).detach()
@@ -42,12 +41,12 @@ def stabledrl_loss(inputs: LossInputs, cfg: StableDrlLossConfig) -> tuple[Tensor
     valid = torch.ones_like(log_w, dtype=torch.bool)
     metrics = {
         **ratio_metrics(log_w, valid),
-        "clip/frac_upper": masked_mean((log_w > log_upper).float(), valid),
+        "clip/frac_upper": Metric.mean(masked_mean((log_w > log_upper).float(), valid)),
         **ess_metrics(weights, same),
-        "loss/policy": policy,
-        "loss/total": policy,
+        "loss/policy": Metric.share(policy),
+        "loss/total": Metric.share(policy),
         **advantage_metrics(advantages),
     }
     if cfg.clip_min is not None:
-        metrics["clip/frac_lower"] = masked_mean((log_w < math.log(cfg.clip_min)).float(), valid)
-    return policy, detached(metrics)
+        metrics["clip/frac_lower"] = Metric.mean(masked_mean((log_w < math.log(cfg.clip_min)).float(), valid))
+    return LossOutput(policy, metrics)

@@ -1,17 +1,16 @@
 """wd1: a ratio-free weighted likelihood with advantage-softmax weights."""
 from __future__ import annotations
 
-from torch import Tensor
 
 from common.config.loss import Wd1LossConfig
 from learner.losses.advantages import group_softmax, same_group
 from learner.losses.inputs import LossInputs
-from learner.losses.metrics import advantage_metrics, detached, ess_metrics
+from learner.losses.metrics import LossOutput, Metric, advantage_metrics, ess_metrics
 from learner.losses.registry import register_loss
 
 
 @register_loss("wd1", group_coupled=True)
-def wd1_loss(inputs: LossInputs, cfg: Wd1LossConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def wd1_loss(inputs: LossInputs, cfg: Wd1LossConfig) -> LossOutput:
     """wd1 (arXiv 2507.08838):
 
         w⁺_i = softmax_{group}(A)_i,   w⁻_i = softmax_{group}(−A)_i
@@ -32,10 +31,10 @@ def wd1_loss(inputs: LossInputs, cfg: Wd1LossConfig) -> tuple[Tensor, dict[str, 
     metrics = {
         **ess_metrics(w_pos, same, prefix="wd1/pos_ess"),
         **ess_metrics(w_neg, same, prefix="wd1/neg_ess"),
-        "loss/policy": total,
-        "loss/positive": positive,
-        "loss/negative": negative,
-        "loss/total": total,
+        "loss/policy": Metric.share(total),
+        "loss/positive": Metric.share(positive),
+        "loss/negative": Metric.share(negative),
+        "loss/total": Metric.share(total),
         **advantage_metrics(advantages),
     }
-    return total, detached(metrics)
+    return LossOutput(total, metrics)

@@ -1,5 +1,5 @@
 """The stability study: GRPO, StableDRL, StableDRL + DiPOD and DRPO on one model, task and set
-of seeds, in the regime ALGORITHMS.md §1 blames (independent masks, few Monte-Carlo draws,
+of seeds, in the regime docs/algorithms.md §1 blames (independent masks, few Monte-Carlo draws,
 several inner iterations, stale samples), with a table and a figure of the outcome.
 
     stabledrl study --config deploy/configs/study_cpu.yaml     (make study)

@@ -23,31 +23,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from coordinator.driver import Driver
+from coordinator.driver import DeadlineReached, Driver
 from recipes.study.config import StudyConfig, run_config, warmstart_config
 
 Log = Callable[[str], None]
 OUTCOMES = "outcomes.jsonl"
 # a lane process; not `-m recipes.study.runner`, which the package has imported already (runpy warns)
 LANE_ENTRY = "import sys; from recipes.study.runner import main; sys.exit(main(sys.argv[1:]))"
-
-
-class StudyStopped(RuntimeError):
-    """The study's deadline passed while this run was training."""
-
-
-class StudyDriver(Driver):
-    """The coordinator's Driver, which gives up once the study's deadline (wall-clock seconds
-    since the epoch) has passed; everything else is the Driver's own."""
-
-    def __init__(self, cfg, *, log: Log, deadline: Optional[float] = None) -> None:
-        super().__init__(cfg, log=log)
-        self.deadline = deadline
-
-    def wait_any(self, *args, **kwargs):
-        if self.deadline is not None and time.time() > self.deadline:
-            raise StudyStopped(f"study deadline reached at step {self.step}")
-        return super().wait_any(*args, **kwargs)
 
 
 @dataclass
@@ -121,8 +103,8 @@ def run_one(study: StudyConfig, method: str, seed: int, model_path: Path, log: L
     name = f"{method}/seed{seed}"
     t0 = time.time()
     try:
-        run = StudyDriver(cfg, log=lambda line: log(f"[{name}] {line}"), deadline=deadline).run()
-    except StudyStopped as e:
+        run = Driver(cfg, log=lambda line: log(f"[{name}] {line}"), deadline=deadline).run()
+    except DeadlineReached as e:
         log(f"[{name}] stopped: {e}")
         return RunOutcome(method, seed, "stopped", time.time() - t0, str(e))
     except Exception as e:  # one run's failure is reported; the study goes on

@@ -1,4 +1,4 @@
-"""Block-diffusion sampling (SDAR, TraDo; ALGORITHMS.md §5) with an exact KV cache.
+"""Block-diffusion sampling (SDAR, TraDo; docs/algorithms.md §5) with an exact KV cache.
 
 log pi(y) = sum_b log pi(y_b | q, y_<b): blocks of ``policy.block_size`` are generated left to
 right, each by masked diffusion over its own positions (decode.py's step rule), attending to

@@ -28,7 +28,7 @@ import benchlib as bl
 import torch
 
 from common.config.learner import LoraConfig
-from common.transport.weights import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
+from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
 from learner.group import free_port
 from learner.lora import add_adapters, merged_weight
 

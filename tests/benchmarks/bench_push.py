@@ -85,7 +85,7 @@ def checksums(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
 
 
 def rank_main(a: argparse.Namespace) -> None:
-    from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+    from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
 
     rank = a.rank
     cuda = torch.cuda.is_available()
@@ -149,7 +149,9 @@ def rank_main(a: argparse.Namespace) -> None:
                 if rank == 0:
                     push.send(iter(named), version["v"])
                 else:
-                    assert push.receive(WeightHandle(version["v"], backend), policy) == version["v"]
+                    loader = ParameterLoader(policy)
+                    assert push.receive(WeightHandle(version["v"], backend), loader) == version["v"]
+                    loader.finish()
             secs = time_both(one_push, dev, a.reps)
             sums = checksums(named)
             expected = sums.clone()

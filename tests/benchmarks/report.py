@@ -94,7 +94,7 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
     fg = part(data, "full_attention", "cuda_graph")
     if fg:
         th, fx = fg.get("threshold") or {}, fg.get("fixed") or {}
-        out.append(("3e experiment: dual-cache step as a CUDA graph, + threshold vs naive", 
+        out.append(("3e experiment: dual-cache step as a CUDA graph, + threshold vs naive",
                     fmt(th.get("speedup_vs_naive_steps_gen"), ".1f", "x"), ">= 10x", met(th.get("speedup_vs_naive_steps_gen"), 10),
                     f"threshold: {fmt(th.get('tokens_per_s'), '.0f')} tokens/s, {th.get('forwards', '-')} forwards, "
                     f"{fmt(th.get('speedup_vs_eager_threshold'), '.2f', 'x')} the eager run, tokens equal: "

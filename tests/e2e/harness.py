@@ -119,7 +119,7 @@ class InspectedLearner(LearnerWorker):
 
 class InspectedRollout(RolloutWorker):
     def weights(self):
-        return self.version(), {n: p.detach().clone() for n, p in self.policy.named_parameters()}
+        return self.version(), {n: p.detach().clone() for n, p in self.engine.policy.named_parameters()}
 
 
 def recording_rollout(records: Path, *, nan_uids: frozenset = frozenset(), die_on_call: Optional[int] = None,
@@ -195,7 +195,7 @@ def run_driver(cfg: JobConfig, rollout_cls: type = InspectedRollout, learner_cls
         if export:
             driver.export()
         weights = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=120)[0]
-        held = ray.get([w.weights.remote() for w in driver.actors.rollouts], timeout=120) if workers else []
+        held = ray.get([w.weights.remote() for w in driver.active_rollouts()], timeout=120) if workers else []
     finally:
         driver.close()
     return driver, weights, held

@@ -45,8 +45,8 @@ def operator(cluster, driver: Driver, records: Path, events: dict) -> None:
     cluster.wait_for_nodes()
     events["node"] = node.node_id
     (records / "node_added").touch()  # step 2 trains now; its end sees the room
-    pool = lambda: driver.actors.pool.workers if driver.actors is not None else {}  # noqa: E731
-    if not wait_until(lambda: getattr(pool().get(1), "state", None) == "active", "worker 1 active", events):
+    fleet = driver.scheduler.fleet
+    if not wait_until(lambda: getattr(fleet.get(1), "state", None) == "active", "worker 1 active", events):
         return
     (records / "worker1_active").touch()
     if not wait_until(lambda: any(e.worker == 1 for b in driver.batches for e in b), "a batch with worker 1's groups", events):

@@ -244,9 +244,10 @@ def test_a_worker_that_keeps_dying_fails_the_job_naming_it(cluster, tmp_path):
     finally:
         driver.close()
     replaced = [line for line in lines if "re-queued; replacement" in line]
-    assert len(replaced) >= 2 and driver.counts["faults/rollout_workers_replaced"] == len(replaced)
-    outstanding = [r.uid for r in driver.requeue + driver.inflight.requests()]  # none delivered, none lost:
-    assert sorted(outstanding) == list(range(driver.next_uid)) and driver.buffer.seen == set()  # all still owed
+    scheduler = driver.scheduler
+    assert len(replaced) >= 2 and scheduler.counts["faults/rollout_workers_replaced"] == len(replaced)
+    # none delivered, none lost: every admitted prompt is still owed
+    assert scheduler.outstanding() == list(range(scheduler.next_uid)) and scheduler.buffer.seen == set()
 
 
 def test_a_stalled_learner_rank_makes_its_peers_time_out_naming_it(cluster, tmp_path):

@@ -92,7 +92,7 @@ def head():
 def test_ray_job_submit_runs_a_short_job_to_success(head, tmp_path):
     url, env = head
     out_dir = tmp_path / "run"
-    for attempt in range(12):  # the job server answers before its agent registers (slow on a busy machine)
+    for _ in range(12):  # the job server answers before its agent registers (slow on a busy machine)
         result = subprocess.run(
             # one learner rank and one rollout worker: this test is about the submission path (the
             # multi-actor system is tested in test_system.py), and each actor costs seconds of start-up

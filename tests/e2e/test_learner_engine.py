@@ -20,6 +20,7 @@ from common.checkpoint_files import FORMAT  # noqa: E402
 from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
 from common.models.presets import build_tiny_policy  # noqa: E402
 from coordinator.checkpoint import write_state  # noqa: E402
+from learner.losses.metrics import Metric  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -50,7 +51,8 @@ def token_loss(model, mb: dict) -> tuple[torch.Tensor, dict]:
         loss = loss + torch.tensor(float("nan"))
     if mb.get("poison") == "grad":  # finite loss, NaN gradient: d sqrt(|x|)/dx at x = 0
         loss = loss + torch.sqrt((logits - logits.detach()).sum().abs())
-    return loss, {"nll": loss.detach(), "nll_max": nll.max().detach(), "tokens": torch.tensor(nll.numel() / mb["denominator"])}
+    return loss, {"nll": Metric.share(loss), "nll_max": Metric.max(nll.max()),
+                  "tokens": torch.tensor(nll.numel() / mb["denominator"])}  # a bare tensor: a share
 
 
 def shard(seeds_per_rank: list[list[tuple[int, int]]], **extra) -> list[list[dict]]:
@@ -166,7 +168,9 @@ class Reference:
         from learner.zero import lr_at
 
         self.optimizer.zero_grad()
-        total = sum(token_loss(self.model, mb)[0] for rank in mbs for mb in rank)
+        outs = [token_loss(self.model, mb) for rank in mbs for mb in rank]
+        total = sum(loss for loss, _ in outs)
+        self.nll_max = max(float(metrics["nll_max"].value) for _, metrics in outs)
         total.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.opt.grad_clip or float("inf"))
         for g in self.optimizer.param_groups:
@@ -211,6 +215,7 @@ def test_sharded_steps_equal_one_process_on_all_data(ranks, stage):
         assert metrics["train/micro_batches"] == sum(len(r) for r in data)
         assert metrics["train/loss"] == pytest.approx(ref_loss, rel=1e-5)
         assert metrics["train/nll"] == pytest.approx(ref_loss, rel=1e-5)
+        assert metrics["train/nll_max"] == pytest.approx(ref.nll_max, rel=1e-5)  # a max over ranks, not a sum
         assert metrics["train/tokens"] == pytest.approx(1.0, rel=1e-6)  # Σ of globally normalised parts
         assert metrics["train/grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
         assert_update_close(start, after, ref.weights())

@@ -9,7 +9,6 @@ Families: the tiny LLaDA and Dream presets (Dream has biased q/k/v projections a
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 import torch
@@ -210,11 +209,11 @@ class LoraLearner(LearnerWorker):
 
 class LoraRollout(RolloutWorker):
     def weights(self):
-        return self.version(), {n: p.detach().clone() for n, p in self.policy.named_parameters()}
+        return self.version(), {n: p.detach().clone() for n, p in self.engine.policy.named_parameters()}
 
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return self.policy(ids, logits_from=1).logits.float()
+            return self.engine.policy(ids, logits_from=1).logits.float()
 
 
 @pytest.mark.parametrize("family, backend", [("llada", "object_store"), ("dream", "gloo")])
@@ -236,8 +235,8 @@ def test_a_lora_job_pushes_merged_matrices_and_exports_the_merged_model(cluster,
         pushed = ray.get([a.pushed.remote() for a in learners])[0]
         exported = ray.get([a.exported.remote() for a in learners])[0]
         learner_logits = ray.get([a.logits.remote(PROBE) for a in learners])[0]
-        workers = ray.get([w.weights.remote() for w in driver.actors.rollouts])
-        worker_logits = ray.get([w.logits.remote(PROBE) for w in driver.actors.rollouts])
+        workers = ray.get([w.weights.remote() for w in driver.active_rollouts()])
+        worker_logits = ray.get([w.logits.remote(PROBE) for w in driver.active_rollouts()])
     finally:
         driver.close()
     # its final checkpoint passes a resume's checks, and only with the same adapters

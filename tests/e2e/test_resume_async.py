@@ -26,7 +26,8 @@ import torch
 ray = pytest.importorskip("ray")
 
 import harness  # noqa: E402
-from coordinator.control import scale, start_control  # noqa: E402
+from cli.scale import scale  # noqa: E402
+from coordinator.control import start_control  # noqa: E402
 from coordinator.driver import Driver  # noqa: E402
 from harness import DETERMINISTIC, job_config, recording_learner, recording_rollout, run_driver, wait_until  # noqa: E402
 
@@ -56,9 +57,9 @@ def operator(driver: Driver, records: Path, events: dict) -> None:
         return
     events["up"] = scale(NAME, 3)[0]
     (records / "requested").touch()  # step 2 may train now: its end applies the request
-    pool = lambda: driver.actors.pool.workers if driver.actors is not None else {}  # noqa: E731
+    fleet = driver.scheduler.fleet
     # up: with a broadcast push it then joins the group at the next push ("syncing" until then)
-    if not wait_until(lambda: getattr(pool().get(2), "state", None) in ("syncing", "active"), "worker 2 up", events):
+    if not wait_until(lambda: getattr(fleet.get(2), "state", None) in ("syncing", "active"), "worker 2 up", events):
         return
     (records / "worker2_up").touch()
     if not wait_until(lambda: any(e.worker == 2 for b in driver.batches for e in b), "a batch with worker 2's groups", events):

@@ -1,6 +1,8 @@
 """Weight push end to end on real Ray actors: a 2-rank ZeRO-3 learner (DeepSpeed on CPU) streams
 its gathered parameters from rank 0 to 2 receiver actors, through the Ray object store and through
-the collective broadcast group (gloo: the code path NCCL takes on GPU)."""
+the collective broadcast group (gloo: the code path NCCL takes on GPU). The calls are the driver's
+own (coordinator.weight_sync.push_calls) and each receiver loads through its rollout engine
+(TorchRolloutEngine.update_weights), as a rollout worker does."""
 from __future__ import annotations
 
 import sys
@@ -13,7 +15,8 @@ ray = pytest.importorskip("ray")
 
 from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
 from common.models.presets import build_tiny_policy  # noqa: E402
-from common.transport.weights import WeightPushConfig, transfer_weights  # noqa: E402
+from common.transport.weights import WeightPushConfig  # noqa: E402
+from coordinator.weight_sync import push_calls  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -53,13 +56,13 @@ class LearnerRank:
         self.engine.train_step([{"input_ids": ids, "denominator": 32.0}], ce_loss)
 
     def setup_push(self, cfg: WeightPushConfig, **kwargs) -> None:
-        from common.transport.weights import setup_weight_push
+        from common.transport import setup_weight_push
 
         if getattr(self, "push_end", None) is not None:
             self.push_end.close()
         self.push_end = setup_weight_push(cfg, **kwargs) if self.rank == 0 else None
 
-    def push(self, version: int):
+    def push_weights(self, version: int):
         named = self.engine.named_parameters_for_push()
         if self.push_end is None:
             for _ in named:  # ZeRO-3 gathers are collective: take part, keep nothing
@@ -74,23 +77,24 @@ class LearnerRank:
 @ray.remote(num_cpus=0.25)
 class Receiver:
     def __init__(self) -> None:
+        from rollout.engine import TorchRolloutEngine
+
         torch.set_num_threads(1)
-        self.model = build_tiny_policy("llada", vocab_size=VOCAB, seed=1)  # other weights than the learner's
-        self.version = -1
+        # other weights than the learner's, behind the engine a rollout worker uses
+        self.engine = TorchRolloutEngine(build_tiny_policy("llada", vocab_size=VOCAB, seed=1), policy_version=-1)
 
     def setup_push(self, cfg: WeightPushConfig, **kwargs) -> None:
-        from common.transport.weights import setup_weight_push
+        from common.transport import setup_weight_push
 
         if getattr(self, "push_end", None) is not None:
             self.push_end.close()
         self.push_end = setup_weight_push(cfg, **kwargs)
 
-    def receive(self, handle) -> int:
-        self.version = self.push_end.receive(handle, self.model)
-        return self.version
+    def receive_weights(self, handle) -> int:
+        return self.engine.update_weights(self.push_end, handle)
 
     def weights(self) -> tuple[int, dict]:
-        return self.version, {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        return self.engine.policy_version, {n: p.detach().clone() for n, p in self.engine.policy.named_parameters()}
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +118,11 @@ def cluster():
 
 def push(cluster, cfg: WeightPushConfig, version: int) -> None:
     learners, receivers = cluster
-    _, seconds = transfer_weights(cfg, [a.push.remote for a in learners], [r.receive.remote for r in receivers],
-                                  version)
-    TIMES[f"push_{cfg.backend}"] = seconds
+    t0 = time.perf_counter()
+    sends, receives = push_calls(cfg.backend, learners, receivers, version)
+    assert ray.get(receives, timeout=120) == [version] * len(receivers)
+    ray.get(sends, timeout=120)
+    TIMES[f"push_{cfg.backend}"] = time.perf_counter() - t0
 
 
 def weights_of(learners) -> dict:
@@ -176,8 +182,8 @@ def test_missing_receiver_fails_the_sender_in_time_and_names_it(cluster):
     from common.transport.weights import WeightHandle
 
     t0 = time.perf_counter()
-    sends = [a.push.remote(4) for a in learners]
-    receives = [r.receive.remote(WeightHandle(4, "gloo")) for r in receivers]
+    sends = [a.push_weights.remote(4) for a in learners]
+    receives = [r.receive_weights.remote(WeightHandle(4, "gloo")) for r in receivers]
     with pytest.raises(ray.exceptions.RayTaskError, match="never joined: rollout-ghost"):
         ray.get(sends[0], timeout=60)
     TIMES["sender_timeout"] = elapsed = time.perf_counter() - t0

@@ -26,7 +26,7 @@ ray = pytest.importorskip("ray")
 
 from common.config.base import validate  # noqa: E402
 from common.config.job import JobConfig  # noqa: E402
-from coordinator.control import scale  # noqa: E402
+from cli.scale import scale  # noqa: E402
 from coordinator.driver import Driver  # noqa: E402
 from learner.worker import LearnerWorker  # noqa: E402
 from rollout.worker import RolloutWorker  # noqa: E402
@@ -54,7 +54,7 @@ def dying_rollout(marker: str) -> type:
             return super().generate(requests)
 
         def weights(self):
-            return self.version(), {n: p.detach().cpu().clone() for n, p in self.policy.named_parameters()}
+            return self.version(), {n: p.detach().cpu().clone() for n, p in self.engine.policy.named_parameters()}
 
     return DyingRollout
 
@@ -110,7 +110,7 @@ def test_nccl_group_follows_scale_out_and_a_killed_worker(gpu_cluster, tmp_path)
         driver.train()
         driver.drain()
         learner = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=300)[0]
-        held = ray.get([w.weights.remote() for w in driver.actors.rollouts], timeout=300)
+        held = ray.get([w.weights.remote() for w in driver.active_rollouts()], timeout=300)
     finally:
         driver.close()
     thread.join(timeout=10)

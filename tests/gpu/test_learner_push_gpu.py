@@ -19,7 +19,8 @@ ray = pytest.importorskip("ray")
 
 from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
 from common.models.presets import build_tiny_policy  # noqa: E402
-from common.transport.weights import WeightHandle, WeightPushConfig, transfer_weights  # noqa: E402
+from common.transport.weights import WeightHandle, WeightPushConfig  # noqa: E402
+from coordinator.weight_sync import push_calls  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -79,13 +80,13 @@ class GpuRank:
         return self.engine.state_dict_for_push(all_ranks=True)
 
     def setup_push(self, cfg, **kwargs) -> None:
-        from common.transport.weights import setup_weight_push
+        from common.transport import setup_weight_push
 
         if getattr(self, "push_end", None) is not None:
             self.push_end.close()
         self.push_end = setup_weight_push(cfg, **kwargs)
 
-    def push(self, version: int):
+    def push_weights(self, version: int):
         return self.push_end.send(self.engine.named_parameters_for_push(), version)
 
     def push_synthetic(self, version: int, count: int, numel: int) -> float:
@@ -101,20 +102,22 @@ class GpuRank:
 @ray.remote(num_gpus=1, num_cpus=1)
 class GpuReceiver:
     def __init__(self) -> None:
-        self.model = build_tiny_policy("llada", vocab_size=VOCAB, seed=1, dtype=torch.bfloat16).cuda()
+        from rollout.engine import TorchRolloutEngine
+
+        self.engine = TorchRolloutEngine(build_tiny_policy("llada", vocab_size=VOCAB, seed=1, dtype=torch.bfloat16).cuda())
 
     def setup_push(self, cfg, **kwargs) -> None:
-        from common.transport.weights import setup_weight_push
+        from common.transport import setup_weight_push
 
         if getattr(self, "push_end", None) is not None:
             self.push_end.close()
         self.push_end = setup_weight_push(cfg, **kwargs)
 
-    def receive(self, handle) -> int:
-        return self.push_end.receive(handle, self.model)
+    def receive_weights(self, handle) -> int:
+        return self.engine.update_weights(self.push_end, handle)
 
     def weights(self) -> dict:
-        return {n: p.detach().cpu() for n, p in self.model.named_parameters()}
+        return {n: p.detach().cpu() for n, p in self.engine.policy.named_parameters()}
 
     def receive_synthetic(self, handle, count: int, numel: int) -> tuple[bool, float]:
         ok = []
@@ -186,7 +189,10 @@ def test_nccl_push_learner_to_receiver(gpu_ray):
                                        peer_names=["gpu-receiver"]),
              receiver.setup_push.remote(cfg, rank=1, world_size=2, master_addr=addr, master_port=port)])
     for version in (1, 2):
-        _, seconds = transfer_weights(cfg, [learner.push.remote], [receiver.receive.remote], version)
+        t0 = time.perf_counter()
+        sends, receives = push_calls(cfg.backend, [learner], [receiver], version)
+        assert ray.get(receives + sends, timeout=300)[0] == version
+        seconds = time.perf_counter() - t0
         print(f"\nNCCL push of the tiny policy (version {version}): {seconds * 1e3:.1f} ms")
         expected = ray.get(learner.weights.remote())
         got = ray.get(receiver.weights.remote())
@@ -212,7 +218,7 @@ def test_nccl_push_learner_to_receiver(gpu_ray):
                                        peer_names=["gpu-receiver", "gpu-ghost"]),
              receiver.setup_push.remote(ghost, rank=1, world_size=3, master_addr=addr, master_port=port)])
     t0 = time.perf_counter()
-    send, recv = learner.push.remote(20), receiver.receive.remote(WeightHandle(20, "nccl"))
+    send, recv = learner.push_weights.remote(20), receiver.receive_weights.remote(WeightHandle(20, "nccl"))
     with pytest.raises(ray.exceptions.RayTaskError, match="never joined: gpu-ghost"):
         ray.get(send, timeout=60)
     assert time.perf_counter() - t0 < 5 + 15

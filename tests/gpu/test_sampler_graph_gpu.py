@@ -9,11 +9,14 @@ captures a shape once and replays it across requests and in-place weight loads.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from common.config.sampler import SamplerConfig
 from common.models import build_tiny_policy
+from common.transport.weights import WeightHandle
 from rollout.engine import TorchRolloutEngine
 from rollout.sampling import StepGraphs, generate
 
@@ -66,7 +69,8 @@ def test_engine_captures_once_and_replays_across_requests_and_weight_loads():
     again = engine.generate([p + 100 for p in MIXED], SEEDS + 4, c)  # same rows, same prompt bucket
     assert engine.graphs.captures == 1 and engine.graphs.reuses == 1
     assert same_tokens(again, generate(policy, [p + 100 for p in MIXED], SEEDS + 4, cfg(cache="none")))
-    engine.load_weights(other.state_dict(), version=1)  # in place: the captured graph reads the new weights
+    push = SimpleNamespace(receive=lambda handle, load: load(list(other.named_parameters())) or handle.version)
+    engine.update_weights(push, WeightHandle(1, "test"))  # in place: the captured graph reads the new weights
     after = engine.generate(MIXED, SEEDS, c)
     assert engine.graphs.captures == 1
     assert same_tokens(after, generate(other, MIXED, SEEDS, cfg(cache="none")))

@@ -32,7 +32,7 @@ class InspectedLearner(LearnerWorker):
 
 class InspectedRollout(RolloutWorker):
     def weights(self):
-        return self.version(), {n: p.detach().cpu().clone() for n, p in self.policy.named_parameters()}
+        return self.version(), {n: p.detach().cpu().clone() for n, p in self.engine.policy.named_parameters()}
 
 
 def job_config(output_dir, ranks: int, workers: int) -> JobConfig:
@@ -81,7 +81,7 @@ def test_nccl_system_run(gpu_cluster, tmp_path, ranks, workers):
         driver.train()
         driver.drain()
         learner = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=300)[0]
-        held = ray.get([w.weights.remote() for w in driver.actors.rollouts], timeout=300)
+        held = ray.get([w.weights.remote() for w in driver.active_rollouts()], timeout=300)
     finally:
         driver.close()
     steps = cfg.run.steps

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from common.types import Group, Sample
+from common.types import Episode, Group, Sample
 from coordinator.buffer import GroupBuffer
 from coordinator.staleness import StalenessController
-from rollout.workflow import Episode
 
 
 def episode(uid: int, version: int, samples: int = 2) -> Episode:

@@ -18,7 +18,8 @@ from common.tokenizer import build_char_tokenizer
 from learner.sft import encode_pairs
 from rollout.engine import TorchRolloutEngine
 from rollout.evaluate import evaluate
-from rollout.workflow import PromptRequest, encode_prompt, run_episodes
+from common.types import PromptRequest
+from rollout.workflow import encode_prompt, run_episodes
 
 ROW = Row(prompt_id="q1", prompt="What is 2+3?", answer="5")
 SAMPLER = SamplerConfig(gen_length=4, block_length=4, steps=4, temperature=1.0)
@@ -144,7 +145,7 @@ def test_rollouts_evaluation_and_warm_start_encode_alike(tokenizers, tmp_path):
     assert encode_prompt(tok, t, ROW).tolist() == expected
 
     with RewardScorer(cfg, t) as scorer:
-        episodes = run_episodes(TorchRolloutEngine(policy), [PromptRequest(0, ROW)], policy=policy, tokenizer=tok,
+        episodes = run_episodes(TorchRolloutEngine(policy), [PromptRequest(0, ROW)], tokenizer=tok,
                                 task=t, scorer=scorer, group_size=2, sampler=SAMPLER,
                                 estimator=BlockRandomConfig(block_length=4, num_draws=1), seed=0)
     assert [s.prompt_ids.tolist() for s in episodes[0].group.samples] == [expected, expected]

@@ -14,7 +14,7 @@ from common.types import Group, Sample
 from coordinator import checkpoint
 from coordinator.checkpoint import CheckpointError, check_shapes, restore_metrics, verify, write_state
 from coordinator.episode_io import load_episodes, save_episodes
-from rollout.workflow import Episode
+from common.types import Episode
 
 CONFIG = {"model": {"preset": "tiny-llada", "gradient_checkpointing": False}, "loss": {"name": "stabledrl", "clip_max": 5.0},
           "algorithm": {"group_size": 4, "micro_batch_size": 8}, "learner": {"num_ranks": 2, "dist_timeout_s": 60},

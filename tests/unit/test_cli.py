@@ -55,3 +55,18 @@ def test_without_config_the_quickstart_is_the_default(capsys, no_training):
     assert cli.main(["train", "--dry-run"]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == yaml.safe_load(
         yaml.safe_dump(cli.load_job_config(QUICKSTART).model_dump(mode="json")))
+
+
+def test_scale_sends_the_token_without_ray_auth_mode_set_by_hand(tmp_path, monkeypatch):
+    from cli.scale import auth_env
+
+    token = tmp_path / "token"
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token
+    assert auth_env({}) == {}  # no token anywhere: Ray's own default
+    assert auth_env({"RAY_AUTH_TOKEN": "abc"}) == {"RAY_AUTH_MODE": "token"}
+    token.write_text("abc")
+    assert auth_env({"RAY_AUTH_TOKEN_PATH": str(token)}) == {"RAY_AUTH_MODE": "token"}
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("abc")  # where `ray start` or a local cluster keeps it
+    assert auth_env({}) == {"RAY_AUTH_MODE": "token"}
+    assert auth_env({"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "abc"}) == {}  # a choice stays

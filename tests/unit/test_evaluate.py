@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import pytest
 import torch
@@ -36,6 +36,7 @@ class OracleEngine:
     return it: the prompt is read back from its token ids, nothing else is known."""
 
     policy_version = 0
+    eos_token_id = pad_token_id = EOS
 
     def __init__(self, task, rows: Sequence[Row], answer_of: Callable[[Row, int], str], junk_after_eos: bool = False) -> None:
         self.by_prompt = {task.render_prompt(r): r for r in rows}
@@ -57,7 +58,10 @@ class OracleEngine:
             self.seeds.append(seed)
         return GenerationOutput(ids, lengths, torch.zeros_like(ids), 1, int(lengths.sum()), 0.0)
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    def score(self, batch, seeds, estimator):
+        raise NotImplementedError  # evaluation never scores
+
+    def update_weights(self, push, handle) -> int:
         raise NotImplementedError
 
 

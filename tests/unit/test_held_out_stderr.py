@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 
-from coordinator.evaluation import HeldOutResult
+from coordinator.held_out import HeldOutResult
 
 
 def result(p: float, n: int) -> HeldOutResult:

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from common.types import Group, Sample
+from common.types import Episode
 from coordinator.buffer import GroupBuffer
 from coordinator.staleness import StalenessController
-from rollout.workflow import Episode
 
 
 def finished(uid: int, version: int) -> Episode:

@@ -49,8 +49,20 @@ def test_deploy_study_configs_parse_as_studies():
 def test_a_good_config_and_its_overrides(tmp_path):
     cfg = load_job_config(write(tmp_path, GOOD), ["algorithm.max_staleness=2", "loss.clip_max=3"])
     assert cfg.algorithm.max_staleness == 2 and cfg.loss.clip_max == 3.0
-    assert cfg.weights.resolved_backend == "object_store"  # CPU default
+    assert cfg.weights.backend == "auto"
     check_sampler_layout(cfg)
+
+
+def test_the_auto_weight_push_follows_the_actors_gpus_not_this_process():
+    from common.transport import setup_weight_push
+    from common.transport.weights import WeightPushConfig
+
+    auto = WeightPushConfig()
+    assert auto.resolve(actors_have_gpus=False).backend == "object_store"
+    assert auto.resolve(actors_have_gpus=True).backend == "nccl"  # whatever this (CPU) process has
+    assert WeightPushConfig(backend="gloo").resolve(actors_have_gpus=True).backend == "gloo"  # a choice stays
+    with pytest.raises(ValueError, match="must be resolved"):
+        setup_weight_push(auto)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,8 @@ from common.config.model import ModelConfig
 from common.estimators import estimate
 from common.models import load_policy
 from common.types import Group, Sample, collate_samples
+from learner.engine import STEP_REDUCTIONS
+from learner.losses import Metric, Reduce
 from learner.rl_batch import _cuts, global_counts, micro_batches
 from learner.worker import LearnerWorker, _combine, _engine_metrics
 
@@ -56,20 +58,26 @@ def test_micro_batches_carry_step_counts_and_shares_summing_to_one():
     assert not torch.equal(mbs[0].for_iteration("independent", 1).seeds, mbs[0].for_iteration("independent", 0).seeds)
 
 
-def test_metric_forms_round_trip_through_the_engine_convention():
-    metrics = {"loss/policy": torch.tensor(0.5), "ratio/max": torch.tensor(3.0), "log_ratio/min": torch.tensor(-1.0),
-               "ess/weight_max": torch.tensor(0.7), "ratio/mean": torch.tensor(2.0)}
-    sent = _engine_metrics(metrics, share=0.25)
-    assert set(sent) == {"loss/policy", "ratio/_max", "log_ratio/_min", "ess/weight_max", "ratio/mean"}
-    assert float(sent["ratio/mean"]) == 0.5 and float(sent["loss/policy"]) == 0.5
-    engine_out = [{"train/loss": 1.0, "train/grad_norm": 2.0, "train/ratio/_max": 3.0, "train/ratio/mean": 1.0,
-                   "train/skipped": 0.0, "train/skipped_total": 0.0},
-                  {"train/loss": 3.0, "train/grad_norm": 5.0, "train/ratio/_max": 4.0, "train/ratio/mean": 2.0,
-                   "train/skipped": 1.0, "train/skipped_total": 1.0}]
-    combined = _combine(engine_out)
+def test_metrics_combine_by_their_reduction_not_their_name():
+    metrics = {"loss/policy": Metric.share(torch.tensor(0.5)), "ratio/max": Metric.max(torch.tensor(3.0)),
+               "log_ratio/min": Metric.min(torch.tensor(-1.0)), "odd/max_name": Metric.mean(torch.tensor(0.7)),
+               "ratio/mean": Metric.mean(torch.tensor(2.0))}
+    sent = _engine_metrics(metrics, share=0.25)  # what the engine adds up over micro-batches and ranks
+    assert set(sent) == set(metrics)
+    assert sent["ratio/mean"] == Metric(torch.tensor(0.5), Reduce.SHARE) and sent["loss/policy"].value == 0.5
+    assert sent["odd/max_name"].reduce is Reduce.SHARE and float(sent["odd/max_name"].value) == pytest.approx(0.175)
+    assert sent["ratio/max"].reduce is Reduce.MAX and sent["log_ratio/min"].reduce is Reduce.MIN
+    reductions = {**STEP_REDUCTIONS, **{f"train/{k}": m.reduce for k, m in metrics.items()}}
+    engine_out = [{"train/loss": 1.0, "train/grad_norm": 2.0, "train/ratio/max": 3.0, "train/ratio/mean": 1.0,
+                   "train/odd/max_name": 1.0, "train/skipped": 0.0, "train/skipped_total": 0.0},
+                  {"train/loss": 3.0, "train/grad_norm": 5.0, "train/ratio/max": 4.0, "train/ratio/mean": 2.0,
+                   "train/odd/max_name": 2.0, "train/skipped": 1.0, "train/skipped_total": 1.0}]
+    combined = _combine(engine_out, reductions)
     assert combined["train/ratio/max"] == 4.0 and combined["train/ratio/mean"] == 1.5
+    assert combined["train/odd/max_name"] == 1.5  # a name ending in max means nothing: its reduction decides
     assert combined["train/loss"] == 2.0 and combined["train/loss_first"] == 1.0
     assert combined["train/grad_norm_max"] == 5.0 and combined["train/skipped"] == 1.0
+    assert combined["train/skipped_total"] == 1.0
 
 
 def test_sandwich_ratios_compare_elbos_while_the_loss_reads_the_sandwich():
@@ -90,6 +98,6 @@ def test_sandwich_ratios_compare_elbos_while_the_loss_reads_the_sandwich():
     mb = micro_batches(gs, group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=64,
                        whole_groups=True, counts=global_counts(gs))[0]
     loss, metrics = worker._loss(policy, mb)
-    assert float(metrics["log_ratio/_max"]) == pytest.approx(0.0, abs=1e-5)
-    assert float(metrics["log_ratio/_min"]) == pytest.approx(0.0, abs=1e-5)
+    assert float(metrics["log_ratio/max"].value) == pytest.approx(0.0, abs=1e-5)
+    assert float(metrics["log_ratio/min"].value) == pytest.approx(0.0, abs=1e-5)
     assert loss.requires_grad

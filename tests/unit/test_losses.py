@@ -94,9 +94,9 @@ def test_stabledrl_weights_are_the_clipped_group_softmax_and_sum_to_one():
     torch.testing.assert_close(weights[:3].sum(), torch.tensor(1.0))
     torch.testing.assert_close(weights[3:].sum(), torch.tensor(1.0))
     ess = [1 / (expected[:3] ** 2).sum(), 1 / (expected[3:] ** 2).sum()]
-    torch.testing.assert_close(metrics["ess/mean"], (ess[0] + ess[1]) / 2)
-    torch.testing.assert_close(metrics["ess/frac"], (ess[0] + ess[1]) / 6)
-    torch.testing.assert_close(metrics["clip/frac_upper"], torch.tensor(2 / 6))  # 100 and e² exceed C
+    torch.testing.assert_close(metrics["ess/mean"].value, (ess[0] + ess[1]) / 2)
+    torch.testing.assert_close(metrics["ess/frac"].value, (ess[0] + ess[1]) / 6)
+    torch.testing.assert_close(metrics["clip/frac_upper"].value, torch.tensor(2 / 6))  # 100 and e² exceed C
 
 
 def per_sample_grads(theta, logp):
@@ -155,8 +155,8 @@ def test_grpo_leaves_an_inflated_ratio_unclipped_when_a_is_negative():
         loss, metrics = get_loss("grpo")(inputs, GrpoLossConfig(kl_beta=0.0))
         loss.backward()
         torch.testing.assert_close(logp.grad, torch.tensor([expected_grad]))  # −A·ρ = 3 for A = −1
-        assert metrics["clip/unclipped_high_neg_frac"].item() == (1.0 if adv < 0 else 0.0)
-        assert metrics["clip/frac_upper"].item() == (1.0 if adv > 0 else 0.0)
+        assert metrics["clip/unclipped_high_neg_frac"].value.item() == (1.0 if adv < 0 else 0.0)
+        assert metrics["clip/frac_upper"].value.item() == (1.0 if adv > 0 else 0.0)
 
 
 @pytest.mark.parametrize("adv", [-1.0, 1.0])
@@ -183,7 +183,7 @@ def test_dppo_binary_tv_mask_and_gradient_match_the_formula():
     ratio = torch.tensor(p) / torch.tensor(mu)
     expected = -torch.tensor(adv) * ratio.clamp(max=1.5) * keep / len(p)  # −A·sg(min(r,C))·M / Σ|o|
     torch.testing.assert_close(token_logp.grad[:, 0], expected)
-    torch.testing.assert_close(metrics["dppo/masked_frac"], torch.tensor(2 / 6))
+    torch.testing.assert_close(metrics["dppo/masked_frac"].value, torch.tensor(2 / 6))
 
 
 def test_dppo_binary_kl_mask_matches_the_formula():
@@ -198,7 +198,7 @@ def test_dppo_binary_kl_mask_matches_the_formula():
     loss.backward()
     ratio = torch.tensor(p) / torch.tensor(mu)
     torch.testing.assert_close(token_logp.grad[:, 0], -torch.tensor(adv) * ratio * keep / len(p))
-    torch.testing.assert_close(metrics["dppo/masked_frac"], torch.tensor(2 / 5))
+    torch.testing.assert_close(metrics["dppo/masked_frac"].value, torch.tensor(2 / 5))
 
 
 @pytest.mark.parametrize("delta", [0.5, 12.5])
@@ -214,9 +214,9 @@ def test_drpo_gradient_weight_matches_its_closed_form(delta):
     weight = 1 - torch.sign(a * (r - 1)) * (pi - m).abs() / delta
     # ∂ℓ/∂log π = (∂ℓ/∂r)·r = −A·weight·r, over Σ|o| tokens
     torch.testing.assert_close(token_logp.grad[:, 0], -a * weight * r / len(p))
-    torch.testing.assert_close(metrics["drpo/grad_weight_mean"], weight.mean())
+    torch.testing.assert_close(metrics["drpo/grad_weight_mean"].value, weight.mean())
     if delta == 0.5:  # π − μ = 0.7 > δ in A's direction: the weight turned corrective
-        assert weight[0] < 0 and metrics["drpo/corrective_frac"] > 0
+        assert weight[0] < 0 and metrics["drpo/corrective_frac"].value > 0
 
 
 def test_drpo_uses_the_sequence_form_without_token_values():

@@ -116,9 +116,9 @@ def test_the_toy_batch_exercises_clips_and_masks():
     _, grpo = compute_loss(build(data), GrpoLossConfig(level="token"))
     _, dppo = compute_loss(build(data), DppoLossConfig(ratio_cap=1.3))
     _, stable = compute_loss(build(data), StableDrlLossConfig(clip_max=1.4, clip_min=0.9))
-    assert grpo["clip/frac_upper"] + grpo["clip/frac_lower"] > 0
-    assert 0 < dppo["dppo/masked_frac"] < 1 and dppo["dppo/ratio_capped_frac"] > 0
-    assert stable["clip/frac_upper"] > 0 and stable["clip/frac_lower"] > 0
+    assert grpo["clip/frac_upper"].value + grpo["clip/frac_lower"].value > 0
+    assert 0 < dppo["dppo/masked_frac"].value < 1 and dppo["dppo/ratio_capped_frac"].value > 0
+    assert stable["clip/frac_upper"].value > 0 and stable["clip/frac_lower"].value > 0
 
 
 @pytest.mark.parametrize("base", BASE_CASES, ids=case_id)
@@ -132,8 +132,8 @@ def test_dipod_adds_exactly_minus_beta_mean_elbo(base):
     (elbo_grad,) = torch.autograd.grad(elbo_mean, data["theta"])
     torch.testing.assert_close(value.detach() - base_value.detach(), -0.05 * elbo_mean.detach())
     torch.testing.assert_close(grad - base_grad, -0.05 * elbo_grad, atol=1e-7, rtol=1e-5)
-    torch.testing.assert_close(metrics["loss/elbo_reg"], -0.05 * elbo_mean.detach())
-    assert metrics["dipod/logp_minus_elbo"] > 0  # the toy ELBO sits below logp
+    torch.testing.assert_close(metrics["loss/elbo_reg"].value, -0.05 * elbo_mean.detach())
+    assert metrics["dipod/logp_minus_elbo"].value > 0  # the toy ELBO sits below logp
 
 
 @contextlib.contextmanager
@@ -161,7 +161,7 @@ def test_losses_never_sync_with_the_host(cfg):
     with no_host_sync():
         loss, metrics = compute_loss(inputs, cfg)
         loss.backward()
-    assert loss.dim() == 0 and all(v.dim() == 0 and not v.requires_grad for v in metrics.values())
+    assert loss.dim() == 0 and all(m.value.dim() == 0 and not m.value.requires_grad for m in metrics.values())
 
 
 def test_loss_configs_parse_with_released_defaults():

@@ -83,7 +83,7 @@ def _llada_reference(raw: dict, state: dict, ids: torch.Tensor) -> torch.Tensor:
 
     x = state["model.transformer.wte.weight"][ids]
     for i in range(raw["n_layers"]):
-        w = lambda name: state[f"model.transformer.blocks.{i}.{name}.weight"]  # noqa: E731
+        w = lambda name, i=i: state[f"model.transformer.blocks.{i}.{name}.weight"]  # noqa: E731
         h = rms(x, w("attn_norm"))
         q = (h @ w("q_proj").T).view(b, n, heads, hd).transpose(1, 2)
         k = (h @ w("k_proj").T).view(b, n, kv_heads, hd).transpose(1, 2).repeat_interleave(heads // kv_heads, 1)

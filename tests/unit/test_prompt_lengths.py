@@ -79,7 +79,7 @@ def test_the_driver_counts_prompt_tokens_with_the_models_tokenizer(tmp_path, lla
         f"max_prompt_tokens: {limit}, on_bad_row: skip}}"),
     ])
     monkeypatch.setattr(driver.ray, "cluster_resources", lambda: {"CPU": 64.0})
-    monkeypatch.setattr(driver.Driver, "start_control", lambda self: (_ for _ in ()).throw(_Stop()))
+    monkeypatch.setattr(driver, "start_control", lambda *args: (_ for _ in ()).throw(_Stop()))  # the first actor
     d = driver.Driver(validate(JobConfig, raw), log=lambda line: None)
     with pytest.raises(_Stop):
         d.setup()

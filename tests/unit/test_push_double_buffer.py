@@ -8,7 +8,7 @@ import threading
 import torch
 
 from common.transport.broadcast import _Packer, _unpack
-from common.transport.weights import WeightHandle, WeightPushConfig, setup_weight_push
+from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from learner.group import free_port
 
 torch.set_num_threads(1)

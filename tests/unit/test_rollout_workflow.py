@@ -13,9 +13,9 @@ from common.estimators import estimate
 from common.models import load_policy
 from common.seeding import derive_seed
 from common.tasks import RewardScorer, build_task, load_task_data
-from common.types import collate_samples
+from common.types import PromptRequest, collate_samples
 from rollout.engine import TorchRolloutEngine
-from rollout.workflow import PromptRequest, behaviour_estimator, run_episodes
+from rollout.workflow import behaviour_estimator, run_episodes
 
 G, SEED = 4, 11
 SAMPLER = SamplerConfig(gen_length=4, block_length=4, steps=4, temperature=1.0)
@@ -36,7 +36,7 @@ def episodes(setup, requests, version=0, estimator=ESTIMATOR, task_cfg=None):
     task = build_task(task_cfg)
     engine = TorchRolloutEngine(policy, policy_version=version)
     with RewardScorer(task_cfg, task) as scorer:
-        return run_episodes(engine, requests, policy=policy, tokenizer=tokenizer, task=task, scorer=scorer,
+        return run_episodes(engine, requests, tokenizer=tokenizer, task=task, scorer=scorer,
                             group_size=G, sampler=SAMPLER, estimator=behaviour_estimator(estimator), seed=SEED)
 
 

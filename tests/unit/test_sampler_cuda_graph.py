@@ -9,6 +9,7 @@ requests (reused, dropped when the weights move, bounded), and a bad combination
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import torch
 from common.config.base import ConfigError, validate
 from common.config.sampler import SamplerConfig
 from common.models import build_tiny_policy
+from common.transport.weights import WeightHandle
 from rollout.engine import TorchRolloutEngine
 from rollout.sampling import StepGraphs, generate, graphs as graphs_module
 
@@ -100,7 +102,8 @@ def test_engine_keeps_its_static_step_across_requests_and_weight_loads():
     assert_same(second, generate(policy, others, SEEDS + 7, cfg(cache="none", steps=16)))
 
     other = build_tiny_policy("sdar", block_size=4, seed=1)
-    engine.load_weights(other.state_dict(), version=2)  # copied in place: the static step stays valid
+    push = SimpleNamespace(receive=lambda handle, load: load(list(other.named_parameters())) or handle.version)
+    engine.update_weights(push, WeightHandle(2, "test"))  # copied in place: the static step stays valid
     after = engine.generate(MIXED, SEEDS, c)
     assert (engine.graphs.built, engine.graphs.reuses) == (1, 2)
     assert_same(after, generate(other, MIXED, SEEDS, cfg(cache="none", steps=16)))

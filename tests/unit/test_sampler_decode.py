@@ -42,14 +42,14 @@ def test_mask_token_is_never_chosen():
 
 @pytest.mark.parametrize("noise_dtype", [torch.float32, torch.float64])
 def test_gumbel_max_samples_from_softmax_of_logits_over_temperature(noise_dtype):
-    """Frequencies over 6000 rows (one generator each) match softmax(l / T) to sampling error."""
+    """Frequencies over 6000 rows (one generator each) match softmax(scores / T) to sampling error."""
     temperature = 0.7
-    l = torch.tensor([1.0, 0.0, -0.5, 0.8, -3.0, 0.3])
+    scores = torch.tensor([1.0, 0.0, -0.5, 0.8, -3.0, 0.3])
     rows = 6000
-    logits = l.expand(rows, 1, -1).clone()
+    logits = scores.expand(rows, 1, -1).clone()
     x0, _ = choose_tokens(logits, temperature, gens(range(rows)), mask_token_id=4, noise_dtype=noise_dtype)
     freq = torch.bincount(x0.flatten(), minlength=6).double() / rows
-    p = torch.softmax(l.double() / temperature, dim=0)
+    p = torch.softmax(scores.double() / temperature, dim=0)
     p[4] = 0.0  # the mask token (id 4 here) is excluded; its mass is tiny anyway
     p = p / p.sum()
     assert (freq - p).abs().max() < 4 * (p * (1 - p) / rows).sqrt().max() + 1e-3

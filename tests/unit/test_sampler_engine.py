@@ -1,15 +1,31 @@
-"""RolloutEngine: the native engine's contract (micro-batches change nothing, order, weights, version)."""
+"""RolloutEngine: the native engine's contract (micro-batches change nothing, order, scores,
+weights, version)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from common.config.estimator import BlockRandomConfig
 from common.config.sampler import SamplerConfig
+from common.estimators import estimate
 from common.models import build_tiny_policy
+from common.transport.weights import WeightHandle
+from common.types import collate_samples
 from rollout.engine import RolloutEngine, TorchRolloutEngine
 from rollout.sampling import generate
 
 torch.set_num_threads(1)
+
+
+class InProcessPush:
+    """A weight transport inside this process: the engine's end of the contract, without Ray."""
+
+    def __init__(self, named_tensors):
+        self.named_tensors = list(named_tensors)
+
+    def receive(self, handle, load):
+        load(self.named_tensors)
+        return handle.version
 
 
 def prompts_of(lengths):
@@ -35,20 +51,38 @@ def test_micro_batches_of_sorted_prompts_give_the_rows_of_one_big_batch(family, 
     assert out.completion_ids.shape == (7, 16) and out.time_s > 0
 
 
-def test_load_weights_switches_the_policy_and_its_version():
+def test_update_weights_switches_the_policy_and_owns_the_version():
     engine = TorchRolloutEngine(build_tiny_policy("llada", seed=0))
     other = build_tiny_policy("llada", seed=1)
     prompts, seeds = prompts_of([5, 6]), torch.tensor([1, 2])
     cfg = SamplerConfig(gen_length=16, block_length=8, steps=8, temperature=0.0)
     before = engine.generate(prompts, seeds, cfg)
-    engine.load_weights(other.state_dict(), version=3)
+    assert engine.update_weights(InProcessPush(other.named_parameters()), WeightHandle(3, "test")) == 3
     after = engine.generate(prompts, seeds, cfg)
     assert after.policy_version == 3 and before.policy_version == 0
     assert torch.equal(after.completion_ids, generate(other, prompts, seeds, cfg).completion_ids)
     assert not torch.equal(after.completion_ids, before.completion_ids)
-    with pytest.raises(RuntimeError, match="Missing key"):
-        engine.load_weights({}, version=4)
+    some = list(other.named_parameters())[:2]  # a push that left parameters out: refused, the version kept
+    with pytest.raises(RuntimeError, match="parameters never arrived"):
+        engine.update_weights(InProcessPush(some), WeightHandle(4, "test"))
     assert engine.policy_version == 3
+
+
+def test_score_is_the_behaviour_estimate_under_the_engines_weights():
+    policy = build_tiny_policy("llada", seed=0)
+    engine = TorchRolloutEngine(policy)
+    cfg = SamplerConfig(gen_length=8, block_length=8, steps=8, temperature=1.0)
+    out = engine.generate(prompts_of([4, 6]), torch.tensor([3, 4]), cfg)
+    from common.types import Sample
+
+    samples = [Sample(sample_id=f"p/{i}", prompt_id="p", index=i, prompt_ids=p, completion_ids=out.completion_ids[i],
+                      completion_length=int(out.completion_length[i]), reward=0.0) for i, p in enumerate(prompts_of([4, 6]))]
+    batch, seeds = collate_samples(samples, engine.pad_token_id), torch.tensor([11, 12])
+    estimator = BlockRandomConfig(block_length=8, num_draws=2)
+    got = engine.score(batch, seeds, estimator)
+    want = estimate(policy, batch, seeds, estimator)
+    torch.testing.assert_close(got.sequence, want.sequence.detach())
+    assert not got.sequence.requires_grad  # behaviour estimates carry no graph
 
 
 def test_requests_are_checked():

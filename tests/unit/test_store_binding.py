@@ -32,7 +32,7 @@ def listeners(pids: set[int]) -> list[str]:
 def member(rank: int, addresses, up, done) -> None:
     """Rank ``rank`` of a 2-rank learner group (gloo) and of a 2-member broadcast push."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    from common.transport.weights import WeightHandle, WeightPushConfig, setup_weight_push
+    from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
     from learner.group import init_learner_group, rendezvous_address
 
     if rank == 0:

@@ -1,0 +1,100 @@
+"""The driver's end of the weight push: the transport set up on every learner rank and rollout
+worker, and one push carried out as the Ray calls of one transfer (common/transport does the
+transfer itself).
+
+Object store: learner rank 0's ``push_weights`` returns a handle to the object it put; each
+worker's ``receive_weights`` is called with the *reference* to that handle, so it is queued at
+once behind the worker's earlier requests and runs as soon as the object exists; the driver never
+waits for the put. A worker that starts later sets up its end and loads the newest handle before
+its first request.
+
+Collective (nccl / gloo): every receiver must take part in every broadcast, so a push is a
+barrier across its receivers, explicit in the Push command (the scheduler sends them no new
+requests until it is over). The group is built with its members; a push to another set of
+members, or after a failed push (a broken communicator cannot be trusted), builds it again, in
+the same order of calls on each actor, so nothing blocks but the rendezvous address.
+
+LoRA (``partial``): the learner pushes only the matrices it adapts, merged; every worker's end is
+set up to accept a push that carries only some of its parameters.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import ray
+
+from common.transport import WeightHandle, WeightPushConfig
+from coordinator.actors import Actors, wait
+
+
+def push_calls(backend: str, learners: Sequence[Any], workers: Sequence[Any],
+               version: int) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
+    """(every learner rank's ``push_weights``, every worker's ``receive_weights``) of one push.
+    Object store: the receivers get the reference of rank 0's handle; collective: a handle naming
+    the version, the data arriving through the group."""
+    sends = [a.push_weights.remote(version) for a in learners]
+    handle = sends[0] if backend == "object_store" else WeightHandle(version, backend)
+    return sends, [w.receive_weights.remote(handle) for w in workers]
+
+
+class WeightSync:
+    def __init__(self, cfg: WeightPushConfig, actors: Actors, timeout_s: float, partial: bool = False) -> None:
+        if cfg.backend == "auto":
+            raise ValueError("WeightSync needs a resolved weights config (WeightPushConfig.resolve)")
+        self.cfg, self.actors, self.timeout_s, self.partial = cfg, actors, timeout_s, partial
+        self.collective = cfg.backend != "object_store"
+        self.members: Optional[tuple[int, ...]] = None  # the collective group as built, in rank order
+        self.latest: Optional[ray.ObjectRef] = None  # object store: rank 0's newest handle
+
+    def setup(self) -> None:
+        """Set up every learner rank and every worker of the job's start (blocking, named timeouts)."""
+        if not self.collective:
+            pool = self.actors.pool
+            refs = self.actors.call_learners("setup_weight_push", self.cfg)
+            refs += [pool[i].setup_weight_push.remote(self.cfg, partial=self.partial) for i in sorted(pool.processes)]
+            wait(refs, self.timeout_s, "weight push set-up on every learner rank and rollout worker")
+            return
+        members = tuple(sorted(self.actors.pool.processes))
+        wait(self._setup_group(members), self.timeout_s, "weight push set-up on every learner rank and rollout worker")
+
+    def _setup_group(self, members: tuple[int, ...]) -> list[ray.ObjectRef]:
+        """Every member's ``setup_weight_push`` for a group of learner rank 0 and ``members``
+        (the learner ranks' calls first, then the workers' in ``members`` order)."""
+        learners, pool = self.actors.learners, self.actors.pool
+        addr, port = wait([learners[0].rendezvous_address.remote()], self.timeout_s, "learner rank 0 (address)")[0]
+        world = 1 + len(members)
+        refs = self.actors.call_learners("setup_weight_push", self.cfg, rank=0, world_size=world, master_addr=addr,
+                                         master_port=port, peer_names=[f"rollout worker {i}" for i in members])
+        refs += [pool[index].setup_weight_push.remote(self.cfg, rank=r + 1, world_size=world, master_addr=addr,
+                                                      master_port=port, partial=self.partial)
+                 for r, index in enumerate(members)]
+        self.members = members
+        return refs
+
+    def push(self, version: int, receivers: Sequence[int]) -> tuple[list[tuple[int, ray.ObjectRef]],
+                                                                        list[tuple[int, ray.ObjectRef]]]:
+        """The calls of one push: ([(learner rank, call)], [(worker index, call)]): a rebuilt group's
+        set-up calls, then the sends and the receives."""
+        pool, m = self.actors.pool, len(self.actors.learners)
+        learner_calls: list[tuple[int, ray.ObjectRef]] = []
+        worker_calls: list[tuple[int, ray.ObjectRef]] = []
+        if self.collective and tuple(receivers) != self.members:
+            setup = self._setup_group(tuple(receivers))
+            learner_calls += list(enumerate(setup[:m]))
+            worker_calls += list(zip(receivers, setup[m:]))
+        sends, receives = push_calls(self.cfg.backend, self.actors.learners, [pool[i] for i in receivers], version)
+        if not self.collective:
+            self.latest = sends[0]
+        return learner_calls + list(enumerate(sends)), worker_calls + list(zip(receivers, receives))
+
+    def failed(self) -> None:
+        """A collective push failed: the group is rebuilt before the next one."""
+        self.members = None
+
+    def setup_worker(self, index: int) -> ray.ObjectRef:
+        """Object store: a worker that started later sets up its end (before its first load)."""
+        return self.actors.pool[index].setup_weight_push.remote(self.cfg, partial=self.partial)
+
+    def load(self, index: int) -> ray.ObjectRef:
+        """Object store: worker ``index`` loads the newest push."""
+        return self.actors.pool[index].receive_weights.remote(self.latest)

@@ -1,0 +1,104 @@
+"""Hangs on real Ray actors: a rollout worker that freezes (SIGSTOP, as a deadlock would look from
+outside) is killed once its call runs past rollout.request_timeout_s and replaced like a dead one,
+during the held-out evaluation as during training. The job runs to the end through
+``Driver.run``: the frozen worker's evaluation part runs again on another worker (BEFORE and AFTER
+cover every held-out prompt), its prompts are re-queued, and every prompt is trained exactly once."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import harness  # noqa: E402
+from coordinator.driver import Driver  # noqa: E402
+from harness import append, job_config, read_records  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+TIMEOUT_S = 20.0  # rollout.request_timeout_s: a request of this tiny model takes well under a second
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with harness.local_ray(__name__):
+        yield
+
+
+def freezing_rollout(records):
+    """Worker 1 freezes its own process (SIGSTOP) in its first held-out evaluation, worker 0 in its
+    third rollout request; the frozen pids are kept in marker files."""
+
+    class FreezingRollout(harness.InspectedRollout):
+        def __init__(self, index, *args, **kwargs):
+            super().__init__(index, *args, **kwargs)
+            self.calls = 0
+
+        def freeze(self, what: str, index: int) -> None:
+            marker = records / f"froze_{what}"
+            if self.index == index and not marker.exists():
+                marker.write_text(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGSTOP)
+
+        def evaluate(self, rows, *args, **kwargs):
+            append(records / f"rollout_{os.getpid()}.jsonl", {"worker": self.index, "pid": os.getpid(), "eval": len(rows)})
+            self.freeze("eval", index=1)
+            return super().evaluate(rows, *args, **kwargs)
+
+        def generate(self, requests):
+            self.calls += 1
+            if self.calls == 3:
+                self.freeze("rollout", index=0)
+            episodes = super().generate(requests)
+            append(records / f"rollout_{os.getpid()}.jsonl",
+                   {"worker": self.index, "pid": os.getpid(), "uids": [r.uid for r in requests]})
+            return episodes
+
+    return FreezingRollout
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead too
+        return f.read().split()[2] != "Z"
+
+
+def test_a_frozen_worker_is_killed_and_replaced_in_evaluation_and_in_training(cluster, tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    cfg = job_config(tmp_path / "run", task={"held_out": 6, "source": {"kind": "generated", "n": 22}},
+                     learner={"num_ranks": 1}, rollout={"request_timeout_s": TIMEOUT_S, "max_restarts": 2},
+                     eval={"num_prompts": 6}, run={"steps": 4})
+    lines: list[str] = []
+    driver = Driver(cfg, rollout_cls=freezing_rollout(records), learner_cls=harness.InspectedLearner,
+                    log=lines.append, record_batches=True)
+    t0 = time.monotonic()
+    result = driver.run()
+    assert time.monotonic() - t0 < 600
+
+    frozen = [int((records / f"froze_{what}").read_text()) for what in ("eval", "rollout")]
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in frozen) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(alive(pid) for pid in frozen), "a frozen process was left running"
+
+    last = driver.history[-1]
+    assert last["faults/rollout_worker_hangs"] == 2 and last["faults/rollout_workers_replaced"] == 2
+    assert last["faults/rollout_worker_deaths"] == 0
+    hung = [line for line in lines if "hung (no answer within 20 s (rollout.request_timeout_s); killed)" in line]
+    assert len(hung) == 2, lines
+    assert any("1 part(s) run again after their worker was lost" in line for line in lines), lines
+    # both evaluations covered every held-out prompt; the run's own line compares them
+    assert result.before.num_prompts == result.after.num_prompts == 6
+    assert any(line.startswith("held-out accuracy:") for line in lines)
+    # every prompt admitted was trained exactly once, the frozen request's ones included
+    trained = Counter(e.uid for batch in driver.batches for e in batch)
+    assert sorted(trained) == list(range(16)) and set(trained.values()) == {1}
+    calls = read_records(records, "rollout_")
+    assert {c["worker"] for c in calls if "uids" in c} == {0, 1}  # worker 1's replacement took work of its own
