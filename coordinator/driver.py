@@ -137,7 +137,8 @@ class Driver:
         sync = WeightSync(weights, actors, c.start_timeout_s, partial=cfg.learner.lora is not None)
         self.runtime = RayRuntime(actors, sync, control=self.control,
                                   output_dir=cfg.run.output_dir, config=self.config_json(),
-                                  start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale)
+                                  start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale,
+                                  protocol=protocol_eval(cfg))
         self.runtime.sync.setup()
         workers = dict(enumerate(actors.info["rollouts"]))
         self.scheduler.handle(ev.JobStarted(workers, len(actors.learners)))
@@ -331,6 +332,15 @@ class Driver:
     @property
     def reward_calls(self) -> dict[str, float]:
         return self.scheduler.reward_calls
+
+
+def protocol_eval(cfg: JobConfig) -> Any:
+    """What runs ``eval.protocol`` with every evaluation (recipes/protocol_eval.py), or None."""
+    if cfg.eval.protocol is None:
+        return None
+    from recipes.protocol_eval import InTraining
+
+    return InTraining(cfg)
 
 
 def progress_line(step: int, steps: int, record: dict[str, float]) -> str:

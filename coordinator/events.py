@@ -135,12 +135,33 @@ class ControlPolled:
 
 
 @dataclass(frozen=True)
+class ProtocolStarted:
+    """The protocol evaluation's units still to run at this step (a rerun skips graded ones)."""
+
+    units: int
+    note: str = ""  # a line to log (what earlier runs already graded), or nothing
+
+
+@dataclass(frozen=True)
+class UnitDone:
+    """A protocol unit's completions came back (the runtime graded and appended them)."""
+
+    call: CallId
+
+
+@dataclass(frozen=True)
+class ProtocolDone:
+    metrics: dict[str, float]  # protocol/<benchmark>@<length> (0..1), protocol/time_s
+    line: str  # the log line with the table's values and where it was written
+
+
+@dataclass(frozen=True)
 class Stalled:
     """The runtime has no call to wait for (the scheduler asked for nothing it could finish)."""
 
 
 Event = Union[JobStarted, WorkerStarted, RolloutDone, WeightsLoaded, EvalDone, CallFailed, StepDone, LearnerFailed,
-              PushDone, PushFailed, CheckpointDone, ControlPolled, Stalled]
+              PushDone, PushFailed, CheckpointDone, ControlPolled, ProtocolStarted, UnitDone, ProtocolDone, Stalled]
 
 
 # ---- commands -------------------------------------------------------------------------------------
@@ -219,6 +240,32 @@ class Evaluate:
 
 
 @dataclass(frozen=True)
+class StartProtocol:
+    """Open the step's protocol evaluation (``eval.protocol``: its benchmarks encoded, results.jsonl
+    under output_dir/protocol/step<N>/); answered at once by ProtocolStarted."""
+
+    step: int
+
+
+@dataclass(frozen=True)
+class Complete:
+    """The worker completes protocol unit ``unit`` (RolloutWorker.complete); answered by UnitDone
+    or CallFailed."""
+
+    call: CallId
+    worker: int
+    unit: int
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class FinishProtocol:
+    """Every unit is graded: write the table; answered at once by ProtocolDone."""
+
+    step: int
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     step: int
     state: dict[str, Any]  # the scheduler's client state (Scheduler.state_dict)
@@ -253,5 +300,5 @@ class Stop:
     reason: str
 
 
-Command = Union[StartWorker, RemoveWorker, Generate, SetupWorkerPush, LoadWeights, Push, Train, Evaluate, Checkpoint,
-                PollControl, Record, Log, Stop]
+Command = Union[StartWorker, RemoveWorker, Generate, SetupWorkerPush, LoadWeights, Push, Train, Evaluate, StartProtocol,
+                Complete, FinishProtocol, Checkpoint, PollControl, Record, Log, Stop]

@@ -20,7 +20,7 @@ from typing import Any, Literal, Optional
 from common.types import PromptRequest
 
 State = Literal["starting", "syncing", "active", "retiring"]
-CallKind = Literal["rollout", "load", "start", "eval", "poll"]
+CallKind = Literal["rollout", "load", "start", "eval", "complete", "poll"]
 LossAction = Literal["remove", "drop", "give_up", "replace"]
 
 
@@ -39,7 +39,8 @@ class WorkerState:
 
 @dataclass
 class Call:
-    """A call the scheduler waits for: on a worker (rollout, load, start, eval) or the control poll."""
+    """A call the scheduler waits for: on a worker (rollout, load, start, eval, complete: a protocol
+    unit) or the control poll."""
 
     kind: CallKind
     what: str  # names it in messages: "rollout worker 2 (prompts 8..11)"

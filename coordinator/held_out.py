@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from common.tasks import Row
 from rollout.evaluate import EvalResult, pass_at_k
@@ -65,24 +65,24 @@ def held_out_rows(rows: Sequence[Row], num_prompts: int) -> tuple[list[Row], Opt
 
 
 @dataclass
-class HeldOutRun:
-    """One evaluation in progress: which parts wait for a worker, which run where, which are done."""
+class DealtParts:
+    """Parts of one evaluation dealt over the workers: which wait for a worker, which run where,
+    which are done. Every part gives the same answer on any worker, so a part whose worker died or
+    hung simply waits again (the held-out parts below; the protocol's units, coordinator/scheduler.py)."""
 
-    parts: list[list[Row]]
+    count: int
     waiting: list[int]  # parts not handed out (yet, or again after their worker was lost)
     running: dict[int, tuple[int, int]] = field(default_factory=dict)  # call -> (part, worker)
-    done: dict[int, tuple[int, EvalResult]] = field(default_factory=dict)  # part -> (version, result)
+    done: dict[int, Any] = field(default_factory=dict)  # part -> its answer
     reruns: int = 0  # parts run again after their worker was lost
 
     @classmethod
-    def deal(cls, rows: Sequence[Row], workers: int) -> "HeldOutRun":
-        parts = [list(rows[i::workers]) for i in range(workers)]
-        parts = [p for p in parts if p]
-        return cls(parts, list(range(len(parts))))
+    def of(cls, count: int) -> "DealtParts":
+        return cls(count, list(range(count)))
 
     @property
     def finished(self) -> bool:
-        return len(self.done) == len(self.parts)
+        return len(self.done) == self.count
 
     def assign(self, workers: Sequence[int]) -> list[tuple[int, int]]:
         """Hand every waiting part to one of ``workers`` (indices, in the fleet's order), each to the
@@ -106,6 +106,20 @@ class HeldOutRun:
             self.waiting.append(self.running.pop(call)[0])
         self.reruns += len(calls)
         return len(calls)
+
+
+@dataclass
+class HeldOutRun(DealtParts):
+    """One held-out evaluation in progress: its rows in parts, each answered by (version, EvalResult)."""
+
+    done: dict[int, tuple[int, EvalResult]] = field(default_factory=dict)  # part -> (version, result)
+    parts: list[list[Row]] = field(default_factory=list)
+
+    @classmethod
+    def deal(cls, rows: Sequence[Row], workers: int) -> "HeldOutRun":
+        parts = [list(rows[i::workers]) for i in range(workers)]
+        parts = [p for p in parts if p]
+        return cls(len(parts), list(range(len(parts))), parts=parts)
 
     def merge(self) -> HeldOutResult:
         """The held-out result of every part; ValueError if the parts saw different weights."""

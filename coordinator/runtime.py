@@ -12,6 +12,10 @@ receivers) of a push, finish together: one event once all are back. When one mem
 others get a few seconds to fail too, so that the rank that died is the one named, not its peers
 stuck in a collective with it.
 
+The protocol evaluation (``eval.protocol``): ``protocol`` (recipes/protocol_eval.py, InTraining)
+holds the step's encoded benchmarks and results; the runtime sends each unit the scheduler deals,
+grades what comes back and writes the table when told.
+
 The Ray head. Every few seconds the loop checks that the cluster's GCS still accepts a
 connection; if it does not, the job stops with one message (Ray would end this process a minute
 later with its own, while the actors answer on for a while).
@@ -57,18 +61,19 @@ class Group:
 @dataclass
 class Waiting:
     call: Optional[ev.CallId]  # the scheduler's id; None for a group member or a set-up call
-    kind: str  # start | rollout | load | eval | poll | member | setup
+    kind: str  # start | rollout | load | eval | complete | poll | member | setup
     actor: str  # the actor whose calls run in order
     timeout_s: float
     worker: int = -1
     group: Optional[Group] = None
     started: Optional[float] = None  # when the call reached the front of its actor's queue
+    unit: int = -1  # the protocol unit of a "complete" call
 
 
 class RayRuntime:
     def __init__(self, actors: Actors, sync: WeightSync, *, control: Any, output_dir: Any, config: dict[str, Any],
-                 start_timeout_s: float, autoscale: bool) -> None:
-        self.actors, self.sync, self.control = actors, sync, control
+                 start_timeout_s: float, autoscale: bool, protocol: Any = None) -> None:
+        self.actors, self.sync, self.control, self.protocol = actors, sync, control, protocol
         self.output_dir, self.config, self.start_timeout_s, self.autoscale = output_dir, config, start_timeout_s, autoscale
         self.waiting: dict[ray.ObjectRef, Waiting] = {}  # in the order the calls were made
         self.queues: dict[str, deque[ray.ObjectRef]] = {}
@@ -105,6 +110,15 @@ class RayRuntime:
             actor = pool[command.worker]
             ref = actor.evaluate.remote(command.rows, command.samples_per_prompt, command.seed, command.sampler)
             self._track(ref, Waiting(command.call, "eval", _key(actor), command.timeout_s, command.worker))
+        elif isinstance(command, ev.StartProtocol):
+            return [ev.ProtocolStarted(*self.protocol.start(command.step))]
+        elif isinstance(command, ev.Complete):
+            actor = pool[command.worker]
+            self._track(actor.complete.remote(*self.protocol.request(command.unit)),
+                        Waiting(command.call, "complete", _key(actor), command.timeout_s, command.worker,
+                                unit=command.unit))
+        elif isinstance(command, ev.FinishProtocol):
+            return [ev.ProtocolDone(*self.protocol.finish())]
         elif isinstance(command, ev.Train):
             refs = self.actors.train([e.group for e in command.batch], command.version)
             self._group(Group("train", {ref: f"learner rank {r}" for r, ref in enumerate(refs)}, {},
@@ -229,6 +243,9 @@ class RayRuntime:
             return [ev.WeightsLoaded(waiting.call, value)]
         if waiting.kind == "eval":
             return [ev.EvalDone(waiting.call, value[0], value[1])]
+        if waiting.kind == "complete":
+            self.protocol.graded(waiting.unit, value)  # appended to results.jsonl at once
+            return [ev.UnitDone(waiting.call)]
         if waiting.kind == "poll":
             return [ev.ControlPolled(waiting.call, value, self._room())]
         return []  # a set-up call: a failure shows in the load queued behind it

@@ -10,19 +10,21 @@ rollout workers and the calls out on them (Fleet), and the step in flight. It im
 reads no clock, so every fault path runs in a unit test in milliseconds (tests/unit/test_scheduler*);
 coordinator/runtime.py carries the commands out and reports what came back.
 
-Goals. The driver asks for one goal at a time (``begin``): evaluate, train (to ``run.steps``),
-drain (let admitted rollouts land), checkpoint, restore (push restored weights). A goal is an
-agenda of tasks; the task at its head decides what may happen now. While ``train`` is at the head,
-rollouts are admitted up to the staleness bound and a batch is trained as soon as the buffer holds
-one; a finished step puts ``push`` and ``finish`` in front of it (``finish`` records the step and
-adds ``checkpoint``, ``evaluate`` and ``poll`` when they are due), so nothing is admitted between a
+Goals. The driver asks for one goal at a time (``begin``): evaluate (``eval.protocol``'s benchmarks
+if set, then the held-out rows), train (to ``run.steps``), drain (let admitted rollouts land),
+checkpoint, restore (push restored weights). A goal is an agenda of tasks; the task at its head
+decides what may happen now. While ``train`` is at the head, rollouts are admitted up to the
+staleness bound and a batch is trained as soon as the buffer holds one; a finished step puts
+``push`` and ``finish`` in front of it (``finish`` records the step and adds ``checkpoint``,
+``protocol``, ``evaluate`` and ``poll`` when they are due), so nothing is admitted between a
 step's end and its weights being out.
 
-Faults. A worker whose process died, or whose call ran past its deadline (it
-hung: the runtime kills it), has every call forgotten: its requests go back to the queue under
-their uids (sampled again with the same seeds; the buffer accepts a uid once), its evaluation part
-runs on another worker, and it is replaced in place at most ``rollout.max_restarts`` times. A
-learner rank that fails, dies or hangs stops the job at once, naming the rank.
+Faults. A worker whose process died, or whose call ran past its deadline (it hung: the runtime
+kills it), has every call forgotten: its requests go back to the queue under their uids (sampled
+again with the same seeds; the buffer accepts a uid once), its evaluation parts (held-out parts,
+protocol units) run on another worker, and it is replaced in place at most
+``rollout.max_restarts`` times. A learner rank that fails, dies or hangs stops the job at once,
+naming the rank.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from common.types import Episode, PromptRequest
 from coordinator import events as ev
 from coordinator.buffer import GroupBuffer
 from coordinator.fleet import Fleet, WorkerState
-from coordinator.held_out import HeldOutResult, HeldOutRun
+from coordinator.held_out import DealtParts, HeldOutResult, HeldOutRun
 from coordinator.staleness import StalenessController
 from coordinator.step_metrics import StepEnd, step_record
 
@@ -45,13 +47,13 @@ COUNTS = ("faults/rollout_worker_deaths", "faults/rollout_worker_hangs", "faults
           "faults/rollout_workers_dropped", "elastic/workers_added", "elastic/workers_retired")
 Goal = Literal["evaluate", "train", "drain", "checkpoint", "restore"]
 GOALS: dict[str, tuple[str, ...]] = {"restore": ("push", "drain"), "train": ("train",), "drain": ("drain",),
-                                     "evaluate": ("evaluate",), "checkpoint": ("checkpoint",)}
+                                     "evaluate": ("protocol", "evaluate"), "checkpoint": ("checkpoint",)}
 POLL_TIMEOUT_S = 30.0
 
 
 @dataclass
 class Task:
-    name: str  # train | push | finish | checkpoint | evaluate | poll | drain
+    name: str  # train | push | finish | checkpoint | protocol | evaluate | poll | drain
     started: bool = False
     sent: bool = False  # its command is out (checkpoint)
     done: bool = False
@@ -89,6 +91,7 @@ class Scheduler:
         self.push: Optional[PushInFlight] = None
         self.step_end: Optional[StepEnd] = None
         self.held_out_run: Optional[HeldOutRun] = None
+        self.protocol_run: Optional[DealtParts] = None  # eval.protocol's units at this step
         self.last_eval: Optional[HeldOutResult] = None
         self.evaluations: list[HeldOutResult] = []  # every held-out result of this process, in order
         self.latest: Optional[int] = None  # newest version pushed through the object store (a new worker loads it)
@@ -121,7 +124,8 @@ class Scheduler:
             ev.EvalDone: self._on_eval_done, ev.CallFailed: self._on_call_failed, ev.StepDone: self._on_step_done,
             ev.LearnerFailed: self._on_learner_failed, ev.PushDone: self._on_push_done,
             ev.PushFailed: self._on_push_failed, ev.CheckpointDone: self._on_checkpoint_done,
-            ev.ControlPolled: self._on_control_polled, ev.Stalled: self._on_stalled,
+            ev.ControlPolled: self._on_control_polled, ev.ProtocolStarted: self._on_protocol_started,
+            ev.UnitDone: self._on_unit_done, ev.ProtocolDone: self._on_protocol_done, ev.Stalled: self._on_stalled,
         }
         handlers[type(event)](event)
         return self._answer()
@@ -171,7 +175,8 @@ class Scheduler:
             task = self.agenda[0]
             first, task.started = not task.started, True
             tasks = {"train": self._task_train, "push": self._task_push, "finish": self._task_finish,
-                     "checkpoint": self._task_checkpoint, "evaluate": self._task_evaluate, "poll": self._task_poll,
+                     "checkpoint": self._task_checkpoint, "protocol": self._task_protocol,
+                     "evaluate": self._task_evaluate, "poll": self._task_poll,
                      "drain": self._task_drain}
             tasks[task.name](task, first)
             if not task.done:
@@ -210,7 +215,7 @@ class Scheduler:
         self.emit(ev.Record(self.step, {**record, **(self.startup if self.step == 1 else {})}, batch=end.batch))
         run, every_eval = self.cfg.run, self.cfg.eval.every
         due = [Task("checkpoint")] if run.checkpoint_every and self.step % run.checkpoint_every == 0 else []
-        due += [Task("evaluate")] if every_eval and self.step % every_eval == 0 else []
+        due += [Task("protocol"), Task("evaluate")] if every_eval and self.step % every_eval == 0 else []
         self.agenda[1:1] = (due if self.step < run.steps else []) + [Task("poll")]
         task.done = True
 
@@ -250,6 +255,49 @@ class Scheduler:
         self.log(f"step {self.step}: held-out pass@1 {100 * result.pass_at_1:.1f}% on {result.num_prompts} prompts "
                  f"({e.describe(self.cfg.sampler)}, weights version {result.version}, {result.time_s:.1f} s{reruns})")
         task.done = True
+
+    def _task_protocol(self, task: Task, first: bool) -> None:
+        """``eval.protocol`` (a published benchmark table) on the rollout workers, before the held-out
+        rows: the runtime opens the step's results and says how many units are left (ProtocolStarted);
+        units are dealt like held-out parts (a lost worker's units run again on another); once all
+        are graded the runtime writes the table (ProtocolDone)."""
+        if first:
+            self.protocol_run = None
+            if self.cfg.eval.protocol is None:
+                task.done = True
+            else:
+                self.emit(ev.StartProtocol(self.step))
+            return
+        run = self.protocol_run
+        if run is None:
+            return  # ProtocolStarted not handled yet
+        for unit, index in run.assign([w.index for w in self.fleet.active()]):
+            worker = self.fleet[index]
+            call = self.fleet.call("complete", f"{worker.name} (protocol unit {unit})", worker)
+            run.running[call] = (unit, index)
+            self.emit(ev.Complete(call, index, unit, self.cfg.rollout.request_timeout_s))
+        if run.finished and not task.sent:
+            task.sent = True
+            self.emit(ev.FinishProtocol(self.step))
+
+    def _on_protocol_started(self, event: ev.ProtocolStarted) -> None:
+        self.protocol_run = DealtParts.of(event.units)
+        if event.note:
+            self.log(event.note)
+
+    def _on_unit_done(self, event: ev.UnitDone) -> None:
+        if self.fleet.take(event.call) is None or self.protocol_run is None:
+            return
+        unit, _ = self.protocol_run.running.pop(event.call)
+        self.protocol_run.done[unit] = True
+
+    def _on_protocol_done(self, event: ev.ProtocolDone) -> None:
+        reruns = self.protocol_run.reruns if self.protocol_run is not None else 0
+        self.protocol_run = None
+        self.emit(ev.Record(self.step, event.metrics))
+        self.log(event.line + (f"; {reruns} unit(s) run again after their worker was lost" if reruns else ""))
+        if self.agenda and self.agenda[0].name == "protocol":
+            self.agenda[0].done = True
 
     def _task_poll(self, task: Task, first: bool) -> None:
         status = {"state": "training", "step": self.step, "version": self.staleness.version,
@@ -445,8 +493,9 @@ class Scheduler:
         if requests:
             self.staleness.abort(len(requests))
             self.requeue = sorted(self.requeue + requests, key=lambda r: r.uid)
-        if self.held_out_run is not None:
-            self.held_out_run.lost_worker(worker.index)
+        for run in (self.held_out_run, self.protocol_run):
+            if run is not None:
+                run.lost_worker(worker.index)
         hung = failure == "timed_out"
         self.counts["faults/rollout_worker_hangs" if hung else "faults/rollout_worker_deaths"] += 1
         field = "weights.timeout_s" if first is not None and first.kind == "load" else "rollout.request_timeout_s"

@@ -6,8 +6,9 @@
    the protocol's prompt through ``common.tasks.prompts``, the encoding rollouts use).
 2. Work is cut into units of ``batch_size`` prompts of one benchmark at one generation length and
    dealt to the workers as they come free (two units queued per worker): ``EvalWorker`` actors, one
-   policy copy per GPU, offline (``run_units``); the job's rollout workers during training
-   (``evaluate_in_training``). Both sample with the rollout engine and return decoded completions.
+   policy copy per GPU, offline (``run_units``); the job's rollout workers during training, dealt
+   by the job's scheduler (``InTraining``). Both sample with the rollout engine and return decoded
+   completions.
 3. Completions are graded here (``common.tasks.graders``) and appended to results.jsonl per prompt
    (``recipes.protocol_results``): a rerun skips what is done and prints the same table.
 
@@ -22,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from common.config.protocol import ProtocolConfig
 from common.config.sampler import SamplerConfig
@@ -199,22 +200,52 @@ def table_of(prepared: Prepared, results: ResultLog) -> dict[str, Any]:
     return protocol_table(header, prepared.benchmarks, prepared.cfg.gen_lengths, results.records)
 
 
-def evaluate_in_training(workers: Sequence[Any], cfg: Any, step: int, log: Log) -> dict[str, float]:
-    """``cfg.eval.protocol`` on the job's rollout workers (their current weights), its table written
-    to output_dir/protocol/step<N>/; returns metrics ``protocol/<benchmark>@<length>`` (0..1)."""
-    from recipes.protocol_results import write_table
+class InTraining:
+    """``cfg.eval.protocol`` during a job, on its rollout workers (their current weights): the job's
+    scheduler deals the units of a step to the workers (coordinator/scheduler.py: a unit whose worker
+    died or hung runs again on another) and its runtime calls, per step, ``start`` (the units left
+    at this step), ``request`` (what a worker's ``complete`` takes), ``graded`` (a unit's
+    completions) and ``finish`` (the table in output_dir/protocol/step<N>/, and the metrics)."""
 
-    prepared = _prepared_for(cfg.eval.protocol.model_dump_json(), cfg.model.model_dump_json())
-    out = Path(cfg.run.output_dir) / "protocol" / f"step{step}"
-    results = ResultLog.open(out, prepared.header(f"training step {step}"))
-    t0 = time.monotonic()
-    table = evaluate(workers, prepared, results, log, cfg.rollout.request_timeout_s, show_progress=False)
-    write_table(out, table)
-    metrics = {f"protocol/{row['benchmark']}@{n}": cell["accuracy"] / 100
-               for row in table["rows"] for n, cell in row["results"].items() if cell["accuracy"] is not None}
-    summary = ", ".join(f"{k.removeprefix('protocol/')} {100 * v:.1f}%" for k, v in metrics.items())
-    log(f"step {step}: protocol {prepared.cfg.name}: {summary} ({time.monotonic() - t0:.0f} s; table in {out})")
-    return {**metrics, "protocol/time_s": time.monotonic() - t0}
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.prepared: Optional[Prepared] = None  # the benchmarks, encoded once per job (start)
+        self.units: list[Unit] = []  # this step's units still to run
+
+    def start(self, step: int) -> tuple[int, str]:
+        """Open step ``step``'s results: (units still to run, a line to log or '')."""
+        self.prepared = _prepared_for(self.cfg.eval.protocol.model_dump_json(), self.cfg.model.model_dump_json())
+        self.step, self.out = step, Path(self.cfg.run.output_dir) / "protocol" / f"step{step}"
+        self.results = ResultLog.open(self.out, self.prepared.header(f"training step {step}"))
+        self.hashes = self.prepared.prompt_hashes()
+        self.results.check_prompts(self.hashes)
+        self.units = pending_units(self.prepared, self.results.done())
+        self.t0 = time.monotonic()
+        total = sum(len(b.rows) for b in self.prepared.benchmarks.values()) * len(self.prepared.cfg.gen_lengths)
+        remaining = sum(len(u.indices) for u in self.units)
+        note = "" if remaining == total else (f"protocol eval: {total - remaining} of {total} completions already "
+                                              f"graded in {self.out}; {remaining} to go")
+        return len(self.units), note
+
+    def request(self, unit: int) -> tuple[list[list[int]], list[int], SamplerConfig]:
+        return unit_request(self.prepared, self.units[unit])
+
+    def graded(self, unit: int, completions: Sequence[str]) -> None:
+        self.results.append(grade_unit(self.prepared, self.units[unit], completions, self.hashes))
+
+    def finish(self) -> tuple[dict[str, float], str]:
+        """Write the table; (metrics ``protocol/<benchmark>@<length>`` (0..1) and ``protocol/time_s``,
+        the log line)."""
+        from recipes.protocol_results import write_table
+
+        table = table_of(self.prepared, self.results)
+        write_table(self.out, table)
+        metrics = {f"protocol/{row['benchmark']}@{n}": cell["accuracy"] / 100
+                   for row in table["rows"] for n, cell in row["results"].items() if cell["accuracy"] is not None}
+        summary = ", ".join(f"{k.removeprefix('protocol/')} {100 * v:.1f}%" for k, v in metrics.items())
+        seconds = time.monotonic() - self.t0
+        line = f"step {self.step}: protocol {self.prepared.cfg.name}: {summary} ({seconds:.0f} s; table in {self.out})"
+        return {**metrics, "protocol/time_s": seconds}, line
 
 
 @functools.lru_cache(maxsize=2)

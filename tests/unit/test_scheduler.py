@@ -292,3 +292,43 @@ def test_a_replacement_that_starts_while_a_push_is_out_loads_that_push():
     assert [(c.worker, c.version) for c in commands if isinstance(c, ev.LoadWeights)] == [(1, 1)]
     sim.push_done()
     assert sim.scheduler.fleet.versions() == [1, 1]
+
+
+def test_the_protocol_runs_before_the_held_out_rows_and_a_lost_workers_units_run_again():
+    sim = Sim(job(eval={"protocol": {}}), held_out=ROWS[:4])
+    assert [type(c) for c in sim.begin("evaluate")] == [ev.StartProtocol]  # the held-out rows wait
+    sim.take(ev.StartProtocol)
+    commands = sim.send(ev.ProtocolStarted(3, "protocol eval: 2 of 8 completions already graded"))
+    assert [(c.worker, c.unit) for c in commands if isinstance(c, ev.Complete)] == [(0, 0), (1, 1), (0, 2)]
+    assert "protocol eval: 2 of 8 completions already graded" in sim.logs() and not sim.pending(ev.Evaluate)
+    hung = sim.take(ev.Complete, worker=0)[0]
+    again = sim.send(ev.CallFailed(hung.call, "timed_out", "5 s"))  # its process is killed: units 0 and 2 rerun
+    assert [(c.worker, c.unit) for c in again if isinstance(c, ev.Complete)] == [(1, 0), (1, 2)]
+    assert any(isinstance(c, ev.StartWorker) and c.worker == 0 for c in again)
+    assert sim.scheduler.counts["faults/rollout_worker_hangs"] == 1
+    for unit in sim.take(ev.Complete):
+        done = sim.send(ev.UnitDone(unit.call))
+    assert [c.step for c in done if isinstance(c, ev.FinishProtocol)] == [0]
+    sim.take(ev.FinishProtocol)
+    after = sim.send(ev.ProtocolDone({"protocol/gsm8k@128": 0.5, "protocol/time_s": 3.0}, "step 0: protocol d1: ..."))
+    records = [c for c in after if isinstance(c, ev.Record)]
+    assert records[0].step == 0 and records[0].metrics["protocol/gsm8k@128"] == 0.5
+    assert "step 0: protocol d1: ...; 2 unit(s) run again after their worker was lost" in sim.logs()
+    assert [c.worker for c in after if isinstance(c, ev.Evaluate)] == [1]  # then the held-out rows, on the live one
+    assert not sim.scheduler.done
+
+
+def test_the_protocol_runs_every_eval_every_steps_and_a_step_with_nothing_left_ends_at_once():
+    sim = Sim(job(eval={"protocol": {}, "every": 2}))
+    sim.begin("train")
+    for _ in range(2):
+        sim.step()
+    (start,) = sim.take(ev.StartProtocol)
+    assert start.step == 2 and not sim.pending(ev.Generate)  # nothing admitted while it runs
+    finish = sim.send(ev.ProtocolStarted(0))  # a resumed run graded every unit of this step already
+    assert [c.step for c in finish if isinstance(c, ev.FinishProtocol)] == [2]
+    sim.take(ev.FinishProtocol)
+    resumed = sim.send(ev.ProtocolDone({"protocol/gsm8k@128": 0.25}, "step 2: protocol d1: gsm8k@128 25.0%"))
+    assert any(isinstance(c, ev.Record) and c.step == 2 for c in resumed)
+    kinds = [type(c) for c in resumed if isinstance(c, (ev.PollControl, ev.Generate))]
+    assert kinds[0] is ev.PollControl and ev.Generate in kinds  # then the poll, and training goes on
