@@ -56,3 +56,14 @@ def test_a_resumed_run_takes_before_from_its_own_step_0_evaluation(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps(lines[2]) + "\n")
     assert Driver(cfg, log=lambda s: None).first_evaluation() is None
 
+
+
+def test_a_resumed_runs_final_window_covers_the_runs_evaluations_once_per_step(tmp_path):
+    cfg = job(run={"output_dir": str(tmp_path)}, eval={"final_window": 3})
+    evals = [(0, 0.25), (2, 0.5), (4, 0.625), (4, 0.75), (6, 0.875)]  # step 4 twice: the checkpoint's and the resume's
+    lines = [{"step": s, "eval/pass@1": p, "eval/prompts": 8.0, "eval/version": float(s)} for s, p in evals]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    driver = Driver(cfg, log=lambda s: None)
+    driver.evaluations = driver.recorded_evaluations()
+    assert [r.pass_at_1 for r in driver.evaluations] == [0.25, 0.5, 0.75, 0.875]
+    assert driver.final_window_text() == "; mean of the last 3 evaluations: 70.8%"  # (0.5 + 0.75 + 0.875) / 3
