@@ -2,9 +2,11 @@
 outside) is killed once its call runs past rollout.request_timeout_s and replaced like a dead one,
 during the held-out evaluation as during training. The job runs to the end through
 ``Driver.run``: the frozen worker's evaluation part runs again on another worker (BEFORE and AFTER
-cover every held-out prompt), its prompts are re-queued, and every prompt is trained exactly once."""
+cover every held-out prompt), its prompts are re-queued, and every prompt is trained exactly once;
+a worker frozen in the protocol evaluation (eval.protocol) has its units run again the same way."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -15,6 +17,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import harness  # noqa: E402
+from common.metrics import read_metrics  # noqa: E402
 from coordinator.driver import Driver  # noqa: E402
 from harness import append, job_config, read_records  # noqa: E402
 
@@ -102,3 +105,38 @@ def test_a_frozen_worker_is_killed_and_replaced_in_evaluation_and_in_training(cl
     assert sorted(trained) == list(range(16)) and set(trained.values()) == {1}
     calls = read_records(records, "rollout_")
     assert {c["worker"] for c in calls if "uids" in c} == {0, 1}  # worker 1's replacement took work of its own
+
+
+def test_a_worker_frozen_in_the_protocol_evaluation_is_replaced_and_its_units_run_again(cluster, tmp_path):
+    """eval.protocol on the rollout workers survives a hang as the held-out evaluation does."""
+    records = tmp_path / "records"
+    records.mkdir()
+    gsm = tmp_path / "gsm.jsonl"
+    gsm.write_text("".join(json.dumps({"question": f"Ann has {i} pens.", "answer": f"#### {i}"}) + "\n" for i in range(4)))
+    protocol = {"benchmarks": {"gsm8k": {"source": {"kind": "file", "path": str(gsm), "columns": {"prompt": "question"}}}},
+                "gen_lengths": [8], "block_length": 4, "batch_size": 1}
+
+    class FreezingInProtocol(harness.InspectedRollout):
+        def complete(self, prompts, seeds, sampler):
+            marker = records / "froze_protocol"
+            if self.index == 1 and not marker.exists():
+                marker.write_text(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return super().complete(prompts, seeds, sampler)
+
+    cfg = job_config(tmp_path / "run", learner={"num_ranks": 1}, eval={"protocol": protocol},
+                     rollout={"request_timeout_s": TIMEOUT_S, "max_restarts": 1}, run={"steps": 1})
+    lines: list[str] = []
+    Driver(cfg, rollout_cls=FreezingInProtocol, learner_cls=harness.InspectedLearner, log=lines.append).run()
+    frozen = int((records / "froze_protocol").read_text())
+    deadline = time.monotonic() + 30
+    while alive(frozen) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not alive(frozen), "the frozen process was left running"
+    assert any("hung (no answer within 20 s (rollout.request_timeout_s); killed)" in line for line in lines), lines
+    assert any("unit(s) run again after their worker was lost" in line for line in lines), lines
+    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in metrics if "protocol/gsm8k@8" in r] == [0, 1]  # BEFORE and AFTER, all 4 prompts
+    graded = [json.loads(line) for line in (tmp_path / "run" / "protocol" / "step0" / "results.jsonl").read_text()
+              .splitlines()]
+    assert sorted(r["prompt_id"] for r in graded) == sorted({r["prompt_id"] for r in graded}) and len(graded) == 4
