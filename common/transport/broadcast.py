@@ -30,7 +30,9 @@ Memory: two buckets on each end (2 x ``bucket_mb``).
 """
 from __future__ import annotations
 
+import contextlib
 import pickle
+import threading
 from datetime import timedelta
 from typing import Iterator, Optional, Sequence, Union
 
@@ -38,7 +40,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from common.transport.weights import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig, _finish, as_loader
+from common.transport.weights import (
+    WIRE_DTYPES, LoadFn, NamedTensors, ParameterLoader, WeightHandle, WeightPushConfig, _finish, as_loader,
+)
 
 ALIGN = 16  # byte alignment of each tensor inside a bucket (any dtype can be viewed in place)
 SENDER = "learner rank 0"
@@ -282,3 +286,62 @@ def _numel(shape: tuple) -> int:
     for s in shape:
         out *= s
     return out
+
+
+class StagedWeights:
+    """A second copy of a module's parameters that a receiver fills while the module is in use
+    (a rollout worker generating), swapped in between requests.
+
+    ``receive`` runs on a thread of its own (the worker's weights concurrency group): the push's
+    buckets are copied into the staging tensors on a CUDA stream of their own, so the broadcast
+    never waits for the request the worker is running. ``apply`` runs on the worker's request
+    thread, in order with its requests: it copies the staged tensors into the parameters (a
+    device copy: milliseconds), so a request is sampled wholly with one version.
+
+    ``keep_order``: a version staged and not yet applied is never overwritten (the next receive
+    waits for ``apply``), so a request queued before a push is sampled with exactly the version
+    before it (in-order runs). Without it a newer push replaces the staged copy: a queued request
+    then runs with the newer weights, which only lowers its staleness. Memory: one more copy of
+    the parameters on the device.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.params = dict(module.named_parameters())
+        self.tensors: Optional[dict[str, torch.Tensor]] = None  # allocated at the first receive
+        self.version: Optional[int] = None  # staged and not yet applied
+        self.last: Optional[int] = None  # the newest version ever staged
+        self.applied = threading.Condition()
+        self.stream = None
+
+    def receive(self, push: "BroadcastPush", handle: WeightHandle, *, keep_order: bool, timeout_s: float) -> int:
+        """Stage ``handle.version`` (blocks while an earlier version waits to be applied, with
+        ``keep_order``); returns the version staged."""
+        with self.applied:
+            if keep_order and not self.applied.wait_for(lambda: self.version is None, timeout=timeout_s):
+                raise TimeoutError(f"weight push: version {self.version} was staged {timeout_s:.0f} s ago and is "
+                                   f"still not applied; version {handle.version} cannot be staged over it")
+            self.version = None  # a replaced copy is never applied half-written
+            if self.tensors is None:
+                self.tensors = {n: torch.empty_like(p, memory_format=torch.contiguous_format)
+                                for n, p in self.params.items()}
+            device = next(iter(self.tensors.values())).device
+            if device.type == "cuda" and self.stream is None:
+                self.stream = torch.cuda.Stream(device)
+            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+                push.receive(handle, ParameterLoader(self.tensors))
+                if self.stream is not None:
+                    self.stream.synchronize()
+            self.version = self.last = handle.version
+            return handle.version
+
+    def apply(self) -> Optional[int]:
+        """Copy the staged version into the parameters; returns it (None if nothing is staged)."""
+        with self.applied:
+            if self.version is None:
+                return None
+            with torch.no_grad():
+                for name, param in self.params.items():
+                    param.copy_(self.tensors[name])
+            version, self.version = self.version, None
+            self.applied.notify_all()
+            return version

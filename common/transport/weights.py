@@ -41,6 +41,12 @@ class WeightPushConfig(StrictModel):
     dtype: Literal["keep", "bf16", "fp16", "fp32"] = Field(
         "keep", description="dtype on the wire; keep = the learner's parameter dtype (bf16 on GPU)"
     )
+    staging: bool = Field(
+        True, description="broadcast push: each rollout worker receives the new version into a second copy of its "
+        "weights while it generates and swaps it in before its next request, so a push never waits for the request "
+        "a worker is running (costs one more copy of the weights in the worker's memory); false: the worker "
+        "receives between requests and the push waits for it"
+    )
 
     @property
     def resolved_backend(self) -> str:
@@ -136,10 +142,11 @@ class ObjectStorePush:
 
 class ParameterLoader:
     """Copies received tensors into a module's parameters by name (casting dtype and device),
-    bucket by bucket, and checks at the end that every parameter arrived once."""
+    bucket by bucket, and checks at the end that every parameter arrived once. A dictionary of
+    named tensors (a staging copy) takes the place of a module the same way."""
 
-    def __init__(self, module: nn.Module) -> None:
-        self.params = dict(module.named_parameters())
+    def __init__(self, module: Union[nn.Module, dict[str, torch.Tensor]]) -> None:
+        self.params = dict(module) if isinstance(module, dict) else dict(module.named_parameters())
         self.loaded: set[str] = set()
 
     @torch.no_grad()
