@@ -17,12 +17,16 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
+import ray
+
+from common.actor_time import ActorClock
 from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
 from common.config.task import AnyTaskConfig
 from common.models import load_policy
 from common.runtime import setup_actor_process
 from common.tasks import RewardScorer, Row, build_task
+from common.transport.broadcast import StagedWeights
 from common.transport.weights import WeightHandle, WeightPushConfig, setup_weight_push
 from rollout.engine import TorchRolloutEngine
 from rollout.workflow import Episode, PromptRequest, behaviour_estimator, run_episodes
@@ -41,6 +45,7 @@ class RolloutWorker:
         seed: int,
     ) -> None:
         t0 = time.perf_counter()
+        self.clock = ActorClock(background=("push_stage",))
         self.index = index
         self.device = setup_actor_process()
         self.policy, self.tokenizer = load_policy(model, device=self.device)
@@ -50,13 +55,12 @@ class RolloutWorker:
         self.task = build_task(task)
         inline = task.reward.resolved_isolation == "inline"
         self.scorer = RewardScorer(task, self.task) if inline else RewardScorer(task)
-        self.push = None
+        self.push = self.staged = None
         self.start_s = time.perf_counter() - t0
+        self.clock.add("load", self.start_s)
 
     def ready(self) -> dict[str, Any]:
         """What the coordinator logs once the actor is up, and where it runs (elasticity: which node)."""
-        import ray
-
         return {"worker": self.index, "device": str(self.device), "pid": os.getpid(), "load_s": self.start_s,
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "parameters": sum(p.numel() for p in self.policy.parameters()), "version": self.version()}
@@ -78,7 +82,10 @@ class RolloutWorker:
         after = self.scorer.stats.as_metrics(prefix="")
         if episodes:
             calls = {f"reward_calls/{k}": after[k] - before[k] for k in after}
-            episodes[0].stats = {**episodes[0].stats, **calls}  # the episodes share one stats dict
+            stats, n = episodes[0].stats, len(requests)  # per-prompt shares of the request's seconds
+            for activity, key in (("generate", "generate_s"), ("reward", "reward_s"), ("score", "estimate_s")):
+                self.clock.add(activity, stats.get(key, 0.0) * n)
+            episodes[0].stats = {**stats, **calls, **self.clock.snapshot()}  # the episodes share one stats dict
         return episodes
 
     def reward_stats(self) -> dict[str, float]:
@@ -90,14 +97,33 @@ class RolloutWorker:
         if self.push is not None:
             self.push.close()
         self.push = setup_weight_push(cfg, **kwargs)
+        self.staged = None  # a copy staged through the old group is not applied
 
-    def receive_weights(self, handle: WeightHandle) -> int:
-        """Load version ``handle.version`` into the policy; returns the version now held."""
+    @ray.method(concurrency_group="weights")
+    def stage_weights(self, handle: WeightHandle, keep_order: bool = False) -> int:
+        """Receive version ``handle.version`` of a broadcast push into a staging copy while requests
+        run (this method's own thread); ``receive_weights`` swaps it in, in order with the requests
+        (common/transport/broadcast.py: StagedWeights). Returns the version staged."""
         if self.push is None:
             raise RuntimeError(f"rollout worker {self.index}: setup_weight_push was never called")
-        version = self.push.receive(handle, self.policy)
-        self.engine.policy_version = version
-        return version
+        if self.staged is None:
+            self.staged = StagedWeights(self.policy)
+        with self.clock.timed("push_stage"):
+            return self.staged.receive(self.push, handle, keep_order=keep_order, timeout_s=self.push.cfg.timeout_s)
+
+    def receive_weights(self, handle: WeightHandle) -> int:
+        """Hold version ``handle.version`` (or a newer one) from now on: the staged copy where
+        ``stage_weights`` received it, else received now. Returns the version held."""
+        if self.push is None:
+            raise RuntimeError(f"rollout worker {self.index}: setup_weight_push was never called")
+        with self.clock.timed("push_receive"):
+            if self.staged is not None and (self.staged.last or -1) >= handle.version:
+                applied = self.staged.apply()  # None: a newer version was staged and applied already
+                if applied is not None:
+                    self.engine.policy_version = applied
+            else:
+                self.engine.policy_version = self.push.receive(handle, self.policy)
+        return self.engine.policy_version
 
     # ---- evaluation -----------------------------------------------------------------------
     def evaluate(self, rows: Sequence[Row], samples_per_prompt: int, seed: int,
@@ -106,8 +132,9 @@ class RolloutWorker:
         sampled with ``sampler`` (default: the worker's own sampler config)."""
         from rollout.evaluate import evaluate
 
-        result = evaluate(self.engine, rows, self.task, self.tokenizer, sampler or self.sampler, samples_per_prompt,
-                          seed, eos_token_id=self.policy.eos_token_id)
+        with self.clock.timed("eval"):
+            result = evaluate(self.engine, rows, self.task, self.tokenizer, sampler or self.sampler, samples_per_prompt,
+                              seed, eos_token_id=self.policy.eos_token_id)
         return self.version(), result
 
     def close(self) -> None:
