@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 import ray
 
+from common.actor_time import ActorTimes, split_clock
 from common.config.job import JobConfig, check_resources
 from common.metrics import MetricsLogger
 from common.tasks import PromptStream, load_task_data
@@ -78,6 +79,8 @@ class Driver(WorkerEvents, Checkpoints):
         self.history: list[dict[str, float]] = []
         self.reward_calls: dict[str, float] = {}
         self.shapes: Optional[dict[str, list[int]]] = None
+        self.actor_times = ActorTimes()  # time/<actor>/*: each actor's own clock (common/actor_time.py)
+        self.pending_save: Optional[checkpoint.PendingSave] = None  # a checkpoint written in the background
         WorkerEvents.__init__(self)
 
     # ---- the run --------------------------------------------------------------------------
@@ -93,6 +96,7 @@ class Driver(WorkerEvents, Checkpoints):
                 self.save_checkpoint()
             if self.cfg.run.export_final:
                 self.export()
+            self.finish_checkpoint()
         finally:
             self.close()
         if before is not None and after is not None:
@@ -196,6 +200,9 @@ class Driver(WorkerEvents, Checkpoints):
             queued[index] += 1
 
     def on_rollout(self, job: Pending, episodes: list[Episode]) -> None:
+        if episodes:
+            episodes[0].stats, clock = split_clock(episodes[0].stats)
+            self.actor_times.update(f"rollout{job.worker}", clock)
         for episode in episodes:
             for key, value in episode.stats.items():
                 if key.startswith("reward_calls/"):
@@ -243,7 +250,11 @@ class Driver(WorkerEvents, Checkpoints):
 
     def finish_step(self) -> dict[str, float]:
         batch, start = self.training["batch"], self.training["start"]
-        results = [self.training["results"][r] for r in self.training["refs"]]
+        results = []
+        for rank, ref in enumerate(self.training["refs"]):
+            result, clock = split_clock(self.training["results"][ref])
+            self.actor_times.update(f"learner{rank}", clock)
+            results.append(result)
         train_s = time.perf_counter() - start
         version = self.staleness.advance()
         push_s = self.push_weights(version)
@@ -257,6 +268,7 @@ class Driver(WorkerEvents, Checkpoints):
             self.save_checkpoint()
         if self.cfg.eval.every and self.step % self.cfg.eval.every == 0 and self.step < self.cfg.run.steps:
             self.evaluate()
+        self.poll_checkpoint()
         self.between_steps()
         return record
 
@@ -312,7 +324,7 @@ class Driver(WorkerEvents, Checkpoints):
         record.update({"time/step": step_s, "time/train": train_s, "time/weight_push": push_s,
                        "time/generate": record["rollout/generate_s"], "version": float(self.staleness.version),
                        "rollout/empty_groups_total": float(self.buffer.empty), **self.worker_metrics(),
-                       **{f"rollout/{k}": v for k, v in self.reward_calls.items()}})
+                       **{f"rollout/{k}": v for k, v in self.reward_calls.items()}, **self.actor_times.step_metrics()})
         sequence_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for e in batch for s in e.group.samples)
         record.update(perf_metrics(
             step_s=step_s, train_s=train_s, samples=record["learner/samples"], tokens=record["learner/tokens"],
@@ -355,6 +367,8 @@ class Driver(WorkerEvents, Checkpoints):
         return result
 
     def close(self) -> None:
+        if self.pending_save is not None:  # the job failed after a save began: complete it if its files are durable
+            self.finish_checkpoint(timeout_s=0.0)
         if self.metrics is not None:
             self.metrics.close()
         if self.actors is not None:

@@ -10,7 +10,8 @@ then pushes the restored weights to every worker.
 """
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Optional
 
 import yaml
 
@@ -31,24 +32,53 @@ class Checkpoints:
         (directory / "config.yaml").write_text(yaml.safe_dump(self.config_json(), sort_keys=False))
 
     def client_state(self) -> dict[str, Any]:
-        assert self.training is None and not any(j.kind == "rollout" for j in self.inflight), "drain first"
+        """The coordinator's part of a checkpoint. Requests admitted and not back yet are saved with
+        the re-queued ones: a resumed run samples them again (same seeds, the restored weights)."""
+        assert self.training is None, "a checkpoint is taken between steps"
+        requeue = sorted(self.requeue + self.inflight.requests(), key=lambda r: r.uid)
         return {"step": self.step, "version": self.staleness.version, "stream": self.stream.state_dict(),
                 "staleness": self.staleness.state_dict(), "next_uid": self.next_uid,
-                "requeue": [(r.uid, r.row.prompt_id) for r in self.requeue], "counts": dict(self.counts),
+                "requeue": [(r.uid, r.row.prompt_id) for r in requeue], "counts": dict(self.counts),
                 "reward_calls": dict(self.reward_calls)}
 
     def save_checkpoint(self) -> None:
-        """Waits for the admitted rollouts first: their groups go into the checkpoint, so a resumed
-        run trains on the same samples at the same staleness as an uninterrupted one."""
-        self.drain()
+        """In-order runs wait for the admitted rollouts first: their groups go into the checkpoint,
+        so the resumed run trains on the same samples at the same staleness as an uninterrupted one.
+        Other runs (which no resume replays exactly) save them as requests to sample again and go
+        on at once: the workers keep generating, and the next step finds its batch."""
+        if self.cfg.algorithm.in_order:
+            self.drain()
         if self.shapes is None:
             self.shapes = wait([self.actors.learners[0].parameter_shapes.remote()], self.cfg.cluster.start_timeout_s,
                                "learner rank 0 (parameter shapes)")[0]
         state = {**self.client_state(), "config": self.config_json(), "parameter_shapes": self.shapes}
-        path = checkpoint.save(self.actors, self.cfg.run.output_dir, self.step, state,
-                               [self.buffer.groups[uid] for uid in sorted(self.buffer.groups)],
-                               self.cfg.cluster.start_timeout_s)
-        self.log(f"checkpoint: {path}")
+        episodes = [self.buffer.groups[uid] for uid in sorted(self.buffer.groups)]
+        args = (self.actors, self.cfg.run.output_dir, self.step, state, episodes, self.cfg.cluster.start_timeout_s)
+        if self.cfg.run.async_checkpoint:
+            self.finish_checkpoint()  # one save at a time
+            self.pending_save = checkpoint.begin_save(*args)
+            self.log(f"checkpoint: {self.pending_save.path} (written in the background)")
+        else:
+            self.log(f"checkpoint: {checkpoint.save(*args)}")
+
+    def poll_checkpoint(self) -> None:
+        """Complete a background save whose files are all durable (never blocks)."""
+        if self.pending_save is not None and self.pending_save.poll():
+            self.log(f"checkpoint: {self.pending_save.path} complete "
+                     f"({time.monotonic() - self.pending_save.started:.1f} s after it started)")
+            self.pending_save = None
+
+    def finish_checkpoint(self, timeout_s: Optional[float] = None) -> None:
+        """Wait for a background save's files (at most ``timeout_s``, default cluster.start_timeout_s),
+        then complete it; a save still unwritten after that stays incomplete, and said so."""
+        save, self.pending_save = self.pending_save, None
+        if save is None:
+            return
+        if save.wait(self.cfg.cluster.start_timeout_s if timeout_s is None else timeout_s):
+            self.log(f"checkpoint: {save.path} complete ({time.monotonic() - save.started:.1f} s after it started)")
+        else:
+            self.log(f"checkpoint: {save.path} was not written in time; it stays incomplete (a resume takes the one "
+                     "before)")
 
     def restore(self, resume: checkpoint.Resume) -> None:
         timeout = self.cfg.cluster.start_timeout_s

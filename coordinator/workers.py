@@ -252,7 +252,11 @@ class WorkerEvents:
             self.setup_weight_push()
         handle = WeightHandle(version, self.cfg.weights.resolved_backend)
         sends = self.actors.call_learners("push_weights", version)
-        receives = [w.actor.receive_weights.remote(handle) for w in members]
+        staging = self.cfg.weights.staging
+        if staging:  # received beside the running request; applied below, in order with the requests
+            receives = [w.actor.stage_weights.remote(handle, self.cfg.algorithm.in_order) for w in members]
+        else:
+            receives = [w.actor.receive_weights.remote(handle) for w in members]
         names = [f"learner rank {r} (weights version {version})" for r in range(len(sends))]
         try:
             wait(sends + receives, 10 * self.cfg.weights.timeout_s, names + [f"{w.name} (weights version {version})"
@@ -268,7 +272,11 @@ class WorkerEvents:
             self.broadcast(version, attempt + 1)
             return
         for worker in members:
-            worker.version, worker.state = version, "active"
+            worker.state = "active"
+            if staging:
+                self.watch_ack(worker, handle)
+            else:
+                worker.version = version
 
 
 def _died(ref: ray.ObjectRef) -> bool:
