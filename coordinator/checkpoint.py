@@ -6,6 +6,11 @@ checked before a resume trusts any of it.
     output_dir/checkpoints/step<N>/episodes.*         groups generated but not yet trained on (episode_io)
     output_dir/checkpoints/step<N>/coordinator.json   written last: the client state, the resolved
                                                       config, parameter shapes, every file's size
+    output_dir/checkpoints/step<N>/.written_rank<r>   a background save: rank r's files are durable
+
+With ``run.async_checkpoint`` (``begin_save``) each learner rank writes its files from a thread
+of its own and leaves its marker when they are durable; the coordinator checks the markers between
+steps (``PendingSave.poll``) and only then writes the episodes, coordinator.json and ``latest``.
 
 The client state holds the step, the policy version, the prompt stream's cursor, the staleness
 controller's counters, the next request uid, the requests re-queued after a fault and not yet
