@@ -108,3 +108,21 @@ def test_the_behaviour_estimate_is_the_completions_elbo_whatever_sampler_decoded
         batch = collate_samples(samples, policy.pad_token_id)
         learner = estimate(policy, batch, [s.mask_seed for s in samples], estimator).sequence.detach()
         torch.testing.assert_close(learner, torch.tensor([s.behaviour_logp for s in samples]), rtol=1e-5, atol=1e-5)
+
+
+def test_behaviour_estimates_are_chunked_by_their_logits_and_unchanged(setup, monkeypatch):
+    import rollout.workflow as workflow
+
+    policy, _, _, rows = setup
+    requests = [PromptRequest(20, rows[7]), PromptRequest(21, rows[8])]
+    whole = episodes(setup, requests)
+    calls: list[int] = []
+    real = workflow.estimate
+    monkeypatch.setattr(workflow, "estimate", lambda p, batch, *a: calls.append(batch.input_ids.shape[0]) or real(p, batch, *a))
+    per_sample = SAMPLER.gen_length * policy.vocab_size * ESTIMATOR.num_draws
+    monkeypatch.setattr(workflow, "LOGIT_BUDGET", 3 * per_sample)  # 3 samples' logits per call
+    chunked = episodes(setup, requests)
+    assert calls == [3, 3, 2]  # 2 prompts x G = 4 samples each
+    for a, b in zip(whole, chunked):
+        for x, y in zip(a.group.samples, b.group.samples):
+            assert x.behaviour_logp == pytest.approx(y.behaviour_logp, abs=1e-5)
