@@ -189,6 +189,11 @@ def summary(data: dict) -> str:
                 problems = got(name, part, "problems")
                 if problems:
                     lines.append(f"problems: {problems}")
+        for prof in got(name, "job", "learner_profile") or []:
+            top = ", ".join(f"{k['name'][:40]} {k['share_of_busy']:.0%}" for k in (prof.get("top_kernels") or [])[:5])
+            lines.append(f"\nlearner rank {prof['rank']} step {prof['step']} under torch.profiler: {prof['wall_s']:.1f} s wall, "
+                         f"device busy {_f(prof.get('device_busy_fraction'), '{:.0%}')}, {prof['kernels']} kernels, "
+                         f"{prof['host_aten_ops']} host ops; top kernels: {top or 'n/a (CPU)'}")
     return "\n".join(lines)
 
 

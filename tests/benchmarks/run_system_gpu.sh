@@ -2,9 +2,10 @@
 # The system benchmark of issues 11 and 15 in one device call (4 GPUs, deadline 540 s; see
 # tests/benchmarks/run_system.py). On the GPU machine, from the repository root:
 #     source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh
-# The second call (TraDo and the learner variants; ckpt_sdar again, since a fresh machine has no
-# checkpoints):
-#     source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh --parts ckpt_sdar,matmul,ckpt_llada,system_trado,variant_prefetch_5e7,variant_micro_batch_32
+# The second call (TraDo; a fresh machine has no checkpoints, so ckpt_sdar again), then the learner
+# variants if time is left:
+#     source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh --parts ckpt_sdar,matmul,system_trado
+#     source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh --parts ckpt_llada,matmul,variant_prefetch_5e7,variant_micro_batch_32,variant_draw_batch_1
 # Results: $OUT/results.json, $OUT/summary.md, $OUT/run.log. Extra arguments go to run_system.py.
 set -u
 cd "$(dirname "$0")/../.."
