@@ -158,4 +158,5 @@ def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
     actors.info = {"learners": infos[:m], "rollouts": infos[m:], "start_s": time.perf_counter() - t0}
     log(f"actors: {m} learner ranks on {infos[0]['device']} ({infos[0]['dtype']}), {n} rollout workers on "
         f"{infos[m]['device']} ({infos[m]['parameters'] / 1e6:.2f}M parameters), up in {actors.info['start_s']:.1f} s")
+    log(f"reward sandbox: {infos[m].get('reward_sandbox', 'n/a')}")  # how reward code is confined, once
     return actors

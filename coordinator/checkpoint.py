@@ -20,42 +20,32 @@ rank saves its Python / NumPy / torch (/ CUDA) generators; rollout seeds derive 
 
 ``verify`` runs before any actor starts and refuses, with the reason: a tag without
 coordinator.json (a save that did not finish: the previous complete tag is used instead, and
-said so), a file whose size differs from the manifest (truncated or partly copied), a file that
-does not read as a torch checkpoint or that would unpickle anything beyond the few DeepSpeed
-classes its optimizer state holds (``torch.load(weights_only=False)`` inside DeepSpeed would
-otherwise run it), and a config that differs in a field the saved state depends on.
+said so), a file whose size differs from the manifest (truncated or partly copied) or that the
+manifest does not list, a file that does not read as a torch checkpoint or that would unpickle
+anything beyond the few DeepSpeed classes its optimizer state holds (``common.checkpoint_files``,
+which each learner rank runs again before it loads, under torch's restricted unpickler), and a
+config that differs in a field the saved state depends on.
 ``check_shapes`` refuses a checkpoint of another model once the learner reports its shapes.
 """
 from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from common.checkpoint_files import FORMAT, STATE_FILE, CheckpointError, verify_tag
 from coordinator.actors import Actors, wait
 from coordinator.episode_io import load_episodes, save_episodes
 from rollout.workflow import Episode
 
-FORMAT = 2
-STATE_FILE = "coordinator.json"
 # fields the saved state depends on (dotted prefixes); everything else may change on resume
 MUST_MATCH = ("model", "task", "sampler", "estimator", "loss", "algorithm", "learner.num_ranks",
-              "learner.deepspeed.zero_stage", "run.seed")
+              "learner.deepspeed.zero_stage", "learner.lora", "run.seed")
 MAY_DIFFER = ("sampler.max_batch_size", "sampler.cuda_graph", "algorithm.micro_batch_size", "model.gradient_checkpointing")
-# what DeepSpeed 0.19's ZeRO optimizer state pickles besides tensors and containers
-DEEPSPEED_GLOBALS = frozenset({
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-    "deepspeed.runtime.zero.config.ZeroStageEnum",
-    "deepspeed.utils.tensor_fragment.fragment_address",
-})
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be resumed from; the message says which file or field and why."""
 
 
 def checkpoint_dir(output_dir: Path) -> Path:
@@ -68,6 +58,7 @@ def save(actors: Actors, output_dir: Path, step: int, state: dict[str, Any], epi
     its presence marks the tag complete). ``state`` must hold "config" and "parameter_shapes"."""
     directory = checkpoint_dir(output_dir)
     tag = f"step{step}"
+    ensure_writable(directory / tag)
     state = {"format": FORMAT, "tag": tag, **state}
     client = {k: v for k, v in state.items() if k not in ("config", "parameter_shapes")}
     wait(actors.call_learners("save_checkpoint", str(directory), client, tag), timeout_s,
@@ -85,6 +76,7 @@ def begin_save(actors: Actors, output_dir: Path, step: int, state: dict[str, Any
     coordinator.json and ``latest`` are written."""
     directory = checkpoint_dir(output_dir)
     tag = f"step{step}"
+    ensure_writable(directory / tag)
     state = {"format": FORMAT, "tag": tag, **state}
     client = {k: v for k, v in state.items() if k not in ("config", "parameter_shapes")}
     wait(actors.call_learners("save_checkpoint", str(directory), client, tag, background=True), timeout_s,
@@ -142,6 +134,25 @@ class PendingSave:
         os.replace(latest, self.path.parent / "latest")
 
 
+def ensure_writable(directory: Path) -> None:
+    """Create ``directory`` and prove a file can be written in it; a CheckpointError that says why
+    not (torch.save would only say that the parent directory does not exist)."""
+    probe = Path(directory) / f".write-test-{os.getpid()}"
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        blocked = Path(e.filename or directory)
+        while not blocked.exists() and blocked != blocked.parent:
+            blocked = blocked.parent
+        info = blocked.stat()
+        raise CheckpointError(
+            f"cannot write the checkpoint {directory}: {e.strerror or e} ({blocked} is owned by uid {info.st_uid}, "
+            f"mode {stat.filemode(info.st_mode)}; this job runs as uid {os.geteuid()}): run.output_dir must be "
+            "writable by the job") from None
+
+
 def write_state(path: Path, state: dict[str, Any]) -> None:
     """coordinator.json with the size of every other file of the tag, written atomically."""
     state = {**state, "files": {p.name: p.stat().st_size for p in sorted(path.iterdir())
@@ -177,11 +188,7 @@ def verify(directory: Path, config: dict[str, Any], log: Callable[[str], None] =
     else:
         raise CheckpointError(f"run.resume_from: no complete checkpoint under {directory} (tags tried: {tags})")
     path = directory / tag
-    state = _read_state(path)
-    _check_files(path, state["files"])
-    for name in state["files"]:
-        if name.endswith(".pt"):
-            _check_pickle(path / name)
+    state = verify_tag(path)
     _check_config(state["config"], config, path)
     try:
         episodes = load_episodes(path)
@@ -215,43 +222,6 @@ def check_shapes(saved: dict[str, list[int]], current: dict[str, list[int]], whe
 def _step_of(tag: str) -> int:
     digits = tag.removeprefix("step")
     return int(digits) if digits.isdigit() else -1
-
-
-def _read_state(path: Path) -> dict[str, Any]:
-    try:
-        state = json.loads((path / STATE_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path / STATE_FILE} cannot be read ({e})") from None
-    if state.get("format") != FORMAT:
-        raise CheckpointError(f"{path} was written by checkpoint format {state.get('format')}, this code reads {FORMAT}")
-    missing = [k for k in ("step", "files", "config", "parameter_shapes") if k not in state]
-    if missing:
-        raise CheckpointError(f"{path / STATE_FILE} lacks {', '.join(missing)}")
-    return state
-
-
-def _check_files(path: Path, sizes: dict[str, int]) -> None:
-    for name, size in sorted(sizes.items()):
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"{file} is missing (the checkpoint's manifest lists it)")
-        if file.stat().st_size != size:
-            raise CheckpointError(f"{file} has {file.stat().st_size} bytes, the manifest says {size}: truncated or "
-                                  "partly copied")
-
-
-def _check_pickle(file: Path) -> None:
-    """Only tensors, containers and DeepSpeed's own few classes may be unpickled from ``file``."""
-    import torch
-
-    try:
-        found = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(file)))
-    except Exception as e:  # not a zip / torch file: corrupt
-        raise CheckpointError(f"{file} is not a readable torch checkpoint ({type(e).__name__}: {e})") from None
-    foreign = sorted(found - DEEPSPEED_GLOBALS)
-    if foreign:
-        raise CheckpointError(f"{file} would unpickle {', '.join(foreign)}, which no checkpoint of this job holds: "
-                              "refused (loading it could run code)")
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:

@@ -30,7 +30,9 @@ import ray
 from common.actor_time import ActorTimes, split_clock
 from common.config.job import JobConfig, check_resources
 from common.metrics import MetricsLogger
+from common.models.loading import load_model_tokenizer
 from common.tasks import PromptStream, load_task_data
+from common.tasks.sandbox import check_failure_rate
 from coordinator import checkpoint
 from coordinator.actors import ActorFailure, Actors, start_actors
 from coordinator.buffer import GroupBuffer
@@ -116,13 +118,13 @@ class Driver(WorkerEvents, Checkpoints):
         if cfg.run.resume_from is not None:
             resume = checkpoint.verify(cfg.run.resume_from, self.config_json(), self.log)
         if cfg.warmstart is not None:
-            from coordinator.warmstart import warm_start
+            from recipes.warmstart import warm_start
 
             path = warm_start(cfg, log=self.log)
             self.log(f"warm start: {path} ({time.perf_counter() - t0:.1f} s)")
             model = cfg.model.model_copy(update={"path": path, "preset": None, "preset_shape": None})
             self.cfg = cfg = cfg.model_copy(update={"model": model})
-        data = load_task_data(cfg.task)
+        data = load_task_data(cfg.task, tokenizer=load_model_tokenizer(cfg.model))  # max_prompt_tokens in model tokens
         self.rows = {r.prompt_id: r for r in data.train}
         self.held_out = data.held_out[: cfg.eval.num_prompts]
         self.stream = PromptStream(data.train, seed=cfg.run.seed)
@@ -208,6 +210,7 @@ class Driver(WorkerEvents, Checkpoints):
                 if key.startswith("reward_calls/"):
                     self.reward_calls[key] = self.reward_calls.get(key, 0.0) + value
             self.buffer.add(episode)
+        check_failure_rate(self.reward_calls, self.cfg.task)  # stop rather than train on zeros
 
     # ---- learner steps and weights ------------------------------------------------------------
     def start_training(self, batch: list[Episode]) -> None:

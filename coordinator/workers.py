@@ -137,7 +137,7 @@ class WorkerEvents:
             self.pool.remove(worker)
             return
         if self.cfg.weights.resolved_backend == "object_store":
-            worker.actor.setup_weight_push.remote(self.cfg.weights)  # runs before the receive below
+            worker.actor.setup_weight_push.remote(self.cfg.weights, partial=self.partial_push)  # before the receive
             if self.latest is not None:
                 self.watch_ack(worker, self.latest)
             worker.state = "active"
@@ -209,19 +209,26 @@ class WorkerEvents:
     def push_targets(self) -> list[Worker]:
         return sorted((w for w in self.pool.workers.values() if w.state in ("active", "syncing")), key=lambda w: w.index)
 
+    @property
+    def partial_push(self) -> bool:
+        """A LoRA learner pushes only the adapted matrices; workers keep their other weights."""
+        return self.cfg.learner.lora is not None
+
     def setup_weight_push(self) -> None:
         cfg, actors = self.cfg.weights, self.actors
         timeout = self.cfg.cluster.start_timeout_s
         members = self.push_targets()
         if cfg.resolved_backend == "object_store":
-            refs = actors.call_learners("setup_weight_push", cfg) + [w.actor.setup_weight_push.remote(cfg) for w in members]
+            refs = actors.call_learners("setup_weight_push", cfg) + [
+                w.actor.setup_weight_push.remote(cfg, partial=self.partial_push) for w in members]
         else:
             addr, port = wait([actors.learners[0].rendezvous_address.remote()], timeout, "learner rank 0 (address)")[0]
             world = 1 + len(members)
             refs = actors.call_learners("setup_weight_push", cfg, rank=0, world_size=world, master_addr=addr,
                                         master_port=port, peer_names=[w.name for w in members])
             refs += [w.actor.setup_weight_push.remote(cfg, rank=i + 1, world_size=world, master_addr=addr,
-                                                      master_port=port) for i, w in enumerate(members)]
+                                                      master_port=port, partial=self.partial_push)
+                     for i, w in enumerate(members)]
         wait(refs, timeout, "weight push set-up on every learner rank and rollout worker")
         self.push_members = [w.index for w in members]
 

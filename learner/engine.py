@@ -25,6 +25,10 @@ A step is skipped, counted, and leaves weights and Adam moments bit-identical wh
 non-finite loss (one all-reduce per step, carried with the metrics) or the global grad norm is
 non-finite. DeepSpeed 0.19.8 skips non-finite grad norms by itself in bf16/fp32; a finite-norm
 step with a NaN loss (e.g. a NaN in a detached term) it would apply, hence ``GuardedAdamW``.
+
+With ``learner.lora`` the model gets LoRA adapters before DeepSpeed sees it (learner/lora.py): the
+optimizer holds only the adapters, the weights read for a push are the merged adapted matrices,
+and checkpoints hold only what trains (the frozen weights come back from ``model.path``).
 """
 from __future__ import annotations
 
@@ -37,9 +41,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from common.checkpoint_files import load_torch, restricted_unpickling, verify_tag
 from common.config.learner import LearnerConfig
 from learner.async_checkpoint import BackgroundWriter, marker_name, write_file
 from learner.group import local_device
+from learner.lora import add_adapters, plain_named_parameters
 from learner.zero import (
     build_optimizer,
     deepspeed_config,
@@ -48,6 +54,7 @@ from learner.zero import (
     is_finite,
     lr_at,
     resolve_dtype,
+    zero3_numel,
 )
 
 LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -67,6 +74,7 @@ class LearnerEngine:
         self.world_size = dist.get_world_size()
         self.device = local_device()
         self.dtype = resolve_dtype(cfg.deepspeed.dtype, self.device)
+        self.adapted = add_adapters(model, cfg.lora) if cfg.lora is not None else []
         self.gradient_checkpointing = cfg.deepspeed.gradient_checkpointing and enable_gradient_checkpointing(model)
         model.train()
         self.optimizer = build_optimizer(model, cfg.optimizer)
@@ -172,18 +180,59 @@ class LearnerEngine:
 
     # ---- weights out ----------------------------------------------------------------------
     def named_parameters_for_push(self, all_ranks: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full parameters, streamed bucket by bucket, on rank 0 (on every rank if ``all_ranks``).
-        Collective under ZeRO-3: every rank iterates to the end. Tensors are views valid until
-        the next item; they are in the training dtype on this rank's device."""
-        bucket_bytes = self.cfg.deepspeed.gather_bucket_mb << 20
-        receive = all_ranks or self.rank == 0
-        return gathered_named_parameters(self.engine.module, self.cfg.deepspeed.zero_stage, bucket_bytes, receive)
+        """What a weight push sends, streamed bucket by bucket, on rank 0 (on every rank if
+        ``all_ranks``): every parameter, or with LoRA the merged adapted matrices only (the rest
+        is frozen). Names are the plain policy's. Collective under ZeRO-3: every rank iterates
+        to the end. Tensors are valid until the next item; they are in the training dtype on
+        this rank's device."""
+        return self._plain_parameters(all_ranks, only_adapted=bool(self.adapted))
 
     def state_dict_for_push(self, all_ranks: bool = False) -> Optional[dict[str, torch.Tensor]]:
-        """The full parameters as CPU copies on rank 0 (every rank if ``all_ranks``), None on
-        the others. Collective."""
-        out = {name: t.to("cpu", copy=True) for name, t in self.named_parameters_for_push(all_ranks)}
+        """``named_parameters_for_push`` as CPU copies on rank 0 (every rank if ``all_ranks``),
+        None on the others. Collective."""
+        return self._cpu_copies(self.named_parameters_for_push(all_ranks), all_ranks)
+
+    def state_dict_for_export(self, all_ranks: bool = False) -> Optional[dict[str, torch.Tensor]]:
+        """Every parameter of the plain policy (adapters merged) as CPU copies on rank 0 (every
+        rank if ``all_ranks``), None on the others. Collective."""
+        return self._cpu_copies(self._plain_parameters(all_ranks, only_adapted=False), all_ranks)
+
+    def _plain_parameters(self, all_ranks: bool, only_adapted: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        bucket_bytes = self.cfg.deepspeed.gather_bucket_mb << 20
+        receive = all_ranks or self.rank == 0
+        if not self.adapted:
+            return gathered_named_parameters(self.engine.module, self.cfg.deepspeed.zero_stage, bucket_bytes, receive)
+        return plain_named_parameters(self.engine.module, self.adapted, zero_stage=self.cfg.deepspeed.zero_stage,
+                                      bucket_bytes=bucket_bytes, receive=receive, only_adapted=only_adapted)
+
+    def _cpu_copies(self, named: Iterator[tuple[str, torch.Tensor]],
+                    all_ranks: bool) -> Optional[dict[str, torch.Tensor]]:
+        out = {name: t.to("cpu", copy=True) for name, t in named}
         return out if (all_ranks or self.rank == 0) else None
+
+    def memory_metrics(self) -> dict[str, float]:
+        """Parameters (all, trained) and every rank's peak memory since it started, in GiB: host
+        (``learner/peak_rss_gb/rank<r>``) and, on CUDA, GPU allocated and reserved
+        (``learner/peak_gpu_gb/rank<r>``, ``learner/peak_gpu_reserved_gb/rank<r>``). One
+        all-gather, so the values are the same on every rank. Collective."""
+        import resource
+
+        params = list(self.engine.module.parameters())
+        out = {"learner/parameters": float(sum(zero3_numel(p) for p in params)),
+               "learner/trained_parameters": float(sum(zero3_numel(p) for p in params if p.requires_grad))}
+        cuda = self.device.type == "cuda"
+        mine = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0,  # Linux: KiB
+                             torch.cuda.max_memory_allocated(self.device) if cuda else 0.0,
+                             torch.cuda.max_memory_reserved(self.device) if cuda else 0.0],
+                            dtype=torch.float64, device=self.device) / 2**30
+        every = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(every, mine)
+        for r, (rss, allocated, reserved) in enumerate(t.tolist() for t in every):
+            out[f"learner/peak_rss_gb/rank{r}"] = rss
+            if cuda:
+                out[f"learner/peak_gpu_gb/rank{r}"] = allocated
+                out[f"learner/peak_gpu_reserved_gb/rank{r}"] = reserved
+        return out
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, directory: str | os.PathLike, client_state: Optional[dict] = None,
@@ -193,27 +242,35 @@ class LearnerEngine:
         see the same ``directory`` (a shared filesystem across nodes). Returns the tag."""
         self.checkpoint_written(timeout_s=None)
         tag = tag or f"step{self.applied_steps + self.skipped_steps}"
+        _check_writable(Path(directory) / tag)
         state = {"client": client_state or {}, "engine": {"applied_steps": self.applied_steps,
                                                           "skipped_steps": self.skipped_steps}}
-        self.engine.save_checkpoint(str(directory), tag=tag, client_state=state)
+        # with LoRA the frozen weights stay out: they are model.path's, loaded again on resume
+        self.engine.save_checkpoint(str(directory), tag=tag, client_state=state,
+                                    exclude_frozen_parameters=bool(self.adapted))
         torch.save(_rng_states(), Path(directory) / tag / f"rng_rank{self.rank}.pt")
         dist.barrier()
         return tag
 
     def load_checkpoint(self, directory: str | os.PathLike, tag: Optional[str] = None) -> dict:
         """Restore weights, optimizer state, the lr schedule position and this rank's RNG states;
-        returns the ``client_state`` given to ``save_checkpoint``. ``tag=None``: the latest."""
+        returns the ``client_state`` given to ``save_checkpoint``. ``tag=None``: the latest.
+
+        The tag is verified first (``common.checkpoint_files.verify_tag``: manifest, sizes, no
+        foreign pickles) and DeepSpeed reads it under torch's restricted unpickler."""
         self.checkpoint_written(timeout_s=None)
-        path, state = self.engine.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True,
-                                                  load_lr_scheduler_states=False)
+        tag = tag or Path(directory, "latest").read_text().strip()
+        verify_tag(Path(directory) / tag)
+        with restricted_unpickling():
+            path, state = self.engine.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True,
+                                                      load_lr_scheduler_states=False,
+                                                      load_module_strict=not self.adapted)
         if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint {tag or '(latest)'} under {directory}")
+            raise FileNotFoundError(f"no DeepSpeed checkpoint {tag} under {directory}")
         self.applied_steps = int(state["engine"]["applied_steps"])
         self.skipped_steps = int(state["engine"]["skipped_steps"])
-        tag = tag or Path(directory, "latest").read_text().strip()
-        _set_rng_states(torch.load(Path(directory) / tag / f"rng_rank{self.rank}.pt", weights_only=True))
+        _set_rng_states(load_torch(Path(directory) / tag / f"rng_rank{self.rank}.pt"))
         return state["client"]
-
 
     # ---- checkpoints off the training path ---------------------------------------------------
     def save_checkpoint_async(self, directory: str | os.PathLike, client_state: Optional[dict] = None,
@@ -229,11 +286,13 @@ class LearnerEngine:
             self.writer = BackgroundWriter(bool(getattr(torch_engine, "zipfile_serialization", True)))
         self.writer.on_written = on_written
         tag = tag or f"step{self.applied_steps + self.skipped_steps}"
+        _check_writable(Path(directory) / tag)
         state = {"client": client_state or {}, "engine": {"applied_steps": self.applied_steps,
                                                           "skipped_steps": self.skipped_steps}}
         self.engine.checkpoint_engine = self.writer
-        try:
-            self.engine.save_checkpoint(str(directory), tag=tag, client_state=state, save_latest=False)
+        try:  # with LoRA the frozen weights stay out, as in save_checkpoint
+            self.engine.save_checkpoint(str(directory), tag=tag, client_state=state, save_latest=False,
+                                        exclude_frozen_parameters=bool(self.adapted))
         finally:
             self.engine.checkpoint_engine = torch_engine
         rng = str(Path(directory) / tag / f"rng_rank{self.rank}.pt")
@@ -245,6 +304,13 @@ class LearnerEngine:
         """Whether this rank's last ``save_checkpoint_async`` is durable, waiting at most
         ``timeout_s`` (None: until it is); raises the write's error. Local: no collective."""
         return self.writer is None or self.writer.wait_written(timeout_s)
+
+
+def _check_writable(path: Path) -> None:
+    """A PermissionError naming ``path`` (torch.save would report a missing parent directory)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if not os.access(path, os.W_OK):
+        raise PermissionError(13, f"learner rank checkpoint: no permission to write in {path}", str(path))
 
 
 def _accumulate(sums: dict[str, torch.Tensor], extremes: dict[str, torch.Tensor],

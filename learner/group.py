@@ -1,8 +1,9 @@
 """The learner's process group: one torch.distributed group over the learner ranks.
 
 Each learner rank is one process (a Ray actor holding one GPU, or a CPU actor in tests). Rank 0
-picks the rendezvous address (its node IP and a free port); the caller (the coordinator) hands
-that pair to every rank, and all ranks call ``init_learner_group`` concurrently::
+picks the rendezvous address (its node IP and a port it already listens on, bound to that IP
+only: common/transport/store.py); the caller (the coordinator) hands that pair to every rank, and
+all ranks call ``init_learner_group`` concurrently::
 
     addr, port = ray.get(rank0.rendezvous_address.remote())
     ray.get([r.init_group.remote(addr, port, rank, world) for rank, r in enumerate(ranks)])
@@ -19,6 +20,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from common.transport.store import open_store, reserve_address
 
 
 def node_ip() -> str:
@@ -41,8 +44,8 @@ def free_port() -> int:
 
 
 def rendezvous_address() -> tuple[str, int]:
-    """What rank 0 hands the caller: (node IP, free port)."""
-    return node_ip(), free_port()
+    """What rank 0 hands the caller: (node IP, a port held open on that IP for the store)."""
+    return reserve_address(node_ip())
 
 
 def resolve_backend(backend: str = "auto") -> str:
@@ -85,14 +88,11 @@ def init_learner_group(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     _quiet_deepspeed()
-    try:
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{master_addr}:{master_port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=timeout_s),
-        )
+    timeout = timedelta(seconds=timeout_s)
+    try:  # the store is explicit: rank 0's listens on master_addr only (common/transport/store.py)
+        store = open_store(master_addr, master_port, is_master=rank == 0, timeout=timeout, world_size=world_size,
+                           wait_for_workers=False)
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     except Exception as e:  # torch raises RuntimeError / DistStoreError depending on the release
         raise RuntimeError(
             f"learner group did not form: rank {rank} of {world_size} waited {timeout_s:.0f} s at "

@@ -29,6 +29,7 @@ from common.estimators.scoring import build_inputs, token_logp
 from common.models.base import DiffusionPolicy
 from common.seeding import derive_seed, generator
 from common.tasks.base import Row, Task
+from common.tasks.prompts import prompt_ids
 from common.types import SequenceBatch, left_pad
 
 Log = Callable[[str], None]
@@ -39,12 +40,13 @@ def encode_pairs(
 ) -> SequenceBatch:
     """[prompt left-padded | reference completion + EOS, EOS-filled to gen_length] for every row.
 
-    Prompts are ``task.render_prompt(row)`` encoded without special tokens (as the rollout side
-    encodes them); a reference longer than ``gen_length`` tokens is an error naming its row.
+    Prompts are encoded exactly as the rollout side encodes them (``common.tasks.prompts``: through the
+    chat template when the tokenizer has one), so the reference answer follows the opening of the
+    assistant turn; a reference longer than ``gen_length`` tokens is an error naming its row.
     """
     prompts, completions = [], []
     for row in rows:
-        prompt = tokenizer.encode(task.render_prompt(row), add_special_tokens=False)
+        prompt = prompt_ids(tokenizer, task, row)
         answer = tokenizer.encode(task.reference_completion(row), add_special_tokens=False)
         if not prompt:
             raise ValueError(f"row {row.prompt_id}: the rendered prompt encodes to no tokens")
@@ -54,10 +56,10 @@ def encode_pairs(
             )
         completions.append(answer + [eos_token_id] * (gen_length - len(answer)))
         prompts.append(torch.tensor(prompt, dtype=torch.long))
-    prompt_ids, prompt_mask = left_pad(prompts, pad_token_id)
+    padded, prompt_mask = left_pad(prompts, pad_token_id)
     completion = torch.tensor(completions, dtype=torch.long).reshape(len(rows), gen_length)  # [B, C]
     return SequenceBatch(
-        input_ids=torch.cat([prompt_ids, completion], dim=1),
+        input_ids=torch.cat([padded, completion], dim=1),
         prompt_mask=prompt_mask,
         completion_mask=torch.ones_like(completion, dtype=torch.bool),  # the EOS padding is trained too
     )

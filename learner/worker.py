@@ -96,6 +96,7 @@ class LearnerWorker:
         out["learner/samples"] = float(len(samples))
         out["learner/tokens"] = float(sum(s.completion_length for s in samples))
         out["time/train_rank"] = time.perf_counter() - t0
+        out.update(self.engine.memory_metrics())
         out.update(self.clock.snapshot())  # clock/*: the coordinator splits them off (common/actor_time.py)
         return out
 
@@ -173,8 +174,8 @@ class LearnerWorker:
             return self.engine.load_checkpoint(directory, tag)
 
     def export(self, directory: str) -> Optional[str]:
-        """Write the policy as a transformers directory (rank 0; collective gather)."""
-        state = self.engine.state_dict_for_push()
+        """Write the policy (LoRA adapters merged) as a transformers directory (rank 0; collective gather)."""
+        state = self.engine.state_dict_for_export()
         if state is None:
             return None
         policy, tokenizer = load_policy(self.model_cfg.model_copy(update={"gradient_checkpointing": False}))

@@ -84,11 +84,9 @@ class GuardedAdamW(torch.optim.AdamW):
 
 
 def build_optimizer(model: nn.Module, opt: OptimizerConfig) -> GuardedAdamW:
-    """AdamW with weight decay on matrices only (biases and norm weights are 1-D and never decay)."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
+    """AdamW over the trained parameters (``requires_grad``: all of them, or the LoRA adapters),
+    in two groups by ``decay_groups``."""
+    decay, no_decay = decay_groups(model, opt.weight_decay_scope)
     groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     # on GPUs the fused kernel: one pass over parameters, gradients and moments (+0.5 MFU point at
@@ -98,12 +96,39 @@ def build_optimizer(model: nn.Module, opt: OptimizerConfig) -> GuardedAdamW:
                         fused=fused or None)
 
 
+def decay_groups(model: nn.Module, scope: str) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(decayed, not decayed) trained parameters. ``scope`` "matrices": parameters of 2 or more
+    dimensions decay, biases and norm weights (1-D) do not; "all": every trained parameter decays."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if scope == "all" or p.dim() >= 2 else no_decay).append(p)
+    return decay, no_decay
+
+
 def lr_at(opt: OptimizerConfig, applied_steps: int) -> float:
-    """lr for the update that follows ``applied_steps`` applied updates: linear warm-up
-    lr·(k+1)/warmup over the first ``warmup_steps`` updates, then constant."""
-    if opt.warmup_steps == 0:
+    """lr of update k = ``applied_steps`` (the count of updates applied before it; skipped steps
+    do not advance k). With W = warmup_steps, T = total_updates, peak lr and floor f:
+
+        k < W:              lr·(k+1)/W                                linear warm-up
+        k >= W, constant:   lr
+        k >= W, linear:     f + (lr - f)·(1 - p)                      p = min(1, (k - W)/(T - W))
+        k >= W, cosine:     f + (lr - f)·(1 + cos(π·p))/2
+
+    so the decay starts at lr on update W and would reach f at update T: the last update of a run
+    of T updates, k = T-1, still moves the weights (lr - f)/(T - W) above the floor (linear).
+    """
+    k, warmup = applied_steps, opt.warmup_steps
+    if k < warmup:
+        return opt.lr * (k + 1) / warmup
+    if opt.schedule == "constant":
         return opt.lr
-    return opt.lr * min(1.0, (applied_steps + 1) / opt.warmup_steps)
+    if opt.total_updates is None:
+        raise ValueError(f"learner.optimizer.total_updates is unset; the {opt.schedule} schedule needs the "
+                         "run's length")
+    p = min(1.0, (k - warmup) / (opt.total_updates - warmup))
+    shape = 1.0 - p if opt.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * p))
+    return opt.lr_floor + (opt.lr - opt.lr_floor) * shape
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> bool:

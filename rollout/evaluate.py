@@ -8,6 +8,10 @@ correct). With c_i correct completions of prompt i:
     pass@1 = (1/N) Σ_i c_i / n
     pass@k = (1/N) Σ_i [1 - C(n - c_i, k) / C(n, k)]          (unbiased; Chen et al., arXiv 2107.03374)
 
+Scoring goes through the job's ``RewardScorer`` (its sandbox when ``task.reward.isolation`` is
+``process``): the correctness is the reward's correctness part; a call that fails (raises, times
+out, hits a sandbox limit, crashes) counts as wrong and in ``scoring_failures``.
+
 Sample j of prompt i is drawn with seed ``derive_seed(seed, "eval", prompt_id, j)``, so a result is a
 function of (weights, rows, sampler settings, seed) whatever the batching or row order, and two
 evaluations with one seed (BEFORE and AFTER training) are a paired comparison.
@@ -24,6 +28,7 @@ import torch
 from common.config.sampler import SamplerConfig
 from common.seeding import derive_seed
 from common.tasks.base import Row, Task
+from common.tasks.sandbox import RewardScorer
 from rollout.engine import RolloutEngine
 from rollout.workflow import decode_completion, encode_prompt  # the rollouts' own encoding and decoding
 
@@ -73,12 +78,14 @@ def evaluate(
     seed: int = 0,
     ks: Optional[Sequence[int]] = None,
     eos_token_id: Optional[int] = None,
+    scorer: Optional[RewardScorer] = None,
 ) -> EvalResult:
     """Sample ``samples_per_prompt`` completions per row with ``engine`` and score them (module docstring).
 
     ``ks``: the k of the reported pass@k (default 1 and ``samples_per_prompt``). ``eos_token_id``:
     the policy's EOS (default the tokenizer's; checkpoints may record their own). One ``generate``
-    call covers every sample; the engine splits it by ``sampler_cfg.max_batch_size``.
+    call covers every sample; the engine splits it by ``sampler_cfg.max_batch_size``. ``scorer``:
+    the job's reward scorer (built for ``task``); without one, ``task``'s checker is called inline.
     """
     if not rows:
         raise ValueError("evaluate needs at least one row")
@@ -99,11 +106,8 @@ def evaluate(
         for j in range(n):
             b = i * n + j
             text = decode_completion(tokenizer, out.completion_ids[b].cpu(), int(out.completion_length[b]), eos)
-            try:
-                score = float(task.correctness(text, row))
-            except Exception:  # a user checker that raised: the sample counts as wrong
-                score, failures = 0.0, failures + 1
-            score = score if math.isfinite(score) else 0.0
+            score, failed = _correctness(scorer, task, text, row)
+            failures += failed
             total += score
             c += int(score >= 1.0)
             texts.append(text)
@@ -120,6 +124,21 @@ def evaluate(
         time_s=time.perf_counter() - t0,
         scoring_failures=failures,
     )
+
+
+def _correctness(scorer: Optional[RewardScorer], task: Task, text: str, row: Row) -> tuple[float, int]:
+    """(correctness of ``text``, 1 if scoring failed else 0); a failure scores 0."""
+    if scorer is None:
+        try:
+            score = float(task.correctness(text, row))
+        except Exception:  # a checker that raised: the sample counts as wrong
+            return 0.0, 1
+        return (score, 0) if math.isfinite(score) else (0.0, 1)
+    failed = scorer.stats.failed
+    result = scorer.score(text, row)
+    if scorer.stats.failed > failed or result is None:
+        return 0.0, 1
+    return result.parts.get(task.correctness_name, 0.0), 0
 
 
 __all__ = ["EvalResult", "decode_completion", "encode_prompt", "evaluate", "pass_at_k"]

@@ -27,7 +27,7 @@ from common.models import load_policy
 from common.runtime import setup_actor_process
 from common.tasks import RewardScorer, Row, build_task
 from common.transport.broadcast import StagedWeights
-from common.transport.weights import WeightHandle, WeightPushConfig, setup_weight_push
+from common.transport.weights import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
 from rollout.engine import TorchRolloutEngine
 from rollout.workflow import Episode, PromptRequest, behaviour_estimator, run_episodes
 
@@ -55,14 +55,14 @@ class RolloutWorker:
         self.task = build_task(task)
         inline = task.reward.resolved_isolation == "inline"
         self.scorer = RewardScorer(task, self.task) if inline else RewardScorer(task)
-        self.push = self.staged = None
+        self.push, self.partial_push, self.staged = None, False, None
         self.start_s = time.perf_counter() - t0
         self.clock.add("load", self.start_s)
 
     def ready(self) -> dict[str, Any]:
         """What the coordinator logs once the actor is up, and where it runs (elasticity: which node)."""
         return {"worker": self.index, "device": str(self.device), "pid": os.getpid(), "load_s": self.start_s,
-                "node_id": ray.get_runtime_context().get_node_id(),
+                "node_id": ray.get_runtime_context().get_node_id(), "reward_sandbox": self.scorer.confinement,
                 "parameters": sum(p.numel() for p in self.policy.parameters()), "version": self.version()}
 
     def version(self) -> int:
@@ -92,11 +92,14 @@ class RolloutWorker:
         return self.scorer.stats.as_metrics(prefix="rollout/reward_calls/")
 
     # ---- weights --------------------------------------------------------------------------
-    def setup_weight_push(self, cfg: WeightPushConfig, **kwargs: Any) -> None:
-        """This worker's end of the push (object store: no arguments; broadcast: its rank etc.)."""
+    def setup_weight_push(self, cfg: WeightPushConfig, *, partial: bool = False, **kwargs: Any) -> None:
+        """This worker's end of the push (object store: no arguments; broadcast: its rank etc.).
+        ``partial``: a push may carry only some parameters (a LoRA learner sends the adapted
+        matrices); the others keep the weights this worker loaded."""
         if self.push is not None:
             self.push.close()
         self.push = setup_weight_push(cfg, **kwargs)
+        self.partial_push = partial
         self.staged = None  # a copy staged through the old group is not applied
 
     @ray.method(concurrency_group="weights")
@@ -109,7 +112,8 @@ class RolloutWorker:
         if self.staged is None:
             self.staged = StagedWeights(self.policy)
         with self.clock.timed("push_stage"):
-            return self.staged.receive(self.push, handle, keep_order=keep_order, timeout_s=self.push.cfg.timeout_s)
+            return self.staged.receive(self.push, handle, keep_order=keep_order, timeout_s=self.push.cfg.timeout_s,
+                                       partial=self.partial_push)
 
     def receive_weights(self, handle: WeightHandle) -> int:
         """Hold version ``handle.version`` (or a newer one) from now on: the staged copy where
@@ -122,7 +126,8 @@ class RolloutWorker:
                 if applied is not None:
                     self.engine.policy_version = applied
             else:
-                self.engine.policy_version = self.push.receive(handle, self.policy)
+                self.engine.policy_version = self.push.receive(handle, ParameterLoader(self.policy,
+                                                                                       partial=self.partial_push))
         return self.engine.policy_version
 
     # ---- evaluation -----------------------------------------------------------------------
@@ -134,7 +139,7 @@ class RolloutWorker:
 
         with self.clock.timed("eval"):
             result = evaluate(self.engine, rows, self.task, self.tokenizer, sampler or self.sampler, samples_per_prompt,
-                              seed, eos_token_id=self.policy.eos_token_id)
+                              seed, eos_token_id=self.policy.eos_token_id, scorer=self.scorer)  # the rollouts' sandbox
         return self.version(), result
 
     def close(self) -> None:

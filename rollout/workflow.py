@@ -27,6 +27,7 @@ from common.config.sampler import SamplerConfig
 from common.estimators import estimate
 from common.seeding import derive_seed
 from common.tasks import RewardScorer, Row, Task
+from common.tasks.prompts import prompt_ids
 from common.types import Group, Sample, collate_samples
 from rollout.engine import RolloutEngine
 
@@ -49,9 +50,11 @@ class Episode:
 
 
 def encode_prompt(tokenizer: Any, task: Task, row: Row) -> torch.Tensor:
-    """[Lp] int64 ids of ``task.render_prompt(row)`` without special tokens: the one encoding the
-    warm start (learner/sft.py), evaluation (rollout/evaluate.py) and rollouts share."""
-    return torch.tensor(tokenizer.encode(task.render_prompt(row), add_special_tokens=False), dtype=torch.long)
+    """[Lp] int64 ids of the prompt as the model reads it (chat-templated when the tokenizer has a
+    template, ``common.tasks.prompts``): the one encoding rollouts, evaluation (rollout/evaluate.py),
+    the warm start (learner/sft.py) and ``max_prompt_tokens`` share. The learner never re-encodes:
+    it trains on the ``prompt_ids`` carried by the samples."""
+    return torch.tensor(prompt_ids(tokenizer, task, row), dtype=torch.long)
 
 
 def decode_completion(tokenizer: Any, completion_ids: torch.Tensor, length: int, eos_token_id: int) -> str:

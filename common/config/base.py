@@ -25,12 +25,37 @@ class ConfigError(ValueError):
     """A config that cannot run, with every problem named by its dotted field path."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last one
+    silently, so a second ``run:`` section would replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *anchor`` merges are meant to override
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping (line {first_line[key]} and line {line})",
+                    key_node.start_mark,
+                )
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    with path.open() as f:
-        data = yaml.safe_load(f) or {}
+    try:
+        with path.open(encoding="utf-8") as f:
+            data = yaml.load(f, Loader=_UniqueKeyLoader) or {}  # noqa: S506 - a SafeLoader subclass
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path}: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level, got {type(data).__name__}")
     return data
@@ -92,9 +117,9 @@ def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
         fields = [f for m in candidates for name, f in m.model_fields.items() if name == part]
         if fields:
             candidates = [m for f in fields for m in models_in(f.annotation)]
-        else:  # a discriminated union's tag: keep the member whose name field is that literal
-            candidates = [m for m in candidates if part in get_args(m.model_fields.get("name").annotation)] \
-                if all("name" in m.model_fields for m in candidates) else candidates
+        else:  # a discriminated union's tag: keep the member with a literal field (name, kind) of that value
+            tagged = [m for m in candidates if any(part in get_args(f.annotation) for f in m.model_fields.values())]
+            candidates = tagged or candidates
     return sorted({name for m in candidates[:1] for name in m.model_fields})
 
 

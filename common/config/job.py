@@ -194,7 +194,19 @@ class JobConfig(StrictModel):
             raise ValueError("weights.backend 'nccl' needs GPU rollout workers (cluster.rollout.num_gpus > 0)")
         self._check_estimator_blocks()
         self._check_worker_bounds()
+        self._fill_schedule_length()
         return self
+
+    def _fill_schedule_length(self) -> None:
+        """A decaying lr schedule spans the whole run unless learner.optimizer.total_updates says otherwise."""
+        opt = self.learner.optimizer
+        if opt.schedule == "constant" or opt.total_updates is not None:
+            return
+        updates = self.run.steps * self.algorithm.inner_iterations
+        if updates <= opt.warmup_steps:
+            raise ValueError(f"learner.optimizer.warmup_steps ({opt.warmup_steps}) must be below the run's "
+                             f"{updates} updates (run.steps × algorithm.inner_iterations) for a decaying schedule")
+        opt.total_updates = updates
 
     def _check_estimator_blocks(self) -> None:
         """SPG's block masking (block_random, spg_sandwich) masks the sampler's generation blocks."""
@@ -221,8 +233,6 @@ def load_job_config(path: str | Path, overrides: list[str] = ()) -> JobConfig:
 def check_sampler_layout(cfg: JobConfig) -> None:
     """The sampler's block layout against the policy's block size, read from the preset or the
     checkpoint's config.json without loading weights (ConfigError naming the field)."""
-    import json
-
     from common.models.families import FAMILIES, CheckpointError, checkpoint_block_size, detect_family
     from common.models.presets import PRESETS, TINY_CANVAS
 
@@ -230,11 +240,13 @@ def check_sampler_layout(cfg: JobConfig) -> None:
         family = PRESETS[cfg.model.preset]
         raw = {"canvas_length": TINY_CANVAS} if family == "diffusion_gemma" else {}
     else:
-        config_file = Path(cfg.model.path) / "config.json"
-        if not config_file.is_file():
-            raise ConfigError(f"model.path: {cfg.model.path} has no config.json")
-        raw = json.loads(config_file.read_text())
-        try:
+        from common.models.model_dir import read_json_file, resolve_model_dir
+
+        try:  # a hub id resolves from the local cache here, before any actor starts
+            config_file = resolve_model_dir(cfg.model.path, cfg.model.revision) / "config.json"
+            if not config_file.is_file():
+                raise ConfigError(f"model.path: {cfg.model.path} has no config.json")
+            raw = read_json_file(config_file)
             family, _ = detect_family(raw, cfg.model.family)
         except CheckpointError as e:
             raise ConfigError(f"model.path: {e}") from None

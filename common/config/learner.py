@@ -6,8 +6,9 @@ AdamW(0.9, 0.99), weight decay 0.1, grad-norm clip 0.2, full-parameter bf16. The
 
     learner:
       num_ranks: 2
-      optimizer: {lr: 2.0e-6, warmup_steps: 0}
+      optimizer: {lr: 2.0e-6, warmup_steps: 0, schedule: linear}     # linear decay to 0 over the run
       deepspeed: {zero_stage: 3, dtype: auto, gradient_checkpointing: true}
+      lora: {rank: 128, alpha: 64}                                     # adapters instead of full fine-tuning
 """
 from __future__ import annotations
 
@@ -19,13 +20,18 @@ from common.config.base import StrictModel
 
 
 class OptimizerConfig(StrictModel):
-    """AdamW with a linear warm-up to a constant learning rate."""
+    """AdamW with a linear warm-up, then a constant, linearly or cosine-decaying learning rate
+    (``learner.zero.lr_at`` has the formulas)."""
 
     lr: float = Field(1e-6, gt=0.0, description="peak learning rate, reached after warmup_steps applied updates")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (β1, β2); StableDRL releases (0.9, 0.99)")
     eps: float = Field(1e-8, gt=0.0, description="AdamW ε added to sqrt(v̂)")
     weight_decay: float = Field(
-        0.1, ge=0.0, description="decoupled weight decay on matrices; biases and norm weights (1-D) never decay"
+        0.1, ge=0.0, description="decoupled weight decay of the parameters weight_decay_scope picks"
+    )
+    weight_decay_scope: Literal["all", "matrices"] = Field(
+        "matrices", description="matrices: only parameters of 2 or more dimensions decay (biases and norm weights "
+        "never do); all: every trained parameter decays"
     )
     grad_clip: float = Field(
         0.2, ge=0.0, description="clip the global gradient L2 norm to this value before the update; 0 disables"
@@ -33,6 +39,25 @@ class OptimizerConfig(StrictModel):
     warmup_steps: int = Field(
         0, ge=0, description="lr ramps linearly lr·k/warmup_steps over the first applied updates k=1..warmup_steps, then stays"
     )
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="lr after the warm-up: constant; linear or cosine decay from lr to lr_floor over "
+        "total_updates (the StableDRL release decays linearly to 0 over the run)"
+    )
+    lr_floor: float = Field(0.0, ge=0.0, description="the lr a linear or cosine schedule ends at (0: decay to 0)")
+    total_updates: Optional[int] = Field(
+        None, ge=1, description="applied optimizer updates the schedule spans, warm-up included: a decaying lr "
+        "reaches lr_floor after this many. None: the whole run, run.steps × algorithm.inner_iterations (filled in "
+        "when the job config is read). A skipped (non-finite) step does not advance the schedule"
+    )
+
+    @model_validator(mode="after")
+    def _schedule_fits(self) -> "OptimizerConfig":
+        if self.lr_floor > self.lr:
+            raise ValueError(f"learner.optimizer.lr_floor ({self.lr_floor}) must be <= lr ({self.lr})")
+        if self.schedule != "constant" and self.total_updates is not None and self.total_updates <= self.warmup_steps:
+            raise ValueError(f"learner.optimizer.total_updates ({self.total_updates}) must exceed warmup_steps "
+                             f"({self.warmup_steps}) for a decaying schedule")
+        return self
 
 
 class DeepSpeedConfig(StrictModel):
@@ -89,7 +114,6 @@ class DeepSpeedConfig(StrictModel):
         "rounding error in every update); for slow links, not NVLink"
     )
 
-
     @model_validator(mode="after")
     def _zero_plus_plus_needs_stage_3(self) -> "DeepSpeedConfig":
         used = [name for name, on in (("hpz_partition_size", self.hpz_partition_size > 1),
@@ -98,6 +122,26 @@ class DeepSpeedConfig(StrictModel):
         if used and self.zero_stage != 3:
             raise ValueError(f"{', '.join(used)}: ZeRO++ options need zero_stage 3")
         return self
+
+
+class LoraConfig(StrictModel):
+    """Low-rank adapters (LoRA, arXiv 2106.09685, through the ``peft`` library) instead of full
+    fine-tuning: each target Linear W becomes W + (alpha / rank)·B·A with A [rank, in] and B
+    [out, rank] trained, W frozen. The rollout workers receive the merged W + (alpha/rank)·B·A of
+    the adapted matrices only. Defaults are d1's diffu-GRPO recipe (r 128, alpha 64)."""
+
+    rank: int = Field(128, ge=1, description="r: the inner dimension of B·A (d1: 128)")
+    alpha: float = Field(64.0, gt=0.0, description="the adapter output is scaled by alpha / rank (d1: 64)")
+    target_modules: list[str] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="Linear modules to adapt, by the last part of their name in the transformers "
+        "model (LLaDA runs as Llama here: q/k/v/o_proj, gate/up/down_proj; Dream and SDAR use the same names). "
+        "d1 lists these seven against LLaDA's own module names, of which only q/k/v_proj and up_proj exist there",
+    )
+    dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input while training (d1: 0.05); above 0 the "
+        "learner's log-likelihoods carry dropout noise that the rollout workers' behaviour estimates do not"
+    )
 
 
 class LearnerConfig(StrictModel):
@@ -112,6 +156,10 @@ class LearnerConfig(StrictModel):
     )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
+    lora: Optional[LoraConfig] = Field(
+        None, description="train LoRA adapters on the frozen model (None: full fine-tuning); the optimizer then "
+        "holds only the adapters' states and a weight push carries only the adapted matrices"
+    )
 
     @model_validator(mode="after")
     def _hpz_divides_ranks(self) -> "LearnerConfig":

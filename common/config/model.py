@@ -4,8 +4,10 @@
     model: {preset: tiny-sdar, dtype: float32, preset_shape: {hidden_size: 32}}
 
 Exactly one of ``path`` (a local directory: config.json + *.safetensors + tokenizer files, in the
-family's released format or written by ``export_hf``) and ``preset`` (a tiny random model with the
-character tokenizer) is set. Nothing is downloaded and no checkpoint code is ever executed.
+family's released format or written by ``export_hf``; or a hub id such as
+``GSAI-ML/LLaDA-8B-Instruct`` found in the local Hugging Face cache) and ``preset`` (a tiny random
+model with the character tokenizer) is set. Nothing is downloaded and no checkpoint code is ever
+executed.
 """
 from __future__ import annotations
 
@@ -47,7 +49,15 @@ class PresetShape(StrictModel):
 class ModelConfig(StrictModel):
     """Which model to load, in which precision and with which attention kernel."""
 
-    path: Optional[Path] = Field(None, description="local checkpoint directory (config.json + *.safetensors + tokenizer)")
+    path: Optional[Path] = Field(
+        None,
+        description="checkpoint: a local directory (config.json + *.safetensors + tokenizer), or a Hugging Face hub id "
+        "('GSAI-ML/LLaDA-8B-Instruct') resolved from the local hub cache (HF_HUB_CACHE / HF_HOME); nothing is "
+        "downloaded, a hub id missing from the cache is refused with the command that fetches it",
+    )
+    revision: Optional[str] = Field(
+        None, description="hub revision (branch, tag or commit) of a hub-id model.path; None = the cached main"
+    )
     preset: Optional[Preset] = Field(None, description="a tiny random-initialised model of one family, char tokenizer")
     family: Optional[Family] = Field(
         None,
@@ -85,6 +95,8 @@ class ModelConfig(StrictModel):
     def _one_source(self) -> "ModelConfig":
         if (self.path is None) == (self.preset is None):
             raise ValueError("set exactly one of model.path (a checkpoint directory) and model.preset (a tiny model)")
+        if self.revision is not None and self.path is None:
+            raise ValueError("model.revision applies to a hub-id model.path only")
         if self.preset_shape is not None and self.preset is None:
             raise ValueError("model.preset_shape applies to presets only; a checkpoint brings its own shape")
         preset_family = None if self.preset is None else self.preset.removeprefix("tiny-").replace("-", "_")

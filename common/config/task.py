@@ -17,6 +17,13 @@ File data (any task)::
       held_out_source: {kind: file, path: data/gsm8k_test.jsonl, columns: {prompt: question}}
       on_bad_row: skip
 
+A Hugging Face dataset (hub id from the local datasets cache, or a ``save_to_disk`` directory)::
+
+    task:
+      name: gsm8k
+      source: {kind: hf, dataset: openai/gsm8k, config: main, split: train, columns: {prompt: question}}
+      held_out_source: {kind: hf, dataset: openai/gsm8k, config: main, split: test, columns: {prompt: question}}
+
 The record schema per task (canonical field names; ``columns`` maps them to the file's names) is
 in ``common/tasks/data.py``.
 """
@@ -25,7 +32,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from common.config.base import StrictModel, validate
 
@@ -48,11 +55,63 @@ class FileSource(StrictModel):
     format: Literal["auto", "jsonl", "parquet"] = Field("auto", description="'auto' picks by file extension")
     columns: dict[str, str] = Field(
         default_factory=dict,
-        description="canonical field -> column name in the file, e.g. {prompt: question}; unmapped fields keep their name",
+        description="canonical field -> column name in the file or dotted path into nested fields, e.g. "
+        "{prompt: question} or {answer: reward_model.ground_truth}; unmapped fields keep their name",
     )
 
 
-Source = Annotated[Union[GeneratedSource, FileSource], Field(discriminator="kind")]
+class HFDatasetSource(StrictModel):
+    """Prompts from a Hugging Face dataset: a hub id read through the ``datasets`` library and its
+    local cache, or a directory written by ``save_to_disk``."""
+
+    kind: Literal["hf"] = "hf"
+    dataset: str = Field(
+        description="hub id ('openai/gsm8k'; read from the datasets cache, fetched only where the hub is reachable "
+        "and HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are unset) or a local directory written by save_to_disk"
+    )
+    config: Optional[str] = Field(None, description="dataset configuration, e.g. 'main' for openai/gsm8k; None = default")
+    split: str = Field("train", description="split to read, e.g. 'train' or 'test'")
+    revision: Optional[str] = Field(None, description="hub revision (branch, tag or commit); None = the default branch")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="canonical field -> column name or dotted path into nested fields, e.g. "
+        "{prompt: question} or {answer: reward_model.ground_truth}",
+    )
+
+
+def _source_kind(value: object) -> str:
+    """A data source's ``kind``; a mapping without one is a file (what older configs wrote)."""
+    if isinstance(value, dict):
+        return str(value.get("kind", "file"))
+    return str(getattr(value, "kind", "file"))
+
+
+DataSource = Annotated[
+    Union[Annotated[FileSource, Tag("file")], Annotated[HFDatasetSource, Tag("hf")]], Discriminator(_source_kind)
+]
+Source = Annotated[Union[GeneratedSource, FileSource, HFDatasetSource], Field(discriminator="kind")]
+
+
+class SandboxConfig(StrictModel):
+    """What a reward may take when it runs in the sandbox (``isolation: process``): each call runs in a
+    fresh process forked from the sandbox, in its own session and temporary directory; the limits
+    below apply to it, and every process it leaves behind is killed when the call ends."""
+
+    memory_mb: int = Field(4096, ge=64, description="address-space limit (RLIMIT_AS) of a reward process, in MiB; "
+                           "an allocation beyond it fails (MemoryError) and the call counts as a 'limit' failure")
+    cpu_seconds: float = Field(10.0, gt=0, description="CPU time limit (RLIMIT_CPU) of one reward call, all its "
+                               "threads together; past it the call is killed and counted as a 'limit' failure")
+    file_size_mb: int = Field(64, ge=1, description="largest file (RLIMIT_FSIZE) a reward may write, in MiB")
+    landlock: bool = Field(True, description="confine files with Linux Landlock where the kernel offers it: read only "
+                           "Python, the project, the reward file and read_paths; write only the call's own temporary "
+                           "directory; no signals to other processes. false (or no Landlock): as root, rewards run "
+                           "as user nobody instead")
+    allow_network: bool = Field(False, description="allow TCP connections and listening (denied with Landlock ABI >= 4; "
+                                "UDP and other sockets are not covered)")
+    read_paths: list[str] = Field(default_factory=list, description="more files or directories a reward may read "
+                                  "(e.g. a lookup table), absolute or relative to the working directory")
+    pass_env: list[str] = Field(default_factory=list, description="environment variables handed to reward code; the "
+                                "rest of the worker's environment (tokens, credentials) is withheld")
 
 
 class RewardConfig(StrictModel):
@@ -63,7 +122,8 @@ class RewardConfig(StrictModel):
     custom: Optional[str] = Field(
         None,
         description="'path/to/file.py:function' or 'package.module:function' replacing the task's checker; "
-        "signature fn(completion: str, row: common.tasks.Row) -> float",
+        "signature fn(completion: str, row: common.tasks.Row) -> float; row.record is the whole data record (every "
+        "column, nested fields included)",
     )
     isolation: Literal["auto", "inline", "process"] = Field(
         "auto",
@@ -74,6 +134,11 @@ class RewardConfig(StrictModel):
     on_failure: Literal["zero", "drop"] = Field(
         "zero", description="a failing reward (exception, non-number, NaN/inf, timeout) gives reward 0, or drops the sample"
     )
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits of the process sandbox")
+    max_failed_fraction: float = Field(
+        0.5, gt=0, le=1, description="the job stops, naming the reward and its failure counts, once more than this "
+        "fraction of its calls failed (after failure_check_after calls); 1 never stops")
+    failure_check_after: int = Field(64, ge=1, description="reward calls counted before max_failed_fraction applies")
 
     @field_validator("custom")
     @classmethod
@@ -96,13 +161,30 @@ class _TaskBase(StrictModel):
         description="held-out rows taken from the source: an int is an exact count (the rows with the smallest "
         "split hash), a float in (0, 1) a fraction (rows whose hash falls below it; membership never depends on other rows)",
     )
-    held_out_source: Optional[FileSource] = Field(None, description="a separate held-out file (then held_out must be 0)")
+    held_out_source: Optional[DataSource] = Field(
+        None, description="a separate held-out file or dataset split (then held_out must be 0)"
+    )
     split_seed: int = Field(0, description="seed of the train / held-out split hash")
-    max_prompt_tokens: int = Field(512, ge=1, description="rows whose rendered prompt is longer are bad rows")
+    max_prompt_tokens: int = Field(
+        512, ge=1,
+        description="rows whose prompt, as the model reads it (chat template included), has more of the model's tokens "
+        "are bad rows (handled by on_bad_row)",
+    )
     on_bad_row: Literal["error", "skip"] = Field(
         "error", description="'error': stop at the first bad row, naming its row number; 'skip': drop bad rows and count them"
     )
-    system_prompt: Optional[str] = Field(None, description="system message (chat models) or text put before the prompt")
+    system_prompt: Optional[str] = Field(
+        None,
+        description="system message of the chat template (chat models), or text put before the prompt with a blank "
+        "line (plain tokenizers); None = no system message (no built-in task sets one)",
+    )
+    chat_template: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="'auto': prompts go through the tokenizer's chat template (system + user turn, "
+        "add_generation_prompt) when it has one, else plain text; 'on': a template is required; 'off': always the "
+        "plain rendered text (data that is already templated). The same encoding serves rollouts, the warm start, "
+        "evaluation and max_prompt_tokens",
+    )
     template: Optional[str] = Field(None, description="prompt template containing '{prompt}' once; None = the task's default")
     reward: RewardConfig = Field(default_factory=RewardConfig)
 
@@ -174,14 +256,14 @@ class Gsm8kConfig(_TaskBase):
     """Grade-school word problems; the answer is the final number (file data only)."""
 
     name: Literal["gsm8k"] = Field(description="task name (selects this section's schema)")
-    source: FileSource
+    source: DataSource = Field(description="a file or a Hugging Face dataset (gsm8k has no generator)")
 
 
 class MathConfig(_TaskBase):
     """Competition math with a \\boxed{} answer (file data only)."""
 
     name: Literal["math"] = Field(description="task name (selects this section's schema)")
-    source: FileSource
+    source: DataSource = Field(description="a file or a Hugging Face dataset (math has no generator)")
     box: Literal["last", "first"] = Field("last", description="which \\boxed{} of a completion is its answer")
 
 

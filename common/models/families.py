@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from common.checkpoint_files import CheckpointError  # a model directory that cannot be loaded, and why
 from common.models.base import DiffusionPolicy, FamilySpec
 from common.models.diffusion_gemma import DiffusionGemmaPolicy
 
@@ -57,10 +58,6 @@ def checkpoint_block_size(family: str, raw_config: dict[str, Any], override: Opt
     TraDo ``block_size``, DiffusionGemma ``canvas_length``), else the family's default."""
     return int(override or raw_config.get("block_size") or raw_config.get("canvas_length")
                or FAMILIES[family].default_block_size)
-
-
-class CheckpointError(ValueError):
-    """A model directory that cannot be loaded as a dLLM policy, with the reason and the fix."""
 
 
 def detect_family(raw_config: dict[str, Any], override: Optional[str] = None) -> tuple[str, bool]:

@@ -1,9 +1,13 @@
-"""``load_policy``: a ModelConfig -> (DiffusionPolicy, tokenizer), from a local directory or a preset.
+"""``load_policy``: a ModelConfig -> (DiffusionPolicy, tokenizer), from a checkpoint directory or a preset.
 
-Safety and reproducibility rules: nothing is downloaded (``local_files_only``), no code shipped with
+``model.path`` is a local directory or a hub id resolved from the local Hugging Face cache
+(``common.models.model_dir``). Safety and reproducibility rules: nothing is downloaded
+(``local_files_only``), no code shipped with
 a checkpoint runs (``trust_remote_code=False``; released LLaDA / Dream / SDAR directories carry
 their own modeling code, which is replaced by the conversions in ``convert.py``), and weights are read
-only with safetensors or ``torch.load(weights_only=True)``.
+only with safetensors or ``torch.load(weights_only=True)`` after ``common.checkpoint_files`` has
+checked every ``pytorch_model*.bin`` of the directory (refused, naming the file, if its pickle names
+anything but tensors).
 
 Token ids come from the checkpoint's config.json first (LLaDA and Dream record ``mask_token_id``),
 then from the tokenizer (SDAR / TraDo's ``<|MASK|>``, Gemma's ``<mask>``); a directory with no mask
@@ -11,17 +15,18 @@ token at all is refused, because every sampler and estimator needs one.
 """
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
 import torch
 
+from common.checkpoint_files import check_weight_files, load_torch
 from common.config.model import ModelConfig
 from common.models.base import DiffusionPolicy
 from common.models.convert import State, original_to_hf
 from common.models.families import FAMILIES, CheckpointError, checkpoint_block_size, detect_family, make_policy
+from common.models.model_dir import read_json_file, resolve_model_dir
 from common.models.presets import PRESETS, build_tiny_policy
 from common.models.tokenizer_files import load_tokenizer
 
@@ -103,14 +108,23 @@ def _default_shape() -> Any:
     return PresetShape()
 
 
+def load_model_tokenizer(cfg: ModelConfig) -> Any:
+    """The tokenizer ``load_policy(cfg)`` returns, without the weights (the driver counts prompt
+    tokens with it before any actor starts)."""
+    if cfg.preset is not None:
+        from common.tokenizer import build_char_tokenizer
+
+        return build_char_tokenizer()
+    return load_tokenizer(resolve_model_dir(cfg.path, cfg.revision))
+
+
 def _load_directory(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPolicy, Any]:
-    path = Path(cfg.path).expanduser()
+    path = resolve_model_dir(cfg.path, cfg.revision)
     config_file = path / "config.json"
-    if not path.is_dir():
-        raise CheckpointError(f"model.path {path} is not a directory")
     if not config_file.is_file():
         raise CheckpointError(f"{path} has no config.json; a checkpoint directory needs config.json, weights and tokenizer files")
-    raw = json.loads(config_file.read_text())
+    raw = read_json_file(config_file)
+    check_weight_files(path)  # pytorch_model*.bin holding more than tensors is refused, naming the file
     family, is_original = detect_family(raw, cfg.family)
     _check_attention(family, cfg.attn_implementation)
     tokenizer = load_tokenizer(path)
@@ -143,21 +157,25 @@ def read_state_dict(path: Path) -> State:
     if shards:
         state: State = {}
         for shard in shards:
-            state.update(load_file(str(shard)))
+            try:
+                state.update(load_file(str(shard)))
+            except Exception as e:  # SafetensorError: a truncated download or a file that is not safetensors
+                raise CheckpointError(f"{shard} cannot be read as safetensors ({e}); the file is truncated or "
+                                      "corrupt: copy or download it again") from None
         return state
     bins = _weight_files(path, "pytorch_model.bin.index.json", "pytorch_model*.bin")
     if not bins:
         raise CheckpointError(f"{path} holds no weights (*.safetensors or pytorch_model*.bin)")
     state = {}
     for shard in bins:
-        state.update(torch.load(shard, map_location="cpu", weights_only=True, mmap=True))
+        state.update(load_torch(shard, map_location="cpu", mmap=True))
     return state
 
 
 def _weight_files(path: Path, index_name: str, pattern: str) -> list[Path]:
     index = path / index_name
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        names = sorted(set((read_json_file(index).get("weight_map") or {}).values()))
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
             raise CheckpointError(f"{index} lists shards that are missing: {missing}")
@@ -181,10 +199,11 @@ def _instantiate(family: str, config: Any, state: State, dtype: torch.dtype, att
 def _from_pretrained_exported(family: str, path: Path, dtype: torch.dtype, attn_implementation: str) -> torch.nn.Module:
     import transformers
 
-    model, info = getattr(transformers, CAUSAL_LM_CLASSES[family]).from_pretrained(
-        path, local_files_only=True, trust_remote_code=False, dtype=dtype,
-        attn_implementation=attn_implementation, output_loading_info=True,
-    )  # fmt: skip
+    with readable_weights(path):
+        model, info = getattr(transformers, CAUSAL_LM_CLASSES[family]).from_pretrained(
+            path, local_files_only=True, trust_remote_code=False, dtype=dtype,
+            attn_implementation=attn_implementation, output_loading_info=True,
+        )  # fmt: skip
     _check_loading_info(info, str(path))
     return model.eval()
 
@@ -193,12 +212,33 @@ def _from_pretrained_native(path: Path, dtype: torch.dtype, attn_implementation:
     from common.models.diffusion_gemma import require_diffusion_gemma
 
     cls = require_diffusion_gemma().DiffusionGemmaForBlockDiffusion
-    model, info = cls.from_pretrained(
-        path, local_files_only=True, trust_remote_code=False, dtype=dtype,
-        attn_implementation=attn_implementation, output_loading_info=True,
-    )  # fmt: skip
+    with readable_weights(path):
+        model, info = cls.from_pretrained(
+            path, local_files_only=True, trust_remote_code=False, dtype=dtype,
+            attn_implementation=attn_implementation, output_loading_info=True,
+        )  # fmt: skip
     _check_loading_info(info, str(path))
     return model.eval()
+
+
+@contextmanager
+def readable_weights(path: Path) -> Iterator[None]:
+    """Turn a safetensors read failure inside transformers into a CheckpointError naming the file."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        yield
+    except SafetensorError as e:
+        broken = []
+        for shard in sorted(path.glob("*.safetensors")):
+            try:
+                with safe_open(str(shard), framework="pt"):
+                    pass
+            except SafetensorError:
+                broken.append(str(shard))
+        where = ", ".join(broken) or f"a *.safetensors file of {path}"
+        raise CheckpointError(f"{where} cannot be read as safetensors ({e}); the file is truncated or corrupt: "
+                              "copy or download it again") from None
 
 
 def _check_loading_info(info: dict[str, Any], source: str) -> None:

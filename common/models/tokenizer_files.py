@@ -33,6 +33,9 @@ def load_tokenizer(path: Path) -> Any:
             pass
     tokenizer = _from_files(path, tok_cfg)
     _add_declared_tokens(tokenizer, tok_cfg)
+    for key in SPECIAL_KEYS:  # roles after the declared tokens: a role token must not take an earlier id
+        if tok_cfg.get(key):
+            setattr(tokenizer, key, _text(tok_cfg[key]))
     template = tok_cfg.get("chat_template")
     if template is None and (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text()
@@ -44,14 +47,13 @@ def load_tokenizer(path: Path) -> Any:
 def _from_files(path: Path, tok_cfg: dict[str, Any]) -> Any:
     from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 
-    specials = {k: _text(tok_cfg[k]) for k in SPECIAL_KEYS if tok_cfg.get(k)}
     if (path / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"), **specials)
+        return PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
     if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
         vocab = json.loads((path / "vocab.json").read_text())
         lines = (path / "merges.txt").read_text().splitlines()
         merges = [tuple(line.split(" ")) for line in lines if line.strip() and not line.startswith("#version")]
-        return Qwen2Tokenizer(vocab=vocab, merges=merges, **specials)
+        return Qwen2Tokenizer(vocab=vocab, merges=merges)
     raise CheckpointError(
         f"{path} has no tokenizer that loads without remote code (need tokenizer.json, or vocab.json + merges.txt)"
     )
@@ -62,9 +64,11 @@ def _add_declared_tokens(tokenizer: Any, tok_cfg: dict[str, Any]) -> None:
     from tokenizers import AddedToken
 
     declared = sorted(((int(i), e) for i, e in (tok_cfg.get("added_tokens_decoder") or {}).items()), key=lambda x: x[0])
+    known = set(tokenizer.get_vocab())  # get_vocab() copies the whole vocabulary: once, not per token
     for token_id, entry in declared:
         content = entry["content"]
-        if content not in tokenizer.get_vocab():
+        if content not in known:
+            known.add(content)
             options = {k: entry[k] for k in ("lstrip", "rstrip", "normalized", "single_word") if k in entry}
             special = bool(entry.get("special", False))
             tokenizer.add_tokens([AddedToken(content, special=special, **options)], special_tokens=special)
@@ -76,7 +80,9 @@ def _add_declared_tokens(tokenizer: Any, tok_cfg: dict[str, Any]) -> None:
 
 
 def _read_json(file: Path) -> dict[str, Any]:
-    return json.loads(file.read_text()) if file.is_file() else {}
+    from common.models.model_dir import read_json_file
+
+    return read_json_file(file) if file.is_file() else {}
 
 
 def _text(token: Any) -> str:

@@ -33,12 +33,18 @@ MAX_NUMBER_CHARS = 64  # longer digit runs are not numbers a task can mean (and 
 
 @dataclass(frozen=True)
 class Row:
-    """One prompt of a task. ``prompt`` is the question text; the template wraps it."""
+    """One prompt of a task. ``prompt`` is the question text; the template wraps it.
+
+    ``messages``: the prompt as chat messages when the data gives it so (``prompt`` is then the last
+    user turn's text); ``record``: the whole source record (every column, nested fields included),
+    for custom rewards; empty for generated rows."""
 
     prompt_id: str
     prompt: str
     answer: str  # the reference answer as text (for logging and the checkers)
     meta: Mapping[str, Any] = field(default_factory=dict)  # task data: numbers, target, puzzle, ...
+    messages: tuple[Mapping[str, str], ...] = ()
+    record: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -87,16 +93,24 @@ class Task:
     correctness_weight: float = 1.0
     format_weight: float = 0.0
     correctness_name: str = "correctness"  # "custom" when a user function replaced the checker
+    chat_template: str = "auto"  # "auto" | "on" | "off": how common.tasks.prompts encodes prompts
 
     def render_prompt(self, row: Row) -> str:
-        """The prompt text a plain (non-chat) tokenizer encodes: [system + blank line +] template."""
+        """The prompt text a plain (non-chat) tokenizer encodes: [system + blank line +] template
+        (a prompt given as messages: their contents, one blank line apart)."""
+        if row.messages:
+            return "\n\n".join(m["content"] for m in self.messages(row))
         body = self.template.replace(PROMPT_SLOT, row.prompt)
         return f"{self.system_prompt}\n\n{body}" if self.system_prompt else body
 
     def messages(self, row: Row) -> list[dict[str, str]]:
-        """The same prompt as chat messages, for tokenizers with a chat template."""
-        out = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return out + [{"role": "user", "content": self.template.replace(PROMPT_SLOT, row.prompt)}]
+        """The same prompt as chat messages, for tokenizers with a chat template: [system +] the
+        templated user turn, or the data's own messages (the system prompt added if they have none)."""
+        given = [dict(m) for m in row.messages]
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        if given:
+            return (system if given[0]["role"] != "system" else []) + given
+        return system + [{"role": "user", "content": self.template.replace(PROMPT_SLOT, row.prompt)}]
 
     def reward(self, completion: str, row: Row) -> RewardResult:
         c = as_reward_number(self.correctness(completion, row), self.correctness_name)
@@ -167,6 +181,7 @@ def shared_fields(cfg: Any, default_template: str) -> dict[str, Any]:
     return dict(
         template=cfg.template if cfg.template is not None else default_template,
         system_prompt=cfg.system_prompt,
+        chat_template=cfg.chat_template,
         correctness_weight=cfg.reward.correctness_weight,
         format_weight=cfg.reward.format_weight,
     )

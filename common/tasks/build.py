@@ -7,17 +7,28 @@ A user reward replaces the task's checker (the format part still applies with it
       reward: {custom: "my_package.rewards:score"}             # or an importable module
 
     def score(completion: str, row: common.tasks.Row) -> float:
-        '''completion: decoded text up to the first EOS; row.answer / row.meta: the reference.'''
+        '''completion: decoded text up to the first EOS; row.answer / row.meta: the reference;
+        row.record: the whole data record (every column, nested fields included: a verl file's
+        row.record["extra_info"], row.record["data_source"]); empty for generated tasks.'''
 
 Any real number is accepted (bool and numpy scalars included). The function is imported lazily,
 on its first call, so a worker that only renders prompts never runs user code; the reward
 sandbox (``common.tasks.sandbox``) imports it at start-up to fail fast, and isolates its calls.
+There each call runs in a fresh fork of the process that imported the file once: import what the
+function needs at the top of the file, not inside the function (that import would be paid again
+on every call).
+
+A reward file is code the job runs, so it must be one nobody else could have changed: a regular
+file owned by the user running the job (or root), not writable by others, in a directory not
+writable by others (unless sticky, like /tmp). Its absolute path and SHA-256 are logged.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import importlib.util
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -26,6 +37,7 @@ from common.config.base import ConfigError
 from common.tasks.base import TASKS, Row, Task, stable_hash
 
 CustomFn = Callable[[str, Row], Any]
+log = logging.getLogger(__name__)
 
 
 def load_reward_function(spec: str) -> CustomFn:
@@ -36,6 +48,7 @@ def load_reward_function(spec: str) -> CustomFn:
             path = Path(target).expanduser().resolve()
             if not path.is_file():
                 raise ConfigError(f"custom reward file {path} does not exist (spec {spec!r}, cwd {Path.cwd()})")
+            check_reward_file(path)
             name = f"stabledrl_custom_reward_{stable_hash(str(path)):x}"
             module_spec = importlib.util.spec_from_file_location(name, path)
             assert module_spec is not None and module_spec.loader is not None
@@ -52,6 +65,28 @@ def load_reward_function(spec: str) -> CustomFn:
     if not callable(fn):
         raise ConfigError(f"custom reward {spec!r}: {attr!r} is not a callable in {target}")
     return fn
+
+
+def check_reward_file(path: Path) -> None:
+    """Refuse a reward file that someone other than this user (or root) could have written."""
+    import hashlib
+    import stat
+
+    me = os.geteuid()
+    info = path.stat()
+    where = f"task.reward.custom: {path}"
+    if info.st_uid not in (me, 0):
+        raise ConfigError(f"{where} is owned by uid {info.st_uid}, not by this user ({me}) or root: refused "
+                          "(a reward file is code the job runs)")
+    if info.st_mode & stat.S_IWOTH:
+        raise ConfigError(f"{where} is writable by every user (mode {stat.filemode(info.st_mode)}): refused; "
+                          f"chmod o-w {path}")
+    parent = path.parent.stat()
+    if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
+        raise ConfigError(f"{where}: its directory {path.parent} is writable by every user (mode "
+                          f"{stat.filemode(parent.st_mode)}), so anyone could replace the file: refused")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    log.info("custom reward: %s (sha256 %s, owner uid %d)", path, digest, info.st_uid)
 
 
 class CustomReward:

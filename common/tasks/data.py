@@ -1,7 +1,8 @@
-"""A task's prompts: generated, or read from a local JSONL / Parquet file; validated and split.
+"""A task's prompts: generated, or read from a file or a Hugging Face dataset; validated and split.
 
-File schema (canonical field names; ``source.columns`` maps a canonical name to the file's
-column, e.g. ``{prompt: question}``; every task also reads an optional ``id``):
+Record schema (canonical field names; ``source.columns`` maps a canonical name to the data's column
+or to a dotted path into nested fields, e.g. ``{prompt: question}`` or ``{answer:
+reward_model.ground_truth}``; every task also reads an optional ``id``):
 
 | task       | required                               | optional            |
 |------------|----------------------------------------|---------------------|
@@ -11,30 +12,40 @@ column, e.g. ``{prompt: question}``; every task also reads an optional ``id``):
 | gsm8k      | prompt, answer (number or "... #### N")| id                  |
 | math       | prompt, answer (answer or \\boxed solution) | id, solution   |
 
+``prompt`` may be text or chat messages (``[{role, content}, ...]`` ending with the user's turn):
+messages are the conversation as the data gives it (the task's template is not applied to them; its
+system prompt is added only when they carry none). Data in verl's layout (``prompt`` as messages,
+``reward_model.ground_truth``, ``data_source``, ``extra_info``) loads as it is: with no ``answer``
+column, ``answer`` is read from ``reward_model.ground_truth``. Every row keeps its whole source
+record in ``Row.record``, so a custom reward can read any column.
+
 Rows without an ``id`` get one derived from their content, so ids are stable under reordering.
-A bad row (missing or empty field, invalid value, rendered prompt over ``max_prompt_tokens``,
-duplicate id) stops loading with its row number (1-based, counting records) when
-``on_bad_row: error``, or is skipped and counted by reason when ``on_bad_row: skip``. A file
-pyarrow cannot parse (for example a column whose type changes between rows) is an error either
-way. Prompt length is measured on ``task.render_prompt(row)`` with ``count_tokens`` (default:
-characters, exact for the character tokenizer and an upper bound for subword tokenizers).
+A bad row (missing or empty field, invalid value, prompt over ``max_prompt_tokens``, duplicate id,
+a JSONL line that is not UTF-8 or not JSON) stops loading with its number (JSONL: the file line;
+otherwise the record, 1-based) when ``on_bad_row: error``, or is skipped and counted by reason when
+``on_bad_row: skip``. A Parquet file pyarrow cannot read is an error either way.
+
+Prompt length: with the model's tokenizer (``load_task_data(..., tokenizer=...)``, what the driver
+passes), the number of tokens of the prompt exactly as the model reads it
+(``common.tasks.prompts.prompt_ids``, chat template included); without one, ``count_tokens`` of the
+rendered text (default: characters, exact for the character tokenizer).
 
 Train / held-out split: row r is held out by ``stable_hash("split", split_seed, r.prompt_id)``.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
 from common.tasks.base import BadRow, Row, Task, stable_hash
+from common.tasks.prompts import PromptError, prompt_ids, uses_chat_template
+from common.tasks.sources import MISSING, DataError, Records, chat_messages, column_present, column_value, read_file
 
 CountTokens = Callable[[str], int]
+PromptLength = Callable[[Row], int]
 _HASH_RANGE = 1 << 63
-
-
-class DataError(ValueError):
-    """Data that cannot be used: an unreadable file, a missing column, or a bad row (on_bad_row=error)."""
+VERL_ANSWER = "reward_model.ground_truth"
 
 
 @dataclass
@@ -52,65 +63,77 @@ class LoadReport:
         return sum(self.skipped.values())
 
 
-def read_records(path: Union[str, Path], fmt: str = "auto") -> list[dict[str, Any]]:
-    """All records of a JSONL (one object per line) or Parquet file, via pyarrow."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data file {path} does not exist")
-    if fmt == "auto":
-        fmt = "parquet" if path.suffix in (".parquet", ".pq") else "jsonl"
-    try:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
+def read_records(path: Any, fmt: str = "auto") -> list[dict[str, Any]]:
+    """All records of a JSONL or Parquet file (DataError at the first unreadable line)."""
+    records = read_file(path, fmt)
+    if records.unreadable:
+        number, message, _ = records.unreadable[0]
+        raise DataError(f"{records.source}: line {number}: {message}")
+    return records.rows
 
-            table = pq.read_table(path)
-        else:
-            import pyarrow.json as pj
 
-            table = pj.read_json(path)
-    except Exception as e:  # pyarrow raises ArrowInvalid / OSError with the offending row in the message
-        raise DataError(f"cannot read {path} as {fmt}: {e}") from e
-    return table.to_pylist()
+def prompt_length(task: Task, tokenizer: Any = None, count_tokens: Optional[CountTokens] = None) -> PromptLength:
+    """A row's prompt length: the model's tokens of the prompt as the model reads it (with
+    ``tokenizer``), else ``count_tokens`` of the rendered text (default: characters)."""
+    if tokenizer is not None:
+        try:
+            uses_chat_template(tokenizer, task)  # a template the config requires but the tokenizer lacks
+        except PromptError as e:
+            raise DataError(str(e)) from None
+
+        def tokens(row: Row) -> int:
+            try:
+                return len(prompt_ids(tokenizer, task, row))
+            except PromptError as e:
+                raise BadRow(str(e), "chat_markup") from None
+
+        return tokens
+    count = count_tokens or len
+    return lambda row: count(task.render_prompt(row))
 
 
 def rows_from_records(
     task: Task,
-    records: Sequence[dict[str, Any]],
+    records: Union[Records, Sequence[dict[str, Any]]],
     *,
-    source: str,
+    source: Optional[str] = None,
     columns: Optional[dict[str, str]] = None,
     max_prompt_tokens: int,
     on_bad_row: str = "error",
-    count_tokens: CountTokens = len,
+    length: Optional[PromptLength] = None,
 ) -> tuple[list[Row], LoadReport]:
     """Validate ``records`` into rows of ``task``; see the module docstring for the rules."""
-    columns = columns or {}
-    report = LoadReport(source=source, read=len(records))
-    present = set().union(*(r.keys() for r in records)) if records else set()
-    absent = sorted({columns.get(f, f) for f in task.required_fields} - present) if records else []
-    if absent:
-        raise DataError(
-            f"{source}: no column {absent} (columns: {sorted(present)}); map it with source.columns, e.g. {{prompt: question}}"
-        )
+    if not isinstance(records, Records):
+        records = Records(source or "records", list(records), list(range(1, len(records) + 1)))
+    source = source or records.source
+    length = length or prompt_length(task)
+    report = LoadReport(source=source, read=len(records.rows) + len(records.unreadable))
+    columns = _columns(task, records.rows, dict(columns or {}), source)
     rows: list[Row] = []
     seen: set[str] = set()
-    for number, raw in enumerate(records, start=1):
-        record = dict(raw)
-        for canonical, column in columns.items():
-            record[canonical] = raw.get(column)
+
+    def bad(number: int, error: BadRow) -> None:
+        if on_bad_row == "error":
+            raise DataError(f"{source}: {records.unit} {number}: {error} (set on_bad_row: skip to drop such rows)")
+        report.skipped[error.reason] = report.skipped.get(error.reason, 0) + 1
+        if len(report.examples) < 5:
+            report.examples.append(f"{records.unit} {number}: {error}")
+
+    problems = [(n, BadRow(message, reason)) for n, message, reason in records.unreadable]
+    entries = sorted([(n, None, e) for n, e in problems] + [(n, r, None) for n, r in zip(records.numbers, records.rows)],
+                     key=lambda x: x[0])
+    for number, raw, problem in entries:
         try:
-            row = task.from_record(record)
+            if problem is not None:
+                raise problem
+            row = _row(task, raw, columns)
             if row.prompt_id in seen:
                 raise BadRow(f"duplicate id {row.prompt_id!r}", "duplicate_id")
-            n_tokens = count_tokens(task.render_prompt(row))
+            n_tokens = length(row)
             if n_tokens > max_prompt_tokens:
                 raise BadRow(f"prompt has {n_tokens} tokens, more than max_prompt_tokens={max_prompt_tokens}", "too_long")
         except BadRow as e:
-            if on_bad_row == "error":
-                raise DataError(f"{source}: row {number}: {e} (set on_bad_row: skip to drop such rows)") from None
-            report.skipped[e.reason] = report.skipped.get(e.reason, 0) + 1
-            if len(report.examples) < 5:
-                report.examples.append(f"row {number}: {e}")
+            bad(number, e)
             continue
         seen.add(row.prompt_id)
         rows.append(row)
@@ -118,10 +141,41 @@ def rows_from_records(
     return rows, report
 
 
-def generate_rows(task: Task, n: int, seed: int, *, max_prompt_tokens: int, count_tokens: CountTokens = len) -> list[Row]:
+def _columns(task: Task, records: Sequence[dict[str, Any]], columns: dict[str, str], source: str) -> dict[str, str]:
+    """``columns`` checked against the records' keys, with verl's answer path filled in."""
+    if not records:
+        return columns
+    keys = set().union(*(r.keys() for r in records))
+    if "answer" in task.required_fields and "answer" not in columns and "answer" not in keys and "reward_model" in keys:
+        columns["answer"] = VERL_ANSWER
+    absent = sorted(c for c in {columns.get(f, f) for f in task.required_fields} if not column_present(c, records))
+    if absent:
+        raise DataError(
+            f"{source}: no column {absent} (columns: {sorted(keys)}); map it with source.columns, e.g. {{prompt: question}} "
+            "or a dotted path such as {answer: reward_model.ground_truth}"
+        )
+    return columns
+
+
+def _row(task: Task, raw: dict[str, Any], columns: dict[str, str]) -> Row:
+    """One record as a Row of ``task`` (BadRow if it cannot be one)."""
+    record = dict(raw)
+    for canonical, column in columns.items():
+        value = column_value(raw, column)
+        record[canonical] = None if value is MISSING else value
+    messages: tuple[dict[str, str], ...] = ()
+    if isinstance(record.get("prompt"), (list, tuple)):
+        messages = chat_messages(record["prompt"])
+        record["prompt"] = messages[-1]["content"]
+    row = task.from_record(record)
+    return dataclasses.replace(row, messages=messages, record=raw)
+
+
+def generate_rows(task: Task, n: int, seed: int, *, max_prompt_tokens: int, length: Optional[PromptLength] = None) -> list[Row]:
     """``n`` distinct rows; draw i comes from ``stable_hash(task, seed, i)`` so any prefix is stable."""
     if task.generate is None:
         raise DataError(f"task {task.name!r} has no generator: give it a file source")
+    length = length or prompt_length(task)
     rows: list[Row] = []
     seen: set[str] = set()
     draws, max_draws = 0, 50 * n + 1000
@@ -132,7 +186,10 @@ def generate_rows(task: Task, n: int, seed: int, *, max_prompt_tokens: int, coun
         draws += 1
         if row.prompt_id in seen:
             continue
-        n_tokens = count_tokens(task.render_prompt(row))
+        try:
+            n_tokens = length(row)
+        except BadRow as e:
+            raise DataError(f"{task.name}: a generated prompt cannot be encoded: {e}") from None
         if n_tokens > max_prompt_tokens:
             raise DataError(f"{task.name}: a generated prompt has {n_tokens} tokens, more than max_prompt_tokens={max_prompt_tokens}")
         seen.add(row.prompt_id)
@@ -167,27 +224,29 @@ class TaskData:
     reports: list[LoadReport]
 
 
-def load_task_data(cfg: Any, *, task: Optional[Task] = None, count_tokens: CountTokens = len) -> TaskData:
-    """Rows of the task described by a task config section, split into train and held-out."""
+def load_task_data(
+    cfg: Any, *, task: Optional[Task] = None, tokenizer: Any = None, count_tokens: Optional[CountTokens] = None
+) -> TaskData:
+    """Rows of the task described by a task config section, split into train and held-out.
+
+    ``tokenizer``: the model's, so that ``max_prompt_tokens`` counts the tokens the model reads
+    (module docstring); without it prompt lengths are ``count_tokens`` of the text (characters)."""
     from common.tasks.build import build_task
+    from common.tasks.sources import read_source
 
     task = task or build_task(cfg)
+    length = prompt_length(task, tokenizer, count_tokens)
     reports: list[LoadReport] = []
 
     def from_source(src: Any) -> list[Row]:
         if src.kind == "generated":
-            rows = generate_rows(task, src.n, src.seed, max_prompt_tokens=cfg.max_prompt_tokens, count_tokens=count_tokens)
+            rows = generate_rows(task, src.n, src.seed, max_prompt_tokens=cfg.max_prompt_tokens, length=length)
             reports.append(LoadReport(source=f"generated(n={src.n}, seed={src.seed})", read=len(rows), kept=len(rows)))
             return rows
         rows, report = rows_from_records(
-            task,
-            read_records(src.path, src.format),
-            source=src.path,
-            columns=src.columns,
-            max_prompt_tokens=cfg.max_prompt_tokens,
-            on_bad_row=cfg.on_bad_row,
-            count_tokens=count_tokens,
-        )
+            task, read_source(src), columns=src.columns, max_prompt_tokens=cfg.max_prompt_tokens,
+            on_bad_row=cfg.on_bad_row, length=length,
+        )  # fmt: skip
         reports.append(report)
         return rows
 

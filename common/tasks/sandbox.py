@@ -7,21 +7,33 @@ the total or any part), runs past ``timeout_s``, or kills its process. A failure
 dropped. Built-in and custom rewards go through the same path.
 
 Isolation (``reward.isolation``):
-- ``process``: rewards run in a child Python process (``python -m common.tasks.sandbox_child``,
-  talking over its stdin/stdout pipes; the child's own prints go to stderr). A call that
-  outlives ``timeout_s`` gets its child killed; the next call starts a fresh one. A crash
-  (``sys.exit``, segfault, out of memory) is contained the same way. This isolates faults, not
-  privileges: user code runs with the worker's permissions. Cost: one pipe round trip per call.
+- ``process``: rewards run in the reward sandbox, a child Python process (``python -m
+  common.tasks.sandbox_child``, talking over its stdin/stdout pipes; the child's own prints go to
+  stderr) that forks a fresh, confined process for every call: memory, CPU time and file size
+  limited, its own session and temporary directory, files and network confined with Landlock
+  where the kernel offers it, no privileges, every process it leaves behind killed
+  (``reward.sandbox``, ``common.tasks.confine``). A call past ``timeout_s`` or a limit is killed
+  and counted; a crash (``os._exit``, a segfault) too; the sandbox lives on. Cost: a pipe round
+  trip and a fork per call (a few milliseconds).
 - ``inline``: rewards run in the calling thread. Exceptions and bad values are caught, but a
-  reward that hangs cannot be interrupted, so timeouts are not enforced.
+  reward that hangs cannot be interrupted, so no timeout and no limit is enforced: for the
+  built-in checkers, which are ours.
+
+``check_failure_rate`` stops a job whose reward fails too often (``reward.max_failed_fraction``)
+instead of training it on zeros.
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from collections import deque
 from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
@@ -33,6 +45,11 @@ from common.tasks.base import NonNumericReward, RewardResult, Row, Task
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120.0
+CALL_GRACE_S = 10.0  # beyond timeout_s: the sandbox's own fork, kill and clean-up of a call
+CLOSE_TIMEOUT_S = 5.0
+MAX_ANSWER_BYTES = 1 << 20
+FAILURE_KINDS = ("exception", "non_number", "non_finite", "timeout", "crash", "limit")
+_reported: set[str] = set()  # what this process already logged about the sandbox
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -47,12 +64,13 @@ class RewardStats:
     non_finite: int = 0
     timeout: int = 0
     crash: int = 0
+    limit: int = 0  # past the sandbox's memory or CPU limit
     zeroed: int = 0
     dropped: int = 0
 
     @property
     def failed(self) -> int:
-        return self.exception + self.non_number + self.non_finite + self.timeout + self.crash
+        return self.exception + self.non_number + self.non_finite + self.timeout + self.crash + self.limit
 
     def merge(self, other: "RewardStats") -> "RewardStats":
         return RewardStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -61,6 +79,27 @@ class RewardStats:
         out = {f"{prefix}{f.name}": float(getattr(self, f.name)) for f in fields(self)}
         out[f"{prefix}failed"] = float(self.failed)
         return out
+
+
+class RewardFailureRate(RuntimeError):
+    """The job's reward failed on more than ``reward.max_failed_fraction`` of its calls."""
+
+
+def check_failure_rate(counts: dict[str, float], cfg: Any) -> None:
+    """Raise RewardFailureRate once ``reward_calls/failed`` exceeds ``reward.max_failed_fraction``
+    of ``reward_calls/calls`` (after ``reward.failure_check_after`` calls); ``cfg`` is the task
+    section. The message names the reward and the count of each kind of failure."""
+    calls, failed = counts.get("reward_calls/calls", 0.0), counts.get("reward_calls/failed", 0.0)
+    reward = cfg.reward
+    if calls < reward.failure_check_after or failed <= reward.max_failed_fraction * calls:
+        return
+    kinds = ", ".join(f"{int(counts[f'reward_calls/{k}'])} {k}" for k in FAILURE_KINDS if counts.get(f"reward_calls/{k}"))
+    name = f"custom reward {reward.custom}" if reward.custom else f"the {cfg.name} reward"
+    raise RewardFailureRate(
+        f"{name} failed on {int(failed)} of {int(calls)} calls ({kinds}), more than task.reward.max_failed_fraction = "
+        f"{reward.max_failed_fraction:g}: the job stops instead of training on "
+        f"{'zeros' if reward.on_failure == 'zero' else 'dropped samples'}. The rollout workers' log shows the first "
+        "failure of each kind; fix the reward, or raise max_failed_fraction")
 
 
 def checked(value: Any) -> RewardResult:
@@ -84,52 +123,120 @@ def outcome_of(e: BaseException) -> str:
 
 
 class _Child:
-    """One sandbox process; ``call`` returns (outcome, payload) and never raises."""
+    """One sandbox process (``sandbox_child``); ``call`` returns (outcome, payload) and never raises.
 
-    def __init__(self, task_config: dict) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PROJECT_ROOT, env.get("PYTHONPATH")) if p)
+    It runs in its own session and private temporary directory (also its working directory), with
+    an environment stripped to what Python needs (plus ``sandbox.pass_env``); its answers are JSON,
+    bounded in size and checked, never unpickled."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="stabledrl-reward-"))
+        paths = _reward_paths(cfg)
+        settings = {"task": cfg.model_dump(mode="json"), "workdir": str(self.workdir), **paths}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "common.tasks.sandbox_child"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
-        )
+            [sys.executable, "-m", "common.tasks.sandbox_child"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env=_child_env(cfg.reward.sandbox.pass_env, paths.get("read_paths", [])), cwd=self.workdir,
+            start_new_session=True,
+        )  # fmt: skip
         self.to_child = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
         self.from_child = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
-        self.to_child.send(task_config)
-        outcome, payload = self._receive(START_TIMEOUT_S)
-        if outcome != "ready":
+        self.to_child.send_bytes(json.dumps(settings).encode())
+        outcome, payload = self._receive(START_TIMEOUT_S, ("ready", "error"))
+        if outcome != "ready" or not isinstance(payload, dict):
             self.close()
             raise ConfigError(f"reward sandbox failed to start: {payload}")
+        self.confinement: dict[str, Any] = payload
 
     def call(self, completion: str, row: Row, timeout_s: float) -> tuple[str, Any]:
         try:
             self.to_child.send((completion, row))
         except (OSError, EOFError) as e:
             return "crash", repr(e)
-        return self._receive(timeout_s)
+        return self._receive(timeout_s + CALL_GRACE_S, ("ok", *FAILURE_KINDS))  # the sandbox enforces timeout_s
 
-    def _receive(self, timeout_s: float) -> tuple[str, Any]:
+    def _receive(self, timeout_s: float, expected: Sequence[str]) -> tuple[str, Any]:
         try:
             if not self.from_child.poll(timeout_s):
                 self.close()
                 return "timeout", f"no answer in {timeout_s}s"
-            return self.from_child.recv()
+            outcome, payload = json.loads(self.from_child.recv_bytes(MAX_ANSWER_BYTES))
         except (OSError, EOFError):
             self.close()
-            return "crash", f"exit code {self.proc.poll()}"
+            return "crash", f"the reward sandbox died (exit code {self.proc.poll()})"
+        except (ValueError, TypeError) as e:
+            self.close()
+            return "crash", f"malformed answer from the reward sandbox ({e})"
+        if outcome not in expected:
+            self.close()
+            return "crash", f"malformed answer from the reward sandbox (outcome {str(outcome)[:40]!r})"
+        return outcome, payload
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for end in (self.to_child, self.from_child, self.proc.stdin, self.proc.stdout):
+        """Closing stdin ends the sandbox (it removes its directory); a sandbox that does not end
+        within a few seconds is killed with its whole session."""
+        for end in (self.to_child, self.proc.stdin):
             try:
                 end.close()
             except OSError:
                 pass
+        try:
+            self.proc.wait(timeout=CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+            self.proc.wait()
+        for end in (self.from_child, self.proc.stdout):
+            try:
+                end.close()
+            except OSError:
+                pass
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _report(confinement: dict[str, Any]) -> None:
+    """Say once per process how the sandbox confines rewards (a warning where it could not)."""
+    line = "reward sandbox: " + "; ".join(confinement.get("notes", []))
+    if line not in _reported:
+        _reported.add(line)
+        (log.warning if confinement.get("degraded") else log.info)(line)
+
+
+def _child_env(pass_env: Sequence[str], package_roots: Sequence[str]) -> dict[str, str]:
+    """What the sandbox inherits: the project (and a custom reward's package) on PYTHONPATH, one
+    thread per library, no bytecode writes, the locale; tokens and credentials of the worker's
+    environment stay out."""
+    keep = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONHASHSEED", "PYTHONHOME", "LD_LIBRARY_PATH",
+            *pass_env)
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    path = os.pathsep.join(p for p in (_PROJECT_ROOT, *package_roots, os.environ.get("PYTHONPATH")) if p)
+    env.update(PYTHONPATH=path, PYTHONDONTWRITEBYTECODE="1", PYTHONSAFEPATH="1", OMP_NUM_THREADS="1",
+               OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env
+
+
+def _reward_paths(cfg: Any) -> dict[str, Any]:
+    """The custom reward's file (readable in the sandbox) or the sys.path entry of its package."""
+    spec = cfg.reward.custom
+    if not spec:
+        return {}
+    target = spec.rpartition(":")[0]
+    if target.endswith(".py") or "/" in target:
+        return {"reward_file": str(Path(target).expanduser().resolve())}
+    try:
+        found = importlib.util.find_spec(target.partition(".")[0])  # a top-level name: nothing is imported
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin or found.origin in ("built-in", "frozen"):
+        return {}
+    origin = Path(found.origin).resolve()
+    root = origin.parent.parent if origin.name == "__init__.py" else origin.parent
+    return {"read_paths": [str(root)]}
 
 
 class RewardScorer:
@@ -152,7 +259,8 @@ class RewardScorer:
             if isinstance(self._task.correctness, CustomReward):
                 self._task.correctness.load()  # fail fast on a bad spec
         else:
-            self._child = _Child(cfg.model_dump(mode="json"))
+            self._child = _Child(cfg)
+            _report(self._child.confinement)
 
     def score(self, completion: str, row: Row) -> Optional[RewardResult]:
         self.stats.calls += 1
@@ -170,6 +278,13 @@ class RewardScorer:
         self.stats.zeroed += 1
         return RewardResult(total=0.0, parts={})
 
+    @property
+    def confinement(self) -> str:
+        """What the sandbox confines, in words ('inline: not confined' without one)."""
+        if self._child is None:
+            return "inline: not confined (no timeout, no limits)"
+        return "; ".join(self._child.confinement.get("notes", []))
+
     def score_many(self, completions: Sequence[str], rows: Sequence[Row]) -> list[Optional[RewardResult]]:
         return [self.score(c, r) for c, r in zip(completions, rows, strict=True)]
 
@@ -181,7 +296,7 @@ class RewardScorer:
                 return outcome_of(e), repr(e)
         if self._child is None or not self._child.alive:
             try:
-                self._child = _Child(self.cfg.model_dump(mode="json"))
+                self._child = _Child(self.cfg)
             except ConfigError as e:
                 return "crash", str(e)
         outcome, payload = self._child.call(completion, row, self.cfg.reward.timeout_s)

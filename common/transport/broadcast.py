@@ -1,6 +1,7 @@
 """Weight push by collective broadcast: learner rank 0 -> rollout workers (NCCL on GPU, gloo on CPU).
 
-The group is *not* the learner's default group: rank 0 hosts a TCPStore on a port of its own and
+The group is *not* the learner's default group: rank 0 hosts a TCPStore on a port of its own (bound
+to its node's IP only; bucket metadata crosses it as checked JSON: common/transport/store.py) and
 every member builds a ProcessGroupNCCL / ProcessGroupGloo object directly over that store, so the
 push group and the learner group never see each other's collectives (the vLLM
 StatelessProcessGroup idea, with torch's own backends).
@@ -31,7 +32,6 @@ Memory: two buckets on each end (2 x ``bucket_mb``).
 from __future__ import annotations
 
 import contextlib
-import pickle
 import threading
 from datetime import timedelta
 from typing import Iterator, Optional, Sequence, Union
@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from common.transport.store import decode_meta, encode_meta, open_store
 from common.transport.weights import (
     WIRE_DTYPES, LoadFn, NamedTensors, ParameterLoader, WeightHandle, WeightPushConfig, _finish, as_loader,
 )
@@ -63,8 +64,7 @@ class BroadcastPush:
         self.timeout = timedelta(seconds=cfg.timeout_s)
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         try:
-            self.store = dist.TCPStore(master_addr, master_port, is_master=rank == 0, timeout=self.timeout,
-                                       wait_for_workers=False)
+            self.store = open_store(master_addr, master_port, is_master=rank == 0, timeout=self.timeout)
         except Exception as e:  # torch raises DistNetworkError / RuntimeError by release
             raise TimeoutError(f"weight push: rank {rank} could not reach the store of {SENDER} at "
                                f"{self.address} within {cfg.timeout_s:.0f} s ({e})") from e
@@ -82,13 +82,13 @@ class BroadcastPush:
             buckets, last = 0, None
             packer = _Packer(int(self.cfg.bucket_mb * 2**20), self.device, WIRE_DTYPES.get(self.cfg.dtype))
             for entries, payload in packer.buckets(named_tensors):
-                self.store.set(f"v{version}/meta/{buckets}", pickle.dumps((entries, payload.numel())))
+                self.store.set(f"v{version}/meta/{buckets}", encode_meta(entries, payload.numel()))
                 what = f"bucket {buckets} of version {version}"
                 last = self._post(payload, what)
                 if not packer.sent(last):  # sent from the tensor itself: keep it until it is out
                     self._wait(last, what, block=False)
                 buckets += 1
-            self.store.set(f"v{version}/meta/{buckets}", pickle.dumps(None))
+            self.store.set(f"v{version}/meta/{buckets}", encode_meta(None))
             if last is not None:
                 self._wait(last, f"bucket {buckets - 1} of version {version}")
         finally:
@@ -163,7 +163,7 @@ class BroadcastPush:
         except Exception:
             raise TimeoutError(f"weight push: rank {self.rank} waited {self.cfg.timeout_s:.0f} s for {what} "
                                f"from {SENDER} at {self.address}") from None
-        return pickle.loads(self.store.get(key))
+        return decode_meta(self.store.get(key), f"weight push: {what} from {SENDER} at {self.address}")
 
     def close(self) -> None:
         """Leave the group: abort its communicator (local, never waits on peers) and drop the
@@ -302,35 +302,37 @@ class StagedWeights:
     waits for ``apply``), so a request queued before a push is sampled with exactly the version
     before it (in-order runs). Without it a newer push replaces the staged copy: a queued request
     then runs with the newer weights, which only lowers its staleness. Memory: one more copy of
-    the parameters on the device.
+    the parameters on the device (of the pushed ones, for a partial push).
     """
 
     def __init__(self, module: nn.Module) -> None:
         self.params = dict(module.named_parameters())
-        self.tensors: Optional[dict[str, torch.Tensor]] = None  # allocated at the first receive
+        self.tensors: dict[str, torch.Tensor] = {}  # the staging copy, allocated as parameters first arrive
         self.version: Optional[int] = None  # staged and not yet applied
         self.last: Optional[int] = None  # the newest version ever staged
+        self.names: set[str] = set()  # the parameters the staged version carries
         self.applied = threading.Condition()
         self.stream = None
 
-    def receive(self, push: "BroadcastPush", handle: WeightHandle, *, keep_order: bool, timeout_s: float) -> int:
+    def receive(self, push: "BroadcastPush", handle: WeightHandle, *, keep_order: bool, timeout_s: float,
+                partial: bool = False) -> int:
         """Stage ``handle.version`` (blocks while an earlier version waits to be applied, with
-        ``keep_order``); returns the version staged."""
+        ``keep_order``); returns the version staged. ``partial``: the push may carry only some
+        parameters (a LoRA learner's adapted matrices); only those are applied."""
         with self.applied:
             if keep_order and not self.applied.wait_for(lambda: self.version is None, timeout=timeout_s):
                 raise TimeoutError(f"weight push: version {self.version} was staged {timeout_s:.0f} s ago and is "
                                    f"still not applied; version {handle.version} cannot be staged over it")
             self.version = None  # a replaced copy is never applied half-written
-            if self.tensors is None:
-                self.tensors = {n: torch.empty_like(p, memory_format=torch.contiguous_format)
-                                for n, p in self.params.items()}
-            device = next(iter(self.tensors.values())).device
+            device = next(iter(self.params.values())).device
             if device.type == "cuda" and self.stream is None:
                 self.stream = torch.cuda.Stream(device)
+            loader = _StagingLoader(self, partial=partial)
             with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-                push.receive(handle, ParameterLoader(self.tensors))
+                push.receive(handle, loader)
                 if self.stream is not None:
                     self.stream.synchronize()
+            self.names = loader.arrived
             self.version = self.last = handle.version
             return handle.version
 
@@ -340,8 +342,36 @@ class StagedWeights:
             if self.version is None:
                 return None
             with torch.no_grad():
-                for name, param in self.params.items():
-                    param.copy_(self.tensors[name])
+                for name in self.names:
+                    self.params[name].copy_(self.tensors[name])
+            if self.stream is not None:  # the copies are done before the staging copy is written again
+                torch.cuda.current_stream().synchronize()
             version, self.version = self.version, None
             self.applied.notify_all()
             return version
+
+
+class _StagingLoader(ParameterLoader):
+    """A loader into a StagedWeights copy: each parameter's staging tensor is allocated when it
+    first arrives (a partial push stages only what it carries), and the names are remembered."""
+
+    def __init__(self, staged: StagedWeights, partial: bool) -> None:
+        super().__init__(staged.params, partial=partial)  # checks names and shapes against the model
+        self.staged = staged
+
+    @torch.no_grad()
+    def __call__(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named_tensors:
+            param = self.params.get(name)
+            if param is None:
+                raise KeyError(f"weight push: received {name!r}, which the receiving model does not have")
+            if param.shape != tensor.shape:
+                raise ValueError(f"weight push: {name} has shape {tuple(tensor.shape)}, the model {tuple(param.shape)}")
+            if name not in self.staged.tensors:
+                self.staged.tensors[name] = torch.empty_like(param, memory_format=torch.contiguous_format)
+            self.staged.tensors[name].copy_(tensor)
+            self.loaded.add(name)
+
+    def finish(self) -> None:
+        self.arrived = set(self.loaded)
+        super().finish()

@@ -142,11 +142,13 @@ class ObjectStorePush:
 
 class ParameterLoader:
     """Copies received tensors into a module's parameters by name (casting dtype and device),
-    bucket by bucket, and checks at the end that every parameter arrived once. A dictionary of
-    named tensors (a staging copy) takes the place of a module the same way."""
+    bucket by bucket, and checks at the end that every parameter arrived once (``partial``: that
+    some did; a LoRA learner pushes only the matrices it adapts). A dictionary of named tensors (a
+    staging copy) takes the place of a module the same way."""
 
-    def __init__(self, module: Union[nn.Module, dict[str, torch.Tensor]]) -> None:
+    def __init__(self, module: Union[nn.Module, dict[str, torch.Tensor]], partial: bool = False) -> None:
         self.params = dict(module) if isinstance(module, dict) else dict(module.named_parameters())
+        self.partial = partial
         self.loaded: set[str] = set()
 
     @torch.no_grad()
@@ -162,7 +164,7 @@ class ParameterLoader:
 
     def finish(self) -> None:
         missing = sorted(set(self.params) - self.loaded)
-        if missing:
+        if missing and not (self.partial and self.loaded):
             raise RuntimeError(f"weight push: {len(missing)} parameters never arrived, e.g. {missing[:3]}")
         self.loaded.clear()
 

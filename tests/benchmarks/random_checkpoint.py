@@ -6,7 +6,9 @@ and written shard by shard, never a whole model in host memory.
                                             ...; SDAR: model_type sdar, head_dim ...), token ids
     <dir>/model-0000k-of-0000n.safetensors  the released parameter names, ~``shard_gb`` each
     <dir>/model.safetensors.index.json      {"metadata": {"total_size"}, "weight_map"}
-    <dir>/tokenizer files                   ``write_tokenizer`` (one line to change, see there)
+    <dir>/tokenizer files                   the family's released tokenizer (ids, chat template;
+                                            common/models/release_tokenizers.py); a tiny shape
+                                            takes the release's vocabulary size
 
 Values: matrices and embeddings N(0, 0.02) (transformers' initializer_range, as the engine
 benchmark's models), RMSNorm weights 1. ``head_scale`` multiplies the LM head: a random model's
@@ -32,17 +34,12 @@ import torch
 THRESHOLD_HEAD_SCALE = {"llada": 13.5}
 
 
-def write_tokenizer(family: str, directory: Path, vocab_size: int) -> None:
-    """The family's tokenizer files with its chat template, where the repository can write them;
-    until then the character tokenizer (ids 0-3: pad, eos, mask, bos; no chat template)."""
-    try:
-        from common.models.tokenizer_files import write_release_tokenizer
-    except ImportError:
-        from common.tokenizer import build_char_tokenizer
+def write_tokenizer(family: str, directory: Path) -> int:
+    """The family's released tokenizer files (ids, layout, chat template; the ordinary vocabulary
+    byte-level, common/models/release_tokenizers.py); returns the embedding rows it needs."""
+    from common.models.release_tokenizers import write_release_tokenizer
 
-        build_char_tokenizer().save_pretrained(directory)
-        return
-    write_release_tokenizer(family, directory, vocab_size=vocab_size)
+    return write_release_tokenizer(family, directory).vocab_size
 
 
 def token_ids(directory: Path) -> dict[str, int]:
@@ -56,12 +53,12 @@ def token_ids(directory: Path) -> dict[str, int]:
     return {"mask_token_id": mask, "eos_token_id": eos, "pad_token_id": pad, "bos_token_id": eos if bos is None else bos}
 
 
-def released_layout(shape_name: str, ids: dict[str, int]) -> tuple[str, dict, dict[str, torch.Size]]:
+def released_layout(shape_name: str, ids: dict[str, int], vocab_size: int) -> tuple[str, dict, dict[str, torch.Size]]:
     """(family, config.json dict, released parameter name -> shape) without allocating the model."""
     from common.models.convert import hf_to_original
     from common.models.presets import build_tiny_policy
 
-    shape = dict(bl.SHAPES[shape_name])
+    shape = {**bl.SHAPES[shape_name], "vocab_size": vocab_size}
     family = shape.pop("family")
     with torch.device("meta"):
         policy = build_tiny_policy(family, mask_token_id=ids["mask_token_id"], eos_token_id=ids["eos_token_id"],
@@ -86,10 +83,9 @@ def write_random_checkpoint(shape_name: str, directory: Path, *, device: torch.d
         return {"shape": shape_name, "directory": str(directory), "reused": True}  # a warm machine's earlier call
     directory.mkdir(parents=True, exist_ok=True)
     family = bl.SHAPES[shape_name]["family"]
-    vocab = bl.SHAPES[shape_name]["vocab_size"]
-    write_tokenizer(family, directory, vocab)
+    vocab = max(bl.SHAPES[shape_name]["vocab_size"], write_tokenizer(family, directory))  # tiny shapes: the release's
     ids = token_ids(directory)
-    family, raw, shapes = released_layout(shape_name, ids)
+    family, raw, shapes = released_layout(shape_name, ids, vocab)
     head_scale = THRESHOLD_HEAD_SCALE.get(family) if head_scale is None else head_scale
     head = "model.transformer.ff_out.weight" if family == "llada" else "lm_head.weight"
     gen = torch.Generator(device).manual_seed(seed)

@@ -30,7 +30,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-import coordinator.cli as cli  # noqa: E402
+import cli.main as cli  # noqa: E402
 from common.config.job import load_job_config  # noqa: E402
 from common.metrics import read_metrics  # noqa: E402
 from coordinator.actors import ActorFailure  # noqa: E402

@@ -16,8 +16,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from common.checkpoint_files import FORMAT  # noqa: E402
 from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
 from common.models.presets import build_tiny_policy  # noqa: E402
+from coordinator.checkpoint import write_state  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -249,6 +251,7 @@ def test_checkpoint_resume_equals_uninterrupted(ranks, stage, tmp_path):
     saved = gathered(ranks)
     client = {"version": 1, "cursor": 17}
     assert ray.get([a.save.remote(str(tmp_path), client) for a in ranks]) == ["step1", "step1"]
+    write_state(tmp_path / "step1", {"format": FORMAT, "step": 1, "config": {}, "parameter_shapes": {}})  # as the job does
     uninterrupted = step(ranks, shard(STEP2))
     expected = gathered(ranks)
 

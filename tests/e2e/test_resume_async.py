@@ -131,7 +131,7 @@ def test_stabledrl_scale_asks_a_running_job_and_refuses_what_it_cannot_do(cluste
     gcs = ray.get_runtime_context().gcs_address
 
     def stabledrl_scale(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "coordinator", "scale", "--address", gcs, *args], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "cli", "scale", "--address", gcs, *args], cwd=ROOT,
                               capture_output=True, text=True, timeout=180, env=dict(os.environ))
 
     ok = stabledrl_scale("--job", "cli-test", "--workers", "3")

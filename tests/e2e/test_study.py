@@ -21,12 +21,12 @@ import yaml
 
 ray = pytest.importorskip("ray")
 
-import coordinator.cli as cli  # noqa: E402
+import cli.main as cli  # noqa: E402
 from common.metrics import read_metrics  # noqa: E402
 from common.models import load_policy  # noqa: E402
 from coordinator.driver import Driver  # noqa: E402
-from coordinator.offline_eval import checkpoint_weights  # noqa: E402
-from coordinator.study import StudyConfig, run_config, run_study, write_report  # noqa: E402
+from cli.offline_eval import checkpoint_weights  # noqa: E402
+from recipes.study import StudyConfig, run_config, run_study, write_report  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("ray")
 
 from common.metrics import read_metrics  # noqa: E402
-from coordinator.study import StudyConfig, run_study, save_study_config, write_report  # noqa: E402
+from recipes.study import StudyConfig, run_study, save_study_config, write_report  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

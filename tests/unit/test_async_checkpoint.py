@@ -105,6 +105,9 @@ def _engine_run(directory: str, delay_s: float, out) -> None:
     marker_during = (Path(directory) / "step2" / marker_name(0)).exists()
     written = engine.checkpoint_written(timeout_s=None)
     changed = any(not torch.equal(t, saved[n]) for n, t in engine.state_dict_for_push().items())
+    from coordinator.checkpoint import FORMAT, write_state  # what the coordinator adds once the marker is there
+
+    write_state(Path(directory) / "step2", {"format": FORMAT, "step": 2, "config": {}, "parameter_shapes": {}})
     client = engine.load_checkpoint(directory, tag="step2")
     restored = all(torch.equal(t, saved[n]) for n, t in engine.state_dict_for_push().items())
     out.put({"plain_s": max(timings[1:]), "save_s": save_s, "after_s": after_s, "marker_during": marker_during,

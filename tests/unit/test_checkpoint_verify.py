@@ -4,6 +4,7 @@ metrics.jsonl loses the steps it will recompute."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,37 @@ def test_resume_drops_the_metrics_it_will_recompute(tmp_path):
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2]
     assert len((tmp_path / "metrics.before_resume.jsonl").read_text().splitlines()) == 5
     assert restore_metrics(tmp_path / "nowhere", 2) is None
+
+
+def test_a_checkpoint_directory_without_write_permission_is_named_as_such(tmp_path):
+    """What a job that may not write its checkpoints is told (torch.save would say 'Parent directory
+    ... does not exist'). Root ignores permission bits, so as root the check runs as nobody."""
+    import os
+    import tempfile
+
+    from coordinator.checkpoint import ensure_writable
+
+    ensure_writable(tmp_path / "checkpoints" / "step1")  # creates it
+    assert (tmp_path / "checkpoints" / "step1").is_dir() and not list((tmp_path / "checkpoints" / "step1").iterdir())
+    locked = Path(tempfile.mkdtemp(prefix="stabledrl-test-"))
+    locked.chmod(0o555 if os.geteuid() else 0o755)  # not writable by the user below
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            ensure_writable(locked / "checkpoints" / "step1")
+            os.write(write, b"written")
+        except CheckpointError as e:
+            os.write(write, str(e).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    message = os.read(read, 4096).decode()
+    os.waitpid(pid, 0)
+    locked.chmod(0o755)
+    locked.rmdir()
+    assert re.search(rf"cannot write the checkpoint {locked}/checkpoints/step1: Permission denied \({locked} is owned "
+                     rf"by uid \d+, mode d[rwx-]{{9}}; this job runs as uid \d+\): run.output_dir must be writable", message), message

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import coordinator.cli as cli
+import cli.main as cli
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "quickstart.yaml"
 
@@ -41,11 +41,11 @@ def test_a_bad_config_exits_2_naming_the_field_before_ray_starts(capsys, no_trai
     assert not ray.is_initialized()
 
 
-def test_python_dash_m_coordinator_is_the_same_command():
+def test_python_dash_m_cli_is_the_same_command():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "coordinator", "train", "--config", str(QUICKSTART), "--dry-run"],
+    out = subprocess.run([sys.executable, "-m", "cli", "train", "--config", str(QUICKSTART), "--dry-run"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert yaml.safe_load(out.stdout)["model"]["preset"] == "tiny-llada"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import coordinator.cli as cli
+import cli.main as cli
 from common.config.base import ConfigError
 from common.config.job import check_resources, load_job_config
 

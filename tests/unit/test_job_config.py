@@ -39,7 +39,7 @@ def test_deploy_configs_exist_and_parse():
 
 
 def test_deploy_study_configs_parse_as_studies():
-    from coordinator.study.config import load_study_config
+    from recipes.study.config import load_study_config
 
     assert {p.name for p in STUDY_CONFIGS} >= {"study_cpu.yaml", "study_gpu.yaml"}
     for path in STUDY_CONFIGS:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import coordinator.cli as cli
-from coordinator.plot import PANELS, RunCurves, ema, load_run, load_runs, mean_series, plot_runs, run_names
+import cli.main as cli
+from cli.plot import PANELS, RunCurves, ema, load_run, load_runs, mean_series, plot_runs, run_names
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

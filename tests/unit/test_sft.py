@@ -196,7 +196,7 @@ def job(tmp_path, **over):
 def test_warm_start_trains_once_caches_by_content_and_loads_back(tmp_path):
     from common.config.model import ModelConfig
     from common.models import load_policy
-    from coordinator.warmstart import MANIFEST, warm_start
+    from recipes.warmstart import MANIFEST, warm_start
 
     lines: list[str] = []
     path = warm_start(job(tmp_path), log=lines.append)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.study import load_study_dir, write_report
-from coordinator.study.report import section_pattern
+from recipes.study import load_study_dir, write_report
+from recipes.study.report import section_pattern
 
 REPO = Path(__file__).resolve().parents[2]
 ARCHIVES = sorted((REPO / "docs" / "study" / "gpu_runs").glob("*.tar.xz"))

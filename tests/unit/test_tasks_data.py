@@ -48,9 +48,11 @@ def test_good_file_loads_with_column_mapping(tmp_path, writer, suffix):
 @pytest.mark.parametrize("writer,suffix", [(write_jsonl, "jsonl"), (write_parquet, "parquet")])
 def test_bad_rows_error_with_their_row_number(tmp_path, writer, suffix):
     path = writer(tmp_path / f"d.{suffix}", GOOD + BAD)
-    with pytest.raises(DataError, match=r"row 21: missing field 'answer'"):
+    unit = "line" if suffix == "jsonl" else "row"  # JSONL errors name the file line
+    with pytest.raises(DataError, match=rf"{unit} 21: missing field 'answer'"):
         load_task_data(gsm8k_config(path))
-    for i, needle in [(1, "row 21: field 'prompt' is empty"), (2, "row 21: prompt has 3"), (3, "row 21: duplicate id")]:
+    for i, needle in [(1, f"{unit} 21: field 'prompt' is empty"), (2, f"{unit} 21: prompt has 3"),
+                      (3, f"{unit} 21: duplicate id")]:
         only = writer(tmp_path / f"only{i}.{suffix}", GOOD + [BAD[i]])
         with pytest.raises(DataError, match=needle):
             load_task_data(gsm8k_config(only))
@@ -62,7 +64,7 @@ def test_bad_rows_skipped_and_counted(tmp_path, writer, suffix):
     report = data.reports[0]
     assert len(data.train) == report.kept == 20 and report.read == 25
     assert report.skipped == {"missing_field": 1, "empty_field": 1, "too_long": 1, "duplicate_id": 1, "invalid": 1}
-    assert report.examples[0].startswith("row 21")
+    assert report.examples[0].startswith("line 21" if suffix == "jsonl" else "row 21")
 
 
 def test_token_counter_decides_prompt_length(tmp_path):
@@ -70,7 +72,7 @@ def test_token_counter_decides_prompt_length(tmp_path):
     words = lambda text: len(text.split())  # noqa: E731
     cfg = gsm8k_config(path, max_prompt_tokens=30)
     assert len(load_task_data(cfg, count_tokens=words).train) == 20
-    with pytest.raises(DataError, match="row 1: prompt has 9[0-9] tokens"):  # characters: the template alone is 78
+    with pytest.raises(DataError, match="line 1: prompt has 9[0-9] tokens"):  # characters: the template alone is 78
         load_task_data(cfg)
 
 
@@ -83,10 +85,15 @@ def test_missing_column_is_reported_with_the_available_ones(tmp_path):
         load_task_data(gsm8k_config(str(tmp_path / "absent.jsonl")))
 
 
-def test_type_conflicts_are_a_file_error(tmp_path):
+def test_jsonl_lines_stand_alone_and_a_broken_parquet_file_is_a_file_error(tmp_path):
+    """A field that is a number on one JSONL line and text on the next is judged per row."""
     path = write_jsonl(tmp_path / "d.jsonl", [{"question": "a", "final": 1}, {"question": "b", "final": "x"}])
-    with pytest.raises(DataError, match="cannot read"):
-        load_task_data(gsm8k_config(path, on_bad_row="skip"))
+    data = load_task_data(gsm8k_config(path, on_bad_row="skip"))
+    assert [r.answer for r in data.train] == ["1"] and data.reports[0].skipped == {"invalid": 1}
+    broken = tmp_path / "d.parquet"
+    broken.write_bytes(b"PAR1 not really parquet")
+    with pytest.raises(DataError, match="cannot read .*d.parquet as parquet"):
+        load_task_data(gsm8k_config(str(broken), on_bad_row="skip"))
 
 
 def test_structured_tasks_from_parquet(tmp_path):

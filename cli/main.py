@@ -1,10 +1,10 @@
 """`stabledrl` command line.
 
     stabledrl train --config deploy/configs/quickstart.yaml [key.path=value ...] [--dry-run]
-    python -m coordinator train --config ...
+    python -m cli train --config ...
     stabledrl train --resume runs/quickstart [key.path=value ...]   # continue from the last checkpoint
     stabledrl scale --job quickstart [--workers N] [--address HOST:PORT]   # a running job's rollout workers
-    stabledrl eval | plot | study ...        (coordinator/report_cli.py)
+    stabledrl eval | plot | study ...        (cli/reports.py)
 
 The config is validated (file, overrides and every cross-section rule) before Ray starts; a bad
 one exits with status 2 and the dotted names of the fields to fix. ``--dry-run`` prints the
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -24,7 +25,7 @@ import yaml
 
 from common.config.base import ConfigError
 from common.config.job import JobConfig, check_sampler_layout, load_job_config
-from coordinator import report_cli
+from cli import reports
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "deploy" / "configs" / "quickstart.yaml"
 
@@ -43,10 +44,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     scale.add_argument("--workers", type=int, help="rollout workers wanted (rollout.min_workers .. max_workers)")
     scale.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
                        help="the cluster's GCS address, HOST:PORT (default: $RAY_ADDRESS, else the local cluster)")
-    report_cli.add_commands(sub)  # eval, plot, study
+    reports.add_commands(sub)  # eval, plot, study
     args = parser.parse_args(argv)
-    if args.command in report_cli.COMMANDS:
-        return report_cli.run(args)
+    if args.command in reports.COMMANDS:
+        return reports.run(args)
     if args.command == "scale":
         from coordinator.control import scale_command
 
@@ -75,9 +76,39 @@ def resume_source(args: argparse.Namespace) -> tuple[str, list[str]]:
 
 
 def train_job(cfg: JobConfig) -> int:
+    """Run the job; one line on stderr for each way it can end early (exit 2: refused, 1: failed,
+    130: interrupted, with the command that resumes it)."""
     import ray
 
+    from common.tasks.sandbox import RewardFailureRate
+    from coordinator.actors import ActorFailure
+    from coordinator.checkpoint import CheckpointError
     from coordinator.driver import Driver
+
+    driver, code, message = None, 0, None
+    previous = signal.signal(signal.SIGINT, _interrupt)
+    try:
+        _start_ray(cfg)
+        driver = Driver(cfg, log=lambda line: print(line, flush=True))
+        driver.run()
+    except KeyboardInterrupt:
+        code, message = 130, interrupted_line(cfg, driver.step if driver is not None else 0)
+    except (ConfigError, CheckpointError) as e:  # refused (before any actor started, or a checkpoint it cannot write)
+        code, message = 2, f"stabledrl: {e}"
+    except (ActorFailure, RewardFailureRate) as e:
+        code, message = 1, f"stabledrl: job failed: {e}"
+    finally:
+        ray.shutdown()
+        signal.signal(signal.SIGINT, previous)
+    if message:
+        print(message, file=sys.stderr, flush=True)
+    return code
+
+
+def _start_ray(cfg: JobConfig) -> None:
+    import ray
+
+    from coordinator.watchdog import watch_descendants
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     import transformers
@@ -89,21 +120,25 @@ def train_job(cfg: JobConfig) -> int:
     else:
         ray.init(address="local", num_cpus=cfg.cluster.local_num_cpus, include_dashboard=False, log_to_driver=True,
                  logging_level=logging.WARNING)
+        watch_descendants()  # this instance and every process of the job end with this process, however it ends
         where = "a local Ray instance"
     print(f"stabledrl: {cfg.run.steps} steps, {cfg.learner.num_ranks} learner ranks (ZeRO-"
           f"{cfg.learner.deepspeed.zero_stage}), {cfg.rollout.num_workers} rollout workers, loss {cfg.loss.name}, "
           f"η = {cfg.algorithm.max_staleness}, on {where}; output in {cfg.run.output_dir}", flush=True)
-    from coordinator.actors import ActorFailure
-    from coordinator.checkpoint import CheckpointError
 
-    try:
-        Driver(cfg, log=lambda line: print(line, flush=True)).run()
-    except (ConfigError, CheckpointError) as e:  # refused before any actor started
-        print(f"stabledrl: {e}", file=sys.stderr)
-        return 2
-    except ActorFailure as e:
-        print(f"stabledrl: job failed: {e}", file=sys.stderr)
-        return 1
-    finally:
-        ray.shutdown()
-    return 0
+
+def _interrupt(signum: int, frame: object) -> None:
+    """The first Ctrl-C stops the job cleanly (KeyboardInterrupt); a second one ends the process at
+    once (the watchdog still ends the processes of a local Ray instance)."""
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    raise KeyboardInterrupt
+
+
+def interrupted_line(cfg: JobConfig, step: int) -> str:
+    """The one line a Ctrl-C leaves: where the run stopped and how to continue it."""
+    latest = Path(cfg.run.output_dir) / "checkpoints" / "latest"
+    head = f"stabledrl: interrupted at step {step} of {cfg.run.steps}"
+    if latest.is_file():
+        return f"{head}; continue with: stabledrl train --resume {cfg.run.output_dir} (from {latest.read_text().strip()})"
+    return (f"{head}; no checkpoint was written (run.checkpoint_every = {cfg.run.checkpoint_every}), so it cannot be "
+            "resumed: run it again")

@@ -1,4 +1,4 @@
-"""The `eval`, `plot` and `study` subcommands of `stabledrl` (``coordinator/cli.py`` adds them).
+"""The `eval`, `plot` and `study` subcommands of `stabledrl` (``cli/main.py`` adds them).
 
     stabledrl eval  --config X (--model DIR | --checkpoint DIR) [--k K] [--num-prompts N] [overrides]
     stabledrl plot  RUN_DIR [RUN_DIR ...] --out fig.png [--group parent]
@@ -50,16 +50,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from common.checkpoint_files import CheckpointError
+
     try:
         return {"eval": _eval, "plot": _plot, "study": _study}[args.command](args)
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
 
 
 def _eval(args: argparse.Namespace) -> int:
     from common.config.job import load_job_config
-    from coordinator.offline_eval import eval_command
+    from cli.offline_eval import eval_command
 
     cfg = load_job_config(args.config, args.overrides)
     if args.k < 1 or (args.samples is not None and args.samples < args.k):
@@ -70,7 +72,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from coordinator.plot import load_runs, plot_runs
+    from cli.plot import load_runs, plot_runs
 
     runs = load_runs(args.runs, group=args.group)
     status = plot_runs(runs, args.out, title=args.title, smooth=args.smooth)
@@ -80,7 +82,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _study(args: argparse.Namespace) -> int:
-    from coordinator.study import load_study_config, load_study_dir, run_config, write_report
+    from recipes.study import load_study_config, load_study_dir, run_config, write_report
 
     if args.report:
         study = load_study_dir(args.report)
@@ -99,7 +101,7 @@ def _study(args: argparse.Namespace) -> int:
 
 
 def _run_study(study, command: str) -> int:
-    from coordinator.study import run_study, save_study_config, write_report
+    from recipes.study import run_study, save_study_config, write_report
 
     study_file = save_study_config(study)
     print(f"stabledrl study: {len(study.runs)} runs ({len(study.methods)} methods x {len(study.seeds)} seeds), "

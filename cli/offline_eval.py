@@ -13,9 +13,10 @@ that the job logged as eval/pass@1.
 ``--model`` takes a transformers directory (run.export_final writes one: output_dir/final_model;
 safetensors, nothing executed). ``--checkpoint`` takes a DeepSpeed checkpoint the job wrote
 (output_dir/checkpoints, a tag under it, or the run's output_dir): the architecture and tokenizer
-come from the config's model section and the weights from DeepSpeed's ZeRO-2/3 consolidation. That
-reader unpickles the checkpoint's optimizer files (DeepSpeed stores them with torch.save), so use
-it on checkpoints you trust, as you would to resume; a model from elsewhere goes through --model.
+come from the config's model section and the weights from DeepSpeed's ZeRO-2/3 consolidation. The
+tag is checked as a resume checks it (``common.checkpoint_files.verify_tag``: its manifest, every
+file's size, no pickle naming anything beyond tensors and DeepSpeed's classes) and DeepSpeed reads
+it under torch's restricted unpickler: a tampered file is refused, naming it, before it can run.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from typing import Any, Optional
 
 import torch
 
+from common.checkpoint_files import CheckpointError, restricted_unpickling, verify_tag
 from common.config.job import JobConfig
 
 
@@ -38,7 +40,7 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
             return directory, tag
         if tag is None and latest.is_file():
             return directory, latest.read_text().strip()
-    raise FileNotFoundError(f"--checkpoint {path}: no DeepSpeed checkpoint (a directory with a 'latest' file, "
+    raise CheckpointError(f"--checkpoint {path}: no DeepSpeed checkpoint (a directory with a 'latest' file, "
                             "a tag under one, or a run's output_dir holding checkpoints/)")
 
 
@@ -48,7 +50,9 @@ def checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor]:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     directory, tag = resolve_checkpoint(path)
-    return get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag)
+    verify_tag(directory / tag)
+    with restricted_unpickling():
+        return get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag)
 
 
 def load_eval_policy(cfg: JobConfig, *, model_dir: Optional[str | Path] = None,
@@ -67,12 +71,12 @@ def load_eval_policy(cfg: JobConfig, *, model_dir: Optional[str | Path] = None,
     names = dict(policy.named_parameters())
     missing, unknown = sorted(set(names) - set(state)), sorted(set(state) - set(names))
     if missing or unknown:
-        raise ValueError(f"--checkpoint {checkpoint} does not fit the config's model: {len(missing)} parameters "
+        raise CheckpointError(f"--checkpoint {checkpoint} does not fit the config's model: {len(missing)} parameters "
                          f"missing (e.g. {missing[:2]}), {len(unknown)} unknown (e.g. {unknown[:2]})")
     with torch.no_grad():
         for name, param in names.items():
             if param.shape != state[name].shape:
-                raise ValueError(f"--checkpoint {checkpoint}: {name} has shape {tuple(state[name].shape)}, "
+                raise CheckpointError(f"--checkpoint {checkpoint}: {name} has shape {tuple(state[name].shape)}, "
                                  f"the config's model {tuple(param.shape)}")
             param.copy_(state[name])
     return policy.to(device), tokenizer
@@ -82,17 +86,19 @@ def evaluate_policy(cfg: JobConfig, policy: Any, tokenizer: Any, *, k: int = 1, 
                     samples_per_prompt: Optional[int] = None) -> Any:
     """pass@1 and pass@k on the config's held-out rows (EvalResult); n = max(k, samples_per_prompt
     or eval.samples_per_prompt) samples per prompt."""
-    from common.tasks import load_task_data
+    from common.tasks import RewardScorer, load_task_data
     from rollout.engine import TorchRolloutEngine
     from rollout.evaluate import evaluate
 
-    data = load_task_data(cfg.task)
+    data = load_task_data(cfg.task, tokenizer=tokenizer)
     rows = data.held_out[: num_prompts or cfg.eval.num_prompts]
     if not rows:
         raise ValueError("the config's task has no held-out rows (set task.held_out or task.held_out_source)")
     n = max(k, samples_per_prompt or cfg.eval.samples_per_prompt)
-    return evaluate(TorchRolloutEngine(policy), rows, data.task, tokenizer, cfg.eval.sampler_for(cfg.sampler), n, cfg.eval.seed,
-                    ks=sorted({1, k}), eos_token_id=policy.eos_token_id)
+    inline = cfg.task.reward.resolved_isolation == "inline"
+    with RewardScorer(cfg.task, data.task) if inline else RewardScorer(cfg.task) as scorer:  # the job's sandbox
+        return evaluate(TorchRolloutEngine(policy), rows, data.task, tokenizer, cfg.eval.sampler_for(cfg.sampler), n,
+                        cfg.eval.seed, ks=sorted({1, k}), eos_token_id=policy.eos_token_id, scorer=scorer)
 
 
 def eval_command(cfg: JobConfig, *, model_dir: Optional[str] = None, checkpoint: Optional[str] = None, k: int = 1,

@@ -14,6 +14,9 @@ names, sizes and mtimes), the task section, the warmstart section (but not ``cac
 ``log_every``), the canvas width ``sampler.gen_length``, ``run.seed`` and ``WARMSTART_FORMAT``.
 A directory holding ``warmstart.json`` is complete and reused; it is written under a temporary
 name and renamed into place, so concurrent jobs and interrupted runs never see a partial one.
+The manifest lists every file of the directory with its size and SHA-256; a reused directory is
+checked against it first, and a file added, missing or changed since (a cache others can write to)
+is refused, naming the file, before anything is loaded from it.
 """
 from __future__ import annotations
 
@@ -28,14 +31,16 @@ from typing import Any, Callable
 
 import torch
 
+from common.checkpoint_files import CheckpointError
 from common.config.base import ConfigError
 from common.config.job import JobConfig
 from common.models import export_hf, load_policy
 from common.models.loading import quiet_progress
+from common.models.model_dir import resolve_model_dir
 from common.tasks import load_task_data
 from learner.sft import run_sft
 
-WARMSTART_FORMAT = 1  # bump when the SFT code changes what one config produces
+WARMSTART_FORMAT = 2  # bump when the SFT code changes what one config produces (2: files hashed)
 MANIFEST = "warmstart.json"
 Log = Callable[[str], None]
 
@@ -47,7 +52,7 @@ def warmstart_key(cfg: JobConfig) -> str:
     parts: dict[str, Any] = {
         "format": WARMSTART_FORMAT,
         "model": cfg.model.model_dump(mode="json"),
-        "model_files": _fingerprint(Path(cfg.model.path)) if cfg.model.path is not None else None,
+        "model_files": _fingerprint(resolve_model_dir(cfg.model.path, cfg.model.revision)) if cfg.model.path is not None else None,
         "task": cfg.task.model_dump(mode="json"),
         "warmstart": cfg.warmstart.model_dump(mode="json", exclude={"cache_dir", "log_every"}),
         "gen_length": cfg.sampler.gen_length,
@@ -70,6 +75,7 @@ def warm_start(cfg: JobConfig, log: Log = print) -> Path:
     """
     final = warmstart_dir(cfg)
     if (final / MANIFEST).is_file():
+        check_cached(final)
         log(f"warm start: reusing {final}")
         return final
     if final.exists():
@@ -96,7 +102,7 @@ def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
     t0 = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     policy, tokenizer = load_policy(cfg.model, device=device, dtype="float32")
-    data = load_task_data(cfg.task)
+    data = load_task_data(cfg.task, tokenizer=tokenizer)
     n_params = sum(p.numel() for p in policy.parameters())
     log(
         f"warm start: SFT of {cfg.model.preset or cfg.model.path} ({n_params / 1e6:.2f}M parameters) on "
@@ -109,6 +115,7 @@ def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
     with quiet_progress():  # no transformers progress bar in the job's log
         export_hf(policy.to("cpu"), tokenizer, directory)
     manifest = {
+        "files": file_hashes(directory),
         "key": warmstart_key(cfg),
         "model": cfg.model.model_dump(mode="json"),
         "task": cfg.task.model_dump(mode="json"),
@@ -120,6 +127,35 @@ def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
         "time_s": time.perf_counter() - t0,
     }
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def file_hashes(directory: Path) -> dict[str, dict[str, Any]]:
+    """{name: {bytes, sha256}} of every file of a model directory but the manifest."""
+    out = {}
+    for file in sorted(p for p in directory.iterdir() if p.name != MANIFEST):
+        digest = hashlib.sha256()
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        out[file.name] = {"bytes": file.stat().st_size, "sha256": digest.hexdigest()}
+    return out
+
+
+def check_cached(directory: Path) -> None:
+    """Refuse a cached warm start whose files differ from its manifest (CheckpointError naming one)."""
+    try:
+        listed = json.loads((directory / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{directory / MANIFEST} cannot be read or lists no files ({e!r}); "
+                              f"remove {directory} to rebuild the warm start") from None
+    found = file_hashes(directory) if all(p.is_file() for p in directory.iterdir()) else None
+    if found is None:
+        raise CheckpointError(f"{directory} holds a subdirectory; a warm start holds files only: remove it to rebuild")
+    for name in sorted(set(listed) | set(found)):
+        if listed.get(name) != found.get(name):
+            what = "is not in" if name not in listed else "is missing, listed in" if name not in found else "differs from"
+            raise CheckpointError(f"{directory / name} {what} the warm start's manifest ({MANIFEST}): refused "
+                                  f"(changed after it was written); remove {directory} to rebuild it")
 
 
 def _fingerprint(path: Path) -> list[tuple[str, int, int]]:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from common.metrics import read_metrics
-from coordinator.study.analysis import RunSummary, as_json, method_table, run_table, summarize_methods, summarize_run
-from coordinator.study.config import StudyConfig, run_config
+from recipes.study.analysis import RunSummary, as_json, method_table, run_table, summarize_methods, summarize_run
+from recipes.study.config import StudyConfig, run_config
 
 STUDY_FILE = "study.json"
 
@@ -147,7 +147,7 @@ def write_report(study: StudyConfig, *, statuses: Optional[dict[tuple[str, int],
 def draw_figure(study: StudyConfig, runs: list[RunSummary], title: str) -> Optional[Path]:
     """figure.png: one colour per method, seeds as thin lines, their mean thick; None (and a
     note) when matplotlib is not installed."""
-    from coordinator.plot import load_run, plot_runs
+    from cli.plot import load_run, plot_runs
 
     curves = [load_run(study.output_dir / r.method / f"seed{r.seed}", f"{r.method}/seed{r.seed}", r.method) for r in runs]
     try:

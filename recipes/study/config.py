@@ -25,7 +25,7 @@ from common.config.job import JobConfig
 
 
 class CollapseRule(StrictModel):
-    """When a run has collapsed (``coordinator.study.analysis.find_collapse``).
+    """When a run has collapsed (``recipes.study.analysis.find_collapse``).
 
     With e_t the EMA of the batch reward (e_1 = r_1, e_t = ema·e_{t−1} + (1 − ema)·r_t) and
     p = max_t e_t its peak: the run collapsed at step t* when p >= min_peak and e_t < fraction·p for

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from coordinator.driver import Driver
-from coordinator.study.config import StudyConfig, run_config, warmstart_config
+from recipes.study.config import StudyConfig, run_config, warmstart_config
 
 Log = Callable[[str], None]
 OUTCOMES = "outcomes.jsonl"
-# a lane process; not `-m coordinator.study.runner`, which the package has imported already (runpy warns)
-LANE_ENTRY = "import sys; from coordinator.study.runner import main; sys.exit(main(sys.argv[1:]))"
+# a lane process; not `-m recipes.study.runner`, which the package has imported already (runpy warns)
+LANE_ENTRY = "import sys; from recipes.study.runner import main; sys.exit(main(sys.argv[1:]))"
 
 
 class StudyStopped(RuntimeError):
@@ -172,7 +172,7 @@ def shared_warm_start(study: StudyConfig, log: Log) -> Path:
             raise ValueError("job: a study needs a model directory (model.path) or a warmstart section; "
                              "a random preset would give every method nothing to learn from")
         return Path(cfg.model.path)
-    from coordinator.warmstart import warm_start
+    from recipes.warmstart import warm_start
 
     t0 = time.time()
     path = warm_start(cfg, log=log)
@@ -198,6 +198,9 @@ def start_ray(cfg, address: Optional[str] = None, namespace: Optional[str] = Non
         return
     ray.init(address="local", num_cpus=cfg.cluster.local_num_cpus, include_dashboard=False, log_to_driver=True,
              logging_level=logging.WARNING)
+    from coordinator.watchdog import watch_descendants
+
+    watch_descendants()  # the instance ends with this process, however it ends
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -212,7 +215,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = ap.parse_args(argv)
     import ray
 
-    from coordinator.study.report import load_study_file
+    from recipes.study.report import load_study_file
 
     study = load_study_file(a.study)
     start_ray(None, address=a.address, namespace=f"stabledrl-study-lane{a.lane}")

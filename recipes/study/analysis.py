@@ -18,8 +18,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
-from coordinator.plot import RunCurves, ema
-from coordinator.study.config import CollapseRule
+from cli.plot import RunCurves, ema
+from recipes.study.config import CollapseRule
 
 REWARD = "rollout/reward_mean"
 ACCURACY = "eval/pass@1"

@@ -8,9 +8,9 @@ several inner iterations, stale samples), with a table and a figure of the outco
 config.py: the study config; runner.py: warm start, Ray, the runs (in lanes when concurrent);
 analysis.py: collapses, spikes, tables; report.py: table.md, results.json, figure.png, STUDY.md.
 """
-from coordinator.study.config import CollapseRule, StudyConfig, load_study_config, run_config
-from coordinator.study.report import load_study_dir, load_study_file, save_study_config, write_report
-from coordinator.study.runner import StudyResult, run_study
+from recipes.study.config import CollapseRule, StudyConfig, load_study_config, run_config
+from recipes.study.report import load_study_dir, load_study_file, save_study_config, write_report
+from recipes.study.runner import StudyResult, run_study
 
 __all__ = ["CollapseRule", "StudyConfig", "StudyResult", "load_study_config", "load_study_dir", "load_study_file", "run_config",
            "run_study", "save_study_config", "write_report"]

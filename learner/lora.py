@@ -1,0 +1,143 @@
+"""LoRA on the learner: adapters injected with ``peft``, and the policy's weights read back in
+the policy's own parameter names, with every adapted matrix merged.
+
+    W' = W + s·B·A,   s = alpha / rank,   A [rank, in], B [out, rank]
+
+``add_adapters`` wraps each target Linear of ``policy.model`` in a peft LoRA layer (its weight
+moves to ``<module>.base_layer.weight``, the adapters to ``<module>.lora_A.default.weight`` and
+``<module>.lora_B.default.weight``) and freezes everything but A and B. The forward stays the
+policy's, so the estimators and losses run unchanged.
+
+The rollout workers never see peft. A weight push carries the merged W' of the adapted modules
+only, under the name the worker's plain policy uses (``<module>.weight``); every other weight is
+frozen and equal to what the worker loaded from ``model.path``. The export writes the merged
+policy, which any loader reads as a plain checkpoint. Both go through ``merged_weight``, so
+what a worker holds and what the export writes are the same bits.
+
+Why merged weights rather than the adapters themselves: a worker that received A and B would
+have to keep a second copy of every target W to merge into (80% of LLaDA-8B's bytes with the
+seven default targets) or sample with the adapters unmerged, and would need this module's
+code; merged, it samples a plain dense model at full speed. The push then carries the target
+matrices instead of the whole model (tests/benchmarks/bench_lora_push.py measures both).
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from common.config.learner import LoraConfig
+
+ADAPTER = "default"  # peft's adapter name
+INIT_SEED = 0  # A is drawn from this seed on every rank, so that all ranks start from the same adapters
+
+
+@dataclass(frozen=True)
+class Adapted:
+    """One adapted Linear: its path in the policy and its three parameters."""
+
+    path: str  # e.g. "model.model.layers.0.self_attn.q_proj"
+    base: nn.Parameter  # W [out, in], frozen
+    lora_A: nn.Parameter  # [rank, in]
+    lora_B: nn.Parameter  # [out, rank]
+    scale: float  # alpha / rank
+
+    @property
+    def weight_name(self) -> str:
+        """The weight's name in the plain policy (what a rollout worker and the export use)."""
+        return f"{self.path}.weight"
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [self.base, self.lora_A, self.lora_B]
+
+
+def add_adapters(policy: nn.Module, cfg: LoraConfig) -> list[Adapted]:
+    """Inject LoRA into ``policy.model`` in place (A ~ peft's Kaiming init from ``INIT_SEED``,
+    B = 0, so the policy computes exactly what it did) and freeze every other parameter.
+    Every name in ``cfg.target_modules`` must match at least one Linear module."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import inject_adapter_in_model
+
+    linears = [name for name, m in policy.model.named_modules() if isinstance(m, nn.Linear)]
+    unknown = [t for t in cfg.target_modules if not any(name.rsplit(".", 1)[-1] == t for name in linears)]
+    if unknown:
+        raise ValueError(f"learner.lora.target_modules: {unknown} name no Linear module of this model "
+                         f"(its Linear modules: {sorted({name.rsplit('.', 1)[-1] for name in linears})})")
+    # full paths of plain Linear modules only (DiffusionGemma's vision tower wraps its q_proj etc.)
+    targets = [name for name in linears if name.rsplit(".", 1)[-1] in cfg.target_modules]
+    peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
+                              bias="none")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(INIT_SEED)
+        inject_adapter_in_model(peft_cfg, policy.model, adapter_name=ADAPTER)
+    for name, p in policy.named_parameters():
+        p.requires_grad_(".lora_A." in name or ".lora_B." in name)
+    return adapted_modules(policy)
+
+
+def adapted_modules(policy: nn.Module) -> list[Adapted]:
+    """Every peft LoRA Linear of ``policy``, in module order."""
+    from peft.tuners.lora import LoraLayer
+
+    out = []
+    for path, module in policy.named_modules():
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
+            out.append(Adapted(path, module.get_base_layer().weight, module.lora_A[ADAPTER].weight,
+                               module.lora_B[ADAPTER].weight, float(module.scaling[ADAPTER])))
+    return out
+
+
+@torch.no_grad()
+def merged_weight(base: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor, scale: float) -> torch.Tensor:
+    """W + s·B·A, computed in fp32 and rounded once to W's dtype."""
+    return (base.float() + scale * (lora_B.float() @ lora_A.float())).to(base.dtype)
+
+
+def plain_named_parameters(policy: nn.Module, adapted: list[Adapted], *, zero_stage: int, bucket_bytes: int,
+                           receive: bool, only_adapted: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` in the plain policy's names: every adapted module's merged weight, and
+    (unless ``only_adapted``) every other parameter as it is. Collective under ZeRO-3 like
+    ``learner.zero.gathered_named_parameters``: every rank iterates to the end, ``receive`` says
+    where the tensors are yielded, parameters are gathered ``bucket_bytes`` at a time, and a
+    yielded tensor is valid until the next item is requested."""
+    units: list[tuple[str, list[nn.Parameter], Adapted | None]] = [(a.weight_name, a.parameters(), a) for a in adapted]
+    if not only_adapted:
+        owned = {id(p) for a in adapted for p in a.parameters()}
+        units += [(plain_name(name), [p], None) for name, p in policy.named_parameters() if id(p) not in owned]
+    for bucket in _buckets(units, bucket_bytes):
+        with _gathered([p for _, params, _ in bucket for p in params], zero_stage):
+            if not receive:
+                continue
+            for name, params, a in bucket:
+                yield name, (merged_weight(a.base, a.lora_A, a.lora_B, a.scale) if a else params[0].detach())
+
+
+def plain_name(name: str) -> str:
+    """A parameter's name in the plain policy: an adapted module's bias sits under peft's base_layer."""
+    return name.replace(".base_layer.", ".")
+
+
+def _gathered(params: list[nn.Parameter], zero_stage: int):
+    if zero_stage < 3:
+        return nullcontext()
+    from deepspeed.runtime.zero import GatheredParameters
+
+    return GatheredParameters(params, modifier_rank=None)
+
+
+def _buckets(units: list, bucket_bytes: int) -> Iterator[list]:
+    from learner.zero import zero3_numel
+
+    bucket, size = [], 0
+    for unit in units:
+        nbytes = sum(zero3_numel(p) * p.element_size() for p in unit[1])
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(unit)
+        size += nbytes
+    if bucket:
+        yield bucket

@@ -1,0 +1,143 @@
+"""What a LoRA learner should push: the merged adapted matrices, or the adapters themselves?
+
+Both through the project's broadcast push (``common.transport``, gloo on CPU: sender and receiver
+are two threads of this process), for a LLaDA-family policy with LoRA on the seven default
+targets (learner/lora.py), timed per push (median of ``--reps`` after one warm-up):
+
+full       every parameter (full fine-tuning's push), for reference
+merged     the sender computes W + s·B·A of each adapted module and sends those matrices; the
+           receiver copies them into its plain policy (what the learner does)
+adapters   the sender sends A and B; the receiver merges them into its own copy of every target
+           W (so it must keep that copy: the "extra receiver bytes")
+
+Reported: bytes on the wire, the sender's preparation (merges), the whole push until the receiver
+has its weights, and the receiver's extra memory; plus the same byte counts at LLaDA-8B's shape,
+computed from the shape (bf16). Times on a shared CPU say little about a GPU; the bytes do.
+
+    python tests/benchmarks/bench_lora_push.py --shape small --reps 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import benchlib as bl
+import torch
+
+from common.config.learner import LoraConfig
+from common.transport.weights import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
+from learner.group import free_port
+from learner.lora import add_adapters, merged_weight
+
+SMALL = dict(num_hidden_layers=4, hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
+             num_key_value_heads=16, vocab_size=4096)
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=["tiny", "small"], default="small")
+    ap.add_argument("--rank", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=3)
+    return ap.parse_args()
+
+
+def push_seconds(prepare, receive_load, reps: int) -> tuple[float, float]:
+    """(median push seconds, median sender-preparation seconds) of ``reps`` pushes after a warm-up."""
+    cfg = WeightPushConfig(backend="gloo", timeout_s=300, bucket_mb=64)
+    port = free_port()
+    sent_prep: list[float] = []
+    received = threading.Event()  # the sender's store must outlive the receiver's last read
+
+    def sender() -> None:
+        push = setup_weight_push(cfg, rank=0, world_size=2, master_addr="127.0.0.1", master_port=port)
+        for version in range(reps + 1):
+            t0 = time.perf_counter()
+            named = prepare()
+            sent_prep.append(time.perf_counter() - t0)
+            push.send(iter(named), version)
+        received.wait(cfg.timeout_s)
+        push.close()
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    push = setup_weight_push(cfg, rank=1, world_size=2, master_addr="127.0.0.1", master_port=port)
+    times = []
+    for version in range(reps + 1):
+        t0 = time.perf_counter()
+        push.receive(WeightHandle(version, "gloo"), receive_load())
+        times.append(time.perf_counter() - t0)
+    received.set()
+    push.close()
+    thread.join()
+    return statistics.median(times[1:]), statistics.median(sent_prep[1:])
+
+
+def nbytes(named: list[tuple[str, torch.Tensor]]) -> int:
+    return sum(t.numel() * t.element_size() for _, t in named)
+
+
+def main() -> None:
+    a = parse()
+    shape = SMALL if a.shape == "small" else {k: v for k, v in bl.SHAPES["tiny-llada"].items() if k != "family"}
+    learner = bl.build_policy("tiny-llada", torch.device("cpu"), torch.float32, **shape)
+    receiver = bl.build_policy("tiny-llada", torch.device("cpu"), torch.float32, **shape)
+    adapted = add_adapters(learner, LoraConfig(rank=a.rank, alpha=a.rank / 2))
+    with torch.no_grad():
+        for m in adapted:  # trained adapters: B != 0
+            m.lora_B.normal_(0.0, 1e-3)
+    plain = {n: p.detach() for n, p in receiver.named_parameters()}
+
+    def merged():
+        return [(m.weight_name, merged_weight(m.base, m.lora_A, m.lora_B, m.scale)) for m in adapted]
+
+    def adapters():
+        return [(m.path, t.detach()) for m in adapted for t in (m.lora_A, m.lora_B)]
+
+    scale = adapted[0].scale
+    base_copy = {m.weight_name: plain[m.weight_name].clone() for m in adapted}  # the adapter receiver's W
+
+    def adapter_loader():
+        pending: dict[str, torch.Tensor] = {}
+
+        @torch.no_grad()
+        def load(items):
+            for path, t in items:
+                if path not in pending:
+                    pending[path] = t.clone()
+                    continue
+                a_, name = pending.pop(path), f"{path}.weight"
+                plain[name].copy_(merged_weight(base_copy[name], a_, t, scale))
+        return load
+
+    results = {}
+    for variant, prepare, load, extra in (
+        ("full", lambda: list(plain.items()), lambda: ParameterLoader(receiver), 0),
+        ("merged", merged, lambda: ParameterLoader(receiver, partial=True), 0),
+        ("adapters", adapters, adapter_loader, sum(t.numel() * t.element_size() for t in base_copy.values())),
+    ):
+        seconds, prep = push_seconds(prepare, load, a.reps)
+        if variant != "full":  # both ways leave the receiver with the same bits
+            assert all(torch.equal(plain[n], t) for n, t in merged()), variant
+        results[variant] = {"wire_mb": nbytes(prepare()) / 2**20, "push_s": seconds, "sender_prep_s": prep,
+                            "extra_receiver_mb": extra / 2**20}
+    results["llada_8b_bf16_gb"] = shape_bytes(bl.SHAPES["llada-8b"], a.rank)
+    print(json.dumps({"shape": shape, "rank": a.rank, "threads": torch.get_num_threads(), **results}, indent=1))
+
+
+def shape_bytes(s: dict, rank: int) -> dict[str, float]:
+    """Wire bytes (bf16, GB) of each variant at a shape, with LoRA on all seven projections."""
+    h, f = s["hidden_size"], s["intermediate_size"]
+    kv = s["num_key_value_heads"] * h // s["num_attention_heads"]
+    mats = [(h, h), (kv, h), (kv, h), (h, h), (f, h), (f, h), (h, f)]  # q k v o gate up down: (out, in)
+    layers = s["num_hidden_layers"]
+    target = layers * sum(o * i for o, i in mats)
+    adapter = layers * sum(rank * (o + i) for o, i in mats)
+    full = target + 2 * s["vocab_size"] * h + layers * 2 * h + h
+    return {"full": 2 * full / 1e9, "merged": 2 * target / 1e9, "adapters": 2 * adapter / 1e9}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""``stabledrl train`` as an operator runs it, as a subprocess on the tiny job: killed with SIGKILL,
+interrupted with Ctrl-C, or given a reward that always fails. Nothing of the job outlives its
+driver, a Ctrl-C leaves one line and the resume command, a failing reward stops the job naming
+it; while it runs, no listener the project opens is on every interface. ``train --resume`` refuses
+a checkpoint whose pickle would run a command, before any actor starts."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coordinator.watchdog import descendants
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+STABLEDRL = [sys.executable, "-m", "coordinator"]
+WILDCARD = re.compile(r"^(0\.0\.0\.0|\*|\[::\]|::):\d+$")
+
+
+def start(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / "job.log"
+    cmd = [*STABLEDRL, "train", "--config", "tests/e2e/tiny_job.yaml", f"run.output_dir={tmp_path / 'run'}",
+           "run.steps=200", "run.progress=false", *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return proc, log
+
+
+def wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout_s: float = 400) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not re.search(pattern, log.read_text()):
+        assert proc.poll() is None, f"the job ended early:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {pattern!r} in {timeout_s} s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.5)
+
+
+def alive(processes: dict[int, int]) -> list[str]:
+    """The noted processes (pid: start time) still running as themselves, with their command."""
+    out = []
+    for pid, start in processes.items():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if int(fields[19]) == start and fields[0] != b"Z":
+            out.append(f"{pid} {cmd}")
+    return out
+
+
+def listeners(pid: int) -> list[str]:
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if f"pid={pid}," in line]
+
+
+def command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_sigkill_of_the_driver_leaves_no_process_of_the_job_and_no_listener_on_every_interface(tmp_path):
+    proc, log = start(tmp_path, "run.checkpoint_every=1")
+    try:
+        wait_for(log, r"checkpoint: .*step1\b", proc)
+        job = descendants(proc.pid)
+        names = " ".join(command(p) for p in job)
+        assert "raylet" in names and "LearnerWorker" in names and "DashboardAgent" in names, names
+        learners = [p for p in job if "ray::LearnerWorker" in command(p)]
+        found = {p: listeners(p) for p in learners}
+        # each learner process: Ray's own core-worker server (Ray 2.60 binds it to every interface,
+        # deploy/README.md) and nothing else there; rank 0's two stores and gloo on the node's address
+        assert all(sum(bool(WILDCARD.match(a)) for a in addresses) <= 1 for addresses in found.values()), found
+        assert max(sum(not WILDCARD.match(a) for a in addresses) for addresses in found.values()) >= 2, found
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(10)
+    assert alive(job) == [], "processes of the job outlived its driver by 10 s"
+
+
+def test_ctrl_c_ends_with_one_line_and_the_resume_command(tmp_path):
+    proc, log = start(tmp_path, "run.checkpoint_every=1")
+    try:
+        wait_for(log, r"checkpoint: .*step2\b", proc)
+        job = descendants(proc.pid)
+        before = len(log.read_text())
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    after = log.read_text()[before:]
+    lines = [line for line in after.splitlines() if line.startswith("stabledrl:")]
+    assert "Traceback" not in after and len(lines) == 1, after
+    run = tmp_path / "run"
+    assert re.fullmatch(rf"stabledrl: interrupted at step (\d+) of 200; continue with: stabledrl train --resume {run} "
+                        r"\(from step(\d+)\)", lines[0]), lines[0]
+    time.sleep(10)
+    assert alive(job) == []
+
+
+def test_a_reward_that_always_fails_stops_the_job_naming_it(tmp_path):
+    reward = tmp_path / "broken_reward.py"
+    reward.write_text("def score(completion, row):\n    raise RuntimeError('broken reward')\n")
+    proc, log = start(tmp_path, f"task.reward.custom={reward}:score", "task.reward.isolation=process",
+                      "task.reward.failure_check_after=16")
+    try:
+        assert proc.wait(600) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert re.search(rf"stabledrl: job failed: custom reward {reward}:score failed on (\d+) of \1 calls \(\1 exception\), "
+                     r"more than task.reward.max_failed_fraction = 0.5: the job stops instead of training on zeros", text), \
+        text[-3000:]
+    assert "reward sandbox: " in text  # how rewards are confined, said once
+
+
+def test_train_resume_refuses_a_malicious_checkpoint_before_any_actor_starts(tmp_path):
+    """``stabledrl train --resume`` on a run whose shard would run a command when unpickled."""
+    import yaml
+
+    sys.path.insert(0, str(ROOT / "tests" / "unit"))
+    from malicious_pickles import armed, write
+    from test_checkpoint_loading import SHARD, job_tag
+
+    from common.checkpoint_files import STATE_FILE
+    from coordinator.checkpoint import write_state
+
+    run, marker = tmp_path / "run", tmp_path / "PWNED"
+    config = yaml.safe_load((ROOT / "tests/e2e/tiny_job.yaml").read_text())
+    config["run"]["output_dir"] = str(run)
+    tag = job_tag(run)  # run/checkpoints/step1 with its manifest
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    assert armed(write(tag / SHARD, "zip_os_system", marker), marker)
+    write_state(tag, json.loads((tag / STATE_FILE).read_text()))  # the sizes match again
+    proc = subprocess.run([*STABLEDRL, "train", "--resume", str(run)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"{tag / SHARD} would unpickle posix.system" in proc.stderr and "refused" in proc.stderr
+    assert "actors:" not in proc.stdout and not marker.exists()

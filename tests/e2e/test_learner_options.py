@@ -1,0 +1,300 @@
+"""The optimisation options through the real learner (DeepSpeed on CPU, gloo, 2 ranks on Ray actors):
+the lr schedule is what the updates use, LoRA trains only its adapters under ZeRO-2 and ZeRO-3, a
+LoRA checkpoint resumes bit for bit, in a whole job (coordinator, rollout workers, weight push,
+export) the workers and the exported model compute the learner's logits, and a LoRA job resumed
+through the coordinator repeats the uninterrupted one.
+
+Families: the tiny LLaDA and Dream presets (Dream has biased q/k/v projections and shifted logits).
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig, OptimizerConfig  # noqa: E402
+from common.models import load_policy  # noqa: E402
+from common.models.presets import build_tiny_policy  # noqa: E402
+import harness  # noqa: E402
+from learner.worker import LearnerWorker  # noqa: E402
+from rollout.worker import RolloutWorker  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+VOCAB, LENGTH = 97, 10
+PROBE = torch.arange(3, 3 + LENGTH).repeat(2, 1)  # [2, L] ids whose logits the tests compare
+LORA = LoraConfig(rank=4, alpha=8.0)
+
+
+def micro_batches(step: int, rank: int) -> list[dict]:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return [{"input_ids": torch.randint(3, VOCAB, (2, LENGTH), generator=g), "denominator": 4.0 * LENGTH}]
+
+
+def ce_loss(model, mb: dict):
+    logits = model(mb["input_ids"], logits_from=1).logits  # position 0 is no prediction for Dream
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), mb["input_ids"][:, 1:].flatten(),
+                                            reduction="sum")
+    return nll / mb["denominator"], {}
+
+
+@ray.remote(num_cpus=0.5)
+class LearnerRank:
+    def __init__(self, rank: int) -> None:
+        torch.set_num_threads(1)
+        self.rank, self.engine = rank, None
+
+    def rendezvous_address(self):
+        from learner.group import rendezvous_address
+
+        return rendezvous_address()
+
+    def init_group(self, addr: str, port: int) -> None:
+        from learner.group import init_learner_group
+
+        init_learner_group(addr, port, self.rank, 2, backend="gloo", timeout_s=60)
+
+    def build(self, cfg: LearnerConfig, family: str = "llada", seed: int = 0) -> None:
+        from learner.engine import LearnerEngine
+
+        self.engine = LearnerEngine(build_tiny_policy(family, vocab_size=VOCAB, seed=seed), cfg)
+
+    def step(self, step: int) -> dict:
+        return self.engine.train_step(micro_batches(step, self.rank), ce_loss)
+
+    def raw_weights(self) -> dict:
+        """Every parameter under its name in the engine (adapters and frozen bases apart), gathered."""
+        from learner.zero import gathered_named_parameters
+
+        named = gathered_named_parameters(self.engine.module, self.engine.cfg.deepspeed.zero_stage, 1 << 20, True)
+        return {n: t.to("cpu", copy=True) for n, t in named}
+
+    def adam_elements(self) -> int:
+        """Elements of this rank's Adam first moments (its partition of the trained parameters)."""
+        return sum(s["exp_avg"].numel() for s in self.engine.optimizer.state.values())
+
+    def save(self, directory: str) -> str:
+        return self.engine.save_checkpoint(directory, {"step": 1})
+
+    def load(self, directory: str) -> dict:
+        return self.engine.load_checkpoint(directory)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with harness.local_ray(__name__):
+        yield
+
+
+@pytest.fixture(scope="module")
+def ranks(cluster):
+    actors = [LearnerRank.remote(r) for r in range(2)]
+    addr, port = ray.get(actors[0].rendezvous_address.remote())
+    ray.get([a.init_group.remote(addr, port) for a in actors])
+    return actors
+
+
+def build(ranks, cfg: LearnerConfig, family: str = "llada", seed: int = 0) -> None:
+    ray.get([a.build.remote(cfg, family, seed) for a in ranks])
+
+
+def raw_weights(ranks) -> dict:
+    """Rank 0's gathered parameters (every rank takes part in the ZeRO-3 gathers)."""
+    return ray.get([r.raw_weights.remote() for r in ranks])[0]
+
+
+def step(ranks, k: int) -> dict:
+    a, b = ray.get([r.step.remote(k) for r in ranks])
+    assert a == b
+    return a
+
+
+def learner_config(stage: int, **optimizer) -> LearnerConfig:
+    return LearnerConfig(num_ranks=2, optimizer=OptimizerConfig(**{"lr": 1e-2, "eps": 1e-3, **optimizer}),
+                         deepspeed=DeepSpeedConfig(zero_stage=stage, dtype="fp32", param_persistence_threshold=0,
+                                                   gradient_checkpointing=stage == 3),
+                         lora=LORA)
+
+
+def test_the_updates_use_the_scheduled_lr(ranks):
+    """Full fine-tuning, ZeRO-2: 4 updates of warm-up 1 then linear decay over 5, against torch's
+    AdamW in this process with the lrs written out by hand."""
+    opt = dict(lr=1e-2, eps=1e-3, weight_decay=0.1, grad_clip=0.0, warmup_steps=1, schedule="linear", total_updates=5)
+    cfg = LearnerConfig(num_ranks=2, optimizer=OptimizerConfig(**opt),
+                        deepspeed=DeepSpeedConfig(zero_stage=2, dtype="fp32"))
+    build(ranks, cfg)
+    reference = build_tiny_policy("llada", vocab_size=VOCAB, seed=0).train()
+    from learner.zero import build_optimizer
+
+    adam = build_optimizer(reference, cfg.optimizer)
+    for k, lr in enumerate([1e-2, 1e-2, 7.5e-3, 5e-3]):  # k=0 warm-up end, then 1 - (k-1)/4
+        metrics = step(ranks, k)
+        assert metrics["train/lr"] == pytest.approx(lr, rel=1e-12)
+        adam.zero_grad()
+        sum(ce_loss(reference, mb)[0] for r in range(2) for mb in micro_batches(k, r)).backward()
+        for group in adam.param_groups:
+            group["lr"] = lr
+        adam.step()
+    learner = raw_weights(ranks)
+    expected = {n: p.detach() for n, p in reference.named_parameters()}
+    error = max(float((learner[n] - p).abs().max()) for n, p in expected.items())
+    assert error < 1e-5, f"the engine's weights differ from AdamW at the scheduled lrs by {error:.2e}"
+
+
+@pytest.mark.parametrize("stage, family", [(2, "llada"), (3, "llada"), (3, "dream")])
+def test_lora_training_changes_only_the_adapters(ranks, stage, family):
+    build(ranks, learner_config(stage), family)
+    before = raw_weights(ranks)
+    for k in range(3):
+        assert step(ranks, k)["train/skipped"] == 0.0
+    after = raw_weights(ranks)
+    adapters = {n for n in before if ".lora_A." in n or ".lora_B." in n}
+    assert adapters and before.keys() == after.keys()
+    frozen = [n for n in before if n not in adapters]
+    assert all(torch.equal(before[n], after[n]) for n in frozen), "a frozen weight moved"
+    assert all(not torch.equal(before[n], after[n]) for n in adapters if ".lora_B." in n)
+    # Adam's moments are the adapters' only (ZeRO pads each rank's partition by a few elements)
+    trained = sum(after[n].numel() for n in adapters)
+    held = sum(ray.get([r.adam_elements.remote() for r in ranks]))
+    assert trained <= held < trained + 64 and held < 0.5 * sum(after[n].numel() for n in frozen)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_lora_checkpoint_resumes_exactly(ranks, stage, tmp_path):
+    cfg = learner_config(stage, warmup_steps=1, schedule="linear", total_updates=6)
+    build(ranks, cfg)
+    step(ranks, 0)
+    saved = raw_weights(ranks)
+    assert ray.get([r.save.remote(str(tmp_path)) for r in ranks]) == ["step1", "step1"]
+    uninterrupted = [step(ranks, k) for k in (1, 2)]
+    expected = raw_weights(ranks)
+
+    build(ranks, cfg)  # a fresh engine on the same model.path: adapters back at their initial values
+    fresh = raw_weights(ranks)
+    assert any(not torch.equal(fresh[n], saved[n]) for n in saved if ".lora_B." in n)
+    ray.get([r.load.remote(str(tmp_path)) for r in ranks])
+    restored = raw_weights(ranks)
+    assert all(torch.equal(saved[n], restored[n]) for n in saved)
+    resumed = [step(ranks, k) for k in (1, 2)]
+    assert resumed == uninterrupted  # loss, grad norm and the lr's schedule position
+    assert [m["train/lr"] for m in resumed] == pytest.approx([1e-2, 1e-2 * 4 / 5])  # updates 1, 2 of W=1, T=6
+    result = raw_weights(ranks)
+    assert all(torch.equal(expected[n], result[n]) for n in expected), "the resumed steps differ"
+    # the checkpoint holds what trains, not the frozen model
+    import glob
+
+    states = glob.glob(str(tmp_path / "step1" / "*model_states.pt"))
+    module = torch.load(states[0], map_location="cpu", weights_only=False)["module"]
+    assert module is None or all(".lora_" in n for n in module), sorted(module)[:4]
+
+
+# ---- a whole job with LoRA -------------------------------------------------------------------
+class LoraLearner(LearnerWorker):
+    def pushed(self):
+        return self.engine.state_dict_for_push()  # rank 0: the merged adapted matrices (collective)
+
+    def exported(self):
+        return self.engine.state_dict_for_export()  # rank 0: the whole merged policy (collective)
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():  # every rank runs the forward: ZeRO-3 gathers are collective
+            return self.engine.module(ids, logits_from=1).logits.float()
+
+
+class LoraRollout(RolloutWorker):
+    def weights(self):
+        return self.version(), {n: p.detach().clone() for n, p in self.policy.named_parameters()}
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.policy(ids, logits_from=1).logits.float()
+
+
+@pytest.mark.parametrize("family, backend", [("llada", "object_store"), ("dream", "gloo")])
+def test_a_lora_job_pushes_merged_matrices_and_exports_the_merged_model(cluster, tmp_path, family, backend):
+    cfg = harness.job_config(
+        tmp_path, model={"preset": f"tiny-{family}"},
+        learner={"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0}, "lora": LORA.model_dump()},
+        weights={"backend": backend}, run={"steps": 2})
+    from coordinator.driver import Driver
+
+    driver = Driver(cfg, rollout_cls=LoraRollout, learner_cls=LoraLearner, log=lambda s: None)
+    driver.setup()
+    try:
+        driver.train()
+        driver.drain()
+        driver.save_checkpoint()
+        driver.export()
+        learners = driver.actors.learners
+        pushed = ray.get([a.pushed.remote() for a in learners])[0]
+        exported = ray.get([a.exported.remote() for a in learners])[0]
+        learner_logits = ray.get([a.logits.remote(PROBE) for a in learners])[0]
+        workers = ray.get([w.weights.remote() for w in driver.actors.rollouts])
+        worker_logits = ray.get([w.logits.remote(PROBE) for w in driver.actors.rollouts])
+    finally:
+        driver.close()
+    # its final checkpoint passes a resume's checks, and only with the same adapters
+    from coordinator import checkpoint
+
+    config = driver.config_json()
+    assert checkpoint.verify(checkpoint.checkpoint_dir(tmp_path), config, log=lambda s: None).tag == "step2"
+    config["learner"]["lora"]["rank"] = 8
+    with pytest.raises(checkpoint.CheckpointError, match=r"learner\.lora\.rank: checkpoint 4, config 8"):
+        checkpoint.verify(checkpoint.checkpoint_dir(tmp_path), config, log=lambda s: None)
+
+    initial, _ = load_policy(cfg.model)
+    initial_logits = initial(PROBE, logits_from=1).logits
+    adapted = {f"{n}.weight" for n, m in initial.named_modules() if n.rsplit(".", 1)[-1] in LORA.target_modules}
+    assert set(pushed) == adapted  # the push carries the adapted matrices and nothing else
+    for version, weights in workers:
+        assert version == cfg.run.steps
+        for name, p in initial.named_parameters():
+            if name in adapted:
+                assert torch.equal(weights[name], pushed[name]) and not torch.equal(p, pushed[name])
+            else:
+                assert torch.equal(weights[name], p), f"{name} is frozen and was not pushed, yet it changed"
+    for logits in worker_logits:  # the learner runs W·x + s·B·(A·x), a worker (W + s·B·A)·x
+        assert not torch.allclose(logits, initial_logits, atol=1e-4)
+        torch.testing.assert_close(logits, learner_logits, rtol=1e-4, atol=1e-5)
+    for record in driver.history:
+        assert record["learner/trained_parameters"] < 0.5 * record["learner/parameters"]
+        assert math.isfinite(record["time/weight_push"])
+        # every rank's own peak reaches the record, which otherwise holds rank 0's values
+        ranks = {k.rsplit("/", 1)[-1] for k in record if k.startswith("learner/peak_rss_gb/")}
+        assert ranks == {"rank0", "rank1"}
+        assert all(0.1 < record[f"learner/peak_rss_gb/rank{r}"] < 64 for r in (0, 1))
+
+    # the export is a plain checkpoint of the merged policy, read back by the loader
+    model, _ = load_policy(cfg.model.model_copy(update={"path": tmp_path / "final_model", "preset": None}))
+    assert {n: p for n, p in model.named_parameters()}.keys() == exported.keys()
+    assert all(torch.equal(p, exported[n]) for n, p in model.named_parameters())
+    assert all(torch.equal(exported[n], pushed[n]) for n in pushed)
+    torch.testing.assert_close(model(PROBE, logits_from=1).logits, learner_logits, rtol=1e-4, atol=1e-5)
+
+
+def test_a_resumed_lora_job_repeats_the_uninterrupted_one(cluster, tmp_path):
+    """η = 0, in-order batches, ZeRO-3, a linear lr decay: 3 steps straight, against steps 1-2, a
+    checkpoint, and step 3 in a second job resumed from it (the frozen weights come from the
+    preset again, the adapters, Adam's moments and the schedule position from the checkpoint)."""
+    def config(out, **run):
+        return harness.job_config(
+            out, task={"source": {"kind": "generated", "n": 64}}, algorithm={"max_staleness": 0, "in_order": True},
+            learner={"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0}, "lora": LORA.model_dump(),
+                     "optimizer": {"lr": 1e-2, "schedule": "linear"}},
+            run={"steps": 3, "checkpoint_every": 2, **run})
+
+    straight, straight_weights, _ = harness.run_driver(config(tmp_path / "straight"))
+    resumed, weights, workers = harness.run_driver(
+        config(tmp_path / "resumed", resume_from=tmp_path / "straight" / "checkpoints"), workers=True)
+    assert [r["version"] for r in resumed.history] == [3.0]
+    for key in (*harness.DETERMINISTIC, "train/lr"):
+        assert resumed.history[0][key] == straight.history[2][key], key
+    assert straight.history[2]["train/lr"] == pytest.approx(1e-2 / 3)  # update 2 of 3: 1 - 2/3
+    assert weights.keys() == straight_weights.keys()
+    assert all(torch.equal(weights[n], straight_weights[n]) for n in weights), "the resumed step differs"
+    for version, held in workers:
+        assert version == 3 and all(torch.equal(held[n], weights[n]) for n in weights)

@@ -1,0 +1,260 @@
+"""The reward sandbox limits what a reward can take: each hostile reward below is contained, counted
+under its kind, and the sandbox (the same process) goes on scoring the next call correctly.
+
+Landlock-dependent cases are skipped where the kernel offers no Landlock; the fallback (as root:
+user nobody) has its own test. A run whose reward fails too often stops with a named error."""
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from common.config.base import ConfigError
+from common.config.task import parse_task_config
+from common.tasks import RewardResult, RewardScorer, Row, build_task
+from common.tasks.confine import landlock_abi
+from common.tasks.sandbox import RewardFailureRate, check_failure_rate
+
+ROW = Row("p", "1+1=", "2")
+OK = RewardResult(total=1.0, parts={"custom": 1.0})
+HOSTILE = textwrap.dedent(
+    """
+    import os, resource, signal, socket, sys, time
+
+    def score(completion, row):
+        kind, _, arg = completion.partition(" ")
+        if kind == "alloc":                      # 20 GB
+            block = bytearray(20 * 2**30)
+            return float(len(block))
+        if kind == "spin":
+            while True:
+                pass
+        if kind == "sleep":
+            time.sleep(600)
+        if kind == "exit":
+            os._exit(3)
+        if kind == "fork":                       # a sleeper in its own session, double-forked
+            r, w = os.pipe()
+            if os.fork() == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    os.write(w, str(os.getpid()).encode())
+                    time.sleep(600)
+                os._exit(0)
+            return float(os.read(r, 32))
+        if kind == "read":
+            return float(len(open(arg).read()))
+        if kind == "write":
+            with open(arg, "w") as f:
+                f.write("pwned")
+            return 1.0
+        if kind == "scratch":                    # its own directory is writable, and private
+            with open("scratch.txt", "w") as f:
+                f.write(os.getcwd())
+            return float(open("scratch.txt").read() == os.getcwd() and not os.path.exists(arg))
+        if kind == "connect":
+            socket.create_connection(("127.0.0.1", int(arg)), timeout=5)
+            return 1.0
+        if kind == "kill":
+            os.kill(int(arg), signal.SIGKILL)
+            return 1.0
+        if kind == "unlimit":
+            resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            return 1.0
+        if kind == "env":
+            return float("STABLEDRL_TEST_SECRET" in os.environ)
+        if kind == "forge":                      # a forged answer on every descriptor it can reach
+            import pickle, struct
+            for payload in (b'["ready", {"notes": []}]', pickle.dumps(os.system)):
+                for fd in range(3, 64):
+                    try:
+                        os.write(fd, struct.pack("!i", len(payload)) + payload)
+                    except OSError:
+                        pass
+            time.sleep(600)
+        return 1.0 if kind == row.answer else 0.0
+    """
+)
+needs_landlock = pytest.mark.skipif(not landlock_abi()[0], reason="no Landlock here: " + landlock_abi()[1])
+
+
+@pytest.fixture()
+def reward_file(tmp_path):
+    path = tmp_path / "hostile.py"
+    path.write_text(HOSTILE)
+    return path
+
+
+def config(reward_file: Path, timeout_s: float = 4.0, **sandbox):
+    return parse_task_config({"name": "arithmetic", "reward": {
+        "custom": f"{reward_file}:score", "isolation": "process", "format_weight": 0.0, "timeout_s": timeout_s,
+        "sandbox": {"cpu_seconds": 1, "memory_mb": 1024, **sandbox}}})
+
+
+@pytest.fixture()
+def scorer(reward_file):
+    with RewardScorer(config(reward_file)) as s:
+        yield s
+
+
+def contained(scorer: RewardScorer, completion: str, kind: str, message: str = "") -> None:
+    """The call fails as ``kind`` (message contains ``message``), scores 0, and the same sandbox
+    process then scores a right answer right."""
+    pid = scorer._child.proc.pid
+    before = getattr(scorer.stats, kind)
+    assert scorer.score(completion, ROW) == RewardResult(0.0, {})
+    assert getattr(scorer.stats, kind) == before + 1, scorer.recent_failures
+    assert message in scorer.recent_failures[-1][1]
+    assert scorer.score("2", ROW) == OK and scorer._child.proc.pid == pid
+
+
+def test_memory_time_and_exit_are_contained(scorer):
+    contained(scorer, "forge", "crash", "malformed")  # what reaches the worker is checked, never unpickled
+    contained(scorer, "alloc", "limit", "memory_mb = 1024")
+    contained(scorer, "sleep", "timeout", "no answer in 4.0s")
+    contained(scorer, "exit", "crash", "exit code 3")
+    contained(scorer, "unlimit", "exception", "ValueError")  # a lowered hard limit cannot be raised again
+    assert scorer.stats.calls == 10 and scorer.stats.ok == 5 and scorer.stats.failed == 5
+
+
+def test_cpu_time_is_limited_before_the_wall_clock_timeout(reward_file):
+    with RewardScorer(config(reward_file, timeout_s=120.0)) as scorer:  # a loaded machine may give it little CPU
+        t0 = time.monotonic()
+        contained(scorer, "spin", "limit", "cpu_seconds = 1")
+        assert time.monotonic() - t0 < 120.0
+
+
+def test_a_forked_child_does_not_outlive_the_call(scorer):
+    result = scorer.score("fork", ROW)
+    sleeper = int(result.total)  # the reward's grandchild, in a session of its own
+    assert sleeper > 1
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{sleeper}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{sleeper}").exists(), "the reward's forked sleeper survived the call"
+    assert scorer.score("2", ROW) == OK
+
+
+def test_the_worker_environment_is_withheld(reward_file, monkeypatch):
+    monkeypatch.setenv("STABLEDRL_TEST_SECRET", "token")
+    with RewardScorer(config(reward_file)) as scorer:
+        assert scorer.score("env", ROW).total == 0.0
+    with RewardScorer(config(reward_file, pass_env=["STABLEDRL_TEST_SECRET"])) as scorer:
+        assert scorer.score("env", ROW).total == 1.0
+
+
+@needs_landlock
+def test_files_outside_its_directory_cannot_be_read_or_written(scorer, tmp_path):
+    contained(scorer, "read /etc/passwd", "exception", "PermissionError")
+    outside = tmp_path / "written_by_reward"
+    contained(scorer, f"write {outside}", "exception", "PermissionError")
+    assert not outside.exists()
+    project_file = Path(__file__).resolve().parents[2] / "PWNED_BY_REWARD"
+    contained(scorer, f"write {project_file}", "exception", "PermissionError")
+    assert not project_file.exists()
+    assert scorer.score(f"scratch {tmp_path / 'scratch.txt'}", ROW) == OK  # its own directory works
+    assert "Landlock ABI" in scorer.confinement
+
+
+@needs_landlock
+def test_no_network_and_no_signals_outside_the_sandbox(scorer, reward_file):
+    if landlock_abi()[0] < 6:
+        pytest.skip("TCP and signal confinement need Landlock ABI >= 6")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        contained(scorer, f"connect {server.getsockname()[1]}", "exception", "PermissionError")
+        with RewardScorer(config(reward_file, allow_network=True)) as open_scorer:
+            assert open_scorer.score(f"connect {server.getsockname()[1]}", ROW) == OK
+    contained(scorer, f"kill {os.getpid()}", "exception", "PermissionError")  # the worker
+    contained(scorer, f"kill {scorer._child.proc.pid}", "exception", "PermissionError")  # the sandbox itself
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fallback without Landlock drops root to nobody")
+def test_without_landlock_root_rewards_run_as_nobody(tmp_path):
+    shared = Path(tempfile.mkdtemp(prefix="stabledrl-test-"))  # readable by nobody, unlike pytest's tmp_path
+    try:
+        shared.chmod(0o755)
+        reward = shared / "hostile.py"
+        reward.write_text(HOSTILE)
+        secret = tmp_path / "root_only.txt"
+        secret.write_text("secret")
+        secret.chmod(0o600)
+        with RewardScorer(config(reward, landlock=False)) as scorer:
+            assert "running as nobody" in scorer.confinement and "no Landlock" in scorer.confinement
+            contained(scorer, f"read {secret}", "exception", "PermissionError")
+            contained(scorer, f"write {shared / 'x.txt'}", "exception", "PermissionError")
+            contained(scorer, "alloc", "limit")
+    finally:
+        for p in shared.iterdir():
+            p.unlink()
+        shared.rmdir()
+
+
+def test_a_reward_file_others_could_change_is_refused(reward_file):
+    reward_file.chmod(reward_file.stat().st_mode | stat.S_IWOTH)
+    for isolation in ("inline", "process"):
+        cfg = parse_task_config({"name": "arithmetic", "reward": {"custom": f"{reward_file}:score", "isolation": isolation}})
+        with pytest.raises(ConfigError, match=rf"task.reward.custom: {reward_file} is writable by every user"):
+            RewardScorer(cfg)
+    reward_file.chmod(0o644)
+    reward_file.parent.chmod(0o777)  # a directory anyone may write to, without the sticky bit
+    try:
+        with pytest.raises(ConfigError, match="its directory .* is writable by every user"):
+            RewardScorer(parse_task_config({"name": "arithmetic", "reward": {"custom": f"{reward_file}:score",
+                                                                              "isolation": "inline"}}))
+    finally:
+        reward_file.parent.chmod(0o700)
+
+
+def test_a_run_whose_reward_fails_too_often_stops_naming_it():
+    cfg = parse_task_config({"name": "arithmetic", "reward": {"custom": "rewards/r.py:score", "max_failed_fraction": 0.5,
+                                                                "failure_check_after": 64}})
+    counts = {"reward_calls/calls": 63.0, "reward_calls/failed": 63.0, "reward_calls/exception": 63.0}
+    check_failure_rate(counts, cfg)  # too few calls to judge
+    counts = {"reward_calls/calls": 100.0, "reward_calls/failed": 50.0, "reward_calls/timeout": 50.0}
+    check_failure_rate(counts, cfg)  # exactly the fraction: still running
+    counts = {"reward_calls/calls": 256.0, "reward_calls/failed": 256.0, "reward_calls/exception": 200.0,
+              "reward_calls/limit": 56.0}
+    with pytest.raises(RewardFailureRate, match=r"custom reward rewards/r.py:score failed on 256 of 256 calls "
+                                                r"\(200 exception, 56 limit\), more than task.reward.max_failed_fraction = 0.5"):
+        check_failure_rate(counts, cfg)
+    never = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"max_failed_fraction": 1.0})})
+    check_failure_rate(counts, never)
+
+
+def test_held_out_evaluation_scores_through_the_same_sandbox(tmp_path):
+    """rollout.evaluate with the worker's scorer: rewards that exit or allocate 20 GB count as wrong
+    and as scoring failures; the evaluation finishes and the sandbox survives."""
+    from rollout.evaluate import evaluate
+    from test_evaluate import SAMPLER, TOK, OracleEngine, arithmetic
+
+    reward = tmp_path / "eval_reward.py"
+    reward.write_text(textwrap.dedent("""
+        import os
+
+        def score(completion, row):
+            kind = int(row.answer) % 3
+            if kind == 0:
+                os._exit(3)
+            if kind == 1:
+                return float(len(bytearray(20 * 2**30)))
+            return float(completion.strip() == row.answer)
+        """))
+    rows = arithmetic(12).train[:6]
+    expected = [int(int(r.answer) % 3 == 2) * 2 for r in rows]
+    cfg = config(reward)
+    task = build_task(cfg)  # the worker's task: its checker is the custom reward
+    with RewardScorer(cfg) as scorer:
+        pid = scorer._child.proc.pid
+        engine = OracleEngine(task, rows, lambda row, seed: row.answer)
+        result = evaluate(engine, rows, task, TOK, SAMPLER, samples_per_prompt=2, seed=1, scorer=scorer)
+        assert result.correct == expected
+        assert result.scoring_failures == 2 * sum(1 for c in expected if c == 0) > 0
+        assert scorer.stats.crash + scorer.stats.limit == result.scoring_failures and scorer._child.proc.pid == pid
