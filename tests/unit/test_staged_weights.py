@@ -94,3 +94,23 @@ def test_without_order_a_newer_push_replaces_the_unapplied_one():
     assert staged.apply() == 2  # version 1 was never applied: the model goes straight to 2
     assert all(torch.equal(params(receiver)[n], source[1][n]) for n in initial)
     assert staged.apply() is None
+
+
+def test_a_partial_push_stages_and_applies_only_what_it_carries():
+    """A LoRA learner pushes only the adapted matrices: only those are staged (and allocated) and
+    applied; the other parameters keep the weights the worker loaded."""
+    cfg = WeightPushConfig(backend="gloo", timeout_s=30, bucket_mb=200 / 2**20)
+    port = free_port()
+    receiver = model()
+    initial = {n: p.detach().clone() for n, p in receiver.named_parameters()}
+    pushed = {n: torch.full_like(t, 5.0) for n, t in initial.items() if n.endswith("weight")}
+    threading.Thread(target=lambda: setup_weight_push(cfg, rank=0, world_size=2, master_addr="127.0.0.1",
+                                                      master_port=port).send(iter(pushed.items()), 1),
+                     daemon=True).start()
+    push = setup_weight_push(cfg, rank=1, world_size=2, master_addr="127.0.0.1", master_port=port)
+    staged = StagedWeights(receiver)
+    assert staged.receive(push, WeightHandle(1, "gloo"), keep_order=True, timeout_s=30, partial=True) == 1
+    assert set(staged.tensors) == set(pushed)
+    assert staged.apply() == 1
+    for n, p in params(receiver).items():
+        assert torch.equal(p, pushed[n] if n in pushed else initial[n])
