@@ -7,8 +7,9 @@ and written shard by shard, never a whole model in host memory.
     <dir>/model-0000k-of-0000n.safetensors  the released parameter names, ~``shard_gb`` each
     <dir>/model.safetensors.index.json      {"metadata": {"total_size"}, "weight_map"}
     <dir>/tokenizer files                   the family's released tokenizer (ids, chat template;
-                                            common/models/release_tokenizers.py); a tiny shape
-                                            takes the release's vocabulary size
+                                            common/models/release_tokenizers.py); tiny shapes the
+                                            character tokenizer, unless --release-tokenizer (then
+                                            the release's vocabulary size, 126-152k rows)
 
 Values: matrices and embeddings N(0, 0.02) (transformers' initializer_range, as the engine
 benchmark's models), RMSNorm weights 1. ``head_scale`` multiplies the LM head: a random model's
@@ -34,9 +35,16 @@ import torch
 THRESHOLD_HEAD_SCALE = {"llada": 13.5}
 
 
-def write_tokenizer(family: str, directory: Path) -> int:
+def write_tokenizer(family: str, directory: Path, release: bool) -> int:
     """The family's released tokenizer files (ids, layout, chat template; the ordinary vocabulary
-    byte-level, common/models/release_tokenizers.py); returns the embedding rows it needs."""
+    byte-level, common/models/release_tokenizers.py), or with ``release=False`` the character
+    tokenizer (ids 0-3, no template: the CPU rehearsal's tiny shapes, whose 512-row vocabulary keeps
+    them fast); returns the embedding rows it needs."""
+    if not release:
+        from common.tokenizer import build_char_tokenizer
+
+        build_char_tokenizer().save_pretrained(directory)
+        return 0
     from common.models.release_tokenizers import write_release_tokenizer
 
     return write_release_tokenizer(family, directory).vocab_size
@@ -73,8 +81,11 @@ def released_layout(shape_name: str, ids: dict[str, int], vocab_size: int) -> tu
 
 
 def write_random_checkpoint(shape_name: str, directory: Path, *, device: torch.device, seed: int = 0,
-                            shard_gb: float = 5.0, head_scale: Optional[float] = None) -> dict:
-    """Write the checkpoint (module docstring); returns what was written and how long it took."""
+                            shard_gb: float = 5.0, head_scale: Optional[float] = None,
+                            release: Optional[bool] = None) -> dict:
+    """Write the checkpoint (module docstring); returns what was written and how long it took.
+    ``release``: the released tokenizer (default for real shapes) or the character one (default
+    for tiny shapes)."""
     from safetensors.torch import save_file
 
     t0 = time.perf_counter()
@@ -83,7 +94,8 @@ def write_random_checkpoint(shape_name: str, directory: Path, *, device: torch.d
         return {"shape": shape_name, "directory": str(directory), "reused": True}  # a warm machine's earlier call
     directory.mkdir(parents=True, exist_ok=True)
     family = bl.SHAPES[shape_name]["family"]
-    vocab = max(bl.SHAPES[shape_name]["vocab_size"], write_tokenizer(family, directory))  # tiny shapes: the release's
+    release = not shape_name.startswith("tiny") if release is None else release
+    vocab = max(bl.SHAPES[shape_name]["vocab_size"], write_tokenizer(family, directory, release))
     ids = token_ids(directory)
     family, raw, shapes = released_layout(shape_name, ids, vocab)
     head_scale = THRESHOLD_HEAD_SCALE.get(family) if head_scale is None else head_scale
@@ -131,11 +143,13 @@ def main() -> None:
     ap.add_argument("--head-scale", type=float, default=None, help="default: 13.5 for LLaDA, none otherwise")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="JSON record of what was written")
+    ap.add_argument("--release-tokenizer", action="store_true", help="also for a tiny shape (slower on a CPU)")
     a = ap.parse_args()
     res = bl.Result("random_checkpoint", a.out, vars(a), probe=False)
     with res.part("write"):
         res.put("write", write_random_checkpoint(a.shape, Path(a.dir), device=bl.device(), seed=a.seed,
-                                                 shard_gb=a.shard_gb, head_scale=a.head_scale))
+                                                 shard_gb=a.shard_gb, head_scale=a.head_scale,
+                                                 release=True if a.release_tokenizer else None))
     if res.data["errors"]:
         raise SystemExit(1)
 

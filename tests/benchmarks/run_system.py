@@ -53,7 +53,8 @@ class Part(run_all.Job):
     after: tuple[str, ...] = ()  # parts that must have ended first (any status)
 
 
-def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int) -> tuple[list[list[Part]], list[Part]]:
+def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
+         release_tokenizer: bool = False) -> tuple[list[list[Part]], list[Part]]:
     """(parallel lanes, then the parts that take every GPU), in the order of ``parts``; checkpoints
     and runs go under ``work``, each part's JSON record under ``records``."""
     t = ["--tiny"] if tiny else []
@@ -75,11 +76,12 @@ def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int) -
 
     full = ["--checkpoint-at", "4", "--resume-check", "--profile-step", "2", "--eval-prompts", "16"]
     short = ["--eval-prompts", "0", "--skip", "1"]
+    tok = ["--release-tokenizer"] if release_tokenizer else []  # real shapes always take the released tokenizer
     known = {
-        "ckpt_llada": part("ckpt_llada", "random_checkpoint.py", ["--shape", shape["llada"], "--dir", str(ckpt["llada"])],
-                           gpus(3), 120),
-        "ckpt_sdar": part("ckpt_sdar", "random_checkpoint.py", ["--shape", shape["sdar"], "--dir", str(ckpt["sdar"])],
-                          gpus(3), 120),
+        "ckpt_llada": part("ckpt_llada", "random_checkpoint.py",
+                           ["--shape", shape["llada"], "--dir", str(ckpt["llada"]), *tok], gpus(3), 120),
+        "ckpt_sdar": part("ckpt_sdar", "random_checkpoint.py",
+                          ["--shape", shape["sdar"], "--dir", str(ckpt["sdar"]), *tok], gpus(3), 120),
         "matmul": part("matmul", "bench_matmul.py", t, gpus(2), 60),
         "push": part("push", "bench_push.py", [*t, "--reps", "2"], gpus(0, 1), 120),
         "engine_llada": part("engine_llada", "bench_system.py",
@@ -216,6 +218,8 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=540.0)
     ap.add_argument("--work", default=None, help="checkpoints and runs (default: /dev/shm when it has room, else /tmp)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "results" / "system_latest"))
+    ap.add_argument("--release-tokenizer", action="store_true",
+                    help="--tiny: the released tokenizers (chat templates) instead of the character one (slower)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -227,7 +231,7 @@ def main() -> None:
     runner = SystemRunner(out, a.deadline_s, n_gpus, a.tiny)
     work = Path(a.work) if a.work else scratch(a.tiny)
     work.mkdir(parents=True, exist_ok=True)
-    lanes, after = plan([p for p in a.parts.split(",") if p], a.tiny, work, runner.work, n_gpus)
+    lanes, after = plan([p for p in a.parts.split(",") if p], a.tiny, work, runner.work, n_gpus, a.release_tokenizer)
     for part in [p for lane in lanes for p in lane] + after:
         runner.ended[part.name] = threading.Event()
     runner.say(f"system benchmark: {n_gpus} GPU(s), torch {torch.__version__}, tiny={a.tiny}, deadline "
