@@ -6,6 +6,11 @@ checked before a resume trusts any of it.
     output_dir/checkpoints/step<N>/episodes.*         groups generated but not yet trained on (episode_io)
     output_dir/checkpoints/step<N>/coordinator.json   written last: the client state, the resolved
                                                       config, parameter shapes, every file's size
+    output_dir/checkpoints/step<N>/.written_rank<r>   a background save: rank r's files are durable
+
+With ``run.async_checkpoint`` (``begin_save``) each learner rank writes its files from a thread
+of its own and leaves its marker when they are durable; the coordinator checks the markers between
+steps (``PendingSave.poll``) and only then writes the episodes, coordinator.json and ``latest``.
 
 The client state holds the step, the policy version, the prompt stream's cursor, the staleness
 controller's counters, the next request uid, the requests re-queued after a fault and not yet
@@ -27,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -60,6 +66,72 @@ def save(actors: Actors, output_dir: Path, step: int, state: dict[str, Any], epi
     save_episodes(directory / tag, episodes)
     write_state(directory / tag, state)
     return directory / tag
+
+
+def begin_save(actors: Actors, output_dir: Path, step: int, state: dict[str, Any], episodes: list[Episode],
+               timeout_s: float) -> "PendingSave":
+    """``save`` with the learner files written in the background (learner/async_checkpoint.py):
+    returns once every rank has handed its state to its writer. The tag is complete only after
+    ``PendingSave.finish``: every rank's marker file says its files are durable, then the episodes,
+    coordinator.json and ``latest`` are written."""
+    directory = checkpoint_dir(output_dir)
+    tag = f"step{step}"
+    ensure_writable(directory / tag)
+    state = {"format": FORMAT, "tag": tag, **state}
+    client = {k: v for k, v in state.items() if k not in ("config", "parameter_shapes")}
+    wait(actors.call_learners("save_checkpoint", str(directory), client, tag, background=True), timeout_s,
+         [f"learner rank {r} (checkpoint {tag})" for r in range(len(actors.learners))])
+    return PendingSave(directory / tag, len(actors.learners), state, list(episodes))
+
+
+@dataclass
+class PendingSave:
+    """A checkpoint whose learner files are being written; each rank leaves a marker file when its
+    files are durable (or its write failed), which the coordinator reads from the shared directory,
+    so a rank that dies after its write still leaves a checkpoint that can complete."""
+
+    path: Path
+    ranks: int
+    state: dict[str, Any]
+    episodes: list[Episode]
+    started: float = field(default_factory=time.monotonic)
+
+    def written(self) -> bool:
+        """Whether every rank's files are durable; CheckpointError if a rank's write failed."""
+        from learner.async_checkpoint import marker_name
+
+        for rank in range(self.ranks):
+            marker = self.path / marker_name(rank)
+            if not marker.is_file():
+                return False
+            report = json.loads(marker.read_text())
+            if "error" in report:
+                raise CheckpointError(f"learner rank {rank} could not write checkpoint {self.path}: {report['error']}")
+        return True
+
+    def poll(self) -> bool:
+        """Finish the checkpoint if every rank's files are durable; never blocks."""
+        if not self.written():
+            return False
+        self.finish()
+        return True
+
+    def wait(self, timeout_s: float) -> bool:
+        """Finish it once every rank's files are durable, waiting at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not self.written():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        self.finish()
+        return True
+
+    def finish(self) -> None:
+        save_episodes(self.path, self.episodes)
+        write_state(self.path, self.state)
+        latest = self.path.parent / ".latest.tmp"
+        latest.write_text(self.path.name)
+        os.replace(latest, self.path.parent / "latest")
 
 
 def ensure_writable(directory: Path) -> None:

@@ -81,6 +81,7 @@ class Driver:
                 self.save_checkpoint()
             if self.cfg.run.export_final:
                 self.export()
+            self.finish_checkpoint(self.cfg.cluster.start_timeout_s)
         finally:
             self.close()
         self.evaluations = list(self.scheduler.evaluations)
@@ -134,11 +135,12 @@ class Driver:
                                    collective_push=weights.backend != "object_store")
         self.control = start_control(cfg.run.job_name, cfg.rollout.min_workers, cfg.rollout.worker_limit)
         actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls, log=self.log)
-        sync = WeightSync(weights, actors, c.start_timeout_s, partial=cfg.learner.lora is not None)
+        sync = WeightSync(weights, actors, c.start_timeout_s, partial=cfg.learner.lora is not None,
+                          keep_order=cfg.algorithm.in_order)
         self.runtime = RayRuntime(actors, sync, control=self.control,
                                   output_dir=cfg.run.output_dir, config=self.config_json(),
                                   start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale,
-                                  protocol=protocol_eval(cfg))
+                                  protocol=protocol_eval(cfg), async_checkpoint=cfg.run.async_checkpoint)
         self.runtime.sync.setup()
         workers = dict(enumerate(actors.info["rollouts"]))
         self.scheduler.handle(ev.JobStarted(workers, len(actors.learners)))
@@ -184,12 +186,23 @@ class Driver:
     def save_checkpoint(self) -> None:
         self._drive(self.scheduler.begin("checkpoint"))
 
+    def finish_checkpoint(self, timeout_s: float) -> None:
+        """Complete a checkpoint still written in the background (``run.async_checkpoint``), waiting
+        at most ``timeout_s`` for its files; one unwritten after that stays incomplete, and said so."""
+        for event in self.runtime.finish_save(timeout_s):
+            self.log(event.line)
+
     def export(self) -> None:
         directory = self.cfg.run.output_dir / "final_model"
         self.runtime.export(directory)
         self.log(f"policy exported: {directory} (model.path={directory} loads it)")
 
     def close(self) -> None:
+        if self.runtime is not None and self.runtime.saving is not None:
+            try:  # the job failed after a save began: complete it if its files are durable
+                self.finish_checkpoint(0.0)
+            except checkpoint.CheckpointError as e:
+                self.log(str(e))
         if self.metrics is not None:
             self.metrics.close()
         if self.runtime is not None:
@@ -225,7 +238,10 @@ class Driver:
         return []
 
     def _record(self, command: ev.Record) -> None:
-        written = self.metrics.log(command.step, command.metrics)
+        metrics = command.metrics
+        if command.batch is not None:  # a step's record: every actor's time since the step before
+            metrics = {**metrics, **self.runtime.times.step_metrics()}
+        written = self.metrics.log(command.step, metrics)
         if command.batch is None:
             return
         self.history.append(written)
@@ -310,6 +326,11 @@ class Driver:
     @property
     def step(self) -> int:
         return self.scheduler.step if self.scheduler is not None else 0
+
+    @property
+    def pending_save(self) -> Optional[checkpoint.PendingSave]:
+        """A checkpoint still being written in the background (None when none is)."""
+        return self.runtime.saving if self.runtime is not None else None
 
     @property
     def actors(self) -> Any:

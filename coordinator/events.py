@@ -111,6 +111,7 @@ class PushDone:
     version: int
     push_s: float
     at: float = 0.0
+    staged: bool = False  # the receivers staged it (weights.staging): each applies it with a LoadWeights
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,29 @@ class PushFailed:
 
 @dataclass(frozen=True)
 class CheckpointDone:
+    """The checkpoint's files are written (a background save: its learner files are being written,
+    ``background``; CheckpointWritten follows once they are durable)."""
+
     path: str
+    background: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointWritten:
+    """A background save (``run.async_checkpoint``) is over: ``complete`` when every learner
+    rank's files were durable and the coordinator's files and ``latest`` followed, else it was not
+    written in time and stays incomplete (a resume takes the checkpoint before)."""
+
+    path: str
+    seconds: float  # since the save began
+    complete: bool = True
+
+    @property
+    def line(self) -> str:
+        if self.complete:
+            return f"checkpoint: {self.path} complete ({self.seconds:.1f} s after it started)"
+        return (f"checkpoint: {self.path} was not written in {self.seconds:.0f} s; it stays incomplete (a resume "
+                "takes the one before)")
 
 
 @dataclass(frozen=True)
@@ -161,7 +184,8 @@ class Stalled:
 
 
 Event = Union[JobStarted, WorkerStarted, RolloutDone, WeightsLoaded, EvalDone, CallFailed, StepDone, LearnerFailed,
-              PushDone, PushFailed, CheckpointDone, ControlPolled, ProtocolStarted, UnitDone, ProtocolDone, Stalled]
+              PushDone, PushFailed, CheckpointDone, CheckpointWritten, ControlPolled, ProtocolStarted, UnitDone,
+              ProtocolDone, Stalled]
 
 
 # ---- commands -------------------------------------------------------------------------------------
@@ -200,7 +224,9 @@ class SetupWorkerPush:
 
 @dataclass(frozen=True)
 class LoadWeights:
-    """Object store: the worker loads ``version`` (the newest push) before its next request."""
+    """The worker holds ``version`` before its next request. Object store: it loads the newest
+    push; a staged collective push (``weights.staging``): it swaps in the copy it staged, in order
+    with its requests."""
 
     call: CallId
     worker: int
@@ -212,7 +238,8 @@ class LoadWeights:
 class Push:
     """Learner rank 0 sends ``version``. Object store: every worker then loads it with LoadWeights.
     Collective (``barrier``): every one of ``receivers`` takes part at once, and the push ends when
-    all of them have the weights; the scheduler sends them no new requests meanwhile."""
+    all of them have the weights (staged: received into a second copy beside the running request,
+    then applied by a LoadWeights); the scheduler sends them no new requests meanwhile."""
 
     version: int
     receivers: tuple[int, ...]

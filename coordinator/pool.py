@@ -46,7 +46,9 @@ class RolloutPool:
         self.actor_cls = None
         if cfg is not None:
             res = cfg.cluster.rollout
-            self.actor_cls = ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus)(rollout_cls)
+            # "weights": a worker stages a broadcast push on a thread of its own while it generates
+            self.actor_cls = ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus,
+                                        concurrency_groups={"weights": 1})(rollout_cls)
         self.processes: dict[int, Process] = {}
         self.free: list[Placement] = []  # bundles of the start group whose worker left
         self.groups: list[PlacementGroup] = []

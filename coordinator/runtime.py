@@ -16,6 +16,16 @@ The protocol evaluation (``eval.protocol``): ``protocol`` (recipes/protocol_eval
 holds the step's encoded benchmarks and results; the runtime sends each unit the scheduler deals,
 grades what comes back and writes the table when told.
 
+Clocks. Every learner rank and rollout worker times its own activities (common/actor_time.py)
+and sends the snapshot on results that come back anyway (``clock/*`` on a rollout's first episode
+and on each rank's step result); the runtime takes it off before the scheduler sees the result,
+and ``times.step_metrics()`` turns it into ``time/<actor>/<activity>`` for each step's record.
+
+Background checkpoints (``run.async_checkpoint``): a Checkpoint returns once every learner rank has
+handed its state to its writer; the save completes (coordinator.json, ``latest``) when every
+rank's marker is there, which ``wait`` checks each time round (CheckpointWritten). One save at a
+time: the next one first waits for the one before.
+
 The Ray head. Every few seconds the loop checks that the cluster's GCS still accepts a
 connection; if it does not, the job stops with one message (Ray would end this process a minute
 later with its own, while the actors answer on for a while).
@@ -30,6 +40,7 @@ from typing import Any, Optional
 
 import ray
 
+from common.actor_time import ActorTimes, split_clock
 from coordinator import checkpoint
 from coordinator import events as ev
 from coordinator.actors import Actors, first_line, wait
@@ -50,6 +61,7 @@ class Group:
     timeout_s: float
     step: int = 0
     version: int = 0
+    staged: bool = False  # a push the receivers stage on their "weights" thread (beside their requests)
     started: float = field(default_factory=time.perf_counter)
     open: set = field(default_factory=set)  # members not back
     results: dict[ray.ObjectRef, Any] = field(default_factory=dict)
@@ -72,9 +84,12 @@ class Waiting:
 
 class RayRuntime:
     def __init__(self, actors: Actors, sync: WeightSync, *, control: Any, output_dir: Any, config: dict[str, Any],
-                 start_timeout_s: float, autoscale: bool, protocol: Any = None) -> None:
+                 start_timeout_s: float, autoscale: bool, protocol: Any = None, async_checkpoint: bool = False) -> None:
         self.actors, self.sync, self.control, self.protocol = actors, sync, control, protocol
         self.output_dir, self.config, self.start_timeout_s, self.autoscale = output_dir, config, start_timeout_s, autoscale
+        self.async_checkpoint = async_checkpoint
+        self.saving: Optional[checkpoint.PendingSave] = None  # a checkpoint written in the background
+        self.times = ActorTimes()  # each actor's own clock (time/<actor>/*)
         self.waiting: dict[ray.ObjectRef, Waiting] = {}  # in the order the calls were made
         self.queues: dict[str, deque[ray.ObjectRef]] = {}
         self.groups: list[Group] = []
@@ -104,8 +119,8 @@ class RayRuntime:
             self._track(self.sync.setup_worker(command.worker),
                         Waiting(None, "setup", _key(pool[command.worker]), self.start_timeout_s, command.worker))
         elif isinstance(command, ev.LoadWeights):
-            self._track(self.sync.load(command.worker), Waiting(command.call, "load", _key(pool[command.worker]),
-                                                                command.timeout_s, command.worker))
+            self._track(self.sync.load(command.worker, command.version),
+                        Waiting(command.call, "load", _key(pool[command.worker]), command.timeout_s, command.worker))
         elif isinstance(command, ev.Evaluate):
             actor = pool[command.worker]
             ref = actor.evaluate.remote(command.rows, command.samples_per_prompt, command.seed, command.sampler)
@@ -126,13 +141,13 @@ class RayRuntime:
         elif isinstance(command, ev.Push):
             if command.barrier and not command.receivers:  # a broadcast to nobody: nothing to send
                 return [ev.PushDone(command.version, 0.0, at=time.perf_counter())]
-            learner_calls, worker_calls = self.sync.push(command.version, command.receivers)
+            learner_calls, worker_calls, staged = self.sync.push(command.version, command.receivers)
             names = {ref: f"learner rank {r}" for r, ref in learner_calls}
             names.update({ref: f"rollout worker {i}" for i, ref in worker_calls})
             receivers = {ref: i for i, ref in worker_calls}
-            self._group(Group("push", names, receivers, command.timeout_s, version=command.version))
+            self._group(Group("push", names, receivers, command.timeout_s, version=command.version, staged=staged))
         elif isinstance(command, ev.Checkpoint):
-            return [ev.CheckpointDone(str(self._save(command)))]
+            return self._save(command)
         elif isinstance(command, ev.PollControl):
             if self.control is None:  # a driver on actors it did not start has none
                 return [ev.ControlPolled(command.call, None, self._room())]
@@ -155,17 +170,41 @@ class RayRuntime:
         for ref, name in group.names.items():
             worker = group.receivers.get(ref, -1)
             actor = _key(self.actors.pool[worker]) if worker >= 0 else learners[name]
+            if worker >= 0 and group.staged:  # the stage runs on the worker's "weights" thread, beside its queue
+                actor += "/weights"
             group.open.add(ref)
             self._track(ref, Waiting(None, "member", actor, group.timeout_s, worker, group))
 
-    def _save(self, command: ev.Checkpoint) -> Any:
-        """The learner ranks save (collective), then the buffered groups and the client state."""
+    def _save(self, command: ev.Checkpoint) -> list[Any]:
+        """The learner ranks save (collective), then the buffered groups and the client state; in
+        the background, the last two once the ranks' files are durable (``poll_save``)."""
         if self.shapes is None:
             self.shapes = wait([self.actors.learners[0].parameter_shapes.remote()], self.start_timeout_s,
                                "learner rank 0 (parameter shapes)")[0]
         state = {**command.state, "config": self.config, "parameter_shapes": self.shapes}
-        return checkpoint.save(self.actors, self.output_dir, command.step, state, command.episodes,
-                               self.start_timeout_s)
+        args = (self.actors, self.output_dir, command.step, state, command.episodes, self.start_timeout_s)
+        if not self.async_checkpoint:
+            return [ev.CheckpointDone(str(checkpoint.save(*args)))]
+        events = self.finish_save(self.start_timeout_s)  # one save at a time
+        self.saving = checkpoint.begin_save(*args)
+        return events + [ev.CheckpointDone(str(self.saving.path), background=True)]
+
+    def poll_save(self) -> list[Any]:
+        """Complete a background save whose files are all durable (never blocks)."""
+        save = self.saving
+        if save is None or not save.poll():
+            return []
+        self.saving = None
+        return [ev.CheckpointWritten(str(save.path), time.monotonic() - save.started)]
+
+    def finish_save(self, timeout_s: float) -> list[Any]:
+        """Wait at most ``timeout_s`` for a background save's files, then complete it; one still
+        unwritten after that stays incomplete (a resume takes the checkpoint before)."""
+        save, self.saving = self.saving, None
+        if save is None:
+            return []
+        complete = save.wait(timeout_s)
+        return [ev.CheckpointWritten(str(save.path), time.monotonic() - save.started, complete)]
 
     def _room(self) -> bool:
         return self.autoscale and self.actors.pool.has_room()
@@ -183,13 +222,13 @@ class RayRuntime:
     def wait(self) -> list[Any]:
         """Block until a call finishes, fails or passes its deadline; their events, in the order the
         calls were made."""
+        events: list[Any] = self.poll_save()
         if not self.waiting:
-            return [ev.Stalled()]
+            return events + [ev.Stalled()]
         refs = list(self.waiting)
         timeout = max(0.0, min(self._deadline(w) for w in self.waiting.values()) - time.perf_counter())
         ray.wait(refs, num_returns=1, timeout=min(timeout, GCS_PROBE_S))
         ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
-        events: list[Any] = []
         for ref in refs:
             if ref in ready and ref in self.waiting:
                 events += self._finished(ref, self.waiting.pop(ref))
@@ -238,6 +277,9 @@ class RayRuntime:
             self.nodes[waiting.worker] = value.get("node_id")
             return [ev.WorkerStarted(waiting.call, value)]
         if waiting.kind == "rollout":
+            if value:  # the worker's clock rides on the first episode
+                value[0].stats, clock = split_clock(value[0].stats)
+                self.times.update(f"rollout{waiting.worker}", clock)
             return [ev.RolloutDone(waiting.call, value)]
         if waiting.kind == "load":
             return [ev.WeightsLoaded(waiting.call, value)]
@@ -290,8 +332,13 @@ class RayRuntime:
         now = time.perf_counter()
         if not group.failures and not running:
             if group.kind == "train":
-                return [ev.StepDone(group.step, [group.results[r] for r in group.names], now - group.started, at=now)]
-            return [ev.PushDone(group.version, now - group.started, at=now)]
+                results = []
+                for rank, ref in enumerate(group.names):  # each rank's clock rides on its result
+                    result, clock = split_clock(group.results[ref])
+                    self.times.update(f"learner{rank}", clock)
+                    results.append(result)
+                return [ev.StepDone(group.step, results, now - group.started, at=now)]
+            return [ev.PushDone(group.version, now - group.started, at=now, staged=group.staged)]
         if group.kind == "push" and group.receivers:  # collective: the scheduler may push again without the dead
             self.sync.failed()
             died = tuple(i for r, i in group.receivers.items() if group.failures.get(r, ("",))[0] == "died")

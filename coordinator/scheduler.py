@@ -124,6 +124,7 @@ class Scheduler:
             ev.EvalDone: self._on_eval_done, ev.CallFailed: self._on_call_failed, ev.StepDone: self._on_step_done,
             ev.LearnerFailed: self._on_learner_failed, ev.PushDone: self._on_push_done,
             ev.PushFailed: self._on_push_failed, ev.CheckpointDone: self._on_checkpoint_done,
+            ev.CheckpointWritten: self._on_checkpoint_written,
             ev.ControlPolled: self._on_control_polled, ev.ProtocolStarted: self._on_protocol_started,
             ev.UnitDone: self._on_unit_done, ev.ProtocolDone: self._on_protocol_done, ev.Stalled: self._on_stalled,
         }
@@ -135,12 +136,14 @@ class Scheduler:
         return sorted([r.uid for r in self.fleet.requests()] + [r.uid for r in self.requeue])
 
     def state_dict(self) -> dict[str, Any]:
-        """The client state a checkpoint keeps (coordinator/checkpoint.py); only between steps,
-        with no rollout out: the buffered groups are saved beside it."""
-        assert self.training is None and not self.fleet.requests(), "drain first"
+        """The client state a checkpoint keeps (coordinator/checkpoint.py); only between steps: the
+        buffered groups are saved beside it. Requests admitted and not back yet are saved with the
+        re-queued ones: a resumed run samples them again (same seeds, the restored weights)."""
+        assert self.training is None, "a checkpoint is taken between steps"
+        requeue = sorted(self.requeue + self.fleet.requests(), key=lambda r: r.uid)
         return {"step": self.step, "version": self.staleness.version, "stream": self.stream.state_dict(),
                 "staleness": self.staleness.state_dict(), "next_uid": self.next_uid,
-                "requeue": [(r.uid, r.row.prompt_id) for r in self.requeue], "counts": dict(self.counts),
+                "requeue": [(r.uid, r.row.prompt_id) for r in requeue], "counts": dict(self.counts),
                 "reward_calls": dict(self.reward_calls)}
 
     def load_state_dict(self, state: dict[str, Any], rows: dict[str, Row], episodes: Sequence[Episode]) -> None:
@@ -205,7 +208,7 @@ class Scheduler:
         """The step's weights are out: count the step, record it, queue what is due after it."""
         self.step += 1
         end, self.step_end = self.step_end, None
-        if self.collective:  # a collective push ends with every receiver at the new version
+        if self.collective:  # a collective push ends with every receiver at the new version (staged: once applied)
             end.at_end.update(self.worker_metrics())
         step_s, self.last_step_at = end.push_at - self.last_step_at, end.push_at
         record = step_record(end, version=self.staleness.version, step_s=step_s,
@@ -220,9 +223,12 @@ class Scheduler:
         task.done = True
 
     def _task_checkpoint(self, task: Task, first: bool) -> None:
-        """Waits for the admitted rollouts first: their groups go into the checkpoint, so a resumed
-        run trains on the same samples at the same staleness as an uninterrupted one."""
-        if not task.sent and not self.fleet.waiting() and self.push is None:
+        """In-order runs wait for the admitted rollouts first: their groups go into the checkpoint,
+        so the resumed run trains on the same samples at the same staleness as an uninterrupted one.
+        Other runs (which no resume replays exactly) save them as requests to sample again and go
+        on at once: the workers keep generating, and the next step finds its batch."""
+        settled = not self.fleet.waiting() or not self.cfg.algorithm.in_order
+        if not task.sent and settled and self.push is None:
             task.sent = True
             episodes = [self.buffer.groups[uid] for uid in sorted(self.buffer.groups)]
             self.emit(ev.Checkpoint(self.step, self.state_dict(), episodes))
@@ -384,8 +390,11 @@ class Scheduler:
         for index, incarnation in push.receivers.items():
             worker = self.fleet.get(index)
             if worker is not None and worker.restarts == incarnation:
-                worker.version = event.version
                 worker.state = "active" if worker.state == "syncing" else worker.state
+                if event.staged:  # received beside its running request: applied in order with its requests
+                    self.load_weights(worker, event.version)
+                else:
+                    worker.version = event.version
         self.latest = event.version if not self.collective else self.latest
         if self.step_end is not None and push.task is not None and push.task.name == "push":
             self.step_end.push_s, self.step_end.push_at = event.push_s, event.at
@@ -416,9 +425,12 @@ class Scheduler:
                   "continues from its last checkpoint")
 
     def _on_checkpoint_done(self, event: ev.CheckpointDone) -> None:
-        self.log(f"checkpoint: {event.path}")
+        self.log(f"checkpoint: {event.path}" + (" (written in the background)" if event.background else ""))
         if self.agenda and self.agenda[0].name == "checkpoint":
             self.agenda[0].done = True
+
+    def _on_checkpoint_written(self, event: ev.CheckpointWritten) -> None:
+        self.log(event.line)
 
     def _on_eval_done(self, event: ev.EvalDone) -> None:
         if self.fleet.take(event.call) is None or self.held_out_run is None:

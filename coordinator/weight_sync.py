@@ -14,8 +14,16 @@ requests until it is over). The group is built with its members; a push to anoth
 members, or after a failed push (a broken communicator cannot be trusted), builds it again, in
 the same order of calls on each actor, so nothing blocks but the rendezvous address.
 
+Staging (``weights.staging``, collective pushes): each receiver takes the push with
+``stage_weights``, in its "weights" concurrency group, into a second copy of its weights while it
+generates, so the push does not wait for the request it is running; a later ``receive_weights``
+of that version (a LoadWeights) swaps the copy in, in order with its requests. With
+``keep_order`` (in-order runs) a staged version is never replaced before it is applied. A push
+that rebuilds the group is not staged: the members' set-up runs in order with their requests, and
+a stage on the other thread could start before it.
+
 LoRA (``partial``): the learner pushes only the matrices it adapts, merged; every worker's end is
-set up to accept a push that carries only some of its parameters.
+set up to accept a push that carries only some of its parameters (and stages only those).
 """
 from __future__ import annotations
 
@@ -27,22 +35,27 @@ from common.transport import WeightHandle, WeightPushConfig
 from coordinator.actors import Actors, wait
 
 
-def push_calls(backend: str, learners: Sequence[Any], workers: Sequence[Any],
-               version: int) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
+def push_calls(backend: str, learners: Sequence[Any], workers: Sequence[Any], version: int,
+               stage: Optional[bool] = None) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
     """(every learner rank's ``push_weights``, every worker's ``receive_weights``) of one push.
     Object store: the receivers get the reference of rank 0's handle; collective: a handle naming
-    the version, the data arriving through the group."""
+    the version, the data arriving through the group. ``stage`` (collective; its value is
+    ``keep_order``): the workers' ``stage_weights`` instead."""
     sends = [a.push_weights.remote(version) for a in learners]
     handle = sends[0] if backend == "object_store" else WeightHandle(version, backend)
+    if stage is not None:
+        return sends, [w.stage_weights.remote(handle, stage) for w in workers]
     return sends, [w.receive_weights.remote(handle) for w in workers]
 
 
 class WeightSync:
-    def __init__(self, cfg: WeightPushConfig, actors: Actors, timeout_s: float, partial: bool = False) -> None:
+    def __init__(self, cfg: WeightPushConfig, actors: Actors, timeout_s: float, partial: bool = False,
+                 keep_order: bool = False) -> None:
         if cfg.backend == "auto":
             raise ValueError("WeightSync needs a resolved weights config (WeightPushConfig.resolve)")
         self.cfg, self.actors, self.timeout_s, self.partial = cfg, actors, timeout_s, partial
         self.collective = cfg.backend != "object_store"
+        self.staging, self.keep_order = self.collective and cfg.staging, keep_order
         self.members: Optional[tuple[int, ...]] = None  # the collective group as built, in rank order
         self.latest: Optional[ray.ObjectRef] = None  # object store: rank 0's newest handle
 
@@ -72,20 +85,24 @@ class WeightSync:
         return refs
 
     def push(self, version: int, receivers: Sequence[int]) -> tuple[list[tuple[int, ray.ObjectRef]],
-                                                                        list[tuple[int, ray.ObjectRef]]]:
-        """The calls of one push: ([(learner rank, call)], [(worker index, call)]): a rebuilt group's
-        set-up calls, then the sends and the receives."""
+                                                                        list[tuple[int, ray.ObjectRef]], bool]:
+        """The calls of one push: ([(learner rank, call)], [(worker index, call)], staged): a rebuilt
+        group's set-up calls, then the sends and the receives; ``staged``: the receivers staged it
+        (each applies it with ``load``)."""
         pool, m = self.actors.pool, len(self.actors.learners)
         learner_calls: list[tuple[int, ray.ObjectRef]] = []
         worker_calls: list[tuple[int, ray.ObjectRef]] = []
+        staged = self.staging
         if self.collective and tuple(receivers) != self.members:
             setup = self._setup_group(tuple(receivers))
             learner_calls += list(enumerate(setup[:m]))
             worker_calls += list(zip(receivers, setup[m:]))
-        sends, receives = push_calls(self.cfg.backend, self.actors.learners, [pool[i] for i in receivers], version)
+            staged = False  # the set-up runs in order with the requests; the stage would not wait for it
+        sends, receives = push_calls(self.cfg.backend, self.actors.learners, [pool[i] for i in receivers], version,
+                                     stage=self.keep_order if staged else None)
         if not self.collective:
             self.latest = sends[0]
-        return learner_calls + list(enumerate(sends)), worker_calls + list(zip(receivers, receives))
+        return learner_calls + list(enumerate(sends)), worker_calls + list(zip(receivers, receives)), staged
 
     def failed(self) -> None:
         """A collective push failed: the group is rebuilt before the next one."""
@@ -95,6 +112,8 @@ class WeightSync:
         """Object store: a worker that started later sets up its end (before its first load)."""
         return self.actors.pool[index].setup_weight_push.remote(self.cfg, partial=self.partial)
 
-    def load(self, index: int) -> ray.ObjectRef:
-        """Object store: worker ``index`` loads the newest push."""
-        return self.actors.pool[index].receive_weights.remote(self.latest)
+    def load(self, index: int, version: int) -> ray.ObjectRef:
+        """Worker ``index`` holds ``version`` before its next request. Object store: it loads the
+        newest push; a staged push: it applies the copy it staged."""
+        handle = WeightHandle(version, self.cfg.backend) if self.collective else self.latest
+        return self.actors.pool[index].receive_weights.remote(handle)

@@ -43,6 +43,7 @@ from torch import nn
 
 from common.checkpoint_files import load_torch, restricted_unpickling, verify_tag
 from common.config.learner import LearnerConfig
+from learner.async_checkpoint import BackgroundWriter, marker_name, write_file
 from learner.group import local_device
 from learner.lora import add_adapters, plain_named_parameters
 from learner.losses.metrics import Metric, Reduce
@@ -86,6 +87,7 @@ class LearnerEngine:
         self.applied_steps = 0  # optimizer updates applied (drives the lr schedule)
         self.skipped_steps = 0  # steps skipped for a non-finite loss or grad norm
         self._bad_loss = False
+        self.writer: Optional[BackgroundWriter] = None  # save_checkpoint_async's (learner/async_checkpoint.py)
 
     @property
     def module(self) -> nn.Module:
@@ -140,6 +142,8 @@ class LearnerEngine:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.refused = False
+        if self.writer is not None:  # a checkpoint being saved must be copied before the update changes it
+            self.writer.wait_snapshot()
         self.engine.step()
         grad_norm = self.engine.get_global_grad_norm()
         grad_norm = float("nan") if grad_norm is None else float(grad_norm)
@@ -239,6 +243,7 @@ class LearnerEngine:
         """DeepSpeed checkpoint (sharded weights + optimizer state) under ``directory/tag`` plus
         ``client_state`` (version, data cursor, ...) and each rank's RNG states. All ranks must
         see the same ``directory`` (a shared filesystem across nodes). Returns the tag."""
+        self.checkpoint_written(timeout_s=None)
         tag = tag or f"step{self.applied_steps + self.skipped_steps}"
         _check_writable(Path(directory) / tag)
         state = {"client": client_state or {}, "engine": {"applied_steps": self.applied_steps,
@@ -256,6 +261,7 @@ class LearnerEngine:
 
         The tag is verified first (``common.checkpoint_files.verify_tag``: manifest, sizes, no
         foreign pickles) and DeepSpeed reads it under torch's restricted unpickler."""
+        self.checkpoint_written(timeout_s=None)
         tag = tag or Path(directory, "latest").read_text().strip()
         verify_tag(Path(directory) / tag)
         with restricted_unpickling():
@@ -268,6 +274,39 @@ class LearnerEngine:
         self.skipped_steps = int(state["engine"]["skipped_steps"])
         _set_rng_states(load_torch(Path(directory) / tag / f"rng_rank{self.rank}.pt"))
         return state["client"]
+
+    # ---- checkpoints off the training path ---------------------------------------------------
+    def save_checkpoint_async(self, directory: str | os.PathLike, client_state: Optional[dict] = None,
+                              tag: Optional[str] = None, on_written: Callable[[float], None] = lambda s: None) -> str:
+        """``save_checkpoint`` whose files are copied and written by a background thread
+        (learner/async_checkpoint.py): returns once DeepSpeed has collected the state; the next
+        update waits only for the copy to host memory. Writes no ``latest``: the caller marks the
+        checkpoint complete once every rank's marker file (``marker_name``) is there.
+        ``on_written(s)`` gets the thread's seconds."""
+        self.checkpoint_written(timeout_s=None)  # one save at a time
+        torch_engine = self.engine.checkpoint_engine
+        if self.writer is None:
+            self.writer = BackgroundWriter(bool(getattr(torch_engine, "zipfile_serialization", True)))
+        self.writer.on_written = on_written
+        tag = tag or f"step{self.applied_steps + self.skipped_steps}"
+        _check_writable(Path(directory) / tag)
+        state = {"client": client_state or {}, "engine": {"applied_steps": self.applied_steps,
+                                                          "skipped_steps": self.skipped_steps}}
+        self.engine.checkpoint_engine = self.writer
+        try:  # with LoRA the frozen weights stay out, as in save_checkpoint
+            self.engine.save_checkpoint(str(directory), tag=tag, client_state=state, save_latest=False,
+                                        exclude_frozen_parameters=bool(self.adapted))
+        finally:
+            self.engine.checkpoint_engine = torch_engine
+        rng = str(Path(directory) / tag / f"rng_rank{self.rank}.pt")
+        write_file(_rng_states(), rng, True)
+        self.writer.start(str(Path(directory) / tag / marker_name(self.rank)), written=[rng])
+        return tag
+
+    def checkpoint_written(self, timeout_s: Optional[float] = 0.0) -> bool:
+        """Whether this rank's last ``save_checkpoint_async`` is durable, waiting at most
+        ``timeout_s`` (None: until it is); raises the write's error. Local: no collective."""
+        return self.writer is None or self.writer.wait_written(timeout_s)
 
 
 def _check_writable(path: Path) -> None:

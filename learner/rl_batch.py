@@ -64,12 +64,19 @@ def micro_batches(
     whole_groups: bool,
     counts: dict[str, Tensor],
 ) -> list[MicroBatch]:
-    """Micro-batches of this rank's ``groups`` (group ``k`` here is group ``group_offset + k`` of the step)."""
-    rows = [s for g in groups for s in g.samples]
-    group_index = torch.tensor([group_offset + k for k, g in enumerate(groups) for _ in g.samples])
+    """Micro-batches of this rank's ``groups`` (group ``k`` here is group ``group_offset + k`` of the step).
+
+    Groups are taken in order of prompt length, so a micro-batch holds prompts of similar length
+    and little left padding is computed (the rows of one group share their prompt: a micro-batch
+    of whole groups of one prompt length has no padding at all, and its forward then needs no
+    attention mask, common/estimators/scoring.py). The order changes no loss term: each is
+    normalised by the step's counts and the update sums them."""
+    order = sorted(range(len(groups)), key=lambda k: (len(groups[k].samples[0].prompt_ids), k))
+    rows = [s for k in order for s in groups[k].samples]
+    group_index = torch.tensor([group_offset + k for k in order for _ in groups[k].samples])
     rewards = torch.tensor([s.reward for s in rows], dtype=torch.float32)
     advantages = group_advantages(rewards, group_index, advantage_scale)  # [N]
-    cuts = _cuts([len(g.samples) for g in groups], micro_batch_size, whole_groups)
+    cuts = _cuts([len(groups[k].samples) for k in order], micro_batch_size, whole_groups)
     num_samples = float(counts["num_samples"])
     out = []
     for lo, hi in cuts:

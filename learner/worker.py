@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from common.actor_time import ActorClock
 from common.config.estimator import EstimatorConfig
 from common.config.learner import LearnerConfig
 from common.config.loss import LossConfig
@@ -34,6 +35,7 @@ from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from common.types import Group
 from learner.engine import STEP_REDUCTIONS
 from learner.losses import LossInputs, Metric, Reduce, compute_loss, needs_whole_groups
+from learner.profile import profiled_step
 from learner.rl_batch import MicroBatch, global_counts, micro_batches
 
 
@@ -49,6 +51,7 @@ class LearnerWorker:
         self.reductions: dict[str, Reduce] = dict(STEP_REDUCTIONS)  # how each train/* combines over iterations
         self.engine = self.reference = self.tokenizer = self.push = None
         self.steps = 0
+        self.clock = ActorClock(background=("checkpoint_write",))
 
     def rendezvous_address(self) -> tuple[str, int]:
         from learner.group import rendezvous_address
@@ -72,6 +75,7 @@ class LearnerWorker:
         self.engine = LearnerEngine(policy, self.cfg)
         if self.reference is not None:
             self.reference.to(device=self.engine.device, dtype=self.engine.dtype)
+        self.clock.add("load", time.perf_counter() - t0)
         return {"rank": self.rank, "device": str(self.engine.device), "dtype": str(self.engine.dtype),
                 "start_s": time.perf_counter() - t0}
 
@@ -82,7 +86,8 @@ class LearnerWorker:
         samples' own stamps, as an independent check of the coordinator's bound."""
         t0 = time.perf_counter()
         try:
-            per_iteration = self._updates(groups, version, group_offset)
+            with self.clock.timed("train"), profiled_step(self.steps + 1, self.rank):
+                per_iteration = self._updates(groups, version, group_offset)
         except RuntimeError as e:  # gloo / NCCL raise RuntimeError subclasses when a peer stalls or dies
             cause = (str(e).strip().splitlines() or [""])[0][:300]
             raise RuntimeError(
@@ -97,6 +102,7 @@ class LearnerWorker:
         out["learner/tokens"] = float(sum(s.completion_length for s in samples))
         out["time/train_rank"] = time.perf_counter() - t0
         out.update(self.engine.memory_metrics())
+        out.update(self.clock.snapshot())  # clock/*: the coordinator splits them off (common/actor_time.py)
         return out
 
     def _updates(self, groups: Sequence[Group], version: int, group_offset: int) -> list[dict[str, float]]:
@@ -146,23 +152,32 @@ class LearnerWorker:
 
     def push_weights(self, version: int) -> Optional[WeightHandle]:
         """Send the full weights as ``version`` (rank 0; every rank joins the ZeRO-3 gathers)."""
-        named = self.engine.named_parameters_for_push()
-        if self.push is None:
-            for _ in named:
-                pass
-            return None
-        return self.push.send(named, version)
+        with self.clock.timed("push"):
+            named = self.engine.named_parameters_for_push()
+            if self.push is None:
+                for _ in named:
+                    pass
+                return None
+            return self.push.send(named, version)
 
     def parameter_shapes(self) -> dict[str, list[int]]:
         """Full shape of every parameter (ZeRO-3 partitions report their unpartitioned ``ds_shape``),
         recorded with a checkpoint so that a resume into another model is refused."""
         return {name: list(getattr(p, "ds_shape", None) or p.shape) for name, p in self.engine.module.named_parameters()}
 
-    def save_checkpoint(self, directory: str, client_state: dict, tag: str) -> str:
-        return self.engine.save_checkpoint(directory, client_state, tag=tag)
+    def save_checkpoint(self, directory: str, client_state: dict, tag: str, background: bool = False) -> str:
+        """DeepSpeed checkpoint of this rank (collective). ``background``: its files are written by
+        a thread of this rank while training goes on, which leaves a marker file once they are
+        durable (learner/async_checkpoint.py)."""
+        with self.clock.timed("checkpoint"):
+            if background:
+                return self.engine.save_checkpoint_async(directory, client_state, tag=tag,
+                                                         on_written=lambda s: self.clock.add("checkpoint_write", s))
+            return self.engine.save_checkpoint(directory, client_state, tag=tag)
 
     def load_checkpoint(self, directory: str, tag: Optional[str] = None) -> dict:
-        return self.engine.load_checkpoint(directory, tag)
+        with self.clock.timed("load"):
+            return self.engine.load_checkpoint(directory, tag)
 
     def export(self, directory: str) -> Optional[str]:
         """Write the policy (LoRA adapters merged) as a transformers directory (rank 0; collective gather)."""

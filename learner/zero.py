@@ -30,14 +30,23 @@ def deepspeed_config(cfg: DeepSpeedConfig, opt: OptimizerConfig, dtype: torch.dt
     DeepSpeed is told 1 micro-batch of 1 per rank, so its 1/gas loss scaling is 1."""
     zero: dict = {
         "stage": cfg.zero_stage,
-        "contiguous_gradients": True,
+        "contiguous_gradients": cfg.contiguous_gradients,
         "reduce_bucket_size": cfg.reduce_bucket_size,
     }
+    if cfg.overlap_comm is not None:
+        zero["overlap_comm"] = cfg.overlap_comm
     if cfg.zero_stage == 3:
         zero.update(
             stage3_param_persistence_threshold=cfg.param_persistence_threshold,
             stage3_prefetch_bucket_size=cfg.prefetch_bucket_size,
+            stage3_max_live_parameters=cfg.max_live_parameters,
+            stage3_max_reuse_distance=cfg.max_reuse_distance,
+            zero_hpz_partition_size=cfg.hpz_partition_size,
+            zero_quantized_weights=cfg.quantized_weights,
+            zero_quantized_gradients=cfg.quantized_gradients,
         )
+    else:
+        zero["allgather_bucket_size"] = cfg.allgather_bucket_size
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,

@@ -21,11 +21,18 @@ contract:
   version: after it returns, every later ``generate`` uses these weights and reports this version.
   ``partial``: the push may carry only some parameters (a LoRA learner sends the matrices it
   adapts, merged); the others keep the weights the engine holds.
+- ``stage_weights(push, handle, partial, keep_order, timeout_s)``: receive a version into a second
+  copy of the weights while ``generate`` runs on another thread (a broadcast push then never waits
+  for the request in progress); the version held does not change. The ``update_weights`` of that
+  version (or an older one) then swaps the staged copy in instead of receiving, in order with the
+  requests. ``keep_order``: a staged version is never replaced before it is applied (in-order runs
+  sample every request with exactly the version before it). ``discard_staged()`` forgets a staged
+  copy (the transport was rebuilt: what it staged is not applied).
 """
 from __future__ import annotations
 
 import time
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -33,6 +40,7 @@ from common.config.estimator import EstimatorConfig
 from common.config.sampler import SamplerConfig
 from common.estimators import LogLikelihood, estimate
 from common.models.base import DiffusionPolicy
+from common.transport.staging import StagedWeights
 from common.transport.weights import ParameterLoader, WeightHandle, WeightPush
 from common.types import SequenceBatch
 from rollout.sampling import GenerationOutput, StepGraphs, generate
@@ -42,6 +50,7 @@ from rollout.sampling import GenerationOutput, StepGraphs, generate
 class RolloutEngine(Protocol):
     eos_token_id: int  # the token that ends a completion (the reward reads up to it)
     pad_token_id: int  # the left padding of collated batches
+    vocab_size: int  # logits per position (what a behaviour-estimate call holds: rollout/workflow.py)
 
     @property
     def policy_version(self) -> int:
@@ -57,8 +66,17 @@ class RolloutEngine(Protocol):
         ...
 
     def update_weights(self, push: WeightPush, handle: WeightHandle, partial: bool = False) -> int:
-        """Receive and load version ``handle.version`` (``partial``: only some parameters may come);
-        returns the version now held."""
+        """Receive and load version ``handle.version`` (``partial``: only some parameters may come),
+        or apply the staged copy of it; returns the version now held."""
+        ...
+
+    def stage_weights(self, push: WeightPush, handle: WeightHandle, partial: bool = False, *, keep_order: bool,
+                      timeout_s: float) -> int:
+        """Receive version ``handle.version`` beside the running request; returns the version staged."""
+        ...
+
+    def discard_staged(self) -> None:
+        """Forget a staged copy that was not applied."""
         ...
 
 
@@ -76,7 +94,9 @@ class TorchRolloutEngine:
     def __init__(self, policy: DiffusionPolicy, policy_version: int = 0, graph_capacity: int = 2) -> None:
         self.policy = policy.eval()
         self.eos_token_id, self.pad_token_id = policy.eos_token_id, policy.pad_token_id
+        self.vocab_size = policy.vocab_size
         self._version = int(policy_version)
+        self.staged: Optional[StagedWeights] = None  # a version received beside the running request
         self.graphs = StepGraphs(graph_capacity)
 
     @property
@@ -110,12 +130,28 @@ class TorchRolloutEngine:
     def update_weights(self, push: WeightPush, handle: WeightHandle, partial: bool = False) -> int:
         """Copy every received parameter into the policy in place (dtype and device converted);
         a parameter the policy does not have is an error, and so is one that never arrives unless
-        the push is ``partial`` (then at least one must)."""
+        the push is ``partial`` (then at least one must). A version ``stage_weights`` received
+        (or a newer one) is applied from the staging copy instead; one already applied leaves the
+        weights as they are."""
+        if self.staged is not None and (self.staged.last or -1) >= handle.version:
+            applied = self.staged.apply()  # None: a newer staged version was applied already
+            self._version = self._version if applied is None else int(applied)
+            return self._version
         loader = ParameterLoader(self.policy, partial=partial)
         version = push.receive(handle, loader)
         loader.finish()
         self._version = int(version)
         return self._version
+
+    def stage_weights(self, push: WeightPush, handle: WeightHandle, partial: bool = False, *, keep_order: bool,
+                      timeout_s: float) -> int:
+        """Receive into the staging copy (common/transport/staging.py; allocated at the first push)."""
+        if self.staged is None:
+            self.staged = StagedWeights(self.policy)
+        return self.staged.receive(push, handle, keep_order=keep_order, timeout_s=timeout_s, partial=partial)
+
+    def discard_staged(self) -> None:
+        self.staged = None
 
     @property
     def num_parameters(self) -> int:

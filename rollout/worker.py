@@ -19,6 +19,9 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
+import ray
+
+from common.actor_time import ActorClock
 from common.config.estimator import EstimatorConfig
 from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
@@ -46,6 +49,7 @@ class RolloutWorker:
         seed: int,
     ) -> None:
         t0 = time.perf_counter()
+        self.clock = ActorClock(background=("push_stage",))
         self.index = index
         self.device = setup_actor_process()
         policy, self.tokenizer = load_policy(model, device=self.device)
@@ -57,11 +61,10 @@ class RolloutWorker:
         self.scorer = RewardScorer(task, self.task) if inline else RewardScorer(task)
         self.push, self.partial_push = None, False
         self.start_s = time.perf_counter() - t0
+        self.clock.add("load", self.start_s)
 
     def ready(self) -> WorkerInfo:
         """What the coordinator logs once the actor is up, and where it runs (elasticity: which node)."""
-        import ray
-
         return {"worker": self.index, "device": str(self.device), "pid": os.getpid(), "load_s": self.start_s,
                 "node_id": ray.get_runtime_context().get_node_id(), "reward_sandbox": self.scorer.confinement,
                 "parameters": self.engine.num_parameters, "version": self.version()}
@@ -83,7 +86,10 @@ class RolloutWorker:
         after = self.scorer.stats.as_metrics(prefix="")
         if episodes:
             calls = {f"reward_calls/{k}": after[k] - before[k] for k in after}
-            episodes[0].stats = {**episodes[0].stats, **calls}  # the episodes share one stats dict
+            stats, n = episodes[0].stats, len(requests)  # per-prompt shares of the request's seconds
+            for activity, key in (("generate", "generate_s"), ("reward", "reward_s"), ("score", "estimate_s")):
+                self.clock.add(activity, stats.get(key, 0.0) * n)
+            episodes[0].stats = {**stats, **calls, **self.clock.snapshot()}  # the episodes share one stats dict
         return episodes
 
     # ---- weights --------------------------------------------------------------------------
@@ -95,21 +101,37 @@ class RolloutWorker:
             self.push.close()
         self.push = setup_weight_push(cfg, **kwargs)
         self.partial_push = partial
+        self.engine.discard_staged()  # a copy staged through the old group is not applied
 
-    def receive_weights(self, handle: WeightHandle) -> int:
-        """Load version ``handle.version`` through the engine; returns the version now held."""
+    @ray.method(concurrency_group="weights")
+    def stage_weights(self, handle: WeightHandle, keep_order: bool = False) -> int:
+        """Receive version ``handle.version`` of a broadcast push into the engine's staging copy
+        while requests run (this method's own thread, the actor's "weights" concurrency group);
+        ``receive_weights`` of that version then swaps it in, in order with the requests
+        (rollout/engine.py). Returns the version staged."""
         if self.push is None:
             raise RuntimeError(f"rollout worker {self.index}: setup_weight_push was never called")
-        return self.engine.update_weights(self.push, handle, partial=self.partial_push)
+        with self.clock.timed("push_stage"):
+            return self.engine.stage_weights(self.push, handle, partial=self.partial_push, keep_order=keep_order,
+                                             timeout_s=self.push.cfg.timeout_s)
+
+    def receive_weights(self, handle: WeightHandle) -> int:
+        """Hold version ``handle.version`` (or a newer one) from now on, through the engine: the
+        staged copy where ``stage_weights`` received it, else received now. Returns the version held."""
+        if self.push is None:
+            raise RuntimeError(f"rollout worker {self.index}: setup_weight_push was never called")
+        with self.clock.timed("push_receive"):
+            return self.engine.update_weights(self.push, handle, partial=self.partial_push)
 
     # ---- evaluation -----------------------------------------------------------------------
     def evaluate(self, rows: Sequence[Row], samples_per_prompt: int, seed: int,
                  sampler: Optional[SamplerConfig] = None) -> tuple[int, EvalResult]:
         """(version held, EvalResult) of ``rows`` under the current weights (rollout/evaluate.py),
         sampled with ``sampler`` (default: the worker's own sampler config)."""
-        result = evaluate(self.engine, rows, self.task, self.tokenizer, sampler or self.sampler, samples_per_prompt,
-                          seed, eos_token_id=self.engine.eos_token_id,
-                          scorer=self.scorer)  # the rollouts' sandbox
+        with self.clock.timed("eval"):
+            result = evaluate(self.engine, rows, self.task, self.tokenizer, sampler or self.sampler, samples_per_prompt,
+                              seed, eos_token_id=self.engine.eos_token_id,
+                              scorer=self.scorer)  # the rollouts' sandbox
         return self.version(), result
 
     def complete(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], sampler: SamplerConfig) -> list[str]:

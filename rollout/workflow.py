@@ -118,9 +118,19 @@ def run_episodes(
     ]
 
 
+# logit elements one behaviour-estimate call may produce (4 GiB in bf16): every scored view keeps
+# the logits of the whole completion, so TraDo-8B's 512 x 151,936 per row caps a call at 27 views
+LOGIT_BUDGET = 2**31
+
+
 def _estimate_behaviour(engine: RolloutEngine, samples: list[Sample], estimator: EstimatorConfig, chunk: int) -> None:
     """Fill behaviour_logp (and the per-token values where the estimator defines them) in place,
-    ``chunk`` samples per ``engine.score`` call."""
+    at most ``chunk`` samples per ``engine.score`` call, fewer where their logits would exceed
+    LOGIT_BUDGET."""
+    if samples:
+        views = getattr(estimator, "draw_batch", None) or getattr(estimator, "num_draws", 1)
+        per_sample = len(samples[0].completion_ids) * engine.vocab_size * views
+        chunk = max(1, min(chunk, LOGIT_BUDGET // per_sample))
     for start in range(0, len(samples), chunk):
         part = samples[start : start + chunk]
         batch = collate_samples(part, engine.pad_token_id)

@@ -127,6 +127,11 @@ class RunConfig(StrictModel):
     seed: int = Field(0, description="the run is a function of (config, seed): sampling and mask seeds derive from it")
     output_dir: Path = Field(Path("runs/latest"), description="metrics.jsonl, TensorBoard events, checkpoints")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps (0: only at the end)")
+    async_checkpoint: bool = Field(
+        True, description="learner ranks write checkpoint files from a background thread while training goes on "
+        "(one host-memory copy of each rank's state while it is written); the checkpoint counts as complete, and a "
+        "resume uses it, only once every file is durable. false: training waits for the write"
+    )
     save_final_checkpoint: bool = Field(True, description="save a checkpoint after the last step")
     export_final: bool = Field(
         True, description="write the trained policy as a transformers directory, output_dir/final_model "

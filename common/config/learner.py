@@ -82,6 +82,46 @@ class DeepSpeedConfig(StrictModel):
     gather_bucket_mb: int = Field(
         512, gt=0, description="ZeRO-3: MiB of parameters gathered at once when the full weights are read (weight push)"
     )
+    max_live_parameters: int = Field(
+        1_000_000_000, gt=0, description="ZeRO-3: most gathered parameter elements kept on a rank at once (prefetched "
+        "ones included) before released ones must go"
+    )
+    max_reuse_distance: int = Field(
+        1_000_000_000, ge=0, description="ZeRO-3: a gathered parameter needed again within this many elements of "
+        "other parameters is kept instead of released and gathered again (the recomputed forward re-uses them)"
+    )
+    overlap_comm: Optional[bool] = Field(
+        None, description="run gradient reduction (and, ZeRO-3, parameter gathers) on side streams overlapping the "
+        "compute; None = DeepSpeed's default (on for ZeRO-3, off for ZeRO-2)"
+    )
+    contiguous_gradients: bool = Field(
+        True, description="copy gradients into one contiguous buffer as they are produced (no fragmentation)"
+    )
+    allgather_bucket_size: int = Field(
+        500_000_000, gt=0, description="ZeRO-2: elements per all-gather of the updated parameters"
+    )
+    hpz_partition_size: int = Field(
+        1, ge=1, description="ZeRO++ hierarchical partitioning (hpZ, arXiv 2306.10209), ZeRO-3 only: a second copy "
+        "of the bf16 weights sharded over groups of this many ranks (the GPUs of one node), so the backward's "
+        "gathers stay inside a node; 1 = off. Must divide learner.num_ranks; helps only across nodes"
+    )
+    quantized_weights: bool = Field(
+        False, description="ZeRO++ qwZ, ZeRO-3 only: gather weights quantised to int8 blocks (half the bytes, "
+        "rounding error in every forward); for slow links, not NVLink"
+    )
+    quantized_gradients: bool = Field(
+        False, description="ZeRO++ qgZ, ZeRO-3 only: reduce-scatter gradients quantised to int4/int8 (fewer bytes, "
+        "rounding error in every update); for slow links, not NVLink"
+    )
+
+    @model_validator(mode="after")
+    def _zero_plus_plus_needs_stage_3(self) -> "DeepSpeedConfig":
+        used = [name for name, on in (("hpz_partition_size", self.hpz_partition_size > 1),
+                                      ("quantized_weights", self.quantized_weights),
+                                      ("quantized_gradients", self.quantized_gradients)) if on]
+        if used and self.zero_stage != 3:
+            raise ValueError(f"{', '.join(used)}: ZeRO++ options need zero_stage 3")
+        return self
 
 
 class LoraConfig(StrictModel):
@@ -120,3 +160,10 @@ class LearnerConfig(StrictModel):
         None, description="train LoRA adapters on the frozen model (None: full fine-tuning); the optimizer then "
         "holds only the adapters' states and a weight push carries only the adapted matrices"
     )
+
+    @model_validator(mode="after")
+    def _hpz_divides_ranks(self) -> "LearnerConfig":
+        hpz = self.deepspeed.hpz_partition_size
+        if hpz > 1 and self.num_ranks % hpz:
+            raise ValueError(f"deepspeed.hpz_partition_size ({hpz}) must divide num_ranks ({self.num_ranks})")
+        return self

@@ -29,10 +29,11 @@ def build_inputs(
     prompt_mask: torch.Tensor,  # [N, P]
     clean_completion: torch.Tensor,  # [N, C]
     noisy_completion: torch.Tensor,  # [N, C]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, int]:
     """(input_ids, attention_mask, position_ids, logits_from) of the layout the policy's family scores with.
 
     The returned logits (from ``logits_from``) cover exactly the noisy completion's C positions.
+    The mask is None for full-attention rows without padding (every token sees every token).
     """
     n, p = prompt_mask.shape
     c = noisy_completion.shape[1]
@@ -41,7 +42,9 @@ def build_inputs(
     positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)  # [N, P + C], from each row's first real token
     if not policy.is_block_diffusion:
         input_ids = torch.cat([prompt_ids, noisy_completion], dim=1)  # [N, P + C]
-        return input_ids, full_mask(valid), positions, p
+        # no padding: no mask, so sdpa may take its flash kernel (a boolean mask rules it out)
+        mask = None if bool(prompt_mask.all()) else full_mask(valid)
+        return input_ids, mask, positions, p
     input_ids = torch.cat([prompt_ids, clean_completion, noisy_completion], dim=1)  # [N, P + 2C]
     positions = torch.cat([positions, positions[:, p:]], dim=1)  # both copies share position ids
     return input_ids, staircase_mask(prompt_mask, c, policy.block_size), positions, p + c

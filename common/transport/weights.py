@@ -17,7 +17,7 @@ and checks, once the transfer is over, that every parameter arrived (``Parameter
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, Protocol
+from typing import Any, Callable, Iterable, Literal, Protocol, Union
 
 import torch
 from pydantic import Field
@@ -42,6 +42,12 @@ class WeightPushConfig(StrictModel):
     bucket_mb: float = Field(512.0, gt=0.0, description="broadcast bucket size in MiB (one flat byte buffer each)")
     dtype: Literal["keep", "bf16", "fp16", "fp32"] = Field(
         "keep", description="dtype on the wire; keep = the learner's parameter dtype (bf16 on GPU)"
+    )
+    staging: bool = Field(
+        True, description="broadcast push: each rollout worker receives the new version into a second copy of its "
+        "weights while it generates and swaps it in before its next request, so a push never waits for the request "
+        "a worker is running (costs one more copy of the weights in the worker's memory); false: the worker "
+        "receives between requests and the push waits for it"
     )
 
     def resolve(self, actors_have_gpus: bool) -> "WeightPushConfig":
@@ -79,10 +85,11 @@ class WeightPush(Protocol):
 class ParameterLoader:
     """Copies received tensors into a module's parameters by name (casting dtype and device),
     bucket by bucket, and checks at the end that every parameter arrived once (``partial``: that
-    some did; a LoRA learner pushes only the matrices it adapts)."""
+    some did; a LoRA learner pushes only the matrices it adapts). A dictionary of named tensors (a
+    staging copy) takes the place of a module the same way."""
 
-    def __init__(self, module: nn.Module, partial: bool = False) -> None:
-        self.params = dict(module.named_parameters())
+    def __init__(self, module: Union[nn.Module, dict[str, torch.Tensor]], partial: bool = False) -> None:
+        self.params = dict(module) if isinstance(module, dict) else dict(module.named_parameters())
         self.partial = partial
         self.loaded: set[str] = set()
 

@@ -37,6 +37,7 @@ class OracleEngine:
 
     policy_version = 0
     eos_token_id = pad_token_id = EOS
+    vocab_size = len(TOK)
 
     def __init__(self, task, rows: Sequence[Row], answer_of: Callable[[Row, int], str], junk_after_eos: bool = False) -> None:
         self.by_prompt = {task.render_prompt(r): r for r in rows}
@@ -61,7 +62,13 @@ class OracleEngine:
     def score(self, batch, seeds, estimator):
         raise NotImplementedError  # evaluation never scores
 
-    def update_weights(self, push, handle) -> int:
+    def update_weights(self, push, handle, partial=False) -> int:
+        raise NotImplementedError
+
+    def stage_weights(self, push, handle, partial=False, *, keep_order, timeout_s) -> int:
+        raise NotImplementedError
+
+    def discard_staged(self) -> None:
         raise NotImplementedError
 
 

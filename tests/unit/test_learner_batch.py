@@ -101,3 +101,45 @@ def test_sandwich_ratios_compare_elbos_while_the_loss_reads_the_sandwich():
     assert float(metrics["log_ratio/max"].value) == pytest.approx(0.0, abs=1e-5)
     assert float(metrics["log_ratio/min"].value) == pytest.approx(0.0, abs=1e-5)
     assert loss.requires_grad
+
+
+def test_micro_batches_take_groups_by_prompt_length_and_need_no_mask_then():
+    from common.estimators import build_inputs
+
+    gs = groups([4, 4, 4, 4], seed=3)  # prompt lengths 2, 3, 4, 2 (k % 3)
+    counts = global_counts(gs)
+    mbs = micro_batches(gs, group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=8,
+                        whole_groups=True, counts=counts)
+    # groups 0 and 3 share a prompt length: one micro-batch without padding, then groups 1 and 2
+    assert [sorted(set(mb.group_index.tolist())) for mb in mbs] == [[0, 3], [1, 2]]
+    assert bool(mbs[0].batch.prompt_mask.all()) and not bool(mbs[1].batch.prompt_mask.all())
+    policy, _ = load_policy(ModelConfig(preset="tiny-llada"))
+    p = mbs[0].batch.prompt_width
+    unpadded = build_inputs(policy, mbs[0].batch.input_ids[:, :p], mbs[0].batch.prompt_mask,
+                            mbs[0].batch.completion_ids, mbs[0].batch.completion_ids)
+    padded = build_inputs(policy, mbs[1].batch.input_ids[:, :mbs[1].batch.prompt_width], mbs[1].batch.prompt_mask,
+                          mbs[1].batch.completion_ids, mbs[1].batch.completion_ids)
+    assert unpadded[1] is None and padded[1] is not None
+    # every sample exactly once, with its own group's index, and advantages still group-relative
+    seen = sorted(int(s) for mb in mbs for s in mb.mask_seeds)
+    assert seen == sorted(s.mask_seed for g in gs for s in g.samples)
+    assert all(int(s) // 100 == int(g) for mb in mbs for s, g in zip(mb.mask_seeds, mb.group_index))
+    per_group = {int(g): float(mb.batch.advantages[mb.group_index == g].sum()) for mb in mbs for g in mb.group_index}
+    assert all(v == pytest.approx(0.0, abs=1e-6) for v in per_group.values())
+
+
+def test_an_unpadded_forward_without_mask_scores_as_with_the_full_mask():
+    from common.attention import full_mask
+    from common.estimators import build_inputs
+
+    for preset in ("tiny-llada", "tiny-dream"):
+        policy, _ = load_policy(ModelConfig(preset=preset))
+        ids = torch.randint(4, 40, (3, 12), generator=torch.Generator().manual_seed(0))
+        prompt_mask = torch.ones(3, 5, dtype=torch.bool)
+        inputs, mask, positions, start = build_inputs(policy, ids[:, :5], prompt_mask, ids[:, 5:], ids[:, 5:])
+        assert mask is None
+        with torch.no_grad():
+            free = policy(inputs, attention_mask=None, position_ids=positions, logits_from=start).logits
+            masked = policy(inputs, attention_mask=full_mask(torch.ones(3, 12, dtype=torch.bool)),
+                            position_ids=positions, logits_from=start).logits
+        assert torch.allclose(free, masked, atol=1e-6)

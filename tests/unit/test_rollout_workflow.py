@@ -30,14 +30,14 @@ def setup():
     return policy, tokenizer, task_cfg, rows
 
 
-def episodes(setup, requests, version=0, estimator=ESTIMATOR, task_cfg=None):
+def episodes(setup, requests, version=0, estimator=ESTIMATOR, task_cfg=None, sampler=SAMPLER):
     policy, tokenizer, default_cfg, _ = setup
     task_cfg = task_cfg or default_cfg
     task = build_task(task_cfg)
     engine = TorchRolloutEngine(policy, policy_version=version)
     with RewardScorer(task_cfg, task) as scorer:
         return run_episodes(engine, requests, tokenizer=tokenizer, task=task, scorer=scorer,
-                            group_size=G, sampler=SAMPLER, estimator=behaviour_estimator(estimator), seed=SEED)
+                            group_size=G, sampler=sampler, estimator=behaviour_estimator(estimator), seed=SEED)
 
 
 def test_a_group_is_g_stamped_samples_of_one_prompt(setup):
@@ -89,3 +89,41 @@ def test_samples_whose_reward_is_dropped_leave_the_group(setup, tmp_path):
                                   "reward": {"custom": f"{reward}:score", "isolation": "inline", "on_failure": "drop"}})
     out = episodes(setup, [PromptRequest(0, setup[3][0])], task_cfg=task_cfg)
     assert out[0].group is None and out[0].uid == 0
+
+
+def test_the_behaviour_estimate_is_the_completions_elbo_whatever_sampler_decoded_it(setup):
+    """The 8B config's fast sampler (dual cache, threshold decoding) changes which completions are
+    drawn, not what their behaviour value is: the same ELBO the learner computes from the completion
+    and its mask seed (log-ratio 0 at theta = mu with shared masks)."""
+    policy, _, _, rows = setup
+    fast = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0, cache="dual", threshold=0.5)
+    exact = fast.model_copy(update={"cache": "none", "threshold": None})
+    estimator = BlockRandomConfig(block_length=4, num_draws=2)
+    requests = [PromptRequest(3, rows[5]), PromptRequest(4, rows[6])]
+    drawn = {name: episodes(setup, requests, estimator=estimator, sampler=cfg) for name, cfg in
+             (("fast", fast), ("exact", exact))}
+    pairs = [(a, b) for ea, eb in zip(drawn["fast"], drawn["exact"]) for a, b in zip(ea.group.samples, eb.group.samples)]
+    assert any(not torch.equal(a.completion_ids, b.completion_ids) for a, b in pairs)  # the samplers differ
+    for samples in ([a for a, _ in pairs], [b for _, b in pairs]):
+        batch = collate_samples(samples, policy.pad_token_id)
+        learner = estimate(policy, batch, [s.mask_seed for s in samples], estimator).sequence.detach()
+        torch.testing.assert_close(learner, torch.tensor([s.behaviour_logp for s in samples]), rtol=1e-5, atol=1e-5)
+
+
+def test_behaviour_estimates_are_chunked_by_their_logits_and_unchanged(setup, monkeypatch):
+    import rollout.workflow as workflow
+
+    policy, _, _, rows = setup
+    requests = [PromptRequest(20, rows[7]), PromptRequest(21, rows[8])]
+    whole = episodes(setup, requests)
+    calls: list[int] = []
+    real = TorchRolloutEngine.score
+    monkeypatch.setattr(TorchRolloutEngine, "score",
+                        lambda self, batch, *a: calls.append(batch.input_ids.shape[0]) or real(self, batch, *a))
+    per_sample = SAMPLER.gen_length * policy.vocab_size * ESTIMATOR.num_draws
+    monkeypatch.setattr(workflow, "LOGIT_BUDGET", 3 * per_sample)  # 3 samples' logits per call
+    chunked = episodes(setup, requests)
+    assert calls == [3, 3, 2]  # 2 prompts x G = 4 samples each
+    for a, b in zip(whole, chunked):
+        for x, y in zip(a.group.samples, b.group.samples):
+            assert x.behaviour_logp == pytest.approx(y.behaviour_logp, abs=1e-5)

@@ -27,3 +27,46 @@ def test_the_gcs_probe_tells_a_listening_head_from_a_gone_one():
     assert gcs_alive(address)
     server.close()
     assert not gcs_alive(address)
+
+
+class _Actor:
+    """Stands in for an actor handle: every ``x.method.remote(...)`` is recorded and returns a token."""
+
+    def __init__(self, name: str, calls: list) -> None:
+        self.name, self.calls = name, calls
+
+    def __getattr__(self, method: str):
+        actor = self
+
+        class _Method:
+            @staticmethod
+            def remote(*args, **kwargs):
+                actor.calls.append((actor.name, method, args))
+                return (actor.name, method, len(actor.calls))
+
+        return _Method
+
+
+def test_a_collective_push_is_staged_unless_it_rebuilds_the_group_and_the_load_applies_that_version(monkeypatch):
+    from common.transport import WeightHandle, WeightPushConfig
+    from coordinator import weight_sync
+    from coordinator.actors import Actors
+
+    monkeypatch.setattr(weight_sync, "wait", lambda refs, timeout_s, what: [("127.0.0.1", 29500)])
+    calls: list = []
+    actors = Actors([_Actor("learner0", calls)], [_Actor("worker0", calls), _Actor("worker1", calls)])
+    sync = weight_sync.WeightSync(WeightPushConfig(backend="gloo"), actors, 5.0, keep_order=True)
+    _, receives, staged = sync.push(1, [0, 1])  # the first push builds the group: received in order
+    assert not staged and [c[1] for c in calls if c[0] != "learner0"][-2:] == ["receive_weights"] * 2
+    calls.clear()
+    _, receives, staged = sync.push(2, [0, 1])
+    assert staged and [(c[0], c[1], c[2]) for c in calls if c[0] != "learner0"] == [
+        ("worker0", "stage_weights", (WeightHandle(2, "gloo"), True)),
+        ("worker1", "stage_weights", (WeightHandle(2, "gloo"), True))]
+    sync.load(1, 2)
+    assert calls[-1] == ("worker1", "receive_weights", (WeightHandle(2, "gloo"),))
+    _, _, staged = sync.push(3, [0])  # a receiver left: the group is rebuilt
+    assert not staged
+    off = weight_sync.WeightSync(WeightPushConfig(backend="gloo", staging=False), actors, 5.0)
+    off.push(1, [0, 1])
+    assert not off.push(2, [0, 1])[2]

@@ -266,19 +266,63 @@ def test_an_evaluation_whose_only_worker_died_waits_for_the_replacement():
     assert sim.scheduler.done and sim.scheduler.last_eval.num_prompts == 3
 
 
-def test_a_checkpoint_waits_for_the_admitted_rollouts_and_saves_what_the_buffer_holds():
+def test_an_in_order_checkpoint_waits_for_the_admitted_rollouts_and_saves_what_the_buffer_holds():
+    sim = Sim(job(algorithm={"max_staleness": 1, "in_order": True}, run={"checkpoint_every": 1, "steps": 4}))
+    sim.begin("train")  # in order: all 8 admitted prompts are sent at once
+    for command in sim.pending(ev.Generate):
+        if command.requests[0].uid < 4:
+            sim.rollout_done(command)
+    sim.step_done()
+    sim.push_done()
+    assert not any(isinstance(c, ev.Checkpoint) for c in sim.commands)  # prompts 4..7 are still out
+    sim.finish_rollouts()
+    (checkpoint,) = [c for c in sim.commands if isinstance(c, ev.Checkpoint)]
+    assert checkpoint.step == 1 and checkpoint.state["next_uid"] == 8 and checkpoint.state["requeue"] == []
+    assert [e.uid for e in checkpoint.episodes] == [4, 5, 6, 7]
+    sim.send(ev.CheckpointDone("/tmp/sim-run/checkpoints/step1"))
+    assert "checkpoint: /tmp/sim-run/checkpoints/step1" in sim.logs()
+
+
+def test_a_checkpoint_out_of_order_saves_the_admitted_requests_to_sample_again_and_does_not_wait():
     sim = Sim(job(algorithm={"max_staleness": 1}, run={"checkpoint_every": 1, "steps": 4}))
     sim.begin("train")
     sim.finish_rollouts()
     sim.step_done()  # at η = 1 the next batch's prompts are out while the step trains
     sim.push_done()
-    assert not any(isinstance(c, ev.Checkpoint) for c in sim.commands)
+    (checkpoint,) = [c for c in sim.commands if isinstance(c, ev.Checkpoint)]  # at once, prompts 4..7 still out
+    assert checkpoint.step == 1 and checkpoint.state["next_uid"] == 8 and checkpoint.episodes == []
+    assert [uid for uid, _ in checkpoint.state["requeue"]] == [4, 5, 6, 7]
+    sim.send(ev.CheckpointDone("/tmp/sim-run/checkpoints/step1", background=True))
+    assert "checkpoint: /tmp/sim-run/checkpoints/step1 (written in the background)" in sim.logs()
+    sim.send(ev.CheckpointWritten("/tmp/sim-run/checkpoints/step1", 2.0))
+    assert sim.logs()[-1] == "checkpoint: /tmp/sim-run/checkpoints/step1 complete (2.0 s after it started)"
+    sim.poll_done()
+    sim.finish_rollouts()  # the rollouts out during the save are trained on as usual
+    assert sim.trained()[-1] == [4, 5, 6, 7]
+
+
+def test_a_staged_collective_push_is_applied_by_a_load_on_each_receiver_before_its_next_request():
+    sim = Sim(job(algorithm={"max_staleness": 1}), collective=True)
+    sim.begin("train")
     sim.finish_rollouts()
-    (checkpoint,) = [c for c in sim.commands if isinstance(c, ev.Checkpoint)]
-    assert checkpoint.step == 1 and checkpoint.state["next_uid"] == 8
-    assert [e.uid for e in checkpoint.episodes] == [4, 5, 6, 7]
-    sim.send(ev.CheckpointDone("/tmp/sim-run/checkpoints/step1"))
-    assert "checkpoint: /tmp/sim-run/checkpoints/step1" in sim.logs()
+    sim.step_done()
+    (push,) = sim.take(ev.Push)
+    after = sim.send(ev.PushDone(push.version, 0.01, at=1.0, staged=True))
+    kinds = [(type(c).__name__, c.worker) for c in after if isinstance(c, (ev.LoadWeights, ev.Generate))]
+    for worker in (0, 1):  # each receiver's load comes before any new request to it
+        mine = [k for k, w in kinds if w == worker]
+        assert mine and mine[0] == "LoadWeights" and mine.count("LoadWeights") == 1
+    assert sim.scheduler.fleet.versions() == [0, 0]  # held only once the worker applied it
+    for load in sim.take(ev.LoadWeights):
+        sim.send(ev.WeightsLoaded(load.call, load.version))
+    assert sim.scheduler.fleet.versions() == [1, 1]
+    unstaged = Sim(job(), collective=True)  # a push the runtime did not stage (a rebuilt group): held at once
+    unstaged.begin("train")
+    unstaged.finish_rollouts()
+    unstaged.step_done()
+    unstaged.push_done()
+    assert unstaged.scheduler.fleet.versions() == [1, 1] and not any(
+        isinstance(c, ev.LoadWeights) for c in unstaged.commands)
 
 
 def test_a_replacement_that_starts_while_a_push_is_out_loads_that_push():

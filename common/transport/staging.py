@@ -1,0 +1,103 @@
+"""A second copy of a module's parameters that a receiver fills while the module is in use (a
+rollout worker generating), swapped in between requests: the worker's end of a push that never
+waits for the request the worker is running (``weights.staging``; rollout/engine.py)."""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Optional
+
+import torch
+from torch import nn
+
+from common.transport.weights import ParameterLoader, WeightHandle, WeightPush
+
+
+class StagedWeights:
+    """A second copy of a module's parameters that a receiver fills while the module is in use
+    (a rollout worker generating), swapped in between requests.
+
+    ``receive`` runs on a thread of its own (the worker's weights concurrency group): the push's
+    buckets are copied into the staging tensors on a CUDA stream of their own, so the broadcast
+    never waits for the request the worker is running. ``apply`` runs on the worker's request
+    thread, in order with its requests: it copies the staged tensors into the parameters (a
+    device copy: milliseconds), so a request is sampled wholly with one version.
+
+    ``keep_order``: a version staged and not yet applied is never overwritten (the next receive
+    waits for ``apply``), so a request queued before a push is sampled with exactly the version
+    before it (in-order runs). Without it a newer push replaces the staged copy: a queued request
+    then runs with the newer weights, which only lowers its staleness. Memory: one more copy of
+    the parameters on the device (of the pushed ones, for a partial push).
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.params = dict(module.named_parameters())
+        self.tensors: dict[str, torch.Tensor] = {}  # the staging copy, allocated as parameters first arrive
+        self.version: Optional[int] = None  # staged and not yet applied
+        self.last: Optional[int] = None  # the newest version ever staged
+        self.names: set[str] = set()  # the parameters the staged version carries
+        self.applied = threading.Condition()
+        self.stream = None
+
+    def receive(self, push: WeightPush, handle: WeightHandle, *, keep_order: bool, timeout_s: float,
+                partial: bool = False) -> int:
+        """Stage ``handle.version`` (blocks while an earlier version waits to be applied, with
+        ``keep_order``); returns the version staged. ``partial``: the push may carry only some
+        parameters (a LoRA learner's adapted matrices); only those are applied."""
+        with self.applied:
+            if keep_order and not self.applied.wait_for(lambda: self.version is None, timeout=timeout_s):
+                raise TimeoutError(f"weight push: version {self.version} was staged {timeout_s:.0f} s ago and is "
+                                   f"still not applied; version {handle.version} cannot be staged over it")
+            self.version = None  # a replaced copy is never applied half-written
+            device = next(iter(self.params.values())).device
+            if device.type == "cuda" and self.stream is None:
+                self.stream = torch.cuda.Stream(device)
+            loader = _StagingLoader(self, partial=partial)
+            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+                push.receive(handle, loader)
+                loader.finish()
+                if self.stream is not None:
+                    self.stream.synchronize()
+            self.names = loader.arrived
+            self.version = self.last = handle.version
+            return handle.version
+
+    def apply(self) -> Optional[int]:
+        """Copy the staged version into the parameters; returns it (None if nothing is staged)."""
+        with self.applied:
+            if self.version is None:
+                return None
+            with torch.no_grad():
+                for name in self.names:
+                    self.params[name].copy_(self.tensors[name])
+            if self.stream is not None:  # the copies are done before the staging copy is written again
+                torch.cuda.current_stream().synchronize()
+            version, self.version = self.version, None
+            self.applied.notify_all()
+            return version
+
+
+class _StagingLoader(ParameterLoader):
+    """A loader into a StagedWeights copy: each parameter's staging tensor is allocated when it
+    first arrives (a partial push stages only what it carries), and the names are remembered."""
+
+    def __init__(self, staged: StagedWeights, partial: bool) -> None:
+        super().__init__(staged.params, partial=partial)  # checks names and shapes against the model
+        self.staged = staged
+
+    @torch.no_grad()
+    def __call__(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named_tensors:
+            param = self.params.get(name)
+            if param is None:
+                raise KeyError(f"weight push: received {name!r}, which the receiving model does not have")
+            if param.shape != tensor.shape:
+                raise ValueError(f"weight push: {name} has shape {tuple(tensor.shape)}, the model {tuple(param.shape)}")
+            if name not in self.staged.tensors:
+                self.staged.tensors[name] = torch.empty_like(param, memory_format=torch.contiguous_format)
+            self.staged.tensors[name].copy_(tensor)
+            self.loaded.add(name)
+
+    def finish(self) -> None:
+        self.arrived = set(self.loaded)
+        super().finish()

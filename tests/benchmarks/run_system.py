@@ -1,0 +1,262 @@
+"""The system benchmark of issues 11 and 15 in one device call: random 8B checkpoints, the
+denominators (matmul rate, raw broadcast, the rollout engine alone), then the shipped configs as
+real jobs, in priority order, each part in its own process with its own timeout inside a global
+deadline. After every part ``--out`` ($OUT) holds ``results.json`` (every part's full record),
+``summary.md`` (the targets and each job's per-actor table) and ``run.log`` (all output): a call
+cut short keeps what it measured.
+
+4 GPUs (the stand-in of the 8-GPU configs: 3 learner ranks + 1 rollout worker, since 2 ZeRO-3
+ranks of 8B with AdamW need ~64 GiB each before activations):
+
+    lane GPU 3:     ckpt_llada -> ckpt_sdar                  random checkpoints, released layout
+    lane GPU 2:     matmul -> engine_llada (after ckpt_llada) measured peak; engine alone
+    lane GPU 0+1:   push                                      raw broadcast vs the push, 16 GB
+    then:           system_llada -> system_trado -> variants  the jobs (+ resume check)
+
+``--parts`` picks and orders them (default: everything for llada, then trado); parts whose
+inputs are missing are skipped. ``--tiny`` runs the same parts on the CPU at the tiny shapes,
+one after another (the rehearsal: tests/benchmarks/test_bench_system.py runs one job part).
+
+    source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh
+    .venv/bin/python tests/benchmarks/run_system.py --tiny --out /tmp/system
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import run_all  # noqa: E402
+import system_report  # noqa: E402
+
+CONFIGS = {"llada": "deploy/configs/llada8b_1node.yaml", "trado": "deploy/configs/trado8b_1node.yaml"}
+# learner settings measured against the shipped default (short jobs: 3 steps, no eval, no checkpoint)
+VARIANTS = {
+    "variant_prefetch_5e7": ["learner.deepspeed.prefetch_bucket_size=50000000"],
+    "variant_micro_batch_32": ["algorithm.micro_batch_size=32"],
+    "variant_draw_batch_1": ["estimator.draw_batch=1"],
+}
+DEFAULT_PARTS = ("ckpt_llada,matmul,push,engine_llada,system_llada,ckpt_sdar,system_trado,"
+                 "variant_prefetch_5e7,variant_micro_batch_32")
+
+
+@dataclass
+class Part(run_all.Job):
+    after: tuple[str, ...] = ()  # parts that must have ended first (any status)
+
+
+def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
+         release_tokenizer: bool = False) -> tuple[list[list[Part]], list[Part]]:
+    """(parallel lanes, then the parts that take every GPU), in the order of ``parts``; checkpoints
+    and runs go under ``work``, each part's JSON record under ``records``."""
+    t = ["--tiny"] if tiny else []
+    scale = 3.0 if tiny else 1.0
+    ckpt = {"llada": work / ("tiny-llada" if tiny else "llada-8b"), "sdar": work / ("tiny-sdar" if tiny else "sdar-8b")}
+    shape = {"llada": "tiny-llada" if tiny else "llada-8b", "sdar": "tiny-sdar" if tiny else "sdar-8b"}
+    gpus = (lambda *g: list(g)) if n_gpus else (lambda *g: [])
+    ranks_workers = ["--ranks", "2", "--workers", "1"] if tiny else ["--ranks", "3", "--workers", "1"]
+
+    def part(name, script, args, gpu_list, timeout, peak=None, after=()):
+        return Part(name, script, [*args, "--out", str(records / f"{name}.json")], gpu_list, timeout * scale, peak,
+                    after=tuple(after))
+
+    def system(name, family, config, extra, timeout, steps):
+        return part(name, "bench_system.py",
+                    [*t, "--config", config, "--model-dir", str(ckpt[family]), *ranks_workers, "--steps", str(steps),
+                     "--work", str(work / name), "--timeout-s", str(timeout * scale - 25), "--name", name, *extra],
+                    gpus(0, 1, 2, 3), timeout, peak="matmul", after=[f"ckpt_{family}"])
+
+    full = ["--checkpoint-at", "4", "--resume-check", "--profile-step", "2", "--eval-prompts", "16"]
+    short = ["--eval-prompts", "0", "--skip", "1"]
+    tok = ["--release-tokenizer"] if release_tokenizer else []  # real shapes always take the released tokenizer
+    known = {
+        "ckpt_llada": part("ckpt_llada", "random_checkpoint.py",
+                           ["--shape", shape["llada"], "--dir", str(ckpt["llada"]), *tok], gpus(3), 120),
+        "ckpt_sdar": part("ckpt_sdar", "random_checkpoint.py",
+                          ["--shape", shape["sdar"], "--dir", str(ckpt["sdar"]), *tok], gpus(3), 120),
+        "matmul": part("matmul", "bench_matmul.py", t, gpus(2), 60),
+        "push": part("push", "bench_push.py", [*t, "--reps", "2"], gpus(0, 1), 120),
+        "engine_llada": part("engine_llada", "bench_system.py",
+                             [*t, "--engine-only", "--config", CONFIGS["llada"], "--model-dir", str(ckpt["llada"]),
+                              *ranks_workers, "--work", str(work / "engine_llada")], gpus(2), 120, after=["ckpt_llada"]),
+        "system_llada": system("system_llada", "llada", CONFIGS["llada"], full, 450, 5),
+        "system_trado": system("system_trado", "sdar", CONFIGS["trado"], full, 450, 5),
+    }
+    for name, overrides in VARIANTS.items():
+        known[name] = system(name, "llada", CONFIGS["llada"], [*short, *(f"--set={o}" for o in overrides)], 200, 3)
+    unknown = [p for p in parts if p not in known]
+    if unknown:
+        raise SystemExit(f"unknown parts {unknown}; known: {', '.join(known)}")
+    chosen = [known[p] for p in parts]
+    if tiny or n_gpus < 4:  # one lane: everything in the order given
+        return [], chosen
+    lanes = [[p for p in chosen if p.gpus == [3]], [p for p in chosen if p.gpus == [2]],
+             [p for p in chosen if p.gpus == [0, 1]]]
+    return [lane for lane in lanes if lane], [p for p in chosen if len(p.gpus) == 4]
+
+
+class SystemRunner(run_all.Runner):
+    """run_all's runner (one process per part, its timeout, the global deadline) with part
+    dependencies, and results.json + summary.md as the record."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.ended: dict[str, threading.Event] = {}
+
+    def run(self, job: Part) -> None:
+        for name in job.after:
+            if name in self.ended:
+                self.ended[name].wait()
+        try:
+            if any(self.jobs.get(n) and self.jobs[n].record.get("status") != "ok" for n in job.after):
+                job.record = {"status": "skipped", "reason": f"needs {', '.join(job.after)}, which did not finish"}
+                self.jobs[job.name] = job
+                self.say(f"SKIP {job.name}: {job.record['reason']}")
+                self.snapshot()
+                return
+            super().run(job)
+        finally:
+            self.ended[job.name].set()
+
+    def snapshot(self):
+        with self.lock:
+            records = {name: job.record for name, job in self.jobs.items() if job.record}
+            data = {"finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "gpus": self.n_gpus, "tiny": self.tiny,
+                    "wall_s": round(time.monotonic() - self.t0, 1), "parts": records}
+            run_all._write(self.out / "results.json", json.dumps(data, indent=1, default=str))
+            try:
+                text = summary(data)
+            except Exception as exc:  # noqa: BLE001 - the raw results are written already
+                text = f"(summary failed: {exc!r}; see results.json)"
+            run_all._write(self.out / "summary.md", text + "\n")
+        return data, text
+
+
+def summary(data: dict) -> str:
+    """The targets of issue 11 (one row each, from this run only) and each job's table."""
+    parts = {k: v for k, v in data["parts"].items()}
+    res = lambda name: (parts.get(name) or {}).get("result") or {}  # noqa: E731
+    got = lambda name, *keys: _dig(res(name), "parts", *keys)  # noqa: E731
+    lines = [f"# System benchmark ({data['gpus']} GPUs{', tiny CPU rehearsal' if data['tiny'] else ''}, "
+             f"{data['wall_s']:.0f} s)", "", "| part | status | wall s |", "|---|---|---|"]
+    for name, p in parts.items():
+        errors = ", ".join((p.get("result") or {}).get("errors") or {})
+        lines.append(f"| {name} | {p.get('status')}{' (' + errors + ')' if errors else ''} | {p.get('wall_s', '')} |")
+    peak = got("matmul", "matmul", "tflops_median")
+    env = (res("matmul").get("environment") or {})
+    lines += ["", f"Card: {env.get('gpu')}; measured matmul {_f(peak, '{:.3g}')} TFLOP/s.", "",
+              "| target | measured | goal |", "|---|---|---|"]
+    raw = got("push", "raw_buckets_512mb", "median_s") or got("push", "raw_per_tensor", "median_s")
+    engine = got("engine_llada", "engine", "tokens_per_s")
+    for name in ("system_llada", "system_trado"):
+        f = got(name, "job", "figures") or {}
+        if not f.get("steps"):
+            continue
+        timed = set(f["timed_steps"])
+        push = [s["time/weight_push"] for s in f["per_step"] if s["step"] in timed and s.get("time/weight_push")]
+        push_med = sorted(push)[len(push) // 2] if push else None
+        busy = ", ".join(f"{a} {_f(v.get('gpu_busy_fraction'), '{:.0%}')}" for a, v in f["actors"].items())
+        lines += [f"| {name}: learner MFU (perf/mfu at the measured rate) | {_f(f.get('learner_mfu'), '{:.1%}')} | >= 40% |",
+                  f"| {name}: in-job push / raw broadcast of LLaDA-8B's 16 GB | {_f(push_med, '{:.2f}')} s / {_f(raw, '{:.3f}')} s = "
+                  f"{_f(push_med / raw if push_med and raw else None, '{:.1f}')}x | <= 2x |",
+                  f"| {name}: step after the checkpoint / plain step | {_f(f.get('step_after_checkpoint_ratio'), '{:.2f}')}x | <= 1.2x |",
+                  f"| {name}: GPU busy per actor | {busy} | >= 70% each |"]
+        if name == "system_llada":
+            rate = f.get("rollout_tokens_per_s_generating")
+            lines.append(f"| {name}: rollout tokens/s in the job / engine alone | {_f(rate, '{:.0f}')} / {_f(engine, '{:.0f}')} = "
+                         f"{_f(rate / engine if rate and engine else None, '{:.0%}')} | >= 70% |")
+        verdict = got(name, "resume_check") or {}
+        lines.append(f"| {name}: `train --resume` continued from the checkpoint | {verdict.get('continued')} "
+                     f"(resumed at {verdict.get('resumed_at_step')}, last step {verdict.get('last_step')}) | yes |")
+    base = got("system_llada", "job", "figures") or {}
+    for name in [n for n in parts if n.startswith("variant_")]:
+        f = got(name, "job", "figures") or {}
+        if f.get("steps"):
+            lines.append(f"| {name} ({', '.join(VARIANTS.get(name, []))}): learner step, MFU | "
+                         f"{_f(f.get('train_s_median'), '{:.1f}')} s, {_f(f.get('learner_mfu'), '{:.1%}')} (shipped: "
+                         f"{_f(base.get('train_s_median'), '{:.1f}')} s, {_f(base.get('learner_mfu'), '{:.1%}')}) | the faster wins |")
+    for name in [n for n in parts if n.startswith(("system_", "variant_"))]:
+        for part in ("job", "resume"):
+            figures = got(name, part, "figures")
+            if figures:
+                lines += ["", system_report.markdown(f"{name} / {part}", figures).rstrip()]
+                problems = got(name, part, "problems")
+                if problems:
+                    lines.append(f"problems: {problems}")
+        for prof in got(name, "job", "learner_profile") or []:
+            top = ", ".join(f"{k['name'][:40]} {k['share_of_busy']:.0%}" for k in (prof.get("top_kernels") or [])[:5])
+            lines.append(f"\nlearner rank {prof['rank']} step {prof['step']} under torch.profiler: {prof['wall_s']:.1f} s wall, "
+                         f"device busy {_f(prof.get('device_busy_fraction'), '{:.0%}')}, {prof['kernels']} kernels, "
+                         f"{prof['host_aten_ops']} host ops; top kernels: {top or 'n/a (CPU)'}")
+    return "\n".join(lines)
+
+
+def _dig(d, *keys):
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def _f(x, fmt: str) -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="the tiny shapes on the CPU (rehearsal)")
+    ap.add_argument("--parts", default=DEFAULT_PARTS, help="comma list, in priority order")
+    ap.add_argument("--deadline-s", type=float, default=540.0)
+    ap.add_argument("--work", default=None, help="checkpoints and runs (default: /dev/shm when it has room, else /tmp)")
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "results" / "system_latest"))
+    ap.add_argument("--release-tokenizer", action="store_true",
+                    help="--tiny: the released tokenizers (chat templates) instead of the character one (slower)")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    n_gpus = torch.cuda.device_count()
+    if not n_gpus and not a.tiny:
+        raise SystemExit("no CUDA device: run with --tiny to rehearse on the CPU")
+    runner = SystemRunner(out, a.deadline_s, n_gpus, a.tiny)
+    work = Path(a.work) if a.work else scratch(a.tiny)
+    work.mkdir(parents=True, exist_ok=True)
+    lanes, after = plan([p for p in a.parts.split(",") if p], a.tiny, work, runner.work, n_gpus, a.release_tokenizer)
+    for part in [p for lane in lanes for p in lane] + after:
+        runner.ended[part.name] = threading.Event()
+    runner.say(f"system benchmark: {n_gpus} GPU(s), torch {torch.__version__}, tiny={a.tiny}, deadline "
+               f"{a.deadline_s:.0f} s, work {work}, parts {a.parts}")
+    threads = [threading.Thread(target=lambda lane=lane: [runner.run(p) for p in lane]) for lane in lanes]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for part in after:
+        runner.run(part)
+    _, text = runner.snapshot()
+    runner.say(f"wrote {out}/results.json, summary.md, run.log")
+    print("\n" + text, flush=True)
+
+
+def scratch(tiny: bool) -> Path:
+    """/dev/shm (checkpoints load from memory) when it has room for two 8B checkpoints, else /tmp;
+    the jobs' own checkpoints (~110 GB at 8B) go under the same directory and are removed after
+    each job's resume check."""
+    shm = Path("/dev/shm")
+    if not tiny and shm.is_dir() and os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize > 200 * 2**30:
+        return shm / "stabledrl-system"
+    return Path("/tmp/stabledrl-system")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""The CUDA paths of the background checkpoint writer and of weight staging (one GPU, seconds):
+the writer copies device state on a stream of its own after the update that produced it, so the
+snapshot is the state at the save even while later kernels change it; a push staged into a CUDA
+copy on a side stream lands whole and reaches the parameters only at ``apply``.
+
+    python -m pytest -q -m gpu tests/gpu/test_async_paths_gpu.py
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+from common.transport.staging import StagedWeights
+from learner.async_checkpoint import BackgroundWriter, marker_name
+from learner.group import free_port
+
+pytestmark = pytest.mark.gpu
+
+
+def test_the_snapshot_is_the_device_state_at_the_save(tmp_path):
+    dev = torch.device("cuda", 0)
+    big = torch.zeros(64 << 20, device=dev)  # 256 MB: the copy takes a while
+    big.add_(1.0)  # still running on the default stream when the save starts
+    state = {"w": big, "view": big[:10]}
+    writer = BackgroundWriter(True)
+    writer.save(state, str(tmp_path / "a.pt"))
+    writer.start(str(tmp_path / marker_name(0)))
+    writer.wait_snapshot()
+    big.mul_(7.0)  # the next update
+    assert writer.wait_written(timeout_s=120)
+    saved = torch.load(tmp_path / "a.pt")
+    assert saved["w"].device.type == "cpu" and bool((saved["w"] == 1.0).all())
+    assert saved["view"].untyped_storage().data_ptr() == saved["w"].untyped_storage().data_ptr()
+
+
+def test_a_push_staged_into_cuda_lands_whole_at_apply():
+    dev = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    receiver = nn.Sequential(nn.Linear(256, 512), nn.Linear(512, 64)).to(dev)
+    before = {n: p.detach().clone() for n, p in receiver.named_parameters()}
+    source = {n: torch.randn(p.shape) for n, p in receiver.named_parameters()}
+    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=0.25)
+    port = free_port()
+    errors: list[BaseException] = []
+
+    def sender() -> None:
+        try:
+            setup_weight_push(cfg, rank=0, world_size=2, master_addr="127.0.0.1", master_port=port).send(
+                iter(source.items()), 1)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    thread = threading.Thread(target=sender, daemon=True)
+    thread.start()
+    push = setup_weight_push(cfg, rank=1, world_size=2, master_addr="127.0.0.1", master_port=port)
+    staged = StagedWeights(receiver)
+    assert staged.receive(push, WeightHandle(1, "gloo"), keep_order=True, timeout_s=60) == 1
+    thread.join(60)
+    assert not errors and staged.stream is not None
+    assert all(torch.equal(p.detach(), before[n]) for n, p in receiver.named_parameters())
+    assert staged.apply() == 1
+    assert all(torch.equal(p.detach().cpu(), source[n]) for n, p in receiver.named_parameters())

@@ -1,0 +1,116 @@
+"""A receiver stages a broadcast push while its model is in use and swaps it in between requests
+(common/transport/staging.py: StagedWeights): the model never changes before ``apply``, a
+staged version lands whole, and in order (``keep_order``) a newer push waits for the older one to
+be applied, while otherwise it replaces it. Gloo, sender and receiver as threads of this process."""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+from torch import nn
+
+from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+from common.transport.staging import StagedWeights
+from learner.group import free_port
+
+torch.set_num_threads(1)
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4))
+
+
+def versions(n: int) -> list[dict[str, torch.Tensor]]:
+    names = [name for name, _ in model().named_parameters()]
+    shapes = [p.shape for p in model().parameters()]
+    return [{name: torch.full(shape, float(v)) for name, shape in zip(names, shapes)} for v in range(1, n + 1)]
+
+
+def run(keep_order: bool):
+    cfg = WeightPushConfig(backend="gloo", timeout_s=30, bucket_mb=200 / 2**20)  # 200 B: several buckets
+    port, source = free_port(), versions(2)
+    errors: list[BaseException] = []
+
+    def sender() -> None:
+        try:
+            push = setup_weight_push(cfg, rank=0, world_size=2, master_addr="127.0.0.1", master_port=port)
+            for v, weights in enumerate(source, start=1):
+                push.send(iter(weights.items()), v)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threading.Thread(target=sender, daemon=True).start()
+    receiver = model()
+    initial = {n: p.detach().clone() for n, p in receiver.named_parameters()}
+    push = setup_weight_push(cfg, rank=1, world_size=2, master_addr="127.0.0.1", master_port=port)
+    staged = StagedWeights(receiver)
+    done: list[int] = []
+
+    def stage_both() -> None:
+        try:
+            for v in (1, 2):
+                done.append(staged.receive(push, WeightHandle(v, "gloo"), keep_order=keep_order, timeout_s=30))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    stager = threading.Thread(target=stage_both, daemon=True)
+    stager.start()
+    return receiver, initial, source, staged, stager, done, errors
+
+
+def params(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach() for n, p in module.named_parameters()}
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_in_order_a_staged_version_waits_for_its_apply_and_the_model_changes_only_there():
+    receiver, initial, source, staged, stager, done, errors = run(keep_order=True)
+    wait_for(lambda: done == [1])
+    time.sleep(0.3)  # version 2 is on its way but must not be staged over the unapplied version 1
+    assert done == [1] and not errors
+    assert all(torch.equal(params(receiver)[n], initial[n]) for n in initial)  # nothing applied yet
+    assert staged.apply() == 1
+    assert all(torch.equal(params(receiver)[n], source[0][n]) for n in initial)
+    stager.join(30)
+    assert done == [1, 2] and not errors
+    assert all(torch.equal(params(receiver)[n], source[0][n]) for n in initial)  # still version 1 until apply
+    assert staged.apply() == 2 and staged.apply() is None
+    assert all(torch.equal(params(receiver)[n], source[1][n]) for n in initial)
+
+
+def test_without_order_a_newer_push_replaces_the_unapplied_one():
+    receiver, initial, source, staged, stager, done, errors = run(keep_order=False)
+    stager.join(30)
+    assert done == [1, 2] and not errors
+    assert all(torch.equal(params(receiver)[n], initial[n]) for n in initial)
+    assert staged.apply() == 2  # version 1 was never applied: the model goes straight to 2
+    assert all(torch.equal(params(receiver)[n], source[1][n]) for n in initial)
+    assert staged.apply() is None
+
+
+def test_a_partial_push_stages_and_applies_only_what_it_carries():
+    """A LoRA learner pushes only the adapted matrices: only those are staged (and allocated) and
+    applied; the other parameters keep the weights the worker loaded."""
+    cfg = WeightPushConfig(backend="gloo", timeout_s=30, bucket_mb=200 / 2**20)
+    port = free_port()
+    receiver = model()
+    initial = {n: p.detach().clone() for n, p in receiver.named_parameters()}
+    pushed = {n: torch.full_like(t, 5.0) for n, t in initial.items() if n.endswith("weight")}
+    threading.Thread(target=lambda: setup_weight_push(cfg, rank=0, world_size=2, master_addr="127.0.0.1",
+                                                      master_port=port).send(iter(pushed.items()), 1),
+                     daemon=True).start()
+    push = setup_weight_push(cfg, rank=1, world_size=2, master_addr="127.0.0.1", master_port=port)
+    staged = StagedWeights(receiver)
+    assert staged.receive(push, WeightHandle(1, "gloo"), keep_order=True, timeout_s=30, partial=True) == 1
+    assert set(staged.tensors) == set(pushed)
+    assert staged.apply() == 1
+    for n, p in params(receiver).items():
+        assert torch.equal(p, pushed[n] if n in pushed else initial[n])
