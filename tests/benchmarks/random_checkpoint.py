@@ -18,7 +18,11 @@ benchmark scales the head of this very initialisation by 13.5 at LLaDA-8B's shap
 median top-1 probability of a step reaches 0.9 (BENCHMARKS.md 3b), and the system benchmark does
 the same so that a threshold sampler commits several tokens per forward as a trained model does.
 
+``layers`` keeps the shape's width and takes fewer layers (a full-parameter learner on one GPU
+cannot hold 8B parameters' AdamW states: run_system.py's 2-GPU plan).
+
     python tests/benchmarks/random_checkpoint.py --shape llada-8b --dir /tmp/ckpt/llada-8b
+    python tests/benchmarks/random_checkpoint.py --shape llada-8b --layers 11 --dir /tmp/ckpt/llada-8b-11l
 """
 from __future__ import annotations
 
@@ -61,12 +65,16 @@ def token_ids(directory: Path) -> dict[str, int]:
     return {"mask_token_id": mask, "eos_token_id": eos, "pad_token_id": pad, "bos_token_id": eos if bos is None else bos}
 
 
-def released_layout(shape_name: str, ids: dict[str, int], vocab_size: int) -> tuple[str, dict, dict[str, torch.Size]]:
-    """(family, config.json dict, released parameter name -> shape) without allocating the model."""
+def released_layout(shape_name: str, ids: dict[str, int], vocab_size: int,
+                    layers: Optional[int] = None) -> tuple[str, dict, dict[str, torch.Size]]:
+    """(family, config.json dict, released parameter name -> shape) without allocating the model;
+    ``layers``: that many layers instead of the shape's."""
     from common.models.convert import hf_to_original
     from common.models.presets import build_tiny_policy
 
     shape = {**bl.SHAPES[shape_name], "vocab_size": vocab_size}
+    if layers is not None:
+        shape["num_hidden_layers"] = layers
     family = shape.pop("family")
     with torch.device("meta"):
         policy = build_tiny_policy(family, mask_token_id=ids["mask_token_id"], eos_token_id=ids["eos_token_id"],
@@ -82,22 +90,24 @@ def released_layout(shape_name: str, ids: dict[str, int], vocab_size: int) -> tu
 
 def write_random_checkpoint(shape_name: str, directory: Path, *, device: torch.device, seed: int = 0,
                             shard_gb: float = 5.0, head_scale: Optional[float] = None,
-                            release: Optional[bool] = None) -> dict:
+                            release: Optional[bool] = None, layers: Optional[int] = None) -> dict:
     """Write the checkpoint (module docstring); returns what was written and how long it took.
     ``release``: the released tokenizer (default for real shapes) or the character one (default
-    for tiny shapes)."""
+    for tiny shapes); ``layers``: fewer layers at the shape's width."""
     from safetensors.torch import save_file
 
     t0 = time.perf_counter()
     directory = Path(directory)
     if (directory / "model.safetensors.index.json").is_file() and (directory / "config.json").is_file():
-        return {"shape": shape_name, "directory": str(directory), "reused": True}  # a warm machine's earlier call
+        index = json.loads((directory / "model.safetensors.index.json").read_text())
+        return {"shape": shape_name, "layers": layers, "directory": str(directory), "reused": True,  # an earlier call
+                "parameters": index["metadata"]["total_size"] // 2}
     directory.mkdir(parents=True, exist_ok=True)
     family = bl.SHAPES[shape_name]["family"]
     release = not shape_name.startswith("tiny") if release is None else release
     vocab = max(bl.SHAPES[shape_name]["vocab_size"], write_tokenizer(family, directory, release))
     ids = token_ids(directory)
-    family, raw, shapes = released_layout(shape_name, ids, vocab)
+    family, raw, shapes = released_layout(shape_name, ids, vocab, layers)
     head_scale = THRESHOLD_HEAD_SCALE.get(family) if head_scale is None else head_scale
     head = "model.transformer.ff_out.weight" if family == "llada" else "lm_head.weight"
     gen = torch.Generator(device).manual_seed(seed)
@@ -130,7 +140,8 @@ def write_random_checkpoint(shape_name: str, directory: Path, *, device: torch.d
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")  # last: complete
-    return {"shape": shape_name, "family": family, "directory": str(directory), "parameters": total // 2,
+    return {"shape": shape_name, "family": family, "layers": raw.get("n_layers", raw.get("num_hidden_layers")),
+            "directory": str(directory), "parameters": total // 2,
             "gib": total / 2**30, "shards": len(files), "head_scale": head_scale, "token_ids": ids,
             "seconds": time.perf_counter() - t0}
 
@@ -142,6 +153,7 @@ def main() -> None:
     ap.add_argument("--shard-gb", type=float, default=5.0)
     ap.add_argument("--head-scale", type=float, default=None, help="default: 13.5 for LLaDA, none otherwise")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers at the shape's width (default: the shape's)")
     ap.add_argument("--out", default=None, help="JSON record of what was written")
     ap.add_argument("--release-tokenizer", action="store_true", help="also for a tiny shape (slower on a CPU)")
     a = ap.parse_args()
@@ -149,7 +161,7 @@ def main() -> None:
     with res.part("write"):
         res.put("write", write_random_checkpoint(a.shape, Path(a.dir), device=bl.device(), seed=a.seed,
                                                  shard_gb=a.shard_gb, head_scale=a.head_scale,
-                                                 release=True if a.release_tokenizer else None))
+                                                 release=True if a.release_tokenizer else None, layers=a.layers))
     if res.data["errors"]:
         raise SystemExit(1)
 

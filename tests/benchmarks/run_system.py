@@ -11,14 +11,28 @@ ranks of 8B with AdamW need ~64 GiB each before activations):
     lane GPU 3:     ckpt_llada -> ckpt_sdar                  random checkpoints, released layout
     lane GPU 2:     matmul -> engine_llada (after ckpt_llada) measured peak; engine alone
     lane GPU 0+1:   push                                      raw broadcast vs the push, 16 GB
-    then:           system_llada -> system_trado -> variants  the jobs (+ resume check)
+    then:           system_llada -> lora_llada -> system_trado -> variants   the jobs (+ resume check)
+
+``lora_llada`` is LLaDA-8B's job with learner.lora (rank 128, alpha 64) for 2 steps: each learner
+rank's peak GPU memory (learner/peak_gpu_gb/rank<r>) and the in-job push of the merged adapted
+matrices (time/weight_push, time/<actor>/push*).
+
+2 GPUs: the parts run one after another; a job takes both GPUs with 1 learner rank and 1 rollout
+worker. One 80 GB card cannot hold a full-parameter 8B learner (bf16 weights and gradients, fp32
+master weights and two AdamW moments: ~16 bytes per parameter, 128 GB for LLaDA-8B's 8.02B), so
+the full-parameter jobs take the family's width with ``SHORT_LAYERS`` layers (``ckpt_*_short``:
+LLaDA 11 of 32 layers = 3,435,229,184 parameters, 55 GB of states; SDAR 11 of 36 = 3,367,074,560);
+``lora_llada`` keeps all 32 layers (the base frozen in bf16, 16 GB).
 
 ``--parts`` picks and orders them (default: everything for llada, then trado); parts whose
 inputs are missing are skipped. ``--tiny`` runs the same parts on the CPU at the tiny shapes,
-one after another (the rehearsal: tests/benchmarks/test_bench_system.py runs one job part).
+one after another (the rehearsal: tests/benchmarks/test_bench_system.py runs one job part);
+``--plan-gpus 2`` plans for 2 GPUs (only the plan: the tiny rehearsal of the 2-GPU call).
 
     source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh
+    source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh --parts ckpt_llada_short,matmul,system_llada
     .venv/bin/python tests/benchmarks/run_system.py --tiny --out /tmp/system
+    .venv/bin/python tests/benchmarks/run_system.py --tiny --plan-gpus 2 --out /tmp/system2
 """
 from __future__ import annotations
 
@@ -44,8 +58,13 @@ VARIANTS = {
     "variant_micro_batch_32": ["algorithm.micro_batch_size=32"],
     "variant_draw_batch_1": ["estimator.draw_batch=1"],
 }
-DEFAULT_PARTS = ("ckpt_llada,matmul,push,engine_llada,system_llada,ckpt_sdar,system_trado,"
+DEFAULT_PARTS = ("ckpt_llada,matmul,push,engine_llada,system_llada,lora_llada,ckpt_sdar,system_trado,"
                  "variant_prefetch_5e7,variant_micro_batch_32")
+DEFAULT_PARTS_2GPU = ("ckpt_llada_short,matmul,push,system_llada,ckpt_llada,engine_llada,lora_llada,ckpt_sdar_short,"
+                      "system_trado")
+# 2 GPUs: the layers of a full-parameter job's model at the family's width (the module docstring); tiny: 1 of 2
+SHORT_LAYERS = {"llada": 11, "sdar": 11}
+LORA = ["learner.lora.rank=128", "learner.lora.alpha=64"]
 
 
 @dataclass
@@ -54,40 +73,60 @@ class Part(run_all.Job):
 
 
 def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
-         release_tokenizer: bool = False) -> tuple[list[list[Part]], list[Part]]:
-    """(parallel lanes, then the parts that take every GPU), in the order of ``parts``; checkpoints
-    and runs go under ``work``, each part's JSON record under ``records``."""
+         release_tokenizer: bool = False, devices: bool = True) -> tuple[list[list[Part]], list[Part]]:
+    """(parallel lanes, then the parts that take every GPU), in the order of ``parts``, for
+    ``n_gpus`` (4, or 2: one after another; see the module docstring); checkpoints and runs go
+    under ``work``, each part's JSON record under ``records``. ``devices``: the parts get GPU
+    indices (False: a CPU rehearsal of the plan)."""
+    if n_gpus not in (0, 2) and n_gpus < 4:
+        raise SystemExit(f"the system benchmark plans for 4 or more GPUs or for 2, not {n_gpus}")
+    two = n_gpus == 2
     t = ["--tiny"] if tiny else []
     scale = 3.0 if tiny else 1.0
-    ckpt = {"llada": work / ("tiny-llada" if tiny else "llada-8b"), "sdar": work / ("tiny-sdar" if tiny else "sdar-8b")}
     shape = {"llada": "tiny-llada" if tiny else "llada-8b", "sdar": "tiny-sdar" if tiny else "sdar-8b"}
-    gpus = (lambda *g: list(g)) if n_gpus else (lambda *g: [])
-    ranks_workers = ["--ranks", "2", "--workers", "1"] if tiny else ["--ranks", "3", "--workers", "1"]
+    ckpt = {family: work / shape[family] for family in shape}
+    short_layers = {family: 1 if tiny else layers for family, layers in SHORT_LAYERS.items()}
+    ckpt.update({f"{family}_short": work / f"{shape[family]}-{short_layers[family]}l" for family in shape})
+
+    def gpus(four: list[int], two_gpus: list[int]) -> list[int]:
+        return (two_gpus if two else four) if devices and n_gpus else []
+
+    if two:
+        ranks_workers = ["--ranks", "1", "--workers", "1"]
+    else:
+        ranks_workers = ["--ranks", "2", "--workers", "1"] if tiny else ["--ranks", "3", "--workers", "1"]
 
     def part(name, script, args, gpu_list, timeout, peak=None, after=()):
         return Part(name, script, [*args, "--out", str(records / f"{name}.json")], gpu_list, timeout * scale, peak,
                     after=tuple(after))
 
-    def system(name, family, config, extra, timeout, steps):
+    def system(name, family, config, extra, timeout, steps, full_parameter=True):
+        model = f"{family}_short" if two and full_parameter else family  # what one 80 GB learner rank holds
         return part(name, "bench_system.py",
-                    [*t, "--config", config, "--model-dir", str(ckpt[family]), *ranks_workers, "--steps", str(steps),
+                    [*t, "--config", config, "--model-dir", str(ckpt[model]), *ranks_workers, "--steps", str(steps),
                      "--work", str(work / name), "--timeout-s", str(timeout * scale - 25), "--name", name, *extra],
-                    gpus(0, 1, 2, 3), timeout, peak="matmul", after=[f"ckpt_{family}"])
+                    gpus([0, 1, 2, 3], [0, 1]), timeout, peak="matmul", after=[f"ckpt_{model}"])
+
+    def checkpoint(family, short):
+        name = f"ckpt_{family}{'_short' if short else ''}"
+        layers = ["--layers", str(short_layers[family])] if short else []
+        return part(name, "random_checkpoint.py", ["--shape", shape[family], "--dir", str(ckpt[name[5:]]), *layers,
+                                                   *tok], gpus([3], [0]), 120)
 
     full = ["--checkpoint-at", "4", "--resume-check", "--profile-step", "2", "--eval-prompts", "16"]
     short = ["--eval-prompts", "0", "--skip", "1"]
     tok = ["--release-tokenizer"] if release_tokenizer else []  # real shapes always take the released tokenizer
     known = {
-        "ckpt_llada": part("ckpt_llada", "random_checkpoint.py",
-                           ["--shape", shape["llada"], "--dir", str(ckpt["llada"]), *tok], gpus(3), 120),
-        "ckpt_sdar": part("ckpt_sdar", "random_checkpoint.py",
-                          ["--shape", shape["sdar"], "--dir", str(ckpt["sdar"]), *tok], gpus(3), 120),
-        "matmul": part("matmul", "bench_matmul.py", t, gpus(2), 60),
-        "push": part("push", "bench_push.py", [*t, "--reps", "2"], gpus(0, 1), 120),
+        **{p.name: p for p in (checkpoint(f, s) for f in ("llada", "sdar") for s in (False, True))},
+        "matmul": part("matmul", "bench_matmul.py", t, gpus([2], [0]), 60),
+        "push": part("push", "bench_push.py", [*t, "--reps", "2"], gpus([0, 1], [0, 1]), 120),
         "engine_llada": part("engine_llada", "bench_system.py",
                              [*t, "--engine-only", "--config", CONFIGS["llada"], "--model-dir", str(ckpt["llada"]),
-                              *ranks_workers, "--work", str(work / "engine_llada")], gpus(2), 120, after=["ckpt_llada"]),
+                              *ranks_workers, "--work", str(work / "engine_llada")], gpus([2], [0]), 120,
+                             after=["ckpt_llada"]),
         "system_llada": system("system_llada", "llada", CONFIGS["llada"], full, 450, 5),
+        "lora_llada": system("lora_llada", "llada", CONFIGS["llada"], [*short, *(f"--set={o}" for o in LORA)], 360, 2,
+                             full_parameter=False),
         "system_trado": system("system_trado", "sdar", CONFIGS["trado"], full, 450, 5),
     }
     for name, overrides in VARIANTS.items():
@@ -110,6 +149,7 @@ class SystemRunner(run_all.Runner):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.ended: dict[str, threading.Event] = {}
+        self.plan_gpus = self.n_gpus  # the GPUs the parts were planned for (--plan-gpus)
 
     def run(self, job: Part) -> None:
         for name in job.after:
@@ -130,6 +170,7 @@ class SystemRunner(run_all.Runner):
         with self.lock:
             records = {name: job.record for name, job in self.jobs.items() if job.record}
             data = {"finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "gpus": self.n_gpus, "tiny": self.tiny,
+                    "plan_gpus": self.plan_gpus,
                     "wall_s": round(time.monotonic() - self.t0, 1), "parts": records}
             run_all._write(self.out / "results.json", json.dumps(data, indent=1, default=str))
             try:
@@ -145,15 +186,21 @@ def summary(data: dict) -> str:
     parts = {k: v for k, v in data["parts"].items()}
     res = lambda name: (parts.get(name) or {}).get("result") or {}  # noqa: E731
     got = lambda name, *keys: _dig(res(name), "parts", *keys)  # noqa: E731
-    lines = [f"# System benchmark ({data['gpus']} GPUs{', tiny CPU rehearsal' if data['tiny'] else ''}, "
-             f"{data['wall_s']:.0f} s)", "", "| part | status | wall s |", "|---|---|---|"]
+    lines = [f"# System benchmark ({data['gpus']} GPUs, planned for {data.get('plan_gpus', data['gpus'])}"
+             f"{', tiny CPU rehearsal' if data['tiny'] else ''}, {data['wall_s']:.0f} s)", "",
+             "| part | status | wall s |", "|---|---|---|"]
     for name, p in parts.items():
         errors = ", ".join((p.get("result") or {}).get("errors") or {})
         lines.append(f"| {name} | {p.get('status')}{' (' + errors + ')' if errors else ''} | {p.get('wall_s', '')} |")
     peak = got("matmul", "matmul", "tflops_median")
     env = (res("matmul").get("environment") or {})
-    lines += ["", f"Card: {env.get('gpu')}; measured matmul {_f(peak, '{:.3g}')} TFLOP/s.", "",
-              "| target | measured | goal |", "|---|---|---|"]
+    lines += ["", f"Card: {env.get('gpu')}; measured matmul {_f(peak, '{:.3g}')} TFLOP/s."]
+    for name in [n for n in parts if n.startswith("ckpt_")]:
+        written = got(name, "write") or {}
+        if written.get("parameters"):
+            lines.append(f"Model {name}: {written.get('shape')}, {written.get('layers') or 'all'} layers, "
+                         f"{written['parameters']:,} parameters.")
+    lines += ["", "| target | measured | goal |", "|---|---|---|"]
     raw = got("push", "raw_buckets_512mb", "median_s") or got("push", "raw_per_tensor", "median_s")
     engine = got("engine_llada", "engine", "tokens_per_s")
     for name in ("system_llada", "system_trado"):
@@ -176,6 +223,17 @@ def summary(data: dict) -> str:
         verdict = got(name, "resume_check") or {}
         lines.append(f"| {name}: `train --resume` continued from the checkpoint | {verdict.get('continued')} "
                      f"(resumed at {verdict.get('resumed_at_step')}, last step {verdict.get('last_step')}) | yes |")
+    lora = got("lora_llada", "job", "figures") or {}
+    if lora.get("steps"):
+        full_push = (got("system_llada", "job", "figures") or {}).get("push_s_median")
+        peaks = lora.get("learner_peak_gpu_gb") or lora.get("learner_peak_rss_gb") or {}
+        kind = "GPU" if lora.get("learner_peak_gpu_gb") else "host RSS"
+        by_actor = ", ".join(f"{k} {v:.2f}" for k, v in (lora.get("push_by_actor_s") or {}).items())
+        lines += [f"| lora_llada (r 128, alpha 64): learner peak {kind} GB per rank | "
+                  f"{', '.join(f'{r} {v:.1f}' for r, v in peaks.items()) or 'n/a'} | fits the card |",
+                  f"| lora_llada: in-job push per step (median) / system_llada's full push | "
+                  f"{_f(lora.get('push_s_median'), '{:.2f}')} s / {_f(full_push, '{:.2f}')} s (per actor: "
+                  f"{by_actor or 'n/a'}) | smaller |"]
     base = got("system_llada", "job", "figures") or {}
     for name in [n for n in parts if n.startswith("variant_")]:
         f = got(name, "job", "figures") or {}
@@ -183,7 +241,7 @@ def summary(data: dict) -> str:
             lines.append(f"| {name} ({', '.join(VARIANTS.get(name, []))}): learner step, MFU | "
                          f"{_f(f.get('train_s_median'), '{:.1f}')} s, {_f(f.get('learner_mfu'), '{:.1%}')} (shipped: "
                          f"{_f(base.get('train_s_median'), '{:.1f}')} s, {_f(base.get('learner_mfu'), '{:.1%}')}) | the faster wins |")
-    for name in [n for n in parts if n.startswith(("system_", "variant_"))]:
+    for name in [n for n in parts if n.startswith(("system_", "lora_", "variant_"))]:
         for part in ("job", "resume"):
             figures = got(name, part, "figures")
             if figures:
@@ -214,7 +272,10 @@ def _f(x, fmt: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="the tiny shapes on the CPU (rehearsal)")
-    ap.add_argument("--parts", default=DEFAULT_PARTS, help="comma list, in priority order")
+    ap.add_argument("--parts", default=None, help="comma list, in priority order (default: DEFAULT_PARTS, on 2 GPUs "
+                    "DEFAULT_PARTS_2GPU)")
+    ap.add_argument("--plan-gpus", type=int, default=None,
+                    help="plan for this many GPUs (4+ or 2; default: the GPUs here); with --tiny only the plan changes")
     ap.add_argument("--deadline-s", type=float, default=540.0)
     ap.add_argument("--work", default=None, help="checkpoints and runs (default: /dev/shm when it has room, else /tmp)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "results" / "system_latest"))
@@ -228,14 +289,20 @@ def main() -> None:
     n_gpus = torch.cuda.device_count()
     if not n_gpus and not a.tiny:
         raise SystemExit("no CUDA device: run with --tiny to rehearse on the CPU")
+    plan_gpus = n_gpus if a.plan_gpus is None else a.plan_gpus
+    if n_gpus and plan_gpus > n_gpus:
+        raise SystemExit(f"--plan-gpus {plan_gpus}: only {n_gpus} GPU(s) here")
+    parts = a.parts or (DEFAULT_PARTS_2GPU if plan_gpus == 2 else DEFAULT_PARTS)
     runner = SystemRunner(out, a.deadline_s, n_gpus, a.tiny)
+    runner.plan_gpus = plan_gpus
     work = Path(a.work) if a.work else scratch(a.tiny)
     work.mkdir(parents=True, exist_ok=True)
-    lanes, after = plan([p for p in a.parts.split(",") if p], a.tiny, work, runner.work, n_gpus, a.release_tokenizer)
+    lanes, after = plan([p for p in parts.split(",") if p], a.tiny, work, runner.work, plan_gpus, a.release_tokenizer,
+                        devices=n_gpus > 0)
     for part in [p for lane in lanes for p in lane] + after:
         runner.ended[part.name] = threading.Event()
-    runner.say(f"system benchmark: {n_gpus} GPU(s), torch {torch.__version__}, tiny={a.tiny}, deadline "
-               f"{a.deadline_s:.0f} s, work {work}, parts {a.parts}")
+    runner.say(f"system benchmark: {n_gpus} GPU(s), planned for {plan_gpus}, torch {torch.__version__}, "
+               f"tiny={a.tiny}, deadline {a.deadline_s:.0f} s, work {work}, parts {parts}")
     threads = [threading.Thread(target=lambda lane=lane: [runner.run(p) for p in lane]) for lane in lanes]
     for th in threads:
         th.start()

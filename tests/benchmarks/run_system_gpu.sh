@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The system benchmark of issues 11 and 15 in one device call (4 GPUs, deadline 540 s; see
+# The system benchmark of issues 11 and 15 in one device call (4 GPUs or 2, deadline 540 s; see
 # tests/benchmarks/run_system.py). On the GPU machine, from the repository root:
 #     source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh
 # The second call (TraDo; a fresh machine has no checkpoints, so ckpt_sdar again), then the learner
 # variants if time is left:
 #     source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh --parts ckpt_sdar,matmul,system_trado
 #     source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh --parts ckpt_llada,matmul,variant_prefetch_5e7,variant_micro_batch_32,variant_draw_batch_1
+#     source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh --parts ckpt_llada,matmul,lora_llada
+# On 2 GPUs (planned by itself: 1 learner rank + 1 rollout worker, full-parameter jobs at 11 layers):
+#     source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh --parts ckpt_llada_short,matmul,push,system_llada
+#     source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh --parts ckpt_llada,matmul,lora_llada
 # Results: $OUT/results.json, $OUT/summary.md, $OUT/run.log. Extra arguments go to run_system.py.
 set -u
 cd "$(dirname "$0")/../.."

@@ -68,6 +68,13 @@ def analyse(records: list[dict], gpu_samples: list[tuple[float, int, float, floa
     out["step_s_median"] = statistics.median(r["time/step"] for r in timed)
     out["train_s_median"] = statistics.median(r["time/train"] for r in timed)
     out["push_s"] = [r.get("time/weight_push") for r in steps]
+    push = [r["time/weight_push"] for r in timed if r.get("time/weight_push") is not None]
+    out["push_s_median"] = statistics.median(push) if push else None
+    for kind in ("gpu", "rss"):  # each learner rank's peak over the run (learner/peak_<kind>_gb/rank<r>)
+        prefix = f"learner/peak_{kind}_gb/"
+        ranks = sorted({k.removeprefix(prefix) for r in steps for k in r if k.startswith(prefix)})
+        if ranks:
+            out[f"learner_peak_{kind}_gb"] = {rank: max(r.get(prefix + rank, 0.0) for r in steps) for rank in ranks}
     mfu = [r["perf/mfu"] for r in timed if "perf/mfu" in r]
     out["learner_mfu"] = statistics.median(mfu) if mfu else None
     out["learner_mfu_against_tflops"] = peak_tflops
@@ -81,6 +88,8 @@ def analyse(records: list[dict], gpu_samples: list[tuple[float, int, float, floa
             out["step_after_checkpoint_s"] = after[0]
             out["step_after_checkpoint_ratio"] = after[0] / statistics.median(plain)
     out["actors"] = {name: actor_figures(name, timed, gpu_samples, window) for name in actors_of(records)}
+    out["push_by_actor_s"] = {f"{name}/{activity}": seconds / len(timed) for name, a in out["actors"].items()
+                              for activity, seconds in sorted(a["seconds"].items()) if activity.startswith("push")}
     return out
 
 
@@ -141,6 +150,10 @@ def markdown(name: str, f: dict[str, Any]) -> str:
              f"{num(f['learner_mfu_against_tflops'], '{:.3g}')} TFLOP/s; rollout {num(f['rollout_tokens_per_s_generating'], '{:.0f}')} "
              f"tokens/s per worker while generating ({num(f['rollout_tokens_per_forward'])} tokens/forward); "
              f"push {', '.join(num(p) for p in f['push_s'])} s"
+             + (f" (per step: {', '.join(f'{k} {v:.2f}' for k, v in f['push_by_actor_s'].items())} s)"
+                if f.get("push_by_actor_s") else "")
+             + "".join(f"; learner peak {kind.upper()} GB {', '.join(f'{r} {v:.1f}' for r, v in f[key].items())}"
+                       for kind, key in (("gpu", "learner_peak_gpu_gb"), ("rss", "learner_peak_rss_gb")) if f.get(key))
              + (f"; step after the checkpoint {num(f.get('step_after_checkpoint_ratio'))}x a plain one"
                 if "step_after_checkpoint_ratio" in f else ""), "",
              "| actor | GPU | busy | GPU busy | peak GiB (torch / smi) | seconds per activity (timed steps) |",
