@@ -5,7 +5,8 @@ Deadlines. An actor runs its calls one at a time, in the order they were made, s
 starts when the call before it on the same actor finished (or when it was made, if that actor was
 idle): a deadline then bounds the call itself, not the queue in front of it. A worker call past its
 deadline is reported as ``timed_out`` (the scheduler then has the worker killed and replaced, like
-a dead one); a learner rank past its deadline fails the step.
+a dead one); a learner rank past its deadline fails the step. A staged push's receive runs on the
+worker's "weights" thread, beside its requests, so it has a queue of its own.
 
 Groups. The M learner ranks of a step, and the sends (with, for a collective push, the
 receivers) of a push, finish together: one event once all are back. When one member fails, the
@@ -213,7 +214,8 @@ class RayRuntime:
         """The worker's process is killed: nothing of it is waited for any more."""
         if worker not in self.actors.pool:
             return
-        for ref in list(self.queues.pop(_key(self.actors.pool[worker]), ())):
+        key = _key(self.actors.pool[worker])
+        for ref in [*self.queues.pop(key, ()), *self.queues.pop(key + "/weights", ())]:
             waiting = self.waiting.pop(ref, None)
             if waiting is not None and waiting.group is not None:
                 self._member_failed(waiting.group, ref, "died", "its process was replaced")
