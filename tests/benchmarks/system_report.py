@@ -82,11 +82,14 @@ def analyse(records: list[dict], gpu_samples: list[tuple[float, int, float, floa
     out["rollout_tokens_per_s_generating"] = sum_of("rollout/tokens") / generate_s if generate_s else None
     out["rollout_tokens_per_forward"] = sum_of("rollout/tokens") / max(1.0, sum_of("rollout/forwards"))
     if checkpoint_at is not None:
-        after = [r["time/step"] for r in steps if r["step"] == checkpoint_at + 1]
-        plain = [r["time/step"] for r in timed if r["step"] not in (checkpoint_at + 1,)]
-        if after and plain:
-            out["step_after_checkpoint_s"] = after[0]
-            out["step_after_checkpoint_ratio"] = after[0] / statistics.median(plain)
+        # the step after the save against the other timed steps: its wall (set by whichever actor is
+        # the critical path) and its training (where a learner that waited for the save shows)
+        for key, name in (("time/step", "step"), ("time/train", "train")):
+            after = [r[key] for r in steps if r["step"] == checkpoint_at + 1 and key in r]
+            plain = [r[key] for r in timed if r["step"] != checkpoint_at + 1 and key in r]
+            if after and plain:
+                out[f"{name}_after_checkpoint_s"] = after[0]
+                out[f"{name}_after_checkpoint_ratio"] = after[0] / statistics.median(plain)
     out["actors"] = {name: actor_figures(name, timed, gpu_samples, window) for name in actors_of(records)}
     out["push_by_actor_s"] = {f"{name}/{activity}": seconds / len(timed) for name, a in out["actors"].items()
                               for activity, seconds in sorted(a["seconds"].items()) if activity.startswith("push")}
