@@ -85,18 +85,10 @@ class _StagingLoader(ParameterLoader):
         super().__init__(staged.params, partial=partial)  # checks names and shapes against the model
         self.staged = staged
 
-    @torch.no_grad()
-    def __call__(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        for name, tensor in named_tensors:
-            param = self.params.get(name)
-            if param is None:
-                raise KeyError(f"weight push: received {name!r}, which the receiving model does not have")
-            if param.shape != tensor.shape:
-                raise ValueError(f"weight push: {name} has shape {tuple(tensor.shape)}, the model {tuple(param.shape)}")
-            if name not in self.staged.tensors:
-                self.staged.tensors[name] = torch.empty_like(param, memory_format=torch.contiguous_format)
-            self.staged.tensors[name].copy_(tensor)
-            self.loaded.add(name)
+    def destination(self, name: str, param: torch.Tensor) -> torch.Tensor:
+        if name not in self.staged.tensors:
+            self.staged.tensors[name] = torch.empty_like(param, memory_format=torch.contiguous_format)
+        return self.staged.tensors[name]
 
     def finish(self) -> None:
         self.arrived = set(self.loaded)

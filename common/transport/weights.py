@@ -101,8 +101,12 @@ class ParameterLoader:
                 raise KeyError(f"weight push: received {name!r}, which the receiving model does not have")
             if param.shape != tensor.shape:
                 raise ValueError(f"weight push: {name} has shape {tuple(tensor.shape)}, the model {tuple(param.shape)}")
-            param.copy_(tensor)
+            self.destination(name, param).copy_(tensor)
             self.loaded.add(name)
+
+    def destination(self, name: str, param: torch.Tensor) -> torch.Tensor:
+        """Where the received ``name`` is written: the parameter itself."""
+        return param
 
     def finish(self) -> None:
         missing = sorted(set(self.params) - self.loaded)
