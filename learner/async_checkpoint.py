@@ -61,18 +61,44 @@ def _durably(path: str, write: Callable[[Any], None]) -> None:
         os.close(fd)
 
 
-def snapshot(state: Any, stream: Optional["torch.cuda.Stream"] = None) -> Any:
+class HostBounce:
+    """Copies a device storage into pageable host memory through a small page-locked buffer, in
+    chunks: the device-to-host DMA runs at the link's speed into the locked buffer, then the host
+    copies it on. A plain copy into pageable memory goes through the driver's own small staging
+    and ran at ~1.5 GB/s on an H100 host for a 55 GB ZeRO state (the learner's next optimizer step
+    waited ~26 s for it); the locked buffer is allocated once per writer (``chunk_bytes``), not per
+    save. Without CUDA the buffer is ordinary memory and the chunks take the same path."""
+
+    def __init__(self, chunk_bytes: int = 256 << 20) -> None:
+        self.chunk_bytes = chunk_bytes
+        self.buffer: Optional[torch.Tensor] = None
+
+    def copy(self, source: torch.Tensor, host: torch.Tensor, stream: Optional["torch.cuda.Stream"] = None) -> None:
+        """``host`` (uint8, host memory) := ``source`` (uint8, same length, any device)."""
+        cuda = source.device.type == "cuda"
+        if self.buffer is None or (cuda and not self.buffer.is_pinned()):
+            self.buffer = torch.empty(self.chunk_bytes, dtype=torch.uint8, pin_memory=cuda)
+        for start in range(0, source.numel(), self.chunk_bytes):
+            n = min(self.chunk_bytes, source.numel() - start)
+            self.buffer[:n].copy_(source[start:start + n], non_blocking=cuda)
+            if cuda:  # the DMA has landed before the host reads the buffer
+                (stream or torch.cuda.current_stream()).synchronize()
+            host[start:start + n].copy_(self.buffer[:n])
+
+
+def snapshot(state: Any, stream: Optional["torch.cuda.Stream"] = None, bounce: Optional[HostBounce] = None) -> Any:
     """A copy of ``state`` (nested dicts / lists / tuples) with every tensor in host memory; tensors
     that share a storage share one copy (views keep their offset and strides), other objects are
-    kept as they are. CUDA copies run on ``stream``."""
+    kept as they are. CUDA copies run on ``stream``, through ``bounce`` (a fresh one if None)."""
     copies: dict[tuple, torch.UntypedStorage] = {}
+    bounce = bounce or HostBounce()
 
     def copy(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         key = (storage.device.type, storage.device.index, storage.data_ptr(), storage.nbytes())
         if key not in copies:
             host = torch.empty(storage.nbytes(), dtype=torch.uint8)
-            host.copy_(torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage))
+            bounce.copy(torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage), host, stream)
             copies[key] = host.untyped_storage()
         out = torch.empty(0, dtype=t.dtype)
         return out.set_(copies[key], t.storage_offset(), t.size(), t.stride()).requires_grad_(t.requires_grad)
@@ -114,6 +140,7 @@ class BackgroundWriter:
         self.written.set()
         self.error: Optional[BaseException] = None
         self.stream = None
+        self.bounce = HostBounce()
 
     # ---- DeepSpeed's checkpoint-engine interface --------------------------------------------
     def create(self, info: Any) -> None:
@@ -166,7 +193,7 @@ class BackgroundWriter:
             try:
                 if after is not None:
                     self.stream.wait_event(after)
-                copies = [(snapshot(state, self.stream), path) for state, path in files]
+                copies = [(snapshot(state, self.stream, self.bounce), path) for state, path in files]
             finally:
                 self.snapshotted.set()
             del files

@@ -8,6 +8,7 @@ copy on a side stream lands whole and reaches the parameters only at ``apply``.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from torch import nn
 
 from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from common.transport.staging import StagedWeights
-from learner.async_checkpoint import BackgroundWriter, marker_name
+from learner.async_checkpoint import BackgroundWriter, HostBounce, marker_name, snapshot
 from learner.group import free_port
 
 pytestmark = pytest.mark.gpu
@@ -35,6 +36,22 @@ def test_the_snapshot_is_the_device_state_at_the_save(tmp_path):
     saved = torch.load(tmp_path / "a.pt")
     assert saved["w"].device.type == "cpu" and bool((saved["w"] == 1.0).all())
     assert saved["view"].untyped_storage().data_ptr() == saved["w"].untyped_storage().data_ptr()
+
+
+def test_the_bounce_snapshot_of_a_large_state_is_exact_across_chunks():
+    dev = torch.device("cuda", 0)
+    g = torch.Generator(device=dev).manual_seed(0)
+    state = {"master": torch.rand(300 << 20, device=dev, generator=g),  # 1.2 GB fp32, 19 chunks of 64 MB
+             "moment": torch.rand((5 << 20) + 3, device=dev, generator=g).to(torch.bfloat16)}
+    expected = {k: v.cpu() for k, v in state.items()}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    t0 = time.perf_counter()
+    snap = snapshot(state, stream, HostBounce(chunk_bytes=64 << 20))
+    seconds = time.perf_counter() - t0
+    nbytes = sum(v.numel() * v.element_size() for v in state.values())
+    print(f"bounce snapshot: {nbytes / 2**30:.2f} GiB in {seconds:.2f} s ({nbytes / seconds / 1e9:.1f} GB/s)")
+    assert all(torch.equal(snap[k], expected[k]) for k in state)
 
 
 def test_a_push_staged_into_cuda_lands_whole_at_apply():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from learner.async_checkpoint import BackgroundWriter, marker_name, snapshot
+from learner.async_checkpoint import BackgroundWriter, HostBounce, marker_name, snapshot
 
 torch.set_num_threads(1)
 
@@ -27,6 +27,21 @@ def test_snapshot_is_the_state_at_the_save_with_shared_storage_kept():
     assert torch.equal(snap["b"], torch.arange(12.0).view(3, 4))
     assert snap["a"].untyped_storage().data_ptr() == snap["b"].untyped_storage().data_ptr()  # one copy
     assert snap["nested"]["c"][0].dtype == torch.bfloat16
+
+
+def test_a_snapshot_through_a_small_bounce_buffer_copies_every_chunk_in_place():
+    base = torch.randn(1000)  # 4000 bytes: 5 chunks of 999 bytes and one of 4
+    other = torch.arange(7, dtype=torch.int16)
+    state = {"w": base.view(10, 100), "tail": base[997:], "other": other}
+    bounce = HostBounce(chunk_bytes=999)
+    snap = snapshot(state, bounce=bounce)
+    expected = base.clone()
+    base.zero_()
+    assert torch.equal(snap["w"].flatten(), expected)
+    assert torch.equal(snap["tail"], expected[997:])
+    assert torch.equal(snap["other"], torch.arange(7, dtype=torch.int16))
+    assert snap["w"].untyped_storage().data_ptr() == snap["tail"].untyped_storage().data_ptr()
+    assert bounce.buffer.numel() == 999  # one buffer, reused for every chunk and tensor
 
 
 def slow_write(delay_s: float, log: list):
