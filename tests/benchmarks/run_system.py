@@ -13,6 +13,9 @@ ranks of 8B with AdamW need ~64 GiB each before activations):
     lane GPU 0+1:   push                                      raw broadcast vs the push, 16 GB
     then:           system_llada -> lora_llada -> system_trado -> variants   the jobs (+ resume check)
 
+8 GPUs or more: the same lanes, and the jobs on GPUs 0-7 with the configs' own 4 learner ranks and
+4 rollout workers, as shipped.
+
 ``lora_llada`` is LLaDA-8B's job with learner.lora (rank 128, alpha 64) for 2 steps: each learner
 rank's peak GPU memory (learner/peak_gpu_gb/rank<r>) and the in-job push of the merged adapted
 matrices (time/weight_push, time/<actor>/push*).
@@ -94,6 +97,8 @@ def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
 
     if two:
         ranks_workers = ["--ranks", "1", "--workers", "1"]
+    elif n_gpus >= 8 and not tiny:  # the one-node configs as shipped: their own 4 ranks + 4 workers
+        ranks_workers = []
     else:
         ranks_workers = ["--ranks", "2", "--workers", "1"] if tiny else ["--ranks", "3", "--workers", "1"]
 
@@ -106,7 +111,8 @@ def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
         return part(name, "bench_system.py",
                     [*t, "--config", config, "--model-dir", str(ckpt[model]), *ranks_workers, "--steps", str(steps),
                      "--work", str(work / name), "--timeout-s", str(timeout * scale - 25), "--name", name, *extra],
-                    gpus([0, 1, 2, 3], [0, 1]), timeout, peak="matmul", after=[f"ckpt_{model}"])
+                    gpus(list(range(8)) if n_gpus >= 8 else [0, 1, 2, 3], [0, 1]), timeout, peak="matmul",
+                    after=[f"ckpt_{model}"])
 
     def checkpoint(family, short):
         name = f"ckpt_{family}{'_short' if short else ''}"
@@ -142,7 +148,7 @@ def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
         return [], chosen
     lanes = [[p for p in chosen if p.gpus == [3]], [p for p in chosen if p.gpus == [2]],
              [p for p in chosen if p.gpus == [0, 1]]]
-    return [lane for lane in lanes if lane], [p for p in chosen if len(p.gpus) == 4]
+    return [lane for lane in lanes if lane], [p for p in chosen if len(p.gpus) >= 4]
 
 
 class SystemRunner(run_all.Runner):

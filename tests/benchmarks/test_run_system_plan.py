@@ -53,3 +53,10 @@ def test_the_tiny_rehearsal_of_the_two_gpu_plan_runs_on_the_cpu_with_one_layer(t
     assert lanes == [] and all(p.gpus == [] for p in chosen) and arg(short, "--layers") == "1"
     assert "--tiny" in system.args and arg(system, "--ranks") == "1" and arg(system, "--model-dir") == arg(short, "--dir")
     assert arg(lora, "--model-dir") != arg(short, "--dir")
+
+
+def test_eight_gpus_run_the_one_node_configs_as_shipped(tmp_path):
+    lanes, after = plan(DEFAULT_PARTS.split(","), False, tmp_path, tmp_path / "records", 8)
+    assert [p.name for lane in lanes for p in lane] == ["ckpt_llada", "ckpt_sdar", "matmul", "engine_llada", "push"]
+    for job in after:
+        assert job.gpus == list(range(8)) and "--ranks" not in job.args and "--workers" not in job.args
