@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 import benchlib as bl
+import run_all
 import system_report as report
 import yaml
 
@@ -254,22 +255,10 @@ def run_logged(cmd: list[str], env: dict, log: Path, timeout_s: float) -> tuple[
             reader.join(timeout=10)
             return rc, False
         except (Stopped, subprocess.TimeoutExpired):
-            _kill(proc)
+            # SIGINT first (the CLI shuts Ray down), then SIGTERM, SIGKILL, within the runner's 10 s grace
+            run_all.stop_group(proc, ((signal.SIGINT, 5), (signal.SIGTERM, 2), (signal.SIGKILL, 2)))
             reader.join(timeout=5)
             return proc.wait(), True
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGINT (the CLI shuts Ray down), then SIGTERM, then SIGKILL, within the runner's 10 s grace."""
-    for sig, wait in ((signal.SIGINT, 5), (signal.SIGTERM, 2), (signal.SIGKILL, 2)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def resume_verdict(a: argparse.Namespace, log: Path, figures: dict) -> dict:

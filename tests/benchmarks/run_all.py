@@ -167,7 +167,7 @@ class Runner:
             rc = proc.wait(timeout=timeout)
             status = "ok" if rc == 0 else "failed"
         except subprocess.TimeoutExpired:
-            self._kill(proc)
+            stop_group(proc)
             rc, status = proc.wait(), "timeout"
         reader.join(timeout=10)
         wall = time.monotonic() - start
@@ -203,17 +203,15 @@ class Runner:
                 if _worth_echoing(line):
                     print(f"[{name}] {line[:300]}", flush=True)
 
-    @staticmethod
-    def _kill(proc: subprocess.Popen) -> None:
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)  # the job and the rank processes it started
-                proc.wait(timeout=wait)
-                return
-            except ProcessLookupError:
-                return
-            except subprocess.TimeoutExpired:
-                continue
+    def run_plan(self, lanes: list[list[Job]], after: list[Job]) -> None:
+        """Each lane in a thread of its own (its jobs one after another), then ``after`` in order."""
+        threads = [threading.Thread(target=lambda lane=lane: [self.run(j) for j in lane]) for lane in lanes]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        for job in after:
+            self.run(job)
 
     def _read(self, job: Job) -> dict | None:
         path = self.work / f"{job.name}.json"
@@ -261,14 +259,23 @@ def main() -> None:
                f"deadline {a.deadline_s:.0f} s, out={out}")
     lanes, after, skipped = select(*plan(n_gpus, a.tiny, runner.work, a.quick), a.only)
     runner.skipped = skipped
-    threads = [threading.Thread(target=lambda lane=lane: [runner.run(j) for j in lane]) for lane in lanes]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for job in after:
-        runner.run(job)
+    runner.run_plan(lanes, after)
     finish(runner)
+
+
+def stop_group(proc: subprocess.Popen, ladder: tuple[tuple[int, float], ...] = ((signal.SIGTERM, 10), (signal.SIGKILL, 10))
+               ) -> None:
+    """Signal ``proc``'s process group (the job and the processes it started) with each signal of
+    ``ladder`` in turn, waiting its seconds, until the process has exited."""
+    for sig, wait in ladder:
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def finish(runner: Runner) -> None:

@@ -324,13 +324,7 @@ def main() -> None:
         runner.ended[part.name] = threading.Event()
     runner.say(f"system benchmark: {n_gpus} GPU(s), planned for {plan_gpus}, torch {torch.__version__}, "
                f"tiny={a.tiny}, deadline {a.deadline_s:.0f} s, work {work}, parts {parts}")
-    threads = [threading.Thread(target=lambda lane=lane: [runner.run(p) for p in lane]) for lane in lanes]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for part in after:
-        runner.run(part)
+    runner.run_plan(lanes, after)
     _, text = runner.snapshot()
     runner.say(f"wrote {out}/results.json, summary.md, run.log")
     print("\n" + text, flush=True)
