@@ -29,7 +29,8 @@ Log = Callable[[str], None]
 
 
 def protocol_config(cfg: JobConfig, name: str, *, benchmarks: Optional[list[str]] = None,
-                    lengths: Optional[list[int]] = None, num_prompts: Optional[int] = None) -> ProtocolConfig:
+                    lengths: Optional[list[int]] = None, num_prompts: Optional[int] = None,
+                    math_graders: Optional[list[str]] = None, generation: Optional[str] = None) -> ProtocolConfig:
     """``eval.protocol`` of the job config (or the protocol's defaults), narrowed by the flags."""
     from common.config.base import validate
 
@@ -43,6 +44,10 @@ def protocol_config(cfg: JobConfig, name: str, *, benchmarks: Optional[list[str]
     data["benchmarks"] = chosen
     if lengths:
         data["gen_lengths"] = lengths
+    if math_graders is not None:
+        data["math_graders"] = math_graders
+    if generation is not None:
+        data["generation"] = generation
     return validate(ProtocolConfig, data, source="--protocol settings")
 
 
@@ -115,7 +120,9 @@ def protocol_command(cfg: JobConfig, protocol: ProtocolConfig, *, model_dir: Opt
     results = ResultLog.open(out_dir, prepared.header(described))
     sizes = ", ".join(f"{b.benchmark.title} {len(b.rows)}" for b in prepared.benchmarks.values())
     log(f"stabledrl eval: protocol {protocol.name} on {described}: {sizes} prompts x lengths "
-        f"{protocol.gen_lengths}; MATH graded by {prepared.header('')['math_grader']}; results in {out_dir}")
+        f"{protocol.gen_lengths}; graded as d1 grades (MATH: MATH's is_equiv)"
+        + (f", MATH500 also by {', '.join(protocol.math_graders)}" if protocol.math_graders else "")
+        + f"; generation {protocol.generation}; results in {out_dir}")
     results.check_prompts(prepared.prompt_hashes())
     if pending_units(prepared, results.done()):
         started = _init_ray(cfg)

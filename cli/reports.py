@@ -17,14 +17,31 @@ from pathlib import Path
 
 from common.config.base import ConfigError
 
+PROTOCOL_NEEDS = """\
+what --protocol d1 needs:
+  data      GSM8K test (openai/gsm8k, main) and MATH500 (HuggingFaceH4/MATH-500) in the Hugging Face datasets
+            cache (or reachable to download); d1's Countdown and Sudoku files under data/d1/
+            (countdown_cd3_test.jsonl, 4x4_test_sudoku.csv from dllm-reasoning/d1's dataset/ folder; a missing
+            file stops the run with the command that fetches it). eval.protocol.benchmarks.X.source points
+            elsewhere.
+  graders   d1's own readings, built in (MATH: MATH's is_equiv, no extra package). --graders latex adds a
+            MATH500 row by the project's LaTeX equivalence; --graders math-verify one by Math-Verify
+            (pip install 'math-verify[antlr4_13_2]'; refused up front when missing). run.json records the
+            graders and package versions.
+  model     the config's model (or --model / --checkpoint) and a GPU per worker (CPU workers without GPUs).
+  --generation d1   decodes as d1's eval.py: batch left-padded, no attention mask, fp16 autocast on CUDA.
+  --regrade-d1 PATH needs only d1's generation JSON files (a d1 checkout); no model, no GPU, no --config.
+"""
 STUDY_CPU = Path(__file__).resolve().parents[1] / "deploy" / "configs" / "study_cpu.yaml"
 COMMANDS = ("eval", "plot", "study")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    ev = sub.add_parser("eval", help="held-out pass@1 / pass@k of an exported model or a checkpoint; "
-                        "--protocol d1: the papers' table (cli/protocol_eval.py)")
-    ev.add_argument("--config", required=True, help="the job config the policy was trained with (task, sampler, eval)")
+    ev = sub.add_parser(
+        "eval", help="held-out pass@1 / pass@k of an exported model or a checkpoint; --protocol d1: the papers' table "
+        "(cli/protocol_eval.py)", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=PROTOCOL_NEEDS)
+    ev.add_argument("--config", default=None, help="the job config the policy was trained with (task, sampler, eval); "
+                    "required except with --regrade-d1")
     source = ev.add_mutually_exclusive_group()
     source.add_argument("--model", help="a transformers directory (run.export_final writes output_dir/final_model)")
     source.add_argument("--checkpoint", help="a DeepSpeed checkpoint: output_dir, output_dir/checkpoints or one tag")
@@ -43,6 +60,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--lengths", default=None, help="with --protocol: generation lengths, e.g. 256 or 128,256,512")
     ev.add_argument("--workers", type=int, default=None, help="with --protocol: eval workers (default: one per GPU "
                     "of the cluster; without GPUs rollout.num_workers)")
+    ev.add_argument("--graders", default=None, help="with --protocol or --regrade-d1: MATH500 also graded by these, "
+                    "each in its own row: latex, math-verify (needs the math-verify package)")
+    ev.add_argument("--generation", choices=("stabledrl", "d1"), default=None, help="with --protocol: decode as this "
+                    "project does (default) or exactly as d1's eval (left padding, no attention mask, fp16 autocast, "
+                    "second BOS); docs/protocol.md")
+    ev.add_argument("--regrade-d1", metavar="PATH", default=None, help="grade d1's generation files (a d1 checkout: "
+                    "its eval/eval_baselines, or a directory of *_generations.json) with this project's d1 graders and "
+                    "print the table; --out writes every decision as JSON")
     ev.add_argument("overrides", nargs="*", help="dotted overrides of the config, e.g. sampler.temperature=0")
 
     pl = sub.add_parser("plot", help="reward, held-out accuracy, ratios, grad norm, clipping, staleness to PNG")
@@ -75,6 +100,21 @@ def _eval(args: argparse.Namespace) -> int:
     from common.config.job import load_job_config
     from cli.offline_eval import eval_command
 
+    graders = [g for g in args.graders.split(",") if g] if args.graders else None
+    if args.regrade_d1:
+        from cli.regrade_d1 import regrade_command
+        from common.tasks.graders import check_math_grader
+
+        for name in graders or []:
+            try:
+                check_math_grader(name)
+            except ValueError as e:
+                raise ConfigError(f"--graders: {e}") from None
+        regrade_command(args.regrade_d1, graders or [], args.out)
+        return 0
+    if args.config is None:
+        raise ConfigError("eval: --config is required (except with --regrade-d1)")
+    args.math_graders = graders
     cfg = load_job_config(args.config, args.overrides)
     if args.protocol:
         return _protocol_eval(args, cfg)
@@ -95,7 +135,8 @@ def _protocol_eval(args: argparse.Namespace, cfg) -> int:
     except ValueError:
         raise ConfigError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
     benchmarks = args.benchmarks.split(",") if args.benchmarks else None
-    protocol = protocol_config(cfg, args.protocol, benchmarks=benchmarks, lengths=lengths, num_prompts=args.num_prompts)
+    protocol = protocol_config(cfg, args.protocol, benchmarks=benchmarks, lengths=lengths, num_prompts=args.num_prompts,
+                               math_graders=args.math_graders, generation=args.generation)
     from common.checkpoint_files import CheckpointError  # also a model directory that cannot be loaded
     from common.tasks import DataError
     from recipes.protocol_results import ResultsMismatch

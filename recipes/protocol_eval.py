@@ -29,7 +29,7 @@ from common.config.protocol import ProtocolConfig
 from common.config.sampler import SamplerConfig
 from common.seeding import derive_seed
 from common.tasks.base import stable_hash
-from common.tasks.graders import math_grader
+from common.tasks.graders import as_d1_text, grade_math_with, grader_versions, protocol_graders
 from common.tasks.prompts import prompt_ids
 from common.tasks.protocols import PROTOCOLS, BenchmarkRows, load_benchmark
 from recipes.protocol_results import ResultLog, protocol_table, record
@@ -53,10 +53,10 @@ class Prepared:
         """What the results depend on (recipes.protocol_results: a rerun must match it)."""
         c = self.cfg
         decoding = {"block_length": c.block_length, "steps_per_token": c.steps_per_token, "temperature": c.temperature,
-                    "remasking": c.remasking, "cache": c.cache, "seed": c.seed}
+                    "remasking": c.remasking, "cache": c.cache, "seed": c.seed, "generation": c.generation}
         sources = {name: {"source": b.source, "rows": b.size} for name, b in self.benchmarks.items()}
-        return {"protocol": c.name, "decoding": decoding, "policy": policy, "math_grader": math_grader(),
-                "sources": sources}
+        return {"protocol": c.name, "decoding": decoding, "policy": policy, "graders": protocol_graders(c.math_graders),
+                "grader_versions": grader_versions(c.math_graders), "sources": sources}
 
 
 @dataclass(frozen=True)
@@ -105,11 +105,15 @@ def unit_request(prepared: Prepared, unit: Unit) -> tuple[list[list[int]], list[
 
 def grade_unit(prepared: Prepared, unit: Unit, completions: Sequence[str], hashes: dict) -> list[dict[str, Any]]:
     bench = prepared.benchmarks[unit.benchmark]
+    others = {n: grade_math_with(n) for n in prepared.cfg.math_graders} if bench.benchmark.task == "math" else {}
     out = []
     for i, text in zip(unit.indices, completions):
         row = bench.rows[i]
         key = (unit.benchmark, unit.gen_length, row.prompt_id)
-        out.append(record(unit.benchmark, unit.gen_length, row.prompt_id, hashes[key], bench.grade(text, row), text))
+        seen = text if prepared.cfg.generation == "d1" else as_d1_text(text)  # the text d1's parser reads
+        also = {n: grade(seen, row).correct for n, grade in others.items()}
+        out.append(record(unit.benchmark, unit.gen_length, row.prompt_id, hashes[key], bench.grade(seen, row), text,
+                          also))
     return out
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 Key = tuple[str, int, str]  # (benchmark, gen_length, prompt_id)
 
@@ -87,7 +87,7 @@ def _read_results(path: Path) -> dict[Key, dict[str, Any]]:
 
 
 def _merged_header(old: dict[str, Any], new: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    differ = [k for k in ("protocol", "decoding", "policy", "math_grader") if old.get(k) != new.get(k)]
+    differ = [k for k in ("protocol", "decoding", "policy", "graders") if old.get(k) != new.get(k)]
     differ += [f"sources.{b}" for b in sorted(set(old.get("sources", {})) & set(new["sources"]))
                if old["sources"][b] != new["sources"][b]]
     if differ:
@@ -109,16 +109,23 @@ def protocol_table(header: dict[str, Any], benchmarks: dict[str, Any], gen_lengt
     """Accuracy per benchmark and length over the rows evaluated now: Σ correct / Σ total (%).
     ``benchmarks``: name -> BenchmarkRows."""
     rows = []
+    graders = header.get("graders", {})
     for name, bench in benchmarks.items():
-        cells: dict[str, Any] = {}
-        for length in gen_lengths:
-            keys = [(name, length, r.prompt_id) for r in bench.rows]
-            graded = [records[k] for k in keys if k in records]
-            correct, total = sum(g["correct"] for g in graded), sum(g["total"] for g in graded)
-            cells[str(length)] = {"accuracy": 100.0 * correct / total if total else None, "correct": correct,
-                                  "total": total, "graded": len(graded)}
-        rows.append({"benchmark": name, "title": bench.benchmark.title, "prompts": len(bench.rows),
-                     "source_rows": bench.size, "unit": bench.benchmark.unit, "source": bench.source, "results": cells})
+        others = [k[len(name) + 1 : -1] for k in graders if k.startswith(f"{name}[")]
+        for other in [None] + others:
+            cells: dict[str, Any] = {}
+            for length in gen_lengths:
+                keys = [(name, length, r.prompt_id) for r in bench.rows]
+                graded = [records[k] for k in keys if k in records]
+                correct = sum(g["correct"] if other is None else g.get("also", {}).get(other, 0.0) for g in graded)
+                total = sum(g["total"] for g in graded)
+                cells[str(length)] = {"accuracy": 100.0 * correct / total if total else None, "correct": correct,
+                                      "total": total, "graded": len(graded)}
+            label = name if other is None else f"{name}[{other}]"
+            title = bench.benchmark.title if other is None else f"{bench.benchmark.title} ({other} grader)"
+            rows.append({"benchmark": label, "title": title, "prompts": len(bench.rows), "source_rows": bench.size,
+                         "unit": bench.benchmark.unit, "source": bench.source, "grader": graders.get(label),
+                         "results": cells})
     return {**header, "gen_lengths": gen_lengths, "metric": "pass@1 %", "rows": rows}
 
 
@@ -138,7 +145,8 @@ def table_markdown(table: dict[str, Any]) -> str:
         lines.append(f"| {row['title']} | {row['prompts']} | " + " | ".join(cells) + " |")
         if row["unit"] != "answers":
             notes.append(f"{row['title']}: share of the puzzles' {row['unit']} filled right (d1's measure).")
-    notes.append(f"MATH answers compared by {table['math_grader']}.")
+    notes.append("Graded as d1's parse_and_get_acc.py grades (MATH: MATH's is_equiv); rows marked with another "
+                 "grader are that grader's reading of the same completions, not comparable with d1's.")
     return "\n".join(lines + [""] + notes) + "\n"
 
 
@@ -157,7 +165,8 @@ def write_table(out_dir: Path, table: dict[str, Any]) -> str:
 
 
 def record(benchmark: str, gen_length: int, prompt_id: str, prompt_hash: str, grade: Any,
-           completion: str) -> dict[str, Any]:
-    """One line of results.jsonl."""
-    return {"benchmark": benchmark, "gen_length": gen_length, "prompt_id": prompt_id, "prompt_hash": prompt_hash,
+           completion: str, also: Optional[dict[str, float]] = None) -> dict[str, Any]:
+    """One line of results.jsonl; ``also``: the decisions of other named graders (their own rows)."""
+    line = {"benchmark": benchmark, "gen_length": gen_length, "prompt_id": prompt_id, "prompt_hash": prompt_hash,
             "correct": grade.correct, "total": grade.total, "answer": grade.answer, "completion": completion}
+    return {**line, "also": also} if also else line

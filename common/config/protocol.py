@@ -74,6 +74,28 @@ class ProtocolConfig(StrictModel):
         "benchmark row is dropped silently)"
     )
     seed: int = Field(0, description="sampling seed when temperature > 0 (prompt i draws from (seed, prompt id))")
+    math_graders: list[Literal["latex", "math-verify"]] = Field(
+        [], description="MATH500 graded again by these graders, each in its own row of the table (the MATH500 row "
+        "is d1's grader, MATH's is_equiv, always): 'latex' (the project's LaTeX equivalence: exact numbers, reduced "
+        "fractions, units and \\text{} stripped), 'math-verify' (symbolic; needs the math-verify package)"
+    )
+    generation: Literal["stabledrl", "d1"] = Field(
+        "stabledrl", description="how prompts are batched and decoded: 'stabledrl' (each prompt alone: padding "
+        "hidden, the policy's dtype, one BOS, completions read up to the first EOS); 'd1' (as d1's eval: the batch "
+        "left-padded with the pad token and no attention mask, fp16 autocast on CUDA, d1's second BOS, the whole "
+        "window decoded with special tokens kept). docs/protocol.md says what each changes"
+    )
+
+    @field_validator("math_graders")
+    @classmethod
+    def _graders_run_here(cls, v: list[str]) -> list[str]:
+        from common.tasks.graders import check_math_grader
+
+        if len(set(v)) != len(v):
+            raise ValueError("math_graders: each grader once")
+        for name in v:
+            check_math_grader(name)  # GraderUnavailable (a ValueError) names the package to install
+        return v
 
     @field_validator("gen_lengths")
     @classmethod

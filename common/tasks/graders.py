@@ -3,62 +3,74 @@
 Each grader maps (completion, row) to a ``Grade``: ``correct`` out of ``total`` units and the
 answer it read. A benchmark's accuracy is Σ correct / Σ total: the share of right answers (one unit
 per prompt) for GSM8K, MATH500 and Countdown, and for Sudoku the share of the puzzles' empty cells
-filled right (d1 counts cells over the whole set, not solved puzzles). The reading rules are d1's,
-so that a completion d1 scores right scores right here:
+filled right (d1 counts cells over the whole set, not solved puzzles).
 
-- **gsm8k**: the first ``\\boxed{...}`` (up to its first ``}``) that holds a number (the whole
-  content, else its first number); else the first ``<answer>...</answer>``'s content (whole, else
-  its last number). Right iff that value equals the reference number. Numbers are read as d1 reads
-  them: ``-?digits[.digits]``, so ``1,000`` reads as 1.
-- **math** and **countdown** read d1's box: after the last ``\\boxed `` (with a space) up to ``$``,
-  else the last ``\\boxed{...}`` with its braces matched (``d1_box``).
-- **math**: that box's content; a box that never closes or is empty: the first answer tag's
-  content. Compared with the reference by ``math_equal``: d1 uses string normalisation (MATH's
-  ``is_equiv``), the StableDRL release Math-Verify; here an answer is right when the normalised
-  strings agree (``common.tasks.latex``) or, where the ``math-verify`` package is installed, when
-  Math-Verify finds the two symbolically equal (``\\frac{1}{2}`` = 0.5, ``\\sqrt{8}`` = ``2\\sqrt{2}``).
-  ``math_grader()`` names the one in use; without the package the grader says so once and MATH is
-  graded by normalisation alone (a lower bound). With no box at all d1 compares the whole
-  completion, which only a bare answer passes; so does this grader (by normalisation).
-- **countdown**: the box's content (a box that never closes: the first answer tag's content, else
-  the whole completion; no box: the whole completion); ``\\times`` / ``\\cdot`` / ``\\div`` become
-  ``* /``; where it holds "expression = number" the first such expression is kept. Right iff the
-  integers in it are exactly the given numbers (each once) and its exact value is the target.
-  Unary signs are refused (``common.tasks.expression``), which d1's ``eval`` would accept.
-- **sudoku4**: the first of d1's readings that finds something: digits in a fenced block after
-  ``<answer>``; the answer tag's content (up to ``</answer>`` or the end); what follows
-  ``</answer>``; 16 digits before ``</answer>``; any 16-digit run. Whitespace is dropped and the
-  result padded with 0 / cut to 16; ``correct`` counts the puzzle's empty cells that match the
-  solution, ``total`` is the number of empty cells.
+The ``d1`` graders (``GRADERS``) decide every completion as d1's ``parse_and_get_acc.py`` decides
+it, quirks included; ``stabledrl eval --regrade-d1`` checks that on d1's published generations.
+They read the text d1 reads: the whole generated window decoded with the special tokens kept
+(``<|eot_id|>``, ``<|endoftext|>`` padding); a completion cleaned to its first EOS is graded with a
+``<|eot_id|>`` appended (``as_d1_text``), which is what d1 sees after a turn that ended. The rules:
 
-d1 decodes with the special tokens kept and reads up to ``<|eot_id|>``; completions here end at
-the first EOS with special tokens removed, so "the end of the text" stands where d1 reads a turn end.
+- **gsm8k**: the first ``\\boxed{...}`` on one line (up to its first ``}``) whose content is not
+  blank or dots and reads as a number: the whole content as a Python float (``1e3``, ``1_000`` and
+  ``inf`` count), else its first ``-?digits[.digits]``; else the first ``<answer>...</answer>``'s
+  content (whole, else its last such number). Right iff it equals the reference as d1 reads it:
+  the number after ``####`` matching ``[digits,]+[.digits]`` with commas dropped, so a negative
+  reference (two GSM8K test rows: -10, -3) reads as nothing and no answer is ever right there.
+  ``\\boxed{1,000}`` reads as 1; ``\\boxed{-5}`` as -5.
+- **math500**: the box (``d1_box``): after the last ``\\boxed `` (a space) up to ``$``; else the
+  last ``\\boxed`` with braces matched, its content (a ``\\fbox{...}`` or ``\\boxedX{...}`` is kept
+  whole, wrapper and all); a box that never closes or is empty: the first answer tag's content; no
+  box and no tag: the whole completion. Compared with MATH's ``is_equiv``
+  (``common.tasks.latex.math_is_equiv``): string equality after MATH's normalisation, which does
+  not reduce fractions (``\\frac{3}{24}`` is not ``\\frac{1}{8}``), strip ``\\text{east}`` or a unit
+  written ``12 cm``, drop thousands commas or compare decimals (``0.50`` is not ``\\frac{1}{2}``,
+  ``0.5`` is); where the normalisation fails (a ``/`` between non-integers, a second ``\\text{ ``, a
+  trailing ``\\sqrt``) the raw strings are compared.
+- **countdown**: the box as for MATH (a box that never closes: the first answer tag's content,
+  else the whole completion); ``\\div``, ``\\times``, ``\\cdot`` -> ``/ * *``; the first
+  "expression = number" keeps its expression. Right iff the integers in it are the given numbers
+  (as multisets) and, if it holds only digits, ``+-*/().`` and spaces, its Python value (floats,
+  ``**`` and ``//`` and unary signs included) is within 1e-5 of the target.
+- **sudoku**: the first of d1's readings that finds something: digits in a fenced block after
+  ``<answer>``; the answer tag's content up to ``</answer>``, ``<|eot_id|>`` or ``<|endoftext|>``;
+  what follows ``</answer>`` up to those or the end; 16 digits before ``</answer>``; any 16-digit
+  run. Whitespace is dropped, the result padded with 0 / cut to 16; ``correct`` counts the empty
+  cells that match the solution, ``total`` the empty cells.
+
+Other MATH graders are separate, named choices (``MATH_GRADERS``), reported in their own rows of
+the table, never mixed into d1's number: ``latex`` (``common.tasks.latex.equivalent``: exact
+numbers, fractions reduced, ``\\text{}`` and units stripped, tuples) and ``math-verify``
+(Math-Verify's symbolic comparison; needs the ``math-verify`` package, else ``GraderUnavailable``).
 """
 from __future__ import annotations
 
-import logging
+import ast
+import math
+import operator
 import re
 import threading
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from common.tasks.base import Row
-from common.tasks.expression import ExpressionError, evaluate, uses_numbers
-from common.tasks.hendrycks_math import find_box
-from common.tasks.latex import equivalent
+from common.tasks.latex import equivalent, math_is_equiv
 
-log = logging.getLogger(__name__)
-_D1_NUMBER = re.compile(r"-?\d+\.?\d*")
-_FIRST_BOXES = re.compile(r"\\boxed{(.*?)}")
+_NUMBER = re.compile(r"-?\d+\.?\d*")
+_GSM_BOXES = re.compile(r"\\boxed{(.*?)}")
+_DOTS = re.compile(r"\.+")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_GSM_REFERENCE = re.compile(r"####\s*\$?([\d,]+(?:\.\d+)?)")
 _EQUATION = re.compile(r"([0-9+\-*/() ]+)=[0-9. ]+")
+_ARITHMETIC = re.compile(r"[\d+\-*/().\s]+")
 _SUDOKU_READINGS = (
     re.compile(r"<answer>.*?```\s*([\d\s]+)```", re.DOTALL),
-    re.compile(r"<answer>(.*?)(?:</answer>|\Z)", re.DOTALL),
-    re.compile(r"</answer>\s*(.*?)\Z", re.DOTALL),
+    re.compile(r"<answer>(.*?)(?:<\|eot_id\|>|<\|endoftext\|>|</answer>)", re.DOTALL),
+    re.compile(r"</answer>\s*(.*?)(?:<\|eot_id\|>|<\|endoftext\|>|$)", re.DOTALL),
     re.compile(r".*?(\d{16})\s*</answer>", re.DOTALL),
-    re.compile(r"\b(\d{16})\b"),
+    re.compile(r"\b(\d{16})\b", re.DOTALL),
 )
+TURN_END = "<|eot_id|>"
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,16 @@ class Grade:
 
 
 Grader = Callable[[str, Row], Grade]
+
+
+class GraderUnavailable(ValueError):
+    """A grader that was asked for but cannot run here (its package is missing)."""
+
+
+def as_d1_text(completion: str) -> str:
+    """A completion cleaned to its first EOS (special tokens removed), as d1 reads one whose turn
+    ended: followed by ``<|eot_id|>``."""
+    return completion + TURN_END
 
 
 def _float(text: str) -> Optional[float]:
@@ -87,16 +109,25 @@ NO_BOX = _NoBox()
 
 
 def d1_box(text: str) -> "str | None | _NoBox":
-    """The box d1 reads: after the last ``\\boxed `` (a space, no braces) up to ``$``; else the last
-    ``\\boxed`` (or ``\\fbox``) with its braces matched. None when that box never closes, NO_BOX
-    when there is none."""
+    """The box d1 reads (module docstring): its content; None when the last box never closes;
+    NO_BOX when there is none (d1 then takes the whole text)."""
     if "\\boxed " in text:
         return text.split("\\boxed ")[-1].split("$")[0]
     start = text.rfind("\\boxed")
-    start = start if start >= 0 else text.rfind("\\fbox")
     if start < 0:
-        return NO_BOX
-    return find_box(text[start:], "first")
+        start = text.rfind("\\fbox")
+        if start < 0:
+            return NO_BOX
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                box = text[start : i + 1]
+                return box[len("\\boxed{") : -1] if box.startswith("\\boxed{") else box
+    return None
 
 
 def _first_tag(text: str) -> Optional[str]:
@@ -104,66 +135,65 @@ def _first_tag(text: str) -> Optional[str]:
     return tag.group(1).strip() if tag else None
 
 
-def gsm8k_answer(completion: str) -> Optional[float]:
-    """d1's reading of a GSM8K completion (module docstring), or None."""
-    for content in _FIRST_BOXES.findall(completion):
-        content = content.strip()
-        if not content or set(content) == {"."}:
-            continue
-        value = _float(content)
-        if value is None:
-            found = _D1_NUMBER.findall(content)
-            value = _float(found[0]) if found else None
-        if value is not None:
-            return value
-    tag = _ANSWER_TAG.search(completion)
-    content = tag.group(1).strip() if tag else ""
-    if not content:
-        return None
-    value = _float(content)
+# ---- GSM8K --------------------------------------------------------------------------------------
+def _number_in(text: str, which: int) -> Optional[float]:
+    value = _float(text)
     if value is None:
-        found = _D1_NUMBER.findall(content)
-        value = _float(found[-1]) if found else None
+        found = _NUMBER.findall(text)
+        value = _float(found[which]) if found else None
     return value
 
 
-def grade_gsm8k(completion: str, row: Row) -> Grade:
+def gsm8k_answer(completion: str) -> Optional[float]:
+    """d1's reading of a GSM8K completion (module docstring), or None."""
+    for content in _GSM_BOXES.findall(completion):
+        content = content.strip()
+        if not content or _DOTS.fullmatch(content):
+            continue
+        value = _number_in(content, 0)
+        if value is not None:
+            return value
+    content = _first_tag(completion)
+    return _number_in(content, -1) if content else None
+
+
+def gsm8k_reference(solution: str) -> Optional[float]:
+    """d1's reading of a GSM8K reference (``... #### 1,080``): None for a negative number."""
+    found = _GSM_REFERENCE.search(solution)
+    return float(found.group(1).replace(",", "")) if found else None
+
+
+def gsm8k_decision(completion: str, reference: Optional[float]) -> Grade:
     value = gsm8k_answer(completion)
-    return Grade(float(value is not None and value == float(row.answer)), 1.0, None if value is None else f"{value:g}")
+    right = value is not None and value == reference
+    return Grade(float(right), 1.0, None if value is None else f"{value:g}")
+
+
+def grade_gsm8k(completion: str, row: Row) -> Grade:
+    return gsm8k_decision(completion, gsm8k_reference(f"#### {row.answer}"))
 
 
 # ---- MATH ---------------------------------------------------------------------------------------
-_math_verify: Optional[tuple[Callable, Callable]] = None
-_math_verify_checked = False
+def math_answer(completion: str) -> Optional[str]:
+    """d1's reading of a MATH completion (module docstring); None when nothing can be compared."""
+    boxed = d1_box(completion)
+    answer = completion if boxed is NO_BOX else boxed
+    if not answer:
+        answer = _first_tag(completion) if _ANSWER_TAG.search(completion) else answer
+    return answer
 
 
-def _load_math_verify() -> Optional[tuple[Callable, Callable]]:
-    global _math_verify, _math_verify_checked
-    if not _math_verify_checked:
-        _math_verify_checked = True
-        try:
-            from math_verify import parse, verify
-
-            _math_verify = (parse, verify)
-        except ImportError:
-            log.warning("math-verify is not installed: MATH answers are compared by string normalisation only, "
-                        "which misses symbolic equalities (pip install math-verify)")
-    return _math_verify
+def grade_math(completion: str, row: Row) -> Grade:
+    answer = math_answer(completion)
+    return Grade(float(answer is not None and math_is_equiv(answer, row.answer)), 1.0, answer)
 
 
-def math_grader() -> str:
-    """Which comparison MATH answers get here: "math-verify" (symbolic) or "normalised strings"."""
-    return "math-verify" if _load_math_verify() is not None else "normalised strings"
+def _latex_equal(predicted: str, reference: str) -> bool:
+    return equivalent(predicted, reference)
 
 
-def math_equal(predicted: str, reference: str) -> bool:
-    """Normalised strings agree, or Math-Verify finds the boxed expressions equal (where installed)."""
-    if equivalent(predicted, reference):
-        return True
-    loaded = _load_math_verify()
-    if loaded is None:
-        return False
-    parse, verify = loaded
+def _math_verify_equal(predicted: str, reference: str) -> bool:
+    parse, verify = _math_verify()
     # its time limits use SIGALRM, which only the main thread may set
     limit = 5 if threading.current_thread() is threading.main_thread() else None
     try:
@@ -174,12 +204,63 @@ def math_equal(predicted: str, reference: str) -> bool:
         return False
 
 
-def grade_math(completion: str, row: Row) -> Grade:
-    boxed = d1_box(completion)
-    if boxed is NO_BOX:  # d1 compares the whole completion, which matches only a bare answer
-        return Grade(float(equivalent(completion, row.answer)), 1.0, None)
-    answer = boxed or _first_tag(completion)
-    return Grade(float(bool(answer) and math_equal(answer, row.answer)), 1.0, answer or None)
+def _math_verify() -> tuple[Callable, Callable]:
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        raise GraderUnavailable("the MATH grader 'math-verify' needs the math-verify package: "
+                                "pip install 'math-verify[antlr4_13_2]'") from None
+    return parse, verify
+
+
+# name -> (comparison of the read answer with the reference, what it is, the packages it uses)
+MATH_GRADERS: dict[str, tuple[Callable[[str, str], bool], str, tuple[str, ...]]] = {
+    "d1": (math_is_equiv, "MATH's is_equiv (string normalisation), as d1", ()),
+    "latex": (_latex_equal, "the project's LaTeX equivalence (exact numbers, units and \\text{} stripped)", ()),
+    "math-verify": (_math_verify_equal, "Math-Verify's symbolic equivalence", ("math-verify", "sympy")),
+}
+
+
+def check_math_grader(name: str) -> None:
+    """Fail now (GraderUnavailable, naming what to install) if MATH grader ``name`` cannot run."""
+    if name not in MATH_GRADERS:
+        raise ValueError(f"unknown MATH grader {name!r}; choose from {sorted(MATH_GRADERS)}")
+    if name == "math-verify":
+        _math_verify()
+
+
+def grade_math_with(name: str) -> Grader:
+    """A MATH grader that reads the answer as d1 does and compares it with ``MATH_GRADERS[name]``."""
+    check_math_grader(name)
+    equal = MATH_GRADERS[name][0]
+
+    def grade(completion: str, row: Row) -> Grade:
+        answer = math_answer(completion)
+        return Grade(float(answer is not None and bool(answer) and equal(answer, row.answer)), 1.0, answer)
+
+    return grade
+
+
+def protocol_graders(math_graders: Sequence[str] = ()) -> dict[str, str]:
+    """Which grader decides each row of a d1 table (the results record it)."""
+    d1 = "d1's parse_and_get_acc.py reading (common.tasks.graders)"
+    out = {"gsm8k": d1, "math500": f"{d1}; {MATH_GRADERS['d1'][1]}", "countdown": d1, "sudoku": d1}
+    for name in math_graders:
+        out[f"math500[{name}]"] = f"d1's reading; {MATH_GRADERS[name][1]}"
+    return out
+
+
+def grader_versions(names: Sequence[str] = ()) -> dict[str, str]:
+    """The versions of what produced the numbers: stabledrl and the packages of MATH graders ``names``."""
+    from importlib import metadata
+
+    out = {}
+    for package in ("stabledrl",) + tuple(p for n in names for p in MATH_GRADERS[n][2]):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            out[package] = "not installed"
+    return out
 
 
 # ---- Countdown ----------------------------------------------------------------------------------
@@ -188,24 +269,61 @@ def countdown_expression(completion: str) -> str:
     boxed = d1_box(completion)
     if boxed is NO_BOX:
         text = completion
+    elif boxed is None:
+        text = _first_tag(completion) if _ANSWER_TAG.search(completion) else completion
     else:
-        text = boxed if boxed is not None else (_first_tag(completion) or completion)
+        text = boxed
     text = text.replace("\\div", "/").replace("\\times", "*").replace("\\cdot", "*")
     equation = _EQUATION.search(text)
     return equation.group(1).strip() if equation else text
 
 
-def grade_countdown(completion: str, row: Row) -> Grade:
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow, ast.Mod: operator.mod}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_MAX_POWER_BITS = 1 << 16
+
+
+class _NoValue(Exception):
+    pass
+
+
+def _value(node: ast.AST) -> "int | float | complex":
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_value(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _value(node.left), _value(node.right)
+        if isinstance(node.op, ast.Pow) and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 \
+                and right * math.log2(abs(left)) > _MAX_POWER_BITS:
+            raise _NoValue  # an integer far beyond any target: never within 1e-5 of it
+        return _BINARY[type(node.op)](left, right)
+    raise _NoValue
+
+
+def countdown_value(expression: str) -> "float | int | complex":
+    """The value d1 gives an expression: Python's arithmetic on it, or inf where that fails (or
+    where the text holds anything but digits, ``+-*/().`` and whitespace). Nothing is executed:
+    the expression is walked with ``ast``."""
+    if not _ARITHMETIC.fullmatch(expression):
+        return math.inf
+    try:
+        return _value(ast.parse(expression.strip(), mode="eval").body)
+    except (_NoValue, SyntaxError, ValueError, ArithmeticError, RecursionError, MemoryError, TypeError):
+        return math.inf
+
+
+def countdown_decision(completion: str, numbers: Sequence[int], target: Optional[float]) -> Grade:
     expression = countdown_expression(completion)
-    used = [int(n) for n in re.findall(r"\d+", expression)]
     right = False
-    if sorted(used) == sorted(row.meta["numbers"]):
-        try:
-            value, literals = evaluate(expression.strip())
-            right = uses_numbers(literals, list(row.meta["numbers"]), exactly_once=True) and value == row.meta["target"]
-        except ExpressionError:
-            right = False
+    if sorted(int(n) for n in re.findall(r"\d+", expression)) == sorted(numbers):
+        right = target is not None and abs(countdown_value(expression) - target) < 1e-5
     return Grade(float(right), 1.0, expression)
+
+
+def grade_countdown(completion: str, row: Row) -> Grade:
+    return countdown_decision(completion, list(row.meta["numbers"]), row.meta["target"])
 
 
 # ---- Sudoku -------------------------------------------------------------------------------------
@@ -219,12 +337,15 @@ def sudoku_answer(completion: str) -> str:
     return ""
 
 
-def grade_sudoku(completion: str, row: Row) -> Grade:
-    puzzle, solution = row.meta["puzzle"], row.meta["solution"]
+def sudoku_decision(completion: str, puzzle: str, solution: str) -> Grade:
     empty = [i for i, cell in enumerate(puzzle) if cell == "0"]
     grid = sudoku_answer(completion)
     right = sum(grid[i] == solution[i] for i in empty) if grid else 0
     return Grade(float(right), float(len(empty)), grid or None)
+
+
+def grade_sudoku(completion: str, row: Row) -> Grade:
+    return sudoku_decision(completion, row.meta["puzzle"], row.meta["solution"])
 
 
 GRADERS: dict[str, Grader] = {"gsm8k": grade_gsm8k, "math": grade_math, "countdown": grade_countdown,

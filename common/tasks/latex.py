@@ -115,3 +115,98 @@ def equivalent(predicted: Optional[str], reference: str, _depth: int = 0) -> boo
     if ta and tb and _depth < 4 and ta[0] == tb[0] and len(ta[1]) == len(tb[1]):
         return all(equivalent(x, y, _depth + 1) for x, y in zip(ta[1], tb[1]))
     return False
+
+
+# ---- MATH's own string normalisation, as d1 grades with it --------------------------------------
+class _Unreadable(Exception):
+    """A string MATH's normalisation fails on; MATH's ``is_equiv`` then compares the raw strings."""
+
+
+def _braced_fracs(s: str) -> str:
+    """``\\frac12`` -> ``\\frac{1}{2}``, ``\\frac1{72}`` -> ``\\frac{1}{72}``; a ``\\frac`` followed by
+    one character leaves the whole string as it was; one followed by nothing fails."""
+    pieces = s.split("\\frac")
+    out = pieces[0]
+    for piece in pieces[1:]:
+        out += "\\frac"
+        if not piece:
+            raise _Unreadable(s)
+        if piece[0] == "{":
+            out += piece
+        elif len(piece) < 2:
+            return s
+        elif piece[1] != "{":
+            out += "{" + piece[0] + "}{" + piece[1] + "}" + piece[2:]
+        else:
+            out += "{" + piece[0] + "}" + piece[1:]
+    return out
+
+
+def _braced_sqrts(s: str) -> str:
+    """``\\sqrt3`` -> ``\\sqrt{3}`` (one character); a ``\\sqrt`` at the very end fails."""
+    pieces = s.split("\\sqrt")
+    out = pieces[0]
+    for piece in pieces[1:]:
+        if not piece:
+            raise _Unreadable(s)
+        out += "\\sqrt" + (piece if piece[0] == "{" else "{" + piece[0] + "}" + piece[1:])
+    return out
+
+
+def _slash_fraction(s: str) -> str:
+    """``a/b`` with a and b integers written plainly -> ``\\frac{a}{b}``. A single ``/`` between
+    anything else fails (MATH's code reads both sides as integers unguarded)."""
+    parts = s.split("/")
+    if len(parts) != 2:
+        return s
+    try:
+        a, b = int(parts[0]), int(parts[1])
+    except ValueError:
+        raise _Unreadable(s) from None
+    return f"\\frac{{{a}}}{{{b}}}" if s == f"{a}/{b}" else s
+
+
+def math_strip(s: str) -> str:
+    """MATH's ``strip_string`` (Hendrycks et al.), the normalisation d1 compares with; raises
+    ``_Unreadable`` where that code raises. Steps, in order: newlines and ``\\!`` removed; ``\\\\``
+    -> ``\\``; ``tfrac``/``dfrac`` -> ``frac``; ``\\left``/``\\right`` and degree marks removed;
+    ``\\$`` removed; a unit after ``\\text{ `` (with a space) cut off (two such: fails); ``\\%`` and
+    ``%`` after a backslash removed; ``" ."``/``"{."`` and a leading ``.`` get a 0; ``x = 5`` with a
+    left side of at most two characters -> ``5``; ``\\sqrt3`` -> ``\\sqrt{3}``; spaces removed;
+    ``\\frac12`` -> ``\\frac{1}{2}``; exactly ``0.5`` -> ``\\frac{1}{2}``; ``1/2`` -> ``\\frac{1}{2}``.
+    Nothing else: ``\\text{east}`` stays, ``12 cm`` is ``12cm``, ``\\frac{3}{24}`` is not ``\\frac{1}{8}``,
+    ``1,000`` is not ``1000``, ``0.50`` is not ``\\frac{1}{2}``."""
+    s = s.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
+    s = s.replace("tfrac", "frac").replace("dfrac", "frac")
+    s = s.replace("\\left", "").replace("\\right", "")
+    s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\$", "")
+    if "\\text{ " in s:
+        parts = s.split("\\text{ ")
+        if len(parts) != 2:
+            raise _Unreadable(s)
+        s = parts[0]
+    s = s.replace("\\%", "")
+    s = s.replace(" .", " 0.").replace("{.", "{0.")
+    if not s:
+        return s
+    if s[0] == ".":
+        s = "0" + s
+    sides = s.split("=")
+    if len(sides) == 2 and len(sides[0]) <= 2:
+        s = sides[1]
+    s = _braced_sqrts(s).replace(" ", "")
+    s = _braced_fracs(s)
+    if s == "0.5":
+        s = "\\frac{1}{2}"
+    return _slash_fraction(s)
+
+
+def math_is_equiv(predicted: Optional[str], reference: Optional[str]) -> bool:
+    """MATH's ``is_equiv`` on two strings, as d1 grades MATH500: equal after ``math_strip``; where
+    that fails on either, equal as raw strings. Two Nones are equal (MATH's code says so too)."""
+    if predicted is None or reference is None:
+        return predicted is None and reference is None
+    try:
+        return math_strip(predicted) == math_strip(reference)
+    except _Unreadable:
+        return predicted == reference
