@@ -30,9 +30,13 @@ Loader = Callable[[ModelConfig], tuple[Any, Any]]
 
 def complete(engine: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], seeds: Sequence[int],
              sampler: SamplerConfig, eos_token_id: int) -> list[str]:
-    """One completion per prompt (token ids, no padding), decoded; row b draws only from seeds[b]."""
+    """One completion per prompt (token ids, no padding), decoded; row b draws only from seeds[b].
+    With ``sampler.compat == "d1"`` the prompts are one d1 batch, padded by the caller, and each
+    completion is the whole window decoded with the special tokens kept (what d1's eval writes)."""
     tensors = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
     out = engine.generate(tensors, torch.tensor(list(seeds), dtype=torch.long), sampler)
+    if sampler.compat == "d1":
+        return tokenizer.batch_decode(out.completion_ids.cpu(), skip_special_tokens=False)
     return [decode_completion(tokenizer, out.completion_ids[b].cpu(), int(out.completion_length[b]), eos_token_id)
             for b in range(len(tensors))]
 

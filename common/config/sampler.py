@@ -71,6 +71,14 @@ class SamplerConfig(StrictModel):
         "same static steps run uncaptured (one log line)",
     )
 
+    compat: Literal["none", "d1"] = Field(
+        "none",
+        description="'d1': decode exactly as d1's eval generate() does (rollout/sampling/d1_compat.py: the batch as "
+        "padded by the caller with the padding visible, full forwards, the mask token may win the argmax, fp16 "
+        "autocast on CUDA, the whole window returned); LLaDA-style policies, temperature 0 and remasking "
+        "low_confidence only",
+    )
+
     @field_validator("block_length")
     @classmethod
     def _block_divides_gen(cls, v: Optional[int], info: ValidationInfo) -> Optional[int]:
@@ -110,6 +118,10 @@ class SamplerConfig(StrictModel):
             raise ValueError("threshold: needs remasking='low_confidence'")
         if self.cuda_graph and self.cache == "none":
             raise ValueError(f"cuda_graph: {_NO_GRAPHED_STEP}")
+        if self.compat == "d1" and (self.temperature != 0 or self.remasking != "low_confidence" or self.threshold
+                                    is not None or self.cuda_graph):
+            raise ValueError("compat: 'd1' reproduces d1's greedy eval: it needs temperature 0, remasking "
+                             "low_confidence, no threshold and no cuda_graph")
         return self
 
     def layout(self, policy_block_size: int, *, block_diffusion: bool = False) -> tuple[int, int, int]:

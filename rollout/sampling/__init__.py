@@ -15,6 +15,7 @@ from common.config.sampler import SamplerConfig
 from common.models.base import DiffusionPolicy
 from rollout.sampling.base import GenerationOutput
 from rollout.sampling.block_diffusion import generate_block_diffusion
+from rollout.sampling.d1_compat import generate_d1
 from rollout.sampling.full_attention import generate_full_attention
 from rollout.sampling.uniform_block import generate_uniform_block
 from rollout.sampling.graphs import StepGraphs
@@ -29,6 +30,8 @@ def generate(
     one, so each shape is captured once); None = a pool for this call only."""
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds; give one seed per row")
+    if cfg.compat == "d1":  # d1's eval decoding, padding and all (d1_compat.py)
+        return generate_d1(policy, prompts, cfg)
     if policy.spec.noise == "uniform":  # DiffusionGemma: uniform-noise canvases (uniform_block.py)
         return generate_uniform_block(policy, prompts, seeds, cfg)
     if policy.is_block_diffusion:
@@ -36,4 +39,5 @@ def generate(
     return generate_full_attention(policy, prompts, seeds, cfg, graphs)
 
 
-__all__ = ["GenerationOutput", "StepGraphs", "generate", "generate_block_diffusion", "generate_full_attention"]
+__all__ = ["GenerationOutput", "StepGraphs", "generate", "generate_block_diffusion", "generate_d1",
+           "generate_full_attention"]
