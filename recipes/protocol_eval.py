@@ -31,7 +31,7 @@ from common.seeding import derive_seed
 from common.tasks.base import stable_hash
 from common.tasks.graders import as_d1_text, grade_math_with, grader_versions, protocol_graders
 from common.tasks.prompts import prompt_ids
-from common.tasks.protocols import PROTOCOLS, BenchmarkRows, load_benchmark
+from common.tasks.protocols import PROTOCOLS, BenchmarkRows, d1_batches, d1_prompt_ids, load_benchmark
 from recipes.protocol_results import ResultLog, protocol_table, record
 
 Log = Callable[[str], None]
@@ -44,6 +44,7 @@ class Prepared:
     cfg: ProtocolConfig
     benchmarks: dict[str, BenchmarkRows]
     prompts: dict[str, list[list[int]]]  # benchmark -> token ids per row
+    pad_id: Optional[int] = None  # generation d1: the tokenizer's pad token, d1's left padding
 
     def prompt_hashes(self) -> dict[tuple[str, int, str], str]:
         return {(name, n, row.prompt_id): f"{stable_hash(tuple(ids)):016x}" for name, bench in self.benchmarks.items()
@@ -54,6 +55,8 @@ class Prepared:
         c = self.cfg
         decoding = {"block_length": c.block_length, "steps_per_token": c.steps_per_token, "temperature": c.temperature,
                     "remasking": c.remasking, "cache": c.cache, "seed": c.seed, "generation": c.generation}
+        if c.generation == "d1":  # which rows share a padded batch changes their tokens
+            decoding["d1_batches"] = {str(n): [c.d1_world_size, c.d1_batch(n)] for n in c.gen_lengths}
         sources = {name: {"source": b.source, "rows": b.size} for name, b in self.benchmarks.items()}
         return {"protocol": c.name, "decoding": decoding, "policy": policy, "graders": protocol_graders(c.math_graders),
                 "grader_versions": grader_versions(c.math_graders), "sources": sources}
@@ -72,12 +75,20 @@ def prepare(cfg: ProtocolConfig, tokenizer: Any) -> Prepared:
     protocol = PROTOCOLS[cfg.name]
     benchmarks = {name: load_benchmark(protocol, name, bench, tokenizer, cfg.max_prompt_tokens)
                   for name, bench in cfg.benchmarks.items()}
-    prompts = {name: [prompt_ids(tokenizer, b.task, row) for row in b.rows] for name, b in benchmarks.items()}
-    return Prepared(cfg, benchmarks, prompts)
+    encode = d1_prompt_ids if cfg.generation == "d1" else prompt_ids
+    prompts = {name: [encode(tokenizer, b.task, row) for row in b.rows] for name, b in benchmarks.items()}
+    pad_id = getattr(tokenizer, "pad_token_id", None) if cfg.generation == "d1" else None
+    if cfg.generation == "d1" and pad_id is None:
+        raise ValueError("eval.protocol.generation: 'd1' pads batches with the tokenizer's pad token; this tokenizer "
+                         "has none")
+    return Prepared(cfg, benchmarks, prompts, pad_id)
 
 
 def sampler_for(cfg: ProtocolConfig, gen_length: int) -> SamplerConfig:
     """The sampler settings of one column of the table."""
+    if cfg.generation == "d1":  # one d1 batch per call, decoded as d1 decodes it
+        return SamplerConfig(gen_length=gen_length, block_length=cfg.block_length, steps=cfg.steps(gen_length),
+                             temperature=0.0, cache="none", compat="d1", max_batch_size=cfg.d1_batch(gen_length))
     return SamplerConfig(gen_length=gen_length, block_length=cfg.block_length, steps=cfg.steps(gen_length),
                          temperature=cfg.temperature, remasking=cfg.remasking, cache=cfg.cache,
                          max_batch_size=cfg.batch_size)
@@ -90,6 +101,11 @@ def pending_units(prepared: Prepared, done: set[tuple[str, int, str]]) -> list[U
     for n in sorted(prepared.cfg.gen_lengths, reverse=True):
         for name, bench in prepared.benchmarks.items():
             todo = [i for i, row in enumerate(bench.rows) if (name, n, row.prompt_id) not in done]
+            if prepared.cfg.generation == "d1":  # d1's own batches, whole (a row's tokens depend on its batch)
+                c = prepared.cfg
+                batches = d1_batches(len(bench.rows), c.d1_world_size, c.d1_batch(n))
+                units += [Unit(name, n, tuple(b)) for b in batches if set(b) & set(todo)]
+                continue
             size = prepared.cfg.batch_size
             units += [Unit(name, n, tuple(todo[k : k + size])) for k in range(0, len(todo), size)]
     return units
@@ -100,6 +116,9 @@ def unit_request(prepared: Prepared, unit: Unit) -> tuple[list[list[int]], list[
     rows = prepared.benchmarks[unit.benchmark].rows
     seeds = [derive_seed(prepared.cfg.seed, "protocol", rows[i].prompt_id) for i in unit.indices]
     prompts = [prepared.prompts[unit.benchmark][i] for i in unit.indices]
+    if prepared.cfg.generation == "d1":  # d1's collate: left-padded to the batch's longest, padding visible
+        width = max(len(p) for p in prompts)
+        prompts = [[prepared.pad_id] * (width - len(p)) + list(p) for p in prompts]
     return prompts, seeds, sampler_for(prepared.cfg, unit.gen_length)
 
 

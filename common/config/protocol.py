@@ -86,6 +86,18 @@ class ProtocolConfig(StrictModel):
         "window decoded with special tokens kept). docs/protocol.md says what each changes"
     )
 
+    d1_world_size: int = Field(
+        8, ge=1, description="generation d1: the GPUs d1's run was spread over (its rank r decodes rows r, r + W, "
+        "...; d1's run_eval.sh: 8); with the batch size it fixes which rows share a padded batch"
+    )
+    d1_batch_size: Optional[int] = Field(
+        None, ge=1, description="generation d1: prompts per d1 batch; None: d1's run_eval.sh (4 at length 512, "
+        "else 8)"
+    )
+
+    def d1_batch(self, gen_length: int) -> int:
+        return self.d1_batch_size or (4 if gen_length >= 512 else 8)
+
     @field_validator("math_graders")
     @classmethod
     def _graders_run_here(cls, v: list[str]) -> list[str]:
@@ -103,6 +115,13 @@ class ProtocolConfig(StrictModel):
         if any(length < 1 for length in v) or len(set(v)) != len(v):
             raise ValueError("generation lengths must be distinct positive integers")
         return sorted(v)
+
+    @model_validator(mode="after")
+    def _d1_generation_is_greedy(self) -> "ProtocolConfig":
+        if self.generation == "d1" and (self.temperature != 0 or self.remasking != "low_confidence"):
+            raise ValueError("generation: 'd1' is d1's greedy decoding: it needs temperature 0 and remasking "
+                             "low_confidence")
+        return self
 
     @model_validator(mode="after")
     def _lengths_fit_blocks(self) -> "ProtocolConfig":

@@ -147,6 +147,26 @@ def subsample(n_rows: int, k: Optional[int], seed: int) -> list[int]:
     return [int(i) for i in np.random.RandomState(seed).choice(n_rows, k, replace=False)]
 
 
+def d1_batches(n_rows: int, world_size: int, batch_size: int) -> list[list[int]]:
+    """The batches d1's eval.py decodes rows 0..n-1 in: rank r of ``world_size`` takes rows r, r + W,
+    r + 2W, ... (its DistributedSampler, no shuffling, no padding rows) in batches of
+    ``batch_size``. Without an attention mask a row's tokens depend on its batch (the padding), so
+    ``generation: d1`` must batch as d1's run did."""
+    out = []
+    for rank in range(world_size):
+        mine = list(range(rank, n_rows, world_size))
+        out += [mine[k : k + batch_size] for k in range(0, len(mine), batch_size)]
+    return out
+
+
+def d1_prompt_ids(tokenizer: Any, task: Task, row: Row) -> list[int]:
+    """The prompt as d1 encodes it: the same text, through ``tokenizer(text)`` with the tokenizer's
+    special tokens added (LLaDA's: a second BOS in front of the template's own)."""
+    from common.tasks.prompts import prompt_text
+
+    return [int(i) for i in tokenizer(prompt_text(tokenizer, task, row))["input_ids"]]
+
+
 def benchmark_task(protocol: Protocol, name: str, max_prompt_tokens: int = 4096) -> Task:
     """The benchmark's task with the protocol's prompt: instruction + blank line + question, then
     the response prefix. Rows it reads carry the question as their prompt."""

@@ -109,3 +109,44 @@ def test_protocol_settings_are_checked_naming_the_field():
                        ({"benchmarks": {"gsm8k": {"num_prompts": 0}}}, "num_prompts"), ({"temprature": 0}, "temprature")):
         with pytest.raises(ConfigError, match=field):
             validate(ProtocolConfig, bad)
+
+
+def test_generation_d1_batches_pads_and_encodes_as_d1(files, llada_tokenizer, monkeypatch):
+    from common.tasks.protocols import d1_batches
+    from recipes.protocol_eval import pending_units, prepare, unit_request
+
+    # d1's DistributedSampler: rank r takes rows r, r + W, ...; then batches of its own rows
+    assert d1_batches(10, 3, 2) == [[0, 3], [6, 9], [1, 4], [7], [2, 5], [8]]
+    cfg = ProtocolConfig(benchmarks={"gsm8k": files["gsm8k"]}, gen_lengths=[64], generation="d1", d1_world_size=2,
+                         d1_batch_size=2)
+    prepared = prepare(cfg, llada_tokenizer)
+    bench = prepared.benchmarks["gsm8k"]
+    ids = prepared.prompts["gsm8k"][0]
+    assert ids[:2] == [llada_tokenizer.bos_token_id] * 2  # d1's tokenizer(text) adds a BOS before the template's
+    units = pending_units(prepared, set())
+    assert [u.indices for u in units] == [(0, 2), (4,), (1, 3)]
+    done = {("gsm8k", 64, bench.rows[0].prompt_id)}
+    assert [u.indices for u in pending_units(prepared, done)] == [(0, 2), (4,), (1, 3)]  # a batch reruns whole
+    prepared.prompts["gsm8k"][2] = prepared.prompts["gsm8k"][2][:-3]  # rows of different lengths
+    prompts, _, sampler = unit_request(prepared, units[0])
+    assert len(prompts[0]) == len(prompts[1]) and prompts[1][:3] == [llada_tokenizer.pad_token_id] * 3
+    assert sampler.compat == "d1" and sampler.max_batch_size == 2 and sampler.temperature == 0
+    assert prepared.header("p")["decoding"]["d1_batches"] == {"64": [2, 2]}
+    with pytest.raises(ConfigError, match="temperature 0"):
+        validate(ProtocolConfig, {"generation": "d1", "temperature": 0.5})
+
+
+def test_extra_math_graders_are_checked_up_front(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_math_verify(name, *args, **kwargs):
+        if name == "math_verify":
+            raise ImportError("not installed")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.__import__", no_math_verify)
+    with pytest.raises(ConfigError, match="math_graders.*pip install"):
+        validate(ProtocolConfig, {"math_graders": ["math-verify"]})
+    assert validate(ProtocolConfig, {"math_graders": ["latex"]}).math_graders == ["latex"]

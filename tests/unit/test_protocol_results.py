@@ -147,3 +147,29 @@ def test_a_lora_jobs_checkpoint_points_to_the_merged_export():
     cfg = load_job_config(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "recipe_d1_llada8b_gsm8k_lora.yaml")
     with pytest.raises(CheckpointError, match="final_model"):
         load_eval_policy(cfg, checkpoint="runs/d1")
+
+
+def test_other_math_graders_get_their_own_rows_and_the_header_names_every_grader(tmp_path):
+    math = tmp_path / "math.jsonl"
+    math.write_text("".join(json.dumps({"problem": f"P{i}", "answer": a}) + "\n"
+                            for i, a in enumerate(["\\frac{1}{8}", "12", "5"])))
+    cfg = ProtocolConfig(benchmarks={"math500": {"source": {"kind": "file", "path": str(math),
+                                                            "columns": {"prompt": "problem"}}}},
+                         gen_lengths=[32], math_graders=["latex"])
+    prepared = prepare(cfg, TOK)
+    header = prepared.header("policy X")
+    assert set(header["graders"]) == {"gsm8k", "math500", "countdown", "sudoku", "math500[latex]"}
+    assert "is_equiv" in header["graders"]["math500"] and "stabledrl" in header["grader_versions"]
+    log = ResultLog.open(tmp_path / "out", header)
+    hashes = prepared.prompt_hashes()
+    # d1's grader: only the last is right; the LaTeX equivalence also takes 3/24 and "12 cm"
+    texts = ["\\boxed{\\frac{3}{24}}", "\\boxed{12 cm}", "\\boxed{5}"]
+    for unit in pending_units(prepared, set()):
+        log.append(grade_unit(prepared, unit, [texts[i] for i in unit.indices], hashes))
+    table = protocol_table(json.loads((tmp_path / "out" / "run.json").read_text()), prepared.benchmarks, [32],
+                           log.records)
+    cells = {row["benchmark"]: row["results"]["32"]["correct"] for row in table["rows"]}
+    assert cells == {"math500": 1.0, "math500[latex]": 3.0}
+    assert "MATH500 (latex grader)" in table_markdown(table)
+    with pytest.raises(ResultsMismatch, match="graders"):
+        ResultLog.open(tmp_path / "out", prepare(cfg.model_copy(update={"math_graders": []}), TOK).header("policy X"))
