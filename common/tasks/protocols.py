@@ -13,13 +13,15 @@ low-confidence remasking, block 32, steps = length / 2, at lengths 128, 256 and 
 (``common.config.protocol``). The rows: the GSM8K test split (1319) and MATH500 (500) whole; 256
 Countdown puzzles of d1's ``countdown_cd3_test.jsonl`` and 256 Sudoku puzzles of d1's
 ``4x4_test_sudoku.csv``, drawn as d1 draws them (numpy ``RandomState(42).choice(N, 256,
-replace=False)``; Countdown's file holds 256 rows, so all of them). The graders are d1's readings
-(``common.tasks.graders``; MATH compares symbolically where Math-Verify is installed).
+replace=False)``; Countdown's file holds 256 rows, so all of them). The graders decide as d1's
+``parse_and_get_acc.py`` decides (``common.tasks.graders``; MATH by MATH's ``is_equiv``).
 
 The instruction texts are d1's, character for character (the stray ``"`` at the end of MATH500's
-is d1's too); the question lines follow d1's datasets. Where this differs from d1's scripts: the
-prompt is encoded once, without the second BOS that d1's ``tokenizer(prompt)`` adds in front of a
-LLaDA template that already holds one; and completions are read up to the first EOS.
+is d1's too); the question lines follow d1's datasets. By default (``generation: stabledrl``) this
+differs from d1's scripts in the decoding: the prompt is encoded once, without the second BOS that
+d1's ``tokenizer(prompt)`` adds in front of a LLaDA template that already holds one; each prompt is
+decoded as if alone (padding hidden); completions are read up to the first EOS. ``generation: d1``
+does all three as d1 does (``d1_prompt_ids``, ``d1_batches``, ``rollout.sampling.d1_compat``).
 
 SPG's release evaluates the same way (its GSM8K reader also accepts an answer tag that never
 closes, and its Sudoku set is another split with three worked examples in the prompt); the
