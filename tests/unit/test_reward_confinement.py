@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import socket
-import stat
 import tempfile
 import textwrap
 import time
@@ -18,6 +17,7 @@ import pytest
 from common.config.base import ConfigError
 from common.config.task import parse_task_config
 from common.tasks import RewardResult, RewardScorer, Row, build_task
+from common.tasks.build import check_custom_reward
 from common.tasks.confine import landlock_abi
 from common.tasks.sandbox import RewardFailureRate, check_failure_rate
 
@@ -67,6 +67,52 @@ HOSTILE = textwrap.dedent(
         if kind == "unlimit":
             resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
             return 1.0
+        if kind == "chmod":                      # metadata outside its directory
+            os.chmod(arg, 0o777)
+            return 1.0
+        if kind == "setuid":
+            os.chmod(arg, 0o4755)
+            return 1.0
+        if kind == "chown":
+            os.chown(arg, 65534, 65534)
+            return 1.0
+        if kind == "utime":
+            os.utime(arg, (0, 0))
+            return 1.0
+        if kind == "xattr":
+            os.setxattr(arg, "user.pwned", b"1")
+            return 1.0
+        if kind == "unix":                       # a Unix socket such as Ray's raylet
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(arg)
+            return 1.0
+        if kind == "udp":
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("127.0.0.1", int(arg)))
+            return 1.0
+        if kind == "chain":                      # N processes, each in a session of its own, each alive
+            import ctypes
+            depth, marker = arg.split()
+            libc = ctypes.CDLL(None)
+            r, w = os.pipe()
+            for level in range(int(depth)):
+                if os.fork():
+                    break
+                os.setsid()
+                libc.prctl(15, marker.encode(), 0, 0, 0)  # PR_SET_NAME: the test finds them by name
+                os.write(w, b"x")
+            else:
+                time.sleep(600)
+            if level:
+                time.sleep(600)
+            got = 0
+            while got < int(depth):
+                got += len(os.read(r, 4096))
+            return float(got)
+        if kind == "print":
+            sys.stdout.write("p" * int(arg))
+            sys.stderr.write("e" * int(arg))
+            return 1.0
+        if kind == "huge":
+            return float(arg)
         if kind == "env":
             return float("STABLEDRL_TEST_SECRET" in os.environ)
         if kind == "forge":                      # a forged answer on every descriptor it can reach
@@ -197,20 +243,61 @@ def test_without_landlock_root_rewards_run_as_nobody(tmp_path):
         shared.rmdir()
 
 
-def test_a_reward_file_others_could_change_is_refused(reward_file):
-    reward_file.chmod(reward_file.stat().st_mode | stat.S_IWOTH)
-    for isolation in ("inline", "process"):
-        cfg = parse_task_config({"name": "arithmetic", "reward": {"custom": f"{reward_file}:score", "isolation": isolation}})
-        with pytest.raises(ConfigError, match=rf"task.reward.custom: {reward_file} is writable by every user"):
-            RewardScorer(cfg)
+def refused(spec: str, match: str, **reward) -> None:
+    """The spec is refused at config load (check_custom_reward) and where it is imported."""
+    cfg = parse_task_config({"name": "arithmetic", "reward": {"custom": spec, "isolation": "inline", **reward}})
+    with pytest.raises(ConfigError, match=match):
+        check_custom_reward(cfg.reward)
+    with pytest.raises(ConfigError, match=match):
+        RewardScorer(cfg)
+
+
+def test_reward_files_others_could_change_are_refused(reward_file, tmp_path, monkeypatch):
+    """Findings: a file in sticky /tmp, a group-writable file, a symlink in a world-writable
+    directory, a file under a 777 grandparent, os:system, a file outside allowed_roots."""
+    reward_file.chmod(0o646)
+    refused(f"{reward_file}:score", rf"task.reward.custom: {reward_file} is writable by every user")
+    reward_file.chmod(0o664)
+    refused(f"{reward_file}:score", "is writable by its group .* chmod go-w")
     reward_file.chmod(0o644)
-    reward_file.parent.chmod(0o777)  # a directory anyone may write to, without the sticky bit
+    check_custom_reward(parse_task_config({"name": "arithmetic", "reward": {"custom": f"{reward_file}:score"}}).reward)
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # like /tmp
+    (sticky / "r.py").write_text(HOSTILE)
+    refused(f"{sticky / 'r.py'}:score", f"the directory {sticky} on its path is writable by others")
+    shared = tmp_path / "shared"
+    (shared / "mine").mkdir(parents=True)
+    (shared / "mine" / "r.py").write_text(HOSTILE)
+    (shared / "link.py").symlink_to(reward_file)
+    shared.chmod(0o777)  # the grandparent of mine/r.py, the parent of link.py
     try:
-        with pytest.raises(ConfigError, match="its directory .* is writable by every user"):
-            RewardScorer(parse_task_config({"name": "arithmetic", "reward": {"custom": f"{reward_file}:score",
-                                                                              "isolation": "inline"}}))
+        refused(f"{shared / 'mine' / 'r.py'}:score", f"the directory {shared} on its path is writable by others")
+        refused(f"{shared / 'link.py'}:score", f"goes through the symlink {shared / 'link.py'}")
     finally:
-        reward_file.parent.chmod(0o700)
+        shared.chmod(0o755)
+    refused(f"{reward_file}:score", "is not under task.reward.allowed_roots", allowed_roots=[str(shared)])
+    with pytest.raises(ConfigError, match=r"task.arithmetic.reward: custom: 'os' is a module of Python's standard"):
+        parse_task_config({"name": "arithmetic", "reward": {"custom": "os:system"}})
+    with pytest.raises(ConfigError, match="not a reward"):
+        parse_task_config({"name": "arithmetic", "reward": {"custom": "subprocess:run"}})
+
+
+def test_a_relative_reward_file_is_the_working_directory_s_and_checked_at_load(tmp_path, monkeypatch):
+    """Finding: 'rp/ok.py:score' passed --dry-run, then the sandbox resolved it against its own
+    temporary directory. It is made absolute at config load and checked there."""
+    (tmp_path / "rp").mkdir()
+    (tmp_path / "rp" / "ok.py").write_text("def score(completion, row):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_task_config({"name": "arithmetic", "reward": {"custom": "rp/ok.py:score", "isolation": "process",
+                                                               "format_weight": 0.0}})
+    assert cfg.reward.custom == f"{tmp_path / 'rp' / 'ok.py'}:score"
+    check_custom_reward(cfg.reward)
+    with RewardScorer(cfg) as scorer:
+        assert scorer.score("2", ROW).total == 1.0
+    missing = parse_task_config({"name": "arithmetic", "reward": {"custom": "rp/missing.py:score"}})
+    with pytest.raises(ConfigError, match=r"task.reward.custom: .*rp/missing.py does not exist .* working directory"):
+        check_custom_reward(missing.reward)
 
 
 def test_a_run_whose_reward_fails_too_often_stops_naming_it():
