@@ -301,15 +301,15 @@ def test_a_relative_reward_file_is_the_working_directory_s_and_checked_at_load(t
 
 
 def test_a_run_whose_reward_fails_too_often_stops_naming_it():
-    cfg = parse_task_config({"name": "arithmetic", "reward": {"custom": "rewards/r.py:score", "max_failed_fraction": 0.5,
+    cfg = parse_task_config({"name": "arithmetic", "reward": {"custom": "/rewards/r.py:score", "max_failed_fraction": 0.5,
                                                                 "failure_check_after": 64}})
-    counts = {"reward_calls/calls": 63.0, "reward_calls/failed": 63.0, "reward_calls/exception": 63.0}
-    check_failure_rate(counts, cfg)  # too few calls to judge
+    counts = {"reward_calls/calls": 63.0, "reward_calls/failed": 32.0, "reward_calls/exception": 32.0}
+    check_failure_rate(counts, cfg)  # too few calls to judge (and 32 failures of 64 would not be too many)
     counts = {"reward_calls/calls": 100.0, "reward_calls/failed": 50.0, "reward_calls/timeout": 50.0}
     check_failure_rate(counts, cfg)  # exactly the fraction: still running
     counts = {"reward_calls/calls": 256.0, "reward_calls/failed": 256.0, "reward_calls/exception": 200.0,
               "reward_calls/limit": 56.0}
-    with pytest.raises(RewardFailureRate, match=r"custom reward rewards/r.py:score failed on 256 of 256 calls "
+    with pytest.raises(RewardFailureRate, match=r"custom reward /rewards/r.py:score failed on 256 of 256 calls "
                                                 r"\(200 exception, 56 limit\), more than task.reward.max_failed_fraction = 0.5"):
         check_failure_rate(counts, cfg)
     never = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"max_failed_fraction": 1.0})})
@@ -345,3 +345,154 @@ def test_held_out_evaluation_scores_through_the_same_sandbox(tmp_path):
         assert result.correct == expected
         assert result.scoring_failures == 2 * sum(1 for c in expected if c == 0) > 0
         assert scorer.stats.crash + scorer.stats.limit == result.scoring_failures and scorer._child.proc.pid == pid
+
+
+def test_metadata_outside_its_directory_cannot_change(scorer, tmp_path):
+    """Finding: chmod, the setuid bit, utime and setxattr succeeded on root-owned files (Landlock
+    does not cover metadata): the seccomp filter denies them all."""
+    victim = tmp_path / "binary"
+    victim.write_text("#!/bin/sh\n")
+    victim.chmod(0o755)
+    before = victim.stat()
+    for kind in ("chmod", "setuid", "chown", "utime", "xattr"):
+        contained(scorer, f"{kind} {victim}", "exception", "PermissionError")
+    contained(scorer, f"chmod {tmp_path}", "exception", "PermissionError")  # its parent directory too
+    after = victim.stat()
+    assert (after.st_mode, after.st_uid, after.st_mtime_ns) == (before.st_mode, before.st_uid, before.st_mtime_ns)
+    assert os.listxattr(victim) == [] and stat_mode(tmp_path) == 0o700
+    assert "seccomp: no file metadata changes" in scorer.confinement
+
+
+def stat_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o7777
+
+
+def test_no_unix_or_udp_sockets(scorer, reward_file, tmp_path):
+    """Finding: Ray's Unix sockets (raylet, plasma_store) were reachable and UDP worked."""
+    with socket.socket(socket.AF_UNIX) as raylet, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        raylet.bind(str(tmp_path / "raylet"))
+        os.chmod(tmp_path / "raylet", 0o777)
+        raylet.listen()
+        raylet.setblocking(False)
+        udp.bind(("127.0.0.1", 0))
+        udp.setblocking(False)
+        contained(scorer, f"unix {tmp_path / 'raylet'}", "exception", "PermissionError")
+        contained(scorer, f"udp {udp.getsockname()[1]}", "exception", "PermissionError")
+        with RewardScorer(config(reward_file, allow_network=True)) as open_scorer:  # IPv4 allowed, Unix still not
+            assert open_scorer.score(f"udp {udp.getsockname()[1]}", ROW) == OK
+            assert open_scorer.score(f"unix {tmp_path / 'raylet'}", ROW) == RewardResult(0.0, {})
+        with pytest.raises(BlockingIOError):
+            raylet.accept()
+        assert udp.recv(16) == b"x"  # the allowed one only
+        with pytest.raises(BlockingIOError):
+            udp.recv(16)
+
+
+def test_a_deep_chain_of_sessions_is_reaped(reward_file):
+    """Finding: 250 processes, each level in its own session, escaped a reaper that gave up after
+    100 rounds. Reaping goes on until none is left (bounded in time, not rounds); 120 levels here
+    (past the old 100 rounds) keep the test quick: forking them is what takes the time."""
+    marker = f"rwchain{os.getpid() % 100000}"
+    with RewardScorer(config(reward_file, timeout_s=30.0)) as scorer:
+        t0 = time.monotonic()
+        assert scorer.score(f"chain 120 {marker}", ROW) == RewardResult(120.0, {"custom": 120.0})
+        elapsed = time.monotonic() - t0
+
+        def chain() -> list[str]:
+            found = []
+            for comm in Path("/proc").glob("[0-9]*/comm"):
+                try:
+                    if comm.read_text().strip() == marker:
+                        found.append(comm.parent.name)
+                except OSError:
+                    pass
+            return found
+
+        assert chain() == [], "processes of the chain outlived the call"
+        assert scorer.score("2", ROW) == OK
+    assert elapsed < 30
+
+
+def test_reward_output_is_bounded_in_the_log(reward_file, capfd):
+    """Finding: a reward printing 2 MB per call filled the inherited worker log until every write
+    failed (OSError 27). Output goes to a file per call; the log gets bounded copies."""
+    with RewardScorer(config(reward_file)) as scorer:
+        for _ in range(3):
+            assert scorer.score("print 2000000", ROW) == RewardResult(1.0, {"custom": 1.0})
+        err = capfd.readouterr().err
+    assert "reward output of call 1:" in err and "more bytes not shown" in err
+    assert len(err) < 16_000, len(err)
+
+
+def imported(tmp_path: Path, source: str, **reward) -> RewardScorer:
+    path = tmp_path / "module_level.py"
+    path.write_text(textwrap.dedent(source))
+    return RewardScorer(parse_task_config({"name": "arithmetic", "reward": {
+        "custom": f"{path}:score", "isolation": "process", **reward}}))
+
+
+def test_a_thread_started_at_import_is_refused_naming_the_file(tmp_path):
+    """Finding: a thread started at import spun the sandbox at 50% CPU for the whole job."""
+    with pytest.raises(ConfigError, match=rf"custom reward {tmp_path}/module_level.py: its module-level code left 1 "
+                                          "thread"):
+        imported(tmp_path, """
+            import threading
+            threading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True).start()
+            def score(completion, row):
+                return 1.0
+            """)
+
+
+def test_a_hang_at_import_fails_fast_naming_the_file(tmp_path):
+    """Finding: a hang at import failed the job after 174 s as 'rollout worker 1 (model load)'."""
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"importing custom reward {tmp_path}/module_level.py took longer than "
+                                          r"task.reward.import_timeout_s = 1 s"):
+        imported(tmp_path, """
+            while True:
+                pass
+            """, import_timeout_s=1)
+    assert time.monotonic() - t0 < 10
+
+
+def test_huge_finite_rewards_are_failures(tmp_path, reward_file):
+    """Finding: rewards of 1e300 and 3e38 passed silently and made the loss NaN."""
+    cfg = config(reward_file)
+    with RewardScorer(cfg) as scorer:
+        for value in ("1e300", "3e38", "-2e6"):
+            contained(scorer, f"huge {value}", "out_of_range", "beyond ±task.reward.max_abs = 1e+06")
+        assert scorer.score("huge 999999", ROW).total == 999999.0
+    inline = parse_task_config({"name": "arithmetic", "reward": {"custom": f"{reward_file}:score", "isolation": "inline",
+                                                                  "max_abs": 10}})
+    with RewardScorer(inline) as scorer:
+        assert scorer.score("huge 11", ROW) == RewardResult(0.0, {}) and scorer.stats.out_of_range == 1
+        assert scorer.stats.failed == 1
+    counts = {"reward_calls/calls": 64.0, "reward_calls/failed": 64.0, "reward_calls/out_of_range": 64.0}
+    with pytest.raises(RewardFailureRate, match=r"\(64 out_of_range\)"):
+        check_failure_rate(counts, cfg)
+
+
+def test_timeouts_stop_the_job_as_soon_as_the_verdict_is_certain(reward_file):
+    """Finding: a reward taking its whole timeout on every call never tripped the stop: timeouts
+    are failures, and the stop comes once failures alone exceed the fraction of
+    failure_check_after (33 calls of 5 s, not 64)."""
+    cfg = parse_task_config({"name": "arithmetic", "reward": {"custom": f"{reward_file}:score", "timeout_s": 5}})
+    check_failure_rate({"reward_calls/calls": 32.0, "reward_calls/failed": 32.0, "reward_calls/timeout": 32.0}, cfg)
+    with pytest.raises(RewardFailureRate, match=r"failed on 33 of 33 calls \(33 timeout\)"):
+        check_failure_rate({"reward_calls/calls": 33.0, "reward_calls/failed": 33.0, "reward_calls/timeout": 33.0}, cfg)
+
+
+def test_directories_of_killed_jobs_are_removed_at_the_next_start(tmp_path):
+    """Finding: SIGKILL of the job left /tmp/stabledrl-reward-* behind."""
+    import subprocess
+
+    from common.tasks.sandbox import WORKDIR_PREFIX, remove_stale_workdirs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale, live, other = (tmp_path / f"{WORKDIR_PREFIX}{dead.pid}-x1", tmp_path / f"{WORKDIR_PREFIX}{os.getpid()}-x2",
+                          tmp_path / "unrelated-1-x")
+    for d in (stale, live, other):
+        (d / "call1-a").mkdir(parents=True)
+    assert remove_stale_workdirs(tmp_path) == [stale]
+    assert not stale.exists() and live.exists() and other.exists()
