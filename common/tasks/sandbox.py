@@ -222,6 +222,18 @@ class _Child:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def check_reward(cfg: Any) -> None:
+    """Before any actor starts (``cfg``: the task section): the custom reward passes the file
+    rules (``build.check_custom_reward``) and, where it will run in the sandbox, imports there
+    within ``reward.import_timeout_s`` (a dry import: the sandbox starts, imports it, and ends).
+    ConfigError naming the reward otherwise."""
+    from common.tasks.build import check_custom_reward
+
+    check_custom_reward(cfg.reward)
+    if cfg.reward.custom and cfg.reward.resolved_isolation == "process":
+        RewardScorer(cfg).close()
+
+
 def remove_stale_workdirs(root: Optional[Path] = None) -> list[Path]:
     """Remove the sandbox directories (``stabledrl-reward-<pid>-*`` in the temporary directory) of
     processes of this user that no longer exist (a job killed with SIGKILL leaves them); returns
