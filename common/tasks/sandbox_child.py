@@ -51,7 +51,8 @@ OUTPUT_SHOWN_BYTES = 2048  # of one call's output, copied to the log
 OUTPUT_BUDGET_BYTES = 64 << 10  # of all output, copied to the log over the sandbox's life
 OUTPUT_FILE = ".output"
 OWN_CPU_ALLOWANCE_S = 1.0  # the sandbox's own CPU time between two answers, beyond 10% of the wall clock
-EXIT_GRACE_S = 1.0  # an answered call has this long to exit before it is killed
+EXIT_GRACE_S = 1.0
+WARDEN_GRACE_S = 1.0  # a warden asked to end its call has this long  # an answered call has this long to exit before it is killed
 CALL_OUTCOMES = ("ok", *FAILURE_KINDS)
 
 
@@ -250,8 +251,7 @@ class _Sandbox:
         """The call's (outcome, payload); the call process is reaped (killed if need be) on return."""
         deadline = time.monotonic() + self.timeout_s
         if not answer.poll(self.timeout_s):
-            _kill(pid)
-            os.waitpid(pid, 0)
+            _stop(pid)
             return ["timeout", f"no answer in {self.timeout_s}s"]
         try:
             message = _parse(answer.recv_bytes(MAX_REPLY_BYTES))
@@ -289,6 +289,17 @@ def _own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _stop(pid: int) -> None:
+    """End a call past its time: SIGTERM lets its warden (if any) kill all the call's processes at
+    once; SIGKILL (its whole group; the reaper gets the rest) after WARDEN_GRACE_S."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    if _exit_status(pid, WARDEN_GRACE_S) is None:
+        return  # killed by _exit_status, and waited for
+
+
 def _exit_status(pid: int, within_s: float) -> Optional[int]:
     """``pid``'s exit status if it ends within ``within_s``; else None, once it has been killed."""
     end = time.monotonic() + max(0.0, within_s)
@@ -304,7 +315,13 @@ def _exit_status(pid: int, within_s: float) -> Optional[int]:
 
 
 def _run_call(sandbox: _Sandbox, completion: str, row: Any, workdir: Path, writer: int) -> None:
-    """The forked call: confine further, score, answer, exit. Never returns."""
+    """The forked call: confine further, score, answer, exit. Never returns.
+
+    With Landlock's signal scope (ABI >= 6) this process is the call's warden: in a domain of its
+    own it forks the process that runs the reward, in a domain nested one level deeper (so that
+    nothing of the reward can signal the warden), waits for it, then ``kill(-1, SIGKILL)``: every
+    process left in the call's domains, however deep its chain of sessions, and nothing else
+    (the scope keeps the signal inside). SIGTERM from the sandbox (a timeout) does the same."""
     code = 0
     try:
         os.setsid()
@@ -315,24 +332,85 @@ def _run_call(sandbox: _Sandbox, completion: str, row: Any, workdir: Path, write
         os.dup2(output, 2)
         os.close(output)
         box = sandbox.cfg.reward.sandbox
-        confine.set_limits(cpu_seconds=box.cpu_seconds)
         os.chdir(workdir)
         os.environ.update(HOME=str(workdir), TMPDIR=str(workdir))
         tempfile.tempdir = str(workdir)
         if sandbox.landlock:
             confine.restrict_paths([], [workdir, Path(os.devnull)], handle_reads=False, allow_network=box.allow_network)
-        reply = Connection(writer, readable=False)
-        try:
-            result = sandbox.task.reward(completion, row)
-            message = ["ok", [result.total, dict(result.parts)]]
-        except MemoryError as e:
-            message = ["limit", f"MemoryError{e.args and f': {e}' or ''} (task.reward.sandbox.memory_mb = {box.memory_mb})"]
-        except BaseException as e:  # noqa: BLE001 - sys.exit included: the call failed, the sandbox lives on
-            message = [outcome_of(e), repr(e)[:2000]]
-        reply.send_bytes(json.dumps(message).encode())
+        if sandbox.landlock >= 6 and _scoped():
+            _warden(sandbox, completion, row, workdir, writer)  # never returns
+        confine.set_limits(cpu_seconds=box.cpu_seconds)
+        _score(sandbox, completion, row, writer)
     except BaseException:  # noqa: BLE001
         code = 70
     os._exit(code)
+
+
+def _score(sandbox: _Sandbox, completion: str, row: Any, writer: int) -> None:
+    box = sandbox.cfg.reward.sandbox
+    reply = Connection(writer, readable=False)
+    try:
+        result = sandbox.task.reward(completion, row)
+        message = ["ok", [result.total, dict(result.parts)]]
+    except MemoryError as e:
+        message = ["limit", f"MemoryError{e.args and f': {e}' or ''} (task.reward.sandbox.memory_mb = {box.memory_mb})"]
+    except BaseException as e:  # noqa: BLE001 - sys.exit included: the call failed, the sandbox lives on
+        message = [outcome_of(e), repr(e)[:2000]]
+    reply.send_bytes(json.dumps(message).encode())
+
+
+def _scoped() -> bool:
+    """Whether this process's signals stay in its Landlock domain: its parent (the sandbox) and
+    init must be out of reach. Checked before any ``kill(-1)``: without the scope that would
+    signal every process of this user."""
+    for pid in (os.getppid(), 1):
+        try:
+            os.kill(pid, 0)
+            return False
+        except PermissionError:
+            continue
+        except ProcessLookupError:
+            return False
+    return True
+
+
+def _kill_domain() -> None:
+    try:
+        os.kill(-1, signal.SIGKILL)  # the scope keeps it to this call's domains
+    except ProcessLookupError:  # nothing left to kill
+        pass
+
+
+def _warden(sandbox: _Sandbox, completion: str, row: Any, workdir: Path, writer: int) -> None:
+    box = sandbox.cfg.reward.sandbox
+
+    def end_all(*_: Any) -> None:
+        _kill_domain()
+        os._exit(75)
+
+    signal.signal(signal.SIGTERM, end_all)
+    scorer = os.fork()
+    if scorer == 0:
+        code = 0
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            confine.die_with_parent()
+            confine.restrict_paths([], [workdir, Path(os.devnull)], handle_reads=False,
+                                   allow_network=box.allow_network)  # nested: the warden is out of its reach
+            confine.set_limits(cpu_seconds=box.cpu_seconds)
+            _score(sandbox, completion, row, writer)
+        except BaseException:  # noqa: BLE001
+            code = 70
+        os._exit(code)
+    os.close(writer)
+    _, status = os.waitpid(scorer, 0)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+    _kill_domain()
+    if os.WIFSIGNALED(status):  # the sandbox reads the scorer's end as the call's
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [os.WTERMSIG(status)])
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 70)
 
 
 def _death(status: int, box: Any) -> list:

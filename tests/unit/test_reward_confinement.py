@@ -89,23 +89,20 @@ HOSTILE = textwrap.dedent(
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("127.0.0.1", int(arg)))
             return 1.0
         if kind == "chain":                      # N processes, each in a session of its own, each alive
-            import ctypes
-            depth, marker = arg.split()
-            libc = ctypes.CDLL(None)
+            import shutil, subprocess
+            depth, marker, *hold = arg.split()
+            os.symlink(shutil.which("sleep"), marker)  # exec'd through this name: the test finds them by it
+            with open("chain.sh", "w") as f:
+                f.write('printf x >&"$2"\\nif [ "$1" -gt 1 ]; then setsid sh ./chain.sh $(($1 - 1)) "$2" "$3" & fi\\n'
+                        'exec "./$3" 600\\n')
             r, w = os.pipe()
-            for level in range(int(depth)):
-                if os.fork():
-                    break
-                os.setsid()
-                libc.prctl(15, marker.encode(), 0, 0, 0)  # PR_SET_NAME: the test finds them by name
-                os.write(w, b"x")
-            else:
-                time.sleep(600)
-            if level:
-                time.sleep(600)
+            subprocess.Popen(["setsid", "sh", "./chain.sh", depth, str(w), marker], pass_fds=(w,))
+            os.close(w)
             got = 0
             while got < int(depth):
                 got += len(os.read(r, 4096))
+            if hold:                             # then past its timeout
+                time.sleep(600)
             return float(got)
         if kind == "print":
             sys.stdout.write("p" * int(arg))
@@ -388,29 +385,41 @@ def test_no_unix_or_udp_sockets(scorer, reward_file, tmp_path):
             udp.recv(16)
 
 
+def chain(marker: str) -> list[str]:
+    """The pids of processes named ``marker``."""
+    found = []
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == marker:
+                found.append(comm.parent.name)
+        except OSError:
+            pass
+    return found
+
+
 def test_a_deep_chain_of_sessions_is_reaped(reward_file):
     """Finding: 250 processes, each level in its own session, escaped a reaper that gave up after
-    100 rounds. Reaping goes on until none is left (bounded in time, not rounds); 120 levels here
-    (past the old 100 rounds) keep the test quick: forking them is what takes the time."""
+    100 rounds. With Landlock's signal scope the call's warden kills them all at once (kill(-1)
+    inside the call's domain), after an answer and after a timeout; else the reaper goes on round
+    after round until none is left. A process outside the sandbox is untouched."""
+    import subprocess
+
     marker = f"rwchain{os.getpid() % 100000}"
-    with RewardScorer(config(reward_file, timeout_s=30.0)) as scorer:
-        t0 = time.monotonic()
-        assert scorer.score(f"chain 120 {marker}", ROW) == RewardResult(120.0, {"custom": 120.0})
-        elapsed = time.monotonic() - t0
-
-        def chain() -> list[str]:
-            found = []
-            for comm in Path("/proc").glob("[0-9]*/comm"):
-                try:
-                    if comm.read_text().strip() == marker:
-                        found.append(comm.parent.name)
-                except OSError:
-                    pass
-            return found
-
-        assert chain() == [], "processes of the chain outlived the call"
-        assert scorer.score("2", ROW) == OK
-    assert elapsed < 30
+    outside = subprocess.Popen(["sleep", "60"])
+    try:
+        with RewardScorer(config(reward_file, timeout_s=30.0)) as scorer:
+            t0 = time.monotonic()
+            assert scorer.score(f"chain 250 {marker}", ROW) == RewardResult(250.0, {"custom": 250.0})
+            assert time.monotonic() - t0 < 30
+            assert chain(marker) == [], "processes of the chain outlived the call"
+            assert scorer.score("2", ROW) == OK
+        with RewardScorer(config(reward_file, timeout_s=3.0)) as scorer:
+            contained(scorer, f"chain 20 {marker} hold", "timeout", "no answer in 3.0s")
+            assert chain(marker) == [], "processes of the chain outlived the call's timeout"
+        assert outside.poll() is None
+    finally:
+        outside.kill()
+        outside.wait()
 
 
 def test_reward_output_is_bounded_in_the_log(reward_file, capfd):
