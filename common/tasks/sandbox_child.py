@@ -50,7 +50,7 @@ MAX_REPLY_BYTES = 1 << 20
 OUTPUT_SHOWN_BYTES = 2048  # of one call's output, copied to the log
 OUTPUT_BUDGET_BYTES = 64 << 10  # of all output, copied to the log over the sandbox's life
 OUTPUT_FILE = ".output"
-OWN_CPU_ALLOWANCE_S = 1.0  # the sandbox's own CPU time between two answers, beyond 10% of the wall clock
+OWN_CPU_ALLOWANCE_S = 1.0  # the sandbox's own CPU time between two answers, beyond 5% of the wall clock
 EXIT_GRACE_S = 1.0
 WARDEN_GRACE_S = 1.0  # a warden asked to end its call has this long  # an answered call has this long to exit before it is killed
 CALL_OUTCOMES = ("ok", *FAILURE_KINDS)
@@ -185,7 +185,7 @@ class _Sandbox:
         cpu, wall = _own_cpu(), time.monotonic()
         used, elapsed = cpu - self._cpu, wall - self._wall
         self._cpu, self._wall = cpu, wall
-        if used <= OWN_CPU_ALLOWANCE_S + 0.1 * elapsed:
+        if used <= OWN_CPU_ALLOWANCE_S + 0.05 * elapsed:
             return ""
         return (f"the reward sandbox itself used {used:.1f} s of CPU in {elapsed:.1f} s between calls: code of the reward "
                 "module runs outside its calls (a hook or signal handler set at import); the sandbox is restarted")

@@ -505,3 +505,29 @@ def test_directories_of_killed_jobs_are_removed_at_the_next_start(tmp_path):
         (d / "call1-a").mkdir(parents=True)
     assert remove_stale_workdirs(tmp_path) == [stale]
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_code_left_running_in_the_sandbox_itself_is_stopped(tmp_path):
+    """Probing around the import finding: a module can leave code that runs in the sandbox itself
+    outside any call (an audit hook cannot be removed). The sandbox's own CPU time is checked at
+    every answer: past its allowance the call fails as a crash naming the cause, and the sandbox
+    ends (the next call starts a fresh one)."""
+    with imported(tmp_path, """
+            import os, sys, time
+            SANDBOX = os.getpid()
+
+            def burn(event, args):
+                if event == "os.fork" and os.getpid() == SANDBOX:  # the sandbox forks every call
+                    end = time.process_time() + 3
+                    while time.process_time() < end:
+                        pass
+
+            sys.addaudithook(burn)
+
+            def score(completion, row):
+                return 1.0
+            """, format_weight=0.0, timeout_s=60) as scorer:
+        first = scorer._child
+        assert scorer.score("2", ROW) == RewardResult(0.0, {})
+        assert scorer.stats.crash == 1 and "the reward sandbox itself used" in scorer.recent_failures[-1][1]
+        first.proc.wait(timeout=10)
