@@ -8,13 +8,20 @@ dropped. Built-in and custom rewards go through the same path.
 
 Isolation (``reward.isolation``):
 - ``process``: rewards run in the reward sandbox, a child Python process (``python -m
-  common.tasks.sandbox_child``, talking over its stdin/stdout pipes; the child's own prints go to
-  stderr) that forks a fresh, confined process for every call: memory, CPU time and file size
-  limited, its own session and temporary directory, files and network confined with Landlock
-  where the kernel offers it, no privileges, every process it leaves behind killed
+  common.tasks.sandbox_child``, talking over its stdin/stdout pipes; what reward code prints goes
+  to a file, and only bounded copies reach the worker's log) that forks a fresh, confined process
+  for every call: memory, CPU time and file size limited, its own session and temporary
+  directory, files and network confined with Landlock where the kernel offers it, metadata and
+  sockets with a seccomp filter, no privileges, every process it leaves behind killed
   (``reward.sandbox``, ``common.tasks.confine``). A call past ``timeout_s`` or a limit is killed
-  and counted; a crash (``os._exit``, a segfault) too; the sandbox lives on. Cost: a pipe round
-  trip and a fork per call (a few milliseconds).
+  and counted; a crash (``os._exit``, a segfault) too; the sandbox lives on. The sandbox's
+  directory is ``stabledrl-reward-<worker pid>-*`` in the temporary directory; those of dead
+  processes are removed when a sandbox starts. Cost: a pipe round trip and two forks per call (a
+  few milliseconds).
+
+A result must be finite and within ±``reward.max_abs``, else the call fails (``non_finite``,
+``out_of_range``). ``check_reward`` runs before any actor starts: the reward file's rules and a
+dry import in the sandbox.
 - ``inline``: rewards run in the calling thread. Exceptions and bad values are caught, but a
   reward that hangs cannot be interrupted, so no timeout and no limit is enforced: for the
   built-in checkers, which are ours.

@@ -176,7 +176,7 @@ class _Sandbox:
         if settings.get("reward_file"):
             digest = hashlib.sha256(Path(settings["reward_file"]).read_bytes()).hexdigest()[:16]
             notes.insert(0, f"reward {settings['reward_file']} (sha256 {digest})")
-        self.confined = {"landlock": self.landlock, "notes": notes, "degraded": not self.landlock}
+        self.confined = {"landlock": self.landlock, "notes": notes, "degraded": not (self.landlock and self.seccomp)}
         self._cpu, self._wall = _own_cpu(), time.monotonic()
 
     def own_cpu(self) -> str:
@@ -194,6 +194,7 @@ class _Sandbox:
         """Limits, Landlock (else, as root, user nobody), no capabilities, the seccomp filter;
         returns what is in force."""
         box = self.cfg.reward.sandbox
+        self.seccomp = True
         confine.set_limits(memory_mb=box.memory_mb, file_size_mb=box.file_size_mb)
         self.landlock, why = confine.landlock_abi() if box.landlock else (0, "task.reward.sandbox.landlock is false")
         notes = [f"memory {box.memory_mb} MiB", f"CPU {box.cpu_seconds:g} s per call", f"files <= {box.file_size_mb} MiB",
@@ -214,10 +215,10 @@ class _Sandbox:
                 notes.append(f"seccomp: no file metadata changes (chmod, chown, utimes, xattrs), {sockets}")
             else:
                 notes.append(f"no seccomp filter for {os.uname().machine}: metadata and sockets not confined")
-                self.landlock = 0  # reported as degraded
+                self.seccomp = False
         except OSError as e:
             notes.append(f"no seccomp filter ({e}): metadata and sockets not confined")
-            self.landlock = 0
+            self.seccomp = False
         return notes
 
     def call(self, completion: str, row: Any) -> list:
