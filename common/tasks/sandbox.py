@@ -49,6 +49,7 @@ from typing import Any, Optional, Sequence
 
 from common.config.base import ConfigError
 from common.tasks.base import NonNumericReward, RewardResult, Row, Task
+from common.tasks.confine import NOBODY
 
 log = logging.getLogger(__name__)
 START_OVERHEAD_S = 60.0  # beyond reward.import_timeout_s: Python and the project's imports, on a loaded machine
@@ -243,13 +244,14 @@ def check_reward(cfg: Any) -> None:
 
 def remove_stale_workdirs(root: Optional[Path] = None) -> list[Path]:
     """Remove the sandbox directories (``stabledrl-reward-<pid>-*`` in the temporary directory) of
-    processes of this user that no longer exist (a job killed with SIGKILL leaves them); returns
+    processes of this user (as root: also those handed to nobody) that no longer exist (a job killed with SIGKILL leaves them); returns
     what was removed."""
     removed = []
     for path in Path(root or tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
         pid = path.name[len(WORKDIR_PREFIX):].partition("-")[0]
         try:
-            if not pid.isdigit() or path.lstat().st_uid != os.geteuid() or not path.is_dir() or path.is_symlink():
+            owners = (os.geteuid(), NOBODY) if os.geteuid() == 0 else (os.geteuid(),)  # as root: maybe handed to nobody
+            if not pid.isdigit() or path.lstat().st_uid not in owners or not path.is_dir() or path.is_symlink():
                 continue
             os.kill(int(pid), 0)
             continue  # its process lives

@@ -82,6 +82,17 @@ HOSTILE = textwrap.dedent(
         if kind == "xattr":
             os.setxattr(arg, "user.pwned", b"1")
             return 1.0
+        if kind == "link":                       # a hard link into its own directory, then written through
+            os.link(arg, "linked")
+            with open("linked", "a") as f:
+                f.write("pwned")
+            return 1.0
+        if kind == "rename":
+            os.rename(arg, "moved")
+            return 1.0
+        if kind == "mknod":                      # /dev/mem's numbers
+            os.mknod("mem", 0o600 | 0o20000, os.makedev(1, 1))
+            return 1.0
         if kind == "unix":                       # a Unix socket such as Ray's raylet
             socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(arg)
             return 1.0
@@ -201,6 +212,12 @@ def test_files_outside_its_directory_cannot_be_read_or_written(scorer, tmp_path)
     project_file = Path(__file__).resolve().parents[2] / "PWNED_BY_REWARD"
     contained(scorer, f"write {project_file}", "exception", "PermissionError")
     assert not project_file.exists()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("hello")
+    contained(scorer, f"link {victim}", "exception", "OSError(18")  # Landlock: no link that would gain rights
+    contained(scorer, f"rename {victim}", "exception", "PermissionError")
+    contained(scorer, "mknod", "exception", "PermissionError")  # no capabilities
+    assert victim.read_text() == "hello"
     assert scorer.score(f"scratch {tmp_path / 'scratch.txt'}", ROW) == OK  # its own directory works
     assert "Landlock ABI" in scorer.confinement
 
@@ -503,8 +520,13 @@ def test_directories_of_killed_jobs_are_removed_at_the_next_start(tmp_path):
                           tmp_path / "unrelated-1-x")
     for d in (stale, live, other):
         (d / "call1-a").mkdir(parents=True)
-    assert remove_stale_workdirs(tmp_path) == [stale]
-    assert not stale.exists() and live.exists() and other.exists()
+    handed = tmp_path / f"{WORKDIR_PREFIX}{dead.pid}-x3"  # as root without Landlock: handed to nobody
+    if os.geteuid() == 0:
+        (handed / "call1-a").mkdir(parents=True)
+        os.chown(handed, 65534, 65534)
+    removed = remove_stale_workdirs(tmp_path)
+    assert sorted(removed) == sorted([stale, handed] if os.geteuid() == 0 else [stale])
+    assert not stale.exists() and not handed.exists() and live.exists() and other.exists()
 
 
 def test_code_left_running_in_the_sandbox_itself_is_stopped(tmp_path):
