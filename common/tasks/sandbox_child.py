@@ -9,8 +9,9 @@ reward: its module-level code already runs confined), replies ("ready", what is 
 Each call runs in a fresh process forked from the sandbox: in its own session, in its own
 temporary directory (also HOME and TMPDIR; removed afterwards), under a CPU-time limit and a
 Landlock domain that lets it write only there. The sandbox waits ``timeout_s`` for its answer,
-then kills the call's process group and every process the call left behind (re-parented to the
-sandbox, the subreaper). A call cannot break the next one: state, memory and leftovers die with it.
+then ends the call: with Landlock's signal scope the call's warden kills every process of the
+call at once (``_warden``); the sandbox then kills the call's process group and every process
+left behind (re-parented to the sandbox, the subreaper), round after round. A call cannot break the next one: state, memory and leftovers die with it.
 
 The sandbox itself runs under the same confinement as the calls (Landlock, the memory and file
 limits, the seccomp filter of ``confine.deny_syscalls``: no metadata changes, no sockets but
@@ -51,8 +52,8 @@ OUTPUT_SHOWN_BYTES = 2048  # of one call's output, copied to the log
 OUTPUT_BUDGET_BYTES = 64 << 10  # of all output, copied to the log over the sandbox's life
 OUTPUT_FILE = ".output"
 OWN_CPU_ALLOWANCE_S = 1.0  # the sandbox's own CPU time between two answers, beyond 5% of the wall clock
-EXIT_GRACE_S = 1.0
-WARDEN_GRACE_S = 1.0  # a warden asked to end its call has this long  # an answered call has this long to exit before it is killed
+EXIT_GRACE_S = 1.0  # an answered call has this long to exit before it is killed
+WARDEN_GRACE_S = 1.0  # a warden asked to end its call (a timeout) has this long
 CALL_OUTCOMES = ("ok", *FAILURE_KINDS)
 
 
