@@ -109,8 +109,8 @@ class SandboxConfig(StrictModel):
                            "Python, the project, the reward file and read_paths; write only the call's own temporary "
                            "directory; no signals to other processes. false (or no Landlock): as root, rewards run "
                            "as user nobody instead")
-    allow_network: bool = Field(False, description="allow TCP connections and listening (denied with Landlock ABI >= 4; "
-                                "UDP and other sockets are not covered)")
+    allow_network: bool = Field(False, description="allow IPv4/IPv6 sockets (TCP and UDP); otherwise a seccomp filter "
+                                "denies every socket (Unix ones too, always) and Landlock ABI >= 4 every TCP connect")
     read_paths: list[str] = Field(default_factory=list, description="more files or directories a reward may read "
                                   "(e.g. a lookup table), absolute or relative to the working directory")
     pass_env: list[str] = Field(default_factory=list, description="environment variables handed to reward code; the "
