@@ -53,9 +53,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return scale_command(args.job, args.workers, args.address)
 
+    from common.tasks.sandbox import check_reward
+
     try:
         cfg = load_job_config(*resume_source(args)) if args.resume else load_job_config(args.config, args.overrides)
         check_sampler_layout(cfg)
+        check_reward(cfg.task)  # the reward file's rules, and a dry import in the sandbox, before any actor
     except ConfigError as e:
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2

@@ -120,11 +120,14 @@ class RolloutPool:
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Close every worker (reward sandbox, push channel) and let its process exit; ``ray.kill``
         takes any that has not answered within ``grace_s`` (a killed worker with live threads
-        aborts noisily in its log)."""
+        aborts noisily in its log). A worker whose close did not answer is still busy (a request
+        of slow rewards): it is killed at once, not asked to exit after the busy call too, so a
+        Ctrl-C ends the job within ``grace_s`` (its reward sandbox ends on its own, its directory
+        is removed by the next job's sandbox)."""
         processes = list(self.processes.values())
         closing = [p.actor.close.remote() for p in processes]
-        ray.wait(closing, num_returns=len(closing), timeout=grace_s)
-        exiting = [p.actor.__ray_terminate__.remote() for p in processes]
+        closed, _ = ray.wait(closing, num_returns=len(closing), timeout=grace_s)
+        exiting = [p.actor.__ray_terminate__.remote() for p, ref in zip(processes, closing) if ref in closed]
         ray.wait(exiting, num_returns=len(exiting), timeout=grace_s)
         for process in processes:
             ray.kill(process.actor, no_restart=True)

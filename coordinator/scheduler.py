@@ -49,6 +49,7 @@ Goal = Literal["evaluate", "train", "drain", "checkpoint", "restore"]
 GOALS: dict[str, tuple[str, ...]] = {"restore": ("push", "drain"), "train": ("train",), "drain": ("drain",),
                                      "evaluate": ("protocol", "evaluate"), "checkpoint": ("checkpoint",)}
 POLL_TIMEOUT_S = 30.0
+MAX_SKIPPED_IN_A_ROW = 3  # learner updates skipped for a non-finite loss or grad norm before the job stops
 
 
 @dataclass
@@ -101,6 +102,7 @@ class Scheduler:
         self.learner_ranks, self.parameters, self.startup = 1, 0, {}
         self.last_step_at = 0.0
         self.stopped: Optional[str] = None
+        self.skipped_in_a_row = 0
         self.out: list[Any] = []  # commands answering the event being handled
 
     # ---- the driver's surface -----------------------------------------------------------------
@@ -361,6 +363,24 @@ class Scheduler:
                   **self.worker_metrics(), **self.totals()}
         self.step_end = StepEnd(batch, event.results, event.train_s, at_end)
         self.agenda[0:0] = [Task("push"), Task("finish")]
+        self._check_skipped(event)
+
+    def _check_skipped(self, event: ev.StepDone) -> None:
+        """A skipped update (non-finite loss or grad norm) is said in the log; MAX_SKIPPED_IN_A_ROW
+        of them in a row stop the job: it would end with the weights it started from."""
+        if not any(r.get("train/skipped") for r in event.results):
+            self.skipped_in_a_row = 0
+            return
+        self.skipped_in_a_row += 1
+        loss = event.results[0].get("train/loss", math.nan)
+        norm = event.results[0].get("train/grad_norm", math.nan)
+        self.emit(ev.Log(f"warning: step {event.step}: the learner skipped its update (train/loss {loss:g}, "
+                         f"train/grad_norm {norm:g}); {self.skipped_in_a_row} in a row"))
+        if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+            self.stop(f"the learner skipped {self.skipped_in_a_row} updates in a row for a non-finite loss or gradient "
+                      f"norm (train/loss {loss:g} at step {event.step}): training would leave the model as it started. "
+                      "Look for huge rewards (rollout/reward_calls/out_of_range, task.reward.max_abs), a too large "
+                      "learner.optimizer.lr, or a loss setting that overflows; resume from the last checkpoint once fixed")
 
     def worker_metrics(self) -> dict[str, float]:
         versions = self.fleet.versions()

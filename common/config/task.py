@@ -29,7 +29,9 @@ in ``common/tasks/data.py``.
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
@@ -107,8 +109,8 @@ class SandboxConfig(StrictModel):
                            "Python, the project, the reward file and read_paths; write only the call's own temporary "
                            "directory; no signals to other processes. false (or no Landlock): as root, rewards run "
                            "as user nobody instead")
-    allow_network: bool = Field(False, description="allow TCP connections and listening (denied with Landlock ABI >= 4; "
-                                "UDP and other sockets are not covered)")
+    allow_network: bool = Field(False, description="allow IPv4/IPv6 sockets (TCP and UDP); otherwise a seccomp filter "
+                                "denies every socket (Unix ones too, always) and Landlock ABI >= 4 every TCP connect")
     read_paths: list[str] = Field(default_factory=list, description="more files or directories a reward may read "
                                   "(e.g. a lookup table), absolute or relative to the working directory")
     pass_env: list[str] = Field(default_factory=list, description="environment variables handed to reward code; the "
@@ -124,14 +126,27 @@ class RewardConfig(StrictModel):
         None,
         description="'path/to/file.py:function' or 'package.module:function' replacing the task's checker; "
         "signature fn(completion: str, row: common.tasks.Row) -> float; row.record is the whole data record (every "
-        "column, nested fields included)",
+        "column, nested fields included). A relative file path is relative to the working directory the config is "
+        "loaded in, made absolute then (so the run's config.yaml names the file absolutely); a module of Python's "
+        "standard library (os:system) is refused unless allowed_modules names it",
     )
+    allowed_roots: list[str] = Field(
+        default_factory=list, description="directories the custom reward file must lie in (resolved, symlinks "
+        "followed); empty: anywhere that passes the ownership and write-permission checks of every directory on its "
+        "path")
+    allowed_modules: list[str] = Field(
+        default_factory=list, description="standard-library modules a 'module:function' custom reward may name "
+        "(refused otherwise: os:system is no reward)")
     isolation: Literal["auto", "inline", "process"] = Field(
         "auto",
         description="'process' runs rewards in a child process (timeouts are enforced, crashes contained); "
         "'inline' runs them in the worker (exceptions and bad values are still caught); 'auto' = process iff custom is set",
     )
     timeout_s: float = Field(5.0, gt=0, description="per-completion time limit (enforced with isolation=process)")
+    import_timeout_s: float = Field(60.0, gt=0, description="time limit of importing the custom reward (its "
+                                    "module-level code) in the sandbox; past it the job stops, naming the file")
+    max_abs: float = Field(1e6, gt=0, description="largest |reward| (and |part|) accepted; a finite value beyond it "
+                           "is a failed call ('out_of_range'): 1e300 would overflow the loss")
     on_failure: Literal["zero", "drop"] = Field(
         "zero", description="a failing reward (exception, non-number, NaN/inf, timeout) gives reward 0, or drops the sample"
     )
@@ -147,6 +162,25 @@ class RewardConfig(StrictModel):
         if v is not None and not _CUSTOM_SPEC.match(v):
             raise ValueError("must be 'path/to/file.py:function' or 'package.module:function'")
         return v
+
+    @model_validator(mode="after")
+    def _custom_target(self) -> "RewardConfig":
+        """A relative reward file becomes absolute (against the working directory); a standard
+        library module is refused unless allowed_modules names it."""
+        if not self.custom:
+            return self
+        target, _, attr = self.custom.rpartition(":")
+        if target.endswith(".py") or "/" in target:
+            path = os.path.abspath(os.path.expanduser(target))
+            if path != target:
+                object.__setattr__(self, "custom", f"{path}:{attr}")
+            return self
+        top = target.partition(".")[0]
+        if (top in sys.stdlib_module_names or top in sys.builtin_module_names) and top not in self.allowed_modules \
+                and target not in self.allowed_modules:
+            raise ValueError(f"custom: {target!r} is a module of Python's standard library, not a reward; name a file "
+                             "(path/to/file.py:function) or your own package, or list it in allowed_modules")
+        return self
 
     @property
     def resolved_isolation(self) -> Literal["inline", "process"]:

@@ -3,7 +3,7 @@
 A user reward replaces the task's checker (the format part still applies with its weight)::
 
     task:
-      reward: {custom: "rewards/length_penalty.py:score"}      # a file, relative to the cwd
+      reward: {custom: "rewards/length_penalty.py:score"}      # a file, relative to the working directory
       reward: {custom: "my_package.rewards:score"}             # or an importable module
 
     def score(completion: str, row: common.tasks.Row) -> float:
@@ -18,9 +18,21 @@ There each call runs in a fresh fork of the process that imported the file once:
 function needs at the top of the file, not inside the function (that import would be paid again
 on every call).
 
-A reward file is code the job runs, so it must be one nobody else could have changed: a regular
-file owned by the user running the job (or root), not writable by others, in a directory not
-writable by others (unless sticky, like /tmp). Its absolute path and SHA-256 are logged.
+A reward file is code the job runs, so it must be one nobody else could have changed
+(``check_reward_file``, at config load and again where it is imported):
+
+- a regular file owned by the user running the job (or root), writable by neither group nor
+  others;
+- in a directory owned by that user (or root), writable by neither group nor others (so not
+  directly in /tmp, sticky or not);
+- every directory above it, up to /, owned by that user or root and writable by neither group
+  nor others unless sticky (/tmp may be an ancestor: its sticky bit keeps others from renaming
+  what is ours; a 777 grandparent is refused);
+- no symlink on the path as written lies in a directory that group or others may write;
+- with ``reward.allowed_roots`` set, its real path lies under one of them.
+
+A ``module:function`` reward naming a standard-library module (``os:system``) is refused by the
+config unless ``reward.allowed_modules`` lists it. The file's absolute path and SHA-256 are logged.
 """
 from __future__ import annotations
 
@@ -29,9 +41,10 @@ import importlib
 import importlib.util
 import logging
 import os
+import stat
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from common.config.base import ConfigError
 from common.tasks.base import TASKS, Row, Task, stable_hash
@@ -40,15 +53,12 @@ CustomFn = Callable[[str, Row], Any]
 log = logging.getLogger(__name__)
 
 
-def load_reward_function(spec: str) -> CustomFn:
+def load_reward_function(spec: str, allowed_roots: Sequence[str] = ()) -> CustomFn:
     """Import ``'path/to/file.py:name'`` or ``'package.module:name'`` and return the callable."""
     target, _, attr = spec.rpartition(":")
     try:
         if target.endswith(".py") or "/" in target:
-            path = Path(target).expanduser().resolve()
-            if not path.is_file():
-                raise ConfigError(f"custom reward file {path} does not exist (spec {spec!r}, cwd {Path.cwd()})")
-            check_reward_file(path)
+            path = check_reward_file(Path(target), allowed_roots)
             name = f"stabledrl_custom_reward_{stable_hash(str(path)):x}"
             module_spec = importlib.util.spec_from_file_location(name, path)
             assert module_spec is not None and module_spec.loader is not None
@@ -67,38 +77,82 @@ def load_reward_function(spec: str) -> CustomFn:
     return fn
 
 
-def check_reward_file(path: Path) -> None:
-    """Refuse a reward file that someone other than this user (or root) could have written."""
+def check_reward_file(given: Path, allowed_roots: Sequence[str] = ()) -> Path:
+    """Refuse a reward file that someone other than this user (or root) could have written or
+    replaced (the rules are in the module docstring); returns its real path."""
     import hashlib
-    import stat
 
     me = os.geteuid()
+    where = f"task.reward.custom: {given}"
+    given = Path(os.path.abspath(os.path.expanduser(given)))
+    path = given.resolve()
+    if not path.is_file():
+        raise ConfigError(f"{where} does not exist or is not a file (a relative path is relative to the working "
+                          f"directory the config is loaded in, {Path.cwd()})")
+    for link in [p for p in (given, *given.parents) if p.is_symlink()]:
+        parent = link.parent.stat()
+        if _writable_by_others(parent) or parent.st_uid not in (me, 0):
+            raise ConfigError(f"{where}: its path goes through the symlink {link}, in a directory others may change "
+                              f"({link.parent}, mode {stat.filemode(parent.st_mode)}, owner uid {parent.st_uid}): "
+                              "refused; name the real file")
     info = path.stat()
-    where = f"task.reward.custom: {path}"
     if info.st_uid not in (me, 0):
         raise ConfigError(f"{where} is owned by uid {info.st_uid}, not by this user ({me}) or root: refused "
                           "(a reward file is code the job runs)")
-    if info.st_mode & stat.S_IWOTH:
-        raise ConfigError(f"{where} is writable by every user (mode {stat.filemode(info.st_mode)}): refused; "
-                          f"chmod o-w {path}")
-    parent = path.parent.stat()
-    if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
-        raise ConfigError(f"{where}: its directory {path.parent} is writable by every user (mode "
-                          f"{stat.filemode(parent.st_mode)}), so anyone could replace the file: refused")
+    if info.st_mode & (stat.S_IWOTH | stat.S_IWGRP):
+        who = "every user" if info.st_mode & stat.S_IWOTH else "its group"
+        raise ConfigError(f"{where} is writable by {who} (mode {stat.filemode(info.st_mode)}): refused; "
+                          f"chmod go-w {path}")
+    for directory in path.parents:
+        d = directory.stat()
+        sticky_ancestor = d.st_mode & stat.S_ISVTX and directory != path.parent
+        if d.st_uid not in (me, 0) or (_writable_by_others(d) and not sticky_ancestor):
+            whose = f"owned by uid {d.st_uid}" if d.st_uid not in (me, 0) else "writable by others"
+            raise ConfigError(f"{where}: the directory {directory} on its path is {whose} (mode "
+                              f"{stat.filemode(d.st_mode)}), so someone else could replace the file: refused; keep "
+                              "reward files in a directory only you can write (not directly in /tmp)")
+    roots = [Path(os.path.expanduser(r)).resolve() for r in allowed_roots]
+    if roots and not any(path.is_relative_to(r) for r in roots):
+        raise ConfigError(f"{where} ({path}) is not under task.reward.allowed_roots ({', '.join(map(str, roots))}): "
+                          "refused; move it there or add its directory")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     log.info("custom reward: %s (sha256 %s, owner uid %d)", path, digest, info.st_uid)
+    return path
+
+
+def _writable_by_others(info: os.stat_result) -> bool:
+    return bool(info.st_mode & (stat.S_IWOTH | stat.S_IWGRP))
+
+
+def check_custom_reward(reward: Any) -> None:
+    """The config-time check of ``task.reward`` (``reward`` is that section): a reward file must
+    exist and pass ``check_reward_file``; a module must be importable as a spec (nothing is
+    imported here). ConfigError naming the field otherwise."""
+    if not reward.custom:
+        return
+    target = reward.custom.rpartition(":")[0]
+    if target.endswith(".py") or "/" in target:
+        check_reward_file(Path(target), reward.allowed_roots)
+        return
+    try:
+        found = importlib.util.find_spec(target.partition(".")[0])
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise ConfigError(f"task.reward.custom: no module {target.partition('.')[0]!r} can be imported here "
+                          f"(sys.path: the project and the environment's packages)")
 
 
 class CustomReward:
     """The user function behind a spec, imported on first use."""
 
-    def __init__(self, spec: str) -> None:
-        self.spec = spec
+    def __init__(self, spec: str, allowed_roots: Sequence[str] = ()) -> None:
+        self.spec, self.allowed_roots = spec, tuple(allowed_roots)
         self._fn: Optional[CustomFn] = None
 
     def load(self) -> CustomFn:
         if self._fn is None:
-            self._fn = load_reward_function(self.spec)
+            self._fn = load_reward_function(self.spec, self.allowed_roots)
         return self._fn
 
     def __call__(self, completion: str, row: Row) -> Any:
@@ -109,5 +163,6 @@ def build_task(cfg: Any) -> Task:
     """The Task named by ``cfg.name``, its checker replaced by ``cfg.reward.custom`` if set."""
     task = TASKS.get(cfg.name)(cfg)
     if cfg.reward.custom:
-        task = dataclasses.replace(task, correctness=CustomReward(cfg.reward.custom), correctness_name="custom")
+        task = dataclasses.replace(task, correctness=CustomReward(cfg.reward.custom, cfg.reward.allowed_roots),
+                                   correctness_name="custom")
     return task

@@ -13,9 +13,16 @@ The reward sandbox (``sandbox_child``) calls these in its own processes, never i
 - ``drop_privileges``: as root, every capability goes (so no limit can be raised again, no file
   permission bypassed), and the bounding set with it (an ``execve`` cannot get them back); without
   Landlock, root also becomes ``nobody``.
+- ``deny_syscalls``: a seccomp filter (what Landlock does not cover): no change of any file's
+  metadata (chmod, chown, utimes, extended attributes: seccomp cannot see paths, so they are
+  denied everywhere; a reward has no business changing metadata), no socket of any family unless
+  the network is allowed (then only IPv4/IPv6: never a Unix socket such as Ray's raylet or
+  plasma store; UDP is a socket too), no io_uring (it would bypass the filter), no kernel keyrings,
+  perf events, namespaces or userfaultfd. A denied call fails with EPERM (PermissionError).
 - ``Reaper``: the process that forks reward calls becomes a child subreaper, so every process a call
   leaves behind (even one that called ``setsid`` and double-forked) becomes its child; ``reap``
-  kills them all.
+  kills them all, round after round until none is left (a chain of any depth: each round kills
+  the processes re-parented by the one before), bounded in time, not in rounds.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import os
 import resource
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -39,6 +47,7 @@ _SYSCALLS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}  # create_ru
 # <linux/prctl.h>, <linux/capability.h>
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 1, 24, 38, 36
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _CAP_VERSION_3 = 0x20080522
 NOBODY = 65534
 READ = _FS_READ_FILE | _FS_READ_DIR | _FS_EXECUTE
@@ -194,6 +203,89 @@ def die_with_parent() -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+REAP_TIMEOUT_S = 30.0
+
+# seccomp: <linux/filter.h>, <linux/seccomp.h>, <linux/audit.h>
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_AF_INET, _AF_INET6 = 2, 10
+_METADATA = ("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utime",
+             "utimes", "futimesat", "utimensat", "setxattr", "lsetxattr", "fsetxattr", "removexattr",
+             "lremovexattr", "fremovexattr", "setxattrat", "removexattrat")
+_OTHER = ("io_uring_setup", "io_uring_enter", "io_uring_register", "keyctl", "add_key", "request_key",
+          "perf_event_open", "userfaultfd", "unshare", "setns")
+# (audit arch, first number of a foreign ABI or None, {name: number}); numbers from the kernel's tables
+_SECCOMP_ARCH = {
+    "x86_64": (0xC000003E, 0x40000000, {
+        "socket": 41, "chmod": 90, "fchmod": 91, "chown": 92, "fchown": 93, "lchown": 94, "utime": 132,
+        "utimes": 235, "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197,
+        "lremovexattr": 198, "fremovexattr": 199, "fchownat": 260, "futimesat": 261, "fchmodat": 268,
+        "utimensat": 280, "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "keyctl": 250, "add_key": 248, "request_key": 249,
+        "perf_event_open": 298, "userfaultfd": 323, "unshare": 272, "setns": 308}),
+    "aarch64": (0xC00000B7, None, {
+        "socket": 198, "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
+        "fremovexattr": 16, "fchmod": 52, "fchmodat": 53, "fchownat": 54, "fchown": 55, "utimensat": 88,
+        "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466, "io_uring_setup": 425, "io_uring_enter": 426,
+        "io_uring_register": 427, "keyctl": 219, "add_key": 217, "request_key": 218, "perf_event_open": 241,
+        "userfaultfd": 282, "unshare": 97, "setns": 268}),
+}
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def seccomp_program(machine: str, allow_network: bool) -> list[tuple[int, int, int, int]]:
+    """The BPF program of ``deny_syscalls`` as (code, jt, jf, k) rows: another architecture's
+    calls, the metadata calls and ``_OTHER`` fail with EPERM; socket() too, unless
+    ``allow_network`` and its family is IPv4 or IPv6."""
+    import errno
+
+    arch, foreign, numbers = _SECCOMP_ARCH[machine]
+    denied = sorted({numbers[n] for n in (*_METADATA, *_OTHER) if n in numbers})
+    # rows with symbolic jump targets ("deny", "socket", "allow"), resolved below
+    rows: list[tuple[int, object, object, int]] = [
+        (_BPF_LD_W_ABS, 0, 0, 4), (_BPF_JEQ_K, 0, "deny", arch), (_BPF_LD_W_ABS, 0, 0, 0)]  # arch, then nr
+    if foreign is not None:
+        rows.append((_BPF_JGE_K, "deny", 0, foreign))  # x32 numbers on x86_64
+    rows += [(_BPF_JEQ_K, "deny", 0, nr) for nr in denied]
+    rows += [(_BPF_JEQ_K, "socket", 0, numbers["socket"]), (_BPF_RET_K, 0, 0, _RET_ALLOW)]
+    labels = {"socket": len(rows)}
+    rows.append((_BPF_LD_W_ABS, 0, 0, 16))  # args[0] (its low half): the address family
+    if allow_network:
+        rows += [(_BPF_JEQ_K, "allow", 0, _AF_INET), (_BPF_JEQ_K, "allow", 0, _AF_INET6)]
+    labels["deny"] = len(rows)
+    rows.append((_BPF_RET_K, 0, 0, _RET_ERRNO | errno.EPERM))
+    labels["allow"] = len(rows)
+    rows.append((_BPF_RET_K, 0, 0, _RET_ALLOW))
+
+    def offset(i: int, target: object) -> int:
+        return labels[target] - i - 1 if isinstance(target, str) else int(target)
+
+    return [(code, offset(i, jt), offset(i, jf), k) for i, (code, jt, jf, k) in enumerate(rows)]
+
+
+def deny_syscalls(allow_network: bool) -> bool:
+    """Install ``seccomp_program`` on this process (inherited by every child, never removable);
+    False where this architecture has no table here. OSError where the kernel refuses it."""
+    machine = os.uname().machine
+    if machine not in _SECCOMP_ARCH:
+        return False
+    rows = seccomp_program(machine, allow_network)
+    filters = (_SockFilter * len(rows))(*[_SockFilter(*row) for row in rows])
+    prog = _SockFprog(len(rows), ctypes.cast(filters, ctypes.POINTER(_SockFilter)))
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"seccomp: {os.strerror(err)}")
+    return True
+
+
 class Reaper:
     """Makes this (single-threaded) process a child subreaper; ``reap`` kills every descendant."""
 
@@ -208,16 +300,19 @@ class Reaper:
             return []
         return [int(p) for p in os.pread(self._children, 1 << 16, 0).split()]
 
-    def reap(self, group: Optional[int] = None, rounds: int = 100) -> int:
+    def reap(self, group: Optional[int] = None, within_s: float = REAP_TIMEOUT_S) -> int:
         """Kill process group ``group`` and every remaining child (orphans re-parented here, round
-        after round, until none is left); returns how many processes were killed."""
+        after round, until none is left, for up to ``within_s`` seconds); returns how many
+        processes were killed. Each round kills every child at once, so a chain of N processes
+        (each in a session of its own) takes N rounds of about a millisecond."""
         if group is not None:
             try:
                 os.killpg(group, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
         killed: set[int] = set()
-        for _ in range(rounds):
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
             children = self.children()
             if not children:
                 break

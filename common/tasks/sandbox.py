@@ -8,13 +8,20 @@ dropped. Built-in and custom rewards go through the same path.
 
 Isolation (``reward.isolation``):
 - ``process``: rewards run in the reward sandbox, a child Python process (``python -m
-  common.tasks.sandbox_child``, talking over its stdin/stdout pipes; the child's own prints go to
-  stderr) that forks a fresh, confined process for every call: memory, CPU time and file size
-  limited, its own session and temporary directory, files and network confined with Landlock
-  where the kernel offers it, no privileges, every process it leaves behind killed
+  common.tasks.sandbox_child``, talking over its stdin/stdout pipes; what reward code prints goes
+  to a file, and only bounded copies reach the worker's log) that forks a fresh, confined process
+  for every call: memory, CPU time and file size limited, its own session and temporary
+  directory, files and network confined with Landlock where the kernel offers it, metadata and
+  sockets with a seccomp filter, no privileges, every process it leaves behind killed
   (``reward.sandbox``, ``common.tasks.confine``). A call past ``timeout_s`` or a limit is killed
-  and counted; a crash (``os._exit``, a segfault) too; the sandbox lives on. Cost: a pipe round
-  trip and a fork per call (a few milliseconds).
+  and counted; a crash (``os._exit``, a segfault) too; the sandbox lives on. The sandbox's
+  directory is ``stabledrl-reward-<worker pid>-*`` in the temporary directory; those of dead
+  processes are removed when a sandbox starts. Cost: a pipe round trip and two forks per call (a
+  few milliseconds).
+
+A result must be finite and within ±``reward.max_abs``, else the call fails (``non_finite``,
+``out_of_range``). ``check_reward`` runs before any actor starts: the reward file's rules and a
+dry import in the sandbox.
 - ``inline``: rewards run in the calling thread. Exceptions and bad values are caught, but a
   reward that hangs cannot be interrupted, so no timeout and no limit is enforced: for the
   built-in checkers, which are ours.
@@ -42,13 +49,15 @@ from typing import Any, Optional, Sequence
 
 from common.config.base import ConfigError
 from common.tasks.base import NonNumericReward, RewardResult, Row, Task
+from common.tasks.confine import NOBODY
 
 log = logging.getLogger(__name__)
-START_TIMEOUT_S = 120.0
+START_OVERHEAD_S = 60.0  # beyond reward.import_timeout_s: Python and the project's imports, on a loaded machine
 CALL_GRACE_S = 10.0  # beyond timeout_s: the sandbox's own fork, kill and clean-up of a call
 CLOSE_TIMEOUT_S = 5.0
 MAX_ANSWER_BYTES = 1 << 20
-FAILURE_KINDS = ("exception", "non_number", "non_finite", "timeout", "crash", "limit")
+FAILURE_KINDS = ("exception", "non_number", "non_finite", "out_of_range", "timeout", "crash", "limit")
+WORKDIR_PREFIX = "stabledrl-reward-"
 _reported: set[str] = set()  # what this process already logged about the sandbox
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -62,6 +71,7 @@ class RewardStats:
     exception: int = 0
     non_number: int = 0
     non_finite: int = 0
+    out_of_range: int = 0  # finite, but beyond reward.max_abs
     timeout: int = 0
     crash: int = 0
     limit: int = 0  # past the sandbox's memory or CPU limit
@@ -70,7 +80,7 @@ class RewardStats:
 
     @property
     def failed(self) -> int:
-        return self.exception + self.non_number + self.non_finite + self.timeout + self.crash + self.limit
+        return sum(getattr(self, kind) for kind in FAILURE_KINDS)
 
     def merge(self, other: "RewardStats") -> "RewardStats":
         return RewardStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -87,11 +97,14 @@ class RewardFailureRate(RuntimeError):
 
 def check_failure_rate(counts: dict[str, float], cfg: Any) -> None:
     """Raise RewardFailureRate once ``reward_calls/failed`` exceeds ``reward.max_failed_fraction``
-    of ``reward_calls/calls`` (after ``reward.failure_check_after`` calls); ``cfg`` is the task
-    section. The message names the reward and the count of each kind of failure."""
+    of ``reward_calls/calls`` (after ``reward.failure_check_after`` calls, or sooner: once the
+    failures alone exceed that fraction of failure_check_after, the verdict at that count is
+    certain, which matters for a reward whose every call times out); ``cfg`` is the task section.
+    The message names the reward and the count of each kind of failure."""
     calls, failed = counts.get("reward_calls/calls", 0.0), counts.get("reward_calls/failed", 0.0)
     reward = cfg.reward
-    if calls < reward.failure_check_after or failed <= reward.max_failed_fraction * calls:
+    certain = reward.max_failed_fraction < 1 and failed > reward.max_failed_fraction * reward.failure_check_after
+    if (calls < reward.failure_check_after and not certain) or failed <= reward.max_failed_fraction * calls:
         return
     kinds = ", ".join(f"{int(counts[f'reward_calls/{k}'])} {k}" for k in FAILURE_KINDS if counts.get(f"reward_calls/{k}"))
     name = f"custom reward {reward.custom}" if reward.custom else f"the {cfg.name} reward"
@@ -102,8 +115,13 @@ def check_failure_rate(counts: dict[str, float], cfg: Any) -> None:
         "failure of each kind; fix the reward, or raise max_failed_fraction")
 
 
-def checked(value: Any) -> RewardResult:
-    """``value`` as a RewardResult with finite numbers, else NonNumericReward / FloatingPointError."""
+class RewardOutOfRange(ValueError):
+    """A finite reward (or part) beyond ``reward.max_abs``."""
+
+
+def checked(value: Any, max_abs: float = math.inf) -> RewardResult:
+    """``value`` as a RewardResult with finite numbers within ±``max_abs``, else NonNumericReward /
+    FloatingPointError / RewardOutOfRange."""
     if not isinstance(value, RewardResult):
         raise NonNumericReward(f"reward returned {type(value).__name__}, not a RewardResult")
     numbers = [value.total, *value.parts.values()]
@@ -111,6 +129,10 @@ def checked(value: Any) -> RewardResult:
         raise NonNumericReward("reward parts must be numbers")
     if not all(math.isfinite(v) for v in numbers):
         raise FloatingPointError(f"reward is not finite: total={value.total}, parts={value.parts}")
+    if not all(abs(v) <= max_abs for v in numbers):
+        raise RewardOutOfRange(f"reward is beyond ±task.reward.max_abs = {max_abs:g}: total={value.total:g}, "
+                               f"parts={value.parts} (such a value would overflow the loss; scale the reward, or "
+                               "raise max_abs)")
     return RewardResult(total=float(value.total), parts={k: float(v) for k, v in value.parts.items()})
 
 
@@ -119,6 +141,8 @@ def outcome_of(e: BaseException) -> str:
         return "non_number"
     if isinstance(e, FloatingPointError):
         return "non_finite"
+    if isinstance(e, RewardOutOfRange):
+        return "out_of_range"
     return "exception"
 
 
@@ -130,7 +154,8 @@ class _Child:
     bounded in size and checked, never unpickled."""
 
     def __init__(self, cfg: Any) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix="stabledrl-reward-"))
+        remove_stale_workdirs()
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
         paths = _reward_paths(cfg)
         settings = {"task": cfg.model_dump(mode="json"), "workdir": str(self.workdir), **paths}
         self.proc = subprocess.Popen(
@@ -141,10 +166,16 @@ class _Child:
         self.to_child = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
         self.from_child = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
         self.to_child.send_bytes(json.dumps(settings).encode())
-        outcome, payload = self._receive(START_TIMEOUT_S, ("ready", "error"))
+        limit = cfg.reward.import_timeout_s + START_OVERHEAD_S
+        outcome, payload = self._receive(limit, ("ready", "error"))
         if outcome != "ready" or not isinstance(payload, dict):
             self.close()
-            raise ConfigError(f"reward sandbox failed to start: {payload}")
+            reward = f"custom reward {cfg.reward.custom}" if cfg.reward.custom else f"the {cfg.name} reward"
+            if outcome == "timeout":
+                payload = (f"importing {reward} gave no answer in {limit:g} s (task.reward.import_timeout_s = "
+                           f"{cfg.reward.import_timeout_s:g} plus {START_OVERHEAD_S:g} s to start Python): module-level "
+                           "code must not hang")
+            raise ConfigError(f"reward sandbox failed to start ({reward}): {payload}")
         self.confinement: dict[str, Any] = payload
 
     def call(self, completion: str, row: Row, timeout_s: float) -> tuple[str, Any]:
@@ -197,6 +228,40 @@ class _Child:
             except OSError:
                 pass
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def check_reward(cfg: Any) -> None:
+    """Before any actor starts (``cfg``: the task section): the custom reward passes the file
+    rules (``build.check_custom_reward``) and, where it will run in the sandbox, imports there
+    within ``reward.import_timeout_s`` (a dry import: the sandbox starts, imports it, and ends).
+    ConfigError naming the reward otherwise."""
+    from common.tasks.build import check_custom_reward
+
+    check_custom_reward(cfg.reward)
+    if cfg.reward.custom and cfg.reward.resolved_isolation == "process":
+        RewardScorer(cfg).close()
+
+
+def remove_stale_workdirs(root: Optional[Path] = None) -> list[Path]:
+    """Remove the sandbox directories (``stabledrl-reward-<pid>-*`` in the temporary directory) of
+    processes of this user (as root: also those handed to nobody) that no longer exist (a job killed with SIGKILL leaves them); returns
+    what was removed."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
+        pid = path.name[len(WORKDIR_PREFIX):].partition("-")[0]
+        try:
+            owners = (os.geteuid(), NOBODY) if os.geteuid() == 0 else (os.geteuid(),)  # as root: maybe handed to nobody
+            if not pid.isdigit() or path.lstat().st_uid not in owners or not path.is_dir() or path.is_symlink():
+                continue
+            os.kill(int(pid), 0)
+            continue  # its process lives
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def _report(confinement: dict[str, Any]) -> None:
@@ -288,7 +353,7 @@ class RewardScorer:
     def _call(self, completion: str, row: Row) -> tuple[str, Any]:
         if self._task is not None:
             try:
-                return "ok", checked(self._task.reward(completion, row))
+                return "ok", checked(self._task.reward(completion, row), self.cfg.reward.max_abs)
             except (Exception, SystemExit) as e:  # user code calling sys.exit must not end the worker
                 return outcome_of(e), repr(e)
         if self._child is None or not self._child.alive:
@@ -300,7 +365,7 @@ class RewardScorer:
         if outcome != "ok":
             return outcome, payload
         try:
-            return "ok", checked(RewardResult(total=payload[0], parts=payload[1]))
+            return "ok", checked(RewardResult(total=payload[0], parts=payload[1]), self.cfg.reward.max_abs)
         except Exception as e:
             return outcome_of(e), repr(e)
 

@@ -70,3 +70,22 @@ def test_scale_sends_the_token_without_ray_auth_mode_set_by_hand(tmp_path, monke
     (tmp_path / ".ray" / "auth_token").write_text("abc")  # where `ray start` or a local cluster keeps it
     assert auth_env({}) == {"RAY_AUTH_MODE": "token"}
     assert auth_env({"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "abc"}) == {}  # a choice stays
+
+
+def test_a_reward_that_cannot_run_is_refused_at_dry_run(tmp_path, monkeypatch, capsys, no_training):
+    """Issue 22: a relative reward path is the working directory's and is checked at --dry-run; a
+    reward whose import hangs stops there too, naming the file, before any actor starts."""
+    import ray
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--config", str(QUICKSTART), "--dry-run", "task.reward.custom=rp/ok.py:score"]) == 2
+    assert f"task.reward.custom: {tmp_path}/rp/ok.py does not exist" in capsys.readouterr().err
+    (tmp_path / "rp").mkdir()
+    (tmp_path / "rp" / "ok.py").write_text("def score(completion, row):\n    return 1.0\n")
+    assert cli.main(["train", "--config", str(QUICKSTART), "--dry-run", "task.reward.custom=rp/ok.py:score"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["task"]["reward"]["custom"] == f"{tmp_path}/rp/ok.py:score"
+    (tmp_path / "rp" / "hang.py").write_text("import time\ntime.sleep(600)\n")
+    assert cli.main(["train", "--config", str(QUICKSTART), "task.reward.custom=rp/hang.py:score",
+                     "task.reward.import_timeout_s=1"]) == 2
+    assert f"importing custom reward {tmp_path}/rp/hang.py took longer than" in capsys.readouterr().err
+    assert not ray.is_initialized()
