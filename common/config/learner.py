@@ -1,7 +1,7 @@
 """Learner config: the optimizer, the DeepSpeed ZeRO engine and the learner's process group.
 
 Defaults are the released StableDRL settings for LLaDA-8B (arXiv 2603.06743; docs/algorithms.md §3):
-AdamW(0.9, 0.99), weight decay 0.1, grad-norm clip 0.2, full-parameter bf16. The learning rate
+AdamW(0.9, 0.99), weight decay 0.1 on every trained parameter, grad-norm clip 0.2, full-parameter bf16. The learning rate
 (1e-6 for Sudoku / Countdown, 2e-6 for MATH / GSM8K) is the task's choice.
 
     learner:
@@ -30,8 +30,9 @@ class OptimizerConfig(StrictModel):
         0.1, ge=0.0, description="decoupled weight decay of the parameters weight_decay_scope picks"
     )
     weight_decay_scope: Literal["all", "matrices"] = Field(
-        "matrices", description="matrices: only parameters of 2 or more dimensions decay (biases and norm weights "
-        "never do); all: every trained parameter decays"
+        "all", description="all: every trained parameter decays (the StableDRL release: one AdamW group over all "
+        "trained parameters); matrices: only parameters of 2 or more dimensions decay, biases and norm weights never "
+        "do (HF Trainer's rule, so d1's; with LoRA every adapter is a matrix and the two scopes agree)"
     )
     grad_clip: float = Field(
         0.2, ge=0.0, description="clip the global gradient L2 norm to this value before the update; 0 disables"

@@ -160,3 +160,11 @@ def test_validate_accepts_a_learner_section_with_every_option():
                                                  "weight_decay_scope": "all"},
                                    "lora": {"rank": 16, "alpha": 32, "target_modules": ["q_proj"], "dropout": 0.05}})
     assert cfg.lora.target_modules == ["q_proj"] and cfg.optimizer.weight_decay_scope == "all"
+
+
+def test_default_weight_decay_scope_is_the_stabledrl_releases():
+    # the release builds AdamW(params=[every trained parameter], weight_decay=0.1): one group, all decayed
+    policy = build_tiny_policy("llada")
+    optimizer = build_optimizer(policy, OptimizerConfig())
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1]
+    assert {id(p) for p in optimizer.param_groups[0]["params"]} == {id(p) for p in policy.parameters()}
