@@ -155,6 +155,13 @@ class LearnerConfig(StrictModel):
     dist_timeout_s: float = Field(
         1800.0, gt=0.0, description="seconds a collective of the learner group may wait before it fails"
     )
+    loss_normalisation: Literal["step", "micro_batch"] = Field(
+        "step", description="what a loss divides its token (sample, group) sums by. step: the whole optimizer step's "
+        "count over all micro-batches and ranks, so every token weighs the same however the batch is cut. "
+        "micro_batch: d1's (TRL's) and SPG's plain rule, a mean inside each micro-batch, then the mean over "
+        "micro-batches and ranks: a token weighs 1/(tokens in its micro-batch), up to several times more in a "
+        "micro-batch of short completions"
+    )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
     lora: Optional[LoraConfig] = Field(
