@@ -139,10 +139,37 @@ class LoraConfig(StrictModel):
         "model (LLaDA runs as Llama here: q/k/v/o_proj, gate/up/down_proj; Dream and SDAR use the same names). "
         "d1 lists these seven against LLaDA's own module names, of which only q/k/v_proj and up_proj exist there",
     )
+    module_names: Literal["project", "llada"] = Field(
+        "project", description="how target_modules are named. project: the modules of the model as loaded here "
+        "(LLaDA runs as Llama). llada: LLaDA's own module names (q_proj, k_proj, v_proj, attn_out, ff_proj, "
+        "up_proj, ff_out), mapped to the project's (o_proj, gate_proj, up_proj, down_proj; ff_out is also LLaDA's "
+        "output head, lm_head, as for PEFT on LLaDA's code); a name LLaDA lacks is refused, where PEFT would skip it"
+    )
     dropout: float = Field(
         0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input while training (d1: 0.05); above 0 the "
         "learner's log-likelihoods carry dropout noise that the rollout workers' behaviour estimates do not"
     )
+
+    @model_validator(mode="after")
+    def _llada_names_exist(self) -> "LoraConfig":
+        if self.module_names == "llada":
+            from common.models.convert import LLADA_LINEAR_NAMES
+
+            unknown = [t for t in self.target_modules if t not in LLADA_LINEAR_NAMES]
+            if unknown:
+                raise ValueError(
+                    f"target_modules {unknown}: LLaDA has no such module (its Linear modules: "
+                    f"{', '.join(LLADA_LINEAR_NAMES)}); PEFT on LLaDA's own code skips such names silently, so d1's "
+                    "list adapts q_proj, k_proj, v_proj and up_proj only")
+        return self
+
+    def resolved_targets(self) -> list[str]:
+        """target_modules in the project's module names."""
+        if self.module_names == "llada":
+            from common.models.convert import llada_linear_targets
+
+            return llada_linear_targets(self.target_modules)
+        return list(self.target_modules)
 
 
 class LearnerConfig(StrictModel):

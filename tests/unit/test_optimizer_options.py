@@ -168,3 +168,38 @@ def test_default_weight_decay_scope_is_the_stabledrl_releases():
     optimizer = build_optimizer(policy, OptimizerConfig())
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1]
     assert {id(p) for p in optimizer.param_groups[0]["params"]} == {id(p) for p in policy.parameters()}
+
+
+def test_lora_on_llada_names_adapts_d1s_effective_set():
+    from learner.lora import add_adapters
+
+    d1_list = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"]
+    with pytest.raises(ValueError, match=r"\['o_proj', 'down_proj', 'gate_proj'\]: LLaDA has no such module"):
+        LoraConfig(target_modules=d1_list, module_names="llada")
+    cfg = LoraConfig(rank=128, alpha=64, target_modules=["q_proj", "k_proj", "v_proj", "up_proj"], module_names="llada")
+    assert cfg.resolved_targets() == ["q_proj", "k_proj", "v_proj", "up_proj"]
+    own = LoraConfig(target_modules=["attn_out", "ff_proj", "ff_out"], module_names="llada")
+    assert own.resolved_targets() == ["o_proj", "gate_proj", "down_proj", "lm_head"]
+    # PEFT with d1's list on the release's own LLaDA code (modeling_llada.py, d_model 64, 4 heads, 2 layers,
+    # mlp 128, r 128) adapted q_proj, k_proj, v_proj and up_proj: 147,456 adapter parameters
+    policy = build_tiny_policy("llada", hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+                               num_hidden_layers=2, intermediate_size=128)
+    adapted = add_adapters(policy, cfg)
+    assert sorted({a.path.rsplit(".", 1)[-1] for a in adapted}) == ["k_proj", "q_proj", "up_proj", "v_proj"]
+    assert sum(a.lora_A.numel() + a.lora_B.numel() for a in adapted) == 147_456
+
+
+def test_d1_lora_adapter_count_at_llada_8b_shape():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+
+    lora = load_job_config("deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml").learner.lora
+    config = LlamaConfig(vocab_size=126464, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=32, intermediate_size=12288)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    targets = lora.resolved_targets()
+    count = sum(lora.rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in targets)
+    assert count == 167_772_160  # the figure the recipe's header states
+    assert "167,772,160" in open("deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml").read()
