@@ -40,6 +40,10 @@ class OptimizerConfig(StrictModel):
     warmup_steps: int = Field(
         0, ge=0, description="lr ramps linearly lr·k/warmup_steps over the first applied updates k=1..warmup_steps, then stays"
     )
+    warmup_from_zero: bool = Field(
+        False, description="warm-up as the HF Trainer (so d1) schedules it: update k runs at lr·k/warmup_steps, the "
+        "first at lr 0; False: lr·(k+1)/warmup_steps, so that no update is wasted"
+    )
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="lr after the warm-up: constant; linear or cosine decay from lr to lr_floor over "
         "total_updates (the StableDRL release decays linearly to 0 over the run)"

@@ -203,3 +203,20 @@ def test_d1_lora_adapter_count_at_llada_8b_shape():
                 if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in targets)
     assert count == 167_772_160  # the figure the recipe's header states
     assert "167,772,160" in open("deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml").read()
+
+
+# the releases' schedules, run: StableDRL's training/utils/lr_scheduler.linear_decay(2000) at updates
+# 0, 1, 500, 1999, 2000, and the HF Trainer's get_constant_schedule_with_warmup(6) (d1: warmup_ratio 0.0001
+# of 56k updates) read before each of the first 9 updates at lr 3e-6
+_STABLEDRL_LINEAR = {0: 1.0, 1: 0.9995, 500: 0.75, 1999: 0.0004999999999999449, 2000: 0.0}
+_D1_WARMUP_LRS = [0.0, 5e-07, 1e-06, 1.5e-06, 2e-06, 2.5e-06, 3e-06, 3e-06, 3e-06]
+
+
+def test_lr_schedules_are_the_releases():
+    linear = OptimizerConfig(lr=2e-6, schedule="linear", total_updates=2000)
+    for k, factor in _STABLEDRL_LINEAR.items():
+        assert lr_at(linear, k) == pytest.approx(2e-6 * factor, rel=1e-9, abs=1e-18)
+    d1 = load_job_config("deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml").learner.optimizer
+    assert [lr_at(d1, k) for k in range(9)] == pytest.approx(_D1_WARMUP_LRS, rel=1e-9, abs=1e-18)
+    plain = d1.model_copy(update={"warmup_from_zero": False})  # the default wastes no update
+    assert lr_at(plain, 0) == pytest.approx(5e-7)
