@@ -141,7 +141,8 @@ class LoraConfig(StrictModel):
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         min_length=1, description="Linear modules to adapt, by the last part of their name in the transformers "
         "model (LLaDA runs as Llama here: q/k/v/o_proj, gate/up/down_proj; Dream and SDAR use the same names). "
-        "d1 lists these seven against LLaDA's own module names, of which only q/k/v_proj and up_proj exist there",
+        "d1 lists these seven against LLaDA's own module names, of which only q/k/v_proj and up_proj exist there; "
+        "module_names: llada names LLaDA's own modules (the d1 recipe: [q_proj, k_proj, v_proj, up_proj])",
     )
     module_names: Literal["project", "llada"] = Field(
         "project", description="how target_modules are named. project: the modules of the model as loaded here "
