@@ -1,8 +1,8 @@
 """The StableDRL release's length guard for boxed answers, a named reward component.
 
 The release adds a second term to its ±1 Math-Verify reward: 1.0 for every completion except a
-*short, mostly boxed* one, which gets 0.0. Without it a policy learns to answer ``\\boxed{42}`` and
-nothing else. Set ``task.reward.anti_short_weight: 1.0`` to add it (the StableDRL recipes do); each
+*short, mostly boxed* one, which gets 0.0: it discourages answering with little more than
+``\\boxed{42}``. Set ``task.reward.anti_short_weight: 1.0`` to add it (the StableDRL recipes do); each
 step then logs its mean as ``rollout/reward/anti_short``.
 
 The rule, on the completion with its outer whitespace stripped (n = its non-whitespace characters):
