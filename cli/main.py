@@ -8,7 +8,8 @@
 
 The config is validated (file, overrides and every cross-section rule) before Ray starts; a bad
 one exits with status 2 and the dotted names of the fields to fix. ``--dry-run`` prints the
-resolved config as YAML and exits. With RAY_ADDRESS set (``ray job submit`` sets it for its
+resolved config as YAML, then (as comment lines) what the run needs that is missing here, with the
+command that fetches it, and the run's plan, and exits (cli/dry_run.py). With RAY_ADDRESS set (``ray job submit`` sets it for its
 entrypoint) the job joins that cluster; otherwise it starts a local Ray instance for itself.
 """
 from __future__ import annotations
@@ -21,7 +22,6 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import yaml
 
 from common.config.base import ConfigError
 from common.config.job import JobConfig, check_sampler_layout, load_job_config
@@ -35,7 +35,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run an RL job (see deploy/configs/)")
     train.add_argument("--config", default=str(QUICKSTART), help=f"YAML job config (default: {QUICKSTART})")
-    train.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    train.add_argument("--dry-run", action="store_true", help="print the resolved config, the missing inputs "
+                       "(model, data) with how to fetch them, and the run's plan (GPUs, actors, updates, samples, "
+                       "evaluations, outputs); then exit. Needs neither the model nor the data")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint "
                        "(its config.yaml, unless --config is given; overrides still apply)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.max_staleness=1 run.steps=20")
@@ -57,14 +59,16 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     try:
         cfg = load_job_config(*resume_source(args)) if args.resume else load_job_config(args.config, args.overrides)
-        check_sampler_layout(cfg)
+        if not args.dry_run:
+            check_sampler_layout(cfg)
         check_reward(cfg.task)  # the reward file's rules, and a dry import in the sandbox, before any actor
     except ConfigError as e:
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
-    if args.dry_run:
-        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
-        return 0
+    if args.dry_run:  # the config, what is missing and the plan; no model or data needed (cli/dry_run.py)
+        from cli.dry_run import dry_run
+
+        return dry_run(cfg)
     return train_job(cfg)
 
 

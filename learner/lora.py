@@ -57,17 +57,18 @@ class Adapted:
 def add_adapters(policy: nn.Module, cfg: LoraConfig) -> list[Adapted]:
     """Inject LoRA into ``policy.model`` in place (A ~ peft's Kaiming init from ``INIT_SEED``,
     B = 0, so the policy computes exactly what it did) and freeze every other parameter.
-    Every name in ``cfg.target_modules`` must match at least one Linear module."""
+    Every target (``cfg.resolved_targets()``) must match at least one Linear module."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import inject_adapter_in_model
 
     linears = [name for name, m in policy.model.named_modules() if isinstance(m, nn.Linear)]
-    unknown = [t for t in cfg.target_modules if not any(name.rsplit(".", 1)[-1] == t for name in linears)]
+    wanted = cfg.resolved_targets()  # LLaDA's own names (module_names: llada) become the project's
+    unknown = [t for t in wanted if not any(name.rsplit(".", 1)[-1] == t for name in linears)]
     if unknown:
         raise ValueError(f"learner.lora.target_modules: {unknown} name no Linear module of this model "
                          f"(its Linear modules: {sorted({name.rsplit('.', 1)[-1] for name in linears})})")
     # full paths of plain Linear modules only (DiffusionGemma's vision tower wraps its q_proj etc.)
-    targets = [name for name in linears if name.rsplit(".", 1)[-1] in cfg.target_modules]
+    targets = [name for name in linears if name.rsplit(".", 1)[-1] in wanted]
     peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                               bias="none")
     with torch.random.fork_rng(devices=[]):

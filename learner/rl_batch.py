@@ -32,7 +32,7 @@ class MicroBatch:
     behaviour_token_logp: Optional[Float[Tensor, "b C"]]  # where the estimator defines it
     group_index: Int[Tensor, " b"]  # unique per group over the whole step
     completion_length: Int[Tensor, " b"]
-    counts: dict[str, Float[Tensor, ""]]  # num_groups, num_samples, num_tokens of the whole step
+    counts: dict[str, Float[Tensor, ""]]  # num_groups, num_samples, num_tokens the loss divides by (the step's)
     share: float  # b / num_samples: this micro-batch's weight in row-averaged metrics
 
     def for_iteration(self, masks: str, inner_iteration: int) -> "MicroBatch":
@@ -63,6 +63,8 @@ def micro_batches(
     micro_batch_size: int,
     whole_groups: bool,
     counts: dict[str, Tensor],
+    normalisation: str = "step",
+    world_size: int = 1,
 ) -> list[MicroBatch]:
     """Micro-batches of this rank's ``groups`` (group ``k`` here is group ``group_offset + k`` of the step).
 
@@ -70,17 +72,30 @@ def micro_batches(
     and little left padding is computed (the rows of one group share their prompt: a micro-batch
     of whole groups of one prompt length has no padding at all, and its forward then needs no
     attention mask, common/estimators/scoring.py). The order changes no loss term: each is
-    normalised by the step's counts and the update sums them."""
+    normalised by the step's counts and the update sums them.
+
+    ``normalisation`` (``learner.loss_normalisation``): "step" gives every micro-batch the step's
+    counts. "micro_batch" gives micro-batch m of this rank the counts of its own rows times
+    ``world_size`` × (micro-batches on this rank), so that the update is d1's: a token mean inside
+    each micro-batch, then the mean over the rank's micro-batches (gradient accumulation) and over
+    ranks (data-parallel averaging). A token then weighs 1/(tokens of its micro-batch), which
+    depends on how the batch was cut (the order above included)."""
     order = sorted(range(len(groups)), key=lambda k: (len(groups[k].samples[0].prompt_ids), k))
     rows = [s for k in order for s in groups[k].samples]
     group_index = torch.tensor([group_offset + k for k in order for _ in groups[k].samples])
     rewards = torch.tensor([s.reward for s in rows], dtype=torch.float32)
     advantages = group_advantages(rewards, group_index, advantage_scale)  # [N]
     cuts = _cuts([len(groups[k].samples) for k in order], micro_batch_size, whole_groups)
+    if normalisation not in ("step", "micro_batch"):
+        raise ValueError(f"unknown loss normalisation {normalisation!r}; valid: step, micro_batch")
     num_samples = float(counts["num_samples"])
     out = []
     for lo, hi in cuts:
         part = rows[lo:hi]
+        mb_counts = counts
+        if normalisation == "micro_batch":
+            own = local_counts(group_index[lo:hi], torch.tensor([s.completion_length for s in part]))
+            mb_counts = {k: v * float(world_size * len(cuts)) for k, v in own.items()}
         adv = advantages[lo:hi]
         token_values = [s.behaviour_token_logp for s in part]
         out.append(MicroBatch(
@@ -91,7 +106,7 @@ def micro_batches(
             behaviour_token_logp=None if any(t is None for t in token_values) else torch.stack(token_values).float(),
             group_index=group_index[lo:hi],
             completion_length=torch.tensor([s.completion_length for s in part]),
-            counts=counts,
+            counts=mb_counts,
             share=(hi - lo) / num_samples,
         ))
     return out

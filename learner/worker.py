@@ -110,7 +110,8 @@ class LearnerWorker:
         counts = global_counts(groups)
         mbs = micro_batches(groups, group_offset=group_offset, pad_token_id=self.pad_token_id,
                             advantage_scale=self.advantage_scale, micro_batch_size=self.micro_batch_size,
-                            whole_groups=self.whole_groups, counts=counts)
+                            whole_groups=self.whole_groups, counts=counts,
+                            normalisation=self.cfg.loss_normalisation, world_size=self.world_size)
         per_iteration = []
         for k in range(self.inner_iterations):
             batch = [mb.for_iteration(self.estimator.masks, k) for mb in mbs]

@@ -110,7 +110,7 @@ def lr_at(opt: OptimizerConfig, applied_steps: int) -> float:
     """lr of update k = ``applied_steps`` (the count of updates applied before it; skipped steps
     do not advance k). With W = warmup_steps, T = total_updates, peak lr and floor f:
 
-        k < W:              lr·(k+1)/W                                linear warm-up
+        k < W:              lr·(k+1)/W  (warmup_from_zero: lr·k/W)    linear warm-up
         k >= W, constant:   lr
         k >= W, linear:     f + (lr - f)·(1 - p)                      p = min(1, (k - W)/(T - W))
         k >= W, cosine:     f + (lr - f)·(1 + cos(π·p))/2
@@ -119,8 +119,8 @@ def lr_at(opt: OptimizerConfig, applied_steps: int) -> float:
     of T updates, k = T-1, still moves the weights (lr - f)/(T - W) above the floor (linear).
     """
     k, warmup = applied_steps, opt.warmup_steps
-    if k < warmup:
-        return opt.lr * (k + 1) / warmup
+    if k < warmup:  # warmup_from_zero: the HF Trainer's lr·k/W (its first update at lr 0)
+        return opt.lr * (k + (0 if opt.warmup_from_zero else 1)) / warmup
     if opt.schedule == "constant":
         return opt.lr
     if opt.total_updates is None:

@@ -1,7 +1,7 @@
 """Learner config: the optimizer, the DeepSpeed ZeRO engine and the learner's process group.
 
 Defaults are the released StableDRL settings for LLaDA-8B (arXiv 2603.06743; docs/algorithms.md §3):
-AdamW(0.9, 0.99), weight decay 0.1, grad-norm clip 0.2, full-parameter bf16. The learning rate
+AdamW(0.9, 0.99), weight decay 0.1 on every trained parameter, grad-norm clip 0.2, full-parameter bf16. The learning rate
 (1e-6 for Sudoku / Countdown, 2e-6 for MATH / GSM8K) is the task's choice.
 
     learner:
@@ -30,14 +30,19 @@ class OptimizerConfig(StrictModel):
         0.1, ge=0.0, description="decoupled weight decay of the parameters weight_decay_scope picks"
     )
     weight_decay_scope: Literal["all", "matrices"] = Field(
-        "matrices", description="matrices: only parameters of 2 or more dimensions decay (biases and norm weights "
-        "never do); all: every trained parameter decays"
+        "all", description="all: every trained parameter decays (the StableDRL release: one AdamW group over all "
+        "trained parameters); matrices: only parameters of 2 or more dimensions decay, biases and norm weights never "
+        "do (HF Trainer's rule, so d1's; with LoRA every adapter is a matrix and the two scopes agree)"
     )
     grad_clip: float = Field(
         0.2, ge=0.0, description="clip the global gradient L2 norm to this value before the update; 0 disables"
     )
     warmup_steps: int = Field(
         0, ge=0, description="lr ramps linearly lr·k/warmup_steps over the first applied updates k=1..warmup_steps, then stays"
+    )
+    warmup_from_zero: bool = Field(
+        False, description="warm-up as the HF Trainer (so d1) schedules it: update k runs at lr·k/warmup_steps, the "
+        "first at lr 0; False: lr·(k+1)/warmup_steps, so that no update is wasted"
     )
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="lr after the warm-up: constant; linear or cosine decay from lr to lr_floor over "
@@ -136,12 +141,40 @@ class LoraConfig(StrictModel):
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         min_length=1, description="Linear modules to adapt, by the last part of their name in the transformers "
         "model (LLaDA runs as Llama here: q/k/v/o_proj, gate/up/down_proj; Dream and SDAR use the same names). "
-        "d1 lists these seven against LLaDA's own module names, of which only q/k/v_proj and up_proj exist there",
+        "d1 lists these seven against LLaDA's own module names, of which only q/k/v_proj and up_proj exist there; "
+        "module_names: llada names LLaDA's own modules (the d1 recipe: [q_proj, k_proj, v_proj, up_proj])",
+    )
+    module_names: Literal["project", "llada"] = Field(
+        "project", description="how target_modules are named. project: the modules of the model as loaded here "
+        "(LLaDA runs as Llama). llada: LLaDA's own module names (q_proj, k_proj, v_proj, attn_out, ff_proj, "
+        "up_proj, ff_out), mapped to the project's (o_proj, gate_proj, up_proj, down_proj; ff_out is also LLaDA's "
+        "output head, lm_head, as for PEFT on LLaDA's code); a name LLaDA lacks is refused, where PEFT would skip it"
     )
     dropout: float = Field(
         0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input while training (d1: 0.05); above 0 the "
         "learner's log-likelihoods carry dropout noise that the rollout workers' behaviour estimates do not"
     )
+
+    @model_validator(mode="after")
+    def _llada_names_exist(self) -> "LoraConfig":
+        if self.module_names == "llada":
+            from common.models.convert import LLADA_LINEAR_NAMES
+
+            unknown = [t for t in self.target_modules if t not in LLADA_LINEAR_NAMES]
+            if unknown:
+                raise ValueError(
+                    f"target_modules {unknown}: LLaDA has no such module (its Linear modules: "
+                    f"{', '.join(LLADA_LINEAR_NAMES)}); PEFT on LLaDA's own code skips such names silently, so d1's "
+                    "list adapts q_proj, k_proj, v_proj and up_proj only")
+        return self
+
+    def resolved_targets(self) -> list[str]:
+        """target_modules in the project's module names."""
+        if self.module_names == "llada":
+            from common.models.convert import llada_linear_targets
+
+            return llada_linear_targets(self.target_modules)
+        return list(self.target_modules)
 
 
 class LearnerConfig(StrictModel):
@@ -153,6 +186,13 @@ class LearnerConfig(StrictModel):
     )
     dist_timeout_s: float = Field(
         1800.0, gt=0.0, description="seconds a collective of the learner group may wait before it fails"
+    )
+    loss_normalisation: Literal["step", "micro_batch"] = Field(
+        "step", description="what a loss divides its token (sample, group) sums by. step: the whole optimizer step's "
+        "count over all micro-batches and ranks, so every token weighs the same however the batch is cut. "
+        "micro_batch: d1's (TRL's) and SPG's plain rule, a mean inside each micro-batch, then the mean over "
+        "micro-batches and ranks: a token weighs 1/(tokens in its micro-batch), up to several times more in a "
+        "micro-batch of short completions"
     )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)

@@ -53,10 +53,13 @@ class SamplerConfig(StrictModel):
         "per block). Block diffusion: prefix = the exact cache of finished blocks, none = reference path "
         "without cache, dual is invalid. auto = the fastest exact choice (full: none, block: prefix).",
     )
-    noise_dtype: Literal["float32", "float64"] = Field(
+    noise_dtype: Literal["float64", "float32", "bfloat16", "float32_then_bfloat16"] = Field(
         "float64",
-        description="dtype of the Gumbel noise (LLaDA draws it in float64: low-precision Gumbel-max lowers the "
-        "effective temperature, arXiv 2409.02908)",
+        description="precision of the Gumbel-max draw. float64 (LLaDA's choice, the default) and float32: the uniform "
+        "draw and the noise in that dtype. bfloat16: d1's sampler, u drawn and exp(l)/(-log u)^T computed in bf16. "
+        "float32_then_bfloat16: the StableDRL release's, computed in fp32 (u + 1e-9) and cast to bf16 before the "
+        "argmax. Coarser noise rounds the perturbed scores, so near-ties go to the higher logit more often than "
+        "softmax(l/T) says: the effective temperature drops (arXiv 2409.02908)",
     )
     stop_at_eos: bool = Field(
         True, description="stop a row once it has an EOS with everything before it decoded; stop when all rows have"

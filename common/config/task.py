@@ -118,10 +118,16 @@ class SandboxConfig(StrictModel):
 
 
 class RewardConfig(StrictModel):
-    """Reward = correctness_weight * correctness + format_weight * format, computed in a sandbox."""
+    """Reward = correctness_weight * correctness + format_weight * format [+ anti_short_weight * anti_short],
+    computed in a sandbox."""
 
     correctness_weight: float = Field(1.0, ge=0, description="weight of the task's checker (or the custom function)")
     format_weight: float = Field(0.1, ge=0, description="weight of the well-formed-answer part (0 disables it)")
+    anti_short_weight: float = Field(
+        0.0, ge=0, description="weight of the StableDRL release's anti-short term (common/tasks/anti_short.py): 1 "
+        "unless the completion is under 200 visible characters and mostly a \\boxed{} answer; 0 disables it. The "
+        "StableDRL recipes set 1.0 as the release adds it to every reward",
+    )
     custom: Optional[str] = Field(
         None,
         description="'path/to/file.py:function' or 'package.module:function' replacing the task's checker; "

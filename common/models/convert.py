@@ -56,6 +56,26 @@ _LLADA_TOP = {
     "model.transformer.ln_f.weight": "model.norm.weight",
     "model.transformer.ff_out.weight": "lm_head.weight",
 }
+# LLaDA's own Linear module names -> the names of the modules they become here (the last part of
+# the name). ``ff_out`` names two modules in LLaDA's code, each block's down projection and the
+# output head (``model.transformer.ff_out``), so a PEFT target "ff_out" there adapts both.
+LLADA_LINEAR_NAMES: dict[str, tuple[str, ...]] = {
+    own: (ours.rsplit(".", 1)[-1],) for own, ours in _LLADA_BLOCK.items() if not own.endswith("_norm")
+}
+LLADA_LINEAR_NAMES["ff_out"] += ("lm_head",)
+
+
+def llada_linear_targets(own_names: list[str]) -> list[str]:
+    """The project's module names for LLaDA's own Linear names (``LLADA_LINEAR_NAMES``); KeyError
+    names one that LLaDA does not have."""
+    out: list[str] = []
+    for name in own_names:
+        if name not in LLADA_LINEAR_NAMES:
+            raise KeyError(name)
+        out += [t for t in LLADA_LINEAR_NAMES[name] if t not in out]
+    return out
+
+
 _LLADA_BLOCK_KEY = re.compile(r"^model\.transformer\.blocks\.(\d+)\.(\w+)\.weight$")
 _HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
 

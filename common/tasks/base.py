@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from common.registry import Registry
+from common.tasks.anti_short import anti_short_boxed
 
 PROMPT_SLOT = "{prompt}"
 MAX_NUMBER_CHARS = 64  # longer digit runs are not numbers a task can mean (and int() caps at 4300)
@@ -92,6 +93,7 @@ class Task:
     system_prompt: Optional[str] = None
     correctness_weight: float = 1.0
     format_weight: float = 0.0
+    anti_short_weight: float = 0.0  # the StableDRL release's anti-short term (common/tasks/anti_short.py)
     correctness_name: str = "correctness"  # "custom" when a user function replaced the checker
     chat_template: str = "auto"  # "auto" | "on" | "off": how common.tasks.prompts encodes prompts
     response_prefix: str = ""  # text the answer starts with, put after the prompt (d1's evaluation: "<reasoning>")
@@ -121,6 +123,10 @@ class Task:
             f = as_reward_number(self.format_score(completion, row), "format")
             parts["format"] = f
             total += self.format_weight * f
+        if self.anti_short_weight:
+            a = anti_short_boxed(completion)
+            parts["anti_short"] = a
+            total += self.anti_short_weight * a
         return RewardResult(total=total, parts=parts)
 
     def reference_completion(self, row: Row) -> str:
@@ -185,4 +191,5 @@ def shared_fields(cfg: Any, default_template: str) -> dict[str, Any]:
         chat_template=cfg.chat_template,
         correctness_weight=cfg.reward.correctness_weight,
         format_weight=cfg.reward.format_weight,
+        anti_short_weight=cfg.reward.anti_short_weight,
     )

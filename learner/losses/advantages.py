@@ -37,19 +37,24 @@ def groups_here(same: Tensor) -> Tensor:
 
 
 def group_advantages(
-    rewards: Tensor, group_index: Tensor, scale: Literal["std", "none"] = "std", eps: float = 1e-6
+    rewards: Tensor, group_index: Tensor, scale: Literal["std", "none"] = "std", eps: float = 1e-4
 ) -> Tensor:
     """[B] A_i = r_i − mean_{group(i)} r, divided by (std_{group(i)} r + eps) when scale="std".
 
-    GRPO's group baseline (arXiv 2402.03300); scale="none" is Dr. GRPO's choice (arXiv 2503.20783).
-    The std is the unbiased one (G − 1 in the denominator), as TRL and d1 compute it.
+    GRPO's group baseline (arXiv 2402.03300); scale="none" is Dr. GRPO's choice (arXiv 2503.20783)
+    and what d1 and the StableDRL release train with (neither divides by the std). The std is the
+    unbiased one (G − 1 in the denominator), as TRL and d1 compute it; eps = 1e-4 is TRL's.
 
-    Degenerate groups: when every reward of a group is equal (all right, all wrong, or G = 1)
-    every A_i is exactly 0 (r − mean = 0, and std = 0 gives 0 / eps = 0, never NaN). Such a group
-    then contributes no policy gradient to any loss here: grpo/spg/dppo/drpo/stabledrl multiply by
-    A = 0, and wd1's two softmax weights are both uniform so its terms cancel. Only dipod's ELBO
-    regulariser still acts on it. Keep such groups in the batch (they count in num_groups /
-    num_samples / num_tokens) or filter them before counting; either way the counts must match.
+    Degenerate groups: when every reward of a group is equal (all right, all wrong, or G = 1) every
+    A_i is exactly 0.0, with either scale. This is enforced, not left to arithmetic: a group mean
+    computed as Σr/n is not exactly r in floating point (16 rewards of 0.1 sum to 1.6000000238),
+    and dividing that rounding by (0 + eps) would turn it into an advantage of order 1. So the mean
+    and the std are computed in float64 and a group whose largest and smallest rewards are equal
+    gets A = 0 outright. Such a group then contributes no policy gradient to any loss here:
+    grpo/spg/dppo/drpo/stabledrl multiply by A = 0, and wd1's two softmax weights are both uniform so
+    its terms cancel. Only dipod's ELBO regulariser still acts on it. Keep such groups in the batch
+    (they count in num_groups / num_samples / num_tokens) or filter them before counting; either way
+    the counts must match.
 
     Uses torch.unique: meant for batch assembly, not for the inside of a loss.
     """
@@ -57,12 +62,15 @@ def group_advantages(
         raise ValueError(f"rewards and group_index must both be [B], got {tuple(rewards.shape)} and {tuple(group_index.shape)}")
     if scale not in ("std", "none"):
         raise ValueError(f"unknown advantage scale {scale!r}; valid: std, none")
-    r = rewards.float()
+    r = rewards.double()
     _, inverse, counts = torch.unique(group_index, return_inverse=True, return_counts=True)
-    n = counts.float()
+    n = counts.double()
     mean = torch.zeros_like(n).index_add_(0, inverse, r) / n
-    centred = r - mean[inverse]
-    if scale == "none":
-        return centred
-    var = torch.zeros_like(n).index_add_(0, inverse, centred.square()) / (n - 1).clamp(min=1)
-    return centred / (var.sqrt()[inverse] + eps)
+    top = torch.full_like(n, float("-inf")).scatter_reduce_(0, inverse, r, reduce="amax")
+    bottom = torch.full_like(n, float("inf")).scatter_reduce_(0, inverse, r, reduce="amin")
+    constant = (top == bottom)[inverse]  # [B] the row's group has one reward value
+    centred = torch.where(constant, torch.zeros_like(r), r - mean[inverse])
+    if scale == "std":
+        var = torch.zeros_like(n).index_add_(0, inverse, centred.square()) / (n - 1).clamp(min=1)
+        centred = centred / (var.sqrt()[inverse] + eps)
+    return centred.float()

@@ -23,8 +23,12 @@ def dipod_loss(inputs: LossInputs, cfg: DipodLossConfig) -> LossOutput:
     likelihood-gap proxies (means over the rows here):
       dipod/elbo_mean              the ELBO level itself (a falling level under a rising reward is
                                    the drift's signature);
-      dipod/elbo_minus_behaviour   ELBO_θ − behaviour estimate on μ's samples: how far the bound
-                                   moved since generation;
+      dipod/elbo_minus_behaviour   ELBO_θ − ELBO_μ on μ's samples: how far the bound moved since
+                                   generation. Logged as logp − behaviour_logp, the ratio's own log:
+                                   under spg_sandwich the learner shifts behaviour_logp by
+                                   (ℓ_θ − ELBO_θ) so that logp − behaviour_logp = ELBO_θ − ELBO_μ
+                                   (learner/worker.py); ELBO_θ − behaviour_logp would then be off by
+                                   that slack. Without the sandwich logp is the ELBO and the two agree;
       dipod/logp_minus_elbo        ℓ_θ − ELBO_θ when the base loss reads a different (e.g.
                                    sandwich) estimate: a proxy for the bound's slack D; 0 when the
                                    two are one tensor.
@@ -41,7 +45,7 @@ def dipod_loss(inputs: LossInputs, cfg: DipodLossConfig) -> LossOutput:
         "loss/elbo_reg": Metric.share(regulariser),
         "loss/total": Metric.share(total),
         "dipod/elbo_mean": Metric.mean(e.mean()),
-        "dipod/elbo_minus_behaviour": Metric.mean((e - inputs.behaviour_logp.float()).mean()),
+        "dipod/elbo_minus_behaviour": Metric.mean((inputs.logp.detach().float() - inputs.behaviour_logp.float()).mean()),
         "dipod/logp_minus_elbo": Metric.mean((inputs.logp.detach().float() - e).mean()),
     }
     return LossOutput(total, metrics)

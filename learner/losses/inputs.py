@@ -13,8 +13,10 @@ holds, divided by a count taken over the **whole step** (all ranks, all micro-ba
 so summing the returned values over every micro-batch of every rank gives exactly the loss of one
 batch holding everything (``tests/unit/test_losses_microbatch.py`` proves it for every loss).
 A mean taken per micro-batch would weight a token by 1/(tokens in *its* micro-batch) instead and
-change with how the batch was cut. This is OpenRLHF's ``aggregate_loss`` rule: the normalisers
-are the step's totals, summed over micro-batches and all-reduced over ranks *before* the first
+change with how the batch was cut; that is d1's (TRL's) rule, and ``learner.loss_normalisation:
+micro_batch`` reproduces it by handing each micro-batch its own counts scaled by the number of
+micro-batches and ranks (learner/rl_batch.py), with the losses unchanged. The default is OpenRLHF's
+``aggregate_loss`` rule: the normalisers are the step's totals, summed over micro-batches and all-reduced over ranks *before* the first
 forward. The engine then undoes its own averaging: DeepSpeed divides each micro-batch loss by the
 gradient-accumulation steps and averages gradients over ranks, so the learner scales each
 returned loss by ``world_size × grad_accum_steps`` before ``backward`` (or, equivalently, passes

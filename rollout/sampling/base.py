@@ -97,7 +97,7 @@ def run_denoising(
         logits = block_logits(state, view)  # [B, Lb, V]
         state.step(
             logits, generators, temperature=cfg.temperature, remasking=cfg.remasking, schedule=schedule,
-            threshold=cfg.threshold, noise_dtype=getattr(torch, cfg.noise_dtype), stop_at_eos=cfg.stop_at_eos,
+            threshold=cfg.threshold, noise_dtype=cfg.noise_dtype, stop_at_eos=cfg.stop_at_eos,
             rows=view.rows,
         )
         n = view.forward + 1

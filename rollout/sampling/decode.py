@@ -16,7 +16,7 @@ position can never read as masked again.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -38,7 +38,7 @@ def choose_tokens(
     generators: Sequence[torch.Generator],  # one per row
     *,
     mask_token_id: int,
-    noise_dtype: torch.dtype = torch.float64,
+    noise_dtype: Union[torch.dtype, str] = torch.float64,
     rows: Optional[Sequence[int]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick a token per position and its confidence. Returns (x0 [B, Lb] int64, conf [B, Lb] float32).
@@ -50,7 +50,13 @@ def choose_tokens(
     modified in place (the mask token's logit is set to -inf).
     """
     logits[..., mask_token_id] = NEG_INF
-    if temperature > 0:
+    name = noise_dtype if isinstance(noise_dtype, str) else str(noise_dtype).removeprefix("torch.")
+    if name not in NOISE_DTYPES:
+        raise ValueError(f"unknown noise dtype {noise_dtype!r}; valid: {', '.join(NOISE_DTYPES)}")
+    if temperature > 0 and name in _PRODUCT_FORMS:
+        x0 = _product_form_argmax(logits, temperature, generators, rows, *_PRODUCT_FORMS[name])
+    elif temperature > 0:
+        noise_dtype = getattr(torch, name)
         noise = torch.empty(logits.shape, dtype=noise_dtype, device=logits.device)  # [B, Lb, V]
         _uniform_rows(noise, generators, rows)
         # Gumbel(0,1) = -log(-log u); the clamp keeps u -> 1 from giving an infinite winner
@@ -63,6 +69,34 @@ def choose_tokens(
     picked = logits.gather(-1, x0[..., None]).squeeze(-1).float()  # [B, Lb]
     conf = torch.exp(picked - torch.logsumexp(logits.float(), dim=-1))  # [B, Lb] = p(x0)
     return x0, conf
+
+
+# Gumbel noise precision (``sampler.noise_dtype``). float64 / float32: the log-space form above with the
+# uniform draw and every operation in that dtype. The two low-precision forms are the releases' own
+# arithmetic, operation for operation, so that their rounding (and the ties it makes) is theirs:
+# score = exp(l) / (−log(u + δ))^T, u drawn in `draw`, the product computed in `draw`, then cast to
+# `score` before the argmax (d1 diffu_grpo_trainer.add_gumbel_noise: bfloat16 throughout, δ = 0; the
+# StableDRL release networks/llada_svpo.add_gumbel_noise_spg: float32 with δ = 1e-9, cast to bfloat16).
+NOISE_DTYPES = ("float64", "float32", "bfloat16", "float32_then_bfloat16")
+_PRODUCT_FORMS = {
+    "bfloat16": (torch.bfloat16, torch.bfloat16, 0.0),
+    "float32_then_bfloat16": (torch.float32, torch.bfloat16, 1e-9),
+}
+
+
+def _product_form_argmax(
+    logits: torch.Tensor, temperature: float, generators: Sequence[torch.Generator], rows: Optional[Sequence[int]],
+    draw: torch.dtype, score: torch.dtype, delta: float,
+) -> torch.Tensor:
+    """[B, Lb] argmax_v exp(l_v) / (−log(u_v + δ))^T with u in ``draw``, the result cast to ``score``."""
+    u = torch.empty(logits.shape, dtype=draw, device=logits.device)  # [B, Lb, V]
+    _uniform_rows(u, generators, rows)
+    if delta:
+        u.add_(delta)
+    u.log_().neg_().pow_(temperature)
+    scores = logits.to(draw).exp().div_(u).to(score)
+    del u
+    return scores.argmax(dim=-1)
 
 
 def random_scores(

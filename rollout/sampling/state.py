@@ -83,7 +83,7 @@ class DecodeState:
         remasking: str,
         schedule: torch.Tensor,  # [steps_per_block] tokens per step (ignored with a threshold)
         threshold: Optional[float],
-        noise_dtype: torch.dtype,
+        noise_dtype: torch.dtype | str,
         stop_at_eos: bool,
         rows: Optional[Sequence[int]] = None,
     ) -> None:

@@ -80,6 +80,13 @@ def test_registry_names_and_unknown_name():
         get_estimator("elbo")
 
 
+def test_eubo_beta_default_and_its_doc_are_the_releases():
+    # the StableDRL release's configs (sudoku, countdown, gsm8k_math, math _spg_snis.yaml) all set spg_beta 1.5
+    field = SPGSandwichConfig.model_fields["eubo_beta"]
+    assert field.default == 1.5
+    assert "1.5 for every task" in field.description and "1.0 for Sudoku" not in field.description
+
+
 def test_configs_parse_by_name_with_released_defaults():
     ta = TypeAdapter(EstimatorConfig)
     spg = ta.validate_python({"name": "spg_sandwich"})

@@ -195,3 +195,23 @@ def test_block_trajectory_equals_the_global_state_definition():
 def test_trajectory_needs_decode_steps(policy):
     with pytest.raises(ValueError, match="decode_step"):
         estimate(policy, _batch(), torch.zeros(3, dtype=torch.long), TrajectoryConfig())
+
+
+# prompt positions that d1's diffu_grpo_trainer.forward_process (p_mask_prompt 0.15, mask_seed = seed) masks
+# in a batch of one row of 40 prompt and 8 completion tokens (a scratch run on CPU; every completion token
+# was masked too)
+_D1_PROMPT_MASKS = {0: [2, 3, 12, 27, 35], 1: [4, 28, 33, 34], 7: [17, 19, 29], 42: [9, 24, 29, 31],
+                    1234: [0, 4, 6, 39]}
+
+
+@pytest.mark.parametrize("seed", sorted(_D1_PROMPT_MASKS))
+def test_mean_field_masks_are_d1s_for_one_row(seed):
+    from common.config.estimator import MeanFieldConfig
+    from common.estimators.mean_field import mean_field_views
+    from common.types import Sample, collate_samples
+
+    sample = Sample(sample_id="p/0", prompt_id="p", index=0, prompt_ids=torch.arange(1, 41),
+                    completion_ids=torch.arange(41, 49), completion_length=8, reward=0.0)
+    views = mean_field_views(collate_samples([sample], 0), torch.tensor([seed]), MeanFieldConfig())
+    assert views.prompt[0, 0].nonzero().flatten().tolist() == _D1_PROMPT_MASKS[seed]
+    assert views.completion[0, 0].all()

@@ -143,3 +143,83 @@ def test_an_unpadded_forward_without_mask_scores_as_with_the_full_mask():
             masked = policy(inputs, attention_mask=full_mask(torch.ones(3, 12, dtype=torch.bool)),
                             position_ids=positions, logits_from=start).logits
         assert torch.allclose(free, masked, atol=1e-6)
+
+
+def _d1_shaped_groups(seed=0, width=256):
+    """4 groups of 6 (d1's per-device micro-batch) whose completions total 168, 549, 1339, 1020 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for k, total in enumerate((168, 549, 1339, 1020)):
+        lengths = [total // 6 + (1 if i < total % 6 else 0) for i in range(6)]
+        samples = [Sample(sample_id=f"q{k}/{i}", prompt_id=f"q{k}", index=i, prompt_ids=torch.full((3 + k,), 5),
+                          completion_ids=torch.randint(4, 40, (width,), generator=g), completion_length=n,
+                          reward=float(torch.randint(0, 3, (1,), generator=g)),
+                          behaviour_token_logp=-torch.rand(width, generator=g), mask_seed=k * 10 + i)
+                   for i, n in enumerate(lengths)]
+        out.append(Group(f"q{k}", samples))
+    return out
+
+
+def _token_logp(theta, mb, width=256):
+    feats = torch.sin(mb.batch.completion_ids[:, :width, None].float() * torch.arange(1, 4).float())  # [b, C, 3]
+    return -torch.nn.functional.softplus(feats @ theta)  # [b, C]
+
+
+def _project_grad(theta, ranks, normalisation):
+    from common.config.loss import GrpoLossConfig
+    from learner.losses import LossInputs, compute_loss
+
+    total = 0.0
+    for rank_groups in ranks:
+        counts = global_counts([g for r in ranks for g in r])  # the step's counts over both "ranks"
+        mbs = micro_batches(rank_groups, group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=6,
+                            whole_groups=False, counts=counts, normalisation=normalisation, world_size=len(ranks))
+        for mb in mbs:
+            logp = _token_logp(theta, mb)
+            mask = torch.arange(logp.shape[1])[None, :] < mb.completion_length[:, None]
+            inputs = LossInputs(logp=(logp * mask).sum(1), behaviour_logp=mb.behaviour_logp,
+                                advantages=mb.batch.advantages, group_index=mb.group_index,
+                                completion_length=mb.completion_length, num_groups=mb.counts["num_groups"],
+                                num_samples=mb.counts["num_samples"], num_tokens=mb.counts["num_tokens"],
+                                token_logp=logp, token_mask=mask, behaviour_token_logp=mb.behaviour_token_logp)
+            total = total + compute_loss(inputs, GrpoLossConfig(level="token", kl_beta=0.0, clip_eps=0.2)).loss
+    return torch.autograd.grad(total, theta)[0]
+
+
+def _d1_grad(theta, ranks):
+    """d1's update: per micro-batch (per_token_loss · mask).sum() / mask.sum(), averaged over the
+    gradient-accumulation micro-batches of a rank, then over ranks (DDP)."""
+    rank_losses = []
+    for rank_groups in ranks:
+        counts = global_counts(rank_groups)
+        mbs = micro_batches(rank_groups, group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=6,
+                            whole_groups=False, counts=counts)
+        per_mb = []
+        for mb in mbs:
+            logp = _token_logp(theta, mb)
+            mask = (torch.arange(logp.shape[1])[None, :] < mb.completion_length[:, None]).float()
+            ratio = torch.exp(logp - mb.behaviour_token_logp)
+            adv = mb.batch.advantages[:, None]
+            per_token_loss = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.2) * adv)
+            per_mb.append((per_token_loss * mask).sum() / mask.sum())
+        rank_losses.append(torch.stack(per_mb).mean())
+    return torch.autograd.grad(torch.stack(rank_losses).mean(), theta)[0]
+
+
+@pytest.mark.parametrize("num_ranks", [1, 2])
+def test_micro_batch_normalisation_gives_d1s_gradient(num_ranks):
+    gs = _d1_shaped_groups()
+    ranks = [gs] if num_ranks == 1 else [[gs[0], gs[2]], [gs[1], gs[3]]]
+    theta = torch.tensor([0.3, -0.2, 0.5], requires_grad=True)
+    reference = _d1_grad(theta, ranks)
+    torch.testing.assert_close(_project_grad(theta, ranks, "micro_batch"), reference, rtol=1e-5, atol=1e-7)
+    step = _project_grad(theta, ranks, "step")  # the default weighs every token of the step alike
+    assert not torch.allclose(step, reference, rtol=0.02)
+
+
+def test_unknown_loss_normalisation_is_refused():
+    gs = groups([2])
+    with pytest.raises(ValueError, match="valid: step, micro_batch"):
+        micro_batches(gs, group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=2,
+                      whole_groups=False, counts=global_counts(gs), normalisation="sequence")
+    assert LearnerConfig().loss_normalisation == "step"

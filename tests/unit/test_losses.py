@@ -77,6 +77,31 @@ def test_group_advantages_centre_scale_and_zero_degenerate_groups():
     assert torch.equal(scaled[4:], torch.zeros(4))  # all-equal group and singleton: exactly 0, no NaN
 
 
+@pytest.mark.parametrize("value", [0.1, 0.7, 3.456, 2.0 / 3.0, -1.3])
+@pytest.mark.parametrize("size", [6, 16])
+def test_group_advantages_of_equal_rewards_are_exactly_zero(value, size):
+    # Σr/n is not exactly r for these values in float32 (16 × 3.456 gave |A| = 0.19 under "std")
+    rewards = torch.full((size,), value)
+    for scale in ("std", "none"):
+        adv = group_advantages(rewards, torch.zeros(size, dtype=torch.long), scale=scale)
+        assert torch.equal(adv, torch.zeros(size)), scale
+
+
+# Reference values: d1's diffu_grpo_trainer and the StableDRL release's llada_svpo advantage lines
+# (rewards − group mean, no std), and TRL's (÷ (std + 1e-4)), run on these rewards in groups of 4.
+_REF_REWARDS = [2.875, 0.5, 3.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.25, 4.0, 2.0, 0.125]
+_D1_ADVANTAGES = [1.28125, -1.09375, 1.40625, -1.59375, 0.0, 0.0, 0.0, 0.0, -1.34375, 2.40625, 0.40625, -1.46875]
+_TRL_STD_ADVANTAGES = [0.8182039856910706, -0.6984668374061584, 0.8980287909507751, -1.017765998840332, 0.0, 0.0,
+                       0.0, 0.0, -0.7389990091323853, 1.3233238458633423, 0.22341831028461456, -0.8077430725097656]
+
+
+def test_group_advantages_match_the_releases():
+    groups = torch.arange(12) // 4
+    rewards = torch.tensor(_REF_REWARDS)
+    assert group_advantages(rewards, groups, scale="none").tolist() == _D1_ADVANTAGES
+    torch.testing.assert_close(group_advantages(rewards, groups, scale="std"), torch.tensor(_TRL_STD_ADVANTAGES))
+
+
 # ---------------------------------------------------------------- StableDRL
 
 
@@ -266,3 +291,15 @@ def test_grpo_k3_kl_gradient_and_token_normalisation():
     torch.testing.assert_close(loss.detach(), 0.04 * k3.sum() / 5.0)
     with pytest.raises(ValueError, match="kl_beta"):
         get_loss("grpo")(seq_inputs(torch.zeros(1), torch.zeros(1), [1.0]), GrpoLossConfig())
+
+
+def test_dipod_elbo_minus_behaviour_under_the_spg_sandwich():
+    # the learner's inputs under spg_sandwich (learner/worker.py): logp = the sandwich value, elbo =
+    # ELBO_θ, and behaviour_logp = ELBO_μ shifted by (logp − ELBO_θ) so that the ratio compares ELBOs
+    sandwich = torch.tensor([-3.0, -5.0, -2.5])
+    elbo_theta = torch.tensor([-4.0, -7.5, -2.75])
+    elbo_mu = torch.tensor([-4.5, -7.0, -3.0])
+    shifted = elbo_mu + (sandwich - elbo_theta)
+    inputs = seq_inputs(sandwich, shifted, [1.0, -1.0, 0.5], elbo=elbo_theta)
+    _, metrics = get_loss("dipod")(inputs, DipodLossConfig(base=SpgLossConfig()))
+    torch.testing.assert_close(metrics["dipod/elbo_minus_behaviour"].value, (elbo_theta - elbo_mu).mean())

@@ -76,9 +76,13 @@ def test_a_missing_hub_model_is_refused_with_the_fetch_command(hub_cache):
 def test_train_refuses_a_missing_hub_model_before_any_actor_starts(hub_cache, tmp_path, capsys):
     from cli.main import main
 
-    code = main(["train", "--config", "deploy/configs/quickstart.yaml", "--dry-run",
-                     "model.preset=null", "model.preset_shape=null", "model.path=acme/absent-model"])
+    code = main(["train", "--config", "deploy/configs/quickstart.yaml",
+                 "model.preset=null", "model.preset_shape=null", "model.path=acme/absent-model"])
     assert code == 2 and fetch_command("acme/absent-model") in capsys.readouterr().err
+    # a dry run needs no model: it names the missing one and how to fetch it
+    code = main(["train", "--config", "deploy/configs/quickstart.yaml", "--dry-run",
+                 "model.preset=null", "model.preset_shape=null", "model.path=acme/absent-model"])
+    assert code == 0 and f"MISSING, fetch: {fetch_command('acme/absent-model')}" in capsys.readouterr().out
     code = main(["train", "--config", "deploy/configs/quickstart.yaml", "--dry-run",
                      "model.preset=null", "model.preset_shape=null", "model.path=acme/tiny-llada"])
     assert code == 0

@@ -160,3 +160,63 @@ def test_validate_accepts_a_learner_section_with_every_option():
                                                  "weight_decay_scope": "all"},
                                    "lora": {"rank": 16, "alpha": 32, "target_modules": ["q_proj"], "dropout": 0.05}})
     assert cfg.lora.target_modules == ["q_proj"] and cfg.optimizer.weight_decay_scope == "all"
+
+
+def test_default_weight_decay_scope_is_the_stabledrl_releases():
+    # the release builds AdamW(params=[every trained parameter], weight_decay=0.1): one group, all decayed
+    policy = build_tiny_policy("llada")
+    optimizer = build_optimizer(policy, OptimizerConfig())
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1]
+    assert {id(p) for p in optimizer.param_groups[0]["params"]} == {id(p) for p in policy.parameters()}
+
+
+def test_lora_on_llada_names_adapts_d1s_effective_set():
+    from learner.lora import add_adapters
+
+    d1_list = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"]
+    with pytest.raises(ValueError, match=r"\['o_proj', 'down_proj', 'gate_proj'\]: LLaDA has no such module"):
+        LoraConfig(target_modules=d1_list, module_names="llada")
+    cfg = LoraConfig(rank=128, alpha=64, target_modules=["q_proj", "k_proj", "v_proj", "up_proj"], module_names="llada")
+    assert cfg.resolved_targets() == ["q_proj", "k_proj", "v_proj", "up_proj"]
+    own = LoraConfig(target_modules=["attn_out", "ff_proj", "ff_out"], module_names="llada")
+    assert own.resolved_targets() == ["o_proj", "gate_proj", "down_proj", "lm_head"]
+    # PEFT with d1's list on the release's own LLaDA code (modeling_llada.py, d_model 64, 4 heads, 2 layers,
+    # mlp 128, r 128) adapted q_proj, k_proj, v_proj and up_proj: 147,456 adapter parameters
+    policy = build_tiny_policy("llada", hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+                               num_hidden_layers=2, intermediate_size=128)
+    adapted = add_adapters(policy, cfg)
+    assert sorted({a.path.rsplit(".", 1)[-1] for a in adapted}) == ["k_proj", "q_proj", "up_proj", "v_proj"]
+    assert sum(a.lora_A.numel() + a.lora_B.numel() for a in adapted) == 147_456
+
+
+def test_d1_lora_adapter_count_at_llada_8b_shape():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+
+    lora = load_job_config("deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml").learner.lora
+    config = LlamaConfig(vocab_size=126464, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=32, intermediate_size=12288)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    targets = lora.resolved_targets()
+    count = sum(lora.rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in targets)
+    assert count == 167_772_160  # the figure the recipe's header states
+    assert "167,772,160" in open("deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml").read()
+
+
+# the releases' schedules, run: StableDRL's training/utils/lr_scheduler.linear_decay(2000) at updates
+# 0, 1, 500, 1999, 2000, and the HF Trainer's get_constant_schedule_with_warmup(6) (d1: warmup_ratio 0.0001
+# of 56k updates) read before each of the first 9 updates at lr 3e-6
+_STABLEDRL_LINEAR = {0: 1.0, 1: 0.9995, 500: 0.75, 1999: 0.0004999999999999449, 2000: 0.0}
+_D1_WARMUP_LRS = [0.0, 5e-07, 1e-06, 1.5e-06, 2e-06, 2.5e-06, 3e-06, 3e-06, 3e-06]
+
+
+def test_lr_schedules_are_the_releases():
+    linear = OptimizerConfig(lr=2e-6, schedule="linear", total_updates=2000)
+    for k, factor in _STABLEDRL_LINEAR.items():
+        assert lr_at(linear, k) == pytest.approx(2e-6 * factor, rel=1e-9, abs=1e-18)
+    d1 = load_job_config("deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml").learner.optimizer
+    assert [lr_at(d1, k) for k in range(9)] == pytest.approx(_D1_WARMUP_LRS, rel=1e-9, abs=1e-18)
+    plain = d1.model_copy(update={"warmup_from_zero": False})  # the default wastes no update
+    assert lr_at(plain, 0) == pytest.approx(5e-7)

@@ -81,3 +81,52 @@ def test_commit_never_touches_unmasked_positions_even_with_k_larger_than_masked(
     masked = torch.rand(3, 8) > 0.5
     commit = commit_mask(scores, masked, k=torch.tensor([8, 8, 8]))
     assert torch.equal(commit, masked)
+
+
+# x0 of the releases' own Gumbel functions, run on these logits with torch.manual_seed(k) (a scratch run of
+# d1's diffu_grpo_trainer.add_gumbel_noise(dtype=bfloat16) and the StableDRL release's
+# networks/llada_svpo.add_gumbel_noise_spg(dtype=bfloat16), then argmax, temperature 0.9)
+_D1_BF16_X0 = [[51, 23, 44, 29, 25, 52, 54, 50], [63, 42, 6, 40, 51, 45, 10, 51], [59, 40, 60, 1, 1, 40, 47, 11],
+               [11, 13, 52, 15, 0, 53, 18, 23], [49, 48, 39, 0, 48, 62, 58, 17], [39, 51, 43, 37, 9, 26, 12, 48]]
+_STABLEDRL_X0 = [[51, 23, 44, 29, 25, 17, 1, 50], [63, 58, 6, 40, 51, 45, 10, 51], [59, 40, 60, 1, 1, 40, 47, 11],
+                 [11, 13, 52, 15, 0, 53, 18, 23], [49, 48, 39, 0, 48, 62, 58, 31], [39, 51, 43, 37, 9, 26, 12, 48]]
+
+
+def _release_logits(k: int, mask: int = 7) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 + k)
+    logits = (torch.randn(1, 8, 64, generator=g) * 2.5).to(torch.bfloat16).float()
+    logits[..., mask] = float("-inf")
+    return logits
+
+
+@pytest.mark.parametrize("noise_dtype, expected", [("bfloat16", _D1_BF16_X0), ("float32_then_bfloat16", _STABLEDRL_X0)])
+def test_low_precision_noise_picks_what_the_releases_pick(noise_dtype, expected):
+    for k, want in enumerate(expected):
+        x0, _ = choose_tokens(_release_logits(k), 0.9, gens([k]), mask_token_id=7, noise_dtype=noise_dtype)
+        assert x0[0].tolist() == want, k
+    # the default float64 draw is a different sampler on the same seeds
+    x64 = [choose_tokens(_release_logits(k), 0.9, gens([k]), mask_token_id=7)[0][0].tolist() for k in range(6)]
+    assert x64 != expected
+
+
+def test_noise_dtype_is_a_sampler_setting():
+    from common.config.base import ConfigError
+    from common.config.sampler import SamplerConfig
+
+    assert SamplerConfig().noise_dtype == "float64"
+    assert SamplerConfig(noise_dtype="float32_then_bfloat16").noise_dtype == "float32_then_bfloat16"
+    with pytest.raises((ValueError, ConfigError)):
+        SamplerConfig(noise_dtype="float16")
+    with pytest.raises(ValueError, match="valid: float64, float32, bfloat16"):
+        choose_tokens(torch.zeros(1, 2, 4), 0.9, gens([0]), mask_token_id=3, noise_dtype="float16")
+
+
+# tokens per step that d1's get_num_transfer_tokens and the StableDRL release's get_num_transfer_tokens_spg
+# return for a fully masked block (a scratch run; both gave these lists)
+_RELEASE_SCHEDULES = {(32, 4): [8, 8, 8, 8], (32, 5): [7, 7, 6, 6, 6], (8, 3): [3, 3, 2],
+                      (32, 12): [3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2], (32, 16): [2] * 16, (7, 7): [1] * 7}
+
+
+@pytest.mark.parametrize("block_steps", sorted(_RELEASE_SCHEDULES))
+def test_transfer_schedule_is_the_releases(block_steps):
+    assert transfer_schedule(*block_steps).tolist() == _RELEASE_SCHEDULES[block_steps]

@@ -1,0 +1,76 @@
+"""`stabledrl train --dry-run` without the model or the data: what is missing and how to get it, and
+the run's plan (cli/dry_run.py)."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from cli import main as cli
+from common.models.model_dir import fetch_command
+
+D1_RECIPE = "deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml"
+
+
+@pytest.fixture
+def empty_caches(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.setattr(cli, "train_job", lambda cfg: pytest.fail("train_job must not be reached"))
+
+
+def dry_run(capsys, *args):
+    code = cli.main(["train", "--config", D1_RECIPE, "--dry-run", *args])
+    out = capsys.readouterr()
+    return code, out.out, [line[2:] for line in out.out.splitlines() if line.startswith("# ")]
+
+
+def test_dry_run_without_the_model_or_data_says_what_is_missing(capsys, empty_caches):
+    import ray
+
+    code, out, notes = dry_run(capsys)
+    assert code == 0 and not ray.is_initialized()
+    assert yaml.safe_load(out)["learner"]["lora"]["module_names"] == "llada"  # still the resolved config as YAML
+    model = next(n for n in notes if n.strip().startswith("model:"))
+    assert "GSAI-ML/LLaDA-8B-Instruct: MISSING" in model and fetch_command("GSAI-ML/LLaDA-8B-Instruct") in model
+    data = [n for n in notes if "openai/gsm8k (main)" in n]
+    assert len(data) == 2 and all("MISSING" in n and "datasets.load_dataset('openai/gsm8k', 'main')" in n for n in data)
+    assert "[train]" in data[0] and "[test]" in data[1]  # the task's rows, then the protocol's GSM8K test split
+    assert "3 missing" in out
+
+
+def test_dry_run_plan_of_the_d1_recipe(capsys, empty_caches):
+    code, _, notes = dry_run(capsys)
+    plan = "\n".join(notes[notes.index("plan:"):])
+    assert code == 0
+    assert "GPUs: 8 (4 learner ranks × 1 + 4 rollout workers × 1)" in plan
+    assert "4 learner ranks (DeepSpeed ZeRO-2, bf16, training LoRA r 128 on q_proj, k_proj, v_proj, up_proj)" in plan
+    assert "steps: 4671 × 12 optimizer updates = 56,052 updates" in plan and "per micro-batch" in plan
+    assert "samples per step: 16 prompts × 6 completions = 96" in plan
+    assert "at most 24,576 per step (96 × gen_length 256, 128 denoising steps each" in plan
+    assert "114,794,496 over the run" in plan
+    assert "no held-out evaluation" in plan
+    assert "protocol d1: before training, after training and every 100 steps (46 times): gsm8k (all rows) " \
+           "at gen_length 256, greedy" in plan
+    assert "checkpoints every 8 steps and after the last step in runs/d1-llada8b-gsm8k-lora/checkpoints" in plan
+    assert "final policy: runs/d1-llada8b-gsm8k-lora/final_model" in plan
+    # the plan follows the config
+    _, _, notes = dry_run(capsys, "run.steps=10", "eval.every=0", "rollout.num_workers=2", "learner.lora=null")
+    plan = "\n".join(notes)
+    assert "GPUs: 6 (4 learner ranks × 1 + 2 rollout workers × 1)" in plan and "training every parameter" in plan
+    assert "steps: 10 × 12 optimizer updates = 120 updates" in plan
+    assert "protocol d1: before training, after training: gsm8k" in plan
+
+
+def test_dry_run_with_everything_present_finds_it(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "train_job", lambda cfg: pytest.fail("train_job must not be reached"))
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    code = cli.main(["train", "--config", "deploy/configs/quickstart.yaml", "--dry-run",
+                     f"task.source={{kind: file, path: {data}}}"])
+    out = capsys.readouterr().out
+    assert code == 0 and "MISSING" not in out and "missing" not in out
+    assert f"task data: {data}: found" in out and "model: preset tiny-llada: found" in out
