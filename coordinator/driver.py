@@ -146,7 +146,8 @@ class Driver:
         self.scheduler.handle(ev.JobStarted(workers, len(actors.learners)))
         if resume is not None:
             self.restore(resume)
-        self.scheduler.startup = {"time/startup_prepare": t1 - t0, "time/startup_actors": time.perf_counter() - t1}
+        self.scheduler.handle(ev.StartupTimed({"time/startup_prepare": t1 - t0,
+                                               "time/startup_actors": time.perf_counter() - t1}))
         self.log(f"{len(data.train)} training prompts, {len(held_out)} held-out; startup "
                  f"{time.perf_counter() - t0:.1f} s")
 

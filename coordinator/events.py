@@ -24,6 +24,11 @@ class ActorFailure(RuntimeError):
     """The job stops: an actor failed or did not answer in time; the message names it and the call."""
 
 
+def resume_hint(output_dir: object) -> str:
+    """How a stopped job continues (every message that ends a job says it the same way)."""
+    return f"`stabledrl train --resume {output_dir}` continues from its last checkpoint"
+
+
 # ---- events ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class JobStarted:
@@ -32,6 +37,14 @@ class JobStarted:
     workers: dict[int, WorkerInfo]  # index -> RolloutWorker.ready()
     learner_ranks: int
     startup: dict[str, float] = field(default_factory=dict)  # time/startup_* of step 1's record
+
+
+@dataclass(frozen=True)
+class StartupTimed:
+    """The job's start is over (actors up, a resume restored): its phases' seconds, which step 1's
+    record carries (time/startup_*)."""
+
+    startup: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -183,7 +196,7 @@ class Stalled:
     """The runtime has no call to wait for (the scheduler asked for nothing it could finish)."""
 
 
-Event = Union[JobStarted, WorkerStarted, RolloutDone, WeightsLoaded, EvalDone, CallFailed, StepDone, LearnerFailed,
+Event = Union[JobStarted, StartupTimed, WorkerStarted, RolloutDone, WeightsLoaded, EvalDone, CallFailed, StepDone, LearnerFailed,
               PushDone, PushFailed, CheckpointDone, CheckpointWritten, ControlPolled, ProtocolStarted, UnitDone,
               ProtocolDone, Stalled]
 

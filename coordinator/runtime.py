@@ -246,8 +246,7 @@ class RayRuntime:
             if not gcs_alive():
                 raise ev.ActorFailure(
                     f"the Ray cluster's head (GCS at {ray.get_runtime_context().gcs_address}) stopped answering: the "
-                    f"job cannot go on. `stabledrl train --resume {self.output_dir}` continues from its last "
-                    "checkpoint once the cluster is back")
+                    f"job cannot go on. {ev.resume_hint(self.output_dir)} once the cluster is back")
         return events
 
     def _deadline(self, waiting: Waiting) -> float:
