@@ -67,10 +67,10 @@ class Admission:
         stops once too many reward calls failed, rather than train on zeros."""
         if self.fleet.take(event.call) is None:
             return []  # a call of a process already replaced: its requests were re-queued
+        for outcome, n in event.reward_calls.items():
+            key = f"reward_calls/{outcome}"
+            self.reward_calls[key] = self.reward_calls.get(key, 0.0) + n
         for episode in event.episodes:
-            for key, value in episode.stats.items():
-                if key.startswith("reward_calls/"):
-                    self.reward_calls[key] = self.reward_calls.get(key, 0.0) + value
             self.buffer.add(episode)
         try:
             check_failure_rate(self.reward_calls, self.cfg.task)

@@ -18,9 +18,9 @@ holds the step's encoded benchmarks and results; the runtime sends each unit the
 grades what comes back and writes the table when told.
 
 Clocks. Every learner rank and rollout worker times its own activities (common/actor_time.py)
-and sends the snapshot on results that come back anyway (``clock/*`` on a rollout's first episode
-and on each rank's step result); the runtime takes it off before the scheduler sees the result,
-and ``times.step_metrics()`` turns it into ``time/<actor>/<activity>`` for each step's record.
+and sends the snapshot with results that come back anyway (a RolloutResult's and a StepResult's
+``clock``, common/types.py); the runtime keeps it, and ``times.step_metrics()`` turns it into
+``time/<actor>/<activity>`` for each step's record.
 
 Background checkpoints (``run.async_checkpoint``): a Checkpoint returns once every learner rank has
 handed its state to its writer; the save completes (coordinator.json, ``latest``) when every
@@ -41,7 +41,7 @@ from typing import Any, Optional
 
 import ray
 
-from common.actor_time import ActorTimes, split_clock
+from common.actor_time import ActorTimes
 from coordinator import checkpoint
 from coordinator import events as ev
 from coordinator.actors import Actors, first_line, wait
@@ -277,11 +277,9 @@ class RayRuntime:
         if waiting.kind == "start":
             self.nodes[waiting.worker] = value.get("node_id")
             return [ev.WorkerStarted(waiting.call, value)]
-        if waiting.kind == "rollout":
-            if value:  # the worker's clock rides on the first episode
-                value[0].stats, clock = split_clock(value[0].stats)
-                self.times.update(f"rollout{waiting.worker}", clock)
-            return [ev.RolloutDone(waiting.call, value)]
+        if waiting.kind == "rollout":  # a RolloutResult
+            self.times.update(f"rollout{waiting.worker}", value.clock)
+            return [ev.RolloutDone(waiting.call, value.episodes, value.reward_calls)]
         if waiting.kind == "load":
             return [ev.WeightsLoaded(waiting.call, value)]
         if waiting.kind == "eval":
@@ -333,12 +331,10 @@ class RayRuntime:
         now = time.perf_counter()
         if not group.failures and not running:
             if group.kind == "train":
-                results = []
-                for rank, ref in enumerate(group.names):  # each rank's clock rides on its result
-                    result, clock = split_clock(group.results[ref])
-                    self.times.update(f"learner{rank}", clock)
-                    results.append(result)
-                return [ev.StepDone(group.step, results, now - group.started, at=now)]
+                results = [group.results[ref] for ref in group.names]  # each rank's StepResult, rank order
+                for rank, result in enumerate(results):
+                    self.times.update(f"learner{rank}", result.clock)
+                return [ev.StepDone(group.step, [r.metrics for r in results], now - group.started, at=now)]
             return [ev.PushDone(group.version, now - group.started, at=now, staged=group.staged)]
         if group.kind == "push" and group.receivers:  # collective: the scheduler may push again without the dead
             self.sync.failed()
