@@ -7,7 +7,7 @@ end of the job). A command the scheduler waits for carries the ``CallId`` it cho
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Protocol, Sequence, Union
 
 from common.config.sampler import SamplerConfig
 from common.tasks import Row
@@ -109,6 +109,20 @@ class Complete:
     worker: int
     unit: int
     timeout_s: float
+
+
+class ProtocolRunner(Protocol):
+    """What carries out the protocol commands (``eval.protocol``; the command layer passes one in,
+    recipes/protocol_eval.py's InTraining): it opens a step's results, builds each unit's request,
+    grades what comes back, and writes the table."""
+
+    def start(self, step: int) -> tuple[int, str]: ...  # (units still to run, a line to log or '')
+
+    def request(self, unit: int) -> tuple[Any, ...]: ...  # RolloutWorker.complete's arguments
+
+    def graded(self, unit: int, completions: Sequence[str]) -> None: ...
+
+    def finish(self) -> tuple[dict[str, float], str]: ...  # (protocol/* metrics, the log line)
 
 
 @dataclass(frozen=True)

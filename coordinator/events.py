@@ -14,7 +14,7 @@ from typing import Literal, Optional, Union
 from common.stats import Stat
 from common.types import Episode, EvalResult, WorkerInfo
 from coordinator.commands import (  # noqa: F401  (the scheduler's language in one place: ev.Push, ev.PushDone)
-    CallId, StartWorker, RemoveWorker, Generate, SetupWorkerPush, LoadWeights, Push, Train, Evaluate, StartProtocol,
+    CallId, ProtocolRunner, StartWorker, RemoveWorker, Generate, SetupWorkerPush, LoadWeights, Push, Train, Evaluate, StartProtocol,
     Complete, FinishProtocol, Checkpoint, PollControl, Record, Log, Stop, RuntimeCommand, DriverCommand, Command,
 )
 

@@ -36,39 +36,21 @@ from __future__ import annotations
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import ray
+from typing_extensions import assert_never  # typing.assert_never from Python 3.11 (this runs on 3.10)
 
 from common.actor_time import ActorTimes
 from coordinator import checkpoint
 from coordinator import events as ev
 from coordinator.actors import Actors, first_line, wait
+from coordinator.call_groups import CallGroup
 from coordinator.pool import node_alive
 from coordinator.weight_sync import WeightSync
 
-PEER_GRACE_S = 5.0  # how long the other members of a failed group may take to fail too
 GCS_PROBE_S = 10.0  # how often the loop checks that the GCS is there
-
-
-@dataclass
-class Group:
-    """Calls that finish together: a step's ranks, or a push's sends (and collective receivers)."""
-
-    kind: str  # "train" | "push"
-    names: dict[ray.ObjectRef, str]  # member -> "learner rank 0" / "rollout worker 3"
-    receivers: dict[ray.ObjectRef, int]  # collective push: a worker's call -> its index
-    timeout_s: float
-    step: int = 0
-    version: int = 0
-    staged: bool = False  # a push the receivers stage on their "weights" thread (beside their requests)
-    started: float = field(default_factory=time.perf_counter)
-    open: set = field(default_factory=set)  # members not back
-    results: dict[ray.ObjectRef, Any] = field(default_factory=dict)
-    failures: dict[ray.ObjectRef, tuple[str, str]] = field(default_factory=dict)  # outcome, detail
-    failed_at: Optional[float] = None
-    late: bool = False
 
 
 @dataclass
@@ -78,7 +60,7 @@ class Waiting:
     actor: str  # the actor whose calls run in order
     timeout_s: float
     worker: int = -1
-    group: Optional[Group] = None
+    group: Optional[CallGroup] = None
     started: Optional[float] = None  # when the call reached the front of its actor's queue
     unit: int = -1  # the protocol unit of a "complete" call
 
@@ -93,70 +75,71 @@ class RayRuntime:
         self.times = ActorTimes()  # each actor's own clock (time/<actor>/*)
         self.waiting: dict[ray.ObjectRef, Waiting] = {}  # in the order the calls were made
         self.queues: dict[str, deque[ray.ObjectRef]] = {}
-        self.groups: list[Group] = []
+        self.groups: list[CallGroup] = []
         self.nodes: dict[int, Optional[str]] = {i: info.get("node_id") for i, info in
                                                 enumerate(actors.info.get("rollouts", []))}
         self.shapes: Optional[dict[str, list[int]]] = None
         self.last_probe = time.perf_counter()
 
     # ---- commands -------------------------------------------------------------------------------
-    def execute(self, command: Any) -> list[Any]:
+    def execute(self, command: ev.RuntimeCommand) -> list[ev.Event]:
         """Carry out ``command``; returns the events it produced at once (most produce them later)."""
         pool = self.actors.pool
-        if isinstance(command, ev.StartWorker):
-            if command.replaces:
-                self._forget_actor(command.worker)
-            actor = pool.launch(command.worker, command.replaces)
-            self._track(actor.ready.remote(), Waiting(command.call, "start", _key(actor), command.timeout_s,
-                                                     command.worker))
-        elif isinstance(command, ev.RemoveWorker):
-            self._forget_actor(command.worker)
-            pool.remove(command.worker)
-        elif isinstance(command, ev.Generate):
-            actor = pool[command.worker]
-            self._track(actor.generate.remote(list(command.requests)),
-                        Waiting(command.call, "rollout", _key(actor), command.timeout_s, command.worker))
-        elif isinstance(command, ev.SetupWorkerPush):
-            self._track(self.sync.setup_worker(command.worker),
-                        Waiting(None, "setup", _key(pool[command.worker]), self.start_timeout_s, command.worker))
-        elif isinstance(command, ev.LoadWeights):
-            self._track(self.sync.load(command.worker, command.version),
-                        Waiting(command.call, "load", _key(pool[command.worker]), command.timeout_s, command.worker))
-        elif isinstance(command, ev.Evaluate):
-            actor = pool[command.worker]
-            ref = actor.evaluate.remote(command.rows, command.samples_per_prompt, command.seed, command.sampler)
-            self._track(ref, Waiting(command.call, "eval", _key(actor), command.timeout_s, command.worker))
-        elif isinstance(command, ev.StartProtocol):
-            return [ev.ProtocolStarted(*self.protocol.start(command.step))]
-        elif isinstance(command, ev.Complete):
-            actor = pool[command.worker]
-            self._track(actor.complete.remote(*self.protocol.request(command.unit)),
-                        Waiting(command.call, "complete", _key(actor), command.timeout_s, command.worker,
-                                unit=command.unit))
-        elif isinstance(command, ev.FinishProtocol):
-            return [ev.ProtocolDone(*self.protocol.finish())]
-        elif isinstance(command, ev.Train):
-            refs = self.actors.train([e.group for e in command.batch], command.version)
-            self._group(Group("train", {ref: f"learner rank {r}" for r, ref in enumerate(refs)}, {},
-                              command.timeout_s, step=command.step))
-        elif isinstance(command, ev.Push):
-            if command.barrier and not command.receivers:  # a broadcast to nobody: nothing to send
-                return [ev.PushDone(command.version, 0.0, at=time.perf_counter())]
-            learner_calls, worker_calls, staged = self.sync.push(command.version, command.receivers)
-            names = {ref: f"learner rank {r}" for r, ref in learner_calls}
-            names.update({ref: f"rollout worker {i}" for i, ref in worker_calls})
-            receivers = {ref: i for i, ref in worker_calls}
-            self._group(Group("push", names, receivers, command.timeout_s, version=command.version, staged=staged))
-        elif isinstance(command, ev.Checkpoint):
-            return self._save(command)
-        elif isinstance(command, ev.PollControl):
-            if self.control is None:  # a driver on actors it did not start has none
-                return [ev.ControlPolled(command.call, None, self._room())]
-            self._track(self.control.poll.remote(command.status),
-                        Waiting(command.call, "poll", "control", command.timeout_s))
-        else:
-            raise TypeError(f"the runtime does not carry out {type(command).__name__}")
+        match command:
+            case ev.StartWorker(call, worker, replaces, timeout_s):
+                if replaces:
+                    self._forget_actor(worker)
+                actor = pool.launch(worker, replaces)
+                self._track(actor.ready.remote(), Waiting(call, "start", _key(actor), timeout_s, worker))
+            case ev.RemoveWorker(worker):
+                self._forget_actor(worker)
+                pool.remove(worker)
+            case ev.Generate(call, worker, requests, timeout_s):
+                actor = pool[worker]
+                self._track(actor.generate.remote(list(requests)), Waiting(call, "rollout", _key(actor), timeout_s, worker))
+            case ev.SetupWorkerPush(worker):
+                self._track(self.sync.setup_worker(worker),
+                            Waiting(None, "setup", _key(pool[worker]), self.start_timeout_s, worker))
+            case ev.LoadWeights(call, worker, version, timeout_s):  # that version, not whatever is newest
+                self._track(self.sync.load(worker, version), Waiting(call, "load", _key(pool[worker]), timeout_s, worker))
+            case ev.Evaluate(call, worker, rows, samples_per_prompt, seed, sampler, timeout_s):
+                actor = pool[worker]
+                ref = actor.evaluate.remote(rows, samples_per_prompt, seed, sampler)
+                self._track(ref, Waiting(call, "eval", _key(actor), timeout_s, worker))
+            case ev.StartProtocol(step):
+                return [ev.ProtocolStarted(*self._protocol().start(step))]
+            case ev.Complete(call, worker, unit, timeout_s):
+                actor = pool[worker]
+                self._track(actor.complete.remote(*self._protocol().request(unit)),
+                            Waiting(call, "complete", _key(actor), timeout_s, worker, unit=unit))
+            case ev.FinishProtocol():
+                return [ev.ProtocolDone(*self._protocol().finish())]
+            case ev.Train(step, version, batch, timeout_s):
+                refs = self.actors.train([e.group for e in batch], version)
+                self._group(CallGroup("train", {ref: f"learner rank {r}" for r, ref in enumerate(refs)}, {}, timeout_s,
+                                      step=step))
+            case ev.Push(version, receivers, barrier, timeout_s):
+                if barrier and not receivers:  # a broadcast to nobody: nothing to send
+                    return [ev.PushDone(version, 0.0, at=time.perf_counter())]
+                learner_calls, worker_calls, staged = self.sync.push(version, receivers)
+                names = {ref: f"learner rank {r}" for r, ref in learner_calls}
+                names.update({ref: f"rollout worker {i}" for i, ref in worker_calls})
+                self._group(CallGroup("push", names, {ref: i for i, ref in worker_calls}, timeout_s, version=version,
+                                      staged=staged))
+            case ev.Checkpoint():
+                return self._save(command)
+            case ev.PollControl(call, status, timeout_s):
+                if self.control is None:  # a driver on actors it did not start has none
+                    return [ev.ControlPolled(call, None, self._room())]
+                self._track(self.control.poll.remote(status), Waiting(call, "poll", "control", timeout_s))
+            case _:
+                assert_never(command)
         return []
+
+    def _protocol(self) -> ev.ProtocolRunner:
+        if self.protocol is None:
+            raise TypeError("a protocol command, but the job has no eval.protocol runner")
+        return self.protocol
 
     def _track(self, ref: ray.ObjectRef, waiting: Waiting) -> None:
         queue = self.queues.setdefault(waiting.actor, deque())
@@ -165,7 +148,7 @@ class RayRuntime:
         queue.append(ref)
         self.waiting[ref] = waiting
 
-    def _group(self, group: Group) -> None:
+    def _group(self, group: CallGroup) -> None:
         self.groups.append(group)
         learners = {name: _key(a) for name, a in ((f"learner rank {r}", a) for r, a in enumerate(self.actors.learners))}
         for ref, name in group.names.items():
@@ -179,16 +162,21 @@ class RayRuntime:
     def _save(self, command: ev.Checkpoint) -> list[Any]:
         """The learner ranks save (collective), then the buffered groups and the client state; in
         the background, the last two once the ranks' files are durable (``poll_save``)."""
-        if self.shapes is None:
-            self.shapes = wait([self.actors.learners[0].parameter_shapes.remote()], self.start_timeout_s,
-                               "learner rank 0 (parameter shapes)")[0]
-        state = {**command.state, "config": self.config, "parameter_shapes": self.shapes}
+        state = {**command.state, "config": self.config, "parameter_shapes": self.parameter_shapes()}
         args = (self.actors, self.output_dir, command.step, state, command.episodes, self.start_timeout_s)
         if not self.async_checkpoint:
             return [ev.CheckpointDone(str(checkpoint.save(*args)))]
         events = self.finish_save(self.start_timeout_s)  # one save at a time
         self.saving = checkpoint.begin_save(*args)
         return events + [ev.CheckpointDone(str(self.saving.path), background=True)]
+
+    def parameter_shapes(self) -> dict[str, list[int]]:
+        """The model's full parameter shapes (learner rank 0, asked once): what a checkpoint records
+        and a resume is checked against."""
+        if self.shapes is None:
+            self.shapes = wait([self.actors.learners[0].parameter_shapes.remote()], self.start_timeout_s,
+                               "learner rank 0 (parameter shapes)")[0]
+        return self.shapes
 
     def poll_save(self) -> list[Any]:
         """Complete a background save whose files are all durable (never blocks)."""
@@ -239,7 +227,7 @@ class RayRuntime:
             if ref in self.waiting and now >= self._deadline(waiting):
                 events += self._late(ref, waiting)
         for group in list(self.groups):
-            if group.failed_at is not None and now >= group.failed_at + PEER_GRACE_S:
+            if now >= group.grace_until:
                 events += self._settle(group, force=True)
         if now - self.last_probe > GCS_PROBE_S:  # actors may still answer for a while after the head is gone
             self.last_probe = now
@@ -250,8 +238,7 @@ class RayRuntime:
         return events
 
     def _deadline(self, waiting: Waiting) -> float:
-        group = waiting.group
-        grace = group.failed_at + PEER_GRACE_S if group is not None and group.failed_at is not None else float("inf")
+        grace = waiting.group.grace_until if waiting.group is not None else float("inf")
         return min(grace, float("inf") if waiting.started is None else waiting.started + waiting.timeout_s)
 
     def _dequeue(self, ref: ray.ObjectRef, waiting: Waiting) -> None:
@@ -299,7 +286,7 @@ class RayRuntime:
         alive = failure != "died" or node_alive(self.nodes.get(waiting.worker))
         return [ev.CallFailed(waiting.call, failure, detail, node_alive=alive)]
 
-    def _member_failed(self, group: Group, ref: ray.ObjectRef, failure: str, detail: str) -> list[Any]:
+    def _member_failed(self, group: CallGroup, ref: ray.ObjectRef, failure: str, detail: str) -> list[Any]:
         group.failures[ref] = (failure, detail)
         group.open.discard(ref)
         group.failed_at = group.failed_at or time.perf_counter()
@@ -318,7 +305,7 @@ class RayRuntime:
             detail = f"the cluster has {ray.available_resources()} free"
         return [ev.CallFailed(waiting.call, "timed_out", detail)]
 
-    def _settle(self, group: Group, force: bool = False) -> list[Any]:
+    def _settle(self, group: CallGroup, force: bool = False) -> list[Any]:
         """The group's event once every member is back (or, ``force``, now: the open ones running)."""
         if group.open and not force or group not in self.groups:
             return []
@@ -328,25 +315,13 @@ class RayRuntime:
             if waiting is not None:
                 self._dequeue(ref, waiting)
         self.groups.remove(group)
-        now = time.perf_counter()
-        if not group.failures and not running:
-            if group.kind == "train":
-                results = [group.results[ref] for ref in group.names]  # each rank's StepResult, rank order
-                for rank, result in enumerate(results):
-                    self.times.update(f"learner{rank}", result.clock)
-                return [ev.StepDone(group.step, [r.metrics for r in results], now - group.started, at=now)]
-            return [ev.PushDone(group.version, now - group.started, at=now, staged=group.staged)]
-        if group.kind == "push" and group.receivers:  # collective: the scheduler may push again without the dead
-            self.sync.failed()
-            died = tuple(i for r, i in group.receivers.items() if group.failures.get(r, ("",))[0] == "died")
-            problems = [f"{group.names[r]} {o}: {d}" for r, (o, d) in group.failures.items()]
-            problems += [f"{group.names[r]} still running after {group.timeout_s:.0f} s" for r in running if group.late]
-            return [ev.PushFailed(group.version, died, "; ".join(problems))]
-        what = f"step {group.step}" if group.kind == "train" else f"weights version {group.version}"
-        rank = lambda ref: int(group.names[ref].rsplit(" ", 1)[1])  # noqa: E731
-        ranks = [ev.RankOutcome(rank(r), *group.failures[r]) for r in group.names if r in group.failures]
-        ranks += [ev.RankOutcome(rank(r), "running") for r in running]
-        return [ev.LearnerFailed(what, ranks, group.timeout_s if group.late else None)]
+        event = group.outcome(running, time.perf_counter())
+        if isinstance(event, ev.StepDone):  # each rank's clock rides on its StepResult
+            for rank, ref in enumerate(group.names):
+                self.times.update(f"learner{rank}", group.results[ref].clock)
+        elif isinstance(event, ev.PushFailed):
+            self.sync.failed()  # a broken communicator cannot be trusted: the group is rebuilt
+        return [event]
 
     # ---- the end --------------------------------------------------------------------------------
     def export(self, directory: Any) -> None:
