@@ -1,21 +1,17 @@
 """The Ray runtime: the scheduler's commands become Ray calls, and finished, failed or late calls
 become events (coordinator/events.py). It decides nothing.
 
-Deadlines. An actor runs its calls one at a time, in the order they were made, so a call's clock
-starts when the call before it on the same actor finished (or when it was made, if that actor was
-idle): a deadline then bounds the call itself, not the queue in front of it. A worker call past its
-deadline is reported as ``timed_out`` (the scheduler then has the worker killed and replaced, like
-a dead one); a learner rank past its deadline fails the step. A staged push's receive runs on the
-worker's "weights" thread, beside its requests, so it has a queue of its own.
+Deadlines (coordinator/actor_calls.py): an actor's calls run in order, so a call's clock starts
+when the one before it finished. A worker call past its deadline is reported as ``timed_out`` (the
+scheduler then has the worker killed and replaced, like a dead one); a learner rank past its
+deadline fails the step. Groups (coordinator/call_groups.py): the M learner ranks of a step, and
+the sends (with, for a collective push, the receivers) of a push, finish together, one event once
+all are back.
 
-Groups. The M learner ranks of a step, and the sends (with, for a collective push, the
-receivers) of a push, finish together: one event once all are back. When one member fails, the
-others get a few seconds to fail too, so that the rank that died is the one named, not its peers
-stuck in a collective with it.
-
-The protocol evaluation (``eval.protocol``): ``protocol`` (recipes/protocol_eval.py, InTraining)
-holds the step's encoded benchmarks and results; the runtime sends each unit the scheduler deals,
-grades what comes back and writes the table when told.
+The protocol evaluation (``eval.protocol``): ``protocol``, a ProtocolRunner the command layer passes
+in (coordinator/commands.py; recipes/protocol_eval.py's InTraining), holds the step's encoded
+benchmarks and results; the runtime sends each unit the scheduler deals, has it graded as it comes
+back, and has the table written when told.
 
 Clocks. Every learner rank and rollout worker times its own activities (common/actor_time.py)
 and sends the snapshot with results that come back anyway (a RolloutResult's and a StepResult's
@@ -35,8 +31,6 @@ from __future__ import annotations
 
 import socket
 import time
-from collections import deque
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import ray
@@ -46,23 +40,12 @@ from common.actor_time import ActorTimes
 from coordinator import checkpoint
 from coordinator import events as ev
 from coordinator.actors import Actors, first_line, wait
+from coordinator.actor_calls import ActorCalls, Waiting
 from coordinator.call_groups import CallGroup
 from coordinator.pool import node_alive
 from coordinator.weight_sync import WeightSync
 
 GCS_PROBE_S = 10.0  # how often the loop checks that the GCS is there
-
-
-@dataclass
-class Waiting:
-    call: Optional[ev.CallId]  # the scheduler's id; None for a group member or a set-up call
-    kind: str  # start | rollout | load | eval | complete | poll | member | setup
-    actor: str  # the actor whose calls run in order
-    timeout_s: float
-    worker: int = -1
-    group: Optional[CallGroup] = None
-    started: Optional[float] = None  # when the call reached the front of its actor's queue
-    unit: int = -1  # the protocol unit of a "complete" call
 
 
 class RayRuntime:
@@ -73,8 +56,7 @@ class RayRuntime:
         self.async_checkpoint = async_checkpoint
         self.saving: Optional[checkpoint.PendingSave] = None  # a checkpoint written in the background
         self.times = ActorTimes()  # each actor's own clock (time/<actor>/*)
-        self.waiting: dict[ray.ObjectRef, Waiting] = {}  # in the order the calls were made
-        self.queues: dict[str, deque[ray.ObjectRef]] = {}
+        self.calls = ActorCalls()  # every call waited for, queued per actor (deadlines)
         self.groups: list[CallGroup] = []
         self.nodes: dict[int, Optional[str]] = {i: info.get("node_id") for i, info in
                                                 enumerate(actors.info.get("rollouts", []))}
@@ -90,27 +72,27 @@ class RayRuntime:
                 if replaces:
                     self._forget_actor(worker)
                 actor = pool.launch(worker, replaces)
-                self._track(actor.ready.remote(), Waiting(call, "start", _key(actor), timeout_s, worker))
+                self.calls.track(actor.ready.remote(), Waiting(call, "start", _key(actor), timeout_s, worker))
             case ev.RemoveWorker(worker):
                 self._forget_actor(worker)
                 pool.remove(worker)
             case ev.Generate(call, worker, requests, timeout_s):
                 actor = pool[worker]
-                self._track(actor.generate.remote(list(requests)), Waiting(call, "rollout", _key(actor), timeout_s, worker))
+                self.calls.track(actor.generate.remote(list(requests)), Waiting(call, "rollout", _key(actor), timeout_s, worker))
             case ev.SetupWorkerPush(worker):
-                self._track(self.sync.setup_worker(worker),
+                self.calls.track(self.sync.setup_worker(worker),
                             Waiting(None, "setup", _key(pool[worker]), self.start_timeout_s, worker))
             case ev.LoadWeights(call, worker, version, timeout_s):  # that version, not whatever is newest
-                self._track(self.sync.load(worker, version), Waiting(call, "load", _key(pool[worker]), timeout_s, worker))
+                self.calls.track(self.sync.load(worker, version), Waiting(call, "load", _key(pool[worker]), timeout_s, worker))
             case ev.Evaluate(call, worker, rows, samples_per_prompt, seed, sampler, timeout_s):
                 actor = pool[worker]
                 ref = actor.evaluate.remote(rows, samples_per_prompt, seed, sampler)
-                self._track(ref, Waiting(call, "eval", _key(actor), timeout_s, worker))
+                self.calls.track(ref, Waiting(call, "eval", _key(actor), timeout_s, worker))
             case ev.StartProtocol(step):
                 return [ev.ProtocolStarted(*self._protocol().start(step))]
             case ev.Complete(call, worker, unit, timeout_s):
                 actor = pool[worker]
-                self._track(actor.complete.remote(*self._protocol().request(unit)),
+                self.calls.track(actor.complete.remote(*self._protocol().request(unit)),
                             Waiting(call, "complete", _key(actor), timeout_s, worker, unit=unit))
             case ev.FinishProtocol():
                 return [ev.ProtocolDone(*self._protocol().finish())]
@@ -131,7 +113,7 @@ class RayRuntime:
             case ev.PollControl(call, status, timeout_s):
                 if self.control is None:  # a driver on actors it did not start has none
                     return [ev.ControlPolled(call, None, self._room())]
-                self._track(self.control.poll.remote(status), Waiting(call, "poll", "control", timeout_s))
+                self.calls.track(self.control.poll.remote(status), Waiting(call, "poll", "control", timeout_s))
             case _:
                 assert_never(command)
         return []
@@ -140,13 +122,6 @@ class RayRuntime:
         if self.protocol is None:
             raise TypeError("a protocol command, but the job has no eval.protocol runner")
         return self.protocol
-
-    def _track(self, ref: ray.ObjectRef, waiting: Waiting) -> None:
-        queue = self.queues.setdefault(waiting.actor, deque())
-        if not queue:
-            waiting.started = time.perf_counter()
-        queue.append(ref)
-        self.waiting[ref] = waiting
 
     def _group(self, group: CallGroup) -> None:
         self.groups.append(group)
@@ -157,7 +132,7 @@ class RayRuntime:
             if worker >= 0 and group.staged:  # the stage runs on the worker's "weights" thread, beside its queue
                 actor += "/weights"
             group.open.add(ref)
-            self._track(ref, Waiting(None, "member", actor, group.timeout_s, worker, group))
+            self.calls.track(ref, Waiting(None, "member", actor, group.timeout_s, worker, group))
 
     def _save(self, command: ev.Checkpoint) -> list[Any]:
         """The learner ranks save (collective), then the buffered groups and the client state; in
@@ -202,10 +177,8 @@ class RayRuntime:
         """The worker's process is killed: nothing of it is waited for any more."""
         if worker not in self.actors.pool:
             return
-        key = _key(self.actors.pool[worker])
-        for ref in [*self.queues.pop(key, ()), *self.queues.pop(key + "/weights", ())]:
-            waiting = self.waiting.pop(ref, None)
-            if waiting is not None and waiting.group is not None:
+        for ref, waiting in self.calls.forget(_key(self.actors.pool[worker])):
+            if waiting.group is not None:
                 self._member_failed(waiting.group, ref, "died", "its process was replaced")
 
     # ---- events ---------------------------------------------------------------------------------
@@ -213,18 +186,18 @@ class RayRuntime:
         """Block until a call finishes, fails or passes its deadline; their events, in the order the
         calls were made."""
         events: list[Any] = self.poll_save()
-        if not self.waiting:
+        if not self.calls:
             return events + [ev.Stalled()]
-        refs = list(self.waiting)
-        timeout = max(0.0, min(self._deadline(w) for w in self.waiting.values()) - time.perf_counter())
+        refs = list(self.calls.waiting)
+        timeout = max(0.0, self.calls.next_deadline() - time.perf_counter())
         ray.wait(refs, num_returns=1, timeout=min(timeout, GCS_PROBE_S))
         ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
         for ref in refs:
-            if ref in ready and ref in self.waiting:
-                events += self._finished(ref, self.waiting.pop(ref))
+            if ref in ready and ref in self.calls.waiting:
+                events += self._finished(ref, self.calls.pop(ref))
         now = time.perf_counter()
-        for ref, waiting in list(self.waiting.items()):
-            if ref in self.waiting and now >= self._deadline(waiting):
+        for ref, waiting in list(self.calls.waiting.items()):
+            if ref in self.calls.waiting and now >= waiting.deadline:
                 events += self._late(ref, waiting)
         for group in list(self.groups):
             if now >= group.grace_until:
@@ -237,20 +210,7 @@ class RayRuntime:
                     f"job cannot go on. {ev.resume_hint(self.output_dir)} once the cluster is back")
         return events
 
-    def _deadline(self, waiting: Waiting) -> float:
-        grace = waiting.group.grace_until if waiting.group is not None else float("inf")
-        return min(grace, float("inf") if waiting.started is None else waiting.started + waiting.timeout_s)
-
-    def _dequeue(self, ref: ray.ObjectRef, waiting: Waiting) -> None:
-        queue = self.queues.get(waiting.actor)
-        if queue is None or ref not in queue:
-            return
-        queue.remove(ref)
-        if queue and queue[0] in self.waiting and self.waiting[queue[0]].started is None:
-            self.waiting[queue[0]].started = time.perf_counter()
-
     def _finished(self, ref: ray.ObjectRef, waiting: Waiting) -> list[Any]:
-        self._dequeue(ref, waiting)
         try:
             value = ray.get(ref)
         except ray.exceptions.RayActorError as e:
@@ -296,8 +256,7 @@ class RayRuntime:
         if waiting.group is not None:  # a member past its deadline: the group fails now, the late one running
             waiting.group.late = True
             return self._settle(waiting.group, force=True)
-        del self.waiting[ref]
-        self._dequeue(ref, waiting)
+        self.calls.pop(ref)
         if waiting.call is None:
             return []
         detail = f"{waiting.timeout_s:.0f} s"
@@ -311,9 +270,7 @@ class RayRuntime:
             return []
         running = [ref for ref in group.names if ref in group.open]
         for ref in running:
-            waiting = self.waiting.pop(ref, None)
-            if waiting is not None:
-                self._dequeue(ref, waiting)
+            self.calls.pop(ref)
         self.groups.remove(group)
         event = group.outcome(running, time.perf_counter())
         if isinstance(event, ev.StepDone):  # each rank's clock rides on its StepResult
@@ -330,7 +287,7 @@ class RayRuntime:
 
     def close(self) -> None:
         """Stop every actor and release every reservation (skipped when the cluster's head is gone)."""
-        self.waiting.clear()
+        self.calls.waiting.clear()
         if gcs_alive():
             self.actors.shutdown()
             if self.control is not None:
