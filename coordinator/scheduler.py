@@ -24,12 +24,9 @@ staleness bound and a batch is trained as soon as the buffer holds one; a finish
 ``protocol``, ``evaluate`` and ``poll`` when they are due), so nothing is admitted between a
 step's end and its weights being out.
 
-Faults. A worker whose process died, or whose call ran past its deadline (it hung: the runtime
-kills it), has every call forgotten: its requests go back to the queue under their uids (sampled
-again with the same seeds; the buffer accepts a uid once), its evaluation parts (held-out parts,
-protocol units) run on another worker, and it is replaced in place at most
-``rollout.max_restarts`` times. A learner rank that fails, dies or hangs stops the job at once,
-naming the rank.
+Faults. A lost worker (died, or hung and killed) has its calls forgotten, its requests re-queued
+under their uids and its evaluation parts dealt again, then FleetPolicy replaces, drops or gives
+up on it. A learner rank that fails, dies or hangs stops the job at once, naming the rank.
 """
 from __future__ import annotations
 
@@ -152,11 +149,8 @@ class Scheduler:
     last_eval = property(lambda self: self.evaluation.last_eval)
     evaluations = property(lambda self: self.evaluation.evaluations)
 
-    def totals(self) -> dict[str, float]:
-        return self.admission.totals()
-
-    def worker_metrics(self) -> dict[str, float]:
-        return self.workers.metrics()
+    totals = property(lambda self: self.admission.totals)
+    worker_metrics = property(lambda self: self.workers.metrics)
 
     # ---- the agenda ---------------------------------------------------------------------------
     def _answer(self) -> list[ev.Command]:
