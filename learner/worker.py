@@ -30,7 +30,7 @@ from common.config.loss import LossConfig
 from common.config.model import ModelConfig
 from common.estimators import estimate
 from common.models import export_hf, load_policy
-from common.runtime import setup_actor_process
+from common.actor_setup import setup_actor_process
 from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from common.stats import Reduce, Stat, combine
 from common.types import Group, StepResult

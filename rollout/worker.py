@@ -27,7 +27,7 @@ from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
 from common.config.task import AnyTaskConfig
 from common.models import load_policy
-from common.runtime import setup_actor_process
+from common.actor_setup import setup_actor_process
 from common.tasks import RewardScorer, Row, build_task
 from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from common.types import EvalResult, PromptRequest, RolloutResult, WorkerInfo
