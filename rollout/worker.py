@@ -1,7 +1,8 @@
 """The rollout worker: a Ray actor holding a policy copy, the sampler and the task's reward.
 
-The coordinator sends it requests of a few prompts (``generate``); each call returns one
-``Episode`` per prompt as soon as that request is done, so groups stream back request by request
+The coordinator sends it requests of a few prompts (``generate``); each call returns a
+RolloutResult (one ``Episode`` per prompt, the reward calls, the worker's clock) as soon as that
+request is done, so groups stream back request by request
 while other requests are still queued. Between requests it takes new weights
 (``receive_weights``: versioned, bounded by the push timeout) and reports the version it holds;
 every later request is sampled, and its behaviour estimate computed, under those weights. The
