@@ -91,12 +91,13 @@ def train_job(cfg: JobConfig) -> int:
     from coordinator.actors import ActorFailure
     from coordinator.checkpoint import CheckpointError
     from coordinator.driver import Driver
+    from recipes.stages import JOB_STAGES
 
     driver, code, message = None, 0, None
     previous = signal.signal(signal.SIGINT, _interrupt)
     try:
         _start_ray(cfg)
-        driver = Driver(cfg, log=lambda line: print(line, flush=True))
+        driver = Driver(cfg, log=lambda line: print(line, flush=True), stages=JOB_STAGES)
         driver.run()
     except KeyboardInterrupt:
         code, message = 130, interrupted_line(cfg, driver.step if driver is not None else 0)

@@ -151,7 +151,7 @@ def _protocol_eval(args: argparse.Namespace, cfg) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from cli.plot import load_runs, plot_runs
+    from recipes.plot import load_runs, plot_runs
 
     runs = load_runs(args.runs, group=args.group)
     status = plot_runs(runs, args.out, title=args.title, smooth=args.smooth)

@@ -3,9 +3,9 @@
 Every learner rank and rollout worker keeps one ``ActorClock``. Its work is wrapped in
 ``clock.timed(activity)``; ``snapshot()`` returns the cumulative seconds per activity, the wall
 time since the actor started, its GPU (the physical index Ray assigned) and its peak GPU memory.
-Snapshots ride back on results the coordinator receives anyway (a rollout's first episode, a
-learner step's metrics), under keys ``clock/<name>``; ``ActorTimes`` on the coordinator turns
-them into per-step metrics:
+Snapshots (keys ``clock/<name>``) ride back on results the coordinator receives anyway (the
+``clock`` of a RolloutResult and of a StepResult, common/types.py); ``ActorTimes`` on the
+coordinator turns them into per-step metrics:
 
     time/<actor>/<activity>   seconds spent on it since the actor's previous snapshot
     time/<actor>/wall         seconds since the previous snapshot
@@ -70,12 +70,6 @@ def physical_gpu() -> Optional[int]:
     CUDA_VISIBLE_DEVICES to the GPUs it assigned. None on a CPU or with UUID-style ids."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
     return int(visible) if visible.isdigit() and torch.cuda.is_available() else None
-
-
-def split_clock(values: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
-    """(values without the ``clock/*`` keys, the clock snapshot) of a result dictionary."""
-    clock = {k: v for k, v in values.items() if k.startswith(PREFIX)}
-    return {k: v for k, v in values.items() if not k.startswith(PREFIX)}, clock
 
 
 class ActorTimes:

@@ -87,3 +87,14 @@ def read_metrics(path: str | Path) -> list[dict[str, float]]:
 
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one prompt with c correct out of n samples: 1 - C(n-c, k) / C(n, k).
+
+    Evaluated as 1 - Π_{m=n-c+1}^{n} (1 - k/m) (numerically stable; Chen et al.'s form)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / m for m in range(n - c + 1, n + 1))

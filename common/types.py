@@ -16,10 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence, TypedDict
 
-import torch
 from jaxtyping import Bool, Float, Int
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where tensors are made, so the control plane's types load without it
+    import torch
+
+    from common.stats import Stat
     from common.tasks.base import Row
 
 
@@ -53,6 +55,7 @@ class Group:
 
     @property
     def rewards(self) -> torch.Tensor:
+        import torch
         return torch.tensor([s.reward for s in self.samples], dtype=torch.float32)
 
     @property
@@ -76,6 +79,50 @@ class Episode:
     group: Optional[Group]
     worker: int
     stats: dict[str, float] = field(default_factory=dict)  # this prompt's share of the request's cost
+
+
+@dataclass
+class EvalResult:
+    """Accuracy of one evaluation; ``correct[i]`` counts prompt i's correct samples."""
+
+    num_prompts: int
+    samples_per_prompt: int
+    pass_at: dict[int, float]  # k -> pass@k
+    mean_correctness: float  # mean correctness value over every sample (partial credit counts)
+    correct: list[int]
+    completions: list[list[str]] = field(repr=False, default_factory=list)  # [N][n] decoded texts
+    time_s: float = 0.0
+    scoring_failures: int = 0  # checker calls that raised (a user reward); scored 0
+
+    @property
+    def pass_at_1(self) -> float:
+        return self.pass_at[1]
+
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
+        out = {f"{prefix}/pass@{k}": v for k, v in sorted(self.pass_at.items())}
+        out[f"{prefix}/mean_correctness"] = self.mean_correctness
+        out[f"{prefix}/time_s"] = self.time_s
+        return out
+
+
+@dataclass
+class RolloutResult:
+    """What one rollout request returns: its episodes, the reward calls it made by outcome (calls,
+    ok, failed, ...: counted by the coordinator once per delivered request, also of a worker that
+    dies later), and the worker's clock (common/actor_time.py)."""
+
+    episodes: list[Episode]
+    reward_calls: dict[str, float] = field(default_factory=dict)
+    clock: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    """What one learner rank returns for a step: its statistics, each with its reduction over the
+    ranks (common/stats.py), and its clock (common/actor_time.py)."""
+
+    metrics: dict[str, Stat]
+    clock: dict[str, float] = field(default_factory=dict)
 
 
 class WorkerInfo(TypedDict):
@@ -112,6 +159,7 @@ class SequenceBatch:
     @property
     def valid(self) -> torch.Tensor:
         """[B, P + C] True on every non-padding position (all completion positions are real)."""
+        import torch
         ones = torch.ones_like(self.completion_mask, dtype=torch.bool)
         return torch.cat([self.prompt_mask, ones], dim=1)
 
@@ -137,6 +185,7 @@ class SequenceBatch:
         )
 
     def select(self, rows: Sequence[int] | torch.Tensor) -> "SequenceBatch":
+        import torch
         idx = torch.as_tensor(rows, dtype=torch.long, device=self.input_ids.device)
 
         def pick(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -153,6 +202,7 @@ class SequenceBatch:
 
 def left_pad(seqs: Sequence[torch.Tensor], pad_id: int, width: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad 1-D int tensors to ``width`` (default: the longest). Returns (ids [B, W], mask [B, W])."""
+    import torch
     width = max((len(s) for s in seqs), default=0) if width is None else width
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.bool)
@@ -168,6 +218,7 @@ def left_pad(seqs: Sequence[torch.Tensor], pad_id: int, width: Optional[int] = N
 
 def collate_samples(samples: Sequence[Sample], pad_id: int, advantages: Optional[torch.Tensor] = None) -> SequenceBatch:
     """Build the padded batch for ``samples`` (completion canvases must share one length)."""
+    import torch
     prompt_ids, prompt_mask = left_pad([s.prompt_ids for s in samples], pad_id)
     widths = {len(s.completion_ids) for s in samples}
     if len(widths) != 1:

@@ -4,7 +4,9 @@
     result = driver.run()          # warm start, actors, eval, train loop, eval, checkpoint, export
 
 ``setup`` does everything that can refuse the job before the first actor starts (resources,
-the checkpoint to resume from, the data), then starts the actors and the weight transport.
+the checkpoint to resume from, the data), then starts the actors and the weight transport. The
+warm start and the in-training protocol evaluation are recipes: the command layer passes them in
+(``stages``, recipes/stages.py), so nothing here imports upward.
 Every phase after it is a goal of the scheduler (coordinator/scheduler.py), reached by one loop,
 ``_drive``: carry out the scheduler's commands (coordinator/runtime.py turns them into Ray calls),
 wait for what they started, hand each event back to the scheduler, until the goal is reached.
@@ -21,6 +23,7 @@ from typing import Any, Callable, Optional
 
 import ray
 
+from common.config.base import ConfigError
 from common.config.job import JobConfig, check_resources
 from common.metrics import MetricsLogger, read_metrics
 from common.models.loading import load_model_tokenizer
@@ -28,7 +31,7 @@ from common.tasks import PromptStream, load_task_data
 from common.types import Episode
 from coordinator import checkpoint
 from coordinator import events as ev
-from coordinator.actors import start_actors, wait
+from coordinator.actors import start_actors
 from coordinator.control import start_control
 from coordinator.held_out import HeldOutResult, held_out_rows
 from coordinator.runtime import RayRuntime
@@ -48,6 +51,24 @@ class RunResult:
     output_dir: str
 
 
+@dataclass(frozen=True)
+class Stages:
+    """What the command layer wires into a job as plain callables (recipes/stages.py has
+    `stabledrl train`'s): the warm start, ``(cfg, log) -> the SFT model's directory``, and the
+    in-training protocol evaluation, ``cfg -> ProtocolRunner`` (coordinator/commands.py)."""
+
+    warm_start: Optional[Callable[..., Any]] = None
+    protocol_eval: Optional[Callable[[JobConfig], ev.ProtocolRunner]] = None
+
+    def check(self, cfg: JobConfig) -> None:
+        """A config that needs a stage this driver lacks fails before anything starts, naming it."""
+        for field, needed, stage in (("warmstart", cfg.warmstart is not None, self.warm_start),
+                                     ("eval.protocol", cfg.eval.protocol is not None, self.protocol_eval)):
+            if needed and stage is None:
+                raise ConfigError(f"{field} is set, but this driver was built without that stage (pass "
+                                  "stages=recipes.stages.JOB_STAGES, as `stabledrl train` does)")
+
+
 class DeadlineReached(RuntimeError):
     """The driver's ``deadline`` (wall-clock seconds since the epoch) passed while it ran."""
 
@@ -55,10 +76,10 @@ class DeadlineReached(RuntimeError):
 class Driver:
     def __init__(self, cfg: JobConfig, *, rollout_cls: type = RolloutWorker, learner_cls: type = LearnerWorker,
                  log: Callable[[str], None] = print, record_batches: bool = False,
-                 deadline: Optional[float] = None) -> None:
+                 deadline: Optional[float] = None, stages: Stages = Stages()) -> None:
         self.cfg = self.job_cfg = cfg  # job_cfg stays as given (a warm start changes cfg.model.path)
         self.rollout_cls, self.learner_cls, self.log = rollout_cls, learner_cls, log
-        self.record_batches, self.deadline = record_batches, deadline
+        self.record_batches, self.deadline, self.stages = record_batches, deadline, stages
         self.history: list[dict[str, float]] = []  # every step's metrics.jsonl record
         self.batches: list[list[Episode]] = []  # every step's batch (with record_batches: tests read it)
         self.evaluations: list[HeldOutResult] = []  # every held-out evaluation of the run, BEFORE first
@@ -102,14 +123,13 @@ class Driver:
         the cluster offers, the checkpoint to resume from, the data."""
         t0 = time.perf_counter()
         cfg = self.cfg
+        self.stages.check(cfg)
         check_resources(cfg, ray.cluster_resources())
         resume = None
         if cfg.run.resume_from is not None:
             resume = checkpoint.verify(cfg.run.resume_from, self.config_json(), self.log)
-        if cfg.warmstart is not None:
-            from recipes.warmstart import warm_start  # the job's first stage: an SFT recipe, cached
-
-            path = warm_start(cfg, log=self.log)
+        if cfg.warmstart is not None:  # the job's first stage: an SFT recipe, cached
+            path = self.stages.warm_start(cfg, log=self.log)
             self.log(f"warm start: {path} ({time.perf_counter() - t0:.1f} s)")
             model = cfg.model.model_copy(update={"path": path, "preset": None, "preset_shape": None})
             self.cfg = cfg = cfg.model_copy(update={"model": model})
@@ -140,13 +160,15 @@ class Driver:
         self.runtime = RayRuntime(actors, sync, control=self.control,
                                   output_dir=cfg.run.output_dir, config=self.config_json(),
                                   start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale,
-                                  protocol=protocol_eval(cfg), async_checkpoint=cfg.run.async_checkpoint)
+                                  protocol=self.stages.protocol_eval(cfg) if cfg.eval.protocol is not None else None,
+                                  async_checkpoint=cfg.run.async_checkpoint)
         self.runtime.sync.setup()
         workers = dict(enumerate(actors.info["rollouts"]))
         self.scheduler.handle(ev.JobStarted(workers, len(actors.learners)))
         if resume is not None:
             self.restore(resume)
-        self.scheduler.startup = {"time/startup_prepare": t1 - t0, "time/startup_actors": time.perf_counter() - t1}
+        self.scheduler.handle(ev.StartupTimed({"time/startup_prepare": t1 - t0,
+                                               "time/startup_actors": time.perf_counter() - t1}))
         self.log(f"{len(data.train)} training prompts, {len(held_out)} held-out; startup "
                  f"{time.perf_counter() - t0:.1f} s")
 
@@ -212,7 +234,7 @@ class Driver:
         self.runtime = self.control = None
 
     # ---- the loop -------------------------------------------------------------------------------
-    def _drive(self, commands: list[Any]) -> None:
+    def _drive(self, commands: list[ev.Command]) -> None:
         """Carry out commands, wait for what they started, hand each event to the scheduler, until
         the scheduler's goal is reached (or a Stop command ends the job)."""
         pending = deque(commands)
@@ -226,15 +248,17 @@ class Driver:
             for event in self.runtime.wait():
                 pending.extend(self.scheduler.handle(event))
 
-    def _carry_out(self, command: Any) -> list[Any]:
-        if isinstance(command, ev.Log):
-            self.log(command.line)
-        elif isinstance(command, ev.Record):
-            self._record(command)
-        elif isinstance(command, ev.Stop):
-            raise ev.ActorFailure(command.reason)
-        else:
-            return [c for event in self.runtime.execute(command) for c in self.scheduler.handle(event)]
+    def _carry_out(self, command: ev.Command) -> list[ev.Command]:
+        """The driver's own commands here; the rest by the runtime (its events answered at once)."""
+        match command:
+            case ev.Log(line):
+                self.log(line)
+            case ev.Record():
+                self._record(command)
+            case ev.Stop(reason):
+                raise ev.ActorFailure(reason)
+            case _:
+                return [c for event in self.runtime.execute(command) for c in self.scheduler.handle(event)]
         return []
 
     def _record(self, command: ev.Record) -> None:
@@ -276,9 +300,7 @@ class Driver:
         the restored weights to every worker."""
         actors, timeout = self.runtime.actors, self.cfg.cluster.start_timeout_s
         where = resume.directory / resume.tag
-        shapes = wait([actors.learners[0].parameter_shapes.remote()], timeout, "learner rank 0 (parameter shapes)")[0]
-        checkpoint.check_shapes(resume.state["parameter_shapes"], shapes, where)
-        self.runtime.shapes = shapes
+        checkpoint.check_shapes(resume.state["parameter_shapes"], self.runtime.parameter_shapes(), where)
         state = checkpoint.load(actors, resume, timeout)
         try:
             self.scheduler.load_state_dict(state, self.rows, resume.episodes)
@@ -353,15 +375,6 @@ class Driver:
     @property
     def reward_calls(self) -> dict[str, float]:
         return self.scheduler.reward_calls
-
-
-def protocol_eval(cfg: JobConfig) -> Any:
-    """What runs ``eval.protocol`` with every evaluation (recipes/protocol_eval.py), or None."""
-    if cfg.eval.protocol is None:
-        return None
-    from recipes.protocol_eval import InTraining
-
-    return InTraining(cfg)
 
 
 def progress_line(step: int, steps: int, record: dict[str, float]) -> str:

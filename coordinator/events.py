@@ -9,19 +9,25 @@ replaced is recognised and ignored. Events that time a phase carry ``at`` (the r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Literal, Optional, Union
 
-from common.config.sampler import SamplerConfig
-from common.tasks import Row
-from common.types import Episode, PromptRequest, WorkerInfo
-from rollout.evaluate import EvalResult
+from common.stats import Stat
+from common.types import Episode, EvalResult, WorkerInfo
+from coordinator.commands import (  # noqa: F401  (the scheduler's language in one place: ev.Push, ev.PushDone)
+    CallId, ProtocolRunner, StartWorker, RemoveWorker, Generate, SetupWorkerPush, LoadWeights, Push, Train, Evaluate, StartProtocol,
+    Complete, FinishProtocol, Checkpoint, PollControl, Record, Log, Stop, RuntimeCommand, DriverCommand, Command,
+)
 
-CallId = int
 Failure = Literal["died", "raised", "timed_out"]  # the process died; the call raised; no answer in time
 
 
 class ActorFailure(RuntimeError):
     """The job stops: an actor failed or did not answer in time; the message names it and the call."""
+
+
+def resume_hint(output_dir: object) -> str:
+    """How a stopped job continues (every message that ends a job says it the same way)."""
+    return f"`stabledrl train --resume {output_dir}` continues from its last checkpoint"
 
 
 # ---- events ---------------------------------------------------------------------------------------
@@ -35,6 +41,14 @@ class JobStarted:
 
 
 @dataclass(frozen=True)
+class StartupTimed:
+    """The job's start is over (actors up, a resume restored): its phases' seconds, which step 1's
+    record carries (time/startup_*)."""
+
+    startup: dict[str, float]
+
+
+@dataclass(frozen=True)
 class WorkerStarted:
     call: CallId
     info: WorkerInfo
@@ -44,6 +58,7 @@ class WorkerStarted:
 class RolloutDone:
     call: CallId
     episodes: list[Episode]
+    reward_calls: dict[str, float] = field(default_factory=dict)  # by outcome: calls, ok, failed, ...
 
 
 @dataclass(frozen=True)
@@ -79,7 +94,7 @@ class RankOutcome:
 @dataclass(frozen=True)
 class StepDone:
     step: int
-    results: list[dict[str, float]]  # one per learner rank, rank order
+    results: list[dict[str, Stat]]  # one per learner rank, rank order
     train_s: float
     at: float = 0.0
 
@@ -183,149 +198,7 @@ class Stalled:
     """The runtime has no call to wait for (the scheduler asked for nothing it could finish)."""
 
 
-Event = Union[JobStarted, WorkerStarted, RolloutDone, WeightsLoaded, EvalDone, CallFailed, StepDone, LearnerFailed,
+Event = Union[JobStarted, StartupTimed, WorkerStarted, RolloutDone, WeightsLoaded, EvalDone, CallFailed, StepDone, LearnerFailed,
               PushDone, PushFailed, CheckpointDone, CheckpointWritten, ControlPolled, ProtocolStarted, UnitDone,
               ProtocolDone, Stalled]
 
-
-# ---- commands -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StartWorker:
-    """Start a process for worker ``worker``; ``replaces``: its previous process is killed first and
-    its placement reused. Answered by WorkerStarted or CallFailed."""
-
-    call: CallId
-    worker: int
-    replaces: bool
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class RemoveWorker:
-    """Stop the worker's process and give its placement back; its calls are forgotten."""
-
-    worker: int
-
-
-@dataclass(frozen=True)
-class Generate:
-    call: CallId
-    worker: int
-    requests: tuple[PromptRequest, ...]
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class SetupWorkerPush:
-    """The worker's end of the object-store push (queued before its first LoadWeights)."""
-
-    worker: int
-
-
-@dataclass(frozen=True)
-class LoadWeights:
-    """The worker holds ``version`` before its next request. Object store: it loads the newest
-    push; a staged collective push (``weights.staging``): it swaps in the copy it staged, in order
-    with its requests."""
-
-    call: CallId
-    worker: int
-    version: int
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class Push:
-    """Learner rank 0 sends ``version``. Object store: every worker then loads it with LoadWeights.
-    Collective (``barrier``): every one of ``receivers`` takes part at once, and the push ends when
-    all of them have the weights (staged: received into a second copy beside the running request,
-    then applied by a LoadWeights); the scheduler sends them no new requests meanwhile."""
-
-    version: int
-    receivers: tuple[int, ...]
-    barrier: bool
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class Train:
-    step: int
-    version: int
-    batch: list[Episode]
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class Evaluate:
-    call: CallId
-    worker: int
-    rows: list[Row]
-    samples_per_prompt: int
-    seed: int
-    sampler: SamplerConfig
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class StartProtocol:
-    """Open the step's protocol evaluation (``eval.protocol``: its benchmarks encoded, results.jsonl
-    under output_dir/protocol/step<N>/); answered at once by ProtocolStarted."""
-
-    step: int
-
-
-@dataclass(frozen=True)
-class Complete:
-    """The worker completes protocol unit ``unit`` (RolloutWorker.complete); answered by UnitDone
-    or CallFailed."""
-
-    call: CallId
-    worker: int
-    unit: int
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class FinishProtocol:
-    """Every unit is graded: write the table; answered at once by ProtocolDone."""
-
-    step: int
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    step: int
-    state: dict[str, Any]  # the scheduler's client state (Scheduler.state_dict)
-    episodes: list[Episode]  # buffered groups, by uid
-
-
-@dataclass(frozen=True)
-class PollControl:
-    call: CallId
-    status: dict[str, Any]
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class Record:
-    """A metrics.jsonl line; ``batch`` is set on a finished step's record (tests may keep it)."""
-
-    step: int
-    metrics: dict[str, float]
-    batch: Optional[list[Episode]] = None
-
-
-@dataclass(frozen=True)
-class Log:
-    line: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    """The job fails with ``reason`` (it names what failed and how to continue)."""
-
-    reason: str
-
-
-Command = Union[StartWorker, RemoveWorker, Generate, SetupWorkerPush, LoadWeights, Push, Train, Evaluate, StartProtocol,
-                Complete, FinishProtocol, Checkpoint, PollControl, Record, Log, Stop]

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from common.tasks import Row
-from rollout.evaluate import EvalResult, pass_at_k
+from common.metrics import pass_at_k
+from common.types import EvalResult
 
 
 @dataclass

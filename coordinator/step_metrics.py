@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
+from common.stats import Stat, combine
 from common.types import Episode
-from learner.losses.metrics import Reduce
-
-# how a rank-local value of LearnerWorker.train combines over the learner ranks (by key, then by
-# prefix); every other key is global (``train/*``: identical on every rank) and taken from rank 0
-RANK_REDUCTIONS = {"learner/staleness_max": Reduce.MAX, "learner/samples": Reduce.COUNT,
-                   "learner/tokens": Reduce.COUNT, "time/train_rank": Reduce.MAX}
-RANK_PREFIX_REDUCTIONS = {"learner/peak_": Reduce.MAX}  # peak memory per rank<r> (already all-gathered)
 
 
 def rollout_metrics(batch: Sequence[Episode]) -> dict[str, float]:
@@ -47,26 +41,11 @@ def data_metrics(reports: Sequence[Any]) -> dict[str, float]:
     return out
 
 
-def rank_reduction(key: str) -> Reduce:
-    """How ``key`` of the ranks' results combines (``RANK_REDUCTIONS``; LAST: rank 0's value)."""
-    if key in RANK_REDUCTIONS:
-        return RANK_REDUCTIONS[key]
-    return next((r for prefix, r in RANK_PREFIX_REDUCTIONS.items() if key.startswith(prefix)), Reduce.LAST)
-
-
-def merge_ranks(results: Sequence[dict[str, float]]) -> dict[str, float]:
-    """One record from the learner ranks' results, each key by its reduction: ``train/*`` are
-    already global (rank 0's value); learner/staleness_max, the slowest rank's time and the peak
-    memory (learner/peak_*/rank<r>) by max, learner/samples and tokens by sum."""
-    out = dict(results[0])
-    for key in out:
-        reduce = rank_reduction(key)
-        values = [r[key] for r in results if key in r]
-        if reduce is Reduce.MAX:
-            out[key] = max(values)
-        elif reduce is Reduce.COUNT:
-            out[key] = sum(values)
-    return out
+def merge_ranks(results: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One record from the learner ranks' results, each statistic by the reduction it carries
+    (common/stats.py): ``train/*`` are replicated (rank 0's value); learner/staleness_max, the
+    slowest rank's time and the peak memory by max, learner/samples and tokens by sum."""
+    return {key: float(value) for key, value in combine(results, across="ranks").items()}
 
 
 def perf_metrics(*, step_s: float, train_s: float, samples: float, tokens: float, sequence_tokens: float,
@@ -98,7 +77,7 @@ class StepEnd:
     push's time) when its weights were out."""
 
     batch: list[Episode]
-    results: list[dict[str, float]]
+    results: list[dict[str, Stat]]  # each learner rank's statistics
     train_s: float
     at_end: dict[str, float]  # staleness/*, rollout/* counters, workers, faults: as the step ended
     push_s: float = 0.0

@@ -57,7 +57,7 @@ class WeightSync:
         self.collective = cfg.backend != "object_store"
         self.staging, self.keep_order = self.collective and cfg.staging, keep_order
         self.members: Optional[tuple[int, ...]] = None  # the collective group as built, in rank order
-        self.latest: Optional[ray.ObjectRef] = None  # object store: rank 0's newest handle
+        self.handles: dict[int, ray.ObjectRef] = {}  # object store: version -> rank 0's handle (the newest only)
 
     def setup(self) -> None:
         """Set up every learner rank and every worker of the job's start (blocking, named timeouts)."""
@@ -100,8 +100,8 @@ class WeightSync:
             staged = False  # the set-up runs in order with the requests; the stage would not wait for it
         sends, receives = push_calls(self.cfg.backend, self.actors.learners, [pool[i] for i in receivers], version,
                                      stage=self.keep_order if staged else None)
-        if not self.collective:
-            self.latest = sends[0]
+        if not self.collective:  # an older version is never loaded again: its object may go
+            self.handles = {version: sends[0]}
         return learner_calls + list(enumerate(sends)), worker_calls + list(zip(receivers, receives)), staged
 
     def failed(self) -> None:
@@ -113,7 +113,14 @@ class WeightSync:
         return self.actors.pool[index].setup_weight_push.remote(self.cfg, partial=self.partial)
 
     def load(self, index: int, version: int) -> ray.ObjectRef:
-        """Worker ``index`` holds ``version`` before its next request. Object store: it loads the
-        newest push; a staged push: it applies the copy it staged."""
-        handle = WeightHandle(version, self.cfg.backend) if self.collective else self.latest
+        """Worker ``index`` holds ``version`` before its next request. Object store: it loads that
+        version's object (a LoadWeights follows its Push at once, so it is the newest); a staged
+        push: it applies the copy of that version it staged."""
+        if self.collective:
+            handle = WeightHandle(version, self.cfg.backend)
+        elif version in self.handles:
+            handle = self.handles[version]
+        else:
+            raise ValueError(f"weights version {version} was not pushed through the object store (newest: "
+                             f"{max(self.handles, default=None)}); LoadWeights must follow its Push")
         return self.actors.pool[index].receive_weights.remote(handle)

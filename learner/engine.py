@@ -46,7 +46,8 @@ from common.config.learner import LearnerConfig
 from learner.async_checkpoint import BackgroundWriter, marker_name, write_file
 from learner.group import local_device
 from learner.lora import add_adapters, plain_named_parameters
-from learner.losses.metrics import Metric, Reduce
+from common.stats import Reduce, Stat
+from learner.losses.metrics import Metric
 from learner.zero import (
     build_optimizer,
     deepspeed_config,
@@ -59,8 +60,6 @@ from learner.zero import (
 )
 
 LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, Metric]]]
-# how the engine's own values combine over the inner iterations of one RL step (the rest: mean)
-STEP_REDUCTIONS = {"train/skipped": Reduce.COUNT, "train/skipped_total": Reduce.LAST}
 
 
 class LearnerEngine:
@@ -94,7 +93,7 @@ class LearnerEngine:
         return self.engine.module
 
     # ---- training -------------------------------------------------------------------------
-    def train_step(self, micro_batches: Sequence[Any], loss_fn: LossFn) -> dict[str, float]:
+    def train_step(self, micro_batches: Sequence[Any], loss_fn: LossFn) -> dict[str, Stat]:
         """One optimizer update over this rank's ``micro_batches`` (see the module docstring).
 
         ``loss_fn(model, micro_batch) -> (loss, metrics)``: ``model`` is the DeepSpeed engine (it
@@ -104,9 +103,10 @@ class LearnerEngine:
         micro-batches and ranks like the loss, so make it a globally normalised contribution too;
         a ``max`` / ``min`` is reduced by max / min. Every rank must produce the same keys.
 
-        Returns, identical on every rank: train/loss (the global loss), train/grad_norm (before
-        clipping; inf when DeepSpeed skipped), train/lr, train/skipped (0/1), train/skipped_total,
-        train/micro_batches (over all ranks) and train/<key> for each metric.
+        Returns ``Stat``s (common/stats.py: each float with its reduction over inner iterations),
+        identical on every rank: train/loss (the global loss), train/grad_norm (before clipping;
+        inf when DeepSpeed skipped), train/lr, train/skipped (0/1, a count), train/skipped_total
+        (the last), train/micro_batches (over all ranks) and train/<key> for each metric.
         """
         n_local = len(micro_batches)
         if n_local == 0:
@@ -153,16 +153,17 @@ class LearnerEngine:
         else:
             self.skipped_steps += 1
 
+        same = lambda value, reduce=Reduce.MEAN: Stat(value, reduce, replicated=True)  # noqa: E731
         out = {
-            "train/loss": float(packed[0]),
-            "train/grad_norm": grad_norm,
-            "train/lr": lr,
-            "train/skipped": 0.0 if applied else 1.0,
-            "train/skipped_total": float(self.skipped_steps),
-            "train/micro_batches": float(packed[2]),
+            "train/loss": same(float(packed[0])),
+            "train/grad_norm": same(grad_norm),
+            "train/lr": same(lr),
+            "train/skipped": same(0.0 if applied else 1.0, Reduce.COUNT),
+            "train/skipped_total": same(float(self.skipped_steps), Reduce.LAST),
+            "train/micro_batches": same(float(packed[2])),
         }
-        out.update({f"train/{k}": float(v) for k, v in zip(keys, packed[3:])})
-        out.update({f"train/{k}": v for k, v in reduced_extremes.items()})
+        out.update({f"train/{k}": same(float(v), Reduce.SHARE) for k, v in zip(keys, packed[3:])})
+        out.update({f"train/{k}": same(v, extremes[k][0]) for k, v in reduced_extremes.items()})
         return out
 
     def _may_step(self) -> bool:
@@ -213,7 +214,7 @@ class LearnerEngine:
         out = {name: t.to("cpu", copy=True) for name, t in named}
         return out if (all_ranks or self.rank == 0) else None
 
-    def memory_metrics(self) -> dict[str, float]:
+    def memory_metrics(self) -> dict[str, Stat]:
         """Parameters (all, trained) and every rank's peak memory since it started, in GiB: host
         (``learner/peak_rss_gb/rank<r>``) and, on CUDA, GPU allocated and reserved
         (``learner/peak_gpu_gb/rank<r>``, ``learner/peak_gpu_reserved_gb/rank<r>``). One
@@ -221,8 +222,9 @@ class LearnerEngine:
         import resource
 
         params = list(self.engine.module.parameters())
-        out = {"learner/parameters": float(sum(zero3_numel(p) for p in params)),
-               "learner/trained_parameters": float(sum(zero3_numel(p) for p in params if p.requires_grad))}
+        out = {"learner/parameters": Stat(sum(zero3_numel(p) for p in params), replicated=True),
+               "learner/trained_parameters": Stat(sum(zero3_numel(p) for p in params if p.requires_grad),
+                                                  replicated=True)}
         cuda = self.device.type == "cuda"
         mine = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0,  # Linux: KiB
                              torch.cuda.max_memory_allocated(self.device) if cuda else 0.0,
@@ -231,10 +233,10 @@ class LearnerEngine:
         every = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(every, mine)
         for r, (rss, allocated, reserved) in enumerate(t.tolist() for t in every):
-            out[f"learner/peak_rss_gb/rank{r}"] = rss
+            out[f"learner/peak_rss_gb/rank{r}"] = Stat(rss, Reduce.MAX)
             if cuda:
-                out[f"learner/peak_gpu_gb/rank{r}"] = allocated
-                out[f"learner/peak_gpu_reserved_gb/rank{r}"] = reserved
+                out[f"learner/peak_gpu_gb/rank{r}"] = Stat(allocated, Reduce.MAX)
+                out[f"learner/peak_gpu_reserved_gb/rank{r}"] = Stat(reserved, Reduce.MAX)
         return out
 
     # ---- checkpoints ----------------------------------------------------------------------

@@ -30,11 +30,11 @@ from common.config.loss import LossConfig
 from common.config.model import ModelConfig
 from common.estimators import estimate
 from common.models import export_hf, load_policy
-from common.runtime import setup_actor_process
+from common.actor_setup import setup_actor_process
 from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
-from common.types import Group
-from learner.engine import STEP_REDUCTIONS
-from learner.losses import LossInputs, Metric, Reduce, compute_loss, needs_whole_groups
+from common.stats import Reduce, Stat, combine
+from common.types import Group, StepResult
+from learner.losses import LossInputs, Metric, compute_loss, needs_whole_groups
 from learner.profile import profiled_step
 from learner.rl_batch import MicroBatch, global_counts, micro_batches
 
@@ -48,7 +48,6 @@ class LearnerWorker:
         self.inner_iterations, self.advantage_scale = inner_iterations, advantage_scale
         self.micro_batch_size = micro_batch_size
         self.whole_groups = needs_whole_groups(loss)
-        self.reductions: dict[str, Reduce] = dict(STEP_REDUCTIONS)  # how each train/* combines over iterations
         self.engine = self.reference = self.tokenizer = self.push = None
         self.steps = 0
         self.clock = ActorClock(background=("checkpoint_write",))
@@ -80,7 +79,7 @@ class LearnerWorker:
                 "start_s": time.perf_counter() - t0}
 
     # ---- one RL step ----------------------------------------------------------------------
-    def train(self, groups: Sequence[Group], version: int, group_offset: int) -> dict[str, float]:
+    def train(self, groups: Sequence[Group], version: int, group_offset: int) -> StepResult:
         """μ updates on this rank's ``groups`` (collective). ``version`` is the learner version
         v_l the batch trains at; the returned ``learner/staleness_max`` is measured here, from the
         samples' own stamps, as an independent check of the coordinator's bound."""
@@ -95,17 +94,16 @@ class LearnerWorker:
                 f"that ends after learner.dist_timeout_s = {self.cfg.dist_timeout_s:.0f} s means another rank stalled "
                 f"or died ({type(e).__name__}: {cause})") from e
         self.steps += 1
-        out = _combine(per_iteration, self.reductions)
+        out = step_stats(per_iteration)
         samples = [s for g in groups for s in g.samples]
-        out["learner/staleness_max"] = float(max(version - s.policy_version for s in samples))
-        out["learner/samples"] = float(len(samples))
-        out["learner/tokens"] = float(sum(s.completion_length for s in samples))
-        out["time/train_rank"] = time.perf_counter() - t0
+        out["learner/staleness_max"] = Stat(max(version - s.policy_version for s in samples), Reduce.MAX)
+        out["learner/samples"] = Stat(len(samples), Reduce.COUNT)
+        out["learner/tokens"] = Stat(sum(s.completion_length for s in samples), Reduce.COUNT)
+        out["time/train_rank"] = Stat(time.perf_counter() - t0, Reduce.MAX)
         out.update(self.engine.memory_metrics())
-        out.update(self.clock.snapshot())  # clock/*: the coordinator splits them off (common/actor_time.py)
-        return out
+        return StepResult(out, self.clock.snapshot())
 
-    def _updates(self, groups: Sequence[Group], version: int, group_offset: int) -> list[dict[str, float]]:
+    def _updates(self, groups: Sequence[Group], version: int, group_offset: int) -> list[dict[str, Stat]]:
         """The μ optimizer updates of one step (every collective of the step happens in here)."""
         counts = global_counts(groups)
         mbs = micro_batches(groups, group_offset=group_offset, pad_token_id=self.pad_token_id,
@@ -141,7 +139,6 @@ class LearnerWorker:
             elbo=ll.ratio_value,
         )
         loss, metrics = compute_loss(inputs, self.loss_cfg)
-        self.reductions.update({f"train/{k}": m.reduce for k, m in metrics.items()})
         return loss, _engine_metrics(metrics, mb.share)
 
     # ---- weights, checkpoints, export -----------------------------------------------------
@@ -205,24 +202,10 @@ def _engine_metrics(metrics: dict[str, Metric], share: float) -> dict[str, Metri
     return {key: Metric(m.value * share, Reduce.SHARE) if m.reduce is Reduce.MEAN else m for key, m in metrics.items()}
 
 
-def _combine(per_iteration: list[dict[str, float]], reductions: dict[str, Reduce]) -> dict[str, float]:
-    """One record per step from the inner iterations' records, each value by its reduction
-    (learner/losses/metrics.py: max, min, count, last; mean and share: the mean); the grad norm
-    also as its max, the loss also as its first iteration's value."""
-    out: dict[str, float] = {}
-    for key in per_iteration[0]:
-        values = [m[key] for m in per_iteration]
-        reduce = reductions.get(key, Reduce.MEAN)
-        if reduce is Reduce.MAX:
-            out[key] = max(values)
-        elif reduce is Reduce.MIN:
-            out[key] = min(values)
-        elif reduce is Reduce.COUNT:
-            out[key] = sum(values)
-        elif reduce is Reduce.LAST:
-            out[key] = values[-1]
-        else:
-            out[key] = sum(values) / len(values)
-    out["train/grad_norm_max"] = max(m["train/grad_norm"] for m in per_iteration)
-    out["train/loss_first"] = per_iteration[0]["train/loss"]
+def step_stats(per_iteration: list[dict[str, Stat]]) -> dict[str, Stat]:
+    """One record per step from the inner iterations' records, each value by its own reduction
+    (common/stats.py); the grad norm also as its max, the loss also as its first iteration's value."""
+    out = combine(per_iteration, across="iterations")
+    out["train/grad_norm_max"] = Stat(max(m["train/grad_norm"] for m in per_iteration), Reduce.MAX, replicated=True)
+    out["train/loss_first"] = Stat(per_iteration[0]["train/loss"], replicated=True)
     return out

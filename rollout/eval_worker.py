@@ -9,7 +9,7 @@ It samples with the rollout engine (``rollout.engine.TorchRolloutEngine``: the s
 with the caller, so the actor needs no task and no reward code.
 
 ``loader`` builds (policy, tokenizer) from the model section (default ``load_policy``); the policy
-goes to the actor's device (``common.runtime.setup_actor_process``: ``cuda:0`` of the GPU Ray gave it).
+goes to the actor's device (``common.actor_setup.setup_actor_process``: ``cuda:0`` of the GPU Ray gave it).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 
 from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
-from common.runtime import setup_actor_process
+from common.actor_setup import setup_actor_process
 from rollout.engine import TorchRolloutEngine
 from rollout.workflow import decode_completion
 

@@ -20,52 +20,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import torch
 
 from common.config.sampler import SamplerConfig
+from common.metrics import pass_at_k
 from common.seeding import derive_seed
 from common.tasks.base import Row, Task
 from common.tasks.sandbox import RewardScorer
+from common.types import EvalResult
 from rollout.engine import RolloutEngine
 from rollout.workflow import decode_completion, encode_prompt  # the rollouts' own encoding and decoding
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one prompt with c correct out of n samples: 1 - C(n-c, k) / C(n, k).
-
-    Evaluated as 1 - Π_{m=n-c+1}^{n} (1 - k/m) (numerically stable; Chen et al.'s form)."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / m for m in range(n - c + 1, n + 1))
-
-
-@dataclass
-class EvalResult:
-    """Accuracy of one evaluation; ``correct[i]`` counts prompt i's correct samples."""
-
-    num_prompts: int
-    samples_per_prompt: int
-    pass_at: dict[int, float]  # k -> pass@k
-    mean_correctness: float  # mean correctness value over every sample (partial credit counts)
-    correct: list[int]
-    completions: list[list[str]] = field(repr=False, default_factory=list)  # [N][n] decoded texts
-    time_s: float = 0.0
-    scoring_failures: int = 0  # checker calls that raised (a user reward); scored 0
-
-    @property
-    def pass_at_1(self) -> float:
-        return self.pass_at[1]
-
-    def metrics(self, prefix: str = "eval") -> dict[str, float]:
-        out = {f"{prefix}/pass@{k}": v for k, v in sorted(self.pass_at.items())}
-        out[f"{prefix}/mean_correctness"] = self.mean_correctness
-        out[f"{prefix}/time_s"] = self.time_s
-        return out
 
 
 def evaluate(

@@ -1,7 +1,8 @@
 """The rollout worker: a Ray actor holding a policy copy, the sampler and the task's reward.
 
-The coordinator sends it requests of a few prompts (``generate``); each call returns one
-``Episode`` per prompt as soon as that request is done, so groups stream back request by request
+The coordinator sends it requests of a few prompts (``generate``); each call returns a
+RolloutResult (one ``Episode`` per prompt, the reward calls, the worker's clock) as soon as that
+request is done, so groups stream back request by request
 while other requests are still queued. Between requests it takes new weights
 (``receive_weights``: versioned, bounded by the push timeout) and reports the version it holds;
 every later request is sampled, and its behaviour estimate computed, under those weights. The
@@ -27,12 +28,12 @@ from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
 from common.config.task import AnyTaskConfig
 from common.models import load_policy
-from common.runtime import setup_actor_process
+from common.actor_setup import setup_actor_process
 from common.tasks import RewardScorer, Row, build_task
 from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
-from common.types import Episode, PromptRequest, WorkerInfo
+from common.types import EvalResult, PromptRequest, RolloutResult, WorkerInfo
 from rollout.engine import TorchRolloutEngine
-from rollout.evaluate import EvalResult, evaluate
+from rollout.evaluate import evaluate
 from rollout.workflow import behaviour_estimator, run_episodes
 
 
@@ -73,10 +74,9 @@ class RolloutWorker:
         return self.engine.policy_version
 
     # ---- rollouts -------------------------------------------------------------------------
-    def generate(self, requests: Sequence[PromptRequest]) -> list[Episode]:
-        """G completions per prompt, rewarded and behaviour-estimated (rollout/workflow.py). The
-        first episode also carries this request's reward-call counts (``reward_calls/<outcome>``),
-        so the coordinator counts every delivered call once, also of a worker that dies later."""
+    def generate(self, requests: Sequence[PromptRequest]) -> RolloutResult:
+        """G completions per prompt, rewarded and behaviour-estimated (rollout/workflow.py), with
+        this request's reward-call counts by outcome and the worker's clock."""
         before = self.scorer.stats.as_metrics(prefix="")
         episodes = run_episodes(
             self.engine, requests, tokenizer=self.tokenizer, task=self.task,
@@ -84,13 +84,12 @@ class RolloutWorker:
             seed=self.seed, worker=self.index,
         )
         after = self.scorer.stats.as_metrics(prefix="")
-        if episodes:
-            calls = {f"reward_calls/{k}": after[k] - before[k] for k in after}
-            stats, n = episodes[0].stats, len(requests)  # per-prompt shares of the request's seconds
-            for activity, key in (("generate", "generate_s"), ("reward", "reward_s"), ("score", "estimate_s")):
-                self.clock.add(activity, stats.get(key, 0.0) * n)
-            episodes[0].stats = {**stats, **calls, **self.clock.snapshot()}  # the episodes share one stats dict
-        return episodes
+        if not episodes:
+            return RolloutResult([])
+        stats, n = episodes[0].stats, len(requests)  # per-prompt shares of the request's seconds
+        for activity, key in (("generate", "generate_s"), ("reward", "reward_s"), ("score", "estimate_s")):
+            self.clock.add(activity, stats.get(key, 0.0) * n)
+        return RolloutResult(episodes, {k: after[k] - before[k] for k in after}, self.clock.snapshot())
 
     # ---- weights --------------------------------------------------------------------------
     def setup_weight_push(self, cfg: WeightPushConfig, *, partial: bool = False, **kwargs: Any) -> None:

@@ -23,7 +23,7 @@ from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
 from common.config.task import TaskConfig
 from common.config.warmstart import EvalConfig, WarmStartConfig
-from common.transport.weights import WeightPushConfig
+from common.config.weights import WeightPushConfig
 
 TOKEN_ESTIMATORS = ("mean_field", "coupled", "trajectory")  # estimators that define per-token values
 

@@ -16,6 +16,8 @@ Draw order per sample, for each draw: l_j, the subset's permutation of |o|, then
 """
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import torch
 
 from common.config.estimator import ElboMCConfig
@@ -40,22 +42,33 @@ def elbo_values(logp: torch.Tensor, score: torch.Tensor, weight: torch.Tensor, w
     raise ValueError(f"weighting must be 'weighted' or 'mean', got {weighting!r}")
 
 
-def elbo_views(batch: SequenceBatch, seeds: torch.Tensor, cfg: ElboMCConfig) -> tuple[Views, torch.Tensor]:
-    """Views and the [B, V, C] token weights |o| / l_j on the masked tokens."""
+def block_views(batch: SequenceBatch, seeds: torch.Tensor, cfg: Any,
+                block_size: Optional[int] = None) -> tuple[Views, torch.Tensor]:
+    """Views and the [B, n, C] token weights n_b / m_b on the masked tokens: for each draw, block by
+    block in order, a count m_b of the block's n_b tokens and which ones (``block_size`` None: the
+    whole completion is one block, elbo_mc; else the staircase's blocks); then the prompt mask."""
     n = cfg.num_draws
     views = Views.empty(batch, n)
     weight = torch.zeros(views.score.shape, dtype=torch.float32)
     for i, (info, g) in enumerate(zip(row_infos(batch), sample_generators(seeds))):
         length = info.completion_length
+        blocks = [(0, length)] if block_size is None else \
+            [(start, min(block_size, length - start)) for start in range(0, length, block_size)]
         for j in range(n):
-            count = draw_count(g, length, cfg.t_min, cfg.t_max)
-            chosen = draw_subset(g, length, count)  # [|o|]
-            views.score[i, j, :length] = chosen
-            views.completion[i, j, :length] = chosen
+            for start, real in blocks:
+                count = draw_count(g, real, cfg.t_min, cfg.t_max)
+                chosen = draw_subset(g, real, count)  # [n_b]
+                views.score[i, j, start : start + real] = chosen
+                views.completion[i, j, start : start + real] = chosen
+                weight[i, j, start : start + real] = chosen.float() * (real / max(count, 1))
             views.completion[i, j, length:] = True  # canvas after the first EOS
-            weight[i, j, :length] = chosen.float() * (length / max(count, 1))
             mask_prompt(views, i, j, info, g, cfg.prompt_mask_prob)
     return views, weight
+
+
+def elbo_views(batch: SequenceBatch, seeds: torch.Tensor, cfg: ElboMCConfig) -> tuple[Views, torch.Tensor]:
+    """Views and the [B, V, C] token weights |o| / l_j on the masked tokens."""
+    return block_views(batch, seeds, cfg)
 
 
 @ESTIMATORS.register("elbo_mc")

@@ -23,8 +23,8 @@ import torch
 
 from common.config.estimator import StaircaseConfig
 from common.estimators.base import ESTIMATORS, LogLikelihood
-from common.estimators.elbo import elbo_values
-from common.estimators.masking import Views, draw_count, draw_subset, mask_prompt, row_infos, sample_generators
+from common.estimators.elbo import block_views, elbo_values
+from common.estimators.masking import Views
 from common.estimators.scoring import score_views
 from common.models.base import DiffusionPolicy
 from common.types import SequenceBatch
@@ -32,22 +32,7 @@ from common.types import SequenceBatch
 
 def staircase_views(batch: SequenceBatch, seeds: torch.Tensor, cfg: StaircaseConfig, block_size: int) -> tuple[Views, torch.Tensor]:
     """Views of the noisy copy and the [B, n, C] token weights n_b / m_b on the masked tokens."""
-    n = cfg.num_draws
-    views = Views.empty(batch, n)
-    weight = torch.zeros(views.score.shape, dtype=torch.float32)
-    for i, (info, g) in enumerate(zip(row_infos(batch), sample_generators(seeds))):
-        length = info.completion_length
-        for j in range(n):
-            for start in range(0, length, block_size):
-                real = min(block_size, length - start)
-                count = draw_count(g, real, cfg.t_min, cfg.t_max)
-                chosen = draw_subset(g, real, count)
-                views.completion[i, j, start : start + real] = chosen
-                views.score[i, j, start : start + real] = chosen
-                weight[i, j, start : start + real] = chosen.float() * (real / max(count, 1))
-            views.completion[i, j, length:] = True
-            mask_prompt(views, i, j, info, g, cfg.prompt_mask_prob)
-    return views, weight
+    return block_views(batch, seeds, cfg, block_size)
 
 
 @ESTIMATORS.register("staircase")

@@ -1,6 +1,6 @@
 """Model families behind one policy interface (see base.py; the families in families.py)."""
 from common.models.base import DiffusionPolicy, FamilySpec, PolicyOutput
-from common.models.checkpoints import export_hf, save_original_checkpoint, write_preset
+from common.models.export import export_hf, save_original_checkpoint, write_preset
 from common.models.diffusion_gemma import ContextCache, DiffusionGemmaPolicy
 from common.models.families import FAMILIES, CheckpointError, detect_family
 from common.models.loading import load_policy, read_state_dict, resolve_token_ids

@@ -204,7 +204,7 @@ def write_tiny_release_checkpoint(family: str, directory: Union[str, Path], seed
     """A randomly initialised tiny model of ``family`` at the released vocabulary, written in the
     family's released format next to these tokenizer files (chat template included): a stand-in for
     the released checkpoint where a test points ``model.path`` (``shape`` overrides the tiny width)."""
-    from common.models.checkpoints import save_original_checkpoint
+    from common.models.export import save_original_checkpoint
     from common.models.presets import build_tiny_policy
     from common.models.tokenizer_files import load_tokenizer
 

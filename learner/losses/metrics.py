@@ -3,7 +3,8 @@ ratios, advantages and normalised weights.
 
 Every value is a detached 0-d tensor (no ``.item()``, no host sync) covering the rows of one
 micro-batch. How the learner combines a metric over the micro-batches and ranks of one update,
-and over the inner iterations of one step, is its ``Reduce``:
+and over the inner iterations of one step, is its ``Reduce`` (common/stats.py, where the reduced
+floats travel on as ``Stat``s):
 
     mean    a statistic of the rows: weighted by the micro-batch's share of the step's rows
             (a row-weighted mean over the step), then the mean over inner iterations
@@ -16,24 +17,15 @@ and over the inner iterations of one step, is its ``Reduce``:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import NamedTuple, Union
 
 import torch
 from torch import Tensor
 
+from common.stats import Reduce
 from learner.losses.advantages import group_sum, groups_here
 
 LOG_RATIO_LIMIT = 20.0  # exp(±20) bounds every ratio: a finite value instead of inf/NaN from noise
-
-
-class Reduce(str, Enum):
-    MEAN = "mean"
-    SHARE = "share"
-    MAX = "max"
-    MIN = "min"
-    COUNT = "count"
-    LAST = "last"
 
 
 @dataclass(frozen=True)

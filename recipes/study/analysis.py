@@ -18,7 +18,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
-from cli.plot import RunCurves, ema
+from recipes.plot import RunCurves, ema
 from recipes.study.config import CollapseRule
 
 REWARD = "rollout/reward_mean"

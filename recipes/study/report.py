@@ -147,7 +147,7 @@ def write_report(study: StudyConfig, *, statuses: Optional[dict[tuple[str, int],
 def draw_figure(study: StudyConfig, runs: list[RunSummary], title: str) -> Optional[Path]:
     """figure.png: one colour per method, seeds as thin lines, their mean thick; None (and a
     note) when matplotlib is not installed."""
-    from cli.plot import load_run, plot_runs
+    from recipes.plot import load_run, plot_runs
 
     curves = [load_run(study.output_dir / r.method / f"seed{r.seed}", f"{r.method}/seed{r.seed}", r.method) for r in runs]
     try:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from coordinator.driver import DeadlineReached, Driver
+from recipes.stages import JOB_STAGES
 from recipes.study.config import StudyConfig, run_config, warmstart_config
 
 Log = Callable[[str], None]
@@ -103,7 +104,7 @@ def run_one(study: StudyConfig, method: str, seed: int, model_path: Path, log: L
     name = f"{method}/seed{seed}"
     t0 = time.time()
     try:
-        run = Driver(cfg, log=lambda line: log(f"[{name}] {line}"), deadline=deadline).run()
+        run = Driver(cfg, log=lambda line: log(f"[{name}] {line}"), deadline=deadline, stages=JOB_STAGES).run()
     except DeadlineReached as e:
         log(f"[{name}] stopped: {e}")
         return RunOutcome(method, seed, "stopped", time.time() - t0, str(e))

@@ -150,7 +150,7 @@ def recording_rollout(records: Path, *, nan_uids: frozenset = frozenset(), die_o
             if self.index == die_index and dies:
                 died.touch()
                 os.kill(os.getpid(), signal.SIGKILL)
-            for e in episodes:
+            for e in episodes.episodes:  # a RolloutResult
                 if e.uid in nan_uids:
                     for s in e.group.samples:
                         s.behaviour_logp = float("nan")
@@ -176,7 +176,7 @@ def recording_learner(records: Path, *, die_rank: Optional[int] = None, die_vers
             out = super().train(groups, version, group_offset)
             checksum = sum(float(p.detach().double().sum()) for p in self.engine.module.parameters())
             append(records / f"learner_rank{self.rank}.jsonl",
-                   {"rank": self.rank, "version": version, "checksum": checksum, "skipped": out["train/skipped"],
+                   {"rank": self.rank, "version": version, "checksum": checksum, "skipped": out.metrics["train/skipped"],
                     "sample_ids": [s.sample_id for g in groups for s in g.samples]})
             return out
 

@@ -19,6 +19,7 @@ ray = pytest.importorskip("ray")
 import harness  # noqa: E402
 from common.metrics import read_metrics  # noqa: E402
 from coordinator.driver import Driver  # noqa: E402
+from recipes.stages import JOB_STAGES  # noqa: E402
 from harness import append, job_config, read_records  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -127,7 +128,8 @@ def test_a_worker_frozen_in_the_protocol_evaluation_is_replaced_and_its_units_ru
     cfg = job_config(tmp_path / "run", learner={"num_ranks": 1}, eval={"protocol": protocol},
                      rollout={"request_timeout_s": TIMEOUT_S, "max_restarts": 1}, run={"steps": 1})
     lines: list[str] = []
-    Driver(cfg, rollout_cls=FreezingInProtocol, learner_cls=harness.InspectedLearner, log=lines.append).run()
+    Driver(cfg, rollout_cls=FreezingInProtocol, learner_cls=harness.InspectedLearner, log=lines.append,
+           stages=JOB_STAGES).run()
     frozen = int((records / "froze_protocol").read_text())
     deadline = time.monotonic() + 30
     while alive(frozen) and time.monotonic() < deadline:

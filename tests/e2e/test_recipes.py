@@ -18,6 +18,7 @@ from common.config.job import load_job_config  # noqa: E402
 from common.models import load_tokenizer  # noqa: E402
 from common.models.release_tokenizers import write_tiny_release_checkpoint  # noqa: E402
 from coordinator.driver import Driver  # noqa: E402
+from recipes.stages import JOB_STAGES  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +96,7 @@ def test_a_recipe_trains_two_steps_on_cpu_with_its_chat_template(cluster, tmp_pa
     schedule = cfg.learner.optimizer.model_dump(exclude={"total_updates"})  # a decay spans the (2-step) run
     assert schedule == shipped.learner.optimizer.model_dump(exclude={"total_updates"})
     assert cfg.learner.lora == shipped.learner.lora
-    driver = Driver(cfg, log=lambda line: None, record_batches=True)
+    driver = Driver(cfg, log=lambda line: None, record_batches=True, stages=JOB_STAGES)
     result = driver.run()
     assert result.steps == 2 and [r["version"] for r in driver.history] == [1, 2]
     tokenizer = load_tokenizer(model)

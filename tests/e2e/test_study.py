@@ -25,6 +25,7 @@ import cli.main as cli  # noqa: E402
 from common.metrics import read_metrics  # noqa: E402
 from common.models import load_policy  # noqa: E402
 from coordinator.driver import Driver  # noqa: E402
+from recipes.stages import JOB_STAGES  # noqa: E402
 from cli.offline_eval import checkpoint_weights  # noqa: E402
 from recipes.study import StudyConfig, run_config, run_study, write_report  # noqa: E402
 
@@ -70,7 +71,7 @@ def ran(tmp_path_factory):
         job = run_config(study, "stabledrl", 0, model_path=result.model_path).model_copy(deep=True)
         job.run.output_dir, job.run.name = tmp_path / "job", "study-e2e-job"
         job.run.save_final_checkpoint, job.run.export_final = True, True
-        Driver(job, log=print).run()
+        Driver(job, log=print, stages=JOB_STAGES).run()
     finally:
         ray.shutdown()
     config = tmp_path / "job.yaml"

@@ -9,11 +9,11 @@ import torch
 
 from common.config.base import validate
 from common.config.job import JobConfig
+from common.stats import Reduce, Stat
 from common.tasks import PromptStream, Row
-from common.types import Episode, Group, Sample
+from common.types import Episode, EvalResult, Group, Sample
 from coordinator import events as ev
 from coordinator.scheduler import Scheduler
-from rollout.evaluate import EvalResult
 
 ROWS = [Row(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(64)]
 
@@ -43,8 +43,7 @@ def episode(uid: int, row: Row, version: int, worker: int, samples: int = 2) -> 
         Sample(sample_id=f"{row.prompt_id}/{i}", prompt_id=row.prompt_id, index=i, prompt_ids=torch.tensor([5]),
                completion_ids=torch.tensor([6, 1]), completion_length=2, reward=float(i), policy_version=version)
         for i in range(samples)])
-    return Episode(uid=uid, prompt_id=row.prompt_id, group=group if samples else None, worker=worker,
-                   stats={"reward_calls/calls": float(samples)})
+    return Episode(uid=uid, prompt_id=row.prompt_id, group=group if samples else None, worker=worker)
 
 
 def result(rows: Sequence[Row], correct: int = 1) -> EvalResult:
@@ -92,7 +91,8 @@ class Sim:
             self.open.remove(command)
         worker = self.scheduler.fleet.get(command.worker)
         v = version if version is not None else (worker.version if worker is not None else 0)
-        return self.send(ev.RolloutDone(command.call, [episode(r.uid, r.row, v, command.worker) for r in command.requests]))
+        episodes = [episode(r.uid, r.row, v, command.worker) for r in command.requests]
+        return self.send(ev.RolloutDone(command.call, episodes, {"calls": 2.0 * len(episodes)}))
 
     def finish_rollouts(self, worker: Optional[int] = None) -> None:
         for command in list(self.pending(ev.Generate)):
@@ -101,9 +101,10 @@ class Sim:
 
     def step_done(self, at: float = 1.0) -> list[Any]:
         (train,) = self.take(ev.Train)
-        return self.send(ev.StepDone(train.step, [{"learner/staleness_max": 0.0, "learner/samples": 8.0,
-                                                   "learner/tokens": 16.0, "time/train_rank": 0.1,
-                                                   "train/loss": 0.5}] * 2, 0.1, at=at))
+        rank = {"learner/staleness_max": Stat(0.0, Reduce.MAX), "learner/samples": Stat(8.0, Reduce.COUNT),
+                "learner/tokens": Stat(16.0, Reduce.COUNT), "time/train_rank": Stat(0.1, Reduce.MAX),
+                "train/loss": Stat(0.5, replicated=True)}
+        return self.send(ev.StepDone(train.step, [rank] * 2, 0.1, at=at))
 
     def push_done(self, at: float = 1.0) -> list[Any]:
         (push,) = self.take(ev.Push)

@@ -9,7 +9,8 @@ import pytest
 from common.tasks import Row
 from coordinator.driver import Driver
 from coordinator.held_out import HeldOutResult, HeldOutRun, held_out_rows
-from rollout.evaluate import EvalResult, pass_at_k
+from common.metrics import pass_at_k
+from common.types import EvalResult
 from scheduler_sim import job
 
 ROWS = [Row(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(7)]

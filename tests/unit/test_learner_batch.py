@@ -9,13 +9,13 @@ from common.config.estimator import BlockRandomConfig, SPGSandwichConfig
 from common.config.learner import LearnerConfig
 from common.config.loss import StableDrlLossConfig
 from common.config.model import ModelConfig
+from common.stats import Stat
 from common.estimators import estimate
 from common.models import load_policy
 from common.types import Group, Sample, collate_samples
-from learner.engine import STEP_REDUCTIONS
 from learner.losses import Metric, Reduce
 from learner.rl_batch import _cuts, global_counts, micro_batches
-from learner.worker import LearnerWorker, _combine, _engine_metrics
+from learner.worker import LearnerWorker, _engine_metrics, step_stats
 
 
 def groups(sizes, seed=0):
@@ -67,12 +67,15 @@ def test_metrics_combine_by_their_reduction_not_their_name():
     assert sent["ratio/mean"] == Metric(torch.tensor(0.5), Reduce.SHARE) and sent["loss/policy"].value == 0.5
     assert sent["odd/max_name"].reduce is Reduce.SHARE and float(sent["odd/max_name"].value) == pytest.approx(0.175)
     assert sent["ratio/max"].reduce is Reduce.MAX and sent["log_ratio/min"].reduce is Reduce.MIN
-    reductions = {**STEP_REDUCTIONS, **{f"train/{k}": m.reduce for k, m in metrics.items()}}
-    engine_out = [{"train/loss": 1.0, "train/grad_norm": 2.0, "train/ratio/max": 3.0, "train/ratio/mean": 1.0,
-                   "train/odd/max_name": 1.0, "train/skipped": 0.0, "train/skipped_total": 0.0},
-                  {"train/loss": 3.0, "train/grad_norm": 5.0, "train/ratio/max": 4.0, "train/ratio/mean": 2.0,
-                   "train/odd/max_name": 2.0, "train/skipped": 1.0, "train/skipped_total": 1.0}]
-    combined = _combine(engine_out, reductions)
+    # what the engine returns for two inner iterations: each value carries its reduction (common/stats.py)
+    same = lambda v, r=Reduce.MEAN: Stat(v, r, replicated=True)  # noqa: E731
+    engine_out = [{"train/loss": same(1.0), "train/grad_norm": same(2.0), "train/ratio/max": same(3.0, Reduce.MAX),
+                   "train/ratio/mean": same(1.0, Reduce.SHARE), "train/odd/max_name": same(1.0, Reduce.SHARE),
+                   "train/skipped": same(0.0, Reduce.COUNT), "train/skipped_total": same(0.0, Reduce.LAST)},
+                  {"train/loss": same(3.0), "train/grad_norm": same(5.0), "train/ratio/max": same(4.0, Reduce.MAX),
+                   "train/ratio/mean": same(2.0, Reduce.SHARE), "train/odd/max_name": same(2.0, Reduce.SHARE),
+                   "train/skipped": same(1.0, Reduce.COUNT), "train/skipped_total": same(1.0, Reduce.LAST)}]
+    combined = step_stats(engine_out)
     assert combined["train/ratio/max"] == 4.0 and combined["train/ratio/mean"] == 1.5
     assert combined["train/odd/max_name"] == 1.5  # a name ending in max means nothing: its reduction decides
     assert combined["train/loss"] == 2.0 and combined["train/loss_first"] == 1.0

@@ -70,3 +70,20 @@ def test_a_collective_push_is_staged_unless_it_rebuilds_the_group_and_the_load_a
     off = weight_sync.WeightSync(WeightPushConfig(backend="gloo", staging=False), actors, 5.0)
     off.push(1, [0, 1])
     assert not off.push(2, [0, 1])[2]
+
+
+def test_an_object_store_load_takes_the_handle_of_the_version_it_names_and_refuses_another():
+    import pytest
+
+    from common.transport import WeightPushConfig
+    from coordinator import weight_sync
+    from coordinator.actors import Actors
+
+    calls: list = []
+    actors = Actors([_Actor("learner0", calls)], [_Actor("worker0", calls)])
+    sync = weight_sync.WeightSync(WeightPushConfig(backend="object_store"), actors, 5.0)
+    learner_calls, _, _ = sync.push(4, [])
+    sync.load(0, 4)
+    assert calls[-1] == ("worker0", "receive_weights", (learner_calls[0][1],))  # rank 0's handle of version 4
+    with pytest.raises(ValueError, match="weights version 3 was not pushed"):
+        sync.load(0, 3)

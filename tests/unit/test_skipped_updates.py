@@ -4,7 +4,7 @@ MAX_SKIPPED_IN_A_ROW of them in a row stop the job naming the likely causes."""
 from __future__ import annotations
 
 from coordinator import events as ev
-from coordinator.scheduler import MAX_SKIPPED_IN_A_ROW
+from coordinator.skipped_updates import MAX_IN_A_ROW as MAX_SKIPPED_IN_A_ROW
 from scheduler_sim import Sim, job
 
 

@@ -1,4 +1,5 @@
-"""`stabledrl plot`: how training went, as one PNG of curves over steps, several runs overlaid.
+"""The curves behind `stabledrl plot` (cli/reports.py) and the study report: how training went, as one
+PNG of curves over steps, several runs overlaid.
 
     stabledrl plot runs/quickstart --out quickstart.png
     stabledrl plot runs/study_cpu/*/seed* --group parent --out study.png     # one colour per method

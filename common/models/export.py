@@ -1,4 +1,4 @@
-"""Writing checkpoints: a family's released on-disk format, a plain transformers directory, presets.
+"""Writing a model out: a family's released on-disk format, a plain transformers directory, presets.
 
 - ``save_original_checkpoint`` writes what the family's authors publish (LLaDA's
   ``model.transformer.*`` names and ``d_model``-style config, Dream's ``model_type: Dream``, SDAR's

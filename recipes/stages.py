@@ -1,0 +1,12 @@
+"""The stages `stabledrl train` wires into a job's driver (coordinator/driver.py, ``Stages``):
+the warm start (an SFT recipe, cached) and the in-training protocol evaluation.
+
+    Driver(cfg, stages=JOB_STAGES).run()
+"""
+from __future__ import annotations
+
+from coordinator.driver import Stages
+from recipes.protocol_eval import InTraining
+from recipes.warmstart import warm_start
+
+JOB_STAGES = Stages(warm_start=warm_start, protocol_eval=InTraining)
