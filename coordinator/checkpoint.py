@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from common.checkpoint_files import FORMAT, STATE_FILE, CheckpointError, verify_tag
+from common.checkpoint_files import FORMAT, STATE_FILE, CheckpointError, read_latest, verify_tag
 from coordinator.actors import Actors, wait
 from coordinator.episode_io import load_episodes, save_episodes
 from common.types import Episode
@@ -178,7 +178,7 @@ def verify(directory: Path, config: dict[str, Any], log: Callable[[str], None] =
     if not latest.is_file():
         raise CheckpointError(f"run.resume_from: {directory} holds no checkpoint (no 'latest' file)")
     tags = sorted((p.name for p in directory.glob("step*") if p.is_dir()), key=_step_of, reverse=True)
-    first = latest.read_text().strip()
+    first = read_latest(directory)  # a plain tag name: never a path out of the directory
     tags = [first] + [t for t in tags if t != first and _step_of(t) < _step_of(first)]
     for tag in tags:
         if (directory / tag / STATE_FILE).is_file():
