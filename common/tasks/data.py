@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 from common.tasks.base import BadRow, Row, Task, stable_hash
-from common.tasks.prompts import PromptError, prompt_ids, uses_chat_template
+from common.tasks.prompts import ChatTemplateError, PromptError, prompt_ids, uses_chat_template
 from common.tasks.sources import MISSING, DataError, Records, chat_messages, column_present, column_value, read_file
 
 CountTokens = Callable[[str], int]
@@ -86,6 +86,8 @@ def prompt_length(task: Task, tokenizer: Any = None, count_tokens: Optional[Coun
                 return len(prompt_ids(tokenizer, task, row))
             except PromptError as e:
                 raise BadRow(str(e), "chat_markup") from None
+            except ChatTemplateError as e:  # the model's template, not the row: stops the job
+                raise DataError(str(e)) from None
 
         return tokens
     count = count_tokens or len
