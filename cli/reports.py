@@ -43,6 +43,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--lengths", default=None, help="with --protocol: generation lengths, e.g. 256 or 128,256,512")
     ev.add_argument("--workers", type=int, default=None, help="with --protocol: eval workers (default: one per GPU "
                     "of the cluster; without GPUs rollout.num_workers)")
+    from cli.main import add_trust_flags
+
+    add_trust_flags(ev)
     ev.add_argument("overrides", nargs="*", help="dotted overrides of the config, e.g. sampler.temperature=0")
 
     pl = sub.add_parser("plot", help="reward, held-out accuracy, ratios, grad norm, clipping, staleness to PNG")
@@ -63,10 +66,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from common.checkpoint_files import CheckpointError
+    from common.run_seal import RunTrustError
+    from common.tasks import DataError
 
     try:
         return {"eval": _eval, "plot": _plot, "study": _study}[args.command](args)
-    except (ConfigError, CheckpointError) as e:
+    except (ConfigError, CheckpointError, RunTrustError, DataError) as e:
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
 
@@ -75,7 +80,11 @@ def _eval(args: argparse.Namespace) -> int:
     from common.config.job import load_job_config
     from cli.offline_eval import eval_command
 
+    from cli.run_dir import check_eval_trust
+
     cfg = load_job_config(args.config, args.overrides)
+    check_eval_trust(Path(args.config), args.checkpoint, args.model, cfg.model_dump(mode="json"),
+                     trust_run=args.trust_run, allow_weaker=args.allow_weaker_sandbox)
     if args.protocol:
         return _protocol_eval(args, cfg)
     if args.model is None and args.checkpoint is None:

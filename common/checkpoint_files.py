@@ -114,6 +114,16 @@ def read_latest(directory: Path) -> str:
     return tag
 
 
+def clear_incomplete(path: Path) -> None:
+    """Remove tag ``path`` if a save of it began and never finished (no STATE_FILE: a failed or
+    cut-off write), so that saving it again starts from an empty directory; a complete tag stays."""
+    import shutil
+
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink() and not (path / STATE_FILE).exists():
+        shutil.rmtree(path)
+
+
 def check_tag_dir(path: Path) -> None:
     """``path`` is a real directory (not a symlink) whose entries are regular files (module docstring)."""
     path = Path(path)
