@@ -141,6 +141,12 @@ def check_run_config(path: Path, *, trust_run: bool = False, run_dir: Optional[P
 # what the reward sandbox's confinement depends on, and which way is weaker
 def confinement(config: dict[str, Any]) -> dict[str, Any]:
     reward = (config.get("task") or {}).get("reward") or {}
+    try:  # the defaults of the fields a config leaves out
+        from common.config.task import RewardConfig
+
+        reward = RewardConfig.model_validate(reward).model_dump(mode="json")
+    except Exception:  # noqa: BLE001 - a config of another version: compare what it says
+        pass
     sandbox = reward.get("sandbox") or {}
     isolation = reward.get("isolation", "auto")
     if isolation == "auto":
