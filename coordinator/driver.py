@@ -23,7 +23,7 @@ import ray
 
 from common.config.job import JobConfig, check_resources
 from common.metrics import MetricsLogger, read_metrics
-from common.models.loading import load_model_tokenizer
+from common.models.loading import check_model_files, load_model_tokenizer
 from common.tasks import PromptStream, load_task_data
 from common.types import Episode
 from coordinator import checkpoint
@@ -113,6 +113,7 @@ class Driver:
             self.log(f"warm start: {path} ({time.perf_counter() - t0:.1f} s)")
             model = cfg.model.model_copy(update={"path": path, "preset": None, "preset_shape": None})
             self.cfg = cfg = cfg.model_copy(update={"model": model})
+        check_model_files(cfg.model)  # a pickle in model.path or the warm start is refused here, before any actor
         data = load_task_data(cfg.task, tokenizer=load_model_tokenizer(cfg.model))  # max_prompt_tokens in model tokens
         self.rows = {r.prompt_id: r for r in data.train}
         held_out, note = held_out_rows(data.held_out, cfg.eval.num_prompts)
