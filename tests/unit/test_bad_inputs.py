@@ -31,7 +31,7 @@ def bad_data(tmp_path: Path, case: str) -> tuple[dict, str]:
         return {"kind": "file", "path": str(f)}, "no column"
     elif case == "10 MB row":
         f.write_text(GOOD + json.dumps({"prompt": "1+" * (5 << 20) + "1=", "answer": "2"}) + "\n")
-        return {"kind": "file", "path": str(f)}, "max_prompt_tokens"
+        return {"kind": "file", "path": str(f)}, "more than max_prompt_tokens"
     elif case == "fake parquet":
         f = tmp_path / "data.parquet"
         f.write_text("this is not parquet")
