@@ -103,3 +103,47 @@ def test_the_model_loader_scans_an_indexed_weight_file_before_loading(tmp_path, 
     (directory / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {"w": "weights.pt"}}))
     with pytest.raises(CheckpointError, match=rf"{file} would unpickle posix.system"):
         load_policy(ModelConfig(path=directory))
+
+
+def test_episodes_json_with_an_extra_field_is_refused_naming_it(tmp_path):
+    from common.checkpoint_files import STATE_FILE
+    from coordinator.checkpoint import write_state
+    from test_checkpoint_verify import CONFIG, make_checkpoint
+
+    tag = make_checkpoint(tmp_path)
+    records = json.loads((tag / "episodes.json").read_text())
+    records[0]["samples"][0]["payload"] = "__import__('os').system('id')"
+    (tag / "episodes.json").write_text(json.dumps(records))
+    write_state(tag, json.loads((tag / STATE_FILE).read_text()))  # the sizes match again
+    with pytest.raises(CheckpointError, match=rf"{tag / 'episodes.json'} does not hold the episodes this job writes "
+                                              r"\(TypeError: .*payload"):
+        verify(tmp_path, CONFIG)
+
+
+def test_warm_start_weights_swapped_with_their_hashes_rewritten_are_refused(tmp_path, monkeypatch, marker):
+    import yaml
+
+    from common.config.base import validate
+    from common.config.job import JobConfig
+    from common.run_seal import seal_json
+    from recipes.warmstart import MANIFEST, file_hashes, warm_start, warmstart_dir
+    from test_checkpoint_loading import eval_config, model_dir
+
+    monkeypatch.setenv("STABLEDRL_KEY_FILE", str(tmp_path / "key"))
+    data = yaml.safe_load(eval_config(tmp_path).read_text())
+    cfg = validate(JobConfig, {**data, "warmstart": {"steps": 1, "cache_dir": str(tmp_path / "cache")}})
+    cached = model_dir(warmstart_dir(cfg))
+    (cached / MANIFEST).write_text(json.dumps(seal_json({"files": file_hashes(cached)})))
+    assert warm_start(cfg, log=lambda line: None) == cached
+    weights = next(cached.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\1" * 8)  # other weights
+    write(cached / "pytorch_model.bin", "zip_os_system", marker)
+    manifest = json.loads((cached / MANIFEST).read_text())
+    manifest["files"] = file_hashes(cached)  # the attacker rewrites every hash; the seal they cannot
+    (cached / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=rf"{cached / MANIFEST} does not match its seal"):
+        warm_start(cfg, log=lambda line: None)
+    del manifest["seal"]
+    (cached / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="does not match its seal"):
+        warm_start(cfg, log=lambda line: None)
