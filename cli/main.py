@@ -89,6 +89,10 @@ def check_run(args: argparse.Namespace, cfg: JobConfig) -> None:
         run = cfg.run.model_copy(update={"resume_from": None})
         check_resume_trust(Path(config_file), Path(args.resume), cfg.model_copy(update={"run": run}).model_dump(mode="json"),
                            trust_run=args.trust_run, allow_weaker=args.allow_weaker_sandbox)
+    else:  # a new run started from another run's config.yaml: the same check of that file
+        from common.run_seal import check_run_config
+
+        check_run_config(Path(args.config), trust_run=args.trust_run)
     if not args.dry_run:
         check_output_dir(cfg.run.output_dir, resuming=bool(args.resume), overwrite=args.overwrite)
 

@@ -67,12 +67,13 @@ def test_the_job_seals_its_config_and_an_edit_breaks_the_seal(tmp_path):
     assert not text_is_sealed("a: 1\n")
 
 
-@pytest.mark.parametrize("command", ["resume", "eval"])
+@pytest.mark.parametrize("command", ["resume", "eval", "new run"])
 def test_a_tampered_run_config_naming_reward_code_is_refused(tmp_path, capsys, started, command):
     run = make_run(tmp_path)
     attack(run, tmp_path)
-    argv = (["train", "--resume", str(run)] if command == "resume"
-            else ["eval", "--config", str(run / "config.yaml"), "--checkpoint", str(run)])
+    argv = {"resume": ["train", "--resume", str(run)],
+            "eval": ["eval", "--config", str(run / "config.yaml"), "--checkpoint", str(run)],
+            "new run": ["train", "--config", str(run / "config.yaml"), f"run.output_dir={tmp_path / 'new'}"]}[command]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err  # one message
