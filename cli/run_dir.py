@@ -104,16 +104,23 @@ def check_eval_trust(config_file: Path, checkpoint: Optional[str], model: Option
 
 
 def checkpoint_config(path: Path) -> Optional[dict[str, Any]]:
-    """The config recorded by the newest checkpoint at ``path`` (a run's output_dir, its
-    checkpoints/ or one tag); None when there is none to read (the later verification says why)."""
+    """The config the run at ``path`` (its output_dir, its checkpoints/ or one tag) trained with,
+    as its newest checkpoint's sealed manifest records it; a manifest that fails its seal (edited,
+    or sealed under another key) proves nothing, and the baseline is then the default sandbox, the
+    strictest a config gets without saying more. None when there is no manifest to read (the
+    later verification says why)."""
     from common.checkpoint_files import CheckpointError, read_latest, read_state
+    from common.run_seal import json_is_sealed
 
     for directory, tag in ((path / "checkpoints", None), (path, None), (path.parent, path.name)):
         try:
             if tag is None and (directory / "latest").is_file():
-                return read_state(directory / read_latest(directory))["config"]
-            if tag is not None and (directory / tag / "coordinator.json").is_file():
-                return read_state(directory / tag)["config"]
+                state = read_state(directory / read_latest(directory))
+            elif tag is not None and (directory / tag / "coordinator.json").is_file():
+                state = read_state(directory / tag)
+            else:
+                continue
         except CheckpointError:
             return None
+        return state["config"] if json_is_sealed(state) else {}
     return None

@@ -140,7 +140,7 @@ def check_run_config(path: Path, *, trust_run: bool = False, run_dir: Optional[P
 
 # what the reward sandbox's confinement depends on, and which way is weaker
 def confinement(config: dict[str, Any]) -> dict[str, Any]:
-    reward = (config.get("task") or {}).get("reward") or {}
+    reward = dict((config.get("task") or {}).get("reward") or {})
     try:  # the defaults of the fields a config leaves out
         from common.config.task import RewardConfig
 
@@ -157,7 +157,10 @@ def confinement(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def weakened(started: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """The confinement fields of ``now`` that are weaker than in ``started`` (both whole configs)."""
+    """The confinement fields of ``now`` that are weaker than in ``started`` (both whole configs;
+    ``started`` {}: the default sandbox of the reward ``now`` names)."""
+    if not started:
+        started = {"task": {"reward": {"custom": ((now.get("task") or {}).get("reward") or {}).get("custom")}}}
     a, b = confinement(started), confinement(now)
     out = []
     if a["isolation"] == "process" and b["isolation"] != "process":

@@ -172,3 +172,19 @@ def test_a_full_disk_or_a_quota_is_named_before_ray_starts(tmp_path, capsys, sta
     err = capsys.readouterr().err
     assert words in err and str(run) in err and not started
     assert not list(run.glob(".write-test-*")) and not (run / "metrics.before_resume.jsonl").exists()
+
+
+def test_a_baseline_lowered_in_an_unsealed_manifest_does_not_count(tmp_path, capsys, monkeypatch):
+    """The attacker lowers the sandbox in coordinator.json so that a weaker eval looks unchanged:
+    the manifest fails its seal, so the baseline is the default sandbox, and the eval is refused."""
+    import cli.offline_eval as offline_eval
+
+    monkeypatch.setattr(offline_eval, "eval_command", lambda cfg, **kw: None)
+    run = make_run(tmp_path, {"custom": f"{tmp_path / 'r.py'}:score"})
+    state_file = run / "checkpoints" / "step2" / "coordinator.json"
+    state = json.loads(state_file.read_text())
+    state["config"]["task"]["reward"]["isolation"] = "inline"
+    state_file.write_text(json.dumps(state))
+    argv = ["eval", "--config", str(run / "config.yaml"), "--checkpoint", str(run), "task.reward.isolation=inline"]
+    assert cli.main(argv) == 2
+    assert "task.reward.isolation: process -> inline" in capsys.readouterr().err
