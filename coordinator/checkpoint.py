@@ -5,7 +5,8 @@ checked before a resume trusts any of it.
     output_dir/checkpoints/step<N>/                   DeepSpeed shards + optimizer state, rng_rank<r>.pt
     output_dir/checkpoints/step<N>/episodes.*         groups generated but not yet trained on (episode_io)
     output_dir/checkpoints/step<N>/coordinator.json   written last: the client state, the resolved
-                                                      config, parameter shapes, every file's size
+                                                      config, parameter shapes, every file's size,
+                                                      sealed under the user's key (common/run_seal.py)
     output_dir/checkpoints/step<N>/.written_rank<r>   a background save: rank r's files are durable
 
 With ``run.async_checkpoint`` (``begin_save``) each learner rank writes its files from a thread
