@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/stabledrl train --config $(CONFIG)
+	$(BIN)/stabledrl train --config $(CONFIG) --overwrite  # make run starts the quickstart afresh each time
 	$(BIN)/stabledrl plot $(RUN_DIR) --out $(RUN_DIR)/training.png
 
 study: $(STAMP)

@@ -40,6 +40,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                        "evaluations, outputs); then exit. Needs neither the model nor the data")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint "
                        "(its config.yaml, unless --config is given; overrides still apply)")
+    train.add_argument("--overwrite", action="store_true", help="run.output_dir holds an earlier run: delete it and "
+                       "start again (without it such a directory is refused; --resume continues it)")
+    add_trust_flags(train)
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.max_staleness=1 run.steps=20")
     scale = sub.add_parser("scale", help="show or change the rollout workers of a running job")
     scale.add_argument("--job", required=True, help="the job's run.name (default: the last part of its output_dir)")
@@ -55,14 +58,16 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return scale_command(args.job, args.workers, args.address)
 
+    from common.run_seal import RunTrustError
     from common.tasks.sandbox import check_reward
 
     try:
         cfg = load_job_config(*resume_source(args)) if args.resume else load_job_config(args.config, args.overrides)
         if not args.dry_run:
             check_sampler_layout(cfg)
+        check_run(args, cfg)
         check_reward(cfg.task)  # the reward file's rules, and a dry import in the sandbox, before any actor
-    except ConfigError as e:
+    except (ConfigError, RunTrustError) as e:
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
     if args.dry_run:  # the config, what is missing and the plan; no model or data needed (cli/dry_run.py)
@@ -70,6 +75,32 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return dry_run(cfg)
     return train_job(cfg)
+
+
+def add_trust_flags(parser: argparse.ArgumentParser) -> None:
+    """The two ways a user overrides the checks of a run directory (common/run_seal.py)."""
+    parser.add_argument("--trust-run", action="store_true", help="use a run's config that the run did not seal "
+                        "(copied from another machine or edited) although it names reward code to run")
+    parser.add_argument("--allow-weaker-sandbox", action="store_true", help="let this config confine the reward less "
+                        "than the run's own config did (isolation, Landlock, network, paths, limits)")
+
+
+def check_run(args: argparse.Namespace, cfg: JobConfig) -> None:
+    """The run directory before Ray starts (cli/run_dir.py): its config as the run wrote it (resume),
+    and run.output_dir writable and not holding another run."""
+    from cli.run_dir import check_output_dir, check_resume_trust
+
+    if args.resume:
+        config_file, _ = resume_source(args)
+        run = cfg.run.model_copy(update={"resume_from": None})
+        check_resume_trust(Path(config_file), Path(args.resume), cfg.model_copy(update={"run": run}).model_dump(mode="json"),
+                           trust_run=args.trust_run, allow_weaker=args.allow_weaker_sandbox)
+    else:  # a new run started from another run's config.yaml: the same check of that file
+        from common.run_seal import check_run_config
+
+        check_run_config(Path(args.config), trust_run=args.trust_run)
+    if not args.dry_run:
+        check_output_dir(cfg.run.output_dir, resuming=bool(args.resume), overwrite=args.overwrite)
 
 
 def resume_source(args: argparse.Namespace) -> tuple[str, list[str]]:
@@ -87,6 +118,7 @@ def train_job(cfg: JobConfig) -> int:
     130: interrupted, with the command that resumes it)."""
     import ray
 
+    from common.tasks import DataError
     from common.tasks.sandbox import RewardFailureRate
     from coordinator.actors import ActorFailure
     from coordinator.checkpoint import CheckpointError
@@ -101,10 +133,14 @@ def train_job(cfg: JobConfig) -> int:
         driver.run()
     except KeyboardInterrupt:
         code, message = 130, interrupted_line(cfg, driver.step if driver is not None else 0)
-    except (ConfigError, CheckpointError) as e:  # refused (before any actor started, or a checkpoint it cannot write)
+    except (ConfigError, CheckpointError, DataError) as e:  # refused (before any actor started, or a checkpoint it cannot write)
         code, message = 2, f"stabledrl: {e}"
     except (ActorFailure, RewardFailureRate) as e:
         code, message = 1, f"stabledrl: job failed: {e}"
+    except OSError as e:  # a write of the driver's own (metrics, config) the disk refused: the cause, in one line
+        from cli.run_dir import disk_error
+
+        code, message = 1, f"stabledrl: job failed: {disk_error(e, cfg.run.output_dir)}"
     finally:
         ray.shutdown()
         signal.signal(signal.SIGINT, previous)

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from common.checkpoint_files import CheckpointError, restricted_unpickling, verify_tag
+from common.checkpoint_files import CheckpointError, read_latest, restricted_unpickling, verify_tag
 from common.config.job import JobConfig
 
 
@@ -39,7 +39,7 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
         if tag is not None and (directory / tag).is_dir() and latest.is_file():
             return directory, tag
         if tag is None and latest.is_file():
-            return directory, latest.read_text().strip()
+            return directory, read_latest(directory)
     raise CheckpointError(f"--checkpoint {path}: no DeepSpeed checkpoint (a directory with a 'latest' file, "
                             "a tag under one, or a run's output_dir holding checkpoints/)")
 

@@ -108,13 +108,14 @@ def protocol_command(cfg: JobConfig, protocol: ProtocolConfig, *, model_dir: Opt
     """Evaluate, print the table, write OUT/table.md and table.json; returns the table."""
     import ray
 
-    from common.models.loading import load_model_tokenizer
+    from common.models.loading import check_model_files, load_model_tokenizer
     from recipes.protocol_eval import evaluate, pending_units, prepare, table_of
     from recipes.protocol_results import ResultLog, write_table
 
     named = Path(str(model_dir or checkpoint or cfg.model.path or cfg.model.preset).rstrip("/")).name
     out_dir = Path(out) if out else Path("runs") / "eval" / f"{protocol.name}-{named}"
     model, described = policy_model(cfg, out_dir, model_dir=model_dir, checkpoint=checkpoint, log=log)
+    check_model_files(model)  # before any worker starts: refused here, not in each worker after its restarts
     tokenizer = load_model_tokenizer(model)
     prepared = prepare(protocol, tokenizer)
     results = ResultLog.open(out_dir, prepared.header(described))

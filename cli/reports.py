@@ -68,6 +68,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--regrade-d1", metavar="PATH", default=None, help="grade d1's generation files (a d1 checkout: "
                     "its eval/eval_baselines, or a directory of *_generations.json) with this project's d1 graders and "
                     "print the table; --out writes every decision as JSON")
+    from cli.main import add_trust_flags
+
+    add_trust_flags(ev)
     ev.add_argument("overrides", nargs="*", help="dotted overrides of the config, e.g. sampler.temperature=0")
 
     pl = sub.add_parser("plot", help="reward, held-out accuracy, ratios, grad norm, clipping, staleness to PNG")
@@ -88,10 +91,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from common.checkpoint_files import CheckpointError
+    from common.run_seal import RunTrustError
+    from common.tasks import DataError
 
     try:
         return {"eval": _eval, "plot": _plot, "study": _study}[args.command](args)
-    except (ConfigError, CheckpointError) as e:
+    except (ConfigError, CheckpointError, RunTrustError, DataError) as e:
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
 
@@ -99,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from common.config.job import load_job_config
     from cli.offline_eval import eval_command
+    from cli.run_dir import check_eval_trust
 
     graders = [g for g in args.graders.split(",") if g] if args.graders else None
     if args.regrade_d1:
@@ -116,6 +122,8 @@ def _eval(args: argparse.Namespace) -> int:
         raise ConfigError("eval: --config is required (except with --regrade-d1)")
     args.math_graders = graders
     cfg = load_job_config(args.config, args.overrides)
+    check_eval_trust(Path(args.config), args.checkpoint, args.model, cfg.model_dump(mode="json"),
+                     trust_run=args.trust_run, allow_weaker=args.allow_weaker_sandbox)
     if args.protocol:
         return _protocol_eval(args, cfg)
     if args.model is None and args.checkpoint is None:

@@ -15,7 +15,15 @@ that reads one (``train --resume`` on the coordinator and on each learner rank, 
   unpickler for the duration, with only DeepSpeed's classes allowed. A file swapped after the scan
   fails to load; it does not run.
 - ``check_weight_files(directory)``: the pickle-based weight files of a model directory
-  (``pytorch_model*.bin``; safetensors need no check: they hold no code).
+  (``pytorch_model*.bin`` and every file an ``*.index.json`` names; safetensors need no check:
+  they hold no code).
+- ``read_latest(directory)``: the tag ``latest`` names, refused unless it is a plain name of a
+  directory inside ``directory`` (``../../outside/step6`` is refused).
+
+A tag holds regular files only: a symlink (to a file or as the tag itself), a subdirectory or a
+dot-file other than a rank's ``.written_rank<r>`` marker is refused, naming it, rather than
+ignored: nothing the job did not write is read, and nothing outside the checkpoint stands in for
+a file of it.
 
 Every refusal is a ``CheckpointError`` whose message names the file and the reason.
 """
@@ -24,6 +32,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -88,10 +97,54 @@ def restricted_unpickling(allowed: Iterable[str] = DEEPSPEED_GLOBALS) -> Iterato
             os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous
 
 
+MARKER = re.compile(r"^\.written_rank\d+$")  # learner/async_checkpoint.marker_name
+
+
+def read_latest(directory: Path) -> str:
+    """The tag named by ``directory/latest``: a plain name of a real directory inside ``directory``;
+    CheckpointError naming the file otherwise (a ``latest`` pointing elsewhere would make the run
+    resume from files outside its checkpoint directory)."""
+    latest = Path(directory) / "latest"
+    if latest.is_symlink() or not latest.is_file():
+        raise CheckpointError(f"{latest} is not a regular file (a symlink, or missing): refused")
+    tag = latest.read_text().strip()
+    if not tag or Path(tag).name != tag or tag in (".", "..") or tag.startswith("."):
+        raise CheckpointError(f"{latest} names {tag!r}, which is not a tag directory of {directory}: refused "
+                              "(a checkpoint's 'latest' holds one name like step6; write that name into it)")
+    return tag
+
+
+def clear_incomplete(path: Path) -> None:
+    """Remove tag ``path`` if a save of it began and never finished (no STATE_FILE: a failed or
+    cut-off write), so that saving it again starts from an empty directory; a complete tag stays."""
+    import shutil
+
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink() and not (path / STATE_FILE).exists():
+        shutil.rmtree(path)
+
+
+def check_tag_dir(path: Path) -> None:
+    """``path`` is a real directory (not a symlink) whose entries are regular files (module docstring)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        raise CheckpointError(f"{path} is {'a symlink' if path.is_symlink() else 'not a directory'}: a checkpoint tag "
+                              "is a directory the job wrote; refused (copy the files in, not a link)")
+    for entry in sorted(path.iterdir()):
+        if entry.is_symlink():
+            raise CheckpointError(f"{entry} is a symlink (to {os.readlink(entry)}): a checkpoint holds only the files "
+                                  "the job wrote; refused (replace it with the file itself)")
+        if not entry.is_file():
+            raise CheckpointError(f"{entry} is not a regular file: refused (a checkpoint tag holds files only)")
+        if entry.name.startswith(".") and not MARKER.match(entry.name):
+            raise CheckpointError(f"{entry} is not a file the job writes: refused (remove it if you added it)")
+
+
 def verify_tag(path: Path) -> dict[str, Any]:
     """The manifest of checkpoint tag ``path`` once every file of the tag has been checked
     (module docstring); CheckpointError naming the file otherwise."""
     path = Path(path)
+    check_tag_dir(path)
     state = read_state(path)
     check_files(path, state["files"])
     for name in sorted(state["files"]):
@@ -141,10 +194,25 @@ def check_files(path: Path, sizes: dict[str, int]) -> None:
 
 
 def check_weight_files(directory: Path) -> None:
-    """Refuse a model directory whose pickle-based weight files (``pytorch_model*.bin``, what the
-    loaders read when there are no safetensors) would unpickle anything but tensors."""
-    for file in sorted(Path(directory).glob("pytorch_model*.bin")):
-        check_pickle(file)
+    """Refuse a model directory whose pickle-based weight files (``pytorch_model*.bin``, and any
+    file an ``*.index.json`` names, whatever its name: what the loaders read when there are no
+    safetensors) would unpickle anything but tensors, or whose index names a file outside it."""
+    directory = Path(directory)
+    files = set(directory.glob("pytorch_model*.bin"))
+    for index in sorted(directory.glob("*.index.json")):
+        try:
+            names = set((json.loads(index.read_text()).get("weight_map") or {}).values())
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
+            raise CheckpointError(f"{index} cannot be read as a weight index ({e})") from None
+        for name in sorted(map(str, names)):
+            file = directory / name
+            if Path(name).name != name or file.is_symlink():
+                raise CheckpointError(f"{index} names {name!r}, not a file of {directory}: refused")
+            if not name.endswith(".safetensors"):
+                files.add(file)
+    for file in sorted(files):
+        if file.is_file():
+            check_pickle(file)
 
 
 def _resolve(names: frozenset[str]) -> list[Any]:

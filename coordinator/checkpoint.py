@@ -5,7 +5,8 @@ checked before a resume trusts any of it.
     output_dir/checkpoints/step<N>/                   DeepSpeed shards + optimizer state, rng_rank<r>.pt
     output_dir/checkpoints/step<N>/episodes.*         groups generated but not yet trained on (episode_io)
     output_dir/checkpoints/step<N>/coordinator.json   written last: the client state, the resolved
-                                                      config, parameter shapes, every file's size
+                                                      config, parameter shapes, every file's size,
+                                                      sealed under the user's key (common/run_seal.py)
     output_dir/checkpoints/step<N>/.written_rank<r>   a background save: rank r's files are durable
 
 With ``run.async_checkpoint`` (``begin_save``) each learner rank writes its files from a thread
@@ -33,11 +34,13 @@ import json
 import os
 import stat
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from common.checkpoint_files import FORMAT, STATE_FILE, CheckpointError, verify_tag
+from common.run_seal import seal_json
+from common.checkpoint_files import FORMAT, STATE_FILE, CheckpointError, clear_incomplete, read_latest, verify_tag
 from coordinator.actors import Actors, wait
 from coordinator.episode_io import load_episodes, save_episodes
 from common.types import Episode
@@ -45,7 +48,9 @@ from common.types import Episode
 # fields the saved state depends on (dotted prefixes); everything else may change on resume
 MUST_MATCH = ("model", "task", "sampler", "estimator", "loss", "algorithm", "learner.num_ranks",
               "learner.deepspeed.zero_stage", "learner.lora", "run.seed")
-MAY_DIFFER = ("sampler.max_batch_size", "sampler.cuda_graph", "algorithm.micro_batch_size", "model.gradient_checkpointing")
+MAY_DIFFER = ("sampler.max_batch_size", "sampler.cuda_graph", "algorithm.micro_batch_size", "model.gradient_checkpointing",
+              # the reward's confinement: a resume may tighten it; loosening it needs --allow-weaker-sandbox (common/run_seal.py)
+              "task.reward.isolation", "task.reward.sandbox", "task.reward.timeout_s")
 
 
 def checkpoint_dir(output_dir: Path) -> Path:
@@ -58,13 +63,15 @@ def save(actors: Actors, output_dir: Path, step: int, state: dict[str, Any], epi
     its presence marks the tag complete). ``state`` must hold "config" and "parameter_shapes"."""
     directory = checkpoint_dir(output_dir)
     tag = f"step{step}"
+    clear_incomplete(directory / tag)
     ensure_writable(directory / tag)
     state = {"format": FORMAT, "tag": tag, **state}
     client = {k: v for k, v in state.items() if k not in ("config", "parameter_shapes")}
     wait(actors.call_learners("save_checkpoint", str(directory), client, tag), timeout_s,
          [f"learner rank {r} (checkpoint {tag})" for r in range(len(actors.learners))])
-    save_episodes(directory / tag, episodes)
-    write_state(directory / tag, state)
+    with disk_errors(directory / tag):
+        save_episodes(directory / tag, episodes)
+        write_state(directory / tag, state)
     return directory / tag
 
 
@@ -76,6 +83,7 @@ def begin_save(actors: Actors, output_dir: Path, step: int, state: dict[str, Any
     coordinator.json and ``latest`` are written."""
     directory = checkpoint_dir(output_dir)
     tag = f"step{step}"
+    clear_incomplete(directory / tag)
     ensure_writable(directory / tag)
     state = {"format": FORMAT, "tag": tag, **state}
     client = {k: v for k, v in state.items() if k not in ("config", "parameter_shapes")}
@@ -106,7 +114,8 @@ class PendingSave:
                 return False
             report = json.loads(marker.read_text())
             if "error" in report:
-                raise CheckpointError(f"learner rank {rank} could not write checkpoint {self.path}: {report['error']}")
+                raise CheckpointError(f"learner rank {rank} could not write checkpoint {self.path}: {report['error']}"
+                                      f"{kept_note(self.path.parent)}")
         return True
 
     def poll(self) -> bool:
@@ -127,11 +136,31 @@ class PendingSave:
         return True
 
     def finish(self) -> None:
-        save_episodes(self.path, self.episodes)
-        write_state(self.path, self.state)
-        latest = self.path.parent / ".latest.tmp"
-        latest.write_text(self.path.name)
-        os.replace(latest, self.path.parent / "latest")
+        with disk_errors(self.path):
+            save_episodes(self.path, self.episodes)
+            write_state(self.path, self.state)
+            latest = self.path.parent / ".latest.tmp"
+            latest.write_text(self.path.name)
+            os.replace(latest, self.path.parent / "latest")
+
+
+@contextmanager
+def disk_errors(path: Path) -> Iterator[None]:
+    """An OSError of the coordinator's checkpoint writes (no space, a quota, permissions) as a
+    CheckpointError in one line: the cause, the path, and the checkpoint a resume would use."""
+    try:
+        yield
+    except OSError as e:
+        raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e} ({e.filename or path})"
+                              f"{kept_note(path.parent)}") from None
+
+
+def kept_note(directory: Path) -> str:
+    """'; the last complete checkpoint, stepN, is kept' (or that there is none yet)."""
+    try:
+        return f"; the last complete checkpoint, {read_latest(directory)}, is kept"
+    except (CheckpointError, OSError):
+        return "; no complete checkpoint was written before it"
 
 
 def ensure_writable(directory: Path) -> None:
@@ -155,8 +184,8 @@ def ensure_writable(directory: Path) -> None:
 
 def write_state(path: Path, state: dict[str, Any]) -> None:
     """coordinator.json with the size of every other file of the tag, written atomically."""
-    state = {**state, "files": {p.name: p.stat().st_size for p in sorted(path.iterdir())
-                                if p.is_file() and not p.name.startswith(".") and p.name != STATE_FILE}}
+    state = seal_json({**state, "files": {p.name: p.stat().st_size for p in sorted(path.iterdir())
+                                          if p.is_file() and not p.name.startswith(".") and p.name != STATE_FILE}})
     tmp = path / f".{STATE_FILE}.tmp"
     tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path / STATE_FILE)
@@ -178,7 +207,7 @@ def verify(directory: Path, config: dict[str, Any], log: Callable[[str], None] =
     if not latest.is_file():
         raise CheckpointError(f"run.resume_from: {directory} holds no checkpoint (no 'latest' file)")
     tags = sorted((p.name for p in directory.glob("step*") if p.is_dir()), key=_step_of, reverse=True)
-    first = latest.read_text().strip()
+    first = read_latest(directory)  # a plain tag name: never a path out of the directory
     tags = [first] + [t for t in tags if t != first and _step_of(t) < _step_of(first)]
     for tag in tags:
         if (directory / tag / STATE_FILE).is_file():
@@ -255,9 +284,23 @@ def restore_metrics(output_dir: Path, step: int) -> Optional[int]:
     lines = path.read_text().splitlines(keepends=True)
     keep = [line for line in lines if _line_step(line) <= step]
     if len(keep) < len(lines):
-        path.with_name("metrics.before_resume.jsonl").write_text("".join(lines))
-        path.write_text("".join(keep))
+        _write_atomically(path.with_name("metrics.before_resume.jsonl"), "".join(lines))
+        _write_atomically(path, "".join(keep))
     return len(lines) - len(keep)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` or what it held before, never a part (a full disk leaves no 0-byte file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _line_step(line: str) -> float:

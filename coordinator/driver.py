@@ -26,7 +26,7 @@ import ray
 from common.config.base import ConfigError
 from common.config.job import JobConfig, check_resources
 from common.metrics import MetricsLogger, read_metrics
-from common.models.loading import load_model_tokenizer
+from common.models.loading import check_model_files, load_model_tokenizer
 from common.tasks import PromptStream, load_task_data
 from common.types import Episode
 from coordinator import checkpoint
@@ -133,6 +133,7 @@ class Driver:
             self.log(f"warm start: {path} ({time.perf_counter() - t0:.1f} s)")
             model = cfg.model.model_copy(update={"path": path, "preset": None, "preset_shape": None})
             self.cfg = cfg = cfg.model_copy(update={"model": model})
+        check_model_files(cfg.model)  # a pickle in model.path or the warm start is refused here, before any actor
         data = load_task_data(cfg.task, tokenizer=load_model_tokenizer(cfg.model))  # max_prompt_tokens in model tokens
         self.rows = {r.prompt_id: r for r in data.train}
         held_out, note = held_out_rows(data.held_out, cfg.eval.num_prompts)
@@ -287,12 +288,15 @@ class Driver:
         return self.job_cfg.model_copy(update={"run": run}).model_dump(mode="json")
 
     def write_config(self) -> None:
-        """output_dir/config.yaml: the resolved config, which `stabledrl train --resume` reads back."""
+        """output_dir/config.yaml: the resolved config, which `stabledrl train --resume` reads back,
+        sealed under this user's key (common/run_seal.py)."""
         import yaml
+
+        from common.run_seal import sealed_text
 
         directory = self.cfg.run.output_dir
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "config.yaml").write_text(yaml.safe_dump(self.config_json(), sort_keys=False))
+        (directory / "config.yaml").write_text(sealed_text(yaml.safe_dump(self.config_json(), sort_keys=False)))
 
     def restore(self, resume: checkpoint.Resume) -> None:
         """After ``checkpoint.verify`` accepted the files and the config, and the actors started:
@@ -319,12 +323,18 @@ class Driver:
         return next((HeldOutResult.from_metrics(r) for r in records if r.get("step") == 0 and "eval/pass@1" in r), None)
 
     def recorded_evaluations(self) -> list[HeldOutResult]:
-        """Every held-out evaluation of the run, one per step (the last one recorded at a step: a
-        resumed process evaluates again at its checkpoint's step), as metrics.jsonl has them."""
+        """Every held-out evaluation of the run, one per step (the last one recorded at a step), at
+        the steps an uninterrupted run evaluates, as metrics.jsonl has them."""
         path = self.cfg.run.output_dir / "metrics.jsonl"
         by_step = {int(r["step"]): HeldOutResult.from_metrics(r) for r in (read_metrics(path) if path.is_file() else [])
                    if "eval/pass@1" in r}
-        return [by_step[step] for step in sorted(by_step)]
+        return [by_step[step] for step in sorted(by_step) if self.scheduled_evaluation(step)]
+
+    def scheduled_evaluation(self, step: int) -> bool:
+        """Whether an uninterrupted run evaluates at ``step`` (BEFORE, every eval.every steps, AFTER):
+        the evaluation a resumed process runs at its checkpoint's step is not one of the run's."""
+        every, steps = self.cfg.eval.every, self.cfg.run.steps
+        return step in (0, steps) or (every > 0 and step % every == 0 and step < steps)
 
     def log_data(self, reports: list[Any]) -> None:
         """Rows read, kept and skipped by reason (task.on_bad_row: skip), in the log and as data/*."""

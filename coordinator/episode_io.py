@@ -53,15 +53,20 @@ def load_episodes(directory: Path) -> list[Episode]:
         records = json.loads((directory / "episodes.json").read_text())
     except Exception as e:  # a missing, truncated or foreign file
         raise ValueError(f"cannot read the buffered episodes of {directory}: {e}") from e
-    out = []
-    for r in records:
-        samples = []
-        for fields in r["samples"]:
-            key = f"{r['uid']}/{fields['index']}"
-            for required in ("prompt_ids", "completion_ids"):
-                if f"{key}/{required}" not in tensors:
-                    raise ValueError(f"{directory}: episode {r['uid']} sample {fields['index']} has no {required}")
-            samples.append(Sample(**fields, **{n: tensors.get(f"{key}/{n}") for n in TENSORS}))
-        out.append(Episode(uid=int(r["uid"]), prompt_id=r["prompt_id"], group=Group(r["prompt_id"], samples),
-                           worker=int(r["worker"]), stats=dict(r["stats"])))
-    return out
+    try:
+        return [_episode(directory, r, tensors) for r in records]
+    except (TypeError, KeyError, AttributeError, ValueError) as e:  # a field added, missing or of another type
+        raise ValueError(f"{directory / 'episodes.json'} does not hold the episodes this job writes ({type(e).__name__}: "
+                         f"{e}): edited or written by another version; resume from another checkpoint") from None
+
+
+def _episode(directory: Path, r: dict, tensors: dict) -> Episode:
+    samples = []
+    for fields in r["samples"]:
+        key = f"{r['uid']}/{fields['index']}"
+        for required in ("prompt_ids", "completion_ids"):
+            if f"{key}/{required}" not in tensors:
+                raise ValueError(f"episode {r['uid']} sample {fields['index']} has no {required}")
+        samples.append(Sample(**fields, **{n: tensors.get(f"{key}/{n}") for n in TENSORS}))
+    return Episode(uid=int(r["uid"]), prompt_id=r["prompt_id"], group=Group(r["prompt_id"], samples),
+                   worker=int(r["worker"]), stats=dict(r["stats"]))

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from common.checkpoint_files import load_torch, restricted_unpickling, verify_tag
+from common.checkpoint_files import load_torch, read_latest, restricted_unpickling, verify_tag
 from common.config.learner import LearnerConfig
 from learner.async_checkpoint import BackgroundWriter, marker_name, write_file
 from learner.group import local_device
@@ -264,7 +264,7 @@ class LearnerEngine:
         The tag is verified first (``common.checkpoint_files.verify_tag``: manifest, sizes, no
         foreign pickles) and DeepSpeed reads it under torch's restricted unpickler."""
         self.checkpoint_written(timeout_s=None)
-        tag = tag or Path(directory, "latest").read_text().strip()
+        tag = tag or read_latest(Path(directory))
         verify_tag(Path(directory) / tag)
         with restricted_unpickling():
             path, state = self.engine.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True,

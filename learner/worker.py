@@ -17,6 +17,8 @@ Every method that touches the engine is collective: the coordinator calls it on 
 """
 from __future__ import annotations
 
+import os
+
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -167,11 +169,19 @@ class LearnerWorker:
         """DeepSpeed checkpoint of this rank (collective). ``background``: its files are written by
         a thread of this rank while training goes on, which leaves a marker file once they are
         durable (learner/async_checkpoint.py)."""
+        from learner.async_checkpoint import disk_cause
+
         with self.clock.timed("checkpoint"):
-            if background:
-                return self.engine.save_checkpoint_async(directory, client_state, tag=tag,
-                                                         on_written=lambda s: self.clock.add("checkpoint_write", s))
-            return self.engine.save_checkpoint(directory, client_state, tag=tag)
+            try:
+                if background:
+                    return self.engine.save_checkpoint_async(directory, client_state, tag=tag,
+                                                             on_written=lambda s: self.clock.add("checkpoint_write", s))
+                return self.engine.save_checkpoint(directory, client_state, tag=tag)
+            except Exception as e:  # a full disk reads "unexpected pos 6144 vs 6038" from torch's writer: say so
+                cause = disk_cause(os.path.join(directory, tag), e)
+                if cause is e:
+                    raise
+                raise cause from e
 
     def load_checkpoint(self, directory: str, tag: Optional[str] = None) -> dict:
         with self.clock.timed("load"):

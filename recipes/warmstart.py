@@ -18,9 +18,11 @@ on the processor's floating-point path: another CPU model may give another warm 
 same config, and the cache is local to the machine.
 A directory holding ``warmstart.json`` is complete and reused; it is written under a temporary
 name and renamed into place, so concurrent jobs and interrupted runs never see a partial one.
-The manifest lists every file of the directory with its size and SHA-256; a reused directory is
-checked against it first, and a file added, missing or changed since (a cache others can write to)
-is refused, naming the file, before anything is loaded from it.
+The manifest lists every file of the directory with its size and SHA-256 and is sealed under the
+user's key (common/run_seal.py: an HMAC, so hashes rewritten after a weight swap do not match it);
+a reused directory is checked against it first, and a manifest that fails its seal, or a file
+added, missing or changed since (a cache others can write to) is refused, naming the file, before
+anything is loaded from it.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from typing import Any, Callable
 import torch
 
 from common.checkpoint_files import CheckpointError
+from common.run_seal import json_is_sealed, key_file, seal_json
 from common.config.base import ConfigError
 from common.config.job import JobConfig
 from common.models import export_hf, load_policy
@@ -44,7 +47,7 @@ from common.models.model_dir import resolve_model_dir
 from common.tasks import load_task_data
 from learner.sft import run_sft
 
-WARMSTART_FORMAT = 2  # bump when the SFT code changes what one config produces (2: files hashed)
+WARMSTART_FORMAT = 3  # bump when the SFT code changes what one config produces (2: files hashed; 3: manifest sealed)
 MANIFEST = "warmstart.json"
 Log = Callable[[str], None]
 
@@ -142,7 +145,7 @@ def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
         "metrics": metrics,
         "time_s": time.perf_counter() - t0,
     }
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    (directory / MANIFEST).write_text(json.dumps(seal_json(manifest), indent=2, sort_keys=True) + "\n")
 
 
 def _train(cfg: JobConfig, directory: Path, device: str, log: Log) -> dict[str, Any]:
@@ -180,10 +183,15 @@ def file_hashes(directory: Path) -> dict[str, dict[str, Any]]:
 def check_cached(directory: Path) -> None:
     """Refuse a cached warm start whose files differ from its manifest (CheckpointError naming one)."""
     try:
-        listed = json.loads((directory / MANIFEST).read_text())["files"]
+        manifest = json.loads((directory / MANIFEST).read_text())
+        listed = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{directory / MANIFEST} cannot be read or lists no files ({e!r}); "
                               f"remove {directory} to rebuild the warm start") from None
+    if not json_is_sealed(manifest):  # hashes rewritten with the weights they cover would otherwise pass
+        raise CheckpointError(f"{directory / MANIFEST} does not match its seal under {key_file()} (its hashes were "
+                              f"rewritten, or another user or machine built it): refused; remove {directory} to rebuild "
+                              "the warm start")
     found = file_hashes(directory) if all(p.is_file() for p in directory.iterdir()) else None
     if found is None:
         raise CheckpointError(f"{directory} holds a subdirectory; a warm start holds files only: remove it to rebuild")

@@ -16,18 +16,41 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class StrictModel(BaseModel):
-    """Base of every config section: unknown keys are rejected, values are validated on assignment."""
+    """Base of every config section: unknown keys are rejected, values are validated on assignment,
+    and no float may be infinite or NaN (``lr=1e400`` reads as inf and would train nothing)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
 class ConfigError(ValueError):
     """A config that cannot run, with every problem named by its dotted field path."""
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a job config is a few KB; the largest shipped one is under 4 KB
+MAX_CONFIG_NODES = 100_000  # values after every alias is expanded (an alias bomb expands to billions)
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last one
-    silently, so a second ``run:`` section would replace the first)."""
+    silently, so a second ``run:`` section would replace the first) and a document whose aliases
+    expand to more than MAX_CONFIG_NODES values (a "billion laughs" file would hang what reads it)."""
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        sizes: dict[int, int] = {}
+
+        def expanded(n: yaml.Node) -> int:  # aliases share their node, so each distinct node is sized once
+            if id(n) not in sizes:
+                sizes[id(n)] = 0  # a recursive alias counts once
+                children = n.value if isinstance(n, yaml.SequenceNode) else (
+                    [x for kv in n.value for x in kv] if isinstance(n, yaml.MappingNode) else [])
+                sizes[id(n)] = min(1 + sum(expanded(c) for c in children), MAX_CONFIG_NODES + 1)
+            return sizes[id(n)]
+
+        if node is not None and expanded(node) > MAX_CONFIG_NODES:
+            raise yaml.YAMLError(f"its aliases expand to more than {MAX_CONFIG_NODES} values (an alias bomb?); "
+                                 "write the values out")
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         first_line: dict[Any, int] = {}
@@ -49,6 +72,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} has {path.stat().st_size} bytes; a job config is at most "
+                          f"{MAX_CONFIG_BYTES} (is it the right file?)")
     try:
         with path.open(encoding="utf-8") as f:
             data = yaml.load(f, Loader=_UniqueKeyLoader) or {}  # noqa: S506 - a SafeLoader subclass
@@ -71,7 +97,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
             raise ConfigError(f"override {item!r} has an empty key")
-        value = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None  # noqa: S506 - a SafeLoader
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: {e}") from None
         node = out
         for p in parts[:-1]:
             child = node.get(p)

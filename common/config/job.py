@@ -31,9 +31,9 @@ TOKEN_ESTIMATORS = ("mean_field", "coupled", "trajectory")  # estimators that de
 class AlgorithmConfig(StrictModel):
     """What one RL step is (docs/algorithms.md §3-4)."""
 
-    group_size: int = Field(16, ge=2, description="G: completions per prompt; advantages are computed within a group")
-    groups_per_step: int = Field(8, ge=1, description="prompts (groups) per optimizer batch, over all learner ranks")
-    inner_iterations: int = Field(2, ge=1, description="μ: optimizer updates on each batch (StableDRL 2, d1 12)")
+    group_size: int = Field(16, ge=2, le=4096, description="G: completions per prompt; advantages are computed within a group")
+    groups_per_step: int = Field(8, ge=1, le=1 << 20, description="prompts (groups) per optimizer batch, over all learner ranks")
+    inner_iterations: int = Field(2, ge=1, le=10_000, description="μ: optimizer updates on each batch (StableDRL 2, d1 12)")
     advantage_scale: Literal["std", "none"] = Field(
         "none", description="A = r - mean_group(r), divided by the group's std when 'std'"
     )
@@ -54,7 +54,7 @@ class AlgorithmConfig(StrictModel):
 class RolloutConfig(StrictModel):
     """The rollout workers (Ray actors) and how the coordinator feeds them."""
 
-    num_workers: int = Field(2, ge=1, description="rollout workers started with the job")
+    num_workers: int = Field(2, ge=1, le=100_000, description="rollout workers started with the job")
     prompts_per_request: int = Field(
         2, ge=1, description="prompts one request carries; the worker samples their G completions each in one batch "
         "and returns one group per prompt"
@@ -123,7 +123,7 @@ class RunConfig(StrictModel):
         "`stabledrl scale --job NAME` (None: the last part of output_dir)"
     )
 
-    steps: int = Field(100, ge=1, description="optimizer batches to train (each runs inner_iterations updates)")
+    steps: int = Field(100, ge=1, le=100_000_000, description="optimizer batches to train (each runs inner_iterations updates)")
     seed: int = Field(0, description="the run is a function of (config, seed): sampling and mask seeds derive from it")
     output_dir: Path = Field(Path("runs/latest"), description="metrics.jsonl, TensorBoard events, checkpoints")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps (0: only at the end)")

@@ -108,6 +108,14 @@ def _default_shape() -> Any:
     return PresetShape()
 
 
+def check_model_files(cfg: ModelConfig) -> None:
+    """The driver's check of ``cfg.path``'s pickle-based weight files before any actor loads them
+    (CheckpointError naming the file): a refusal here stops the job at once, not in each worker
+    after its restarts. A preset has no files."""
+    if cfg.preset is None and cfg.path is not None:
+        check_weight_files(resolve_model_dir(cfg.path, cfg.revision))
+
+
 def load_model_tokenizer(cfg: ModelConfig) -> Any:
     """The tokenizer ``load_policy(cfg)`` returns, without the weights (the driver counts prompt
     tokens with it before any actor starts)."""

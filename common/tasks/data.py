@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 from common.tasks.base import BadRow, Row, Task, stable_hash
-from common.tasks.prompts import PromptError, prompt_ids, uses_chat_template
+from common.tasks.prompts import ChatTemplateError, PromptError, prompt_ids, prompt_text, uses_chat_template
 from common.tasks.sources import MISSING, DataError, Records, chat_messages, column_present, column_value, read_file
 
 CountTokens = Callable[[str], int]
@@ -72,9 +72,12 @@ def read_records(path: Any, fmt: str = "auto") -> list[dict[str, Any]]:
     return records.rows
 
 
-def prompt_length(task: Task, tokenizer: Any = None, count_tokens: Optional[CountTokens] = None) -> PromptLength:
+def prompt_length(task: Task, tokenizer: Any = None, count_tokens: Optional[CountTokens] = None,
+                  limit: Optional[int] = None) -> PromptLength:
     """A row's prompt length: the model's tokens of the prompt as the model reads it (with
-    ``tokenizer``), else ``count_tokens`` of the rendered text (default: characters)."""
+    ``tokenizer``), else ``count_tokens`` of the rendered text (default: characters). With
+    ``limit`` (max_prompt_tokens) a huge prompt is refused from a prefix of its text: a fast
+    tokenizer takes minutes over a 10 MB row."""
     if tokenizer is not None:
         try:
             uses_chat_template(tokenizer, task)  # a template the config requires but the tokenizer lacks
@@ -83,13 +86,29 @@ def prompt_length(task: Task, tokenizer: Any = None, count_tokens: Optional[Coun
 
         def tokens(row: Row) -> int:
             try:
+                if limit is not None:
+                    _refuse_from_prefix(tokenizer, prompt_text(tokenizer, task, row), limit)
                 return len(prompt_ids(tokenizer, task, row))
             except PromptError as e:
                 raise BadRow(str(e), "chat_markup") from None
+            except ChatTemplateError as e:  # the model's template, not the row: stops the job
+                raise DataError(str(e)) from None
 
         return tokens
     count = count_tokens or len
     return lambda row: count(task.render_prompt(row))
+
+
+def _refuse_from_prefix(tokenizer: Any, text: str, limit: int) -> None:
+    """BadRow (too_long) when the first characters of a long prompt already hold more than
+    ``limit`` tokens (by a margin no merge across the cut can close); nothing otherwise."""
+    prefix = max(64 * limit, 1 << 16)
+    if len(text) <= prefix:
+        return
+    head = len(tokenizer.encode(text[:prefix], add_special_tokens=False))
+    if head > limit + 16:
+        raise BadRow(f"prompt has {len(text)} characters; its first {prefix} alone are {head} tokens, more than "
+                     f"max_prompt_tokens={limit}", "too_long")
 
 
 def rows_from_records(
@@ -235,7 +254,7 @@ def load_task_data(
     from common.tasks.sources import read_source
 
     task = task or build_task(cfg)
-    length = prompt_length(task, tokenizer, count_tokens)
+    length = prompt_length(task, tokenizer, count_tokens, limit=cfg.max_prompt_tokens)
     reports: list[LoadReport] = []
 
     def from_source(src: Any) -> list[Row]:

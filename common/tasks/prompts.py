@@ -62,7 +62,28 @@ def prompt_text(tokenizer: Any, task: Task, row: Row) -> str:
         return task.render_prompt(row) + task.response_prefix
     messages = task.messages(row)
     _refuse_markup(tokenizer, messages, row)
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) + task.response_prefix
+    return apply_template(tokenizer, messages) + task.response_prefix
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer's chat template cannot render a conversation (a property of the model
+    directory, not of a row): refused, naming the template's file."""
+
+
+def apply_template(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """``tokenizer.apply_chat_template``; a template that fails to render, or that transformers'
+    sandboxed Jinja environment stops (``SecurityError``: it reached for Python internals), is a
+    ChatTemplateError naming the model directory's template, never a traceback."""
+    import jinja2
+
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except jinja2.TemplateError as e:
+        where = getattr(tokenizer, "name_or_path", "") or "the model directory"
+        raise ChatTemplateError(
+            f"the chat template of {where} (tokenizer_config.json 'chat_template' or chat_template.jinja) failed: "
+            f"{type(e).__name__}: {e}; refused (a template only formats messages): fix or remove the template, or "
+            "set task.chat_template: off") from None
 
 
 def prompt_ids(tokenizer: Any, task: Task, row: Row) -> list[int]:

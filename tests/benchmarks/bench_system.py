@@ -119,7 +119,7 @@ def main() -> None:
             deadline = time.monotonic() + a.timeout_s  # the resume needs ~140 s at 8B (start-up, load, one step)
             budget = min(0.75 * a.timeout_s, a.timeout_s - 140) if a.resume_check else a.timeout_s
             with res.part("job"):
-                run_and_report(a, res, ["train", "--config", a.config, *overrides], work / "run", "job", budget)
+                run_and_report(a, res, ["train", "--overwrite", "--config", a.config, *overrides], work / "run", "job", budget)
             failed = [p for p in ("job",) if (res.data["parts"].get(p) or {}).get("rc", 1) != 0]
         if a.resume_check and not a.engine_only and "job" in res.data["parts"]:
             with res.part("resume"):  # one held-out prompt: the evaluation runs, briefly

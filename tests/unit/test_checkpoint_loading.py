@@ -133,12 +133,13 @@ def test_a_model_directory_with_a_malicious_bin_is_refused(tmp_path, marker, cap
 def test_the_warm_start_cache_is_checked_against_its_hashes(tmp_path, marker):
     from common.config.base import validate
     from common.config.job import JobConfig
+    from common.run_seal import seal_json
     from recipes.warmstart import MANIFEST, file_hashes, warm_start, warmstart_dir
 
     data = yaml.safe_load(eval_config(tmp_path).read_text())
     cfg = validate(JobConfig, {**data, "warmstart": {"steps": 1, "cache_dir": str(tmp_path / "cache")}})
     cached = model_dir(warmstart_dir(cfg))  # as if an earlier job had built it
-    (cached / MANIFEST).write_text(json.dumps({"files": file_hashes(cached)}))
+    (cached / MANIFEST).write_text(json.dumps(seal_json({"files": file_hashes(cached)})))
     assert warm_start(cfg, log=lambda line: None) == cached  # intact: reused
     weights = next(cached.glob("*.safetensors"))
     original = weights.read_bytes()

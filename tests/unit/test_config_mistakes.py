@@ -59,6 +59,14 @@ MISTAKES = [
     ("job name with a slash", ["run.name=my/job"], ["run.name", "pattern"]),
     ("bad dotted override syntax", ["algorithm.group_size"], ["'algorithm.group_size'", "key.path=value"]),
     ("override into a value", ["algorithm.group_size.x=1"], ["'group_size' is a value, not a section"]),
+    ("infinite lr (1e400 reads as inf)", ["learner.optimizer.lr=1e400"], ["learner.optimizer.lr", "finite number"]),
+    ("NaN float", ["loss.clip_max=.nan"], ["clip_max", "finite number"]),
+    ("infinite float", ["sampler.temperature=.inf"], ["sampler", "temperature", "finite number"]),
+    ("absurd step count", ["run.steps=1.0e+30"], ["run.steps"]),
+    ("absurd group size", ["algorithm.group_size=100000"], ["algorithm.group_size", "less than or equal to 4096"]),
+    ("alias bomb in an override", ["run.name=[&a [1,1,1,1,1,1,1,1,1,1], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+                                   "&c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
+                                   "&e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]]"], ["run.name", "alias bomb"]),
 ]
 
 
@@ -103,3 +111,20 @@ def test_resume_reads_the_run_dirs_config_and_points_at_its_checkpoints(tmp_path
     assert cli.main(["train", "--resume", str(run_dir), "run.steps=9"]) == 0
     cfg = seen["cfg"]
     assert cfg.run.output_dir == run_dir and cfg.run.resume_from == run_dir / "checkpoints" and cfg.run.steps == 9
+
+
+def test_a_yaml_alias_bomb_fails_fast_naming_the_file(capsys, no_training, tmp_path):
+    import time
+
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]  # 9^10 values expanded
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    t0 = time.monotonic()
+    assert cli.main(["train", "--dry-run", "--config", str(path)]) == 2
+    assert time.monotonic() - t0 < 5
+    err = capsys.readouterr().err
+    assert str(path) in err and "alias bomb" in err
+    path.write_text("x: " + "a" * (2 << 20))
+    assert cli.main(["train", "--dry-run", "--config", str(path)]) == 2
+    assert "at most" in capsys.readouterr().err

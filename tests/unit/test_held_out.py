@@ -60,7 +60,7 @@ def test_a_resumed_run_takes_before_from_its_own_step_0_evaluation(tmp_path):
 
 
 def test_a_resumed_runs_final_window_covers_the_runs_evaluations_once_per_step(tmp_path):
-    cfg = job(run={"output_dir": str(tmp_path)}, eval={"final_window": 3})
+    cfg = job(run={"output_dir": str(tmp_path), "steps": 6}, eval={"final_window": 3, "every": 2})
     evals = [(0, 0.25), (2, 0.5), (4, 0.625), (4, 0.75), (6, 0.875)]  # step 4 twice: the checkpoint's and the resume's
     lines = [{"step": s, "eval/pass@1": p, "eval/prompts": 8.0, "eval/version": float(s)} for s, p in evals]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
@@ -68,3 +68,16 @@ def test_a_resumed_runs_final_window_covers_the_runs_evaluations_once_per_step(t
     driver.evaluations = driver.recorded_evaluations()
     assert [r.pass_at_1 for r in driver.evaluations] == [0.25, 0.5, 0.75, 0.875]
     assert driver.final_window_text() == "; mean of the last 3 evaluations: 70.8%"  # (0.5 + 0.75 + 0.875) / 3
+
+
+def test_a_resumed_runs_final_line_has_the_uninterrupted_runs_format(tmp_path):
+    """eval.every 0: the run evaluates before and after only; the evaluation the resumed process
+    ran at its checkpoint's step (3) is not one of them, so no 'mean of the last 2 evaluations'."""
+    cfg = job(run={"output_dir": str(tmp_path), "steps": 6}, eval={"final_window": 3})
+    lines = [{"step": s, "eval/pass@1": p, "eval/prompts": 8.0, "eval/version": float(s)}
+             for s, p in [(0, 0.25), (3, 0.5), (6, 0.75)]]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    driver = Driver(cfg, log=lambda s: None)
+    driver.evaluations = driver.recorded_evaluations()
+    assert [r.pass_at_1 for r in driver.evaluations] == [0.25, 0.75]
+    assert driver.final_window_text() == ""
