@@ -30,12 +30,15 @@ def started(monkeypatch):
     """Whether train_job was reached (it is replaced: no Ray)."""
     seen: list = []
     monkeypatch.setattr(cli, "train_job", lambda cfg: seen.append(cfg) or 0)
+    # the reward's own dry import in its sandbox is test_reward_confinement's; here only the run's trust
+    monkeypatch.setattr("common.tasks.sandbox.check_reward", lambda task: None)
     return seen
 
 
 def make_run(root: Path, reward: dict | None = None) -> Path:
     """A run directory as the job writes it: sealed config.yaml and one sealed checkpoint."""
     run = root / "run"
+    (root / "r.py").write_text("def score(completion, row):\n    return 1.0\n")  # the reward file must exist
     config = {**JOB, "task": {**JOB["task"], "reward": reward or {}}, "run": {"output_dir": str(run)}}
     tag = run / "checkpoints" / "step2"
     tag.mkdir(parents=True)
