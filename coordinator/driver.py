@@ -280,6 +280,11 @@ class Driver:
         checkpoint.check_shapes(resume.state["parameter_shapes"], shapes, where)
         self.runtime.shapes = shapes
         state = checkpoint.load(actors, resume, timeout)
+        saved = wait([actors.learners[0].resharded_from.remote()], timeout, "learner rank 0 (re-shard)")[0]
+        if saved is not None:
+            self.log(f"checkpoint re-sharded: written by {saved[0]} learner ranks (ZeRO-{saved[1]}), loaded into "
+                     f"{len(actors.learners)} (ZeRO-{self.cfg.learner.deepspeed.zero_stage}); fp32 masters and Adam "
+                     f"moments exact, each rank's RNG streams derived from (run.seed, step, rank)")
         try:
             self.scheduler.load_state_dict(state, self.rows, resume.episodes)
         except (ValueError, KeyError) as e:
