@@ -117,6 +117,13 @@ class RolloutPool:
         """A freed bundle, or free resources for one more worker's bundle somewhere in the cluster."""
         return bool(self.free) or (self.cfg is not None and has_room(self.cfg.cluster.rollout))
 
+    def can_place(self) -> bool:
+        """Whether some node of the cluster, empty, could hold one more worker's bundle (its total
+        resources, not what is free now): False when the only nodes that could have left."""
+        if self.cfg is None:
+            return True
+        return can_hold(bundle(self.cfg.cluster.rollout))
+
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Close every worker (reward sandbox, push channel) and let its process exit; ``ray.kill``
         takes any that has not answered within ``grace_s`` (a killed worker with live threads
@@ -141,3 +148,8 @@ def node_alive(node_id: Optional[str]) -> bool:
     if node_id is None:
         return True
     return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
+
+
+def can_hold(need: dict[str, float]) -> bool:
+    """Whether an alive node of the cluster has, in total, the resources ``need`` asks for."""
+    return any(n["Alive"] and all(n.get("Resources", {}).get(k, 0.0) >= v for k, v in need.items()) for n in ray.nodes())

@@ -300,7 +300,8 @@ class RayRuntime:
         if waiting.call is None:
             return []
         alive = failure != "died" or node_alive(self.nodes.get(waiting.worker))
-        return [ev.CallFailed(waiting.call, failure, detail, node_alive=alive)]
+        placeable = alive or self.actors.pool.can_place()
+        return [ev.CallFailed(waiting.call, failure, detail, node_alive=alive, placeable=placeable)]
 
     def _member_failed(self, group: Group, ref: ray.ObjectRef, failure: str, detail: str) -> list[Any]:
         group.failures[ref] = (failure, detail)

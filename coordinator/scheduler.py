@@ -495,11 +495,14 @@ class Scheduler:
             else:
                 self._drop(worker, why)
         else:
-            self._lost(worker, event.failure, event.detail, event.node_alive, call)
+            self._lost(worker, event.failure, event.detail, event.node_alive, call, placeable=event.placeable)
 
-    def _lost(self, worker: WorkerState, failure: str, detail: str, node_alive: bool, first: Any = None) -> None:
+    def _lost(self, worker: WorkerState, failure: str, detail: str, node_alive: bool, first: Any = None,
+              placeable: bool = True, peers: bool = True) -> None:
         """Forget the worker's calls, re-queue its requests and evaluation part, then replace it,
-        drop it (its node left) or stop the job (its restarts are used up)."""
+        drop it (its node left) or stop the job (its restarts are used up, or it must be replaced
+        and no node left could hold it). The other workers on a node that left are lost with it."""
+        lost_with = self.fleet.node_left(worker) if not node_alive and peers else []
         calls = ([(0, first)] if first is not None else []) + self.fleet.forget(worker.index)
         requests = [r for _, c in calls for r in c.requests]
         if requests:
@@ -519,6 +522,12 @@ class Scheduler:
             self.log(f"{worker.name} {what} while retiring ({reason}); prompts {uids} re-queued")
         elif action == "drop":
             self._drop(worker, f"lost with its node ({reason}); prompts {uids} re-queued")
+        elif action == "replace" and not placeable:
+            self.stop(f"{worker.name} was lost with its node and no node left in the cluster can hold a rollout "
+                      f"worker (cluster.rollout: {self.cfg.cluster.rollout.num_cpus} CPU, "
+                      f"{self.cfg.cluster.rollout.num_gpus} GPU each); fewer than rollout.min_workers = "
+                      f"{self.fleet.min_workers} remain. The job stops; add a node, then `stabledrl train --resume "
+                      f"{self.cfg.run.output_dir}` continues from its last checkpoint")
         elif action == "give_up":
             self.stop(f"{worker.name} {what} {worker.restarts + 1} times, the last time: {reason}; giving up "
                       f"(rollout.max_restarts = {self.fleet.max_restarts}). The job stops; "
@@ -529,12 +538,15 @@ class Scheduler:
             self.counts["faults/rollout_workers_replaced"] += 1
             self.log(f"{worker.name} {what} ({reason}); prompts {uids} re-queued; replacement {new.restarts} of at "
                      f"most {self.fleet.max_restarts} starting")
+        for peer in lost_with:  # its node's other workers: gone too, whether or not their calls failed yet
+            if self.stopped is None and self.fleet.get(peer.index) is peer:
+                self._lost(peer, "died", f"its node left with {worker.name}", False, placeable=placeable, peers=False)
 
     def _drop(self, worker: WorkerState, why: str) -> None:
         self._remove(worker)
-        self.fleet.target = min(self.fleet.target, len(self.fleet.live()))  # the cluster shrank
+        self.fleet.target = min(self.fleet.target, len(self.fleet.alive()))  # the cluster shrank
         self.counts["faults/rollout_workers_dropped"] += 1
-        self.log(f"{worker.name} {why}; continuing with {len(self.fleet.live())} workers")
+        self.log(f"{worker.name} {why}; continuing with {len(self.fleet.alive())} workers")
 
     def _remove(self, worker: WorkerState) -> None:
         self.fleet.remove(worker)
