@@ -55,3 +55,18 @@ def test_a_node_that_left_with_room_elsewhere_gets_one_replacement_and_the_rest_
     assert start.worker == 0 and start.replaces  # rollout.min_workers = 1: one must run
     assert sim.logs()[-1].endswith("continuing with 1 workers") and "rollout worker 1" in sim.logs()[-1]
     assert sim.stop() is None
+
+
+def test_a_custom_resource_the_cluster_lacks_is_refused_before_any_actor_starts():
+    import pytest
+
+    from common.config.base import ConfigError
+    from common.config.job import check_resources
+
+    cfg = job(cluster={"learner": {"num_cpus": 0.5, "resources": {"learner_node": 1}}})
+    check_resources(cfg, {"CPU": 4, "learner_node": 2})
+    with pytest.raises(ConfigError, match=r"cluster.learner.resources.learner_node: learner.num_ranks \(2\) × 1 = 2, "
+                                          r"but the Ray cluster has 1 learner_node \(start the nodes"):
+        check_resources(cfg, {"CPU": 4, "learner_node": 1})
+    with pytest.raises(ValueError, match="resources.GPU: set num_cpus / num_gpus instead"):
+        job(cluster={"rollout": {"resources": {"GPU": 1}}})
