@@ -59,7 +59,7 @@ def model_states(tag_dir: Path) -> dict[str, Any]:
     tag_dir = Path(tag_dir)
     name = "mp_rank_00_model_states.pt" if saved_layout(tag_dir).zero_stage < 3 else \
         "zero_pp_rank_0_mp_rank_00_model_states.pt"
-    return load_torch(tag_dir / name, DEEPSPEED_GLOBALS, map_location="cpu")
+    return load_torch(tag_dir / name, DEEPSPEED_GLOBALS, map_location="cpu", mmap=True)
 
 
 def read_shards(tag_dir: Path) -> tuple[Iterator[tuple[str, dict[str, torch.Tensor]]], torch.Tensor]:
@@ -101,13 +101,12 @@ def _zero2_params(flats: dict[str, list[list[torch.Tensor]]], shapes: list[dict[
 
 def _zero3_params(flats: dict[str, list[list[torch.Tensor]]], shapes: list[dict[str, Any]],
                   world: int) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
-    per_rank = {key: [torch.cat(list(rank)) if len(rank) > 1 else rank[0] for rank in flats[key]] for key in KEYS}
-    offset = 0
+    offset = 0  # in each rank's sub-groups, one after the other
     for group_shapes in shapes:
         for name, shape in group_shapes.items():
             numel = math.prod(shape)
             part = math.ceil(numel / world)
-            yield name, {key: torch.cat([rank.narrow(0, offset, part) for rank in per_rank[key]])[:numel].view(shape)
+            yield name, {key: torch.cat([_span(list(rank), offset, part) for rank in flats[key]])[:numel].view(shape)
                          for key in KEYS}
             offset += part
 
@@ -132,36 +131,45 @@ def place(engine: Any, params: Iterator[tuple[str, dict[str, torch.Tensor]]], st
     another shape."""
     optimizer = engine.optimizer
     names = {id(p): n for n, p in engine.module.named_parameters()}
-    full = dict(params)
     stage3 = hasattr(optimizer, "fp32_partitioned_groups_flat")
     groups = optimizer.fp16_groups if stage3 else optimizer.bit16_groups
-    placed = 0
+    flats = optimizer.fp32_partitioned_groups_flat if stage3 else optimizer.single_partition_of_fp32_groups
+    slots: dict[str, tuple[int, Any, int]] = {}  # name -> (group, parameter, ZeRO-3 offset in the group's partition)
     for g, lp_params in enumerate(groups):
-        flat = optimizer.fp32_partitioned_groups_flat[g] if stage3 else optimizer.single_partition_of_fp32_groups[g]
-        targets = {"fp32": flat.data, "exp_avg": torch.zeros_like(flat), "exp_avg_sq": torch.zeros_like(flat)}
         offset = 0
         for p in lp_params:
-            name = names[id(p)]
-            source = full.get(name)
-            shape = tuple(getattr(p, "ds_shape", None) or p.shape)
-            if source is None or tuple(source["fp32"].shape) != shape:
-                found = "missing" if source is None else f"of shape {tuple(source['fp32'].shape)}"
-                raise CheckpointError(f"re-sharding: trained parameter {name} {shape} is {found} in the checkpoint")
-            if stage3:
-                part = p.ds_tensor.ds_numel
-                rank = optimizer._get_param_partition_rank(p)
-                for key, target in targets.items():
-                    value = source[key].flatten()
-                    value = torch.nn.functional.pad(value, (0, part * optimizer.partition_count - value.numel()))
-                    target.narrow(0, offset, part).copy_(value.narrow(0, rank * part, part))
-                offset += part
-            elif getattr(p, "_hp_mapping", None) is not None:
-                lp, hp = p._hp_mapping.lp_fragment_address, p._hp_mapping.hp_fragment_address
-                for key, target in targets.items():
-                    target.narrow(0, hp.start, hp.numel).copy_(source[key].flatten().narrow(0, lp.start, lp.numel))
-            placed += 1
+            slots[names[id(p)]] = (g, p, offset)
+            offset += p.ds_tensor.ds_numel if stage3 else 0
+    targets = [{"fp32": flat.data, "exp_avg": torch.zeros_like(flat), "exp_avg_sq": torch.zeros_like(flat)}
+               for flat in flats]
+    placed: set[str] = set()
+    for name, source in params:  # one parameter's full tensors at a time
+        if name not in slots:
+            raise CheckpointError(f"re-sharding: the checkpoint trains {name}, which this model does not train")
+        g, p, offset = slots[name]
+        shape = tuple(getattr(p, "ds_shape", None) or p.shape)
+        if tuple(source["fp32"].shape) != shape:
+            raise CheckpointError(f"re-sharding: {name} is {tuple(source['fp32'].shape)} in the checkpoint, {shape} "
+                                  "in the model")
+        if stage3:
+            part = p.ds_tensor.ds_numel
+            rank = optimizer._get_param_partition_rank(p)
+            for key, target in targets[g].items():
+                value = source[key].flatten()
+                value = torch.nn.functional.pad(value, (0, part * optimizer.partition_count - value.numel()))
+                target.narrow(0, offset, part).copy_(value.narrow(0, rank * part, part))
+        elif getattr(p, "_hp_mapping", None) is not None:  # the part of p in this rank's partition
+            lp, hp = p._hp_mapping.lp_fragment_address, p._hp_mapping.hp_fragment_address
+            for key, target in targets[g].items():
+                target.narrow(0, hp.start, hp.numel).copy_(source[key].flatten().narrow(0, lp.start, lp.numel))
+        placed.add(name)
+    missing = sorted(set(slots) - placed)
+    if missing:
+        raise CheckpointError(f"re-sharding: {len(missing)} trained parameters are missing from the checkpoint, "
+                              f"e.g. {missing[:3]}")
+    for g, flat in enumerate(flats):
         optimizer.optimizer.state[flat] = {"step": _step_like(step, optimizer.optimizer.param_groups[g], flat),
-                                           "exp_avg": targets["exp_avg"], "exp_avg_sq": targets["exp_avg_sq"]}
+                                           "exp_avg": targets[g]["exp_avg"], "exp_avg_sq": targets[g]["exp_avg_sq"]}
     if stage3:
         for g in range(len(groups)):
             optimizer.fp16_partitioned_groups_flat[g].data.copy_(optimizer.fp32_partitioned_groups_flat[g].data)
@@ -172,7 +180,7 @@ def place(engine: Any, params: Iterator[tuple[str, dict[str, torch.Tensor]]], st
     else:
         optimizer._link_all_hp_params()  # the moments' fragments point at the new state
         optimizer.update_lp_params()
-    return placed
+    return len(placed)
 
 
 def _step_like(step: torch.Tensor, group: dict[str, Any], flat: torch.Tensor) -> torch.Tensor:
