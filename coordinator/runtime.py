@@ -300,7 +300,7 @@ class RayRuntime:
         if waiting.call is None:
             return []
         alive = failure != "died" or node_alive(self.nodes.get(waiting.worker))
-        placeable = alive or self.actors.pool.can_place()
+        placeable = alive or self.actors.pool.can_place(self.actors.groups)
         return [ev.CallFailed(waiting.call, failure, detail, node_alive=alive, placeable=placeable)]
 
     def _member_failed(self, group: Group, ref: ray.ObjectRef, failure: str, detail: str) -> list[Any]:
