@@ -265,7 +265,8 @@ class LearnerEngine:
         The tag is verified first (``common.checkpoint_files.verify_tag``: manifest, sizes, no
         foreign pickles) and DeepSpeed reads it under torch's restricted unpickler. A checkpoint
         written at another number of ranks or another ZeRO stage is re-sharded
-        (learner/reshard.py); its RNG states are then ``rank_rng_seed(seed, step, rank)``'s."""
+        (learner/reshard.py); at another rank count its RNG states are then
+        ``rank_rng_seed(seed, step, rank)``'s."""
         self.checkpoint_written(timeout_s=None)
         tag = tag or Path(directory, "latest").read_text().strip()
         verify_tag(Path(directory) / tag)
@@ -286,9 +287,10 @@ class LearnerEngine:
     def _load_resharded(self, tag_dir: Path, saved: Layout, seed: int) -> dict:
         """``load_checkpoint`` of a tag written at another shape (learner/reshard.py). Every rank
         reads the shards it needs from the shared directory; the masters and moments land bit for
-        bit. The saved RNG states belong to ranks that no longer exist: rank r of the new shape
-        seeds its generators from (seed, step, r) instead, so the streams are defined by the new
-        shape alone (``rank_rng_seed``)."""
+        bit. With another rank count the saved RNG states belong to ranks that no longer exist:
+        rank r of the new shape seeds its generators from (seed, step, r) instead, so the streams
+        are defined by the new shape alone (``rank_rng_seed``); with the same count (only the ZeRO
+        stage changed) each rank restores its own."""
         from learner.reshard import model_states, place, read_shards
 
         state = model_states(tag_dir)
@@ -301,7 +303,10 @@ class LearnerEngine:
         self.engine.global_steps = int(state.get("global_steps", 0))
         self.engine.global_samples = int(state.get("global_samples", 0))
         step = int(client.get("step", self.applied_steps + self.skipped_steps))
-        _seed_rngs(rank_rng_seed(seed, step, self.rank))
+        if saved.world_size == self.world_size:  # only the ZeRO stage changed: every rank still has its streams
+            _set_rng_states(load_torch(tag_dir / f"rng_rank{self.rank}.pt"))
+        else:
+            _seed_rngs(rank_rng_seed(seed, step, self.rank))
         self.resharded_from = saved
         dist.barrier()
         return client
