@@ -536,8 +536,10 @@ class Scheduler:
             new = self.fleet.replace(worker)
             self._start(new, True, f"{new.name} (replacement {new.restarts})")
             self.counts["faults/rollout_workers_replaced"] += 1
+            where = "" if node_alive else (f" (its node left: it waits at most cluster.start_timeout_s = "
+                                           f"{self.cfg.cluster.start_timeout_s:.0f} s for room on another node)")
             self.log(f"{worker.name} {what} ({reason}); prompts {uids} re-queued; replacement {new.restarts} of at "
-                     f"most {self.fleet.max_restarts} starting")
+                     f"most {self.fleet.max_restarts} starting{where}")
         for peer in lost_with:  # its node's other workers: gone too, whether or not their calls failed yet
             if self.stopped is None and self.fleet.get(peer.index) is peer:
                 self._lost(peer, "died", f"its node left with {worker.name}", False, placeable=placeable, peers=False)

@@ -53,6 +53,8 @@ def test_a_node_that_left_with_room_elsewhere_gets_one_replacement_and_the_rest_
     sim.send(ev.CallFailed(dead[0].call, "died", "node died", node_alive=False))
     (start,) = sim.pending(ev.StartWorker)
     assert start.worker == 0 and start.replaces  # rollout.min_workers = 1: one must run
+    assert any("replacement 1 of at most 2 starting (its node left: it waits at most cluster.start_timeout_s = 600 s "
+               "for room on another node)" in line for line in sim.logs()), sim.logs()
     assert sim.logs()[-1].endswith("continuing with 1 workers") and "rollout worker 1" in sim.logs()[-1]
     assert sim.stop() is None
 
