@@ -46,8 +46,8 @@ from coordinator.episode_io import load_episodes, save_episodes
 from common.types import Episode
 
 # fields the saved state depends on (dotted prefixes); everything else may change on resume
-MUST_MATCH = ("model", "task", "sampler", "estimator", "loss", "algorithm", "learner.num_ranks",
-              "learner.deepspeed.zero_stage", "learner.lora", "run.seed")
+# (learner.num_ranks and learner.deepspeed.zero_stage may change: the learner re-shards, learner/reshard.py)
+MUST_MATCH = ("model", "task", "sampler", "estimator", "loss", "algorithm", "learner.lora", "run.seed")
 MAY_DIFFER = ("sampler.max_batch_size", "sampler.cuda_graph", "algorithm.micro_batch_size", "model.gradient_checkpointing",
               # the reward's confinement: a resume may tighten it; loosening it needs --allow-weaker-sandbox (common/run_seal.py)
               "task.reward.isolation", "task.reward.sandbox", "task.reward.timeout_s")
@@ -228,7 +228,8 @@ def verify(directory: Path, config: dict[str, Any], log: Callable[[str], None] =
 
 def load(actors: Actors, resume: Resume, timeout_s: float) -> dict[str, Any]:
     """Restore every learner rank from the verified tag; returns the client state."""
-    states = wait(actors.call_learners("load_checkpoint", str(resume.directory), resume.tag), timeout_s,
+    seed = int(resume.state.get("config", {}).get("run", {}).get("seed", 0))
+    states = wait(actors.call_learners("load_checkpoint", str(resume.directory), resume.tag, seed), timeout_s,
                   [f"learner rank {r} (load checkpoint {resume.tag})" for r in range(len(actors.learners))])
     if states[0].get("step") != resume.state["step"]:
         raise CheckpointError(f"{resume.directory / resume.tag}: DeepSpeed's client state is step "

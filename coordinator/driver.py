@@ -31,7 +31,7 @@ from common.tasks import PromptStream, load_task_data
 from common.types import Episode
 from coordinator import checkpoint
 from coordinator import events as ev
-from coordinator.actors import start_actors
+from coordinator.actors import start_actors, wait
 from coordinator.control import start_control
 from coordinator.held_out import HeldOutResult, held_out_rows
 from coordinator.runtime import RayRuntime
@@ -306,6 +306,11 @@ class Driver:
         where = resume.directory / resume.tag
         checkpoint.check_shapes(resume.state["parameter_shapes"], self.runtime.parameter_shapes(), where)
         state = checkpoint.load(actors, resume, timeout)
+        saved = wait([actors.learners[0].resharded_from.remote()], timeout, "learner rank 0 (re-shard)")[0]
+        if saved is not None:
+            self.log(f"checkpoint re-sharded: written by {saved[0]} learner ranks (ZeRO-{saved[1]}), loaded into "
+                     f"{len(actors.learners)} (ZeRO-{self.cfg.learner.deepspeed.zero_stage}); fp32 masters and Adam "
+                     f"moments exact, each rank's RNG streams derived from (run.seed, step, rank)")
         try:
             self.scheduler.load_state_dict(state, self.rows, resume.episodes)
         except (ValueError, KeyError) as e:

@@ -82,6 +82,7 @@ class CallFailed:
     failure: Failure
     detail: str  # one line: the cause, or how long it was waited for
     node_alive: bool = True  # False: the worker's node left the cluster with it
+    placeable: bool = True  # False: no node left in the cluster could ever hold a rollout worker
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ class Fleet:
         self.target = target  # the size the fleet is steered to
         self.min_workers, self.max_workers, self.max_restarts = min_workers, max_workers, max_restarts
         self.autoscale = autoscale
+        self.nodes_left: set[str] = set()  # Ray nodes known to have left the cluster (with workers on them)
 
     # ---- workers --------------------------------------------------------------------------
     def __getitem__(self, index: int) -> WorkerState:
@@ -71,6 +72,20 @@ class Fleet:
     def live(self) -> list[WorkerState]:
         """Workers that count towards the fleet's size: starting, syncing or active."""
         return [w for w in self.workers.values() if w.state != "retiring"]
+
+    def alive(self) -> list[WorkerState]:
+        """Live workers not on a node known to have left: those the job can count on (a worker on a
+        node that left is live until its own loss is handled)."""
+        return [w for w in self.live() if w.info.get("node_id") not in self.nodes_left]
+
+    def node_left(self, worker: WorkerState) -> list[WorkerState]:
+        """``worker``'s node left the cluster: remember it, and return the other live workers on
+        that node (lost with it, whether or not their own calls have failed yet)."""
+        node = worker.info.get("node_id")
+        if node is None:
+            return []
+        self.nodes_left.add(node)
+        return [w for w in self.live() if w is not worker and w.info.get("node_id") == node]
 
     def serving(self) -> list[WorkerState]:
         """Workers up and in the job (syncing or active): what ``rollout/workers`` counts; a lost
@@ -104,10 +119,11 @@ class Fleet:
     def loss_action(self, worker: WorkerState, node_alive: bool) -> LossAction:
         """What a lost process of ``worker`` leads to: a retiring worker is removed; one lost with its
         node is dropped while ``min_workers`` others remain (the cluster shrank); one whose restarts
-        are used up ends the job; any other is replaced in place."""
+        are used up ends the job; any other is replaced in place. Workers on a node that left do
+        not count as remaining."""
         if worker.state == "retiring":
             return "remove"
-        if not node_alive and len(self.live()) - 1 >= self.min_workers:
+        if not node_alive and len([w for w in self.alive() if w is not worker]) >= self.min_workers:
             return "drop"
         return "give_up" if worker.restarts >= self.max_restarts else "replace"
 

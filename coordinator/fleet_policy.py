@@ -73,9 +73,10 @@ class FleetPolicy:
         return worker, call, []
 
     def lost(self, worker: WorkerState, failure: str, detail: str, node_alive: bool,
-             first: Optional[Call] = None) -> tuple[list[PromptRequest], list[ev.Command]]:
+             first: Optional[Call] = None, placeable: bool = True) -> tuple[list[PromptRequest], list[ev.Command]]:
         """Forget the worker's calls, then replace it, drop it (its node left), remove it (it was
-        retiring) or stop the job (its restarts are used up). Returns (its requests, commands)."""
+        retiring) or stop the job (its restarts are used up, or it must be replaced and no node left
+        could hold it: ``placeable`` False). Returns (its requests, commands)."""
         calls = ([first] if first is not None else []) + [c for _, c in self.fleet.forget(worker.index)]
         requests = [r for c in calls for r in c.requests]
         hung = failure == "timed_out"
@@ -89,6 +90,12 @@ class FleetPolicy:
                 ev.Log(f"{worker.name} {what} while retiring ({reason}); prompts {uids} re-queued")]
         if action == "drop":
             return requests, self._drop(worker, f"lost with its node ({reason}); prompts {uids} re-queued")
+        if action == "replace" and not placeable:
+            return requests, [ev.Stop(
+                f"{worker.name} was lost with its node and no node left in the cluster can hold a rollout worker "
+                f"(cluster.rollout: {self.cfg.cluster.rollout.num_cpus} CPU, {self.cfg.cluster.rollout.num_gpus} GPU "
+                f"each); fewer than rollout.min_workers = {self.fleet.min_workers} remain. The job stops; add a node, "
+                f"then {resume_hint(self.cfg.run.output_dir)}")]
         if action == "give_up":
             return requests, [ev.Stop(
                 f"{worker.name} {what} {worker.restarts + 1} times, the last time: {reason}; giving up "
@@ -96,9 +103,11 @@ class FleetPolicy:
                 f"{resume_hint(self.cfg.run.output_dir)}")]
         new = self.fleet.replace(worker)
         self.counts["faults/rollout_workers_replaced"] += 1
+        where = "" if node_alive else (f" (its node left: it waits at most cluster.start_timeout_s = "
+                                       f"{self.cfg.cluster.start_timeout_s:.0f} s for room on another node)")
         return requests, self._start(new, True, f"{new.name} (replacement {new.restarts})") + [
             ev.Log(f"{worker.name} {what} ({reason}); prompts {uids} re-queued; replacement {new.restarts} of at "
-                   f"most {self.fleet.max_restarts} starting")]
+                   f"most {self.fleet.max_restarts} starting{where}")]
 
     def control_polled(self, event: ev.ControlPolled) -> list[ev.Command]:
         """Between steps: the size `stabledrl scale` asked for, or (autoscale) room for one more."""
@@ -130,9 +139,9 @@ class FleetPolicy:
 
     def _drop(self, worker: WorkerState, why: str) -> list[ev.Command]:
         out = self._remove(worker)
-        self.fleet.target = min(self.fleet.target, len(self.fleet.live()))  # the cluster shrank
+        self.fleet.target = min(self.fleet.target, len(self.fleet.alive()))  # the cluster shrank
         self.counts["faults/rollout_workers_dropped"] += 1
-        return out + [ev.Log(f"{worker.name} {why}; continuing with {len(self.fleet.live())} workers")]
+        return out + [ev.Log(f"{worker.name} {why}; continuing with {len(self.fleet.alive())} workers")]
 
     def _remove(self, worker: WorkerState) -> list[ev.Command]:
         self.fleet.remove(worker)

@@ -18,6 +18,7 @@ def bundle(resources: ActorResources) -> dict[str, float]:
     out = {"CPU": resources.num_cpus}
     if resources.num_gpus:
         out["GPU"] = resources.num_gpus
+    out.update(resources.resources)  # custom resources: only nodes that offer them (cluster.*.resources)
     return out
 
 

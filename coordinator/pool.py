@@ -10,10 +10,10 @@ placement group of its own (one bundle), removed with it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
 from common.config.job import JobConfig
 from common.config.model import ModelConfig
@@ -117,6 +117,14 @@ class RolloutPool:
         """A freed bundle, or free resources for one more worker's bundle somewhere in the cluster."""
         return bool(self.free) or (self.cfg is not None and has_room(self.cfg.cluster.rollout))
 
+    def can_place(self, reserved: Sequence[PlacementGroup] = ()) -> bool:
+        """Whether some alive node could hold one more worker's bundle with its total resources less
+        the bundles of ``reserved`` placed on it (the learner's group, which never moves): False
+        when the nodes that could have left, so a replacement cannot be placed until a node joins."""
+        if self.cfg is None:
+            return True
+        return can_hold(bundle(self.cfg.cluster.rollout), reserved)
+
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Close every worker (reward sandbox, push channel) and let its process exit; ``ray.kill``
         takes any that has not answered within ``grace_s`` (a killed worker with live threads
@@ -144,3 +152,16 @@ def node_alive(node_id: Optional[str]) -> bool:
     if node_id is None:
         return True
     return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
+
+
+def can_hold(need: dict[str, float], reserved: Sequence[PlacementGroup] = ()) -> bool:
+    """Whether an alive node of the cluster has the resources ``need`` asks for in total, less the
+    bundles of the ``reserved`` placement groups that are placed on it."""
+    taken: dict[str, dict[str, float]] = {}
+    for group in reserved:
+        table = placement_group_table(group)
+        for index, node in table.get("bundles_to_node_id", {}).items():
+            for name, amount in table["bundles"][index].items():
+                taken.setdefault(node, {})[name] = taken.get(node, {}).get(name, 0.0) + amount
+    return any(n["Alive"] and all(n.get("Resources", {}).get(k, 0.0) - taken.get(n["NodeID"], {}).get(k, 0.0) >= v
+                                  for k, v in need.items()) for n in ray.nodes())

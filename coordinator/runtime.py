@@ -244,7 +244,8 @@ class RayRuntime:
         if waiting.call is None:
             return []
         alive = failure != "died" or node_alive(self.nodes.get(waiting.worker))
-        return [ev.CallFailed(waiting.call, failure, detail, node_alive=alive)]
+        placeable = alive or self.actors.pool.can_place(self.actors.groups)
+        return [ev.CallFailed(waiting.call, failure, detail, node_alive=alive, placeable=placeable)]
 
     def _member_failed(self, group: CallGroup, ref: ray.ObjectRef, failure: str, detail: str) -> list[Any]:
         group.failures[ref] = (failure, detail)

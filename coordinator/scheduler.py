@@ -305,16 +305,21 @@ class Scheduler:
         worker, call, commands = self.workers.call_failed(event)
         self._emit(commands)
         if worker is not None:
-            self._lost(worker, event.failure, event.detail, event.node_alive, call)
+            self._lost(worker, event.failure, event.detail, event.node_alive, call, placeable=event.placeable)
 
     def _lost(self, worker: WorkerState, failure: str, detail: str, node_alive: bool,
-              first: Optional[Call] = None) -> None:
+              first: Optional[Call] = None, placeable: bool = True, peers: bool = True) -> None:
         """A lost worker: its requests re-queued, its evaluation parts dealt again, then the fleet
-        policy's answer (replace, drop, remove, give up)."""
-        requests, commands = self.workers.lost(worker, failure, detail, node_alive, first)
+        policy's answer (replace, drop, remove, give up). The other workers on a node that left are
+        lost with it, whether or not their own calls have failed yet."""
+        lost_with = self.fleet.node_left(worker) if not node_alive and peers else []
+        requests, commands = self.workers.lost(worker, failure, detail, node_alive, first, placeable)
         self.admission.lost(requests)
         self.evaluation.lost_worker(worker.index)
         self._emit(commands)
+        for peer in lost_with:
+            if self.stopped is None and self.fleet.get(peer.index) is peer:
+                self._lost(peer, "died", f"its node left with {worker.name}", False, placeable=placeable, peers=False)
 
     def _on_stalled(self, event: ev.Stalled) -> None:
         self._emit([ev.Stop(f"the loop has nothing to wait for: no rollout admitted, no step running and no worker "

@@ -43,11 +43,13 @@ from torch import nn
 
 from common.checkpoint_files import load_torch, read_latest, restricted_unpickling, verify_tag
 from common.config.learner import LearnerConfig
+from common.seeding import derive_seed
 from learner.async_checkpoint import BackgroundWriter, marker_name, write_file
 from learner.group import local_device
 from learner.lora import add_adapters, plain_named_parameters
 from common.stats import Reduce, Stat
 from learner.losses.metrics import Metric
+from learner.reshard import Layout, saved_layout
 from learner.zero import (
     build_optimizer,
     deepspeed_config,
@@ -87,6 +89,7 @@ class LearnerEngine:
         self.skipped_steps = 0  # steps skipped for a non-finite loss or grad norm
         self._bad_loss = False
         self.writer: Optional[BackgroundWriter] = None  # save_checkpoint_async's (learner/async_checkpoint.py)
+        self.resharded_from: Optional[tuple[int, int]] = None  # (ranks, stage) of a re-sharded checkpoint loaded
 
     @property
     def module(self) -> nn.Module:
@@ -257,15 +260,21 @@ class LearnerEngine:
         dist.barrier()
         return tag
 
-    def load_checkpoint(self, directory: str | os.PathLike, tag: Optional[str] = None) -> dict:
+    def load_checkpoint(self, directory: str | os.PathLike, tag: Optional[str] = None, seed: int = 0) -> dict:
         """Restore weights, optimizer state, the lr schedule position and this rank's RNG states;
         returns the ``client_state`` given to ``save_checkpoint``. ``tag=None``: the latest.
 
         The tag is verified first (``common.checkpoint_files.verify_tag``: manifest, sizes, no
-        foreign pickles) and DeepSpeed reads it under torch's restricted unpickler."""
+        foreign pickles) and DeepSpeed reads it under torch's restricted unpickler. A checkpoint
+        written at another number of ranks or another ZeRO stage is re-sharded
+        (learner/reshard.py); at another rank count its RNG states are then
+        ``rank_rng_seed(seed, step, rank)``'s."""
         self.checkpoint_written(timeout_s=None)
         tag = tag or read_latest(Path(directory))
         verify_tag(Path(directory) / tag)
+        saved = saved_layout(Path(directory) / tag)
+        if saved != Layout(self.world_size, self.cfg.deepspeed.zero_stage):
+            return self._load_resharded(Path(directory) / tag, saved, seed)
         with restricted_unpickling():
             path, state = self.engine.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True,
                                                       load_lr_scheduler_states=False,
@@ -276,6 +285,33 @@ class LearnerEngine:
         self.skipped_steps = int(state["engine"]["skipped_steps"])
         _set_rng_states(load_torch(Path(directory) / tag / f"rng_rank{self.rank}.pt"))
         return state["client"]
+
+    def _load_resharded(self, tag_dir: Path, saved: Layout, seed: int) -> dict:
+        """``load_checkpoint`` of a tag written at another shape (learner/reshard.py). Every rank
+        reads the shards it needs from the shared directory; the masters and moments land bit for
+        bit. With another rank count the saved RNG states belong to ranks that no longer exist:
+        rank r of the new shape seeds its generators from (seed, step, r) instead, so the streams
+        are defined by the new shape alone (``rank_rng_seed``); with the same count (only the ZeRO
+        stage changed) each rank restores its own."""
+        from learner.reshard import model_states, place, read_shards
+
+        state = model_states(tag_dir)
+        params, adam_step = read_shards(tag_dir)
+        with torch.no_grad():
+            place(self.engine, params, adam_step)
+        engine_state, client = state["engine"], state["client"]
+        self.applied_steps = int(engine_state["applied_steps"])
+        self.skipped_steps = int(engine_state["skipped_steps"])
+        self.engine.global_steps = int(state.get("global_steps", 0))
+        self.engine.global_samples = int(state.get("global_samples", 0))
+        step = int(client.get("step", self.applied_steps + self.skipped_steps))
+        if saved.world_size == self.world_size:  # only the ZeRO stage changed: every rank still has its streams
+            _set_rng_states(load_torch(tag_dir / f"rng_rank{self.rank}.pt"))
+        else:
+            _seed_rngs(rank_rng_seed(seed, step, self.rank))
+        self.resharded_from = saved
+        dist.barrier()
+        return client
 
     # ---- checkpoints off the training path ---------------------------------------------------
     def save_checkpoint_async(self, directory: str | os.PathLike, client_state: Optional[dict] = None,
@@ -332,6 +368,20 @@ def _accumulate(sums: dict[str, torch.Tensor], extremes: dict[str, tuple[Reduce,
         else:
             raise ValueError(f"metric {key!r}: the engine adds shares and takes max / min; weight a {reduce.value} "
                              "into a share first (learner/worker.py does it by the micro-batch's rows)")
+
+
+def rank_rng_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of learner rank ``rank``'s Python / NumPy / torch (/ CUDA) generators when a run
+    resumes at step ``step`` on another number of ranks than it was saved at (run.seed = ``seed``)."""
+    return derive_seed("learner-rng", seed, step, rank)
+
+
+def _seed_rngs(seed: int) -> None:
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # every CUDA device too
 
 
 def _rng_states() -> dict[str, Any]:

@@ -183,9 +183,15 @@ class LearnerWorker:
                     raise
                 raise cause from e
 
-    def load_checkpoint(self, directory: str, tag: Optional[str] = None) -> dict:
+    def load_checkpoint(self, directory: str, tag: Optional[str] = None, seed: int = 0) -> dict:
+        """Restore this rank (collective); a checkpoint of another rank count or ZeRO stage is
+        re-sharded (learner/reshard.py), its RNG streams derived from (``seed``, step, rank)."""
         with self.clock.timed("load"):
-            return self.engine.load_checkpoint(directory, tag)
+            return self.engine.load_checkpoint(directory, tag, seed)
+
+    def resharded_from(self) -> Optional[tuple[int, int]]:
+        """(ranks, ZeRO stage) the loaded checkpoint was written at, if not this engine's."""
+        return self.engine.resharded_from
 
     def export(self, directory: str) -> Optional[str]:
         """Write the policy (LoRA adapters merged) as a transformers directory (rank 0; collective gather)."""

@@ -94,6 +94,21 @@ class ActorResources(StrictModel):
 
     num_cpus: float = Field(0.5, gt=0.0, description="CPUs reserved (fractions let several actors share a core)")
     num_gpus: float = Field(0.0, ge=0.0, description="GPUs (1 per learner rank and per rollout worker on GPU nodes)")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources each actor's bundle also reserves, e.g. "
+        "{learner_node: 1}: the actors go only to nodes started with that resource (`ray start --resources "
+        "'{\"learner_node\": 8}'`), which pins a role to the nodes you choose; empty: any node with room"
+    )
+
+    @model_validator(mode="after")
+    def _custom_resources(self) -> "ActorResources":
+        for name, amount in self.resources.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"resources.{name}: set num_cpus / num_gpus instead; resources names custom Ray "
+                                 "resources (a node label such as learner_node)")
+            if not amount > 0:
+                raise ValueError(f"resources.{name} must be > 0 (got {amount})")
+        return self
 
 
 class ClusterConfig(StrictModel):
@@ -102,7 +117,8 @@ class ClusterConfig(StrictModel):
     learner: ActorResources = Field(default_factory=ActorResources, description="per learner rank")
     rollout: ActorResources = Field(default_factory=ActorResources, description="per rollout worker")
     learner_strategy: Literal["PACK", "STRICT_PACK", "SPREAD"] = Field(
-        "PACK", description="placement of the learner ranks (PACK keeps NCCL traffic on as few nodes as possible)"
+        "PACK", description="placement of the learner ranks (PACK keeps NCCL traffic on as few nodes as possible, "
+        "STRICT_PACK all on one node, SPREAD over as many as possible); which nodes: cluster.learner.resources"
     )
     rollout_strategy: Literal["PACK", "STRICT_PACK", "SPREAD"] = Field(
         "PACK", description="placement of the rollout workers"
@@ -273,3 +289,10 @@ def check_resources(cfg: JobConfig, offered: dict[str, float], where: str = "the
                                for count_name, count, res_name, res in roles)
             raise ConfigError(f"{terms} = {needed:g} {resource}s, but {where} has {have:g}: lower these or give "
                               "the cluster more (cluster.local_num_cpus for a local instance)")
+    for count_name, count, res_name, res in roles:
+        for name, amount in sorted(res.resources.items()):
+            have = float(offered.get(name, 0.0))
+            if count * amount > have + 1e-9:
+                raise ConfigError(f"{res_name}.resources.{name}: {count_name} ({count}) × {amount:g} = {count * amount:g}, "
+                                  f"but {where} has {have:g} {name} (start the nodes meant for this role with "
+                                  f"`ray start --resources '{{\"{name}\": N}}'`)")

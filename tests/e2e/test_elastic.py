@@ -99,3 +99,35 @@ def test_a_node_that_joins_gets_a_worker_and_one_that_leaves_loses_it(cluster, t
     for s, batch in enumerate(driver.batches):
         assert [e.uid for e in batch] == list(range(4 * s, 4 * s + 4))
         assert {x.policy_version for e in batch for x in e.group.samples} == {s}
+
+
+def test_a_custom_resource_pins_a_role_to_its_nodes_and_a_node_that_left_holds_nothing(cluster):
+    """cluster.learner.resources = {learner_node: 1}: the learner ranks' bundles land on the node
+    started with that resource, for any strategy, never on the head or another node; once that
+    node is gone no node can hold such a bundle (what fails a lost worker's replacement fast)."""
+    import time
+
+    from ray.util.placement_group import placement_group_table, remove_placement_group
+
+    from common.config.job import ActorResources
+    from coordinator.placement import bundle, reserve
+    from coordinator.pool import can_hold
+
+    pinned = cluster.add_node(num_cpus=1, resources={"learner_node": 2})
+    other = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    resources = ActorResources(num_cpus=0.25, resources={"learner_node": 1})
+    assert bundle(resources) == {"CPU": 0.25, "learner_node": 1}
+    for strategy in ("PACK", "SPREAD"):
+        group = reserve("stabledrl-learner-test", resources, 2, strategy, 60)
+        nodes = set(placement_group_table(group)["bundles_to_node_id"].values())
+        assert nodes == {pinned.node_id}, strategy
+        # the learner's own bundles leave no room for a third on that node (a replacement is not placeable there)
+        assert can_hold(bundle(resources)) and not can_hold(bundle(resources), [group])
+        remove_placement_group(group)
+    cluster.remove_node(pinned)
+    deadline = time.monotonic() + 60
+    while can_hold(bundle(resources)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not can_hold(bundle(resources)) and can_hold({"CPU": 0.25})
+    cluster.remove_node(other)

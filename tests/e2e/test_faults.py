@@ -13,7 +13,8 @@ A second run with the same config suffers two faults:
 
 ``stabledrl train --resume RUN_DIR`` then continues from the step-2 checkpoint (an epoch
 boundary). Steps 1-3 of the faulty run and steps 3-4 of the resumed one equal the reference, to
-the sample ids each learner rank trained on; step 3 (the NaN) is skipped, counted, and leaves the
+the sample ids each learner rank trained on (and so do steps 3-4 resumed from the reference's own
+checkpoint at another shape: 1 learner rank at ZeRO-3, 1 rollout worker, to fp32 rounding); step 3 (the NaN) is skipped, counted, and leaves the
 weights bit-identical. A worker that keeps dying fails the job after rollout.max_restarts, named
 (model-free stub actors: only the coordinator's logic and real process deaths are under test);
 a learner rank that stalls in a collective makes the others time out, and the stalled one is named.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import time
 from collections import Counter
 
@@ -148,6 +150,48 @@ def test_faults_change_nothing_and_resume_continues_exactly(reference, faulty):
     # metrics.jsonl of the run directory: every step once, the resumed steps replacing the lost ones
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r]
     assert steps == [1, 2, 3, 4]
+
+
+def test_a_resume_on_another_learner_shape_and_fleet_continues_the_run(reference, tmp_path):
+    """`stabledrl train --resume RUN learner.num_ranks=1 learner.deepspeed.zero_stage=3
+    rollout.num_workers=1` from the reference's step-2 checkpoint (written by 2 ranks, ZeRO-2, 2
+    workers): steps 3-4 train the same samples at the same versions, with the same data cursor;
+    metrics and final weights equal the reference's to fp32 rounding (1 rank sums the gradients
+    in another order than 2: the only difference; learner/reshard.py moves the state bit for bit)."""
+    ref_driver, ref_weights, ref_records, out = reference
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    for tag in (run / "checkpoints").glob("step*"):
+        if tag.name != "step2":
+            shutil.rmtree(tag)
+    (run / "checkpoints" / "latest").write_text("step2")
+    args = argparse.Namespace(resume=str(run), config=str(cli.QUICKSTART), overrides=[
+        "learner.num_ranks=1", "learner.deepspeed.zero_stage=3", "rollout.num_workers=1"])
+    cfg = load_job_config(*cli.resume_source(args))
+    lines: list[str] = []
+    driver = Driver(cfg, rollout_cls=recording_rollout(tmp_path, nan_uids=frozenset({NAN_UID})),
+                    learner_cls=recording_learner(tmp_path), log=lines.append, record_batches=True)
+    driver.setup()
+    try:
+        assert len(driver.actors.learners) == 1 and len(driver.active_rollouts()) == 1
+        driver.train()
+        driver.drain()
+        weights = ray.get(driver.actors.learners[0].weights.remote(), timeout=120)
+    finally:
+        driver.close()
+    assert any("re-sharded: written by 2 learner ranks (ZeRO-2), loaded into 1 (ZeRO-3)" in line for line in lines), lines
+    assert [r["version"] for r in driver.history] == [3.0, 4.0]
+    for got, want in zip(driver.history, ref_driver.history[2:]):
+        for key in DETERMINISTIC:
+            a, b = got[key], want[key]
+            assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-5, abs=1e-8), (got["version"], key)
+    for name, value in ref_weights.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-5, atol=1e-6)
+    ref, after = by_version(read_records(ref_records, "learner_")), by_version(read_records(tmp_path, "learner_"))
+    assert sorted(after) == [2, 3]
+    for version, records in after.items():
+        assert sorted(s for r in records for s in r["sample_ids"]) == sorted(s for r in ref[version] for s in r["sample_ids"])
+    assert driver.stream.cursor == ref_driver.stream.cursor
 
 
 def test_a_nan_step_is_skipped_counted_and_leaves_the_weights_untouched(reference):

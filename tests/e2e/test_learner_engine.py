@@ -104,6 +104,9 @@ class LearnerRank:
     def load(self, directory: str) -> dict:
         return self.engine.load_checkpoint(directory)
 
+    def rng(self) -> tuple[int, object]:
+        return torch.initial_seed(), self.engine.resharded_from
+
 
 @pytest.fixture(scope="module")
 def ranks():
@@ -119,6 +122,15 @@ def ranks():
     yield actors
     ray.shutdown()
     print("\ntimes (s):", {k: round(v, 2) for k, v in TIMES.items()})
+
+
+@pytest.fixture(scope="module")
+def solo(ranks):
+    """One more learner rank, in a group of its own (world size 1)."""
+    actor = LearnerRank.remote()
+    addr, port = ray.get(actor.rendezvous_address.remote())
+    ray.get(actor.init_group.remote(addr, port, 0, 1))
+    return [actor]
 
 
 def build(ranks, cfg: LearnerConfig, seed: int = 0) -> None:
@@ -268,3 +280,60 @@ def test_checkpoint_resume_equals_uninterrupted(ranks, stage, tmp_path):
     assert resumed == uninterrupted  # same loss, grad norm, lr (schedule position restored)
     result = gathered(ranks)
     assert all(torch.equal(expected[n], result[n]) for n in expected), "resumed step differs"
+
+
+def test_a_checkpoint_resumes_at_another_rank_count_and_zero_stage(ranks, solo, tmp_path):
+    """2 ranks ZeRO-2 -> 1 rank ZeRO-3 -> 2 ranks ZeRO-3 and ZeRO-2 (learner/reshard.py). What moves is exact:
+    weights, fp32 masters and Adam moments bit for bit, the schedule position, the client state.
+    The update after it equals the uninterrupted 2-rank run to fp32 rounding, not bit for bit: the
+    rank count changes the order of the gradient and grad-norm sums (and of nothing else)."""
+    from learner.engine import rank_rng_seed
+    from learner.reshard import read_shards
+
+    cfg2 = config(2, clip=1.0)
+    build(ranks, cfg2)
+    step(ranks, shard(STEP1))
+    saved = gathered(ranks)
+    client = {"step": 1, "version": 1, "cursor": 17}
+    two, one = tmp_path / "two", tmp_path / "one"
+    ray.get([a.save.remote(str(two), client) for a in ranks])
+    write_state(two / "step1", {"format": FORMAT, "step": 1, "config": {}, "parameter_shapes": {}})
+    uninterrupted = step(ranks, shard(STEP2))
+    expected = gathered(ranks)
+
+    def close(a: dict, b: dict) -> None:  # every element within fp32 rounding of the tensor's scale
+        for n in a:
+            assert (a[n] - b[n]).abs().max() <= 1e-6 * a[n].abs().max(), n
+
+    cfg1 = config(3, clip=1.0).model_copy(update={"num_ranks": 1})
+    build(solo, cfg1, seed=1)
+    assert ray.get(solo[0].load.remote(str(two))) == client
+    seed, resharded = ray.get(solo[0].rng.remote())
+    assert resharded == (2, 2) and seed == rank_rng_seed(0, 1, 0)  # derived, not rank 0's saved stream
+    restored = ray.get(solo[0].weights.remote())
+    assert all(torch.equal(saved[n], restored[n]) for n in saved)
+    ray.get(solo[0].save.remote(str(one), client))
+    write_state(one / "step1", {"format": FORMAT, "step": 1, "config": {}, "parameter_shapes": {}})
+    (a, adam_a), (b, adam_b) = read_shards(two / "step1"), read_shards(one / "step1")
+    a, b = dict(a), dict(b)
+    assert a.keys() == b.keys() and torch.equal(adam_a, adam_b)
+    assert all(torch.equal(a[n][k], b[n][k]) for n in a for k in ("fp32", "exp_avg", "exp_avg_sq"))
+    resumed, _ = ray.get(solo[0].step.remote([mb for rank in shard(STEP2) for mb in rank]))
+    assert resumed["train/lr"] == uninterrupted["train/lr"] and resumed["train/micro_batches"] == 3
+    assert resumed["train/loss"] == pytest.approx(uninterrupted["train/loss"], rel=1e-9)
+    assert resumed["train/grad_norm"] == pytest.approx(uninterrupted["train/grad_norm"], rel=1e-6)
+    close(expected, ray.get(solo[0].weights.remote()))
+
+    for stage in (3, 2):  # and back to 2 ranks, ZeRO-3 and ZeRO-2, from the 1-rank checkpoint
+        build(ranks, config(stage, clip=1.0), seed=1)
+        assert ray.get([r.load.remote(str(one)) for r in ranks]) == [client, client]
+        assert [s for s, _ in ray.get([r.rng.remote() for r in ranks])] == [rank_rng_seed(0, 1, r) for r in (0, 1)]
+        restored = gathered(ranks)
+        assert all(torch.equal(saved[n], restored[n]) for n in saved), stage
+        again = step(ranks, shard(STEP2))
+        assert again["train/loss"] == pytest.approx(uninterrupted["train/loss"], rel=1e-9)
+        close(expected, gathered(ranks))
+    # back at the shape of the uninterrupted run (2 ranks, ZeRO-2), via 1 rank: bit for bit
+    assert again == uninterrupted
+    result = gathered(ranks)
+    assert all(torch.equal(expected[n], result[n]) for n in expected)

@@ -96,8 +96,11 @@ def test_a_checkpoint_of_another_config_names_the_fields(tmp_path):
         verify(tmp_path, other)
     message = str(info.value)
     assert "loss.clip_max: checkpoint 5.0, config 3.0" in message
-    assert "learner.num_ranks: checkpoint 2, config 4" in message
     assert "dist_timeout_s" not in message
+    # the learner's shape may change: the ranks re-shard the checkpoint (learner/reshard.py)
+    assert "num_ranks" not in message
+    reshaped = {**CONFIG, "learner": {"num_ranks": 4, "dist_timeout_s": 60, "deepspeed": {"zero_stage": 2}}}
+    assert verify(tmp_path, reshaped).tag
 
 
 def test_a_checkpoint_of_another_model_shape_is_refused():
