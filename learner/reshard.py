@@ -36,7 +36,14 @@ import torch
 from common.checkpoint_files import DEEPSPEED_GLOBALS, CheckpointError, load_torch
 
 KEYS = ("fp32", "exp_avg", "exp_avg_sq")
-_OPTIM = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
+# DeepSpeed prefixes the optimizer-state files with "bf16_" when the engine trains in bf16
+_OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_00_optim_states\.pt$")
+
+
+def optim_file(tag_dir: Path, rank: int) -> Path:
+    """Rank ``rank``'s optimizer-state file in ``tag_dir`` (its name with or without the bf16 prefix)."""
+    plain = Path(tag_dir) / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+    return plain if plain.is_file() else plain.with_name("bf16_" + plain.name)
 
 
 class Layout(NamedTuple):
@@ -68,7 +75,7 @@ def read_shards(tag_dir: Path) -> tuple[Iterator[tuple[str, dict[str, torch.Tens
     tag_dir = Path(tag_dir)
     layout = saved_layout(tag_dir)
     shapes = model_states(tag_dir)["param_shapes"]
-    shards = [load_torch(tag_dir / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt", DEEPSPEED_GLOBALS,
+    shards = [load_torch(optim_file(tag_dir, r), DEEPSPEED_GLOBALS,
                          map_location="cpu", mmap=True)["optimizer_state_dict"] for r in range(layout.world_size)]
     if layout.zero_stage < 3:
         flats = {"fp32": [s["single_partition_of_fp32_groups"] for s in shards]}
