@@ -198,9 +198,9 @@ def run_peer(a: argparse.Namespace, pair: str, spec: dict, script: Path, ckpt: P
     events = work / "events"
     harness = [str(script), "--peer-root", str(Path(a.peer_root) / spec["peer_dir"]), "--model-dir", str(ckpt),
                "--data", str(data), "--steps", str(a.peer_steps), "--events", str(events), "--work", str(work)]
-    if a.tiny:  # one CPU process; a generation of 2 blocks of 32 tokens in 8 steps
+    if a.tiny:  # one CPU process; one prompt a round, a generation of 2 blocks of 32 tokens in 8 steps
         cmd = [sys.executable, *harness, "--device", "cpu", "--set", "infer_kwargs.gen_length=64",
-               "--set", "infer_kwargs.max_steps=8"]
+               "--set", "infer_kwargs.max_steps=8", "--set", "training_args.grad_accumulation=1"]
     else:
         launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n_gpus),
                   "--num_machines", "1", "--machine_rank", "0", "--main_process_port", "29531"]
@@ -250,8 +250,12 @@ def run_project(a: argparse.Namespace, pair: str, spec: dict, variant: str, over
     job = data.get("parts", {}).get("job") or {}
     figures = pe.project_figures(job, n_gpus=n_gpus if not a.tiny else 1)
     print(f"[{pair}_{variant}] rc {rc} wall {wall:.0f}s {json.dumps(figures, default=str)[:600]}", flush=True)
+    # each actor's own clock over the timed steps (the profile of where a step's time goes)
+    actors = {name: {k: v for k, v in actor.items() if k in ("wall_s", "idle_s", "seconds", "busy_fraction",
+                                                               "gpu_busy_fraction", "peak_memory_gib")}
+              for name, actor in ((job.get("figures") or {}).get("actors") or {}).items()}
     return {"command": " ".join(cmd), "rc": rc, "wall_s": wall, "stopped": stopped, "figures": figures,
-            "overrides": sets, "job_problems": job.get("problems"), "log_tail": job.get("log_tail") or tail(work / "project.log", 40),
+            "actors": actors, "step_s_median": (job.get("figures") or {}).get("step_s_median"), "overrides": sets, "job_problems": job.get("problems"), "log_tail": job.get("log_tail") or tail(work / "project.log", 40),
             "errors": data.get("errors")}
 
 

@@ -113,6 +113,7 @@ def test_tiny_peer_benchmark_runs_the_project_loop_and_compares(tmp_path):
     assert project["rc"] == 0 and f["steps"] == 2 and f["timed_steps"] == [2]
     assert f["samples_per_s_per_gpu"] > 0 and f["rollout_tokens_per_s_per_gpu"] > 0 and f["learner_s_per_sample"] > 0
     assert f["first_step_s"] > 0 and f["samples"] == 8  # tiny: 2 groups of 4
+    assert {"learner0", "rollout0"} <= set(project["actors"]) and project["actors"]["learner0"]["seconds"]["train"] > 0
     ratio = results["rows"][1]["ratio"]["samples_per_s_per_gpu"]
     assert ratio == pytest.approx(f["samples_per_s_per_gpu"] / peer["figures"]["samples_per_s_per_gpu"])
     assert "| stabledrl: stabledrl train, release sampler |" in (tmp_path / "out" / "table.md").read_text()
