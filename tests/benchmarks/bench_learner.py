@@ -191,7 +191,9 @@ def stabledrl_loss_fn(est_cfg, loss_cfg):
             group_index=mb["group_index"].to(dev), completion_length=mb["batch"].completion_mask.sum(1).to(dev),
             num_groups=groups, num_samples=samples, num_tokens=tokens,
         )
-        return compute_loss(inputs, loss_cfg)
+        # the engine's own train/loss, grad_norm and skipped count are what the benchmark reports;
+        # the loss's statistics (row means the engine would need weighted into shares) stay out
+        return compute_loss(inputs, loss_cfg).loss, {}
 
     return loss_fn
 
