@@ -45,7 +45,8 @@ from common.types import Episode
 # fields the saved state depends on (dotted prefixes); everything else may change on resume
 MUST_MATCH = ("model", "task", "sampler", "estimator", "loss", "algorithm", "learner.num_ranks",
               "learner.deepspeed.zero_stage", "learner.lora", "run.seed")
-MAY_DIFFER = ("sampler.max_batch_size", "sampler.cuda_graph", "algorithm.micro_batch_size", "model.gradient_checkpointing")
+MAY_DIFFER = ("sampler.max_batch_size", "sampler.cuda_graph", "algorithm.micro_batch_size", "model.gradient_checkpointing",
+              "learner.lora.push")
 
 
 def checkpoint_dir(output_dir: Path) -> Path:

@@ -127,8 +127,8 @@ class DeepSpeedConfig(StrictModel):
 class LoraConfig(StrictModel):
     """Low-rank adapters (LoRA, arXiv 2106.09685, through the ``peft`` library) instead of full
     fine-tuning: each target Linear W becomes W + (alpha / rank)·B·A with A [rank, in] and B
-    [out, rank] trained, W frozen. The rollout workers receive the merged W + (alpha/rank)·B·A of
-    the adapted matrices only. Defaults are d1's diffu-GRPO recipe (r 128, alpha 64)."""
+    [out, rank] trained, W frozen. The rollout workers receive A and B and merge them (``push``).
+    Defaults are d1's diffu-GRPO recipe (r 128, alpha 64)."""
 
     rank: int = Field(128, ge=1, description="r: the inner dimension of B·A (d1: 128)")
     alpha: float = Field(64.0, gt=0.0, description="the adapter output is scaled by alpha / rank (d1: 64)")
@@ -141,6 +141,12 @@ class LoraConfig(StrictModel):
     dropout: float = Field(
         0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input while training (d1: 0.05); above 0 the "
         "learner's log-likelihoods carry dropout noise that the rollout workers' behaviour estimates do not"
+    )
+    push: Literal["adapters", "merged"] = Field(
+        "adapters", description="what a weight push carries: adapters = A and B of every target, merged on each "
+        "rollout worker into its own unmerged copy of the target weights (r·(in+out) numbers per target; the worker "
+        "holds one more copy of the target matrices); merged = the merged W + (alpha/rank)·B·A of every target "
+        "(out·in numbers per target, no copy on the worker)"
     )
 
 
