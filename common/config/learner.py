@@ -113,6 +113,29 @@ class DeepSpeedConfig(StrictModel):
         False, description="ZeRO++ qgZ, ZeRO-3 only: reduce-scatter gradients quantised to int4/int8 (fewer bytes, "
         "rounding error in every update); for slow links, not NVLink"
     )
+    offload_optimizer: Literal["none", "cpu"] = Field(
+        "none", description="ZeRO-Offload (arXiv 2101.06840): cpu = the fp32 master weights, the AdamW moments and "
+        "the optimizer step live in host memory (~12 bytes per trained parameter leave the GPU; every step copies "
+        "the gradients down and the updated weights up). The step is torch's AdamW on the CPU (learner.optimizer "
+        "as ever), so a full-parameter 8B learner fits one 80 GB card at the price of a slower step"
+    )
+    offload_params: Literal["none", "cpu"] = Field(
+        "none", description="ZeRO-3 only (ZeRO-Infinity, arXiv 2104.07857): cpu = the bf16 parameter shards live in "
+        "host memory too and are copied up for each gather; needs offload_optimizer: cpu"
+    )
+    offload_pin_memory: bool = Field(
+        True, description="page-locked host buffers for the offloaded tensors (faster copies; host memory that "
+        "cannot be swapped)"
+    )
+
+    @model_validator(mode="after")
+    def _offload_params_needs_stage_3(self) -> "DeepSpeedConfig":
+        if self.offload_params != "none" and self.zero_stage != 3:
+            raise ValueError("offload_params: parameter offload needs zero_stage 3 (ZeRO-2 keeps whole parameters)")
+        if self.offload_params != "none" and self.offload_optimizer == "none":
+            raise ValueError("offload_params: cpu needs offload_optimizer: cpu (DeepSpeed offloads parameters only "
+                             "with the optimizer)")
+        return self
 
     @model_validator(mode="after")
     def _zero_plus_plus_needs_stage_3(self) -> "DeepSpeedConfig":

@@ -74,6 +74,12 @@ class LearnerRank:
         named = gathered_named_parameters(self.engine.module, self.engine.cfg.deepspeed.zero_stage, 1 << 20, True)
         return {n: t.to("cpu", copy=True) for n, t in named}
 
+    def offload(self) -> dict:
+        """Whether DeepSpeed runs the optimizer (and the parameters) offloaded to the host."""
+        engine = self.engine.engine
+        return {"optimizer": bool(engine.zero_cpu_offload()),
+                "params": bool(engine.zero_optimization_stage() == 3 and engine.zero_offload_param())}
+
     def adam_elements(self) -> int:
         """Elements of this rank's Adam first moments (its partition of the trained parameters)."""
         return sum(s["exp_avg"].numel() for s in self.engine.optimizer.state.values())
@@ -144,6 +150,32 @@ def test_the_updates_use_the_scheduled_lr(ranks):
     expected = {n: p.detach() for n, p in reference.named_parameters()}
     error = max(float((learner[n] - p).abs().max()) for n, p in expected.items())
     assert error < 1e-5, f"the engine's weights differ from AdamW at the scheduled lrs by {error:.2e}"
+
+
+@pytest.mark.parametrize("stage, params", [(2, "none"), (3, "cpu")])
+def test_cpu_offload_trains_as_adamw_does(ranks, stage, params):
+    """learner.deepspeed.offload_optimizer: cpu (ZeRO-2; ZeRO-3 with offload_params: cpu too): the
+    master weights and moments live on the host and torch's AdamW steps there; 3 full-parameter
+    updates equal AdamW's in this process."""
+    opt = dict(lr=1e-2, eps=1e-3, weight_decay=0.1, grad_clip=0.0)
+    cfg = LearnerConfig(num_ranks=2, optimizer=OptimizerConfig(**opt),
+                        deepspeed=DeepSpeedConfig(zero_stage=stage, dtype="fp32", param_persistence_threshold=0,
+                                                  offload_optimizer="cpu", offload_params=params))
+    build(ranks, cfg)
+    offloaded = ray.get(ranks[0].offload.remote())
+    assert offloaded == {"optimizer": True, "params": params == "cpu"}
+    reference = build_tiny_policy("llada", vocab_size=VOCAB, seed=0).train()
+    from learner.zero import build_optimizer
+
+    adam = build_optimizer(reference, cfg.optimizer)
+    for k in range(3):
+        assert step(ranks, k)["train/skipped"] == 0.0
+        adam.zero_grad()
+        sum(ce_loss(reference, mb)[0] for r in range(2) for mb in micro_batches(k, r)).backward()
+        adam.step()
+    learner = raw_weights(ranks)
+    error = max(float((learner[n] - p.detach()).abs().max()) for n, p in reference.named_parameters())
+    assert error < 1e-5, f"the offloaded engine's weights differ from AdamW by {error:.2e}"
 
 
 @pytest.mark.parametrize("stage, family", [(2, "llada"), (3, "llada"), (3, "dream")])
