@@ -8,7 +8,7 @@ tests/benchmarks/results/ at the end. Jobs write their own JSON into a scratch d
 Schedule on a machine with 2+ GPUs (two lanes at once, then the jobs that need both GPUs):
 
     lane GPU 0:  matmul -> full_attention (targets 1-3)
-    lane GPU 1:  matmul -> block_diffusion -> learner_1gpu (targets 1, 4, 5)
+    lane GPU 1:  matmul -> block_diffusion -> lora_push -> learner_1gpu (targets 1, 4, 8, 5)
     then:        push -> async -> learner_2gpu (targets 6, 7, 5)
 
 With one GPU the lanes run one after the other and the 2-GPU jobs are skipped; on a CPU only
@@ -85,6 +85,7 @@ REHEARSAL = {
     "learner_2gpu": ["--stages", "3", "--checkpointing", "off", "--steps", "1"],
     "push": ["--reps", "1"],
     "async": ["--steps", "2", "--skip", "1"],
+    "lora_push": ["--reps", "1", "--rank", "4"],
 }
 
 
@@ -112,6 +113,7 @@ def plan(n_gpus: int, tiny: bool, work: Path, quick: bool = False, rehearsal: bo
                  job("full_attention", "bench_full_attention.py", g0, 300, peak="matmul_gpu0")]
         lane1 = [job("matmul_gpu1", "bench_matmul.py", g1, 90),
                  job("block_diffusion", "bench_block_diffusion.py", g1, 180, peak="matmul_gpu1"),
+                 job("lora_push", "bench_lora_push.py", g1, 240, ["--engine"]),
                  job("learner_1gpu", "bench_learner.py", g1, 240, ["--world", "1"], peak="matmul_gpu1")]
         after = [job("push", "bench_push.py", both, 150), job("async", "bench_async.py", both, 240),
                  job("learner_2gpu", "bench_learner.py", both, 240, ["--world", "2"], peak="matmul_gpu0")]
@@ -125,6 +127,7 @@ def plan(n_gpus: int, tiny: bool, work: Path, quick: bool = False, rehearsal: bo
         lane = [job("matmul_gpu0", "bench_matmul.py", [0], 90),
                 job("full_attention", "bench_full_attention.py", [0], 300, peak="matmul_gpu0"),
                 job("block_diffusion", "bench_block_diffusion.py", [0], 180, peak="matmul_gpu0"),
+                job("lora_push", "bench_lora_push.py", [0], 240, ["--engine"]),
                 job("learner_1gpu", "bench_learner.py", [0], 240, ["--world", "1"], peak="matmul_gpu0")]
         for name in ("learner_2gpu", "push", "async"):
             skipped[name] = "needs 2 GPUs"

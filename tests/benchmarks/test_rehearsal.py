@@ -15,7 +15,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.e2e
 
-JOBS = {"matmul_gpu0", "matmul_gpu1", "full_attention", "block_diffusion", "learner_1gpu", "push", "async",
+JOBS = {"matmul_gpu0", "matmul_gpu1", "full_attention", "block_diffusion", "lora_push", "learner_1gpu", "push", "async",
         "learner_2gpu"}
 
 
@@ -39,6 +39,8 @@ def test_every_component_benchmark_runs_its_tiny_path(tmp_path):
         assert learner["zero3_gather"]["params_on_rank0"] > 0
     assert parts["learner_1gpu"]["zero2_profile"]["top_host_ops"]
     assert parts["push"] and parts["block_diffusion"] and parts["full_attention"]
+    assert parts["lora_push"]["ratio"]["receiver_weights_equal"] is True
+    assert parts["lora_push"]["adapters"]["learner_s"] > 0 and parts["lora_push"]["merged"]["wire_gb"] > 0
     assert {k for k in parts["async"] if k.startswith("eta")} >= {"eta0", "eta1"}, list(parts["async"])
     table = (tmp_path / "table.md").read_text()
     assert "| learner_2gpu | ok |" in table
