@@ -77,11 +77,17 @@ def engine_push(a: argparse.Namespace) -> None:
                         deepspeed=DeepSpeedConfig(zero_stage=3, param_persistence_threshold=0 if a.tiny else 100_000))
     engine, init_s = bl.timed(lambda: LearnerEngine(bl.build_policy(shape, dev, dtype), cfg), dev)
     receiver = bl.build_policy(shape, dev, dtype)  # the worker's plain policy: the same random weights (seed 0)
+    from deepspeed.runtime.zero import GatheredParameters
+
+    torch.manual_seed(0)
+    with GatheredParameters([m.lora_B for m in engine.adapted], modifier_rank=0), torch.no_grad():
+        for m in engine.adapted:  # trained adapters (B starts at 0): the merges change the weights
+            m.lora_B.normal_(0.0, 1e-3)
     merger = AdapterMerger(receiver, lora.alpha / lora.rank)
     res.put("setup", {"shape": shape, "rank": a.rank, "deepspeed_init_s": init_s,
                       "targets": len(engine.adapted), "peak_memory_gib": bl.peak_memory_gib(dev)})
     held = {}
-    for push in ("merged", "adapters"):
+    for push in ("adapters", "merged"):  # adapters first: its copy of W is taken from the weights as loaded
         with res.part(push, dev):
             engine.cfg = engine.cfg.model_copy(update={"lora": lora.model_copy(update={"push": push})})
 
