@@ -81,7 +81,7 @@ QUICK = {
 # --quick's arguments; the last of a repeated flag wins)
 REHEARSAL = {
     "matmul_gpu0": ["--reps", "3"], "matmul_gpu1": ["--reps", "3"],
-    "learner_1gpu": ["--stages", "2,3", "--checkpointing", "on", "--micro-batch-groups", "2", "--steps", "1", "--profile", "2"],
+    "learner_1gpu": ["--stages", "2,3o", "--checkpointing", "on", "--micro-batch-groups", "2", "--steps", "1", "--profile", "2"],
     "learner_2gpu": ["--stages", "3", "--checkpointing", "off", "--steps", "1"],
     "push": ["--reps", "1"],
     "async": ["--steps", "2", "--skip", "1"],

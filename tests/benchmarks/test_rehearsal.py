@@ -31,11 +31,12 @@ def test_every_component_benchmark_runs_its_tiny_path(tmp_path):
     assert done.returncode == 0, done.stdout[-4000:]
     assert set(jobs) == JOBS and all(j["status"] == "ok" for j in jobs.values()), {k: j["status"] for k, j in jobs.items()}
     parts = {name: j["result"]["parts"] for name, j in jobs.items()}
-    for world, stages in ((1, ("2", "3")), (2, ("3",))):
+    for world, stages in ((1, ("2", "3o")), (2, ("3",))):
         learner = parts[f"learner_{world}gpu"]
         for stage in stages:
             step = next(v for k, v in learner.items() if k.startswith(f"zero{stage}_ckpt_"))
             assert step["step_s_median"] > 0 and step["skipped_steps_total"] == 0 and step["world"] == world
+            assert step["offload"]["offload_optimizer"] == ("cpu" if stage.endswith("o") else "none")
         assert learner["zero3_gather"]["params_on_rank0"] > 0
     assert parts["learner_1gpu"]["zero2_profile"]["top_host_ops"]
     assert parts["push"] and parts["block_diffusion"] and parts["full_attention"]
