@@ -322,6 +322,11 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
     torch.testing.assert_close(model(PROBE, logits_from=1).logits, learner_logits, rtol=1e-4, atol=1e-5)
 
 
+class MergedLearner(LearnerWorker):
+    def weights(self):
+        return self.engine.state_dict_for_export()  # rank 0: every weight of the merged policy (collective)
+
+
 def test_a_resumed_lora_job_repeats_the_uninterrupted_one(cluster, tmp_path):
     """η = 0, in-order batches, ZeRO-3, a linear lr decay: 3 steps straight, against steps 1-2, a
     checkpoint, and step 3 in a second job resumed from it (the frozen weights come from the
@@ -333,9 +338,10 @@ def test_a_resumed_lora_job_repeats_the_uninterrupted_one(cluster, tmp_path):
                      "optimizer": {"lr": 1e-2, "schedule": "linear"}},
             run={"steps": 3, "checkpoint_every": 2, **run})
 
-    straight, straight_weights, _ = harness.run_driver(config(tmp_path / "straight"))
+    straight, straight_weights, _ = harness.run_driver(config(tmp_path / "straight"), learner_cls=MergedLearner)
     resumed, weights, workers = harness.run_driver(
-        config(tmp_path / "resumed", resume_from=tmp_path / "straight" / "checkpoints"), workers=True)
+        config(tmp_path / "resumed", resume_from=tmp_path / "straight" / "checkpoints"), learner_cls=MergedLearner,
+        workers=True)
     assert [r["version"] for r in resumed.history] == [3.0]
     for key in (*harness.DETERMINISTIC, "train/lr"):
         assert resumed.history[0][key] == straight.history[2][key], key
