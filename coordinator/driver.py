@@ -156,8 +156,10 @@ class Driver:
                                    collective_push=weights.backend != "object_store")
         self.control = start_control(cfg.run.job_name, cfg.rollout.min_workers, cfg.rollout.worker_limit)
         actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls, log=self.log)
-        sync = WeightSync(weights, actors, c.start_timeout_s, partial=cfg.learner.lora is not None,
-                          keep_order=cfg.algorithm.in_order)
+        lora = cfg.learner.lora
+        sync = WeightSync(weights, actors, c.start_timeout_s, partial=lora is not None,
+                          keep_order=cfg.algorithm.in_order,
+                          lora_scale=lora.alpha / lora.rank if lora is not None and lora.push == "adapters" else None)
         self.runtime = RayRuntime(actors, sync, control=self.control,
                                   output_dir=cfg.run.output_dir, config=self.config_json(),
                                   start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale,

@@ -87,7 +87,7 @@ class LearnerWorker:
         samples' own stamps, as an independent check of the coordinator's bound."""
         t0 = time.perf_counter()
         try:
-            with self.clock.timed("train"), profiled_step(self.steps + 1, self.rank):
+            with self.clock.timed("train"), profiled_step(self.steps + 1, self.rank, self.engine.module):
                 per_iteration = self._updates(groups, version, group_offset)
         except RuntimeError as e:  # gloo / NCCL raise RuntimeError subclasses when a peer stalls or dies
             cause = (str(e).strip().splitlines() or [""])[0][:300]

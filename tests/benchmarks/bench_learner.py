@@ -30,7 +30,8 @@ The optimizer is the project's (learner/zero.build_optimizer: torch AdamW under 
 ``2t`` is a benchmark-only experiment on top of ZeRO-2 (the project's defaults stay in learner/):
 ``overlap_comm`` (gradient bucket copies on a side stream, overlapped with the backward). ``--profile STAGE`` runs torch.profiler over one more step of that stage's
 first setting: wall vs GPU-busy time per step, the top kernels and host ops (what explains the
-rest of the step).
+rest of the step). Stages ``2o`` and ``3o`` offload to the CPU as ``learner.deepspeed.offload_optimizer:
+cpu`` does (``3o`` with ``offload_params: cpu`` too): the same step with the optimizer on the host.
 
     python tests/benchmarks/bench_learner.py --world 1 --peak-from matmul.json --out learner1.json
     python tests/benchmarks/bench_learner.py --world 2 --peak-from matmul.json --out learner2.json
@@ -54,7 +55,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--world", type=int, default=1, help="learner ranks (one GPU each)")
     ap.add_argument("--stages", default="2,3", help="comma list of 2, 3, 3t (ZeRO-3 tuned), "
-                    "2t (ZeRO-2 + overlap_comm); see above")
+                    "2t (ZeRO-2 + overlap_comm), 2o / 3o (CPU offload); see above")
     ap.add_argument("--profile", default=None, help="profile one step of this stage's first setting (e.g. 2t)")
     ap.add_argument("--micro-batch-groups", default="1", help="comma list of groups per micro-batch")
     ap.add_argument("--checkpointing", default="on,off", help="activation checkpointing settings, in order")
@@ -191,7 +192,9 @@ def stabledrl_loss_fn(est_cfg, loss_cfg):
             group_index=mb["group_index"].to(dev), completion_length=mb["batch"].completion_mask.sum(1).to(dev),
             num_groups=groups, num_samples=samples, num_tokens=tokens,
         )
-        return compute_loss(inputs, loss_cfg)
+        # the engine's own train/loss, grad_norm and skipped count are what the benchmark reports;
+        # the loss's statistics (row means the engine would need weighted into shares) stay out
+        return compute_loss(inputs, loss_cfg).loss, {}
 
     return loss_fn
 
@@ -246,9 +249,11 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
     loss_fn = stabledrl_loss_fn(ElboMCConfig(num_draws=2, weighting="mean", masks="independent"), StableDrlLossConfig())
     policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev)), dev)
     sc = bl.count_shape(policy)
-    stage = int(stage_name.rstrip("t"))
+    stage = int(stage_name.rstrip("to"))
+    offload = {"offload_optimizer": "cpu", "offload_params": "cpu" if stage == 3 else "none"} \
+        if stage_name.endswith("o") else {}
     cfg = LearnerConfig(num_ranks=a.world, optimizer=OptimizerConfig(lr=1e-6),
-                        deepspeed=DeepSpeedConfig(zero_stage=stage, gradient_checkpointing=False))
+                        deepspeed=DeepSpeedConfig(zero_stage=stage, gradient_checkpointing=False, **offload))
     if stage_name == "3t":
         import learner.engine
 
@@ -321,6 +326,7 @@ def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, f
         "skipped_steps_total": last.get("train/skipped_total"), "loss": last.get("train/loss"),
         "grad_norm": last.get("train/grad_norm"),
         "deepspeed_zero": _zero_settings(engine),
+        "offload": {k: getattr(engine.cfg.deepspeed, k) for k in ("offload_optimizer", "offload_params")},
         "adamw": {key: engine.optimizer.defaults.get(key) for key in ("fused", "foreach")},
         "note": "each sequence is fed twice per step (2 masked views); model FLOPs count both",
     })

@@ -193,6 +193,16 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
     out.append(("7 asynchrony: eta=1 / eta=0 samples trained per s", fmt(ratio, ".2f", "x"), ">= 1.6x", met(ratio, 1.6),
                 f"eta0 {fmt(e0.get('samples_per_s'), '.1f')}/s, eta1 {fmt(e1.get('samples_per_s'), '.1f')}/s; "
                 f"dropped at eta1: {e1.get('dropped_total', '-')}" if e0 or e1 else _status(data, "async")))
+    lp, ratio = part(data, "lora_push", "setup"), part(data, "lora_push", "ratio")
+    m, d = part(data, "lora_push", "merged"), part(data, "lora_push", "adapters")
+    low = min(ratio.get("bytes_merged_over_adapters") or 0, ratio.get("learner_s_merged_over_adapters") or 0) or None
+    out.append((f"8 LoRA push ({lp.get('shape', '-')}, r {lp.get('rank', '-')}): merged / adapters, bytes and learner s",
+                f"{fmt(ratio.get('bytes_merged_over_adapters'), '.1f', 'x')} bytes, "
+                f"{fmt(ratio.get('learner_s_merged_over_adapters'), '.1f', 'x')} s", ">= 10x", met(low, 10),
+                f"merged {fmt(m.get('wire_gb'), '.2f')} GB in {fmt(m.get('learner_s'), '.3f')} s, adapters "
+                f"{fmt(d.get('wire_gb'), '.2f')} GB in {fmt(d.get('learner_s'), '.3f')} s on the learner; worker load "
+                f"{fmt(m.get('worker_s'), '.3f')} / {fmt(d.get('worker_s'), '.3f')} s (its unmerged copy "
+                f"{fmt(d.get('worker_extra_gb'), '.1f')} GB)"))
     return out
 
 

@@ -1,7 +1,8 @@
 """The system benchmark of issues 11 and 15 in one device call: random 8B checkpoints, the
 denominators (matmul rate, raw broadcast, the rollout engine alone), then the shipped configs as
 real jobs, in priority order, each part in its own process with its own timeout inside a global
-deadline. After every part ``--out`` ($OUT) holds ``results.json`` (every part's full record),
+deadline. A part that fails (its exit code, or a sub-part it recorded as failed), times out or is
+skipped for one that did not finish makes the run exit 1. After every part ``--out`` ($OUT) holds ``results.json`` (every part's full record),
 ``summary.md`` (the targets and each job's per-actor table) and ``run.log`` (all output): a call
 cut short keeps what it measured.
 
@@ -268,7 +269,7 @@ def summary(data: dict) -> str:
                     lines.append(f"problems: {problems}")
         for prof in got(name, "job", "learner_profile") or []:
             top = ", ".join(f"{k['name'][:40]} {k['share_of_busy']:.0%}" for k in (prof.get("top_kernels") or [])[:5])
-            lines.append(f"\nlearner rank {prof['rank']} step {prof['step']} under torch.profiler: {prof['wall_s']:.1f} s wall, "
+            lines.append(f"\nlearner rank {prof['rank']} step {prof['step']} under torch.profiler ({prof.get('window', 'whole step')}): {prof['wall_s']:.1f} s wall, "
                          f"device busy {_f(prof.get('device_busy_fraction'), '{:.0%}')}, {prof['kernels']} kernels, "
                          f"{prof['host_aten_ops']} host ops; top kernels: {top or 'n/a (CPU)'}")
     return "\n".join(lines)
@@ -328,6 +329,10 @@ def main() -> None:
     _, text = runner.snapshot()
     runner.say(f"wrote {out}/results.json, summary.md, run.log")
     print("\n" + text, flush=True)
+    failed = runner.failures()
+    if failed:
+        runner.say("FAILED: " + ", ".join(f"{name} ({status})" for name, status in failed.items()))
+        sys.exit(1)
 
 
 def scratch(tiny: bool) -> Path:
