@@ -277,8 +277,11 @@ class Driver:
         steps = self.cfg.run.steps
         if self.progress is not None:
             self.progress.update(1)
-            self.progress.set_postfix(reward=f"{written['rollout/reward_mean']:.3f}", loss=f"{written['train/loss']:.4f}",
-                                      dropped=int(written["staleness/dropped_total"]))
+            self.progress.set_postfix(
+                reward=f"{written['rollout/reward_mean']:.3f}",
+                loss=f"{written['train/loss']:.4f}",
+                dropped=int(written["staleness/dropped_total"]),
+            )
             if self.cfg.run.progress and self.progress.disable and command.step % max(1, steps // 20) == 0:
                 self.log(progress_line(command.step, steps, written))  # a log file gets lines, not a bar
 
@@ -359,7 +362,9 @@ class Driver:
         self.metrics.log(self.step, total)
         failed, calls = total.get("rollout/reward_calls/failed", 0), total.get("rollout/reward_calls/calls", 0)
         if failed:
-            self.log(f"reward: {int(failed)} of {int(calls)} calls failed (see rollout/reward_calls/* in metrics.jsonl)")
+            self.log(
+                f"reward: {int(failed)} of {int(calls)} calls failed (see rollout/reward_calls/* in metrics.jsonl)"
+            )
 
     # ---- what tests and tools read --------------------------------------------------------------
     @property

@@ -87,8 +87,12 @@ def summarise(events, wall_s: float, top: int = 20) -> dict:
         "device_busy_fraction": busy_us / 1e6 / wall_s if kernels else None,
         "kernels": sum(e.count for e in kernels),
         "host_aten_ops": sum(e.count for e in host),
-        "top_kernels": [{"name": e.key[:120], "calls": e.count, "s": device_us(e) / 1e6,
-                         "share_of_busy": device_us(e) / busy_us} for e in sorted(kernels, key=device_us, reverse=True)[:top]],
-        "top_host_ops": [{"name": e.key[:120], "calls": e.count, "self_cpu_s": e.self_cpu_time_total / 1e6}
-                         for e in sorted(host, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]],
+        "top_kernels": [
+            {"name": e.key[:120], "calls": e.count, "s": device_us(e) / 1e6, "share_of_busy": device_us(e) / busy_us}
+            for e in sorted(kernels, key=device_us, reverse=True)[:top]
+        ],
+        "top_host_ops": [
+            {"name": e.key[:120], "calls": e.count, "self_cpu_s": e.self_cpu_time_total / 1e6}
+            for e in sorted(host, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+        ],
     }

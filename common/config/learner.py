@@ -38,7 +38,9 @@ class OptimizerConfig(StrictModel):
         0.2, ge=0.0, description="clip the global gradient L2 norm to this value before the update; 0 disables"
     )
     warmup_steps: int = Field(
-        0, ge=0, description="lr ramps linearly lr·k/warmup_steps over the first applied updates k=1..warmup_steps, then stays"
+        0,
+        ge=0,
+        description="lr ramps linearly lr·k/warmup_steps over the first applied updates k=1..warmup_steps, then stays",
     )
     warmup_from_zero: bool = Field(
         False, description="warm-up as the HF Trainer (so d1) schedules it: update k runs at lr·k/warmup_steps, the "

@@ -128,7 +128,9 @@ RELEASES: dict[str, ReleaseTokenizer] = {
 }
 
 
-def write_release_tokenizer(family: str, directory: Union[str, Path], vocab_size: Optional[int] = None) -> ReleaseTokenizer:
+def write_release_tokenizer(
+    family: str, directory: Union[str, Path], vocab_size: Optional[int] = None
+) -> ReleaseTokenizer:
     """Write ``family``'s tokenizer files into ``directory`` (created) and return its spec;
     ``vocab_size`` overrides the embedding rows (it must cover every token id)."""
     if family not in RELEASES:

@@ -149,7 +149,9 @@ def draw_figure(study: StudyConfig, runs: list[RunSummary], title: str) -> Optio
     note) when matplotlib is not installed."""
     from recipes.plot import load_run, plot_runs
 
-    curves = [load_run(study.output_dir / r.method / f"seed{r.seed}", f"{r.method}/seed{r.seed}", r.method) for r in runs]
+    curves = [
+        load_run(study.output_dir / r.method / f"seed{r.seed}", f"{r.method}/seed{r.seed}", r.method) for r in runs
+    ]
     try:
         plot_runs(curves, study.output_dir / "figure.png", title=title)
     except ImportError:

@@ -93,7 +93,9 @@ def main() -> None:
     if not gpus and not a.tiny:
         res.error("setup", RuntimeError("needs 2 GPUs (or --tiny on a CPU)"))
         raise SystemExit(1)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(bl.REPO), os.environ.get("PYTHONPATH")]))  # Ray workers
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(bl.REPO), os.environ.get("PYTHONPATH")])
+    )  # Ray workers
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a throw-away local instance, as in the tests
     import ray
 

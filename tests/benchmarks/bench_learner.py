@@ -143,7 +143,9 @@ def merge(mbs: list[dict], k: int) -> list[dict]:
         batch = SequenceBatch(input_ids=torch.cat([m["batch"].input_ids for m in part]),
                               prompt_mask=torch.cat([m["batch"].prompt_mask for m in part]),
                               completion_mask=torch.cat([m["batch"].completion_mask for m in part]))
-        merged = {key: torch.cat([m[key] for m in part]) for key in ("seeds", "behaviour_logp", "advantages", "group_index")}
+        merged = {
+            key: torch.cat([m[key] for m in part]) for key in ("seeds", "behaviour_logp", "advantages", "group_index")
+        }
         out.append({"batch": batch, **merged, "counts": part[0]["counts"]})
     return out
 

@@ -70,8 +70,21 @@ class Job:
 QUICK = {
     "full_attention": (120, ["--quick"]),
     "block_diffusion": (120, ["--quick"]),
-    "learner_1gpu": (150, ["--stages", "2,2t", "--checkpointing", "off", "--micro-batch-groups", "2,3,4", "--steps", "2",
-                           "--profile", "2t"]),
+    "learner_1gpu": (
+        150,
+        [
+            "--stages",
+            "2,2t",
+            "--checkpointing",
+            "off",
+            "--micro-batch-groups",
+            "2,3,4",
+            "--steps",
+            "2",
+            "--profile",
+            "2t",
+        ],
+    ),
     "push": (45, ["--reps", "2"]),
 }
 
@@ -80,8 +93,20 @@ QUICK = {
 # plan, at the tiny shapes, with the fewest repetitions that still run each of its code paths (after
 # --quick's arguments; the last of a repeated flag wins)
 REHEARSAL = {
-    "matmul_gpu0": ["--reps", "3"], "matmul_gpu1": ["--reps", "3"],
-    "learner_1gpu": ["--stages", "2,3o", "--checkpointing", "on", "--micro-batch-groups", "2", "--steps", "1", "--profile", "2"],
+    "matmul_gpu0": ["--reps", "3"],
+    "matmul_gpu1": ["--reps", "3"],
+    "learner_1gpu": [
+        "--stages",
+        "2,3o",
+        "--checkpointing",
+        "on",
+        "--micro-batch-groups",
+        "2",
+        "--steps",
+        "1",
+        "--profile",
+        "2",
+    ],
     "learner_2gpu": ["--stages", "3", "--checkpointing", "off", "--steps", "1"],
     "push": ["--reps", "1"],
     "async": ["--steps", "2", "--skip", "1"],
@@ -313,8 +338,9 @@ def main() -> None:
         sys.exit(1)
 
 
-def stop_group(proc: subprocess.Popen, ladder: tuple[tuple[int, float], ...] = ((signal.SIGTERM, 10), (signal.SIGKILL, 10))
-               ) -> None:
+def stop_group(
+    proc: subprocess.Popen, ladder: tuple[tuple[int, float], ...] = ((signal.SIGTERM, 10), (signal.SIGKILL, 10))
+) -> None:
     """Signal ``proc``'s process group (the job and the processes it started) with each signal of
     ``ladder`` in turn, waiting its seconds, until the process has exited."""
     for sig, wait in ladder:

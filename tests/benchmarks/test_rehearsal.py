@@ -29,7 +29,9 @@ def test_every_component_benchmark_runs_its_tiny_path(tmp_path):
     data = json.loads((tmp_path / "results.json").read_text())
     jobs = data["jobs"]
     assert done.returncode == 0, done.stdout[-4000:]
-    assert set(jobs) == JOBS and all(j["status"] == "ok" for j in jobs.values()), {k: j["status"] for k, j in jobs.items()}
+    assert set(jobs) == JOBS and all(j["status"] == "ok" for j in jobs.values()), {
+        k: j["status"] for k, j in jobs.items()
+    }
     parts = {name: j["result"]["parts"] for name, j in jobs.items()}
     for world, stages in ((1, ("2", "3o")), (2, ("3",))):
         learner = parts[f"learner_{world}gpu"]
@@ -52,7 +54,11 @@ def test_the_system_runner_runs_its_component_parts(tmp_path):
                 "--out", tmp_path / "out")
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert done.returncode == 0, done.stdout[-4000:]
-    assert {k: p["status"] for k, p in data["parts"].items()} == {"ckpt_llada": "ok", "matmul": "ok", "engine_llada": "ok"}
+    assert {k: p["status"] for k, p in data["parts"].items()} == {
+        "ckpt_llada": "ok",
+        "matmul": "ok",
+        "engine_llada": "ok",
+    }
     engine = data["parts"]["engine_llada"]["result"]["parts"]["engine"]
     assert engine["tokens_per_s"] > 0
     assert "| engine_llada | ok |" in (tmp_path / "out" / "summary.md").read_text()

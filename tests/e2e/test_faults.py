@@ -74,8 +74,13 @@ def faulty(cluster, task, tmp_path_factory):
     out = tmp_path_factory.mktemp("faulty")
     records = tmp_path_factory.mktemp("faulty_records")
     rollout = recording_rollout(records, nan_uids=frozenset({NAN_UID}), die_on_call=3, die_index=1, hold_index=0)
-    driver = Driver(config(out, task), rollout_cls=rollout, learner_cls=recording_learner(records, die_rank=1, die_version=3),
-                    log=lambda s: None, record_batches=True)
+    driver = Driver(
+        config(out, task),
+        rollout_cls=rollout,
+        learner_cls=recording_learner(records, die_rank=1, die_version=3),
+        log=lambda s: None,
+        record_batches=True,
+    )
     driver.setup()
     try:
         with pytest.raises(ActorFailure) as failure:
@@ -179,7 +184,9 @@ def test_a_resume_on_another_learner_shape_and_fleet_continues_the_run(reference
         weights = ray.get(driver.actors.learners[0].weights.remote(), timeout=120)
     finally:
         driver.close()
-    assert any("re-sharded: written by 2 learner ranks (ZeRO-2), loaded into 1 (ZeRO-3)" in line for line in lines), lines
+    assert any("re-sharded: written by 2 learner ranks (ZeRO-2), loaded into 1 (ZeRO-3)" in line for line in lines), (
+        lines
+    )
     assert [r["version"] for r in driver.history] == [3.0, 4.0]
     for got, want in zip(driver.history, ref_driver.history[2:]):
         for key in DETERMINISTIC:
@@ -190,7 +197,9 @@ def test_a_resume_on_another_learner_shape_and_fleet_continues_the_run(reference
     ref, after = by_version(read_records(ref_records, "learner_")), by_version(read_records(tmp_path, "learner_"))
     assert sorted(after) == [2, 3]
     for version, records in after.items():
-        assert sorted(s for r in records for s in r["sample_ids"]) == sorted(s for r in ref[version] for s in r["sample_ids"])
+        assert sorted(s for r in records for s in r["sample_ids"]) == sorted(
+            s for r in ref[version] for s in r["sample_ids"]
+        )
     assert driver.stream.cursor == ref_driver.stream.cursor
 
 
@@ -213,7 +222,10 @@ def test_bad_rows_and_failing_rewards_are_counted_in_the_metrics(reference):
     last = driver.history[-1]
     assert last["rollout/reward_calls/calls"] == 4 * 16  # every sample trained on was scored once
     assert last["rollout/reward_calls/exception"] > 0 and last["rollout/reward_calls/non_number"] > 0
-    assert last["rollout/reward_calls/failed"] == last["rollout/reward_calls/exception"] + last["rollout/reward_calls/non_number"]
+    assert (
+        last["rollout/reward_calls/failed"]
+        == last["rollout/reward_calls/exception"] + last["rollout/reward_calls/non_number"]
+    )
 
 
 def test_the_export_loads_with_transformers_and_gives_the_learners_logits(reference):

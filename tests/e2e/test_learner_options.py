@@ -203,7 +203,9 @@ def test_a_lora_checkpoint_resumes_exactly(ranks, stage, tmp_path):
     step(ranks, 0)
     saved = raw_weights(ranks)
     assert ray.get([r.save.remote(str(tmp_path)) for r in ranks]) == ["step1", "step1"]
-    write_state(tmp_path / "step1", {"format": FORMAT, "step": 1, "config": {}, "parameter_shapes": {}})  # as the job does
+    write_state(
+        tmp_path / "step1", {"format": FORMAT, "step": 1, "config": {}, "parameter_shapes": {}}
+    )  # as the job does
     uninterrupted = [step(ranks, k) for k in (1, 2)]
     expected = raw_weights(ranks)
 

@@ -83,7 +83,9 @@ def test_adapters_of_a_module_the_receiver_does_not_have_or_of_the_wrong_shape_f
     with pytest.raises(KeyError, match="k"):
         FakePush([("k.lora_A", a), ("k.lora_B", b)], 2).receive(WeightHandle(1, "gloo"), merger.wrap(lambda x: None))
     with pytest.raises(ValueError, match="adapters of q"):
-        FakePush([("q.lora_A", a), ("q.lora_B", b.t())], 2).receive(WeightHandle(1, "gloo"), merger.wrap(lambda x: None))
+        FakePush([("q.lora_A", a), ("q.lora_B", b.t())], 2).receive(
+            WeightHandle(1, "gloo"), merger.wrap(lambda x: None)
+        )
 
 
 def test_the_learner_sends_a_and_b_of_every_target_and_no_frozen_weight():

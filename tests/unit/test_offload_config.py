@@ -20,11 +20,17 @@ def test_offload_reaches_the_deepspeed_config():
     assert two["zero_optimization"]["offload_optimizer"]["device"] == "cpu" and not two["zero_force_ds_cpu_optimizer"]
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"zero_stage": 2, "offload_optimizer": "cpu", "offload_params": "cpu"}, "offload_params: parameter offload needs zero_stage 3"),
-    ({"zero_stage": 3, "offload_params": "cpu"}, "offload_params: cpu needs offload_optimizer: cpu"),
-    ({"offload_optimizer": "nvme"}, "offload_optimizer"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (
+            {"zero_stage": 2, "offload_optimizer": "cpu", "offload_params": "cpu"},
+            "offload_params: parameter offload needs zero_stage 3",
+        ),
+        ({"zero_stage": 3, "offload_params": "cpu"}, "offload_params: cpu needs offload_optimizer: cpu"),
+        ({"offload_optimizer": "nvme"}, "offload_optimizer"),
+    ],
+)
 def test_an_offload_the_learner_cannot_run_fails_naming_the_field(fields, message):
     with pytest.raises(ValidationError, match=message):
         DeepSpeedConfig(**fields)

@@ -136,7 +136,12 @@ def project_figures(record: dict, *, n_gpus: int) -> dict[str, Any]:
     peaks += [a["peak_memory_gib"] for a in f["actors"].values() if a.get("peak_memory_gib")]
     tokens_per_s = f.get("rollout_tokens_per_s_generating")
     return {
-        "steps": f["steps"], "timed_steps": f.get("timed_steps"), "ranks": ranks, "workers": workers, "n_gpus": n_gpus, "samples": samples,
+        "steps": f["steps"],
+        "timed_steps": f.get("timed_steps"),
+        "ranks": ranks,
+        "workers": workers,
+        "n_gpus": n_gpus,
+        "samples": samples,
         "samples_per_s_per_gpu": f["samples_per_s"] / n_gpus if f.get("samples_per_s") else None,
         # the report's rate is every worker's tokens over every worker's generating seconds
         "rollout_tokens_per_s_per_gpu": tokens_per_s,
@@ -185,9 +190,11 @@ def markdown(rows: list[dict]) -> str:
             cell = f"{_fmt(ratio.get('samples_per_s_per_gpu'))}× (≥ {target}×: {verdict(ratio.get('samples_per_s_per_gpu'), target)})"
         else:
             cell = "peer"
-        lines.append(f"| {r['name']} | {_fmt(f.get('samples_per_s_per_gpu'), 3)} | {_fmt(f.get('rollout_tokens_per_s_per_gpu'), 0)}"
-                     f" | {_fmt(f.get('learner_s_per_sample'), 3)} | {_fmt(f.get('first_step_s'), 1)}"
-                     f" | {_fmt(f.get('peak_memory_gib'), 1)} | {cell} |")
+        lines.append(
+            f"| {r['name']} | {_fmt(f.get('samples_per_s_per_gpu'), 3)} | {_fmt(f.get('rollout_tokens_per_s_per_gpu'), 0)}"
+            f" | {_fmt(f.get('learner_s_per_sample'), 3)} | {_fmt(f.get('first_step_s'), 1)}"
+            f" | {_fmt(f.get('peak_memory_gib'), 1)} | {cell} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -39,7 +39,9 @@ import peer_events  # noqa: E402
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer-root", required=True, help="a checkout of the StableDRL release")
-    ap.add_argument("--model-dir", required=True, help="random LLaDA checkpoint (released layout; its path names llada)")
+    ap.add_argument(
+        "--model-dir", required=True, help="random LLaDA checkpoint (released layout; its path names llada)"
+    )
     ap.add_argument("--data", required=True, help="JSONL rows with prompt and answer")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps (the release's total_steps + 1)")
     ap.add_argument("--events", required=True)

@@ -80,7 +80,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--loops", default="peer,release_sampler,fast", help="which of each pair's loops run")
     ap.add_argument("--tiny", action="store_true", help="tiny LLaDA on the CPU, short generations (the rehearsal)")
     ap.add_argument("--gpus", type=int, default=None, help="GPUs of every loop (default: all visible; tiny: 1)")
-    ap.add_argument("--layers", type=int, default=None, help="full-parameter pairs: the width of LLaDA-8B at this many layers")
+    ap.add_argument(
+        "--layers", type=int, default=None, help="full-parameter pairs: the width of LLaDA-8B at this many layers"
+    )
     ap.add_argument("--peer-steps", type=int, default=4, help="optimizer steps of the peer (2 rounds of StableDRL)")
     ap.add_argument("--project-steps", type=int, default=3)
     ap.add_argument("--peer-script", action="append", default=[], help="NAME=PATH: another harness for a peer (tests)")
@@ -254,9 +256,19 @@ def run_project(a: argparse.Namespace, pair: str, spec: dict, variant: str, over
     actors = {name: {k: v for k, v in actor.items() if k in ("wall_s", "idle_s", "seconds", "busy_fraction",
                                                                "gpu_busy_fraction", "peak_memory_gib")}
               for name, actor in ((job.get("figures") or {}).get("actors") or {}).items()}
-    return {"command": " ".join(cmd), "rc": rc, "wall_s": wall, "stopped": stopped, "figures": figures,
-            "actors": actors, "step_s_median": (job.get("figures") or {}).get("step_s_median"), "overrides": sets, "job_problems": job.get("problems"), "log_tail": job.get("log_tail") or tail(work / "project.log", 40),
-            "errors": data.get("errors")}
+    return {
+        "command": " ".join(cmd),
+        "rc": rc,
+        "wall_s": wall,
+        "stopped": stopped,
+        "figures": figures,
+        "actors": actors,
+        "step_s_median": (job.get("figures") or {}).get("step_s_median"),
+        "overrides": sets,
+        "job_problems": job.get("problems"),
+        "log_tail": job.get("log_tail") or tail(work / "project.log", 40),
+        "errors": data.get("errors"),
+    }
 
 
 def run_logged(cmd: list[str], env: dict, log: Path, timeout_s: float) -> tuple[int, float, bool]:

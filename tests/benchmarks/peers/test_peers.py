@@ -23,10 +23,19 @@ import run_peers  # noqa: E402
 
 def fake_events(tmp_path: Path, ranks: int, gen_s: float, train_s: float, steps: int = 4) -> dict:
     """``ranks`` fake peer processes at once (as accelerate launches them)."""
-    procs = [subprocess.Popen([sys.executable, str(HERE / "fake_peer.py"), "--events", str(tmp_path), "--steps", str(steps)],
-                              env=dict(os.environ, RANK=str(rank), PEER_LAUNCHED_AT="0", FAKE_PEER_GEN_S=str(gen_s),
-                                       FAKE_PEER_TRAIN_S=str(train_s)))
-             for rank in range(ranks)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "fake_peer.py"), "--events", str(tmp_path), "--steps", str(steps)],
+            env=dict(
+                os.environ,
+                RANK=str(rank),
+                PEER_LAUNCHED_AT="0",
+                FAKE_PEER_GEN_S=str(gen_s),
+                FAKE_PEER_TRAIN_S=str(train_s),
+            ),
+        )
+        for rank in range(ranks)
+    ]
     assert [p.wait(timeout=60) for p in procs] == [0] * ranks
     return pe.read_events(tmp_path)
 
