@@ -9,8 +9,9 @@
 The config is validated (file, overrides and every cross-section rule) before Ray starts; a bad
 one exits with status 2 and the dotted names of the fields to fix. ``--dry-run`` prints the
 resolved config as YAML, then (as comment lines) what the run needs that is missing here, with the
-command that fetches it, and the run's plan, and exits (cli/dry_run.py). With RAY_ADDRESS set (``ray job submit`` sets it for its
-entrypoint) the job joins that cluster; otherwise it starts a local Ray instance for itself.
+command that fetches it, and the run's plan, and exits (cli/dry_run.py). With RAY_ADDRESS set
+(``ray job submit`` sets it for its entrypoint) the job joins that cluster; otherwise it starts a
+local Ray instance for itself.
 """
 from __future__ import annotations
 

@@ -190,9 +190,9 @@ class LearnerEngine:
         """What a weight push sends, streamed bucket by bucket, on rank 0 (on every rank if
         ``all_ranks``): every parameter, or with LoRA the adapters A and B of every adapted module
         (``learner.lora.push: adapters``; the workers merge them: common/transport/adapters.py) or
-        the merged adapted matrices (``merged``); the rest is frozen. Names are the plain policy's. Collective under ZeRO-3: every rank iterates
-        to the end. Tensors are valid until the next item; they are in the training dtype on
-        this rank's device."""
+        the merged adapted matrices (``merged``); the rest is frozen. Names are the plain policy's.
+        Collective under ZeRO-3: every rank iterates to the end. Tensors are valid until the next
+        item; they are in the training dtype on this rank's device."""
         if self.adapted and self.cfg.lora.push == "adapters":
             return adapter_named_parameters(self.adapted, zero_stage=self.cfg.deepspeed.zero_stage,
                                             bucket_bytes=self.cfg.deepspeed.gather_bucket_mb << 20,

@@ -46,7 +46,8 @@ class AlgorithmConfig(StrictModel):
     max_staleness: int = Field(
         0,
         ge=0,
-        description="η: a sample generated at version v_b trains at version v_l only if v_l - v_b <= η; 0 = synchronous",
+        description="η: a sample generated at version v_b trains at version v_l only if v_l - v_b <= η; "
+        "0 = synchronous",
     )
     in_order: bool = Field(
         False, description="batch b trains on exactly the prompts b·B .. (b+1)·B - 1 of the stream, waiting for a late "

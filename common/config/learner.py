@@ -1,8 +1,8 @@
 """Learner config: the optimizer, the DeepSpeed ZeRO engine and the learner's process group.
 
 Defaults are the released StableDRL settings for LLaDA-8B (arXiv 2603.06743; docs/algorithms.md §3):
-AdamW(0.9, 0.99), weight decay 0.1 on every trained parameter, grad-norm clip 0.2, full-parameter bf16. The learning rate
-(1e-6 for Sudoku / Countdown, 2e-6 for MATH / GSM8K) is the task's choice.
+AdamW(0.9, 0.99), weight decay 0.1 on every trained parameter, grad-norm clip 0.2, full-parameter bf16.
+The learning rate (1e-6 for Sudoku / Countdown, 2e-6 for MATH / GSM8K) is the task's choice.
 
     learner:
       num_ranks: 2

@@ -148,7 +148,8 @@ class RewardConfig(StrictModel):
     isolation: Literal["auto", "inline", "process"] = Field(
         "auto",
         description="'process' runs rewards in a child process (timeouts are enforced, crashes contained); "
-        "'inline' runs them in the worker (exceptions and bad values are still caught); 'auto' = process iff custom is set",
+        "'inline' runs them in the worker (exceptions and bad values are still caught); "
+        "'auto' = process iff custom is set",
     )
     timeout_s: float = Field(5.0, gt=0, description="per-completion time limit (enforced with isolation=process)")
     import_timeout_s: float = Field(60.0, gt=0, description="time limit of importing the custom reward (its "
@@ -203,7 +204,8 @@ class _TaskBase(StrictModel):
     held_out: Union[Annotated[int, Field(ge=0)], Annotated[float, Field(gt=0, lt=1)]] = Field(
         0,
         description="held-out rows taken from the source: an int is an exact count (the rows with the smallest "
-        "split hash), a float in (0, 1) a fraction (rows whose hash falls below it; membership never depends on other rows)",
+        "split hash), a float in (0, 1) a fraction (rows whose hash falls below it; "
+        "membership never depends on other rows)",
     )
     held_out_source: Optional[DataSource] = Field(
         None, description="a separate held-out file or dataset split (then held_out must be 0)"

@@ -25,7 +25,8 @@ class WarmStartConfig(StrictModel):
     steps: int = Field(300, ge=1, description="SFT optimizer steps")
     seed: Optional[int] = Field(
         None,
-        description="seed of the SFT's row order and masks; None: run.seed (then every RL seed gets its own warm start)",
+        description="seed of the SFT's row order and masks; "
+        "None: run.seed (then every RL seed gets its own warm start)",
     )
     threads: Optional[int] = Field(
         None, ge=1, description="torch CPU threads the SFT runs with (None: the process's current count, usually the "
@@ -60,7 +61,8 @@ class EvalConfig(StrictModel):
     )
     seed: int = Field(
         1234,
-        description="sampling seed of every evaluation; the same seeds at every step make BEFORE and AFTER a paired comparison",
+        description="sampling seed of every evaluation; "
+        "the same seeds at every step make BEFORE and AFTER a paired comparison",
     )
     temperature: Optional[float] = Field(
         None, ge=0.0, description="sampling temperature of the evaluation (0: greedy); null: the sampler's own"
@@ -74,7 +76,8 @@ class EvalConfig(StrictModel):
         1,
         ge=1,
         description="the job's last line also gives the mean pass@1 of the last N evaluations (the final one "
-        "and those every `every` steps before it): one evaluation moves by a few points from step to step; 1: only AFTER",
+        "and those every `every` steps before it): one evaluation moves by a few points from step to step; "
+        "1: only AFTER",
     )
 
     def sampler_for(self, sampler: Any) -> Any:

@@ -156,8 +156,8 @@ def _load_directory(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPoli
 def _check_attention(family: str, attn_implementation: str) -> None:
     if attn_implementation == "flash_attention_2" and FAMILIES[family].attention == "block":
         raise CheckpointError(
-            f"attn_implementation flash_attention_2 cannot take the block-causal 4-D masks the {family!r} family needs; "
-            "use sdpa or flex_attention"
+            "attn_implementation flash_attention_2 cannot take the block-causal 4-D masks "
+            f"the {family!r} family needs; use sdpa or flex_attention"
         )
 
 

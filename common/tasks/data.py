@@ -174,8 +174,8 @@ def _columns(task: Task, records: Sequence[dict[str, Any]], columns: dict[str, s
     absent = sorted(c for c in {columns.get(f, f) for f in task.required_fields} if not column_present(c, records))
     if absent:
         raise DataError(
-            f"{source}: no column {absent} (columns: {sorted(keys)}); map it with source.columns, e.g. {{prompt: question}} "
-            "or a dotted path such as {answer: reward_model.ground_truth}"
+            f"{source}: no column {absent} (columns: {sorted(keys)}); map it with source.columns, "
+            "e.g. {prompt: question} or a dotted path such as {answer: reward_model.ground_truth}"
         )
     return columns
 
@@ -207,7 +207,8 @@ def generate_rows(
     while len(rows) < n:
         if draws >= max_draws:
             raise DataError(
-                f"{task.name}: only {len(rows)} distinct problems in {draws} draws; lower source.n or raise the difficulty"
+                f"{task.name}: only {len(rows)} distinct problems in {draws} draws; "
+                "lower source.n or raise the difficulty"
             )
         row = task.generate(stable_hash(task.name, seed, draws))
         draws += 1
@@ -219,7 +220,8 @@ def generate_rows(
             raise DataError(f"{task.name}: a generated prompt cannot be encoded: {e}") from None
         if n_tokens > max_prompt_tokens:
             raise DataError(
-                f"{task.name}: a generated prompt has {n_tokens} tokens, more than max_prompt_tokens={max_prompt_tokens}"
+                f"{task.name}: a generated prompt has {n_tokens} tokens, "
+                f"more than max_prompt_tokens={max_prompt_tokens}"
             )
         seen.add(row.prompt_id)
         rows.append(row)

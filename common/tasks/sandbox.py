@@ -248,8 +248,8 @@ def check_reward(cfg: Any) -> None:
 
 def remove_stale_workdirs(root: Optional[Path] = None) -> list[Path]:
     """Remove the sandbox directories (``stabledrl-reward-<pid>-*`` in the temporary directory) of
-    processes of this user (as root: also those handed to nobody) that no longer exist (a job killed with SIGKILL leaves them); returns
-    what was removed."""
+    processes of this user (as root: also those handed to nobody) that no longer exist (a job killed
+    with SIGKILL leaves them); returns what was removed."""
     removed = []
     for path in Path(root or tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
         pid = path.name[len(WORKDIR_PREFIX):].partition("-")[0]

@@ -11,7 +11,8 @@ temporary directory (also HOME and TMPDIR; removed afterwards), under a CPU-time
 Landlock domain that lets it write only there. The sandbox waits ``timeout_s`` for its answer,
 then ends the call: with Landlock's signal scope the call's warden kills every process of the
 call at once (``_warden``); the sandbox then kills the call's process group and every process
-left behind (re-parented to the sandbox, the subreaper), round after round. A call cannot break the next one: state, memory and leftovers die with it.
+left behind (re-parented to the sandbox, the subreaper), round after round. A call cannot break
+the next one: state, memory and leftovers die with it.
 
 The sandbox itself runs under the same confinement as the calls (Landlock, the memory and file
 limits, the seccomp filter of ``confine.deny_syscalls``: no metadata changes, no sockets but

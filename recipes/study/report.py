@@ -123,7 +123,8 @@ def write_report(study: StudyConfig, *, statuses: Optional[dict[tuple[str, int],
         f"Settings: {settings}.\n\n",
         method_table(methods),
         f"\nCollapse: the reward EMA (weight {rule.ema}) falls below {rule.fraction:.0%} of its peak (peak >= "
-        f"{rule.min_peak}) and stays there to the end, at least {rule.hold} steps. Accuracy in %, mean ± std over seeds; "
+        f"{rule.min_peak}) and stays there to the end, at least {rule.hold} steps. "
+        "Accuracy in %, mean ± std over seeds; "
         "grad norm: the largest pre-clip norm of any update, and its ratio to the run's median.\n",
         "\n" + run_table(runs),
     ]

@@ -9,9 +9,10 @@ k = 4: one of 4G; a k that does not divide groups_per_step rounds the step up to
 e.g. k = 3: 6 groups in 2 micro-batches of 3G; a comma list runs each k on the same engine,
 smallest first, parts suffixed ``_mb<k>``; bigger micro-batches feed bigger matrix products and pay
 the per-micro-batch costs (Python, ZeRO hooks, gradient copies) less often, for memory: a k that
-runs out of it is recorded and the larger ones are skipped); the loss re-estimates log-likelihoods with ``elbo_mc`` (2 Monte-Carlo
-masks, both in one forward of 2G rows, per-masked-token mean as released) and applies ``stabledrl``
-(C = 5) against behaviour estimates given with the batch; backward; clip; AdamW.
+runs out of it is recorded and the larger ones are skipped); the loss re-estimates log-likelihoods
+with ``elbo_mc`` (2 Monte-Carlo masks, both in one forward of 2G rows, per-masked-token mean as
+released) and applies ``stabledrl`` (C = 5) against behaviour estimates given with the batch;
+backward; clip; AdamW.
 
 Model FLOPs per micro-batch: F = one forward of 2G rows x 384 tokens (Linear layers, the head over
 the 256 completion positions, attention 384 x 384), training = 3F (forward + backward); with
@@ -28,10 +29,11 @@ The optimizer is the project's (learner/zero.build_optimizer: torch AdamW under 
 ``fused=True`` on CUDA since the 2026-11-26 1x H200 run measured it against foreach as stage
 ``2f``): it steps on DeepSpeed's flat fp32 partitions (one tensor per parameter group). Stage
 ``2t`` is a benchmark-only experiment on top of ZeRO-2 (the project's defaults stay in learner/):
-``overlap_comm`` (gradient bucket copies on a side stream, overlapped with the backward). ``--profile STAGE`` runs torch.profiler over one more step of that stage's
-first setting: wall vs GPU-busy time per step, the top kernels and host ops (what explains the
-rest of the step). Stages ``2o`` and ``3o`` offload to the CPU as ``learner.deepspeed.offload_optimizer:
-cpu`` does (``3o`` with ``offload_params: cpu`` too): the same step with the optimizer on the host.
+``overlap_comm`` (gradient bucket copies on a side stream, overlapped with the backward).
+``--profile STAGE`` runs torch.profiler over one more step of that stage's first setting: wall vs
+GPU-busy time per step, the top kernels and host ops (what explains the rest of the step). Stages
+``2o`` and ``3o`` offload to the CPU as ``learner.deepspeed.offload_optimizer: cpu`` does (``3o``
+with ``offload_params: cpu`` too): the same step with the optimizer on the host.
 
     python tests/benchmarks/bench_learner.py --world 1 --peak-from matmul.json --out learner1.json
     python tests/benchmarks/bench_learner.py --world 2 --peak-from matmul.json --out learner2.json

@@ -71,7 +71,8 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
             met(nv.get("engine_pct_of_measured_matmul"), 60),
             f"engine {fmt(nv.get('engine_tflops'))} TFLOP/s; forward alone "
             f"{fmt(nv.get('forward_only_pct_of_measured_matmul'), '.1f', '%')}; decode step "
-            f"{fmt(get(nv, 'decode_step_ms', 'float64_noise'), '.1f')} ms of {fmt(_ms(nv.get('s_per_step')), '.0f')} ms/step"
+            f"{fmt(get(nv, 'decode_step_ms', 'float64_noise'), '.1f')} ms of "
+            f"{fmt(_ms(nv.get('s_per_step')), '.0f')} ms/step"
             f"; B={nv.get('batch', '-')}",
         )
     )
@@ -133,7 +134,8 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
                 f"{fmt(th.get('speedup_vs_eager_threshold'), '.2f', 'x')} the eager run, tokens equal: "
                 f"{th.get('tokens_equal_eager')}; fixed {fx.get('steps', '-')} steps: "
                 f"{fmt(fx.get('speedup_vs_eager_dual'), '.2f', 'x')} eager dual, "
-                f"{fmt(fx.get('speedup_vs_naive_equal_steps'), '.1f', 'x')} naive, tokens equal: {fx.get('tokens_equal_eager')}",
+                f"{fmt(fx.get('speedup_vs_naive_equal_steps'), '.1f', 'x')} naive, "
+                f"tokens equal: {fx.get('tokens_equal_eager')}",
             )
         )
 
@@ -183,12 +185,15 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
                 f"{fmt(steady.get('tokens_per_s'), '.0f')} (1 token/step)",
                 ">= 3000",
                 met(steady.get("tokens_per_s"), 3000),
-                f"{fmt(steady.get('speedup_vs_eager'), '.2f', 'x')} eager, {fmt(steady.get('ms_per_forward'), '.1f')} ms/fwd "
-                f"(replays only); first generation of the shape (capture included) {fmt(first.get('tokens_per_s'), '.0f')}/s"
+                f"{fmt(steady.get('speedup_vs_eager'), '.2f', 'x')} eager, "
+                f"{fmt(steady.get('ms_per_forward'), '.1f')} ms/fwd "
+                "(replays only); first generation of the shape (capture included) "
+                f"{fmt(first.get('tokens_per_s'), '.0f')}/s"
                 + "".join(
                     f"; {k}: {fmt(get(v, 'tokens_per_s'), '.0f')}/s" for k, v in gr.items() if v not in (steady, first)
                 )
-                + f"; {steady.get('captures', '-')} capture(s), {steady.get('replays', '-')} replays in all; fp32 graphed == "
+                + f"; {steady.get('captures', '-')} capture(s), {steady.get('replays', '-')} replays in all; "
+                "fp32 graphed == "
                 f"reference: {fmt(_pct(get(ex, 'fp32', 'graphed_token_agreement')), '.1f', '%')} (replayed again: "
                 f"identical {get(ex, 'fp32', 'graphed_replay_identical')}; after in-place weight changes: "
                 f"{fmt(_pct(get(ex, 'fp32', 'graphed_after_inplace_weights_agreement')), '.1f', '%')}, "
@@ -226,7 +231,8 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
                     f"{fmt(v.get('speedup_vs_eager'), '.2f', 'x')} eager, {v.get('replays')} replays)"
                     for k, v in runs.items()
                 )
-                + f"; fp32 graphed == reference: {fmt(_pct(get(graph, 'fp32_exactness', 'token_agreement')), '.1f', '%')}",
+                + "; fp32 graphed == reference: "
+                f"{fmt(_pct(get(graph, 'fp32_exactness', 'token_agreement')), '.1f', '%')}",
             )
         )
 

@@ -21,7 +21,8 @@ CUDA graphs; learner_1gpu: ZeRO-2 as the project runs it (fused AdamW on CUDA) a
 profiled step of 2t, on GPU 0 after full_attention; push: 2 repetitions). Combine with ``--only``
 to run the changed jobs alone; on one GPU:
 
-    source .whl/install.sh && DEADLINE_S=210 bash tests/benchmarks/run_gpu.sh --quick --only block_diffusion,learner_1gpu
+    source .whl/install.sh &&
+        DEADLINE_S=210 bash tests/benchmarks/run_gpu.sh --quick --only block_diffusion,learner_1gpu
 A job that fails or times out is recorded as such and the next one starts; a job that exits 0 but
 recorded a failed part (its ``errors``) or no result is ``failed`` too, and any failed, timed-out or
 deadline-skipped job makes the run exit 1 (a table of what did run is still written); a global deadline

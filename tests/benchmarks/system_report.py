@@ -152,7 +152,8 @@ def markdown(name: str, f: dict[str, Any]) -> str:
         f"steps {f['steps']} (timed {f['timed_steps']}); first step after {num(f['first_step_s'], '{:.1f}')} s; "
         f"step {num(f['step_s_median'])} s, train {num(f['train_s_median'])} s (medians); "
         f"{num(f['samples_per_s'])} samples/s; learner MFU {num(f['learner_mfu'], '{:.1%}')} of "
-        f"{num(f['learner_mfu_against_tflops'], '{:.3g}')} TFLOP/s; rollout {num(f['rollout_tokens_per_s_generating'], '{:.0f}')} "
+        f"{num(f['learner_mfu_against_tflops'], '{:.3g}')} TFLOP/s; "
+        f"rollout {num(f['rollout_tokens_per_s_generating'], '{:.0f}')} "
         f"tokens/s per worker while generating ({num(f['rollout_tokens_per_forward'])} tokens/forward); "
         f"push {', '.join(num(p) for p in f['push_s'])} s"
         + (

@@ -14,10 +14,11 @@ A second run with the same config suffers two faults:
 ``stabledrl train --resume RUN_DIR`` then continues from the step-2 checkpoint (an epoch
 boundary). Steps 1-3 of the faulty run and steps 3-4 of the resumed one equal the reference, to
 the sample ids each learner rank trained on (and so do steps 3-4 resumed from the reference's own
-checkpoint at another shape: 1 learner rank at ZeRO-3, 1 rollout worker, to fp32 rounding); step 3 (the NaN) is skipped, counted, and leaves the
-weights bit-identical. A worker that keeps dying fails the job after rollout.max_restarts, named
-(model-free stub actors: only the coordinator's logic and real process deaths are under test);
-a learner rank that stalls in a collective makes the others time out, and the stalled one is named.
+checkpoint at another shape: 1 learner rank at ZeRO-3, 1 rollout worker, to fp32 rounding); step 3
+(the NaN) is skipped, counted, and leaves the weights bit-identical. A worker that keeps dying fails
+the job after rollout.max_restarts, named (model-free stub actors: only the coordinator's logic and
+real process deaths are under test); a learner rank that stalls in a collective makes the others
+time out, and the stalled one is named.
 """
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ EXPECTED = {
     "llada": (
         (
             "<|startoftext|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-            "<|start_header_id|>user<|end_header_id|>\n\nQ: What is 2+3?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+            "<|start_header_id|>user<|end_header_id|>\n\nQ: What is 2+3?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
         ),
         (
             "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nQ: What is 2+3?<|eot_id|>"

@@ -187,11 +187,15 @@ def markdown(rows: list[dict]) -> str:
         f, ratio = r["figures"], r.get("ratio")
         if ratio is not None:
             target = r.get("target")
-            cell = f"{_fmt(ratio.get('samples_per_s_per_gpu'))}× (≥ {target}×: {verdict(ratio.get('samples_per_s_per_gpu'), target)})"
+            cell = (
+                f"{_fmt(ratio.get('samples_per_s_per_gpu'))}× "
+                f"(≥ {target}×: {verdict(ratio.get('samples_per_s_per_gpu'), target)})"
+            )
         else:
             cell = "peer"
         lines.append(
-            f"| {r['name']} | {_fmt(f.get('samples_per_s_per_gpu'), 3)} | {_fmt(f.get('rollout_tokens_per_s_per_gpu'), 0)}"
+            f"| {r['name']} | {_fmt(f.get('samples_per_s_per_gpu'), 3)}"
+            f" | {_fmt(f.get('rollout_tokens_per_s_per_gpu'), 0)}"
             f" | {_fmt(f.get('learner_s_per_sample'), 3)} | {_fmt(f.get('first_step_s'), 1)}"
             f" | {_fmt(f.get('peak_memory_gib'), 1)} | {cell} |"
         )
