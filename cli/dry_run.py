@@ -164,7 +164,8 @@ def plan_lines(cfg: JobConfig) -> list[str]:
         f"actors: {learner.num_ranks} learner ranks (DeepSpeed ZeRO-{learner.deepspeed.zero_stage}, "
         f"{learner.deepspeed.dtype}, training {trains}) + {r.num_workers} rollout workers, driven by this process",
         f"steps: {run.steps} × {a.inner_iterations} optimizer updates = {updates:,} updates "
-        f"(loss {cfg.loss.name}, estimator {cfg.estimator.name}, lr {learner.optimizer.lr:g} {learner.optimizer.schedule}"
+        f"(loss {cfg.loss.name}, estimator {cfg.estimator.name}, "
+        f"lr {learner.optimizer.lr:g} {learner.optimizer.schedule}"
         f", normalised per {'micro-batch' if learner.loss_normalisation == 'micro_batch' else 'step'})",
         f"samples per step: {a.groups_per_step} prompts × {a.group_size} completions = {samples:,} "
         f"(about {per_rank} groups per learner rank, micro-batches of {a.micro_batch_size}); "

@@ -9,8 +9,9 @@
 The config is validated (file, overrides and every cross-section rule) before Ray starts; a bad
 one exits with status 2 and the dotted names of the fields to fix. ``--dry-run`` prints the
 resolved config as YAML, then (as comment lines) what the run needs that is missing here, with the
-command that fetches it, and the run's plan, and exits (cli/dry_run.py). With RAY_ADDRESS set (``ray job submit`` sets it for its
-entrypoint) the job joins that cluster; otherwise it starts a local Ray instance for itself.
+command that fetches it, and the run's plan, and exits (cli/dry_run.py). With RAY_ADDRESS set
+(``ray job submit`` sets it for its entrypoint) the job joins that cluster; otherwise it starts a
+local Ray instance for itself.
 """
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ QUICKSTART = Path(__file__).resolve().parents[1] / "deploy" / "configs" / "quick
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="stabledrl", description="RL post-training of diffusion LMs on Ray + DeepSpeed")
+    parser = argparse.ArgumentParser(
+        prog="stabledrl", description="RL post-training of diffusion LMs on Ray + DeepSpeed"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run an RL job (see deploy/configs/)")
     train.add_argument("--config", default=str(QUICKSTART), help=f"YAML job config (default: {QUICKSTART})")
@@ -93,8 +96,13 @@ def check_run(args: argparse.Namespace, cfg: JobConfig) -> None:
     if args.resume:
         config_file, _ = resume_source(args)
         run = cfg.run.model_copy(update={"resume_from": None})
-        check_resume_trust(Path(config_file), Path(args.resume), cfg.model_copy(update={"run": run}).model_dump(mode="json"),
-                           trust_run=args.trust_run, allow_weaker=args.allow_weaker_sandbox)
+        check_resume_trust(
+            Path(config_file),
+            Path(args.resume),
+            cfg.model_copy(update={"run": run}).model_dump(mode="json"),
+            trust_run=args.trust_run,
+            allow_weaker=args.allow_weaker_sandbox,
+        )
     else:  # a new run started from another run's config.yaml: the same check of that file
         from common.run_seal import check_run_config
 
@@ -133,7 +141,11 @@ def train_job(cfg: JobConfig) -> int:
         driver.run()
     except KeyboardInterrupt:
         code, message = 130, interrupted_line(cfg, driver.step if driver is not None else 0)
-    except (ConfigError, CheckpointError, DataError) as e:  # refused (before any actor started, or a checkpoint it cannot write)
+    except (
+        ConfigError,
+        CheckpointError,
+        DataError,
+    ) as e:  # refused (before any actor started, or a checkpoint it cannot write)
         code, message = 2, f"stabledrl: {e}"
     except (ActorFailure, RewardFailureRate) as e:
         code, message = 1, f"stabledrl: job failed: {e}"
@@ -183,6 +195,8 @@ def interrupted_line(cfg: JobConfig, step: int) -> str:
     latest = Path(cfg.run.output_dir) / "checkpoints" / "latest"
     head = f"stabledrl: interrupted at step {step} of {cfg.run.steps}"
     if latest.is_file():
-        return f"{head}; continue with: stabledrl train --resume {cfg.run.output_dir} (from {latest.read_text().strip()})"
+        return (
+            f"{head}; continue with: stabledrl train --resume {cfg.run.output_dir} (from {latest.read_text().strip()})"
+        )
     return (f"{head}; no checkpoint was written (run.checkpoint_every = {cfg.run.checkpoint_every}), so it cannot be "
             "resumed: run it again")

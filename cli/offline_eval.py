@@ -111,7 +111,9 @@ def eval_command(cfg: JobConfig, *, model_dir: Optional[str] = None, checkpoint:
                  out: Optional[str] = None, show: int = 0) -> dict[str, Any]:
     """Load, evaluate, print one line per pass@k (and ``show`` example completions); write JSON to ``out``."""
     policy, tokenizer = load_eval_policy(cfg, model_dir=model_dir, checkpoint=checkpoint)
-    result = evaluate_policy(cfg, policy, tokenizer, k=k, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt)
+    result = evaluate_policy(
+        cfg, policy, tokenizer, k=k, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt
+    )
     source = f"model {model_dir}" if model_dir else f"checkpoint {checkpoint}"
     print(f"stabledrl eval: {source}, {result.num_prompts} held-out prompts x {result.samples_per_prompt} samples "
           f"({result.time_s:.1f} s)")

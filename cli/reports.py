@@ -46,10 +46,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     source.add_argument("--model", help="a transformers directory (run.export_final writes output_dir/final_model)")
     source.add_argument("--checkpoint", help="a DeepSpeed checkpoint: output_dir, output_dir/checkpoints or one tag")
     ev.add_argument("--k", type=int, default=1, help="also report pass@k (k <= samples per prompt)")
-    ev.add_argument("--num-prompts", type=int, default=None, help="first N held-out prompts (default "
-                    "eval.num_prompts); with --protocol: a subsample of N rows of every benchmark, drawn as the protocol "
-                    "draws")
-    ev.add_argument("--samples", type=int, default=None, help="samples per prompt (default max(k, eval.samples_per_prompt))")
+    ev.add_argument(
+        "--num-prompts",
+        type=int,
+        default=None,
+        help="first N held-out prompts (default "
+        "eval.num_prompts); with --protocol: a subsample of N rows of every benchmark, drawn as the protocol "
+        "draws",
+    )
+    ev.add_argument(
+        "--samples", type=int, default=None, help="samples per prompt (default max(k, eval.samples_per_prompt))"
+    )
     ev.add_argument("--show", type=int, default=0, help="print the completions of the first N prompts")
     ev.add_argument("--out", default=None, help="also write the result as JSON here; with --protocol: the output "
                     "directory (results.jsonl, table.md, table.json; default runs/eval/PROTOCOL-NAME)")
@@ -164,7 +171,10 @@ def _plot(args: argparse.Namespace) -> int:
     runs = load_runs(args.runs, group=args.group)
     status = plot_runs(runs, args.out, title=args.title, smooth=args.smooth)
     missing = [title for title, s in status.items() if s != "drawn"]
-    print(f"stabledrl plot: {len(runs)} run(s) -> {args.out}" + (f" (not logged: {', '.join(missing)})" if missing else ""))
+    print(
+        f"stabledrl plot: {len(runs)} run(s) -> {args.out}"
+        + (f" (not logged: {', '.join(missing)})" if missing else "")
+    )
     return 0
 
 

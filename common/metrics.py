@@ -25,7 +25,9 @@ class MetricsLogger:
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        self._file = self.path.open("a" if append else "w", buffering=1)  # line-buffered: a crash loses at most one line
+        self._file = self.path.open(
+            "a" if append else "w", buffering=1
+        )  # line-buffered: a crash loses at most one line
         self._tb = None
         self._wandb = None
         if tensorboard:

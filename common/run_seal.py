@@ -187,5 +187,7 @@ def check_confinement(started: dict[str, Any], now: dict[str, Any], where: Path,
         return
     weaker = weakened(started, now)
     if weaker:
-        raise RunTrustError(f"this config confines the reward less than the run {where} started with ({'; '.join(weaker)}); "
-                            "refused: restore those fields, or pass --allow-weaker-sandbox if you mean it")
+        raise RunTrustError(
+            f"this config confines the reward less than the run {where} started with ({'; '.join(weaker)}); "
+            "refused: restore those fields, or pass --allow-weaker-sandbox if you mean it"
+        )

@@ -200,7 +200,9 @@ class SequenceBatch:
         )
 
 
-def left_pad(seqs: Sequence[torch.Tensor], pad_id: int, width: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    seqs: Sequence[torch.Tensor], pad_id: int, width: Optional[int] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad 1-D int tensors to ``width`` (default: the longest). Returns (ids [B, W], mask [B, W])."""
     import torch
     width = max((len(s) for s in seqs), default=0) if width is None else width

@@ -51,7 +51,9 @@ def wait(refs: Sequence[ray.ObjectRef], timeout_s: float, what: str | Sequence[s
         except ray.exceptions.RayError as e:
             still = dict.fromkeys(name_of[r] for r in pending)
             running = f" (still running: {', '.join(still)})" if still else ""
-            raise ActorFailure(f"{name_of[ready[0]]} failed: {first_line(getattr(e, 'cause', None) or e)}{running}") from e
+            raise ActorFailure(
+                f"{name_of[ready[0]]} failed: {first_line(getattr(e, 'cause', None) or e)}{running}"
+            ) from e
     return ray.get(list(refs))
 
 
@@ -109,7 +111,9 @@ def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
     except ActorFailure:
         remove_placement_group(learner_pg)
         raise
-    learner_actor = ray.remote(num_cpus=cfg.cluster.learner.num_cpus, num_gpus=cfg.cluster.learner.num_gpus)(learner_cls)
+    learner_actor = ray.remote(num_cpus=cfg.cluster.learner.num_cpus, num_gpus=cfg.cluster.learner.num_gpus)(
+        learner_cls
+    )
     a = cfg.algorithm
     learners = [
         learner_actor.options(scheduling_strategy=in_group(learner_pg, r)).remote(

@@ -48,9 +48,17 @@ from common.types import Episode
 # fields the saved state depends on (dotted prefixes); everything else may change on resume
 # (learner.num_ranks and learner.deepspeed.zero_stage may change: the learner re-shards, learner/reshard.py)
 MUST_MATCH = ("model", "task", "sampler", "estimator", "loss", "algorithm", "learner.lora", "run.seed")
-MAY_DIFFER = ("sampler.max_batch_size", "sampler.cuda_graph", "algorithm.micro_batch_size", "model.gradient_checkpointing",
-              # the reward's confinement: a resume may tighten it; loosening it needs --allow-weaker-sandbox (common/run_seal.py)
-              "task.reward.isolation", "task.reward.sandbox", "task.reward.timeout_s")
+MAY_DIFFER = (
+    "sampler.max_batch_size",
+    "sampler.cuda_graph",
+    "algorithm.micro_batch_size",
+    "model.gradient_checkpointing",
+    "learner.lora.push",
+    # the reward's confinement: a resume may tighten it; loosening it needs --allow-weaker-sandbox (common/run_seal.py)
+    "task.reward.isolation",
+    "task.reward.sandbox",
+    "task.reward.timeout_s",
+)
 
 
 def checkpoint_dir(output_dir: Path) -> Path:

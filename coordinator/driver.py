@@ -156,8 +156,10 @@ class Driver:
                                    collective_push=weights.backend != "object_store")
         self.control = start_control(cfg.run.job_name, cfg.rollout.min_workers, cfg.rollout.worker_limit)
         actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls, log=self.log)
-        sync = WeightSync(weights, actors, c.start_timeout_s, partial=cfg.learner.lora is not None,
-                          keep_order=cfg.algorithm.in_order)
+        lora = cfg.learner.lora
+        sync = WeightSync(weights, actors, c.start_timeout_s, partial=lora is not None,
+                          keep_order=cfg.algorithm.in_order,
+                          lora_scale=lora.alpha / lora.rank if lora is not None and lora.push == "adapters" else None)
         self.runtime = RayRuntime(actors, sync, control=self.control,
                                   output_dir=cfg.run.output_dir, config=self.config_json(),
                                   start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale,
@@ -275,8 +277,11 @@ class Driver:
         steps = self.cfg.run.steps
         if self.progress is not None:
             self.progress.update(1)
-            self.progress.set_postfix(reward=f"{written['rollout/reward_mean']:.3f}", loss=f"{written['train/loss']:.4f}",
-                                      dropped=int(written["staleness/dropped_total"]))
+            self.progress.set_postfix(
+                reward=f"{written['rollout/reward_mean']:.3f}",
+                loss=f"{written['train/loss']:.4f}",
+                dropped=int(written["staleness/dropped_total"]),
+            )
             if self.cfg.run.progress and self.progress.disable and command.step % max(1, steps // 20) == 0:
                 self.log(progress_line(command.step, steps, written))  # a log file gets lines, not a bar
 
@@ -357,7 +362,9 @@ class Driver:
         self.metrics.log(self.step, total)
         failed, calls = total.get("rollout/reward_calls/failed", 0), total.get("rollout/reward_calls/calls", 0)
         if failed:
-            self.log(f"reward: {int(failed)} of {int(calls)} calls failed (see rollout/reward_calls/* in metrics.jsonl)")
+            self.log(
+                f"reward: {int(failed)} of {int(calls)} calls failed (see rollout/reward_calls/* in metrics.jsonl)"
+            )
 
     # ---- what tests and tools read --------------------------------------------------------------
     @property

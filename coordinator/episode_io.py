@@ -56,8 +56,10 @@ def load_episodes(directory: Path) -> list[Episode]:
     try:
         return [_episode(directory, r, tensors) for r in records]
     except (TypeError, KeyError, AttributeError, ValueError) as e:  # a field added, missing or of another type
-        raise ValueError(f"{directory / 'episodes.json'} does not hold the episodes this job writes ({type(e).__name__}: "
-                         f"{e}): edited or written by another version; resume from another checkpoint") from None
+        raise ValueError(
+            f"{directory / 'episodes.json'} does not hold the episodes this job writes ({type(e).__name__}: "
+            f"{e}): edited or written by another version; resume from another checkpoint"
+        ) from None
 
 
 def _episode(directory: Path, r: dict, tensors: dict) -> Episode:

@@ -14,8 +14,27 @@ from typing import Literal, Optional, Union
 from common.stats import Stat
 from common.types import Episode, EvalResult, WorkerInfo
 from coordinator.commands import (  # noqa: F401  (the scheduler's language in one place: ev.Push, ev.PushDone)
-    CallId, ProtocolRunner, StartWorker, RemoveWorker, Generate, SetupWorkerPush, LoadWeights, Push, Train, Evaluate, StartProtocol,
-    Complete, FinishProtocol, Checkpoint, PollControl, Record, Log, Stop, RuntimeCommand, DriverCommand, Command,
+    CallId,
+    ProtocolRunner,
+    StartWorker,
+    RemoveWorker,
+    Generate,
+    SetupWorkerPush,
+    LoadWeights,
+    Push,
+    Train,
+    Evaluate,
+    StartProtocol,
+    Complete,
+    FinishProtocol,
+    Checkpoint,
+    PollControl,
+    Record,
+    Log,
+    Stop,
+    RuntimeCommand,
+    DriverCommand,
+    Command,
 )
 
 Failure = Literal["died", "raised", "timed_out"]  # the process died; the call raised; no answer in time
@@ -199,7 +218,24 @@ class Stalled:
     """The runtime has no call to wait for (the scheduler asked for nothing it could finish)."""
 
 
-Event = Union[JobStarted, StartupTimed, WorkerStarted, RolloutDone, WeightsLoaded, EvalDone, CallFailed, StepDone, LearnerFailed,
-              PushDone, PushFailed, CheckpointDone, CheckpointWritten, ControlPolled, ProtocolStarted, UnitDone,
-              ProtocolDone, Stalled]
+Event = Union[
+    JobStarted,
+    StartupTimed,
+    WorkerStarted,
+    RolloutDone,
+    WeightsLoaded,
+    EvalDone,
+    CallFailed,
+    StepDone,
+    LearnerFailed,
+    PushDone,
+    PushFailed,
+    CheckpointDone,
+    CheckpointWritten,
+    ControlPolled,
+    ProtocolStarted,
+    UnitDone,
+    ProtocolDone,
+    Stalled,
+]
 

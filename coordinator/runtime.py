@@ -52,7 +52,12 @@ class RayRuntime:
     def __init__(self, actors: Actors, sync: WeightSync, *, control: Any, output_dir: Any, config: dict[str, Any],
                  start_timeout_s: float, autoscale: bool, protocol: Any = None, async_checkpoint: bool = False) -> None:
         self.actors, self.sync, self.control, self.protocol = actors, sync, control, protocol
-        self.output_dir, self.config, self.start_timeout_s, self.autoscale = output_dir, config, start_timeout_s, autoscale
+        self.output_dir, self.config, self.start_timeout_s, self.autoscale = (
+            output_dir,
+            config,
+            start_timeout_s,
+            autoscale,
+        )
         self.async_checkpoint = async_checkpoint
         self.saving: Optional[checkpoint.PendingSave] = None  # a checkpoint written in the background
         self.times = ActorTimes()  # each actor's own clock (time/<actor>/*)
@@ -78,12 +83,16 @@ class RayRuntime:
                 pool.remove(worker)
             case ev.Generate(call, worker, requests, timeout_s):
                 actor = pool[worker]
-                self.calls.track(actor.generate.remote(list(requests)), Waiting(call, "rollout", _key(actor), timeout_s, worker))
+                self.calls.track(
+                    actor.generate.remote(list(requests)), Waiting(call, "rollout", _key(actor), timeout_s, worker)
+                )
             case ev.SetupWorkerPush(worker):
                 self.calls.track(self.sync.setup_worker(worker),
                             Waiting(None, "setup", _key(pool[worker]), self.start_timeout_s, worker))
             case ev.LoadWeights(call, worker, version, timeout_s):  # that version, not whatever is newest
-                self.calls.track(self.sync.load(worker, version), Waiting(call, "load", _key(pool[worker]), timeout_s, worker))
+                self.calls.track(
+                    self.sync.load(worker, version), Waiting(call, "load", _key(pool[worker]), timeout_s, worker)
+                )
             case ev.Evaluate(call, worker, rows, samples_per_prompt, seed, sampler, timeout_s):
                 actor = pool[worker]
                 ref = actor.evaluate.remote(rows, samples_per_prompt, seed, sampler)

@@ -21,7 +21,9 @@ def rollout_metrics(batch: Sequence[Episode]) -> dict[str, float]:
         "rollout/groups": float(len(batch)),
         "rollout/samples": float(len(samples)),
         # groups whose rewards are all equal carry no policy gradient (A = 0 for every sample)
-        "rollout/degenerate_groups": statistics.fmean(float(len({s.reward for s in e.group.samples}) == 1) for e in batch),
+        "rollout/degenerate_groups": statistics.fmean(
+            float(len({s.reward for s in e.group.samples}) == 1) for e in batch
+        ),
         "rollout/policy_version_min": float(min(s.policy_version for s in samples)),
         "rollout/behaviour_logp": statistics.fmean(s.behaviour_logp for s in samples),
     }

@@ -22,8 +22,9 @@ of that version (a LoadWeights) swaps the copy in, in order with its requests. W
 that rebuilds the group is not staged: the members' set-up runs in order with their requests, and
 a stage on the other thread could start before it.
 
-LoRA (``partial``): the learner pushes only the matrices it adapts, merged; every worker's end is
-set up to accept a push that carries only some of its parameters (and stages only those).
+LoRA (``partial``): the learner pushes only the matrices it adapts, merged, or (``lora_scale``)
+their adapters A and B, which every worker merges (common/transport/adapters.py); every worker's
+end is set up to accept a push that carries only some of its parameters (and stages only those).
 """
 from __future__ import annotations
 
@@ -50,10 +51,12 @@ def push_calls(backend: str, learners: Sequence[Any], workers: Sequence[Any], ve
 
 class WeightSync:
     def __init__(self, cfg: WeightPushConfig, actors: Actors, timeout_s: float, partial: bool = False,
-                 keep_order: bool = False) -> None:
+                 keep_order: bool = False, lora_scale: Optional[float] = None) -> None:
         if cfg.backend == "auto":
             raise ValueError("WeightSync needs a resolved weights config (WeightPushConfig.resolve)")
         self.cfg, self.actors, self.timeout_s, self.partial = cfg, actors, timeout_s, partial
+        # the workers' end: partial pushes, and LoRA adapters merged with this scale
+        self.receiving = {"partial": partial, "lora_scale": lora_scale}
         self.collective = cfg.backend != "object_store"
         self.staging, self.keep_order = self.collective and cfg.staging, keep_order
         self.members: Optional[tuple[int, ...]] = None  # the collective group as built, in rank order
@@ -64,7 +67,7 @@ class WeightSync:
         if not self.collective:
             pool = self.actors.pool
             refs = self.actors.call_learners("setup_weight_push", self.cfg)
-            refs += [pool[i].setup_weight_push.remote(self.cfg, partial=self.partial) for i in sorted(pool.processes)]
+            refs += [pool[i].setup_weight_push.remote(self.cfg, **self.receiving) for i in sorted(pool.processes)]
             wait(refs, self.timeout_s, "weight push set-up on every learner rank and rollout worker")
             return
         members = tuple(sorted(self.actors.pool.processes))
@@ -79,7 +82,7 @@ class WeightSync:
         refs = self.actors.call_learners("setup_weight_push", self.cfg, rank=0, world_size=world, master_addr=addr,
                                          master_port=port, peer_names=[f"rollout worker {i}" for i in members])
         refs += [pool[index].setup_weight_push.remote(self.cfg, rank=r + 1, world_size=world, master_addr=addr,
-                                                      master_port=port, partial=self.partial)
+                                                      master_port=port, **self.receiving)
                  for r, index in enumerate(members)]
         self.members = members
         return refs
@@ -110,7 +113,7 @@ class WeightSync:
 
     def setup_worker(self, index: int) -> ray.ObjectRef:
         """Object store: a worker that started later sets up its end (before its first load)."""
-        return self.actors.pool[index].setup_weight_push.remote(self.cfg, partial=self.partial)
+        return self.actors.pool[index].setup_weight_push.remote(self.cfg, **self.receiving)
 
     def load(self, index: int, version: int) -> ray.ObjectRef:
         """Worker ``index`` holds ``version`` before its next request. Object store: it loads that

@@ -202,9 +202,21 @@ def sweep(args: argparse.Namespace) -> list[dict]:
             run.slot = free.pop(0)
             run.cores, run.started = slots[run.slot], time.monotonic()
             run.out.mkdir(parents=True, exist_ok=True)
-            argv = [args.python, "-m", "coordinator", "train", "--overwrite", "--config", str(args.config),  # unfinished: again
-                    f"run.output_dir={run.out}", f"run.seed={run.seed}", *warm_start_overrides(run.warm_start),
-                    f"cluster.local_num_cpus={max(2, args.cores_per_run)}", *QUIET, *args.set]
+            argv = [
+                args.python,
+                "-m",
+                "coordinator",
+                "train",
+                "--overwrite",
+                "--config",
+                str(args.config),  # unfinished: again
+                f"run.output_dir={run.out}",
+                f"run.seed={run.seed}",
+                *warm_start_overrides(run.warm_start),
+                f"cluster.local_num_cpus={max(2, args.cores_per_run)}",
+                *QUIET,
+                *args.set,
+            ]
             run.proc = launch(argv, run.cores, run.out / "train.log", env)
             active.append(run)
         if not active:

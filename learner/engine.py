@@ -46,7 +46,7 @@ from common.config.learner import LearnerConfig
 from common.seeding import derive_seed
 from learner.async_checkpoint import BackgroundWriter, marker_name, write_file
 from learner.group import local_device
-from learner.lora import add_adapters, plain_named_parameters
+from learner.lora import adapter_named_parameters, add_adapters, plain_named_parameters
 from common.stats import Reduce, Stat
 from learner.losses.metrics import Metric
 from learner.reshard import Layout, saved_layout
@@ -188,10 +188,15 @@ class LearnerEngine:
     # ---- weights out ----------------------------------------------------------------------
     def named_parameters_for_push(self, all_ranks: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """What a weight push sends, streamed bucket by bucket, on rank 0 (on every rank if
-        ``all_ranks``): every parameter, or with LoRA the merged adapted matrices only (the rest
-        is frozen). Names are the plain policy's. Collective under ZeRO-3: every rank iterates
-        to the end. Tensors are valid until the next item; they are in the training dtype on
-        this rank's device."""
+        ``all_ranks``): every parameter, or with LoRA the adapters A and B of every adapted module
+        (``learner.lora.push: adapters``; the workers merge them: common/transport/adapters.py) or
+        the merged adapted matrices (``merged``); the rest is frozen. Names are the plain policy's.
+        Collective under ZeRO-3: every rank iterates to the end. Tensors are valid until the next
+        item; they are in the training dtype on this rank's device."""
+        if self.adapted and self.cfg.lora.push == "adapters":
+            return adapter_named_parameters(self.adapted, zero_stage=self.cfg.deepspeed.zero_stage,
+                                            bucket_bytes=self.cfg.deepspeed.gather_bucket_mb << 20,
+                                            receive=all_ranks or self.rank == 0)
         return self._plain_parameters(all_ranks, only_adapted=bool(self.adapted))
 
     def state_dict_for_push(self, all_ranks: bool = False) -> Optional[dict[str, torch.Tensor]]:

@@ -8,17 +8,16 @@ moves to ``<module>.base_layer.weight``, the adapters to ``<module>.lora_A.defau
 ``<module>.lora_B.default.weight``) and freezes everything but A and B. The forward stays the
 policy's, so the estimators and losses run unchanged.
 
-The rollout workers never see peft. A weight push carries the merged W' of the adapted modules
-only, under the name the worker's plain policy uses (``<module>.weight``); every other weight is
-frozen and equal to what the worker loaded from ``model.path``. The export writes the merged
-policy, which any loader reads as a plain checkpoint. Both go through ``merged_weight``, so
-what a worker holds and what the export writes are the same bits.
-
-Why merged weights rather than the adapters themselves: a worker that received A and B would
-have to keep a second copy of every target W to merge into (80% of LLaDA-8B's bytes with the
-seven default targets) or sample with the adapters unmerged, and would need this module's
-code; merged, it samples a plain dense model at full speed. The push then carries the target
-matrices instead of the whole model (tests/benchmarks/bench_lora_push.py measures both).
+The rollout workers never see peft. With ``learner.lora.push: adapters`` (the default) a weight
+push carries A and B of every adapted module (``<module>.lora_A``, ``<module>.lora_B``; the frozen
+W is not even gathered) and each worker merges them into its own copy of the unmerged W
+(common/transport/adapters.py): at LLaDA-8B, r 128, 0.67 GB on the wire instead of 13 GB. With
+``push: merged`` the push carries the merged W' of the adapted modules under the name the
+worker's plain policy uses (``<module>.weight``), and the worker keeps no second copy. Either way
+every other weight is frozen and equal to what the worker loaded from ``model.path``, and the
+worker samples a plain dense model. The export writes the merged policy, which any loader reads
+as a plain checkpoint. All three go through ``merged_weight``, so what a worker holds and what
+the export writes are the same bits.
 """
 from __future__ import annotations
 
@@ -30,6 +29,7 @@ import torch
 from torch import nn
 
 from common.config.learner import LoraConfig
+from common.transport.adapters import adapter_names, merged_weight
 
 ADAPTER = "default"  # peft's adapter name
 INIT_SEED = 0  # A is drawn from this seed on every rank, so that all ranks start from the same adapters
@@ -91,10 +91,17 @@ def adapted_modules(policy: nn.Module) -> list[Adapted]:
     return out
 
 
-@torch.no_grad()
-def merged_weight(base: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor, scale: float) -> torch.Tensor:
-    """W + s·B·A, computed in fp32 and rounded once to W's dtype."""
-    return (base.float() + scale * (lora_B.float() @ lora_A.float())).to(base.dtype)
+def adapter_named_parameters(adapted: list[Adapted], *, zero_stage: int, bucket_bytes: int,
+                             receive: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of every adapted module's A and B (``<module>.lora_A``, ``.lora_B``: the
+    adapter push), gathered like ``plain_named_parameters`` (the frozen W is never gathered)."""
+    units = [(name, [p], None) for a in adapted for name, p in zip(adapter_names(a.path), (a.lora_A, a.lora_B))]
+    for bucket in _buckets(units, bucket_bytes):
+        with _gathered([p for _, params, _ in bucket for p in params], zero_stage):
+            if not receive:
+                continue
+            for name, params, _ in bucket:
+                yield name, params[0].detach()
 
 
 def plain_named_parameters(policy: nn.Module, adapted: list[Adapted], *, zero_stage: int, bucket_bytes: int,

@@ -180,7 +180,9 @@ def place(engine: Any, params: Iterator[tuple[str, dict[str, torch.Tensor]]], st
     if stage3:
         for g in range(len(groups)):
             optimizer.fp16_partitioned_groups_flat[g].data.copy_(optimizer.fp32_partitioned_groups_flat[g].data)
-            updated = optimizer.unflatten(optimizer.fp16_partitioned_groups_flat[g], optimizer.fp16_partitioned_groups[g])
+            updated = optimizer.unflatten(
+                optimizer.fp16_partitioned_groups_flat[g], optimizer.fp16_partitioned_groups[g]
+            )
             for partitioned, q in zip(optimizer.fp16_partitioned_groups[g], updated):
                 partitioned.data = q.data
         optimizer.checkpoint_event_epilogue()  # persistent parameters gathered again, hpZ copies dropped

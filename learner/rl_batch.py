@@ -47,7 +47,9 @@ def global_counts(groups: Sequence[Group]) -> dict[str, Tensor]:
     counts = local_counts(group_index, lengths)
     packed = torch.stack([counts["num_groups"], counts["num_samples"], counts["num_tokens"]]).double()
     if dist.is_initialized():
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        device = (
+            torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        )
         packed = packed.to(device)
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
     packed = packed.cpu().float()

@@ -65,7 +65,9 @@ def encode_pairs(
     )
 
 
-def draw_masks(batch_size: int, gen_length: int, g: torch.Generator, eps: float = 1e-3) -> tuple[torch.Tensor, torch.Tensor]:
+def draw_masks(
+    batch_size: int, gen_length: int, g: torch.Generator, eps: float = 1e-3
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(p_mask [B], masked [B, C] bool): t ~ U(0, 1) per row, p_mask = (1 - eps) t + eps, each
     completion token masked independently with probability p_mask (CPU, from ``g``)."""
     t = torch.rand(batch_size, generator=g)
@@ -88,7 +90,9 @@ def sft_loss(
     ``sft/masked_fraction`` the fraction of completion tokens masked.
     """
     if policy.spec.noise != "mask":
-        raise NotImplementedError(f"{policy.spec.name} corrupts with {policy.spec.noise} noise; this SFT loss is the absorbing-mask ELBO")
+        raise NotImplementedError(
+            f"{policy.spec.name} corrupts with {policy.spec.noise} noise; this SFT loss is the absorbing-mask ELBO"
+        )
     device = policy.device
     batch = batch.to(device)
     p_mask, masked = p_mask.to(device).float(), masked.to(device)
@@ -96,8 +100,12 @@ def sft_loss(
     p = batch.prompt_width
     clean = batch.completion_ids  # [B, C]
     noisy = policy.corrupt(clean, masked)  # [B, C]
-    inputs, attention, positions, logits_from = build_inputs(policy, batch.input_ids[:, :p], batch.prompt_mask, clean, noisy)
-    logits = policy(inputs, attention_mask=attention, position_ids=positions, logits_from=logits_from).logits  # [B, C, V]
+    inputs, attention, positions, logits_from = build_inputs(
+        policy, batch.input_ids[:, :p], batch.prompt_mask, clean, noisy
+    )
+    logits = policy(
+        inputs, attention_mask=attention, position_ids=positions, logits_from=logits_from
+    ).logits  # [B, C, V]
     nll = -token_logp(logits[masked], clean[masked])  # [M]
     rows = masked.nonzero()[:, 0]  # [M] row of every masked token
     per_row = torch.zeros(b, dtype=torch.float32, device=device).index_add(0, rows, nll / p_mask[rows])  # [B]
@@ -149,7 +157,9 @@ class EpochOrder:
         while len(picks) < count:
             if self.cursor >= self.n:
                 self.epoch, self.cursor = self.epoch + 1, 0
-                self.order = torch.randperm(self.n, generator=generator(derive_seed(self.seed, "sft-epoch", self.epoch)))
+                self.order = torch.randperm(
+                    self.n, generator=generator(derive_seed(self.seed, "sft-epoch", self.epoch))
+                )
             take = min(count - len(picks), self.n - self.cursor)
             picks.extend(self.order[self.cursor : self.cursor + take].tolist())
             self.cursor += take
@@ -198,7 +208,9 @@ def run_sft(
     try:
         for step in range(cfg.steps):
             picks = order.take(cfg.batch_size)
-            p_mask, masked = draw_masks(cfg.batch_size, gen_length, generator(derive_seed(seed, "sft", step)), cfg.mask_eps)
+            p_mask, masked = draw_masks(
+                cfg.batch_size, gen_length, generator(derive_seed(seed, "sft", step)), cfg.mask_eps
+            )
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
             step_loss, step_ce = sft_step(policy, optimizer, data.select(picks), p_mask, masked, micro, cfg.grad_clip)

@@ -42,8 +42,19 @@ from learner.rl_batch import MicroBatch, global_counts, micro_batches
 
 
 class LearnerWorker:
-    def __init__(self, rank: int, world_size: int, model: ModelConfig, learner: LearnerConfig, estimator: EstimatorConfig,
-                 loss: LossConfig, *, inner_iterations: int, advantage_scale: str, micro_batch_size: int) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        model: ModelConfig,
+        learner: LearnerConfig,
+        estimator: EstimatorConfig,
+        loss: LossConfig,
+        *,
+        inner_iterations: int,
+        advantage_scale: str,
+        micro_batch_size: int,
+    ) -> None:
         setup_actor_process()
         self.rank, self.world_size = rank, world_size
         self.model_cfg, self.cfg, self.estimator, self.loss_cfg = model, learner, estimator, loss
@@ -87,7 +98,7 @@ class LearnerWorker:
         samples' own stamps, as an independent check of the coordinator's bound."""
         t0 = time.perf_counter()
         try:
-            with self.clock.timed("train"), profiled_step(self.steps + 1, self.rank):
+            with self.clock.timed("train"), profiled_step(self.steps + 1, self.rank, self.engine.module):
                 per_iteration = self._updates(groups, version, group_offset)
         except RuntimeError as e:  # gloo / NCCL raise RuntimeError subclasses when a peer stalls or dies
             cause = (str(e).strip().splitlines() or [""])[0][:300]
@@ -163,7 +174,9 @@ class LearnerWorker:
     def parameter_shapes(self) -> dict[str, list[int]]:
         """Full shape of every parameter (ZeRO-3 partitions report their unpartitioned ``ds_shape``),
         recorded with a checkpoint so that a resume into another model is refused."""
-        return {name: list(getattr(p, "ds_shape", None) or p.shape) for name, p in self.engine.module.named_parameters()}
+        return {
+            name: list(getattr(p, "ds_shape", None) or p.shape) for name, p in self.engine.module.named_parameters()
+        }
 
     def save_checkpoint(self, directory: str, client_state: dict, tag: str, background: bool = False) -> str:
         """DeepSpeed checkpoint of this rank (collective). ``background``: its files are written by
@@ -201,7 +214,9 @@ class LearnerWorker:
         policy, tokenizer = load_policy(self.model_cfg.model_copy(update={"gradient_checkpointing": False}))
         missing = sorted(set(dict(policy.named_parameters())) - set(state))
         if missing:
-            raise RuntimeError(f"export: {len(missing)} parameters missing from the gathered weights, e.g. {missing[:3]}")
+            raise RuntimeError(
+                f"export: {len(missing)} parameters missing from the gathered weights, e.g. {missing[:3]}"
+            )
         policy.load_state_dict(state, strict=False)  # buffers (rotary tables) are rebuilt, not trained
         return str(export_hf(policy, tokenizer, Path(directory)))
 

@@ -47,6 +47,10 @@ def deepspeed_config(cfg: DeepSpeedConfig, opt: OptimizerConfig, dtype: torch.dt
         )
     else:
         zero["allgather_bucket_size"] = cfg.allgather_bucket_size
+    if cfg.offload_optimizer != "none":
+        zero["offload_optimizer"] = {"device": cfg.offload_optimizer, "pin_memory": cfg.offload_pin_memory}
+    if cfg.offload_params != "none":
+        zero["offload_param"] = {"device": cfg.offload_params, "pin_memory": cfg.offload_pin_memory}
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -56,6 +60,8 @@ def deepspeed_config(cfg: DeepSpeedConfig, opt: OptimizerConfig, dtype: torch.dt
         "bf16": {"enabled": dtype == torch.bfloat16},
         # GuardedAdamW subclasses torch's AdamW; DeepSpeed's allow-list checks the exact type
         "zero_allow_untested_optimizer": True,
+        # offload steps GuardedAdamW on the host partitions (DeepSpeed would insist on its compiled CPU Adam)
+        "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }

@@ -59,7 +59,9 @@ def warmstart_key(cfg: JobConfig) -> str:
     parts: dict[str, Any] = {
         "format": WARMSTART_FORMAT,
         "model": cfg.model.model_dump(mode="json"),
-        "model_files": _fingerprint(resolve_model_dir(cfg.model.path, cfg.model.revision)) if cfg.model.path is not None else None,
+        "model_files": _fingerprint(resolve_model_dir(cfg.model.path, cfg.model.revision))
+        if cfg.model.path is not None
+        else None,
         "task": cfg.task.model_dump(mode="json"),
         "warmstart": cfg.warmstart.model_dump(mode="json", exclude={"cache_dir", "log_every", "seed", "threads"}),
         "gen_length": cfg.sampler.gen_length,
@@ -189,15 +191,19 @@ def check_cached(directory: Path) -> None:
         raise CheckpointError(f"{directory / MANIFEST} cannot be read or lists no files ({e!r}); "
                               f"remove {directory} to rebuild the warm start") from None
     if not json_is_sealed(manifest):  # hashes rewritten with the weights they cover would otherwise pass
-        raise CheckpointError(f"{directory / MANIFEST} does not match its seal under {key_file()} (its hashes were "
-                              f"rewritten, or another user or machine built it): refused; remove {directory} to rebuild "
-                              "the warm start")
+        raise CheckpointError(
+            f"{directory / MANIFEST} does not match its seal under {key_file()} (its hashes were "
+            f"rewritten, or another user or machine built it): refused; remove {directory} to rebuild "
+            "the warm start"
+        )
     found = file_hashes(directory) if all(p.is_file() for p in directory.iterdir()) else None
     if found is None:
         raise CheckpointError(f"{directory} holds a subdirectory; a warm start holds files only: remove it to rebuild")
     for name in sorted(set(listed) | set(found)):
         if listed.get(name) != found.get(name):
-            what = "is not in" if name not in listed else "is missing, listed in" if name not in found else "differs from"
+            what = (
+                "is not in" if name not in listed else "is missing, listed in" if name not in found else "differs from"
+            )
             raise CheckpointError(f"{directory / name} {what} the warm start's manifest ({MANIFEST}): refused "
                                   f"(changed after it was written); remove {directory} to rebuild it")
 

@@ -61,7 +61,9 @@ def evaluate(
         raise ValueError(f"every k must lie in 1..samples_per_prompt={n}, got {ks}")
     t0 = time.perf_counter()
     prompts = [encode_prompt(tokenizer, task, row) for row in rows for _ in range(n)]
-    seeds = torch.tensor([derive_seed(seed, "eval", row.prompt_id, j) for row in rows for j in range(n)], dtype=torch.long)
+    seeds = torch.tensor(
+        [derive_seed(seed, "eval", row.prompt_id, j) for row in rows for j in range(n)], dtype=torch.long
+    )
     out = engine.generate(prompts, seeds, sampler_cfg)
     eos = tokenizer.eos_token_id if eos_token_id is None else int(eos_token_id)
     completions: list[list[str]] = []

@@ -92,14 +92,17 @@ class RolloutWorker:
         return RolloutResult(episodes, {k: after[k] - before[k] for k in after}, self.clock.snapshot())
 
     # ---- weights --------------------------------------------------------------------------
-    def setup_weight_push(self, cfg: WeightPushConfig, *, partial: bool = False, **kwargs: Any) -> None:
+    def setup_weight_push(self, cfg: WeightPushConfig, *, partial: bool = False, lora_scale: Optional[float] = None,
+                          **kwargs: Any) -> None:
         """This worker's end of the push (object store: no arguments; broadcast: its rank etc.).
         ``partial``: a push may carry only some parameters (a LoRA learner sends the adapted
-        matrices); the others keep the weights this worker loaded."""
+        matrices); the others keep the weights this worker loaded. ``lora_scale``: pushes carry
+        LoRA adapters, merged here with this alpha / rank (``learner.lora.push: adapters``)."""
         if self.push is not None:
             self.push.close()
         self.push = setup_weight_push(cfg, **kwargs)
         self.partial_push = partial
+        self.engine.merge_adapters(lora_scale)
         self.engine.discard_staged()  # a copy staged through the old group is not applied
 
     @ray.method(concurrency_group="weights")

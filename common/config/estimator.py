@@ -47,7 +47,9 @@ class MeanFieldConfig(StrictModel):
 
     name: Literal["mean_field"] = "mean_field"
     num_draws: int = Field(1, ge=1, description="prompt-mask draws averaged per estimate (d1: 1)")
-    prompt_mask_prob: float = Field(0.15, ge=0.0, lt=1.0, description="each real prompt token is masked with this probability (d1: 0.15)")
+    prompt_mask_prob: float = Field(
+        0.15, ge=0.0, lt=1.0, description="each real prompt token is masked with this probability (d1: 0.15)"
+    )
     masks: Masks = Field("shared", description=_MASKS_DOC + " (d1: shared)")
     draw_batch: Optional[int] = Field(None, ge=1, description=_DRAW_BATCH_DOC)
 
@@ -68,7 +70,9 @@ class BlockRandomConfig(_TimeRange):
 
     name: Literal["block_random"] = "block_random"
     num_draws: int = Field(2, ge=1, description="mask draws (forwards) per estimate (StableDRL release: 2)")
-    block_length: int = Field(32, ge=1, description="completion block = the sampler's generation block (SPG / StableDRL: 32)")
+    block_length: int = Field(
+        32, ge=1, description="completion block = the sampler's generation block (SPG / StableDRL: 32)"
+    )
     prompt_mask_prob: float = Field(0.15, ge=0.0, lt=1.0, description="prompt-token mask probability (SPG: 0.15)")
     mask_clean_blocks: bool = Field(
         True,
@@ -85,8 +89,12 @@ class SPGSandwichConfig(BlockRandomConfig):
     name: Literal["spg_sandwich"] = "spg_sandwich"  # type: ignore[assignment]
     logp_estimation: Literal["mix", "eubo", "elbo"] = Field("mix", description="value for A <= 0 (SPG release: mix)")
     mix_weight: float = Field(0.5, ge=0.0, le=1.0, description="omega, the EUBO weight of the mix (SPG: 0.5)")
-    eubo_beta: float = Field(1.5, gt=0.0, description="beta of EUBO_beta; the StableDRL release uses 1.5 for every task "
-        "(Sudoku, Countdown, GSM8K, MATH); SPG's own Sudoku script uses 1.0")
+    eubo_beta: float = Field(
+        1.5,
+        gt=0.0,
+        description="beta of EUBO_beta; the StableDRL release uses 1.5 for every task "
+        "(Sudoku, Countdown, GSM8K, MATH); SPG's own Sudoku script uses 1.0",
+    )
 
 
 class CoupledConfig(StrictModel):
@@ -110,8 +118,12 @@ class TrajectoryConfig(StrictModel):
     """TraceRL (arXiv 2509.06949): score each token in the state the sampler decoded it from."""
 
     name: Literal["trajectory"] = "trajectory"
-    shrink: int = Field(1, ge=1, description="consecutive decoding steps merged per forward (TraceRL: 8 LLaDA/Dream, 1 SDAR/TraDo)")
-    masks: Masks = Field("shared", description="unused: the estimate draws nothing (kept so every estimator reads alike)")
+    shrink: int = Field(
+        1, ge=1, description="consecutive decoding steps merged per forward (TraceRL: 8 LLaDA/Dream, 1 SDAR/TraDo)"
+    )
+    masks: Masks = Field(
+        "shared", description="unused: the estimate draws nothing (kept so every estimator reads alike)"
+    )
     draw_batch: Optional[int] = Field(1, ge=1, description=_DRAW_BATCH_DOC + " (default 1: one step group per forward)")
 
 

@@ -31,14 +31,23 @@ TOKEN_ESTIMATORS = ("mean_field", "coupled", "trajectory")  # estimators that de
 class AlgorithmConfig(StrictModel):
     """What one RL step is (docs/algorithms.md §3-4)."""
 
-    group_size: int = Field(16, ge=2, le=4096, description="G: completions per prompt; advantages are computed within a group")
-    groups_per_step: int = Field(8, ge=1, le=1 << 20, description="prompts (groups) per optimizer batch, over all learner ranks")
-    inner_iterations: int = Field(2, ge=1, le=10_000, description="μ: optimizer updates on each batch (StableDRL 2, d1 12)")
+    group_size: int = Field(
+        16, ge=2, le=4096, description="G: completions per prompt; advantages are computed within a group"
+    )
+    groups_per_step: int = Field(
+        8, ge=1, le=1 << 20, description="prompts (groups) per optimizer batch, over all learner ranks"
+    )
+    inner_iterations: int = Field(
+        2, ge=1, le=10_000, description="μ: optimizer updates on each batch (StableDRL 2, d1 12)"
+    )
     advantage_scale: Literal["std", "none"] = Field(
         "none", description="A = r - mean_group(r), divided by the group's std when 'std'"
     )
     max_staleness: int = Field(
-        0, ge=0, description="η: a sample generated at version v_b trains at version v_l only if v_l - v_b <= η; 0 = synchronous"
+        0,
+        ge=0,
+        description="η: a sample generated at version v_b trains at version v_l only if v_l - v_b <= η; "
+        "0 = synchronous",
     )
     in_order: bool = Field(
         False, description="batch b trains on exactly the prompts b·B .. (b+1)·B - 1 of the stream, waiting for a late "
@@ -139,7 +148,9 @@ class RunConfig(StrictModel):
         "`stabledrl scale --job NAME` (None: the last part of output_dir)"
     )
 
-    steps: int = Field(100, ge=1, le=100_000_000, description="optimizer batches to train (each runs inner_iterations updates)")
+    steps: int = Field(
+        100, ge=1, le=100_000_000, description="optimizer batches to train (each runs inner_iterations updates)"
+    )
     seed: int = Field(0, description="the run is a function of (config, seed): sampling and mask seeds derive from it")
     output_dir: Path = Field(Path("runs/latest"), description="metrics.jsonl, TensorBoard events, checkpoints")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps (0: only at the end)")
@@ -197,8 +208,10 @@ class JobConfig(StrictModel):
         uniform = self.model.preset == "tiny-diffusion-gemma" or self.model.family == "diffusion_gemma"
         masked = not uniform and (self.model.preset is not None or self.model.family is not None)
         if uniform and self.estimator.name not in UNIFORM_NOISE_ESTIMATORS:
-            raise ValueError(f"estimator.name {self.estimator.name!r} corrupts with the [MASK] token, but DiffusionGemma "
-                             f"renoises with uniform tokens; use {' or '.join(UNIFORM_NOISE_ESTIMATORS)}")
+            raise ValueError(
+                f"estimator.name {self.estimator.name!r} corrupts with the [MASK] token, but DiffusionGemma "
+                f"renoises with uniform tokens; use {' or '.join(UNIFORM_NOISE_ESTIMATORS)}"
+            )
         if masked and self.estimator.name in UNIFORM_NOISE_ESTIMATORS:
             raise ValueError(f"estimator.name {self.estimator.name!r} scores uniform-noise canvases (DiffusionGemma); "
                              "this model decodes [MASK] canvases: use staircase, elbo_mc or another masked estimator")
@@ -293,6 +306,8 @@ def check_resources(cfg: JobConfig, offered: dict[str, float], where: str = "the
         for name, amount in sorted(res.resources.items()):
             have = float(offered.get(name, 0.0))
             if count * amount > have + 1e-9:
-                raise ConfigError(f"{res_name}.resources.{name}: {count_name} ({count}) × {amount:g} = {count * amount:g}, "
-                                  f"but {where} has {have:g} {name} (start the nodes meant for this role with "
-                                  f"`ray start --resources '{{\"{name}\": N}}'`)")
+                raise ConfigError(
+                    f"{res_name}.resources.{name}: {count_name} ({count}) × {amount:g} = {count * amount:g}, "
+                    f"but {where} has {have:g} {name} (start the nodes meant for this role with "
+                    f"`ray start --resources '{{\"{name}\": N}}'`)"
+                )

@@ -1,8 +1,8 @@
 """Learner config: the optimizer, the DeepSpeed ZeRO engine and the learner's process group.
 
 Defaults are the released StableDRL settings for LLaDA-8B (arXiv 2603.06743; docs/algorithms.md §3):
-AdamW(0.9, 0.99), weight decay 0.1 on every trained parameter, grad-norm clip 0.2, full-parameter bf16. The learning rate
-(1e-6 for Sudoku / Countdown, 2e-6 for MATH / GSM8K) is the task's choice.
+AdamW(0.9, 0.99), weight decay 0.1 on every trained parameter, grad-norm clip 0.2, full-parameter bf16.
+The learning rate (1e-6 for Sudoku / Countdown, 2e-6 for MATH / GSM8K) is the task's choice.
 
     learner:
       num_ranks: 2
@@ -38,7 +38,9 @@ class OptimizerConfig(StrictModel):
         0.2, ge=0.0, description="clip the global gradient L2 norm to this value before the update; 0 disables"
     )
     warmup_steps: int = Field(
-        0, ge=0, description="lr ramps linearly lr·k/warmup_steps over the first applied updates k=1..warmup_steps, then stays"
+        0,
+        ge=0,
+        description="lr ramps linearly lr·k/warmup_steps over the first applied updates k=1..warmup_steps, then stays",
     )
     warmup_from_zero: bool = Field(
         False, description="warm-up as the HF Trainer (so d1) schedules it: update k runs at lr·k/warmup_steps, the "
@@ -118,6 +120,29 @@ class DeepSpeedConfig(StrictModel):
         False, description="ZeRO++ qgZ, ZeRO-3 only: reduce-scatter gradients quantised to int4/int8 (fewer bytes, "
         "rounding error in every update); for slow links, not NVLink"
     )
+    offload_optimizer: Literal["none", "cpu"] = Field(
+        "none", description="ZeRO-Offload (arXiv 2101.06840): cpu = the fp32 master weights, the AdamW moments and "
+        "the optimizer step live in host memory (~12 bytes per trained parameter leave the GPU; every step copies "
+        "the gradients down and the updated weights up). The step is torch's AdamW on the CPU (learner.optimizer "
+        "as ever), so a full-parameter 8B learner fits one 80 GB card at the price of a slower step"
+    )
+    offload_params: Literal["none", "cpu"] = Field(
+        "none", description="ZeRO-3 only (ZeRO-Infinity, arXiv 2104.07857): cpu = the bf16 parameter shards live in "
+        "host memory too and are copied up for each gather; needs offload_optimizer: cpu"
+    )
+    offload_pin_memory: bool = Field(
+        True, description="page-locked host buffers for the offloaded tensors (faster copies; host memory that "
+        "cannot be swapped)"
+    )
+
+    @model_validator(mode="after")
+    def _offload_params_needs_stage_3(self) -> "DeepSpeedConfig":
+        if self.offload_params != "none" and self.zero_stage != 3:
+            raise ValueError("offload_params: parameter offload needs zero_stage 3 (ZeRO-2 keeps whole parameters)")
+        if self.offload_params != "none" and self.offload_optimizer == "none":
+            raise ValueError("offload_params: cpu needs offload_optimizer: cpu (DeepSpeed offloads parameters only "
+                             "with the optimizer)")
+        return self
 
     @model_validator(mode="after")
     def _zero_plus_plus_needs_stage_3(self) -> "DeepSpeedConfig":
@@ -132,8 +157,8 @@ class DeepSpeedConfig(StrictModel):
 class LoraConfig(StrictModel):
     """Low-rank adapters (LoRA, arXiv 2106.09685, through the ``peft`` library) instead of full
     fine-tuning: each target Linear W becomes W + (alpha / rank)·B·A with A [rank, in] and B
-    [out, rank] trained, W frozen. The rollout workers receive the merged W + (alpha/rank)·B·A of
-    the adapted matrices only. Defaults are d1's diffu-GRPO recipe (r 128, alpha 64)."""
+    [out, rank] trained, W frozen. The rollout workers receive A and B and merge them (``push``).
+    Defaults are d1's diffu-GRPO recipe (r 128, alpha 64)."""
 
     rank: int = Field(128, ge=1, description="r: the inner dimension of B·A (d1: 128)")
     alpha: float = Field(64.0, gt=0.0, description="the adapter output is scaled by alpha / rank (d1: 64)")
@@ -153,6 +178,12 @@ class LoraConfig(StrictModel):
     dropout: float = Field(
         0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input while training (d1: 0.05); above 0 the "
         "learner's log-likelihoods carry dropout noise that the rollout workers' behaviour estimates do not"
+    )
+    push: Literal["adapters", "merged"] = Field(
+        "adapters", description="what a weight push carries: adapters = A and B of every target, merged on each "
+        "rollout worker into its own unmerged copy of the target weights (r·(in+out) numbers per target; the worker "
+        "holds one more copy of the target matrices); merged = the merged W + (alpha/rank)·B·A of every target "
+        "(out·in numbers per target, no copy on the worker)"
     )
 
     @model_validator(mode="after")

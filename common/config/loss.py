@@ -24,7 +24,9 @@ class GrpoLossConfig(StrictModel):
 
     name: Literal["grpo"] = "grpo"
     clip_eps: float = Field(0.5, gt=0.0, description="ε of clip(ρ, 1−ε, 1+ε); d1 uses 0.5")
-    kl_beta: float = Field(0.04, ge=0.0, description="β of the k3 KL to the reference policy; d1 uses 0.04, 0 disables it")
+    kl_beta: float = Field(
+        0.04, ge=0.0, description="β of the k3 KL to the reference policy; d1 uses 0.04, 0 disables it"
+    )
     level: Level = Field("auto", description="token or sequence ratios; d1 uses per-token (mean-field) ratios")
 
 
@@ -61,7 +63,9 @@ class DppoLossConfig(StrictModel):
     """DPPO (arXiv 2602.04879): divergence masks anchored at the behaviour policy μ."""
 
     name: Literal["dppo"] = "dppo"
-    divergence: Literal["binary_tv", "binary_kl"] = Field("binary_tv", description="which trust region; released runs use binary_tv")
+    divergence: Literal["binary_tv", "binary_kl"] = Field(
+        "binary_tv", description="which trust region; released runs use binary_tv"
+    )
     tv_delta: float = Field(0.15, gt=0.0, description="δ of the binary-TV mask |π − μ|; released 0.15")
     kl_delta: float = Field(0.05, gt=0.0, description="δ of the binary-KL mask KL(Bern(μ)‖Bern(π)); released 0.05")
     ratio_cap: float = Field(

@@ -28,7 +28,9 @@ class PresetShape(StrictModel):
 
     hidden_size: PositiveInt = Field(64, description="width of the residual stream")
     intermediate_size: PositiveInt = Field(128, description="width of the SwiGLU MLP")
-    num_hidden_layers: PositiveInt = Field(2, description="transformer blocks (DiffusionGemma: >= 2 to have both layer kinds)")
+    num_hidden_layers: PositiveInt = Field(
+        2, description="transformer blocks (DiffusionGemma: >= 2 to have both layer kinds)"
+    )
     num_attention_heads: PositiveInt = Field(4, description="query heads; must divide hidden_size")
     num_key_value_heads: PositiveInt = Field(
         2, description="key/value heads (grouped-query attention); must divide num_attention_heads"
@@ -38,10 +40,13 @@ class PresetShape(StrictModel):
     @model_validator(mode="after")
     def _divisible(self) -> "PresetShape":
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must divide hidden_size ({self.hidden_size})")
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must divide hidden_size ({self.hidden_size})"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
-                f"num_key_value_heads ({self.num_key_value_heads}) must divide num_attention_heads ({self.num_attention_heads})"
+                f"num_key_value_heads ({self.num_key_value_heads}) must divide "
+                f"num_attention_heads ({self.num_attention_heads})"
             )
         return self
 

@@ -21,7 +21,9 @@ from common.config.base import ConfigError, StrictModel
 class SamplerConfig(StrictModel):
     """One rollout engine's sampling settings."""
 
-    gen_length: int = Field(256, ge=1, description="completion canvas length C (tokens); EOS-filled after the first EOS")
+    gen_length: int = Field(
+        256, ge=1, description="completion canvas length C (tokens); EOS-filled after the first EOS"
+    )
     block_length: Optional[int] = Field(
         32,
         ge=1,
@@ -34,7 +36,9 @@ class SamplerConfig(StrictModel):
         description="denoising steps over the whole canvas, split evenly over the blocks (one forward each); "
         "None = one token per step (steps = gen_length)",
     )
-    temperature: float = Field(0.9, ge=0.0, description="0 = argmax; T > 0 = Gumbel-max sample from softmax(logits / T)")
+    temperature: float = Field(
+        0.9, ge=0.0, description="0 = argmax; T > 0 = Gumbel-max sample from softmax(logits / T)"
+    )
     remasking: Literal["low_confidence", "random"] = Field(
         "low_confidence",
         description="which masked positions of the block are committed each step: the k most confident "
@@ -147,7 +151,9 @@ class SamplerConfig(StrictModel):
         if self.cache == "auto":
             mode = "prefix" if block_diffusion else "none"
         elif block_diffusion and self.cache == "dual":
-            raise ConfigError("cache='dual' has no meaning for block diffusion (later blocks are invisible); use prefix or none")
+            raise ConfigError(
+                "cache='dual' has no meaning for block diffusion (later blocks are invisible); use prefix or none"
+            )
         else:
             mode = self.cache
         if self.cuda_graph and mode != ("prefix" if block_diffusion else "dual"):

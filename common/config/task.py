@@ -72,7 +72,9 @@ class HFDatasetSource(StrictModel):
         description="hub id ('openai/gsm8k'; read from the datasets cache, fetched only where the hub is reachable "
         "and HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are unset) or a local directory written by save_to_disk"
     )
-    config: Optional[str] = Field(None, description="dataset configuration, e.g. 'main' for openai/gsm8k; None = default")
+    config: Optional[str] = Field(
+        None, description="dataset configuration, e.g. 'main' for openai/gsm8k; None = default"
+    )
     split: str = Field("train", description="split to read, e.g. 'train' or 'test'")
     revision: Optional[str] = Field(None, description="hub revision (branch, tag or commit); None = the default branch")
     columns: dict[str, str] = Field(
@@ -146,7 +148,8 @@ class RewardConfig(StrictModel):
     isolation: Literal["auto", "inline", "process"] = Field(
         "auto",
         description="'process' runs rewards in a child process (timeouts are enforced, crashes contained); "
-        "'inline' runs them in the worker (exceptions and bad values are still caught); 'auto' = process iff custom is set",
+        "'inline' runs them in the worker (exceptions and bad values are still caught); "
+        "'auto' = process iff custom is set",
     )
     timeout_s: float = Field(5.0, gt=0, description="per-completion time limit (enforced with isolation=process)")
     import_timeout_s: float = Field(60.0, gt=0, description="time limit of importing the custom reward (its "
@@ -154,7 +157,8 @@ class RewardConfig(StrictModel):
     max_abs: float = Field(1e6, gt=0, description="largest |reward| (and |part|) accepted; a finite value beyond it "
                            "is a failed call ('out_of_range'): 1e300 would overflow the loss")
     on_failure: Literal["zero", "drop"] = Field(
-        "zero", description="a failing reward (exception, non-number, NaN/inf, timeout) gives reward 0, or drops the sample"
+        "zero",
+        description="a failing reward (exception, non-number, NaN/inf, timeout) gives reward 0, or drops the sample",
     )
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits of the process sandbox")
     max_failed_fraction: float = Field(
@@ -200,7 +204,8 @@ class _TaskBase(StrictModel):
     held_out: Union[Annotated[int, Field(ge=0)], Annotated[float, Field(gt=0, lt=1)]] = Field(
         0,
         description="held-out rows taken from the source: an int is an exact count (the rows with the smallest "
-        "split hash), a float in (0, 1) a fraction (rows whose hash falls below it; membership never depends on other rows)",
+        "split hash), a float in (0, 1) a fraction (rows whose hash falls below it; "
+        "membership never depends on other rows)",
     )
     held_out_source: Optional[DataSource] = Field(
         None, description="a separate held-out file or dataset split (then held_out must be 0)"
@@ -212,7 +217,8 @@ class _TaskBase(StrictModel):
         "are bad rows (handled by on_bad_row)",
     )
     on_bad_row: Literal["error", "skip"] = Field(
-        "error", description="'error': stop at the first bad row, naming its row number; 'skip': drop bad rows and count them"
+        "error",
+        description="'error': stop at the first bad row, naming its row number; 'skip': drop bad rows and count them",
     )
     system_prompt: Optional[str] = Field(
         None,
@@ -226,7 +232,9 @@ class _TaskBase(StrictModel):
         "plain rendered text (data that is already templated). The same encoding serves rollouts, the warm start, "
         "evaluation and max_prompt_tokens",
     )
-    template: Optional[str] = Field(None, description="prompt template containing '{prompt}' once; None = the task's default")
+    template: Optional[str] = Field(
+        None, description="prompt template containing '{prompt}' once; None = the task's default"
+    )
     reward: RewardConfig = Field(default_factory=RewardConfig)
 
     @field_validator("template")
@@ -289,7 +297,9 @@ class Sudoku4Config(_TaskBase):
     @model_validator(mode="after")
     def _cells_need_unique(self) -> "Sudoku4Config":
         if self.scoring == "cells" and not self.unique and isinstance(self.source, GeneratedSource):
-            raise ValueError("scoring 'cells' compares with one solution: generate unique puzzles or use scoring 'valid'")
+            raise ValueError(
+                "scoring 'cells' compares with one solution: generate unique puzzles or use scoring 'valid'"
+            )
         return self
 
 

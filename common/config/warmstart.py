@@ -24,7 +24,9 @@ class WarmStartConfig(StrictModel):
 
     steps: int = Field(300, ge=1, description="SFT optimizer steps")
     seed: Optional[int] = Field(
-        None, description="seed of the SFT's row order and masks; None: run.seed (then every RL seed gets its own warm start)"
+        None,
+        description="seed of the SFT's row order and masks; "
+        "None: run.seed (then every RL seed gets its own warm start)",
     )
     threads: Optional[int] = Field(
         None, ge=1, description="torch CPU threads the SFT runs with (None: the process's current count, usually the "
@@ -39,7 +41,10 @@ class WarmStartConfig(StrictModel):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
     grad_clip: float = Field(1.0, ge=0.0, description="clip the global gradient L2 norm to this value; 0 disables")
     mask_eps: float = Field(
-        1e-3, gt=0.0, lt=1.0, description="ε of the mask probability p = (1 - ε) t + ε, t ~ U(0, 1) (LLaDA's forward_process)"
+        1e-3,
+        gt=0.0,
+        lt=1.0,
+        description="ε of the mask probability p = (1 - ε) t + ε, t ~ U(0, 1) (LLaDA's forward_process)",
     )
     log_every: int = Field(50, ge=1, description="print the mean SFT loss every N steps")
     cache_dir: Path = Field(Path(".cache/warmstart"), description="where the warm-started model is cached")
@@ -51,10 +56,13 @@ class EvalConfig(StrictModel):
 
     every: int = Field(0, ge=0, description="evaluate every N steps (0: only before and after training)")
     num_prompts: int = Field(200, ge=1, description="held-out prompts evaluated (the first N held-out rows)")
-    samples_per_prompt: int = Field(1, ge=1, description="n samples per prompt: pass@1 is their mean, pass@n the unbiased pass@k at k = n")
+    samples_per_prompt: int = Field(
+        1, ge=1, description="n samples per prompt: pass@1 is their mean, pass@n the unbiased pass@k at k = n"
+    )
     seed: int = Field(
         1234,
-        description="sampling seed of every evaluation; the same seeds at every step make BEFORE and AFTER a paired comparison",
+        description="sampling seed of every evaluation; "
+        "the same seeds at every step make BEFORE and AFTER a paired comparison",
     )
     temperature: Optional[float] = Field(
         None, ge=0.0, description="sampling temperature of the evaluation (0: greedy); null: the sampler's own"
@@ -65,8 +73,11 @@ class EvalConfig(StrictModel):
         "`stabledrl eval --protocol` runs it offline"
     )
     final_window: int = Field(
-        1, ge=1, description="the job's last line also gives the mean pass@1 of the last N evaluations (the final one "
-        "and those every `every` steps before it): one evaluation moves by a few points from step to step; 1: only AFTER"
+        1,
+        ge=1,
+        description="the job's last line also gives the mean pass@1 of the last N evaluations (the final one "
+        "and those every `every` steps before it): one evaluation moves by a few points from step to step; "
+        "1: only AFTER",
     )
 
     def sampler_for(self, sampler: Any) -> Any:

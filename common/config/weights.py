@@ -12,8 +12,9 @@ class WeightPushConfig(StrictModel):
     """How weights travel from learner rank 0 to the rollout workers."""
 
     backend: Literal["auto", "object_store", "nccl", "gloo"] = Field(
-        "auto", description="auto = the nccl broadcast when the learner ranks and rollout workers have GPUs (cluster.*.num_gpus), "
-        "else the Ray object store; gloo = the broadcast on CPU"
+        "auto",
+        description="auto = the nccl broadcast when the learner ranks and rollout workers have GPUs "
+        "(cluster.*.num_gpus), else the Ray object store; gloo = the broadcast on CPU",
     )
     timeout_s: float = Field(300.0, gt=0.0, description="longest any one wait of a transfer may take")
     bucket_mb: float = Field(512.0, gt=0.0, description="broadcast bucket size in MiB (one flat byte buffer each)")

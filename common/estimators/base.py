@@ -67,7 +67,9 @@ def get_estimator(name: str) -> Estimator:
     return ESTIMATORS.get(name)
 
 
-def estimate(policy: "DiffusionPolicy", batch: "SequenceBatch", seeds: torch.Tensor | Sequence[int], cfg: Any) -> LogLikelihood:
+def estimate(
+    policy: "DiffusionPolicy", batch: "SequenceBatch", seeds: torch.Tensor | Sequence[int], cfg: Any
+) -> LogLikelihood:
     """Run the estimator that ``cfg.name`` selects (one that corrupts as the policy's family does)."""
     if (policy.spec.noise == "uniform") != (cfg.name in UNIFORM_NOISE_ESTIMATORS):
         raise ValueError(
@@ -92,7 +94,9 @@ def learner_seeds(
     if masks == "shared":
         return seeds.clone()
     if masks == "independent":
-        return torch.tensor([derive_seed(int(s), "learner", int(inner_iteration)) for s in seeds.tolist()], dtype=torch.long)
+        return torch.tensor(
+            [derive_seed(int(s), "learner", int(inner_iteration)) for s in seeds.tolist()], dtype=torch.long
+        )
     raise ValueError(f"masks must be 'shared' or 'independent', got {masks!r}")
 
 

@@ -81,9 +81,13 @@ def _block_random_draws(policy, batch, seeds, cfg) -> tuple[torch.Tensor, torch.
 
 
 @ESTIMATORS.register("block_random")
-def block_random(policy: DiffusionPolicy, batch: SequenceBatch, seeds: torch.Tensor, cfg: BlockRandomConfig) -> LogLikelihood:
+def block_random(
+    policy: DiffusionPolicy, batch: SequenceBatch, seeds: torch.Tensor, cfg: BlockRandomConfig
+) -> LogLikelihood:
     _, score, elbo, draws = _block_random_draws(policy, batch, seeds, cfg)
-    return LogLikelihood(sequence=elbo, forwards=cfg.num_draws, diagnostics={"draws": draws.detach(), "masked": score.sum(-1)})
+    return LogLikelihood(
+        sequence=elbo, forwards=cfg.num_draws, diagnostics={"draws": draws.detach(), "masked": score.sum(-1)}
+    )
 
 
 _NEG = -1e30
@@ -102,7 +106,9 @@ def eubo(logp: torch.Tensor, score: torch.Tensor, completion_length: torch.Tenso
 
 
 @ESTIMATORS.register("spg_sandwich")
-def spg_sandwich(policy: DiffusionPolicy, batch: SequenceBatch, seeds: torch.Tensor, cfg: SPGSandwichConfig) -> LogLikelihood:
+def spg_sandwich(
+    policy: DiffusionPolicy, batch: SequenceBatch, seeds: torch.Tensor, cfg: SPGSandwichConfig
+) -> LogLikelihood:
     """SPG's sandwiched log-likelihood: the ELBO for A > 0, the EUBO/ELBO mix for A <= 0 (needs
     ``batch.advantages``). ``elbo`` carries the plain ELBO of the same draws, for importance ratios."""
     if batch.advantages is None:

@@ -33,7 +33,9 @@ def mean_field_views(batch: SequenceBatch, seeds: torch.Tensor, cfg: MeanFieldCo
 
 
 @ESTIMATORS.register("mean_field")
-def mean_field(policy: DiffusionPolicy, batch: SequenceBatch, seeds: torch.Tensor, cfg: MeanFieldConfig) -> LogLikelihood:
+def mean_field(
+    policy: DiffusionPolicy, batch: SequenceBatch, seeds: torch.Tensor, cfg: MeanFieldConfig
+) -> LogLikelihood:
     views = mean_field_views(batch, seeds, cfg)
     logp = score_views(policy, batch, views, cfg.draw_batch)  # [B, n, C]
     token = logp.mean(dim=1)  # [B, C]

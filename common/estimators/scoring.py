@@ -56,7 +56,9 @@ def token_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return picked - torch.logsumexp(logits.float(), dim=-1)
 
 
-def score_views(policy: DiffusionPolicy, batch: SequenceBatch, views: Views, draw_batch: Optional[int] = None) -> torch.Tensor:
+def score_views(
+    policy: DiffusionPolicy, batch: SequenceBatch, views: Views, draw_batch: Optional[int] = None
+) -> torch.Tensor:
     """[B, V, C] float32: log p_theta(o_k | view v of row b) where ``views.score``, 0 elsewhere.
 
     Views are taken ``draw_batch`` at a time (all B rows of each), skipping (row, view) pairs with
@@ -82,7 +84,9 @@ def score_views(policy: DiffusionPolicy, batch: SequenceBatch, views: Views, dra
         inputs, attn, positions, logits_from = build_inputs(
             policy, noisy_prompt, batch.prompt_mask[bi], completion_ids[bi], noisy_completion
         )
-        logits = policy(inputs, attention_mask=attn, position_ids=positions, logits_from=logits_from).logits  # [N, C, V]
+        logits = policy(
+            inputs, attention_mask=attn, position_ids=positions, logits_from=logits_from
+        ).logits  # [N, C, V]
         sel = score[bi, vi]  # [N, C]
         lp = token_logp(logits[sel], completion_ids[bi][sel])  # [M]
         rows = torch.zeros(sel.shape, dtype=torch.float32, device=device).masked_scatter(sel, lp)  # [N, C]

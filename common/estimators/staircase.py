@@ -30,13 +30,17 @@ from common.models.base import DiffusionPolicy
 from common.types import SequenceBatch
 
 
-def staircase_views(batch: SequenceBatch, seeds: torch.Tensor, cfg: StaircaseConfig, block_size: int) -> tuple[Views, torch.Tensor]:
+def staircase_views(
+    batch: SequenceBatch, seeds: torch.Tensor, cfg: StaircaseConfig, block_size: int
+) -> tuple[Views, torch.Tensor]:
     """Views of the noisy copy and the [B, n, C] token weights n_b / m_b on the masked tokens."""
     return block_views(batch, seeds, cfg, block_size)
 
 
 @ESTIMATORS.register("staircase")
-def staircase(policy: DiffusionPolicy, batch: SequenceBatch, seeds: torch.Tensor, cfg: StaircaseConfig) -> LogLikelihood:
+def staircase(
+    policy: DiffusionPolicy, batch: SequenceBatch, seeds: torch.Tensor, cfg: StaircaseConfig
+) -> LogLikelihood:
     if not policy.is_block_diffusion:
         raise ValueError(f"the staircase estimator needs a block-diffusion family, got {policy.spec.name!r}")
     views, weight = staircase_views(batch, seeds, cfg, policy.block_size)

@@ -40,7 +40,9 @@ def collapse_steps(steps: torch.Tensor, shrink: int) -> torch.Tensor:
     return distinct[last.clamp(max=distinct.numel() - 1)]
 
 
-def trajectory_rounds(steps: torch.Tensor, shrink: int, block_size: int | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def trajectory_rounds(
+    steps: torch.Tensor, shrink: int, block_size: int | None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """[C] decode steps of one sample -> per round (masked [C] bool, target [C] bool).
 
     ``block_size=None``: one round per merged step tau of the whole completion (masked = merged >= tau,
@@ -80,7 +82,9 @@ def trajectory_views(batch: SequenceBatch, cfg: TrajectoryConfig, block_size: in
 
 
 @ESTIMATORS.register("trajectory")
-def trajectory(policy: DiffusionPolicy, batch: SequenceBatch, seeds: torch.Tensor, cfg: TrajectoryConfig) -> LogLikelihood:
+def trajectory(
+    policy: DiffusionPolicy, batch: SequenceBatch, seeds: torch.Tensor, cfg: TrajectoryConfig
+) -> LogLikelihood:
     block_size = policy.block_size if policy.is_block_diffusion else None
     views = trajectory_views(batch, cfg, block_size)
     logp = score_views(policy, batch, views, cfg.draw_batch)  # [B, rounds, C]

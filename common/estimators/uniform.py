@@ -130,11 +130,15 @@ def udlm_elbo_terms(
     xt_i = torch.where(same, r + 1.0, torch.ones_like(r))
     xtt_i = r * p_i + 1.0
     term1 = n / (1.0 - a) * (1.0 / xt_i - 1.0 / xtt_i)
-    term2 = ((r + n) * (torch.log1p(r * p_i) - log_xt_i) - s - r * torch.log1p(r * p_x) + (r + 1.0) * torch.log1p(r)) / xt_i
+    term2 = (
+        (r + n) * (torch.log1p(r * p_i) - log_xt_i) - s - r * torch.log1p(r * p_x) + (r + 1.0) * torch.log1p(r)
+    ) / xt_i
     return ((term1 - term2) / (n * a)).float()
 
 
-def score_uniform_views(policy: DiffusionPolicy, batch: SequenceBatch, views: UniformViews, objective: str) -> torch.Tensor:
+def score_uniform_views(
+    policy: DiffusionPolicy, batch: SequenceBatch, views: UniformViews, objective: str
+) -> torch.Tensor:
     """[B, n, C] float32: each scored position's term (-g or log p), 0 elsewhere; one staircase
     forward per draw over all B rows; differentiable when grad is enabled."""
     device = policy.device
@@ -151,7 +155,9 @@ def score_uniform_views(policy: DiffusionPolicy, batch: SequenceBatch, views: Un
         inputs, attn, positions, logits_from = build_inputs(
             policy, batch.input_ids[:, :p], batch.prompt_mask, clean, noisy
         )
-        logits = policy(inputs, attention_mask=attn, position_ids=positions, logits_from=logits_from).logits  # [B, C, V]
+        logits = policy(
+            inputs, attention_mask=attn, position_ids=positions, logits_from=logits_from
+        ).logits  # [B, C, V]
         if objective == "elbo":
             terms = udlm_elbo_terms(logits[sel], clean[sel], noisy[sel], views.alpha[:, j].to(device)[sel])
         else:

@@ -106,5 +106,10 @@ def make_policy(
                 module.is_causal = False
     cls = DiffusionGemmaPolicy if family == "diffusion_gemma" else DiffusionPolicy
     return cls(
-        model, spec, mask_token_id=mask_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id, block_size=block_size
+        model,
+        spec,
+        mask_token_id=mask_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        block_size=block_size,
     )

@@ -130,7 +130,9 @@ def _load_directory(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPoli
     path = resolve_model_dir(cfg.path, cfg.revision)
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise CheckpointError(f"{path} has no config.json; a checkpoint directory needs config.json, weights and tokenizer files")
+        raise CheckpointError(
+            f"{path} has no config.json; a checkpoint directory needs config.json, weights and tokenizer files"
+        )
     raw = read_json_file(config_file)
     check_weight_files(path)  # pytorch_model*.bin holding more than tensors is refused, naming the file
     family, is_original = detect_family(raw, cfg.family)
@@ -145,15 +147,17 @@ def _load_directory(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPoli
         model = _from_pretrained_exported(family, path, dtype, cfg.attn_implementation)
     mask_id, eos_id, pad_id = resolve_token_ids(raw, tokenizer)
     block = checkpoint_block_size(family, raw, cfg.block_size)
-    policy = make_policy(family, model, mask_token_id=mask_id, eos_token_id=eos_id, pad_token_id=pad_id, block_size=block)
+    policy = make_policy(
+        family, model, mask_token_id=mask_id, eos_token_id=eos_id, pad_token_id=pad_id, block_size=block
+    )
     return policy, tokenizer
 
 
 def _check_attention(family: str, attn_implementation: str) -> None:
     if attn_implementation == "flash_attention_2" and FAMILIES[family].attention == "block":
         raise CheckpointError(
-            f"attn_implementation flash_attention_2 cannot take the block-causal 4-D masks the {family!r} family needs; "
-            "use sdpa or flex_attention"
+            "attn_implementation flash_attention_2 cannot take the block-causal 4-D masks "
+            f"the {family!r} family needs; use sdpa or flex_attention"
         )
 
 
@@ -191,14 +195,21 @@ def _weight_files(path: Path, index_name: str, pattern: str) -> list[Path]:
     return sorted(path.glob(pattern))
 
 
-def _instantiate(family: str, config: Any, state: State, dtype: torch.dtype, attn_implementation: str) -> torch.nn.Module:
+def _instantiate(
+    family: str, config: Any, state: State, dtype: torch.dtype, attn_implementation: str
+) -> torch.nn.Module:
     """The transformers model of ``config`` holding exactly ``state`` (missing, unexpected or
     mis-shaped tensors are errors, not silently re-initialised weights)."""
     import transformers
 
     cls = getattr(transformers, CAUSAL_LM_CLASSES[family])
     model, info = cls.from_pretrained(
-        None, config=config, state_dict=state, dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True
+        None,
+        config=config,
+        state_dict=state,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        output_loading_info=True,
     )
     _check_loading_info(info, f"{type(config).__name__} conversion")
     return model.eval()

@@ -42,7 +42,9 @@ def fetch_command(repo_id: str, revision: Optional[str] = None) -> str:
     from importlib import metadata
 
     try:
-        scripts = {ep.name for ep in metadata.distribution("huggingface_hub").entry_points if ep.group == "console_scripts"}
+        scripts = {
+            ep.name for ep in metadata.distribution("huggingface_hub").entry_points if ep.group == "console_scripts"
+        }
     except metadata.PackageNotFoundError:
         scripts = set()
     tool = "hf" if "hf" in scripts else "huggingface-cli"

@@ -13,7 +13,9 @@ import torch
 from common.models.base import DiffusionPolicy
 from common.models.families import FAMILIES, make_policy
 
-TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+TINY_SHAPE = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
 
 # ModelConfig.preset name -> family
 PRESETS: dict[str, str] = {
@@ -57,14 +59,21 @@ def build_tiny_policy(
         model = _tiny_causal_lm(family, vocab_size, attn_implementation, ids, dims)
     model = model.to(dtype).eval()
     return make_policy(
-        family, model, mask_token_id=mask_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id, block_size=block_size
+        family,
+        model,
+        mask_token_id=mask_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        block_size=block_size,
     )
 
 
 def _tiny_causal_lm(family: str, vocab_size: int, attn_implementation: str, ids: dict, dims: dict) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    common = dict(vocab_size=vocab_size, attn_implementation=attn_implementation, tie_word_embeddings=False, **ids, **dims)
+    common = dict(
+        vocab_size=vocab_size, attn_implementation=attn_implementation, tie_word_embeddings=False, **ids, **dims
+    )
     head_dim = dims["hidden_size"] // dims["num_attention_heads"]
     if family == "llada":
         rope = {"rope_type": "default", "rope_theta": 500000.0}  # LLaDA-8B's theta

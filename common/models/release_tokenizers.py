@@ -10,11 +10,12 @@ and the vocabulary spans the same id range. The ordinary vocabulary is a byte-le
 to the first special id. The 8B stand-in benchmark writes these next to random weights at the real
 shape; the chat-template tests write them to check the ids that prompts carry.
 
-| family | files                          | special ids (from the released tokenizer configs)           | embedding rows |
-|--------|--------------------------------|-------------------------------------------------------------|----------------|
-| llada  | tokenizer.json                 | <|startoftext|> 126080 (BOS), <|endoftext|> 126081 (EOS, pad),  | 126464 |
-|        |                                | <|mdm_mask|> 126336, <|start_header_id|> 126346,             |        |
-|        |                                | <|end_header_id|> 126347, <|eot_id|> 126348                  |        |
+| family | files                          | special ids (from the released tokenizer configs)         | embedding rows |
+|--------|--------------------------------|-----------------------------------------------------------|----------------|
+| llada  | tokenizer.json                 | <|startoftext|> 126080 (BOS),                             | 126464 |
+|        |                                | <|endoftext|> 126081 (EOS, pad), <|mdm_mask|> 126336,     |        |
+|        |                                | <|start_header_id|> 126346, <|end_header_id|> 126347,     |        |
+|        |                                | <|eot_id|> 126348                                         |        |
 | dream  | vocab.json + merges.txt        | Qwen2.5's <|endoftext|> 151643 (EOS, pad), <|im_start|> 151644, | 152064 |
 |        | (DreamTokenizer via auto_map)  | <|im_end|> 151645; <|beginoftext|> 151665, <|mask|> 151666   |        |
 | sdar   | tokenizer.json (Qwen2Tokenizer)| the same Qwen ids; Qwen3's <think> 151667, </think> 151668; | 151936 |
@@ -128,7 +129,9 @@ RELEASES: dict[str, ReleaseTokenizer] = {
 }
 
 
-def write_release_tokenizer(family: str, directory: Union[str, Path], vocab_size: Optional[int] = None) -> ReleaseTokenizer:
+def write_release_tokenizer(
+    family: str, directory: Union[str, Path], vocab_size: Optional[int] = None
+) -> ReleaseTokenizer:
     """Write ``family``'s tokenizer files into ``directory`` (created) and return its spec;
     ``vocab_size`` overrides the embedding rows (it must cover every token id)."""
     if family not in RELEASES:

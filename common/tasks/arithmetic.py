@@ -53,7 +53,9 @@ def reference(row: Row) -> str:
     return row.answer
 
 
-def make_problem(rng: random.Random, digits: int, operators: list[str], terms: int, allow_negative: bool) -> tuple[str, int]:
+def make_problem(
+    rng: random.Random, digits: int, operators: list[str], terms: int, allow_negative: bool
+) -> tuple[str, int]:
     """One problem text ``"a+b="`` and its integer value, by rejection sampling.
 
     Exact division is encouraged by making the operand left of each '/' a multiple of the one
@@ -88,7 +90,9 @@ def from_record(record: Mapping[str, Any]) -> Row:
 @TASKS.register(NAME)
 def build(cfg: Any) -> Task:
     def generate(seed: int) -> Row:
-        prompt, value = make_problem(random.Random(seed), cfg.digits, list(cfg.operators), cfg.terms, cfg.allow_negative)
+        prompt, value = make_problem(
+            random.Random(seed), cfg.digits, list(cfg.operators), cfg.terms, cfg.allow_negative
+        )
         return Row(prompt_id=content_id(NAME, prompt), prompt=prompt, answer=str(value))
 
     return Task(

@@ -7,8 +7,9 @@ one from its config section and registers the builder in ``TASKS``. The reward o
     r(o, q) = w_c · correctness(o, q) + w_f · format(o, q)
 
 with ``w_c`` / ``w_f`` from ``task.reward`` in the config. Built-in checkers and format scores lie
-in [0, 1]; a user function (``reward.custom``) replacing the checker may return any real number. TinyZero and d1 (arXiv 2504.12216)
-give 0.1 for a well-formed but wrong answer and 1.0 for a right one; with ``w_f = 0.1`` a right
+in [0, 1]; a user function (``reward.custom``) replacing the checker may return any real number.
+TinyZero and d1 (arXiv 2504.12216) give 0.1 for a well-formed but wrong answer and 1.0 for a right
+one; with ``w_f = 0.1`` a right
 answer here scores 1.1 (it is necessarily well-formed), which keeps the same ranking and the
 same right-minus-formatted gap of 1.0.
 

@@ -29,7 +29,9 @@ from common.tasks.base import TASKS, BadRow, Row, Task, content_id, last_answer_
 from common.tasks.expression import ExpressionError, evaluate, solve_countdown, uses_numbers
 
 NAME = "countdown"
-DEFAULT_TEMPLATE = "{prompt} Use + - * / and parentheses, each number {rule}, and put the equation in <answer> </answer>."
+DEFAULT_TEMPLATE = (
+    "{prompt} Use + - * / and parentheses, each number {rule}, and put the equation in <answer> </answer>."
+)
 
 
 def question(numbers: list[int], target: int) -> str:
@@ -115,16 +117,22 @@ def build(cfg: Any) -> Task:
         return 1.0
 
     def reference(row: Row) -> str:
-        solution = row.meta.get("solution") or solve_countdown(list(row.meta["numbers"]), row.meta["target"], exactly_once)
+        solution = row.meta.get("solution") or solve_countdown(
+            list(row.meta["numbers"]), row.meta["target"], exactly_once
+        )
         if solution is None:
             raise ValueError(f"countdown row {row.prompt_id} has no known solution")
         return f"<answer>{solution}</answer>"
 
     def generate(seed: int) -> Row:
         rng = random.Random(seed)
-        numbers, target, solution = make_puzzle(rng, rng.randint(cfg.min_numbers, cfg.max_numbers), cfg.max_number, cfg.max_target)
+        numbers, target, solution = make_puzzle(
+            rng, rng.randint(cfg.min_numbers, cfg.max_numbers), cfg.max_number, cfg.max_target
+        )
         meta = {"numbers": numbers, "target": target, "solution": solution}
-        return Row(prompt_id=content_id(NAME, numbers, target), prompt=question(numbers, target), answer=str(target), meta=meta)
+        return Row(
+            prompt_id=content_id(NAME, numbers, target), prompt=question(numbers, target), answer=str(target), meta=meta
+        )
 
     return Task(
         name=NAME,

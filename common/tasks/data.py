@@ -139,8 +139,10 @@ def rows_from_records(
             report.examples.append(f"{records.unit} {number}: {error}")
 
     problems = [(n, BadRow(message, reason)) for n, message, reason in records.unreadable]
-    entries = sorted([(n, None, e) for n, e in problems] + [(n, r, None) for n, r in zip(records.numbers, records.rows)],
-                     key=lambda x: x[0])
+    entries = sorted(
+        [(n, None, e) for n, e in problems] + [(n, r, None) for n, r in zip(records.numbers, records.rows)],
+        key=lambda x: x[0],
+    )
     for number, raw, problem in entries:
         try:
             if problem is not None:
@@ -150,7 +152,9 @@ def rows_from_records(
                 raise BadRow(f"duplicate id {row.prompt_id!r}", "duplicate_id")
             n_tokens = length(row)
             if n_tokens > max_prompt_tokens:
-                raise BadRow(f"prompt has {n_tokens} tokens, more than max_prompt_tokens={max_prompt_tokens}", "too_long")
+                raise BadRow(
+                    f"prompt has {n_tokens} tokens, more than max_prompt_tokens={max_prompt_tokens}", "too_long"
+                )
         except BadRow as e:
             bad(number, e)
             continue
@@ -170,8 +174,8 @@ def _columns(task: Task, records: Sequence[dict[str, Any]], columns: dict[str, s
     absent = sorted(c for c in {columns.get(f, f) for f in task.required_fields} if not column_present(c, records))
     if absent:
         raise DataError(
-            f"{source}: no column {absent} (columns: {sorted(keys)}); map it with source.columns, e.g. {{prompt: question}} "
-            "or a dotted path such as {answer: reward_model.ground_truth}"
+            f"{source}: no column {absent} (columns: {sorted(keys)}); map it with source.columns, "
+            "e.g. {prompt: question} or a dotted path such as {answer: reward_model.ground_truth}"
         )
     return columns
 
@@ -190,7 +194,9 @@ def _row(task: Task, raw: dict[str, Any], columns: dict[str, str]) -> Row:
     return dataclasses.replace(row, messages=messages, record=raw)
 
 
-def generate_rows(task: Task, n: int, seed: int, *, max_prompt_tokens: int, length: Optional[PromptLength] = None) -> list[Row]:
+def generate_rows(
+    task: Task, n: int, seed: int, *, max_prompt_tokens: int, length: Optional[PromptLength] = None
+) -> list[Row]:
     """``n`` distinct rows; draw i comes from ``stable_hash(task, seed, i)`` so any prefix is stable."""
     if task.generate is None:
         raise DataError(f"task {task.name!r} has no generator: give it a file source")
@@ -200,7 +206,10 @@ def generate_rows(task: Task, n: int, seed: int, *, max_prompt_tokens: int, leng
     draws, max_draws = 0, 50 * n + 1000
     while len(rows) < n:
         if draws >= max_draws:
-            raise DataError(f"{task.name}: only {len(rows)} distinct problems in {draws} draws; lower source.n or raise the difficulty")
+            raise DataError(
+                f"{task.name}: only {len(rows)} distinct problems in {draws} draws; "
+                "lower source.n or raise the difficulty"
+            )
         row = task.generate(stable_hash(task.name, seed, draws))
         draws += 1
         if row.prompt_id in seen:
@@ -210,7 +219,10 @@ def generate_rows(task: Task, n: int, seed: int, *, max_prompt_tokens: int, leng
         except BadRow as e:
             raise DataError(f"{task.name}: a generated prompt cannot be encoded: {e}") from None
         if n_tokens > max_prompt_tokens:
-            raise DataError(f"{task.name}: a generated prompt has {n_tokens} tokens, more than max_prompt_tokens={max_prompt_tokens}")
+            raise DataError(
+                f"{task.name}: a generated prompt has {n_tokens} tokens, "
+                f"more than max_prompt_tokens={max_prompt_tokens}"
+            )
         seen.add(row.prompt_id)
         rows.append(row)
     return rows

@@ -106,7 +106,9 @@ def check_failure_rate(counts: dict[str, float], cfg: Any) -> None:
     certain = reward.max_failed_fraction < 1 and failed > reward.max_failed_fraction * reward.failure_check_after
     if (calls < reward.failure_check_after and not certain) or failed <= reward.max_failed_fraction * calls:
         return
-    kinds = ", ".join(f"{int(counts[f'reward_calls/{k}'])} {k}" for k in FAILURE_KINDS if counts.get(f"reward_calls/{k}"))
+    kinds = ", ".join(
+        f"{int(counts[f'reward_calls/{k}'])} {k}" for k in FAILURE_KINDS if counts.get(f"reward_calls/{k}")
+    )
     name = f"custom reward {reward.custom}" if reward.custom else f"the {cfg.name} reward"
     raise RewardFailureRate(
         f"{name} failed on {int(failed)} of {int(calls)} calls ({kinds}), more than task.reward.max_failed_fraction = "
@@ -172,9 +174,11 @@ class _Child:
             self.close()
             reward = f"custom reward {cfg.reward.custom}" if cfg.reward.custom else f"the {cfg.name} reward"
             if outcome == "timeout":
-                payload = (f"importing {reward} gave no answer in {limit:g} s (task.reward.import_timeout_s = "
-                           f"{cfg.reward.import_timeout_s:g} plus {START_OVERHEAD_S:g} s to start Python): module-level "
-                           "code must not hang")
+                payload = (
+                    f"importing {reward} gave no answer in {limit:g} s (task.reward.import_timeout_s = "
+                    f"{cfg.reward.import_timeout_s:g} plus {START_OVERHEAD_S:g} s to start Python): module-level "
+                    "code must not hang"
+                )
             raise ConfigError(f"reward sandbox failed to start ({reward}): {payload}")
         self.confinement: dict[str, Any] = payload
 
@@ -244,8 +248,8 @@ def check_reward(cfg: Any) -> None:
 
 def remove_stale_workdirs(root: Optional[Path] = None) -> list[Path]:
     """Remove the sandbox directories (``stabledrl-reward-<pid>-*`` in the temporary directory) of
-    processes of this user (as root: also those handed to nobody) that no longer exist (a job killed with SIGKILL leaves them); returns
-    what was removed."""
+    processes of this user (as root: also those handed to nobody) that no longer exist (a job killed
+    with SIGKILL leaves them); returns what was removed."""
     removed = []
     for path in Path(root or tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
         pid = path.name[len(WORKDIR_PREFIX):].partition("-")[0]

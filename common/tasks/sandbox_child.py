@@ -11,7 +11,8 @@ temporary directory (also HOME and TMPDIR; removed afterwards), under a CPU-time
 Landlock domain that lets it write only there. The sandbox waits ``timeout_s`` for its answer,
 then ends the call: with Landlock's signal scope the call's warden kills every process of the
 call at once (``_warden``); the sandbox then kills the call's process group and every process
-left behind (re-parented to the sandbox, the subreaper), round after round. A call cannot break the next one: state, memory and leftovers die with it.
+left behind (re-parented to the sandbox, the subreaper), round after round. A call cannot break
+the next one: state, memory and leftovers die with it.
 
 The sandbox itself runs under the same confinement as the calls (Landlock, the memory and file
 limits, the seccomp filter of ``confine.deny_syscalls``: no metadata changes, no sockets but
@@ -188,8 +189,10 @@ class _Sandbox:
         self._cpu, self._wall = cpu, wall
         if used <= OWN_CPU_ALLOWANCE_S + 0.05 * elapsed:
             return ""
-        return (f"the reward sandbox itself used {used:.1f} s of CPU in {elapsed:.1f} s between calls: code of the reward "
-                "module runs outside its calls (a hook or signal handler set at import); the sandbox is restarted")
+        return (
+            f"the reward sandbox itself used {used:.1f} s of CPU in {elapsed:.1f} s between calls: code of the reward "
+            "module runs outside its calls (a hook or signal handler set at import); the sandbox is restarted"
+        )
 
     def _confine(self, settings: dict[str, Any]) -> list[str]:
         """Limits, Landlock (else, as root, user nobody), no capabilities, the seccomp filter;
@@ -198,9 +201,15 @@ class _Sandbox:
         self.seccomp = True
         confine.set_limits(memory_mb=box.memory_mb, file_size_mb=box.file_size_mb)
         self.landlock, why = confine.landlock_abi() if box.landlock else (0, "task.reward.sandbox.landlock is false")
-        notes = [f"memory {box.memory_mb} MiB", f"CPU {box.cpu_seconds:g} s per call", f"files <= {box.file_size_mb} MiB",
-                 "own session and temporary directory per call", "leftover processes killed",
-                 f"import within {self.cfg.reward.import_timeout_s:g} s", "output to a file, bounded copies in the log"]
+        notes = [
+            f"memory {box.memory_mb} MiB",
+            f"CPU {box.cpu_seconds:g} s per call",
+            f"files <= {box.file_size_mb} MiB",
+            "own session and temporary directory per call",
+            "leftover processes killed",
+            f"import within {self.cfg.reward.import_timeout_s:g} s",
+            "output to a file, bounded copies in the log",
+        ]
         if self.landlock:
             confine.restrict_paths(_readable(settings, box.read_paths), [self.base, Path(os.devnull)],
                                    read_files=_readable_files(settings), allow_network=box.allow_network)

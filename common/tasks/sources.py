@@ -123,7 +123,9 @@ def _read_json_array(path: Path, data: bytes) -> Records:
         value = json.loads(data.decode("utf-8-sig"))
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}: line {line} is not UTF-8 (byte 0x{data[e.start]:02x}); save the file as UTF-8") from None
+        raise DataError(
+            f"{path}: line {line} is not UTF-8 (byte 0x{data[e.start]:02x}); save the file as UTF-8"
+        ) from None
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}, column {e.colno})") from None
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
@@ -181,7 +183,9 @@ def column_value(record: Mapping[str, Any], column: str) -> Any:
     for part in column.split("."):
         if isinstance(node, Mapping) and part in node:
             node = node[part]
-        elif isinstance(node, (list, tuple)) and re.fullmatch(r"-?[0-9]+", part) and -len(node) <= int(part) < len(node):
+        elif (
+            isinstance(node, (list, tuple)) and re.fullmatch(r"-?[0-9]+", part) and -len(node) <= int(part) < len(node)
+        ):
             node = node[int(part)]
         else:
             return MISSING

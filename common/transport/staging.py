@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-from common.transport.weights import ParameterLoader, WeightHandle, WeightPush
+from common.transport.weights import LoadFn, ParameterLoader, WeightHandle, WeightPush
 
 
 class StagedWeights:
@@ -40,10 +40,12 @@ class StagedWeights:
         self.stream = None
 
     def receive(self, push: WeightPush, handle: WeightHandle, *, keep_order: bool, timeout_s: float,
-                partial: bool = False) -> int:
+                partial: bool = False, wrap: Optional[Callable[[LoadFn], LoadFn]] = None) -> int:
         """Stage ``handle.version`` (blocks while an earlier version waits to be applied, with
         ``keep_order``); returns the version staged. ``partial``: the push may carry only some
-        parameters (a LoRA learner's adapted matrices); only those are applied."""
+        parameters (a LoRA learner's adapted matrices); only those are applied. ``wrap``: what
+        turns the received tensors into parameters first (LoRA adapters merged:
+        common/transport/adapters.py), so the staged copy holds the merged weights."""
         with self.applied:
             if keep_order and not self.applied.wait_for(lambda: self.version is None, timeout=timeout_s):
                 raise TimeoutError(f"weight push: version {self.version} was staged {timeout_s:.0f} s ago and is "
@@ -54,7 +56,7 @@ class StagedWeights:
                 self.stream = torch.cuda.Stream(device)
             loader = _StagingLoader(self, partial=partial)
             with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-                push.receive(handle, loader)
+                push.receive(handle, wrap(loader) if wrap is not None else loader)
                 loader.finish()
                 if self.stream is not None:
                     self.stream.synchronize()

@@ -59,7 +59,9 @@ def group_advantages(
     Uses torch.unique: meant for batch assembly, not for the inside of a loss.
     """
     if rewards.shape != group_index.shape or rewards.dim() != 1:
-        raise ValueError(f"rewards and group_index must both be [B], got {tuple(rewards.shape)} and {tuple(group_index.shape)}")
+        raise ValueError(
+            f"rewards and group_index must both be [B], got {tuple(rewards.shape)} and {tuple(group_index.shape)}"
+        )
     if scale not in ("std", "none"):
         raise ValueError(f"unknown advantage scale {scale!r}; valid: std, none")
     r = rewards.double()

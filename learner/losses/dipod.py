@@ -45,7 +45,9 @@ def dipod_loss(inputs: LossInputs, cfg: DipodLossConfig) -> LossOutput:
         "loss/elbo_reg": Metric.share(regulariser),
         "loss/total": Metric.share(total),
         "dipod/elbo_mean": Metric.mean(e.mean()),
-        "dipod/elbo_minus_behaviour": Metric.mean((inputs.logp.detach().float() - inputs.behaviour_logp.float()).mean()),
+        "dipod/elbo_minus_behaviour": Metric.mean(
+            (inputs.logp.detach().float() - inputs.behaviour_logp.float()).mean()
+        ),
         "dipod/logp_minus_elbo": Metric.mean((inputs.logp.detach().float() - e).mean()),
     }
     return LossOutput(total, metrics)

@@ -34,7 +34,9 @@ def grpo_loss(inputs: LossInputs, cfg: GrpoLossConfig) -> LossOutput:
     k3 = torch.zeros_like(u.logp)
     if cfg.kl_beta > 0:
         if u.ref_logp is None:
-            raise ValueError(f"grpo with kl_beta={cfg.kl_beta} needs ref_logp/ref_token_logp; set kl_beta=0 to drop the KL")
+            raise ValueError(
+                f"grpo with kl_beta={cfg.kl_beta} needs ref_logp/ref_token_logp; set kl_beta=0 to drop the KL"
+            )
         d = torch.where(valid, u.ref_logp - u.logp, torch.zeros_like(u.logp))
         k3 = torch.exp(d) - d - 1.0
         kl = (k3 * u.weight).sum() / inputs.num_tokens

@@ -16,11 +16,12 @@ A mean taken per micro-batch would weight a token by 1/(tokens in *its* micro-ba
 change with how the batch was cut; that is d1's (TRL's) rule, and ``learner.loss_normalisation:
 micro_batch`` reproduces it by handing each micro-batch its own counts scaled by the number of
 micro-batches and ranks (learner/rl_batch.py), with the losses unchanged. The default is OpenRLHF's
-``aggregate_loss`` rule: the normalisers are the step's totals, summed over micro-batches and all-reduced over ranks *before* the first
-forward. The engine then undoes its own averaging: DeepSpeed divides each micro-batch loss by the
-gradient-accumulation steps and averages gradients over ranks, so the learner scales each
-returned loss by ``world_size × grad_accum_steps`` before ``backward`` (or, equivalently, passes
-pre-divided normalisers as OpenRLHF does). The losses themselves never talk to other ranks.
+``aggregate_loss`` rule: the normalisers are the step's totals, summed over micro-batches and
+all-reduced over ranks *before* the first forward. The engine then undoes its own averaging:
+DeepSpeed divides each micro-batch loss by the gradient-accumulation steps and averages gradients
+over ranks, so the learner scales each returned loss by ``world_size × grad_accum_steps`` before
+``backward`` (or, equivalently, passes pre-divided normalisers as OpenRLHF does). The losses
+themselves never talk to other ranks.
 
 Sequence forms count a sequence as |o_i| tokens sharing its value (weight ``completion_length``
 over ``num_tokens``), which matches the per-token form exactly when every token of a sequence

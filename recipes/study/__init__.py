@@ -12,5 +12,15 @@ from recipes.study.config import CollapseRule, StudyConfig, load_study_config, r
 from recipes.study.report import load_study_dir, load_study_file, save_study_config, write_report
 from recipes.study.runner import StudyResult, run_study
 
-__all__ = ["CollapseRule", "StudyConfig", "StudyResult", "load_study_config", "load_study_dir", "load_study_file", "run_config",
-           "run_study", "save_study_config", "write_report"]
+__all__ = [
+    "CollapseRule",
+    "StudyConfig",
+    "StudyResult",
+    "load_study_config",
+    "load_study_dir",
+    "load_study_file",
+    "run_config",
+    "run_study",
+    "save_study_config",
+    "write_report",
+]

@@ -161,11 +161,13 @@ def run_table(runs: Sequence[RunSummary]) -> str:
     """One row per run: the numbers behind the method table."""
     head = ("| run | steps | pass@1 start → final (best) | reward EMA peak → final | collapse at step "
             "| max grad norm (× median) | max ratio | skipped |\n|---|---|---|---|---|---|---|---|\n")
-    rows = [f"| {r.method}/seed{r.seed}{'' if r.finished else f' ({r.status})'} | {r.steps} "
-            f"| {_num(100 * r.start_accuracy, 1)} → {_num(100 * r.final_accuracy, 1)} ({_num(100 * r.best_accuracy, 1)}) "
-            f"| {_num(r.peak_reward, 3)} → {_num(r.final_reward, 3)} | {r.collapse_step if r.collapsed else '-'} "
-            f"| {_num(r.grad_norm_max)} (× {_num(r.grad_spike, 1)}) | {_num(r.ratio_max, 1)} | {int(r.skipped_steps)} |"
-            for r in runs]
+    rows = [
+        f"| {r.method}/seed{r.seed}{'' if r.finished else f' ({r.status})'} | {r.steps} "
+        f"| {_num(100 * r.start_accuracy, 1)} → {_num(100 * r.final_accuracy, 1)} ({_num(100 * r.best_accuracy, 1)}) "
+        f"| {_num(r.peak_reward, 3)} → {_num(r.final_reward, 3)} | {r.collapse_step if r.collapsed else '-'} "
+        f"| {_num(r.grad_norm_max)} (× {_num(r.grad_spike, 1)}) | {_num(r.ratio_max, 1)} | {int(r.skipped_steps)} |"
+        for r in runs
+    ]
     return head + "\n".join(rows) + "\n"
 
 

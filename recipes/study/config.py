@@ -43,7 +43,9 @@ class ReportTarget(StrictModel):
     """Where the study also publishes its table and figure (a committed markdown file)."""
 
     markdown: Path = Field(Path("STUDY.md"), description="file holding a <!-- study:NAME --> section")
-    section: str = Field(description="NAME of the section replaced between <!-- study:NAME --> and <!-- /study:NAME -->")
+    section: str = Field(
+        description="NAME of the section replaced between <!-- study:NAME --> and <!-- /study:NAME -->"
+    )
     figure: Path = Field(description="where the figure is copied (a path the markdown links to)")
 
 
@@ -53,9 +55,14 @@ class StudyConfig(StrictModel):
     seeds: list[int] = Field(description="each method runs once per seed")
     warmstart_seed: int = Field(0, description="seed of the one warm start every run starts from")
     concurrency: int = Field(1, ge=1, description="runs at once, each with its own rollout worker and learner")
-    output_dir: Path = Field(Path("runs/study"), description="METHOD/seedN/metrics.jsonl, table.md, results.json, figure.png")
+    output_dir: Path = Field(
+        Path("runs/study"), description="METHOD/seedN/metrics.jsonl, table.md, results.json, figure.png"
+    )
     deadline_s: Optional[float] = Field(
-        None, gt=0, description="start no run after this many seconds from the start; unfinished runs are reported as such")
+        None,
+        gt=0,
+        description="start no run after this many seconds from the start; unfinished runs are reported as such",
+    )
     collapse: CollapseRule = Field(default_factory=CollapseRule)
     report: Optional[ReportTarget] = Field(None, description="also write the table and figure into a markdown file")
 
@@ -93,7 +100,9 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in update.items():
         old = out.get(key)
-        same_kind = isinstance(old, dict) and isinstance(value, dict) and old.get("name") == value.get("name", old.get("name"))
+        same_kind = (
+            isinstance(old, dict) and isinstance(value, dict) and old.get("name") == value.get("name", old.get("name"))
+        )
         out[key] = merge(old, value) if same_kind else value
     return out
 
@@ -104,9 +113,15 @@ def run_config(study: StudyConfig, method: str, seed: int, *, model_path: Option
     that directory (the shared warm start) instead of warm-starting itself."""
     data = merge(study.job, study.methods[method])
     run = dict(data.get("run", {}))
-    run.update(seed=seed, output_dir=str(study.output_dir / method / f"seed{seed}"), progress=False,
-               save_final_checkpoint=False, export_final=False, resume_from=None,
-               name=re.sub(r"[^A-Za-z0-9._-]", "-", f"{study.output_dir.name}-{method}-seed{seed}"))  # unique on the cluster
+    run.update(
+        seed=seed,
+        output_dir=str(study.output_dir / method / f"seed{seed}"),
+        progress=False,
+        save_final_checkpoint=False,
+        export_final=False,
+        resume_from=None,
+        name=re.sub(r"[^A-Za-z0-9._-]", "-", f"{study.output_dir.name}-{method}-seed{seed}"),
+    )  # unique on the cluster
     data["run"] = run
     if model_path is not None:
         data["model"] = {**{k: v for k, v in data["model"].items() if k not in ("preset", "preset_shape", "path")},

@@ -123,7 +123,8 @@ def write_report(study: StudyConfig, *, statuses: Optional[dict[tuple[str, int],
         f"Settings: {settings}.\n\n",
         method_table(methods),
         f"\nCollapse: the reward EMA (weight {rule.ema}) falls below {rule.fraction:.0%} of its peak (peak >= "
-        f"{rule.min_peak}) and stays there to the end, at least {rule.hold} steps. Accuracy in %, mean ± std over seeds; "
+        f"{rule.min_peak}) and stays there to the end, at least {rule.hold} steps. "
+        "Accuracy in %, mean ± std over seeds; "
         "grad norm: the largest pre-clip norm of any update, and its ratio to the run's median.\n",
         "\n" + run_table(runs),
     ]
@@ -149,7 +150,9 @@ def draw_figure(study: StudyConfig, runs: list[RunSummary], title: str) -> Optio
     note) when matplotlib is not installed."""
     from recipes.plot import load_run, plot_runs
 
-    curves = [load_run(study.output_dir / r.method / f"seed{r.seed}", f"{r.method}/seed{r.seed}", r.method) for r in runs]
+    curves = [
+        load_run(study.output_dir / r.method / f"seed{r.seed}", f"{r.method}/seed{r.seed}", r.method) for r in runs
+    ]
     try:
         plot_runs(curves, study.output_dir / "figure.png", title=title)
     except ImportError:

@@ -114,7 +114,9 @@ def run_denoising(
             if all_done:
                 break
             if n >= max_forwards:
-                raise RuntimeError(f"threshold decoding ran {n} forwards without finishing gen_length={canvas.gen_length}")
+                raise RuntimeError(
+                    f"threshold decoding ran {n} forwards without finishing gen_length={canvas.gen_length}"
+                )
             view = HostView(lo, hi, refresh=entered, forward=n, rows=rows)
     return _finish(state, eos_token_id, forwards=n, t0=t0)
 

@@ -92,8 +92,14 @@ class FullAttentionLogits:
         keep = slot[None, :] < (c.prompt_width + state.block_start)[:, None]  # [B, Lq]
         cache.set_slots(torch.where(keep, cache.scratch_slot, slot[None, :]), c.total_length)
         return forward_block_logits(
-            self.policy, c.ids[:, start:], attention_mask=self.mask[:, :, start:], position_ids=c.position_ids[:, start:],
-            logits_from=self.shift, offsets=self._offsets(state, view), block_length=self.block_length, cache=cache,
+            self.policy,
+            c.ids[:, start:],
+            attention_mask=self.mask[:, :, start:],
+            position_ids=c.position_ids[:, start:],
+            logits_from=self.shift,
+            offsets=self._offsets(state, view),
+            block_length=self.block_length,
+            cache=cache,
         )
 
     def _dual(self, state: DecodeState) -> torch.Tensor:

@@ -98,7 +98,9 @@ class DecodeState:
         x0, conf = choose_tokens(
             logits, temperature, generators, mask_token_id=self.mask_token_id, noise_dtype=noise_dtype, rows=rows
         )
-        scores = conf if remasking == "low_confidence" else random_scores(tuple(conf.shape), generators, conf.device, rows)
+        scores = (
+            conf if remasking == "low_confidence" else random_scores(tuple(conf.shape), generators, conf.device, rows)
+        )
         k = schedule[self.block_step.clamp(max=schedule.numel() - 1)]  # [B]
         commit = commit_mask(scores, masked, k=k, threshold=threshold)  # [B, Lb]
 

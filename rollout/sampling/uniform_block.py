@@ -80,7 +80,11 @@ class UniformCanvasLogits:
         rows = range(len(self.noise_generators)) if view.rows is None else view.rows
         for row in rows:
             noise[row] = torch.randint(
-                0, self.policy.vocab_size, (self.block_length,), generator=self.noise_generators[row], device=current.device
+                0,
+                self.policy.vocab_size,
+                (self.block_length,),
+                generator=self.noise_generators[row],
+                device=current.device,
             )
         return torch.where(current == self.policy.mask_token_id, noise, current)
 

@@ -5,9 +5,10 @@ time (target: η = 1 >= 1.6x η = 0).
 
 The job: a LLaDA-family preset at ~0.8B parameters (hidden 2048, 16 layers; the character
 vocabulary of the arithmetic task it is trained on), G = 16, 4 groups per step (one rollout
-request of 64 rows), μ = 2, elbo_mc with 2 masks, StableDRL; gen 32 in one block of 32 steps. Throughput = samples trained over steps
-3..N divided by the wall time they took (``time/step``: step end to step end; the first two steps
-hold the start-up and the pipeline fill). Both runs use one Ray instance, one after the other.
+request of 64 rows), μ = 2, elbo_mc with 2 masks, StableDRL; gen 32 in one block of 32 steps.
+Throughput = samples trained over steps 3..N divided by the wall time they took (``time/step``: step
+end to step end; the first two steps hold the start-up and the pipeline fill). Both runs use one Ray
+instance, one after the other.
 
     python tests/benchmarks/bench_async.py --out async.json          # 2 GPUs
     python tests/benchmarks/bench_async.py --tiny --out async.json   # CPU: tiny preset, gloo, object store
@@ -93,7 +94,9 @@ def main() -> None:
     if not gpus and not a.tiny:
         res.error("setup", RuntimeError("needs 2 GPUs (or --tiny on a CPU)"))
         raise SystemExit(1)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(bl.REPO), os.environ.get("PYTHONPATH")]))  # Ray workers
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(bl.REPO), os.environ.get("PYTHONPATH")])
+    )  # Ray workers
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a throw-away local instance, as in the tests
     import ray
 

@@ -59,10 +59,14 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--prompt", type=int, default=None, help="default 128; 16 with --tiny")
     ap.add_argument("--gen", type=int, default=None, help="default 256; 32 with --tiny")
     ap.add_argument("--block", type=int, default=4, help="the policy's block size (SDAR / TraDo: 4)")
-    ap.add_argument("--steps", default=None, help="comma list of steps per generation (default gen, gen/2; --quick: gen)")
+    ap.add_argument(
+        "--steps", default=None, help="comma list of steps per generation (default gen, gen/2; --quick: gen)"
+    )
     ap.add_argument("--temperature", type=float, default=0.9)
     ap.add_argument("--exact-batch", type=int, default=4)
-    ap.add_argument("--exact-gen", type=int, default=None, help="gen_length of the exactness runs (default 64; 16 tiny)")
+    ap.add_argument(
+        "--exact-gen", type=int, default=None, help="gen_length of the exactness runs (default 64; 16 tiny)"
+    )
     ap.add_argument("--exact-layers", type=int, default=4, help="layers of the fp32 exactness model")
     ap.add_argument("--quick", action="store_true", help=f"parts {QUICK_PARTS} only, fp32 exactness only")
     ap.add_argument("--parts", default=None, help=f"comma list of {PARTS} (default all; --quick: {QUICK_PARTS})")
@@ -85,7 +89,9 @@ def main() -> None:
     res = bl.Result("block_diffusion", a.out, vars(a))
     peak = bl.read_peak_tflops(a.peak_from)
     try:
-        policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev), block_size=a.block), dev)
+        policy, build_s = bl.timed(
+            lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev), block_size=a.block), dev
+        )
     except Exception as exc:  # nothing can run without the model
         res.error("model", exc)
         raise
@@ -144,8 +150,12 @@ def main() -> None:
             graphs, c = StepGraphs(), cfg(cuda_graph=True, **short)
             first = generate(policy, prompts, seeds, c, graphs)  # captures the short canvas's shape
             before = graphs.replays
-            table = bl.profile_run(lambda: generate(policy, prompts, seeds, c, graphs), dev, forwards=first.num_forwards)
-            res.put("graph_profile", {**table, "replays_profiled": graphs.replays - before, "captures": graphs.captures})
+            table = bl.profile_run(
+                lambda: generate(policy, prompts, seeds, c, graphs), dev, forwards=first.num_forwards
+            )
+            res.put(
+                "graph_profile", {**table, "replays_profiled": graphs.replays - before, "captures": graphs.captures}
+            )
             del graphs
             _free(dev)
     if "exactness" in parts:
@@ -181,7 +191,9 @@ def exactness(a, policy, prompts, seeds, cfg, dev: torch.device) -> dict:
 
 def agreement(policy, prompts, seeds, c: SamplerConfig, graphed: bool = False) -> dict:
     """Cached (exact cache) and, with ``graphed``, the CUDA-graph path vs reference tokens of one model."""
-    ref, ref_s = bl.timed(lambda: generate(policy, prompts, seeds, c.model_copy(update={"cache": "none"})), policy.device)
+    ref, ref_s = bl.timed(
+        lambda: generate(policy, prompts, seeds, c.model_copy(update={"cache": "none"})), policy.device
+    )
     got, got_s = bl.timed(lambda: generate(policy, prompts, seeds, c), policy.device)
     same = (got.completion_ids == ref.completion_ids).float()
     row = {"token_agreement": float(same.mean()), "rows_identical": int(same.all(dim=1).sum()),
@@ -204,12 +216,16 @@ def graphed_agreement(policy, prompts, seeds, c: SamplerConfig, ref) -> dict:
             p.mul_(1 + 0.5 * torch.rand(p.shape, generator=gen, device=p.device, dtype=p.dtype))
     ref2 = generate(policy, prompts, seeds, c.model_copy(update={"cache": "none"}))
     moved = generate(policy, prompts, seeds, g, graphs)
-    return {"graphed_token_agreement": float((first.completion_ids == ref.completion_ids).float().mean()),
-            "graphed_decode_steps_equal": bool(torch.equal(first.decode_step, ref.decode_step)),
-            "graphed_replay_identical": bool(torch.equal(again.completion_ids, first.completion_ids)),
-            "graphed_after_inplace_weights_agreement": float((moved.completion_ids == ref2.completion_ids).float().mean()),
-            "reference_changed_with_weights": not torch.equal(ref2.completion_ids, ref.completion_ids),
-            "graphed_captures": graphs.captures, "graphed_replays": graphs.replays, "graphed_reuses": graphs.reuses}
+    return {
+        "graphed_token_agreement": float((first.completion_ids == ref.completion_ids).float().mean()),
+        "graphed_decode_steps_equal": bool(torch.equal(first.decode_step, ref.decode_step)),
+        "graphed_replay_identical": bool(torch.equal(again.completion_ids, first.completion_ids)),
+        "graphed_after_inplace_weights_agreement": float((moved.completion_ids == ref2.completion_ids).float().mean()),
+        "reference_changed_with_weights": not torch.equal(ref2.completion_ids, ref.completion_ids),
+        "graphed_captures": graphs.captures,
+        "graphed_replays": graphs.replays,
+        "graphed_reuses": graphs.reuses,
+    }
 
 
 def generation_flops(sc: bl.ShapeCount, a: argparse.Namespace, steps: int, forwards: int) -> float:

@@ -106,8 +106,15 @@ class Bench:
         self.parallel_run: dict = {}  # the eager threshold run: seconds, tokens
 
     def cfg(self, **kw) -> SamplerConfig:
-        base = dict(gen_length=self.a.gen, block_length=self.a.block, steps=self.nblocks, temperature=self.a.temperature,
-                    cache="none", stop_at_eos=False, max_batch_size=max(self.a.batch, self.a.agree_batch))
+        base = dict(
+            gen_length=self.a.gen,
+            block_length=self.a.block,
+            steps=self.nblocks,
+            temperature=self.a.temperature,
+            cache="none",
+            stop_at_eos=False,
+            max_batch_size=max(self.a.batch, self.a.agree_batch),
+        )
         return SamplerConfig(**{**base, **kw})
 
     def run(self, cfg: SamplerConfig, rows: int | None = None):
@@ -143,7 +150,9 @@ class Bench:
     def profile_naive_step(self) -> tuple[float, dict]:
         """(model forward alone, ms) and the decode step alone (ms, float64 and float32 Gumbel noise)."""
         a, p = self.a, self.policy
-        canvas = build_canvas(self.prompts, a.gen, mask_token_id=p.mask_token_id, pad_token_id=p.pad_token_id, device=self.dev)
+        canvas = build_canvas(
+            self.prompts, a.gen, mask_token_id=p.mask_token_id, pad_token_id=p.pad_token_id, device=self.dev
+        )
         mask = full_mask(canvas.valid)
         with torch.inference_mode():
             def forward():
@@ -182,7 +191,9 @@ class Bench:
                 rows[s]["naive_tokens_per_s_extrapolated"] = a.batch * a.gen / (s * self.t_naive)
                 rows[s]["speedup_vs_naive_equal_steps"] = s * self.t_naive / secs
         model = self.cost_model()
-        self.res.put("cached", {"mode": "dual", "batch": a.batch, "temperature": a.temperature, "by_steps": rows, **model})
+        self.res.put(
+            "cached", {"mode": "dual", "batch": a.batch, "temperature": a.temperature, "by_steps": rows, **model}
+        )
 
     def cost_model(self) -> dict:
         if len(self.cached_s) < 2:
@@ -248,7 +259,9 @@ class Bench:
         """Scale the LM head by alpha so that the median top-1 probability over block 0's positions
         at the first step equals ``threshold``; returns (alpha, top-1 quantiles at alpha)."""
         a, p = self.a, self.policy
-        canvas = build_canvas(self.prompts, a.gen, mask_token_id=p.mask_token_id, pad_token_id=p.pad_token_id, device=self.dev)
+        canvas = build_canvas(
+            self.prompts, a.gen, mask_token_id=p.mask_token_id, pad_token_id=p.pad_token_id, device=self.dev
+        )
         with torch.inference_mode():
             logits = p(canvas.ids, attention_mask=full_mask(canvas.valid), position_ids=canvas.position_ids,
                        logits_from=a.prompt, logits_to=a.prompt + a.block).logits.float()  # [B, Lb, V]

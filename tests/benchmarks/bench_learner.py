@@ -9,9 +9,10 @@ k = 4: one of 4G; a k that does not divide groups_per_step rounds the step up to
 e.g. k = 3: 6 groups in 2 micro-batches of 3G; a comma list runs each k on the same engine,
 smallest first, parts suffixed ``_mb<k>``; bigger micro-batches feed bigger matrix products and pay
 the per-micro-batch costs (Python, ZeRO hooks, gradient copies) less often, for memory: a k that
-runs out of it is recorded and the larger ones are skipped); the loss re-estimates log-likelihoods with ``elbo_mc`` (2 Monte-Carlo
-masks, both in one forward of 2G rows, per-masked-token mean as released) and applies ``stabledrl``
-(C = 5) against behaviour estimates given with the batch; backward; clip; AdamW.
+runs out of it is recorded and the larger ones are skipped); the loss re-estimates log-likelihoods
+with ``elbo_mc`` (2 Monte-Carlo masks, both in one forward of 2G rows, per-masked-token mean as
+released) and applies ``stabledrl`` (C = 5) against behaviour estimates given with the batch;
+backward; clip; AdamW.
 
 Model FLOPs per micro-batch: F = one forward of 2G rows x 384 tokens (Linear layers, the head over
 the 256 completion positions, attention 384 x 384), training = 3F (forward + backward); with
@@ -28,9 +29,11 @@ The optimizer is the project's (learner/zero.build_optimizer: torch AdamW under 
 ``fused=True`` on CUDA since the 2026-11-26 1x H200 run measured it against foreach as stage
 ``2f``): it steps on DeepSpeed's flat fp32 partitions (one tensor per parameter group). Stage
 ``2t`` is a benchmark-only experiment on top of ZeRO-2 (the project's defaults stay in learner/):
-``overlap_comm`` (gradient bucket copies on a side stream, overlapped with the backward). ``--profile STAGE`` runs torch.profiler over one more step of that stage's
-first setting: wall vs GPU-busy time per step, the top kernels and host ops (what explains the
-rest of the step).
+``overlap_comm`` (gradient bucket copies on a side stream, overlapped with the backward).
+``--profile STAGE`` runs torch.profiler over one more step of that stage's first setting: wall vs
+GPU-busy time per step, the top kernels and host ops (what explains the rest of the step). Stages
+``2o`` and ``3o`` offload to the CPU as ``learner.deepspeed.offload_optimizer: cpu`` does (``3o``
+with ``offload_params: cpu`` too): the same step with the optimizer on the host.
 
     python tests/benchmarks/bench_learner.py --world 1 --peak-from matmul.json --out learner1.json
     python tests/benchmarks/bench_learner.py --world 2 --peak-from matmul.json --out learner2.json
@@ -54,7 +57,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--world", type=int, default=1, help="learner ranks (one GPU each)")
     ap.add_argument("--stages", default="2,3", help="comma list of 2, 3, 3t (ZeRO-3 tuned), "
-                    "2t (ZeRO-2 + overlap_comm); see above")
+                    "2t (ZeRO-2 + overlap_comm), 2o / 3o (CPU offload); see above")
     ap.add_argument("--profile", default=None, help="profile one step of this stage's first setting (e.g. 2t)")
     ap.add_argument("--micro-batch-groups", default="1", help="comma list of groups per micro-batch")
     ap.add_argument("--checkpointing", default="on,off", help="activation checkpointing settings, in order")
@@ -142,7 +145,9 @@ def merge(mbs: list[dict], k: int) -> list[dict]:
         batch = SequenceBatch(input_ids=torch.cat([m["batch"].input_ids for m in part]),
                               prompt_mask=torch.cat([m["batch"].prompt_mask for m in part]),
                               completion_mask=torch.cat([m["batch"].completion_mask for m in part]))
-        merged = {key: torch.cat([m[key] for m in part]) for key in ("seeds", "behaviour_logp", "advantages", "group_index")}
+        merged = {
+            key: torch.cat([m[key] for m in part]) for key in ("seeds", "behaviour_logp", "advantages", "group_index")
+        }
         out.append({"batch": batch, **merged, "counts": part[0]["counts"]})
     return out
 
@@ -191,7 +196,9 @@ def stabledrl_loss_fn(est_cfg, loss_cfg):
             group_index=mb["group_index"].to(dev), completion_length=mb["batch"].completion_mask.sum(1).to(dev),
             num_groups=groups, num_samples=samples, num_tokens=tokens,
         )
-        return compute_loss(inputs, loss_cfg)
+        # the engine's own train/loss, grad_norm and skipped count are what the benchmark reports;
+        # the loss's statistics (row means the engine would need weighted into shares) stay out
+        return compute_loss(inputs, loss_cfg).loss, {}
 
     return loss_fn
 
@@ -246,9 +253,11 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
     loss_fn = stabledrl_loss_fn(ElboMCConfig(num_draws=2, weighting="mean", masks="independent"), StableDrlLossConfig())
     policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev)), dev)
     sc = bl.count_shape(policy)
-    stage = int(stage_name.rstrip("t"))
+    stage = int(stage_name.rstrip("to"))
+    offload = {"offload_optimizer": "cpu", "offload_params": "cpu" if stage == 3 else "none"} \
+        if stage_name.endswith("o") else {}
     cfg = LearnerConfig(num_ranks=a.world, optimizer=OptimizerConfig(lr=1e-6),
-                        deepspeed=DeepSpeedConfig(zero_stage=stage, gradient_checkpointing=False))
+                        deepspeed=DeepSpeedConfig(zero_stage=stage, gradient_checkpointing=False, **offload))
     if stage_name == "3t":
         import learner.engine
 
@@ -321,6 +330,7 @@ def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, f
         "skipped_steps_total": last.get("train/skipped_total"), "loss": last.get("train/loss"),
         "grad_norm": last.get("train/grad_norm"),
         "deepspeed_zero": _zero_settings(engine),
+        "offload": {k: getattr(engine.cfg.deepspeed, k) for k in ("offload_optimizer", "offload_params")},
         "adamw": {key: engine.optimizer.defaults.get(key) for key in ("fused", "foreach")},
         "note": "each sequence is fed twice per step (2 masked views); model FLOPs count both",
     })

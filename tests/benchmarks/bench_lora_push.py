@@ -15,6 +15,19 @@ has its weights, and the receiver's extra memory; plus the same byte counts at L
 computed from the shape (bf16). Times on a shared CPU say little about a GPU; the bytes do.
 
     python tests/benchmarks/bench_lora_push.py --shape small --reps 3
+
+``--engine`` measures the project's own push end to end in one process on one device (the GPU
+measurement of issue 20): a ``LearnerEngine`` (1 rank, ZeRO-3) with LoRA at LLaDA-8B's shape
+(``--tiny``: the tiny LLaDA on the CPU) and a plain receiving policy beside it. For each
+``learner.lora.push`` (merged, adapters) the learner's seconds per push (draining
+``named_parameters_for_push``: the ZeRO-3 gathers, and for merged the merges), the bytes it
+yields, and the receiver's seconds to load them (a ParameterLoader; for adapters through the
+worker's AdapterMerger, which merges into its unmerged copy), median of ``--reps`` after a
+warm-up; the receiver ends with the same bits either way. The wire time is not included (the
+bytes set it: bench_push.py measures the broadcast).
+
+    python tests/benchmarks/bench_lora_push.py --engine --out lora_push.json            # 1 GPU
+    python tests/benchmarks/bench_lora_push.py --engine --tiny --reps 1 --out x.json    # CPU
 """
 from __future__ import annotations
 
@@ -41,7 +54,74 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--shape", choices=["tiny", "small"], default="small")
     ap.add_argument("--rank", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--engine", action="store_true", help="the LearnerEngine's push and the worker's load (above)")
+    ap.add_argument("--tiny", action="store_true", help="--engine: the tiny LLaDA on the CPU")
+    ap.add_argument("--out", default=None)
     return ap.parse_args()
+
+
+def engine_push(a: argparse.Namespace) -> None:
+    """``--engine`` (the module docstring)."""
+    from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
+    from common.transport.adapters import AdapterMerger
+    from learner.engine import LearnerEngine
+    from learner.group import init_learner_group
+
+    dev = bl.device()
+    dtype = bl.compute_dtype(dev)
+    shape = "tiny-llada" if a.tiny else "llada-8b"
+    res = bl.Result("lora_push", a.out, vars(a))
+    init_learner_group("127.0.0.1", free_port(), 0, 1, backend="nccl" if dev.type == "cuda" else "gloo", timeout_s=300)
+    lora = LoraConfig(rank=a.rank, alpha=a.rank / 2)
+    cfg = LearnerConfig(num_ranks=1, optimizer=OptimizerConfig(lr=1e-6), lora=lora,
+                        deepspeed=DeepSpeedConfig(zero_stage=3, param_persistence_threshold=0 if a.tiny else 100_000))
+    engine, init_s = bl.timed(lambda: LearnerEngine(bl.build_policy(shape, dev, dtype), cfg), dev)
+    receiver = bl.build_policy(shape, dev, dtype)  # the worker's plain policy: the same random weights (seed 0)
+    from deepspeed.runtime.zero import GatheredParameters
+
+    torch.manual_seed(0)
+    with GatheredParameters([m.lora_B for m in engine.adapted], modifier_rank=0), torch.no_grad():
+        for m in engine.adapted:  # trained adapters (B starts at 0): the merges change the weights
+            m.lora_B.normal_(0.0, 1e-3)
+    merger = AdapterMerger(receiver, lora.alpha / lora.rank)
+    res.put("setup", {"shape": shape, "rank": a.rank, "deepspeed_init_s": init_s,
+                      "targets": len(engine.adapted), "peak_memory_gib": bl.peak_memory_gib(dev)})
+    held = {}
+    for push in ("adapters", "merged"):  # adapters first: its copy of W is taken from the weights as loaded
+        with res.part(push, dev):
+            engine.cfg = engine.cfg.model_copy(update={"lora": lora.model_copy(update={"push": push})})
+
+            def learner_only() -> int:
+                return sum(t.numel() * t.element_size() for _, t in engine.named_parameters_for_push())
+
+            def learner_and_worker() -> None:
+                loader = ParameterLoader(receiver, partial=True)
+                load = merger.wrap(loader) if push == "adapters" else loader
+                for name, t in engine.named_parameters_for_push():
+                    load([(name, t)])
+                loader.finish()
+
+            wire = learner_only()  # warm-up
+            learner_and_worker()
+            learner_s = [bl.timed(learner_only, dev)[1] for _ in range(a.reps)]
+            both_s = [bl.timed(learner_and_worker, dev)[1] for _ in range(a.reps)]
+            held[push] = {n: p.detach().clone().cpu() for n, p in receiver.named_parameters() if n in merger.params and
+                          any(n == m.weight_name for m in engine.adapted)} if a.tiny else None
+            res.put(push, {"wire_gb": wire / 1e9, "learner_s": statistics.median(learner_s),
+                           "learner_s_all": learner_s, "learner_and_worker_s": statistics.median(both_s),
+                           "worker_s": max(0.0, statistics.median(both_s) - statistics.median(learner_s)),
+                           "worker_extra_gb": sum(t.numel() * t.element_size() for t in merger.base.values()) / 1e9,
+                           "peak_memory_gib": bl.peak_memory_gib(dev)})
+    parts = res.data["parts"]
+    if "merged" in parts and "adapters" in parts:
+        m, d = parts["merged"], parts["adapters"]
+        same = None if held.get("merged") is None else all(torch.equal(held["merged"][n], held["adapters"][n])
+                                                            for n in held["merged"])
+        res.put("ratio", {"bytes_merged_over_adapters": m["wire_gb"] / d["wire_gb"],
+                          "learner_s_merged_over_adapters": m["learner_s"] / d["learner_s"],
+                          "receiver_weights_equal": same})
+    if res.data["errors"]:
+        raise SystemExit(f"failed: {list(res.data['errors'])}")
 
 
 def push_seconds(prepare, receive_load, reps: int) -> tuple[float, float]:
@@ -81,6 +161,8 @@ def nbytes(named: list[tuple[str, torch.Tensor]]) -> int:
 
 def main() -> None:
     a = parse()
+    if a.engine:
+        return engine_push(a)
     shape = SMALL if a.shape == "small" else {k: v for k, v in bl.SHAPES["tiny-llada"].items() if k != "family"}
     learner = bl.build_policy("tiny-llada", torch.device("cpu"), torch.float32, **shape)
     receiver = bl.build_policy("tiny-llada", torch.device("cpu"), torch.float32, **shape)

@@ -30,8 +30,10 @@ def main() -> None:
 
     with res.part("matmul", dev):
         g = torch.Generator(dev).manual_seed(0)
-        pairs = [(torch.randn(n, n, device=dev, generator=g).to(dtype), torch.randn(n, n, device=dev, generator=g).to(dtype))
-                 for _ in range(2)]
+        pairs = [
+            (torch.randn(n, n, device=dev, generator=g).to(dtype), torch.randn(n, n, device=dev, generator=g).to(dtype))
+            for _ in range(2)
+        ]
         out = torch.empty(n, n, device=dev, dtype=dtype)
         state = {"i": 0}
 

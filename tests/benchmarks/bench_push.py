@@ -115,7 +115,9 @@ def rank_main(a: argparse.Namespace) -> None:
             for _, t in named:
                 dist.broadcast(t.data, src=0)
         secs = time_both(per_tensor, dev, a.reps)
-        res.put("raw_per_tensor", {"seconds": secs, "median_s": bl.median(secs), "gb_per_s": total / bl.median(secs) / 1e9})
+        res.put(
+            "raw_per_tensor", {"seconds": secs, "median_s": bl.median(secs), "gb_per_s": total / bl.median(secs) / 1e9}
+        )
     raw_best = bl.median(secs) if "raw_per_tensor" in res.data["parts"] else None
 
     for bucket_mb, port_push in zip([float(b) for b in a.bucket_mb.split(",")], push_ports):

@@ -119,7 +119,9 @@ def main() -> None:
             deadline = time.monotonic() + a.timeout_s  # the resume needs ~140 s at 8B (start-up, load, one step)
             budget = min(0.75 * a.timeout_s, a.timeout_s - 140) if a.resume_check else a.timeout_s
             with res.part("job"):
-                run_and_report(a, res, ["train", "--overwrite", "--config", a.config, *overrides], work / "run", "job", budget)
+                run_and_report(
+                    a, res, ["train", "--overwrite", "--config", a.config, *overrides], work / "run", "job", budget
+                )
             failed = [p for p in ("job",) if (res.data["parts"].get(p) or {}).get("rc", 1) != 0]
         if a.resume_check and not a.engine_only and "job" in res.data["parts"]:
             with res.part("resume"):  # one held-out prompt: the evaluation runs, briefly
@@ -170,7 +172,10 @@ def write_task_data(task: dict, work: Path) -> dict[str, Path]:
                 words.append(rng.choice(WORDS))
                 text = " ".join(words)
             answer = str(rng.randint(2, 999))
-            row = {columns["prompt"]: f"{text} ({i})?", columns["answer"]: f"the answer is \\boxed{{{answer}}} #### {answer}"}
+            row = {
+                columns["prompt"]: f"{text} ({i})?",
+                columns["answer"]: f"the answer is \\boxed{{{answer}}} #### {answer}",
+            }
             lines.append(json.dumps(row))
         path = work / f"{split}.jsonl"
         path.write_text("\n".join(lines) + "\n")
@@ -282,8 +287,16 @@ class GpuSampler:
 
         if shutil.which("nvidia-smi") and torch.cuda.is_available():
             self.proc = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu,memory.used", "--format=csv,noheader,nounits",
-                 "-lms", "200"], stdout=open(self.path, "w"), stderr=subprocess.DEVNULL)
+                [
+                    "nvidia-smi",
+                    "--query-gpu=timestamp,index,utilization.gpu,memory.used",
+                    "--format=csv,noheader,nounits",
+                    "-lms",
+                    "200",
+                ],
+                stdout=open(self.path, "w"),
+                stderr=subprocess.DEVNULL,
+            )
         return self
 
     def __exit__(self, *exc) -> None:

@@ -39,19 +39,61 @@ NOMINAL_H100_BF16_TFLOPS = 989.4  # H100 SXM / H200 dense bf16 (NVIDIA datasheet
 
 # Real shapes (random weights). head_dim = hidden / heads for all three.
 SHAPES: dict[str, dict[str, Any]] = {
-    "llada-8b": dict(family="llada", vocab_size=126464, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                     num_key_value_heads=32, intermediate_size=12288),
-    "sdar-8b": dict(family="sdar", vocab_size=151936, hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
-                    num_key_value_heads=8, intermediate_size=12288),
-    "qwen2-1.5b": dict(family="dream", vocab_size=151936, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
-                       num_key_value_heads=2, intermediate_size=8960),
+    "llada-8b": dict(
+        family="llada",
+        vocab_size=126464,
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        intermediate_size=12288,
+    ),
+    "sdar-8b": dict(
+        family="sdar",
+        vocab_size=151936,
+        hidden_size=4096,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=12288,
+    ),
+    "qwen2-1.5b": dict(
+        family="dream",
+        vocab_size=151936,
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+    ),
     # --tiny stand-ins: the same families and code paths at toy size (CPU validation)
-    "tiny-llada": dict(family="llada", vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=4, intermediate_size=128),
-    "tiny-sdar": dict(family="sdar", vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128),
-    "tiny-qwen2": dict(family="dream", vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, intermediate_size=128),
+    "tiny-llada": dict(
+        family="llada",
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=128,
+    ),
+    "tiny-sdar": dict(
+        family="sdar",
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+    ),
+    "tiny-qwen2": dict(
+        family="dream",
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+    ),
 }
 # special ids inside every vocabulary above (the char tokenizer's layout)
 MASK_ID, EOS_ID, PAD_ID, BOS_ID = 2, 1, 0, 3
@@ -120,8 +162,15 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def build_policy(shape_name: str, dev: torch.device, dtype: torch.dtype, *, seed: int = 0, block_size: Optional[int] = None,
-                 **overrides: int):
+def build_policy(
+    shape_name: str,
+    dev: torch.device,
+    dtype: torch.dtype,
+    *,
+    seed: int = 0,
+    block_size: Optional[int] = None,
+    **overrides: int,
+):
     """A random-initialised DiffusionPolicy of ``SHAPES[shape_name]`` (``overrides`` replace some of
     its dims, e.g. ``num_hidden_layers``), created on ``dev`` in ``dtype``: parameters are allocated
     and initialised there (transformers' own init, run on the device), so an 8B model costs
@@ -177,7 +226,9 @@ def count_shape(policy: torch.nn.Module) -> ShapeCount:
     )
     total = sum(p.numel() for p in policy.parameters())
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return ShapeCount(linear, head.numel(), embed.numel(), total, cfg.num_hidden_layers, cfg.num_attention_heads, head_dim)
+    return ShapeCount(
+        linear, head.numel(), embed.numel(), total, cfg.num_hidden_layers, cfg.num_attention_heads, head_dim
+    )
 
 
 def forward_flops(sc: ShapeCount, *, rows: int, query_len: int, key_len: float, logit_positions: int) -> float:

@@ -62,7 +62,12 @@ def token_ids(directory: Path) -> dict[str, int]:
     tokenizer = load_tokenizer(directory)
     mask, eos, pad = resolve_token_ids({}, tokenizer)
     bos = tokenizer.bos_token_id
-    return {"mask_token_id": mask, "eos_token_id": eos, "pad_token_id": pad, "bos_token_id": eos if bos is None else bos}
+    return {
+        "mask_token_id": mask,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+        "bos_token_id": eos if bos is None else bos,
+    }
 
 
 def released_layout(shape_name: str, ids: dict[str, int], vocab_size: int,

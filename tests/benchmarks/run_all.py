@@ -8,7 +8,7 @@ tests/benchmarks/results/ at the end. Jobs write their own JSON into a scratch d
 Schedule on a machine with 2+ GPUs (two lanes at once, then the jobs that need both GPUs):
 
     lane GPU 0:  matmul -> full_attention (targets 1-3)
-    lane GPU 1:  matmul -> block_diffusion -> learner_1gpu (targets 1, 4, 5)
+    lane GPU 1:  matmul -> block_diffusion -> lora_push -> learner_1gpu (targets 1, 4, 8, 5)
     then:        push -> async -> learner_2gpu (targets 6, 7, 5)
 
 With one GPU the lanes run one after the other and the 2-GPU jobs are skipped; on a CPU only
@@ -21,12 +21,16 @@ CUDA graphs; learner_1gpu: ZeRO-2 as the project runs it (fused AdamW on CUDA) a
 profiled step of 2t, on GPU 0 after full_attention; push: 2 repetitions). Combine with ``--only``
 to run the changed jobs alone; on one GPU:
 
-    source .whl/install.sh && DEADLINE_S=210 bash tests/benchmarks/run_gpu.sh --quick --only block_diffusion,learner_1gpu
-A job that fails or times out is recorded as such and the next one starts; a global deadline
+    source .whl/install.sh &&
+        DEADLINE_S=210 bash tests/benchmarks/run_gpu.sh --quick --only block_diffusion,learner_1gpu
+A job that fails or times out is recorded as such and the next one starts; a job that exits 0 but
+recorded a failed part (its ``errors``) or no result is ``failed`` too, and any failed, timed-out or
+deadline-skipped job makes the run exit 1 (a table of what did run is still written); a global deadline
 (``--deadline-s``) shortens the last timeouts so the whole run ends inside one device call.
 
     source .whl/install.sh && python3 tests/benchmarks/run_all.py            # GPU machine
     .venv/bin/python tests/benchmarks/run_all.py --tiny                      # CPU check
+    .venv/bin/python tests/benchmarks/run_all.py --rehearsal --no-copy       # what `make test` runs
 """
 from __future__ import annotations
 
@@ -67,22 +71,65 @@ class Job:
 QUICK = {
     "full_attention": (120, ["--quick"]),
     "block_diffusion": (120, ["--quick"]),
-    "learner_1gpu": (150, ["--stages", "2,2t", "--checkpointing", "off", "--micro-batch-groups", "2,3,4", "--steps", "2",
-                           "--profile", "2t"]),
+    "learner_1gpu": (
+        150,
+        [
+            "--stages",
+            "2,2t",
+            "--checkpointing",
+            "off",
+            "--micro-batch-groups",
+            "2,3,4",
+            "--steps",
+            "2",
+            "--profile",
+            "2t",
+        ],
+    ),
     "push": (45, ["--reps", "2"]),
 }
 
 
-def plan(n_gpus: int, tiny: bool, work: Path, quick: bool = False) -> tuple[list[list[Job]], list[Job], dict[str, str]]:
+# --rehearsal (the CPU check that `make test` runs: tests/benchmarks/test_rehearsal.py): every job of the
+# plan, at the tiny shapes, with the fewest repetitions that still run each of its code paths (after
+# --quick's arguments; the last of a repeated flag wins)
+REHEARSAL = {
+    "matmul_gpu0": ["--reps", "3"],
+    "matmul_gpu1": ["--reps", "3"],
+    "learner_1gpu": [
+        "--stages",
+        "2,3o",
+        "--checkpointing",
+        "on",
+        "--micro-batch-groups",
+        "2",
+        "--steps",
+        "1",
+        "--profile",
+        "2",
+    ],
+    "learner_2gpu": ["--stages", "3", "--checkpointing", "off", "--steps", "1"],
+    "push": ["--reps", "1"],
+    "async": ["--steps", "2", "--skip", "1"],
+    "lora_push": ["--reps", "1", "--rank", "4"],
+}
+
+
+def plan(n_gpus: int, tiny: bool, work: Path, quick: bool = False, rehearsal: bool = False
+         ) -> tuple[list[list[Job]], list[Job], dict[str, str]]:
     """(parallel lanes, jobs after the lanes, skipped job -> reason)."""
+    tiny, quick = tiny or rehearsal, quick or rehearsal
     t = ["--tiny"] if tiny else []
-    scale = 1.5 if tiny else 1.0  # a shared 2-core CPU is slower than a GPU at toy shapes
+    # a shared 2-core CPU is slower than a GPU at toy shapes; a rehearsal in a test run shares it with more
+    scale = 3.0 if rehearsal else 1.5 if tiny else 1.0
     skipped: dict[str, str] = {}
 
     def job(name, script, gpus, timeout, extra=(), peak=None):
         if quick and name in QUICK:
             timeout, more = QUICK[name]
             extra = [*extra, *more]
+        if rehearsal:
+            extra = [*extra, *REHEARSAL.get(name, [])]
         return Job(name, script, [*t, *extra, "--out", str(work / f"{name}.json")], gpus, timeout * scale, peak)
 
     if n_gpus >= 2 or (n_gpus == 0 and tiny):
@@ -92,6 +139,7 @@ def plan(n_gpus: int, tiny: bool, work: Path, quick: bool = False) -> tuple[list
                  job("full_attention", "bench_full_attention.py", g0, 300, peak="matmul_gpu0")]
         lane1 = [job("matmul_gpu1", "bench_matmul.py", g1, 90),
                  job("block_diffusion", "bench_block_diffusion.py", g1, 180, peak="matmul_gpu1"),
+                 job("lora_push", "bench_lora_push.py", g1, 240, ["--engine"]),
                  job("learner_1gpu", "bench_learner.py", g1, 240, ["--world", "1"], peak="matmul_gpu1")]
         after = [job("push", "bench_push.py", both, 150), job("async", "bench_async.py", both, 240),
                  job("learner_2gpu", "bench_learner.py", both, 240, ["--world", "2"], peak="matmul_gpu0")]
@@ -105,6 +153,7 @@ def plan(n_gpus: int, tiny: bool, work: Path, quick: bool = False) -> tuple[list
         lane = [job("matmul_gpu0", "bench_matmul.py", [0], 90),
                 job("full_attention", "bench_full_attention.py", [0], 300, peak="matmul_gpu0"),
                 job("block_diffusion", "bench_block_diffusion.py", [0], 180, peak="matmul_gpu0"),
+                job("lora_push", "bench_lora_push.py", [0], 240, ["--engine"]),
                 job("learner_1gpu", "bench_learner.py", [0], 240, ["--world", "1"], peak="matmul_gpu0")]
         for name in ("learner_2gpu", "push", "async"):
             skipped[name] = "needs 2 GPUs"
@@ -171,12 +220,23 @@ class Runner:
             rc, status = proc.wait(), "timeout"
         reader.join(timeout=10)
         wall = time.monotonic() - start
+        result = self._read(job)
+        status = job_status(status, result)
         job.record = {"status": status, "rc": rc, "wall_s": round(wall, 1), "timeout_s": round(timeout, 1),
-                      "result": self._read(job)}
-        errors = (job.record["result"] or {}).get("errors") or {}
+                      "result": result}
+        errors = (result or {}).get("errors") or {}
         self.say(f"END {job.name}: {status} (rc {rc}) in {wall:.0f} s"
-                 + (f"; failed parts: {', '.join(errors)}" if errors else ""))
+                 + (f"; failed parts: {', '.join(errors)}" if errors else "")
+                 + ("; wrote no result" if result is None else ""))
         self.snapshot()
+
+    def failures(self) -> dict[str, str]:
+        """Every job that did not finish cleanly, with its status: failed, timeout, or skipped for
+        the deadline or a dependency that did not finish (a job left out by the plan or by --only
+        is not a failure). The run exits non-zero when this is not empty."""
+        out = {name: job.record.get("status", "not run") for name, job in self.jobs.items()
+               if job.record.get("status") != "ok"}
+        return {name: status for name, status in out.items() if name not in self.skipped}
 
     def snapshot(self) -> tuple[dict, str]:
         """Write results.json and table.md as they stand (after every job, and at the end)."""
@@ -221,6 +281,14 @@ class Runner:
             return None
 
 
+def job_status(status: str, result: dict | None) -> str:
+    """A job that exited 0 is ``ok`` only if it wrote its result and no part of it failed: a part
+    whose error the script recorded and carried on from makes the job ``failed`` all the same."""
+    if status == "ok" and (result is None or (result.get("errors") or {})):
+        return "failed"
+    return status
+
+
 def _write(path: Path, text: str) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
@@ -240,11 +308,15 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=None, help="the whole run ends within this (510; --quick 190)")
     ap.add_argument("--only", default=None, help="comma list of job names to run (others skipped)")
     ap.add_argument("--quick", action="store_true", help="the short re-measure (see the module docstring)")
+    ap.add_argument("--rehearsal", action="store_true",
+                    help="every job at the tiny shapes with the fewest repetitions (the CPU check `make test` runs)")
+    ap.add_argument("--no-copy", action="store_true", help="no dated copy under tests/benchmarks/results/ (tests)")
     ap.add_argument("--gpus", type=int, default=None,
                     help="GPUs to schedule for (default: all visible); with --tiny on a CPU, --gpus 1 rehearses the "
                     "one-GPU schedule")
     a = ap.parse_args()
-    a.deadline_s = a.deadline_s or (190.0 if a.quick else 510.0)
+    a.tiny = a.tiny or a.rehearsal
+    a.deadline_s = a.deadline_s or (1200.0 if a.rehearsal else 190.0 if a.quick else 510.0)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     import torch  # no CUDA context in this process: device_count reads the driver only
@@ -257,14 +329,19 @@ def main() -> None:
     runner = Runner(out, a.deadline_s, n_gpus, a.tiny)
     runner.say(f"stabledrl benchmarks: {n_gpus} GPU(s), torch {torch.__version__}, tiny={a.tiny}, quick={a.quick}, "
                f"deadline {a.deadline_s:.0f} s, out={out}")
-    lanes, after, skipped = select(*plan(n_gpus, a.tiny, runner.work, a.quick), a.only)
+    lanes, after, skipped = select(*plan(n_gpus, a.tiny, runner.work, a.quick, a.rehearsal), a.only)
     runner.skipped = skipped
     runner.run_plan(lanes, after)
-    finish(runner)
+    finish(runner, copy=not a.no_copy)
+    failed = runner.failures()
+    if failed:
+        runner.say("FAILED: " + ", ".join(f"{name} ({status})" for name, status in failed.items()))
+        sys.exit(1)
 
 
-def stop_group(proc: subprocess.Popen, ladder: tuple[tuple[int, float], ...] = ((signal.SIGTERM, 10), (signal.SIGKILL, 10))
-               ) -> None:
+def stop_group(
+    proc: subprocess.Popen, ladder: tuple[tuple[int, float], ...] = ((signal.SIGTERM, 10), (signal.SIGKILL, 10))
+) -> None:
     """Signal ``proc``'s process group (the job and the processes it started) with each signal of
     ``ladder`` in turn, waiting its seconds, until the process has exited."""
     for sig, wait in ladder:
@@ -278,7 +355,7 @@ def stop_group(proc: subprocess.Popen, ladder: tuple[tuple[int, float], ...] = (
             continue
 
 
-def finish(runner: Runner) -> None:
+def finish(runner: Runner, copy: bool = True) -> None:
     """The final results.json and table.md (the table is printed last), and the dated copies."""
     import report
 
@@ -287,7 +364,7 @@ def finish(runner: Runner) -> None:
     card = report.card_slug(data)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M")
     RESULTS.mkdir(exist_ok=True)
-    if runner.out.resolve() != RESULTS.resolve():
+    if copy and runner.out.resolve() != RESULTS.resolve():
         shutil.copy(runner.out / "results.json", RESULTS / f"{stamp}_{card}.json")
         shutil.copy(runner.out / "table.md", RESULTS / f"{stamp}_{card}.md")
     runner.say(f"wrote {runner.out}/results.json, table.md, run.log (copies: {RESULTS}/{stamp}_{card}.*)")

@@ -1,9 +1,10 @@
 """The system benchmark of issues 11 and 15 in one device call: random 8B checkpoints, the
 denominators (matmul rate, raw broadcast, the rollout engine alone), then the shipped configs as
 real jobs, in priority order, each part in its own process with its own timeout inside a global
-deadline. After every part ``--out`` ($OUT) holds ``results.json`` (every part's full record),
-``summary.md`` (the targets and each job's per-actor table) and ``run.log`` (all output): a call
-cut short keeps what it measured.
+deadline. A part that fails (its exit code, or a sub-part it recorded as failed), times out or is
+skipped for one that did not finish makes the run exit 1. After every part ``--out`` ($OUT) holds
+``results.json`` (every part's full record), ``summary.md`` (the targets and each job's per-actor
+table) and ``run.log`` (all output): a call cut short keeps what it measured.
 
 4 GPUs (the stand-in of the 8-GPU configs: 3 learner ranks + 1 rollout worker, since 2 ZeRO-3
 ranks of 8B with AdamW need ~64 GiB each before activations):
@@ -226,17 +227,24 @@ def summary(data: dict) -> str:
         gib = (got(model_gib[name] + short, "write") or {}).get("gib")
         raw_here = raw * gib / raw_gib if raw and gib and raw_gib else None
         busy = ", ".join(f"{a} {_f(v.get('gpu_busy_fraction'), '{:.0%}')}" for a, v in f["actors"].items())
-        lines += [f"| {name}: learner MFU (perf/mfu at the measured rate) | {_f(f.get('learner_mfu'), '{:.1%}')} | >= 40% |",
-                  f"| {name}: in-job push / raw broadcast of the same {_f(gib, '{:.1f}')} GiB | {_f(push_med, '{:.3f}')} s / "
-                  f"{_f(raw_here, '{:.3f}')} s = {_f(push_med / raw_here if push_med and raw_here else None, '{:.1f}')}x | <= 2x |",
-                  f"| {name}: step after the checkpoint / plain step (wall; training) | "
-                  f"{_f(f.get('step_after_checkpoint_ratio'), '{:.2f}')}x; {_f(f.get('train_after_checkpoint_ratio'), '{:.2f}')}x"
-                  " | <= 1.2x |",
-                  f"| {name}: GPU busy per actor | {busy} | >= 70% each |"]
+        lines += [
+            f"| {name}: learner MFU (perf/mfu at the measured rate) | {_f(f.get('learner_mfu'), '{:.1%}')} | >= 40% |",
+            f"| {name}: in-job push / raw broadcast of the same {_f(gib, '{:.1f}')} GiB | {_f(push_med, '{:.3f}')} s / "
+            f"{_f(raw_here, '{:.3f}')} s = "
+            f"{_f(push_med / raw_here if push_med and raw_here else None, '{:.1f}')}x | <= 2x |",
+            f"| {name}: step after the checkpoint / plain step (wall; training) | "
+            f"{_f(f.get('step_after_checkpoint_ratio'), '{:.2f}')}x; "
+            f"{_f(f.get('train_after_checkpoint_ratio'), '{:.2f}')}x"
+            " | <= 1.2x |",
+            f"| {name}: GPU busy per actor | {busy} | >= 70% each |",
+        ]
         if name == "system_llada":
             rate = f.get("rollout_tokens_per_s_generating")
-            lines.append(f"| {name}: rollout tokens/s in the job / engine alone | {_f(rate, '{:.0f}')} / {_f(engine, '{:.0f}')} = "
-                         f"{_f(rate / engine if rate and engine else None, '{:.0%}')} | >= 70% |")
+            lines.append(
+                f"| {name}: rollout tokens/s in the job / engine alone | "
+                f"{_f(rate, '{:.0f}')} / {_f(engine, '{:.0f}')} = "
+                f"{_f(rate / engine if rate and engine else None, '{:.0%}')} | >= 70% |"
+            )
         verdict = got(name, "resume_check") or {}
         lines.append(f"| {name}: `train --resume` continued from the checkpoint | {verdict.get('continued')} "
                      f"(resumed at {verdict.get('resumed_at_step')}, last step {verdict.get('last_step')}) | yes |")
@@ -255,9 +263,12 @@ def summary(data: dict) -> str:
     for name in [n for n in parts if n.startswith("variant_")]:
         f = got(name, "job", "figures") or {}
         if f.get("steps"):
-            lines.append(f"| {name} ({', '.join(VARIANTS.get(name, []))}): learner step, MFU | "
-                         f"{_f(f.get('train_s_median'), '{:.1f}')} s, {_f(f.get('learner_mfu'), '{:.1%}')} (shipped: "
-                         f"{_f(base.get('train_s_median'), '{:.1f}')} s, {_f(base.get('learner_mfu'), '{:.1%}')}) | the faster wins |")
+            lines.append(
+                f"| {name} ({', '.join(VARIANTS.get(name, []))}): learner step, MFU | "
+                f"{_f(f.get('train_s_median'), '{:.1f}')} s, {_f(f.get('learner_mfu'), '{:.1%}')} (shipped: "
+                f"{_f(base.get('train_s_median'), '{:.1f}')} s, "
+                f"{_f(base.get('learner_mfu'), '{:.1%}')}) | the faster wins |"
+            )
     for name in [n for n in parts if n.startswith(("system_", "lora_", "variant_"))]:
         for part in ("job", "resume"):
             figures = got(name, part, "figures")
@@ -268,9 +279,12 @@ def summary(data: dict) -> str:
                     lines.append(f"problems: {problems}")
         for prof in got(name, "job", "learner_profile") or []:
             top = ", ".join(f"{k['name'][:40]} {k['share_of_busy']:.0%}" for k in (prof.get("top_kernels") or [])[:5])
-            lines.append(f"\nlearner rank {prof['rank']} step {prof['step']} under torch.profiler: {prof['wall_s']:.1f} s wall, "
-                         f"device busy {_f(prof.get('device_busy_fraction'), '{:.0%}')}, {prof['kernels']} kernels, "
-                         f"{prof['host_aten_ops']} host ops; top kernels: {top or 'n/a (CPU)'}")
+            lines.append(
+                f"\nlearner rank {prof['rank']} step {prof['step']} under torch.profiler "
+                f"({prof.get('window', 'whole step')}): {prof['wall_s']:.1f} s wall, "
+                f"device busy {_f(prof.get('device_busy_fraction'), '{:.0%}')}, {prof['kernels']} kernels, "
+                f"{prof['host_aten_ops']} host ops; top kernels: {top or 'n/a (CPU)'}"
+            )
     return "\n".join(lines)
 
 
@@ -328,6 +342,10 @@ def main() -> None:
     _, text = runner.snapshot()
     runner.say(f"wrote {out}/results.json, summary.md, run.log")
     print("\n" + text, flush=True)
+    failed = runner.failures()
+    if failed:
+        runner.say("FAILED: " + ", ".join(f"{name} ({status})" for name, status in failed.items()))
+        sys.exit(1)
 
 
 def scratch(tiny: bool) -> Path:

@@ -146,24 +146,40 @@ def markdown(name: str, f: dict[str, Any]) -> str:
     def num(x, fmt="{:.2f}"):
         return "n/a" if x is None else fmt.format(x)
 
-    lines = [f"### {name}", "",
-             f"steps {f['steps']} (timed {f['timed_steps']}); first step after {num(f['first_step_s'], '{:.1f}')} s; "
-             f"step {num(f['step_s_median'])} s, train {num(f['train_s_median'])} s (medians); "
-             f"{num(f['samples_per_s'])} samples/s; learner MFU {num(f['learner_mfu'], '{:.1%}')} of "
-             f"{num(f['learner_mfu_against_tflops'], '{:.3g}')} TFLOP/s; rollout {num(f['rollout_tokens_per_s_generating'], '{:.0f}')} "
-             f"tokens/s per worker while generating ({num(f['rollout_tokens_per_forward'])} tokens/forward); "
-             f"push {', '.join(num(p) for p in f['push_s'])} s"
-             + (f" (per step: {', '.join(f'{k} {v:.2f}' for k, v in f['push_by_actor_s'].items())} s)"
-                if f.get("push_by_actor_s") else "")
-             + "".join(f"; learner peak {kind.upper()} GB {', '.join(f'{r} {v:.1f}' for r, v in f[key].items())}"
-                       for kind, key in (("gpu", "learner_peak_gpu_gb"), ("rss", "learner_peak_rss_gb")) if f.get(key))
-             + (f"; step after the checkpoint {num(f.get('step_after_checkpoint_ratio'))}x a plain one"
-                if "step_after_checkpoint_ratio" in f else ""), "",
-             "| actor | GPU | busy | GPU busy | peak GiB (torch / smi) | seconds per activity (timed steps) |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"### {name}",
+        "",
+        f"steps {f['steps']} (timed {f['timed_steps']}); first step after {num(f['first_step_s'], '{:.1f}')} s; "
+        f"step {num(f['step_s_median'])} s, train {num(f['train_s_median'])} s (medians); "
+        f"{num(f['samples_per_s'])} samples/s; learner MFU {num(f['learner_mfu'], '{:.1%}')} of "
+        f"{num(f['learner_mfu_against_tflops'], '{:.3g}')} TFLOP/s; "
+        f"rollout {num(f['rollout_tokens_per_s_generating'], '{:.0f}')} "
+        f"tokens/s per worker while generating ({num(f['rollout_tokens_per_forward'])} tokens/forward); "
+        f"push {', '.join(num(p) for p in f['push_s'])} s"
+        + (
+            f" (per step: {', '.join(f'{k} {v:.2f}' for k, v in f['push_by_actor_s'].items())} s)"
+            if f.get("push_by_actor_s")
+            else ""
+        )
+        + "".join(
+            f"; learner peak {kind.upper()} GB {', '.join(f'{r} {v:.1f}' for r, v in f[key].items())}"
+            for kind, key in (("gpu", "learner_peak_gpu_gb"), ("rss", "learner_peak_rss_gb"))
+            if f.get(key)
+        )
+        + (
+            f"; step after the checkpoint {num(f.get('step_after_checkpoint_ratio'))}x a plain one"
+            if "step_after_checkpoint_ratio" in f
+            else ""
+        ),
+        "",
+        "| actor | GPU | busy | GPU busy | peak GiB (torch / smi) | seconds per activity (timed steps) |",
+        "|---|---|---|---|---|---|",
+    ]
     for actor, a in f["actors"].items():
         acts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(a["seconds"].items(), key=lambda kv: -kv[1]))
-        lines.append(f"| {actor} | {num(a['gpu'], '{:.0f}')} | {num(a['busy_fraction'], '{:.0%}')} | "
-                     f"{num(a.get('gpu_busy_fraction'), '{:.0%}')} | {num(a['peak_memory_gib'], '{:.1f}')} / "
-                     f"{num(a.get('gpu_memory_used_max_gib'), '{:.1f}')} | {acts}, idle {a['idle_s']:.1f} of {a['wall_s']:.1f} |")
+        lines.append(
+            f"| {actor} | {num(a['gpu'], '{:.0f}')} | {num(a['busy_fraction'], '{:.0%}')} | "
+            f"{num(a.get('gpu_busy_fraction'), '{:.0%}')} | {num(a['peak_memory_gib'], '{:.1f}')} / "
+            f"{num(a.get('gpu_memory_used_max_gib'), '{:.1f}')} | {acts}, idle {a['idle_s']:.1f} of {a['wall_s']:.1f} |"
+        )
     return "\n".join(lines) + "\n"

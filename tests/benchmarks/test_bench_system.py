@@ -44,6 +44,7 @@ def test_tiny_system_benchmark_reports_every_actor_and_resumes(tmp_path):
     assert [s["step"] for s in f["per_step"]] == [1, 2, 3]
     profile = job["learner_profile"][0]  # learner rank 0's 2nd step under torch.profiler
     assert profile["step"] == 2 and profile["wall_s"] > 0 and profile["top_host_ops"]
+    assert profile["forwards_profiled"] == 1 <= profile["forwards_in_step"]  # a window, not the whole step
     resume = data["parts"]["resume_check"]
     assert resume == {"resumed_at_step": 2, "expected": 2, "last_step": 3, "continued": True}
     assert data["parts"]["resume"]["problems"] == []

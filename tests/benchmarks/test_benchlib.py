@@ -78,7 +78,9 @@ def test_learner_step_is_three_forwards_of_both_masks():
     sc = no_attention(bl.count_shape(p))
     a = argparse.Namespace(groups_per_step=1, world=1, group_size=4, prompt=8, gen=16)
     mb = bln.micro_batches(a, 0, p.vocab_size)[0]
-    loss_fn = bln.stabledrl_loss_fn(ElboMCConfig(num_draws=2, weighting="mean", masks="independent"), StableDrlLossConfig())
+    loss_fn = bln.stabledrl_loss_fn(
+        ElboMCConfig(num_draws=2, weighting="mean", masks="independent"), StableDrlLossConfig()
+    )
 
     def step():
         loss, _ = loss_fn(p, mb)

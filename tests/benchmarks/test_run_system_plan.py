@@ -51,7 +51,9 @@ def test_the_tiny_rehearsal_of_the_two_gpu_plan_runs_on_the_cpu_with_one_layer(t
                          devices=False)
     short, system, lora = chosen
     assert lanes == [] and all(p.gpus == [] for p in chosen) and arg(short, "--layers") == "1"
-    assert "--tiny" in system.args and arg(system, "--ranks") == "1" and arg(system, "--model-dir") == arg(short, "--dir")
+    assert (
+        "--tiny" in system.args and arg(system, "--ranks") == "1" and arg(system, "--model-dir") == arg(short, "--dir")
+    )
     assert arg(lora, "--model-dir") != arg(short, "--dir")
 
 

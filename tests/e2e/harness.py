@@ -175,9 +175,16 @@ def recording_learner(records: Path, *, die_rank: Optional[int] = None, die_vers
                 os.kill(os.getpid(), signal.SIGKILL)
             out = super().train(groups, version, group_offset)
             checksum = sum(float(p.detach().double().sum()) for p in self.engine.module.parameters())
-            append(records / f"learner_rank{self.rank}.jsonl",
-                   {"rank": self.rank, "version": version, "checksum": checksum, "skipped": out.metrics["train/skipped"],
-                    "sample_ids": [s.sample_id for g in groups for s in g.samples]})
+            append(
+                records / f"learner_rank{self.rank}.jsonl",
+                {
+                    "rank": self.rank,
+                    "version": version,
+                    "checksum": checksum,
+                    "skipped": out.metrics["train/skipped"],
+                    "sample_ids": [s.sample_id for g in groups for s in g.samples],
+                },
+            )
             return out
 
     return RecordingLearner

@@ -121,9 +121,11 @@ def test_a_reward_that_always_fails_stops_the_job_naming_it(tmp_path):
         if proc.poll() is None:
             proc.kill()
     text = log.read_text()
-    assert re.search(rf"stabledrl: job failed: custom reward {reward}:score failed on (\d+) of \1 calls \(\1 exception\), "
-                     r"more than task.reward.max_failed_fraction = 0.5: the job stops instead of training on zeros", text), \
-        text[-3000:]
+    assert re.search(
+        rf"stabledrl: job failed: custom reward {reward}:score failed on (\d+) of \1 calls \(\1 exception\), "
+        r"more than task.reward.max_failed_fraction = 0.5: the job stops instead of training on zeros",
+        text,
+    ), text[-3000:]
     assert "reward sandbox: " in text  # how rewards are confined, said once
 
 

@@ -49,7 +49,9 @@ def operator(cluster, driver: Driver, records: Path, events: dict) -> None:
     if not wait_until(lambda: getattr(fleet.get(1), "state", None) == "active", "worker 1 active", events):
         return
     (records / "worker1_active").touch()
-    if not wait_until(lambda: any(e.worker == 1 for b in driver.batches for e in b), "a batch with worker 1's groups", events):
+    if not wait_until(
+        lambda: any(e.worker == 1 for b in driver.batches for e in b), "a batch with worker 1's groups", events
+    ):
         return
     cluster.remove_node(node)
     events["removed_at_step"] = len(driver.history)

@@ -14,10 +14,11 @@ A second run with the same config suffers two faults:
 ``stabledrl train --resume RUN_DIR`` then continues from the step-2 checkpoint (an epoch
 boundary). Steps 1-3 of the faulty run and steps 3-4 of the resumed one equal the reference, to
 the sample ids each learner rank trained on (and so do steps 3-4 resumed from the reference's own
-checkpoint at another shape: 1 learner rank at ZeRO-3, 1 rollout worker, to fp32 rounding); step 3 (the NaN) is skipped, counted, and leaves the
-weights bit-identical. A worker that keeps dying fails the job after rollout.max_restarts, named
-(model-free stub actors: only the coordinator's logic and real process deaths are under test);
-a learner rank that stalls in a collective makes the others time out, and the stalled one is named.
+checkpoint at another shape: 1 learner rank at ZeRO-3, 1 rollout worker, to fp32 rounding); step 3
+(the NaN) is skipped, counted, and leaves the weights bit-identical. A worker that keeps dying fails
+the job after rollout.max_restarts, named (model-free stub actors: only the coordinator's logic and
+real process deaths are under test); a learner rank that stalls in a collective makes the others
+time out, and the stalled one is named.
 """
 from __future__ import annotations
 
@@ -74,8 +75,13 @@ def faulty(cluster, task, tmp_path_factory):
     out = tmp_path_factory.mktemp("faulty")
     records = tmp_path_factory.mktemp("faulty_records")
     rollout = recording_rollout(records, nan_uids=frozenset({NAN_UID}), die_on_call=3, die_index=1, hold_index=0)
-    driver = Driver(config(out, task), rollout_cls=rollout, learner_cls=recording_learner(records, die_rank=1, die_version=3),
-                    log=lambda s: None, record_batches=True)
+    driver = Driver(
+        config(out, task),
+        rollout_cls=rollout,
+        learner_cls=recording_learner(records, die_rank=1, die_version=3),
+        log=lambda s: None,
+        record_batches=True,
+    )
     driver.setup()
     try:
         with pytest.raises(ActorFailure) as failure:
@@ -179,7 +185,9 @@ def test_a_resume_on_another_learner_shape_and_fleet_continues_the_run(reference
         weights = ray.get(driver.actors.learners[0].weights.remote(), timeout=120)
     finally:
         driver.close()
-    assert any("re-sharded: written by 2 learner ranks (ZeRO-2), loaded into 1 (ZeRO-3)" in line for line in lines), lines
+    assert any("re-sharded: written by 2 learner ranks (ZeRO-2), loaded into 1 (ZeRO-3)" in line for line in lines), (
+        lines
+    )
     assert [r["version"] for r in driver.history] == [3.0, 4.0]
     for got, want in zip(driver.history, ref_driver.history[2:]):
         for key in DETERMINISTIC:
@@ -190,7 +198,9 @@ def test_a_resume_on_another_learner_shape_and_fleet_continues_the_run(reference
     ref, after = by_version(read_records(ref_records, "learner_")), by_version(read_records(tmp_path, "learner_"))
     assert sorted(after) == [2, 3]
     for version, records in after.items():
-        assert sorted(s for r in records for s in r["sample_ids"]) == sorted(s for r in ref[version] for s in r["sample_ids"])
+        assert sorted(s for r in records for s in r["sample_ids"]) == sorted(
+            s for r in ref[version] for s in r["sample_ids"]
+        )
     assert driver.stream.cursor == ref_driver.stream.cursor
 
 
@@ -213,7 +223,10 @@ def test_bad_rows_and_failing_rewards_are_counted_in_the_metrics(reference):
     last = driver.history[-1]
     assert last["rollout/reward_calls/calls"] == 4 * 16  # every sample trained on was scored once
     assert last["rollout/reward_calls/exception"] > 0 and last["rollout/reward_calls/non_number"] > 0
-    assert last["rollout/reward_calls/failed"] == last["rollout/reward_calls/exception"] + last["rollout/reward_calls/non_number"]
+    assert (
+        last["rollout/reward_calls/failed"]
+        == last["rollout/reward_calls/exception"] + last["rollout/reward_calls/non_number"]
+    )
 
 
 def test_the_export_loads_with_transformers_and_gives_the_learners_logits(reference):

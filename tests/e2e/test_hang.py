@@ -48,7 +48,9 @@ def freezing_rollout(records):
                 os.kill(os.getpid(), signal.SIGSTOP)
 
         def evaluate(self, rows, *args, **kwargs):
-            append(records / f"rollout_{os.getpid()}.jsonl", {"worker": self.index, "pid": os.getpid(), "eval": len(rows)})
+            append(
+                records / f"rollout_{os.getpid()}.jsonl", {"worker": self.index, "pid": os.getpid(), "eval": len(rows)}
+            )
             self.freeze("eval", index=1)
             return super().evaluate(rows, *args, **kwargs)
 
@@ -113,9 +115,15 @@ def test_a_worker_frozen_in_the_protocol_evaluation_is_replaced_and_its_units_ru
     records = tmp_path / "records"
     records.mkdir()
     gsm = tmp_path / "gsm.jsonl"
-    gsm.write_text("".join(json.dumps({"question": f"Ann has {i} pens.", "answer": f"#### {i}"}) + "\n" for i in range(4)))
-    protocol = {"benchmarks": {"gsm8k": {"source": {"kind": "file", "path": str(gsm), "columns": {"prompt": "question"}}}},
-                "gen_lengths": [8], "block_length": 4, "batch_size": 1}
+    gsm.write_text(
+        "".join(json.dumps({"question": f"Ann has {i} pens.", "answer": f"#### {i}"}) + "\n" for i in range(4))
+    )
+    protocol = {
+        "benchmarks": {"gsm8k": {"source": {"kind": "file", "path": str(gsm), "columns": {"prompt": "question"}}}},
+        "gen_lengths": [8],
+        "block_length": 4,
+        "batch_size": 1,
+    }
 
     class FreezingInProtocol(harness.InspectedRollout):
         def complete(self, prompts, seeds, sampler):

@@ -268,7 +268,9 @@ def test_checkpoint_resume_equals_uninterrupted(ranks, stage, tmp_path):
     saved = gathered(ranks)
     client = {"version": 1, "cursor": 17}
     assert ray.get([a.save.remote(str(tmp_path), client) for a in ranks]) == ["step1", "step1"]
-    write_state(tmp_path / "step1", {"format": FORMAT, "step": 1, "config": {}, "parameter_shapes": {}})  # as the job does
+    write_state(
+        tmp_path / "step1", {"format": FORMAT, "step": 1, "config": {}, "parameter_shapes": {}}
+    )  # as the job does
     uninterrupted = step(ranks, shard(STEP2))
     expected = gathered(ranks)
 

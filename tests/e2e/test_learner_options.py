@@ -74,6 +74,12 @@ class LearnerRank:
         named = gathered_named_parameters(self.engine.module, self.engine.cfg.deepspeed.zero_stage, 1 << 20, True)
         return {n: t.to("cpu", copy=True) for n, t in named}
 
+    def offload(self) -> dict:
+        """Whether DeepSpeed runs the optimizer (and the parameters) offloaded to the host."""
+        engine = self.engine.engine
+        return {"optimizer": bool(engine.zero_cpu_offload()),
+                "params": bool(engine.zero_optimization_stage() == 3 and engine.zero_offload_param())}
+
     def adam_elements(self) -> int:
         """Elements of this rank's Adam first moments (its partition of the trained parameters)."""
         return sum(s["exp_avg"].numel() for s in self.engine.optimizer.state.values())
@@ -146,6 +152,32 @@ def test_the_updates_use_the_scheduled_lr(ranks):
     assert error < 1e-5, f"the engine's weights differ from AdamW at the scheduled lrs by {error:.2e}"
 
 
+@pytest.mark.parametrize("stage, params", [(2, "none"), (3, "cpu")])
+def test_cpu_offload_trains_as_adamw_does(ranks, stage, params):
+    """learner.deepspeed.offload_optimizer: cpu (ZeRO-2; ZeRO-3 with offload_params: cpu too): the
+    master weights and moments live on the host and torch's AdamW steps there; 3 full-parameter
+    updates equal AdamW's in this process."""
+    opt = dict(lr=1e-2, eps=1e-3, weight_decay=0.1, grad_clip=0.0)
+    cfg = LearnerConfig(num_ranks=2, optimizer=OptimizerConfig(**opt),
+                        deepspeed=DeepSpeedConfig(zero_stage=stage, dtype="fp32", param_persistence_threshold=0,
+                                                  offload_optimizer="cpu", offload_params=params))
+    build(ranks, cfg)
+    offloaded = ray.get(ranks[0].offload.remote())
+    assert offloaded == {"optimizer": True, "params": params == "cpu"}
+    reference = build_tiny_policy("llada", vocab_size=VOCAB, seed=0).train()
+    from learner.zero import build_optimizer
+
+    adam = build_optimizer(reference, cfg.optimizer)
+    for k in range(3):
+        assert step(ranks, k)["train/skipped"] == 0.0
+        adam.zero_grad()
+        sum(ce_loss(reference, mb)[0] for r in range(2) for mb in micro_batches(k, r)).backward()
+        adam.step()
+    learner = raw_weights(ranks)
+    error = max(float((learner[n] - p.detach()).abs().max()) for n, p in reference.named_parameters())
+    assert error < 1e-5, f"the offloaded engine's weights differ from AdamW by {error:.2e}"
+
+
 @pytest.mark.parametrize("stage, family", [(2, "llada"), (3, "llada"), (3, "dream")])
 def test_lora_training_changes_only_the_adapters(ranks, stage, family):
     build(ranks, learner_config(stage), family)
@@ -171,7 +203,9 @@ def test_a_lora_checkpoint_resumes_exactly(ranks, stage, tmp_path):
     step(ranks, 0)
     saved = raw_weights(ranks)
     assert ray.get([r.save.remote(str(tmp_path)) for r in ranks]) == ["step1", "step1"]
-    write_state(tmp_path / "step1", {"format": FORMAT, "step": 1, "config": {}, "parameter_shapes": {}})  # as the job does
+    write_state(
+        tmp_path / "step1", {"format": FORMAT, "step": 1, "config": {}, "parameter_shapes": {}}
+    )  # as the job does
     uninterrupted = [step(ranks, k) for k in (1, 2)]
     expected = raw_weights(ranks)
 
@@ -216,11 +250,15 @@ class LoraRollout(RolloutWorker):
             return self.engine.policy(ids, logits_from=1).logits.float()
 
 
-@pytest.mark.parametrize("family, backend", [("llada", "object_store"), ("dream", "gloo")])
-def test_a_lora_job_pushes_merged_matrices_and_exports_the_merged_model(cluster, tmp_path, family, backend):
+@pytest.mark.parametrize("family, backend, push", [("llada", "object_store", "merged"), ("dream", "gloo", "adapters")])
+def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tmp_path, family, backend, push):
+    """``push: merged``: the merged adapted matrices travel; ``adapters`` (the default): only A and
+    B, which the workers merge into their unmerged copy (the gloo push is received at the first
+    push, which builds the group, and staged at the second)."""
     cfg = harness.job_config(
         tmp_path, model={"preset": f"tiny-{family}"},
-        learner={"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0}, "lora": LORA.model_dump()},
+        learner={"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0},
+                 "lora": {**LORA.model_dump(), "push": push}},
         weights={"backend": backend}, run={"steps": 2})
     from coordinator.driver import Driver
 
@@ -251,12 +289,20 @@ def test_a_lora_job_pushes_merged_matrices_and_exports_the_merged_model(cluster,
     initial, _ = load_policy(cfg.model)
     initial_logits = initial(PROBE, logits_from=1).logits
     adapted = {f"{n}.weight" for n, m in initial.named_modules() if n.rsplit(".", 1)[-1] in LORA.target_modules}
-    assert set(pushed) == adapted  # the push carries the adapted matrices and nothing else
+    if push == "merged":
+        assert set(pushed) == adapted  # the push carries the adapted matrices and nothing else
+    else:  # A [r, in] and B [out, r] of every adapted module, and nothing else
+        assert set(pushed) == {n[: -len(".weight")] + s for n in adapted for s in (".lora_A", ".lora_B")}
+        shapes = dict(initial.named_parameters())
+        for name in adapted:
+            a, b = pushed[name[: -len(".weight")] + ".lora_A"], pushed[name[: -len(".weight")] + ".lora_B"]
+            assert a.shape == (LORA.rank, shapes[name].shape[1]) and b.shape == (shapes[name].shape[0], LORA.rank)
+        assert sum(t.numel() for t in pushed.values()) < 0.5 * sum(shapes[n].numel() for n in adapted)
     for version, weights in workers:
         assert version == cfg.run.steps
         for name, p in initial.named_parameters():
-            if name in adapted:
-                assert torch.equal(weights[name], pushed[name]) and not torch.equal(p, pushed[name])
+            if name in adapted:  # merged on the learner or on the worker: the export's bits
+                assert torch.equal(weights[name], exported[name]) and not torch.equal(p, exported[name])
             else:
                 assert torch.equal(weights[name], p), f"{name} is frozen and was not pushed, yet it changed"
     for logits in worker_logits:  # the learner runs W·x + s·B·(A·x), a worker (W + s·B·A)·x
@@ -274,8 +320,13 @@ def test_a_lora_job_pushes_merged_matrices_and_exports_the_merged_model(cluster,
     model, _ = load_policy(cfg.model.model_copy(update={"path": tmp_path / "final_model", "preset": None}))
     assert {n: p for n, p in model.named_parameters()}.keys() == exported.keys()
     assert all(torch.equal(p, exported[n]) for n, p in model.named_parameters())
-    assert all(torch.equal(exported[n], pushed[n]) for n in pushed)
+    assert push == "adapters" or all(torch.equal(exported[n], pushed[n]) for n in pushed)
     torch.testing.assert_close(model(PROBE, logits_from=1).logits, learner_logits, rtol=1e-4, atol=1e-5)
+
+
+class MergedLearner(LearnerWorker):
+    def weights(self):
+        return self.engine.state_dict_for_export()  # rank 0: every weight of the merged policy (collective)
 
 
 def test_a_resumed_lora_job_repeats_the_uninterrupted_one(cluster, tmp_path):
@@ -289,9 +340,10 @@ def test_a_resumed_lora_job_repeats_the_uninterrupted_one(cluster, tmp_path):
                      "optimizer": {"lr": 1e-2, "schedule": "linear"}},
             run={"steps": 3, "checkpoint_every": 2, **run})
 
-    straight, straight_weights, _ = harness.run_driver(config(tmp_path / "straight"))
+    straight, straight_weights, _ = harness.run_driver(config(tmp_path / "straight"), learner_cls=MergedLearner)
     resumed, weights, workers = harness.run_driver(
-        config(tmp_path / "resumed", resume_from=tmp_path / "straight" / "checkpoints"), workers=True)
+        config(tmp_path / "resumed", resume_from=tmp_path / "straight" / "checkpoints"), learner_cls=MergedLearner,
+        workers=True)
     assert [r["version"] for r in resumed.history] == [3.0]
     for key in (*harness.DETERMINISTIC, "train/lr"):
         assert resumed.history[0][key] == straight.history[2][key], key

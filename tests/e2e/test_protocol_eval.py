@@ -70,8 +70,11 @@ def forced_loader(answers):
 
 def benchmark_files(root: Path) -> dict:
     root.mkdir(parents=True, exist_ok=True)
-    (root / "gsm.jsonl").write_text("".join(json.dumps({"question": f"Ann has {i} pens. How many?", "answer": f"#### {i}"})
-                                            + "\n" for i in range(5)))
+    (root / "gsm.jsonl").write_text(
+        "".join(
+            json.dumps({"question": f"Ann has {i} pens. How many?", "answer": f"#### {i}"}) + "\n" for i in range(5)
+        )
+    )
     (root / "math.jsonl").write_text(json.dumps({"problem": "Halve 1.", "answer": "\\frac{1}{2}"}) + "\n"
                                      + json.dumps({"problem": "Add 2 and 2.", "answer": "4"}) + "\n")
     (root / "cd.jsonl").write_text(json.dumps({"input": "49,55,53", "output": "51"}) + "\n")

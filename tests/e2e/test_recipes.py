@@ -47,15 +47,19 @@ def data_overrides(name: str, root: Path) -> list[str]:
     gsm = write_jsonl(root / "gsm.jsonl", [{"question": f"What is {a} plus {b}?", "answer": f"{a}+{b}\n#### {a + b}"}
                                            for a, b in ((2, 3), (4, 1), (6, 2), (1, 1))])
     if "trado" in name:
-        train = write_jsonl(root / "math_train.jsonl", [{"question": f"What is {a}+{a}?", "ground_truth_answer": str(2 * a)}
-                                                        for a in range(1, 5)])
+        train = write_jsonl(
+            root / "math_train.jsonl",
+            [{"question": f"What is {a}+{a}?", "ground_truth_answer": str(2 * a)} for a in range(1, 5)],
+        )
         held = write_jsonl(root / "math500.jsonl", [{"problem": "What is 1+1?", "answer": "2"},
                                                     {"problem": "What is 3+3?", "answer": "6"}])
         return [f"task.source={file(train, prompt='question', answer='ground_truth_answer')}",
                 f"task.held_out_source={file(held, prompt='problem', answer='answer')}", "eval.num_prompts=2"]
     if "math" in name:
-        math = write_jsonl(root / "math.jsonl", [{"problem": f"What is {a}+{a}?", "solution": f"It is $\\boxed{{{2 * a}}}$."}
-                                                 for a in range(1, 5)])
+        math = write_jsonl(
+            root / "math.jsonl",
+            [{"problem": f"What is {a}+{a}?", "solution": f"It is $\\boxed{{{2 * a}}}$."} for a in range(1, 5)],
+        )
         return [f"task.source={file(math, prompt='problem', answer='solution')}",
                 "eval.protocol.benchmarks=" + json.dumps({"math500": {"source": json.loads(file(math, prompt="problem",
                                                                                              answer="solution")),
@@ -91,8 +95,10 @@ def test_a_recipe_trains_two_steps_on_cpu_with_its_chat_template(cluster, tmp_pa
     cfg = load_job_config(ROOT / "deploy" / "configs" / name,
                           shape_overrides(name, model, tmp_path / "run") + data_overrides(name, tmp_path))
     for section in ("estimator", "loss"):  # the method runs as shipped (the SPG masks follow the tiny blocks)
-        assert cfg.model_dump()[section] == {**shipped.model_dump()[section],
-                                             **({"block_length": 8} if section == "estimator" and "stabledrl" in name else {})}
+        assert cfg.model_dump()[section] == {
+            **shipped.model_dump()[section],
+            **({"block_length": 8} if section == "estimator" and "stabledrl" in name else {}),
+        }
     schedule = cfg.learner.optimizer.model_dump(exclude={"total_updates"})  # a decay spans the (2-step) run
     assert schedule == shipped.learner.optimizer.model_dump(exclude={"total_updates"})
     assert cfg.learner.lora == shipped.learner.lora

@@ -62,7 +62,9 @@ def operator(driver: Driver, records: Path, events: dict) -> None:
     if not wait_until(lambda: getattr(fleet.get(2), "state", None) in ("syncing", "active"), "worker 2 up", events):
         return
     (records / "worker2_up").touch()
-    if not wait_until(lambda: any(e.worker == 2 for b in driver.batches for e in b), "a batch with worker 2's groups", events):
+    if not wait_until(
+        lambda: any(e.worker == 2 for b in driver.batches for e in b), "a batch with worker 2's groups", events
+    ):
         return
     events["down"] = scale(NAME, 1)[0]
     events["down_at_step"] = len(driver.history)

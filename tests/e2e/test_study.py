@@ -36,19 +36,42 @@ TRAINED = ("rollout/reward_mean", "train/loss", "train/grad_norm_max", "train/ra
 
 def tiny_study(tmp_path: Path) -> StudyConfig:
     job = {
-        "model": {"preset": "tiny-llada", "preset_shape": {"hidden_size": 32, "intermediate_size": 64,
-                                                            "num_hidden_layers": 1, "num_attention_heads": 2,
-                                                            "num_key_value_heads": 2}},
-        "task": {"name": "arithmetic", "digits": 1, "terms": 2, "operators": ["+"], "held_out": 24,
-                 "source": {"kind": "generated", "n": 100}, "reward": {"format_weight": 0.1}},
+        "model": {
+            "preset": "tiny-llada",
+            "preset_shape": {
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 2,
+            },
+        },
+        "task": {
+            "name": "arithmetic",
+            "digits": 1,
+            "terms": 2,
+            "operators": ["+"],
+            "held_out": 24,
+            "source": {"kind": "generated", "n": 100},
+            "reward": {"format_weight": 0.1},
+        },
         "warmstart": {"steps": 40, "batch_size": 32, "lr": 3e-3, "cache_dir": str(tmp_path / "cache")},
         "sampler": {"gen_length": 4, "block_length": 4, "steps": 4, "temperature": 1.0},
         "estimator": {"name": "elbo_mc", "num_draws": 1, "weighting": "mean", "masks": "independent"},
         "loss": {"name": "stabledrl"},
-        "algorithm": {"group_size": 4, "groups_per_step": 2, "inner_iterations": 2, "max_staleness": 0},  # η = 0: deterministic
+        "algorithm": {
+            "group_size": 4,
+            "groups_per_step": 2,
+            "inner_iterations": 2,
+            "max_staleness": 0,
+        },  # η = 0: deterministic
         "rollout": {"num_workers": 1, "prompts_per_request": 2, "request_timeout_s": 120},
-        "learner": {"num_ranks": 1, "dist_timeout_s": 120, "optimizer": {"lr": 1e-3},
-                    "deepspeed": {"zero_stage": 2, "dtype": "fp32"}},
+        "learner": {
+            "num_ranks": 1,
+            "dist_timeout_s": 120,
+            "optimizer": {"lr": 1e-3},
+            "deepspeed": {"zero_stage": 2, "dtype": "fp32"},
+        },
         "cluster": {"learner": {"num_cpus": 0.5}, "rollout": {"num_cpus": 0.5}, "start_timeout_s": 240},
         "weights": {"timeout_s": 120},
         "eval": {"every": 2, "num_prompts": 24, "samples_per_prompt": 2},

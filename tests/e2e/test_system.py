@@ -61,7 +61,11 @@ def slow_rollout(metrics_path: Path, total_steps: int) -> type:
                 target = min(self.version() + 2, total_steps)
                 deadline = time.monotonic() + 120
                 while time.monotonic() < deadline:
-                    steps = [r["step"] for r in read_metrics(metrics_path) if "train/loss" in r] if metrics_path.exists() else []
+                    steps = (
+                        [r["step"] for r in read_metrics(metrics_path) if "train/loss" in r]
+                        if metrics_path.exists()
+                        else []
+                    )
                     if steps and max(steps) >= target:
                         break
                     time.sleep(0.05)

@@ -104,7 +104,9 @@ class GpuReceiver:
     def __init__(self) -> None:
         from rollout.engine import TorchRolloutEngine
 
-        self.engine = TorchRolloutEngine(build_tiny_policy("llada", vocab_size=VOCAB, seed=1, dtype=torch.bfloat16).cuda())
+        self.engine = TorchRolloutEngine(
+            build_tiny_policy("llada", vocab_size=VOCAB, seed=1, dtype=torch.bfloat16).cuda()
+        )
 
     def setup_push(self, cfg, **kwargs) -> None:
         from common.transport import setup_weight_push

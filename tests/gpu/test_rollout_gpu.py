@@ -55,7 +55,10 @@ def test_full_attention_caches_agree_on_each_rows_first_step():
     llada = policy("llada", torch.float32)
     cfg = SamplerConfig(gen_length=32, block_length=8, steps=16, temperature=0.0, stop_at_eos=False)
     rows, seeds = prompts(5), torch.arange(5)
-    outs = {mode: generate(llada, rows, seeds, cfg.model_copy(update={"cache": mode})) for mode in ("none", "prefix", "dual")}
+    outs = {
+        mode: generate(llada, rows, seeds, cfg.model_copy(update={"cache": mode}))
+        for mode in ("none", "prefix", "dual")
+    }
     first = outs["none"].decode_step == 0  # [B, C] tokens committed by the first (full) forward
     assert first.any()
     for mode in ("prefix", "dual"):
@@ -66,7 +69,9 @@ def test_full_attention_caches_agree_on_each_rows_first_step():
 def test_full_attention_bf16_decodes_the_whole_canvas(mode):
     llada = policy("llada", torch.bfloat16)
     rows, seeds = prompts(4), torch.arange(4)
-    fixed = generate(llada, rows, seeds, SamplerConfig(gen_length=32, block_length=8, steps=16, cache=mode, stop_at_eos=False))
+    fixed = generate(
+        llada, rows, seeds, SamplerConfig(gen_length=32, block_length=8, steps=16, cache=mode, stop_at_eos=False)
+    )
     assert fixed.num_forwards == 16 and not (fixed.completion_ids == llada.mask_token_id).any()
     parallel = generate(llada, rows, seeds, SamplerConfig(gen_length=32, block_length=8, steps=None, threshold=0.9,
                                                           cache=mode, stop_at_eos=False))

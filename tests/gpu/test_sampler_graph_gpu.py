@@ -33,7 +33,9 @@ def sdar(seed: int = 0, dtype=torch.float32):
 
 
 def cfg(**kw) -> SamplerConfig:
-    return SamplerConfig(**{**dict(gen_length=32, block_length=None, steps=32, temperature=0.9, stop_at_eos=False), **kw})
+    return SamplerConfig(
+        **{**dict(gen_length=32, block_length=None, steps=32, temperature=0.9, stop_at_eos=False), **kw}
+    )
 
 
 def same_tokens(a, b) -> bool:

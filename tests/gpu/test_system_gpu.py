@@ -37,24 +37,50 @@ class InspectedRollout(RolloutWorker):
 
 def job_config(output_dir, ranks: int, workers: int) -> JobConfig:
     gpu = {"num_cpus": 1, "num_gpus": 1}
-    return validate(JobConfig, {
-        "model": {"preset": "tiny-llada", "dtype": "bfloat16",
-                  "preset_shape": {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4,
-                                   "num_attention_heads": 8, "num_key_value_heads": 8}},
-        "task": {"name": "arithmetic", "held_out": 32, "source": {"kind": "generated", "n": 2000}},
-        "sampler": {"gen_length": 8, "block_length": 8, "steps": 8, "temperature": 1.0},
-        "estimator": {"name": "block_random", "block_length": 8, "num_draws": 2},
-        "loss": {"name": "stabledrl"},
-        "algorithm": {"group_size": 8, "groups_per_step": 4, "inner_iterations": 2, "max_staleness": 1},
-        "rollout": {"num_workers": workers, "prompts_per_request": 2, "requests_per_worker": 1, "request_timeout_s": 300},
-        "learner": {"num_ranks": ranks, "dist_timeout_s": 300, "optimizer": {"lr": 1e-4},
-                    "deepspeed": {"zero_stage": 3, "dtype": "bf16", "param_persistence_threshold": 0}},
-        "cluster": {"learner": gpu, "rollout": gpu, "start_timeout_s": 600},
-        "weights": {"backend": "nccl", "timeout_s": 300, "bucket_mb": 1},  # 1 MiB: several buckets per push
-        "eval": {"num_prompts": 32},
-        "run": {"steps": 4, "seed": 0, "output_dir": str(output_dir), "progress": False, "tensorboard": False,
-                "save_final_checkpoint": False},
-    })
+    return validate(
+        JobConfig,
+        {
+            "model": {
+                "preset": "tiny-llada",
+                "dtype": "bfloat16",
+                "preset_shape": {
+                    "hidden_size": 512,
+                    "intermediate_size": 1408,
+                    "num_hidden_layers": 4,
+                    "num_attention_heads": 8,
+                    "num_key_value_heads": 8,
+                },
+            },
+            "task": {"name": "arithmetic", "held_out": 32, "source": {"kind": "generated", "n": 2000}},
+            "sampler": {"gen_length": 8, "block_length": 8, "steps": 8, "temperature": 1.0},
+            "estimator": {"name": "block_random", "block_length": 8, "num_draws": 2},
+            "loss": {"name": "stabledrl"},
+            "algorithm": {"group_size": 8, "groups_per_step": 4, "inner_iterations": 2, "max_staleness": 1},
+            "rollout": {
+                "num_workers": workers,
+                "prompts_per_request": 2,
+                "requests_per_worker": 1,
+                "request_timeout_s": 300,
+            },
+            "learner": {
+                "num_ranks": ranks,
+                "dist_timeout_s": 300,
+                "optimizer": {"lr": 1e-4},
+                "deepspeed": {"zero_stage": 3, "dtype": "bf16", "param_persistence_threshold": 0},
+            },
+            "cluster": {"learner": gpu, "rollout": gpu, "start_timeout_s": 600},
+            "weights": {"backend": "nccl", "timeout_s": 300, "bucket_mb": 1},  # 1 MiB: several buckets per push
+            "eval": {"num_prompts": 32},
+            "run": {
+                "steps": 4,
+                "seed": 0,
+                "output_dir": str(output_dir),
+                "progress": False,
+                "tensorboard": False,
+                "save_final_checkpoint": False,
+            },
+        },
+    )
 
 
 @pytest.fixture(scope="module")

@@ -121,8 +121,11 @@ class Sim:
 
     def started(self, command: ev.StartWorker) -> list[Any]:
         self.open.remove(command)
-        return self.send(ev.WorkerStarted(command.call, {"node_id": f"node{command.worker}", "pid": 200 + command.worker,
-                                                          "parameters": 1000}))
+        return self.send(
+            ev.WorkerStarted(
+                command.call, {"node_id": f"node{command.worker}", "pid": 200 + command.worker, "parameters": 1000}
+            )
+        )
 
     def step(self) -> None:
         """Every rollout back, the step trained, its weights out, the poll answered."""

@@ -47,15 +47,22 @@ def text_ids(text: str) -> list[int]:
 # (for Dream and SDAR / TraDo also what their RL recipes' hand-written prompts hold).
 EXPECTED = {
     "llada": (
-        ("<|startoftext|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-        "<|start_header_id|>user<|end_header_id|>\n\nQ: What is 2+3?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
-        ("<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nQ: What is 2+3?<|eot_id|>"
-        "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+        (
+            "<|startoftext|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nQ: What is 2+3?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        ),
+        (
+            "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nQ: What is 2+3?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        ),
     ),
     "dream": (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nQ: What is 2+3?<|im_end|>\n<|im_start|>assistant\n",
-        ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nQ: What is 2+3?<|im_end|>\n"
-        "<|im_start|>assistant\n"),
+        (
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nQ: What is 2+3?<|im_end|>\n"
+            "<|im_start|>assistant\n"
+        ),
     ),
     "sdar": (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nQ: What is 2+3?<|im_end|>\n<|im_start|>assistant\n",
@@ -86,7 +93,14 @@ def test_qwen_style_ids_carry_im_markers_at_the_released_ids(tokenizers, family,
     im_start, im_end = 151644, 151645
     ids = prompt_ids(tokenizers[family], task(), ROW)
     system = [im_start] + text_ids("system\nYou are a helpful assistant.") + [im_end] + text_ids("\n")
-    turn = [im_start] + text_ids("user\nQ: What is 2+3?") + [im_end] + text_ids("\n") + [im_start] + text_ids("assistant\n")
+    turn = (
+        [im_start]
+        + text_ids("user\nQ: What is 2+3?")
+        + [im_end]
+        + text_ids("\n")
+        + [im_start]
+        + text_ids("assistant\n")
+    )
     assert ids == (system if family == "dream" else []) + turn
     assert tokenizers[family].mask_token_id == mask and mask not in ids
 
@@ -100,7 +114,9 @@ def test_plain_tokenizer_and_the_off_switch_encode_the_rendered_text(tokenizers)
         prompt_ids(char, task(chat_template="on"), ROW)
 
 
-@pytest.mark.parametrize("family,marker", [("llada", "<|start_header_id|>"), ("dream", "<|im_start|>"), ("sdar", "<|im_end|>")])
+@pytest.mark.parametrize(
+    "family,marker", [("llada", "<|start_header_id|>"), ("dream", "<|im_start|>"), ("sdar", "<|im_end|>")]
+)
 def test_content_that_is_already_templated_is_refused(tokenizers, family, marker):
     templated = Row(prompt_id="t", prompt=f"{marker}user\nWhat is 2+3?", answer="5")
     with pytest.raises(PromptError, match="already contains the special token"):
@@ -167,9 +183,14 @@ def test_release_tokenizer_files_load_with_the_released_ids(tmp_path, family):
     assert max(tok.get_vocab().values()) < spec.vocab_size == {"llada": 126464, "dream": 152064, "sdar": 151936}[family]
     mask, eos, pad = resolve_token_ids({}, tok)
     assert (mask, eos, pad) == (spec.ids["mask_token_id"], spec.ids["eos_token_id"], spec.ids["pad_token_id"])
-    assert {c: tok.convert_tokens_to_ids(c) for c, _ in spec.added.values()} == {c: i for i, (c, _) in spec.added.items()}
+    assert {c: tok.convert_tokens_to_ids(c) for c, _ in spec.added.values()} == {
+        c: i for i, (c, _) in spec.added.items()
+    }
     if family == "dream":  # Dream ships vocab.json + merges.txt behind its own tokenizer class
         assert (tmp_path / family / "vocab.json").is_file() and not (tmp_path / family / "tokenizer.json").exists()
-    assert write_release_tokenizer(family, tmp_path / "big", vocab_size=spec.vocab_size + 64).vocab_size == spec.vocab_size + 64
+    assert (
+        write_release_tokenizer(family, tmp_path / "big", vocab_size=spec.vocab_size + 64).vocab_size
+        == spec.vocab_size + 64
+    )
     with pytest.raises(ValueError, match="below"):
         write_release_tokenizer(family, tmp_path / "small", vocab_size=1000)

@@ -39,7 +39,9 @@ def job_tag(root: Path, step: int = 1) -> Path:
     tag.mkdir(parents=True)
     torch.save({"module": {"w": torch.ones(2, 3)}}, tag / SHARD)
     torch.save({"torch": torch.get_rng_state()}, tag / "rng_rank0.pt")
-    write_state(tag, {"format": FORMAT, "step": step, "config": {"run": {"seed": 0}}, "parameter_shapes": {"w": [2, 3]}})
+    write_state(
+        tag, {"format": FORMAT, "step": step, "config": {"run": {"seed": 0}}, "parameter_shapes": {"w": [2, 3]}}
+    )
     (tag.parent / "latest").write_text(tag.name)
     return tag
 
@@ -84,11 +86,18 @@ def test_deepspeeds_own_reader_cannot_run_a_pickle_under_the_restricted_unpickle
 
 def eval_config(tmp_path: Path) -> Path:
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump({"model": {"preset": "tiny-llada"},
-                                    "task": {"name": "arithmetic", "held_out": 2, "source": {"kind": "generated", "n": 20}},
-                                    "sampler": {"gen_length": 4, "block_length": 4, "steps": 4},
-                                    "estimator": {"name": "block_random", "block_length": 4}, "loss": {"name": "stabledrl"},
-                                    "eval": {"num_prompts": 2}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"preset": "tiny-llada"},
+                "task": {"name": "arithmetic", "held_out": 2, "source": {"kind": "generated", "n": 20}},
+                "sampler": {"gen_length": 4, "block_length": 4, "steps": 4},
+                "estimator": {"name": "block_random", "block_length": 4},
+                "loss": {"name": "stabledrl"},
+                "eval": {"num_prompts": 2},
+            }
+        )
+    )
     return path
 
 

@@ -16,9 +16,13 @@ from coordinator.checkpoint import CheckpointError, check_shapes, restore_metric
 from coordinator.episode_io import load_episodes, save_episodes
 from common.types import Episode
 
-CONFIG = {"model": {"preset": "tiny-llada", "gradient_checkpointing": False}, "loss": {"name": "stabledrl", "clip_max": 5.0},
-          "algorithm": {"group_size": 4, "micro_batch_size": 8}, "learner": {"num_ranks": 2, "dist_timeout_s": 60},
-          "run": {"seed": 7, "steps": 4}}
+CONFIG = {
+    "model": {"preset": "tiny-llada", "gradient_checkpointing": False},
+    "loss": {"name": "stabledrl", "clip_max": 5.0},
+    "algorithm": {"group_size": 4, "micro_batch_size": 8},
+    "learner": {"num_ranks": 2, "dist_timeout_s": 60},
+    "run": {"seed": 7, "steps": 4},
+}
 
 
 class Payload:  # not a tensor, a container or a DeepSpeed class: unpickling it runs this module's code
@@ -69,7 +73,9 @@ def test_a_truncated_file_is_refused_naming_it(tmp_path):
     tag = make_checkpoint(tmp_path)
     data = (tag / "mp_rank_00_model_states.pt").read_bytes()
     (tag / "mp_rank_00_model_states.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=r"mp_rank_00_model_states.pt has \d+ bytes, the manifest says \d+: truncated"):
+    with pytest.raises(
+        CheckpointError, match=r"mp_rank_00_model_states.pt has \d+ bytes, the manifest says \d+: truncated"
+    ):
         verify(tmp_path, CONFIG)
 
 
@@ -91,7 +97,11 @@ def test_a_file_that_would_unpickle_foreign_code_is_refused(tmp_path):
 
 def test_a_checkpoint_of_another_config_names_the_fields(tmp_path):
     make_checkpoint(tmp_path)
-    other = {**CONFIG, "loss": {"name": "stabledrl", "clip_max": 3.0}, "learner": {"num_ranks": 4, "dist_timeout_s": 60}}
+    other = {
+        **CONFIG,
+        "loss": {"name": "stabledrl", "clip_max": 3.0},
+        "learner": {"num_ranks": 4, "dist_timeout_s": 60},
+    }
     with pytest.raises(CheckpointError) as info:
         verify(tmp_path, other)
     message = str(info.value)
@@ -184,5 +194,8 @@ def test_a_checkpoint_directory_without_write_permission_is_named_as_such(tmp_pa
     os.waitpid(pid, 0)
     locked.chmod(0o755)
     locked.rmdir()
-    assert re.search(rf"cannot write the checkpoint {locked}/checkpoints/step1: Permission denied \({locked} is owned "
-                     rf"by uid \d+, mode d[rwx-]{{9}}; this job runs as uid \d+\): run.output_dir must be writable", message), message
+    assert re.search(
+        rf"cannot write the checkpoint {locked}/checkpoints/step1: Permission denied \({locked} is owned "
+        rf"by uid \d+, mode d[rwx-]{{9}}; this job runs as uid \d+\): run.output_dir must be writable",
+        message,
+    ), message

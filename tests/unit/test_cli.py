@@ -21,7 +21,9 @@ def no_training(monkeypatch):
 
 
 def test_dry_run_prints_the_resolved_config_with_overrides(capsys, no_training):
-    assert cli.main(["train", "--config", str(QUICKSTART), "--dry-run", "algorithm.max_staleness=3", "run.steps=7"]) == 0
+    assert (
+        cli.main(["train", "--config", str(QUICKSTART), "--dry-run", "algorithm.max_staleness=3", "run.steps=7"]) == 0
+    )
     resolved = yaml.safe_load(capsys.readouterr().out)
     assert resolved["algorithm"]["max_staleness"] == 3 and resolved["run"]["steps"] == 7
     assert resolved["loss"] == {"name": "stabledrl", "clip_max": 5.0, "clip_min": None}  # defaults filled in

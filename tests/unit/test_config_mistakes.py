@@ -45,16 +45,35 @@ MISTAKES = [
     ("wrong type", ["algorithm.group_size=four"], ["algorithm.group_size", "valid integer", "'four'"]),
     ("out of range", ["algorithm.max_staleness=-1"], ["algorithm.max_staleness", "greater than or equal to 0"]),
     ("unknown loss", ["loss.name=ppo"], ["loss", "'ppo'", "'stabledrl'", "'grpo'", "'spg'"]),
-    ("unknown estimator", ["estimator.name=monte_carlo"], ["estimator", "'monte_carlo'", "'block_random'", "'elbo_mc'"]),
+    (
+        "unknown estimator",
+        ["estimator.name=monte_carlo"],
+        ["estimator", "'monte_carlo'", "'block_random'", "'elbo_mc'"],
+    ),
     ("unknown task", ["task.name=chess"], ["task", "'chess'", "'arithmetic'", "'gsm8k'"]),
     ("literal out of its set", ["algorithm.advantage_scale=max"], ["algorithm.advantage_scale", "'std' or 'none'"]),
     ("gen_length not divisible by block_length", ["sampler.gen_length=6"], ["block_length=4 must divide gen_length=6"]),
-    ("spg_sandwich masks other blocks than the sampler's",
-     ["estimator.name=spg_sandwich", "estimator.block_length=2"], ["estimator.block_length (2)", "sampler.block_length (4)"]),
-    ("groups per step vs learner ranks", ["algorithm.groups_per_step=1"], ["algorithm.groups_per_step (1)", "learner.num_ranks (2)"]),
-    ("worker bounds", ["rollout.num_workers=3", "rollout.max_workers=2"], ["min_workers (1) <= num_workers (3) <= max_workers (2)"]),
+    (
+        "spg_sandwich masks other blocks than the sampler's",
+        ["estimator.name=spg_sandwich", "estimator.block_length=2"],
+        ["estimator.block_length (2)", "sampler.block_length (4)"],
+    ),
+    (
+        "groups per step vs learner ranks",
+        ["algorithm.groups_per_step=1"],
+        ["algorithm.groups_per_step (1)", "learner.num_ranks (2)"],
+    ),
+    (
+        "worker bounds",
+        ["rollout.num_workers=3", "rollout.max_workers=2"],
+        ["min_workers (1) <= num_workers (3) <= max_workers (2)"],
+    ),
     ("autoscale without a bound", ["rollout.autoscale=true"], ["rollout.autoscale", "rollout.max_workers"]),
-    ("token-level loss from a sequence estimator", ["loss.name=grpo", "loss.level=token"], ["loss.level", "mean_field"]),
+    (
+        "token-level loss from a sequence estimator",
+        ["loss.name=grpo", "loss.level=token"],
+        ["loss.level", "mean_field"],
+    ),
     ("NCCL push with CPU workers", ["weights.backend=nccl"], ["weights.backend 'nccl'", "cluster.rollout.num_gpus"]),
     ("job name with a slash", ["run.name=my/job"], ["run.name", "pattern"]),
     ("bad dotted override syntax", ["algorithm.group_size"], ["'algorithm.group_size'", "key.path=value"]),
@@ -64,14 +83,22 @@ MISTAKES = [
     ("infinite float", ["sampler.temperature=.inf"], ["sampler", "temperature", "finite number"]),
     ("absurd step count", ["run.steps=1.0e+30"], ["run.steps"]),
     ("absurd group size", ["algorithm.group_size=100000"], ["algorithm.group_size", "less than or equal to 4096"]),
-    ("alias bomb in an override", ["run.name=[&a [1,1,1,1,1,1,1,1,1,1], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
-                                   "&c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
-                                   "&e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]]"], ["run.name", "alias bomb"]),
+    (
+        "alias bomb in an override",
+        [
+            "run.name=[&a [1,1,1,1,1,1,1,1,1,1], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+            "&c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], "
+            "&e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]]"
+        ],
+        ["run.name", "alias bomb"],
+    ),
 ]
 
 
 @pytest.mark.parametrize("kind, overrides, fragments", MISTAKES, ids=[m[0] for m in MISTAKES])
-def test_a_mistake_exits_2_naming_the_field_before_ray_starts(capsys, no_training, job_file, kind, overrides, fragments):
+def test_a_mistake_exits_2_naming_the_field_before_ray_starts(
+    capsys, no_training, job_file, kind, overrides, fragments
+):
     import ray
 
     assert cli.main(["train", "--config", str(job_file), *overrides]) == 2

@@ -15,7 +15,9 @@ def test_a_section_given_twice_is_refused_with_its_lines(tmp_path):
     path.write_text(QUICKSTART + "run: {steps: 3}\n")
     first = QUICKSTART.splitlines().index(next(line for line in QUICKSTART.splitlines() if line.startswith("run:"))) + 1
     last = len(QUICKSTART.splitlines()) + 1
-    with pytest.raises(ConfigError, match=rf"{path}: key 'run' appears twice in one mapping \(line {first} and line {last}\)"):
+    with pytest.raises(
+        ConfigError, match=rf"{path}: key 'run' appears twice in one mapping \(line {first} and line {last}\)"
+    ):
         load_job_config(path)
 
 

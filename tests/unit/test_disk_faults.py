@@ -46,8 +46,14 @@ def filling_opener(code: int = errno.ENOSPC, after: int = 6038):
     return Full
 
 
-@pytest.mark.parametrize("code, words", [(errno.ENOSPC, "No space left on device"), (errno.EDQUOT, "Disk quota exceeded"),
-                                         (errno.EACCES, "Permission denied")])
+@pytest.mark.parametrize(
+    "code, words",
+    [
+        (errno.ENOSPC, "No space left on device"),
+        (errno.EDQUOT, "Disk quota exceeded"),
+        (errno.EACCES, "Permission denied"),
+    ],
+)
 def test_a_refused_write_names_the_cause_and_the_file_not_torchs_stream_position(tmp_path, code, words):
     path = tmp_path / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     with pytest.raises(CheckpointWriteError) as info:
@@ -64,7 +70,9 @@ def test_the_background_writer_reports_a_full_disk_in_one_line(tmp_path):
     writer = BackgroundWriter(True, write=full)
     writer.save(STATE, str(tmp_path / "a.pt"))
     writer.start(str(tmp_path / marker_name(0)))
-    with pytest.raises(CheckpointWriteError, match=rf"^No space left on device \({tmp_path / 'a.pt'}\): free space there$"):
+    with pytest.raises(
+        CheckpointWriteError, match=rf"^No space left on device \({tmp_path / 'a.pt'}\): free space there$"
+    ):
         writer.wait_written(timeout_s=30)
     assert json.loads((tmp_path / marker_name(0)).read_text())["error"].startswith("No space left on device")
 
@@ -98,8 +106,11 @@ def test_the_coordinators_own_writes_on_a_full_disk_are_one_line(tmp_path, monke
         raise OSError(errno.ENOSPC, "No space left on device", str(directory / "step2" / "episodes.json"))
 
     monkeypatch.setattr(checkpoint, "save_episodes", full)
-    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step2: No space left on device .*episodes.json"
-                                              r"\); no complete checkpoint was written before it"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"cannot write checkpoint .*step2: No space left on device .*episodes.json"
+        r"\); no complete checkpoint was written before it",
+    ):
         save.poll()
     assert not (directory / "latest").exists()
 
@@ -137,4 +148,7 @@ def test_a_write_torch_reports_without_a_cause_is_explained_by_probing_the_disk(
 
     monkeypatch.setattr(ac, "_durably", full)
     cause = disk_cause(str(tmp_path), error)
-    assert isinstance(cause, CheckpointWriteError) and str(cause) == f"No space left on device ({tmp_path}): free space there"
+    assert (
+        isinstance(cause, CheckpointWriteError)
+        and str(cause) == f"No space left on device ({tmp_path}): free space there"
+    )

@@ -74,7 +74,16 @@ SEEDS = torch.tensor([101, 202, 303])
 
 def test_registry_names_and_unknown_name():
     assert ESTIMATORS.names() == sorted(
-        ["mean_field", "elbo_mc", "block_random", "spg_sandwich", "coupled", "trajectory", "staircase", "uniform_staircase"]
+        [
+            "mean_field",
+            "elbo_mc",
+            "block_random",
+            "spg_sandwich",
+            "coupled",
+            "trajectory",
+            "staircase",
+            "uniform_staircase",
+        ]
     )
     with pytest.raises(KeyError, match="valid: block_random, coupled"):
         get_estimator("elbo")
@@ -91,7 +100,13 @@ def test_configs_parse_by_name_with_released_defaults():
     ta = TypeAdapter(EstimatorConfig)
     spg = ta.validate_python({"name": "spg_sandwich"})
     assert isinstance(spg, SPGSandwichConfig)
-    assert (spg.num_draws, spg.block_length, spg.prompt_mask_prob, spg.mix_weight, spg.eubo_beta) == (2, 32, 0.15, 0.5, 1.5)
+    assert (spg.num_draws, spg.block_length, spg.prompt_mask_prob, spg.mix_weight, spg.eubo_beta) == (
+        2,
+        32,
+        0.15,
+        0.5,
+        1.5,
+    )
     assert spg.masks == "independent" and spg.logp_estimation == "mix"
     mf = ta.validate_python({"name": "mean_field"})
     assert (mf.prompt_mask_prob, mf.num_draws, mf.masks) == (0.15, 1, "shared")

@@ -69,7 +69,12 @@ def test_spg_sandwich_uses_elbo_for_positive_and_the_mix_otherwise(policy):
     cfg = SPGSandwichConfig(block_length=4, num_draws=3)
     with torch.no_grad():
         sandwich = estimate(policy, batch, seeds, cfg)
-        plain = estimate(policy, batch, seeds, BlockRandomConfig(**cfg.model_dump(exclude={"name", "logp_estimation", "mix_weight", "eubo_beta"})))
+        plain = estimate(
+            policy,
+            batch,
+            seeds,
+            BlockRandomConfig(**cfg.model_dump(exclude={"name", "logp_estimation", "mix_weight", "eubo_beta"})),
+        )
         views, _ = block_random_views(batch, seeds, cfg)
         logp = score_views(policy, batch, views).double()  # [B, n, C]
     assert torch.equal(sandwich.elbo, plain.sequence)  # the same draws, bitwise
@@ -165,7 +170,9 @@ def test_trajectory_token_is_scored_in_the_state_it_was_decoded_from(policy):
         attn = valid[:, None, None, :] & valid[:, None, :, None] | torch.eye(x.shape[1], dtype=torch.bool)
         logp = torch.log_softmax(policy(x, attention_mask=attn, position_ids=batch.position_ids).logits[:, p + k], -1)
     want = logp.gather(-1, batch.completion_ids[:, k, None])[:, 0]
-    torch.testing.assert_close(ll.token[:, k] * batch.completion_mask[:, k], want * batch.completion_mask[:, k], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        ll.token[:, k] * batch.completion_mask[:, k], want * batch.completion_mask[:, k], atol=1e-5, rtol=0
+    )
     assert ll.token[2, 3:].abs().sum() == 0  # after its first EOS a row's tokens are not scored
 
 
@@ -176,7 +183,9 @@ def test_block_trajectory_equals_the_global_state_definition():
     with torch.no_grad():
         policy.model.lm_head.weight.mul_(10.0)
     g = torch.Generator().manual_seed(2)
-    steps = torch.stack([torch.cat([torch.randperm(4, generator=g) // 2 + 2 * b for b in range(C // 4)]) for _ in range(3)])
+    steps = torch.stack(
+        [torch.cat([torch.randperm(4, generator=g) // 2 + 2 * b for b in range(C // 4)]) for _ in range(3)]
+    )
     batch = _trajectory_batch(steps)
     p = batch.prompt_width
     with torch.no_grad():

@@ -41,10 +41,12 @@ def files(tmp_path):
     return {
         "gsm8k": BenchmarkConfig(source=FileSource(path=str(gsm), columns={"prompt": "question"})),
         "math500": BenchmarkConfig(source=FileSource(path=str(math), columns={"prompt": "problem"})),
-        "countdown": BenchmarkConfig(source=FileSource(path=str(countdown), columns={"numbers": "input", "target": "output"}),
-                                     num_prompts=1),
-        "sudoku": BenchmarkConfig(source=FileSource(path=str(sudoku), columns={"puzzle": "Puzzle", "solution": "Solution"}),
-                                  num_prompts=2),
+        "countdown": BenchmarkConfig(
+            source=FileSource(path=str(countdown), columns={"numbers": "input", "target": "output"}), num_prompts=1
+        ),
+        "sudoku": BenchmarkConfig(
+            source=FileSource(path=str(sudoku), columns={"puzzle": "Puzzle", "solution": "Solution"}), num_prompts=2
+        ),
     }
 
 
@@ -89,7 +91,9 @@ def test_rows_are_d1s_draw_keyed_by_their_position_in_the_source(files, llada_to
     assert [r.prompt_id for r in few.rows] == [f"gsm8k-{i}" for i in subsample(5, 2, 42)]
 
 
-def test_a_benchmark_without_its_data_or_rows_is_refused_naming_what_to_do(files, llada_tokenizer, tmp_path, monkeypatch):
+def test_a_benchmark_without_its_data_or_rows_is_refused_naming_what_to_do(
+    files, llada_tokenizer, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)  # no data/d1/ here
     with pytest.raises(DataError, match="curl -L -o data/d1/4x4_test_sudoku.csv"):
         load_benchmark(D1, "sudoku", BenchmarkConfig(), llada_tokenizer)
@@ -104,9 +108,14 @@ def test_protocol_settings_are_checked_naming_the_field():
     assert cfg.gen_lengths == [128, 256, 512] and cfg.block_length == 32 and cfg.temperature == 0.0
     assert [cfg.steps(n) for n in cfg.gen_lengths] == [64, 128, 256]
     assert sorted(cfg.benchmarks) == ["countdown", "gsm8k", "math500", "sudoku"]
-    for bad, field in (({"gen_lengths": [100]}, "gen_lengths"), ({"benchmarks": {"mmlu": {}}}, "benchmarks"),
-                       ({"gen_lengths": [128, 128]}, "gen_lengths"), ({"steps_per_token": 0.3}, "steps_per_token"),
-                       ({"benchmarks": {"gsm8k": {"num_prompts": 0}}}, "num_prompts"), ({"temprature": 0}, "temprature")):
+    for bad, field in (
+        ({"gen_lengths": [100]}, "gen_lengths"),
+        ({"benchmarks": {"mmlu": {}}}, "benchmarks"),
+        ({"gen_lengths": [128, 128]}, "gen_lengths"),
+        ({"steps_per_token": 0.3}, "steps_per_token"),
+        ({"benchmarks": {"gsm8k": {"num_prompts": 0}}}, "num_prompts"),
+        ({"temprature": 0}, "temprature"),
+    ):
         with pytest.raises(ConfigError, match=field):
             validate(ProtocolConfig, bad)
 

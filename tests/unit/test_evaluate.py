@@ -39,7 +39,9 @@ class OracleEngine:
     eos_token_id = pad_token_id = EOS
     vocab_size = len(TOK)
 
-    def __init__(self, task, rows: Sequence[Row], answer_of: Callable[[Row, int], str], junk_after_eos: bool = False) -> None:
+    def __init__(
+        self, task, rows: Sequence[Row], answer_of: Callable[[Row, int], str], junk_after_eos: bool = False
+    ) -> None:
         self.by_prompt = {task.render_prompt(r): r for r in rows}
         self.answer_of = answer_of
         self.junk_after_eos = junk_after_eos
@@ -127,13 +129,17 @@ def test_completions_are_read_up_to_the_first_eos_without_special_tokens():
     data = arithmetic()
     rows, task = data.train, data.task
     engine = OracleEngine(task, rows, lambda row, seed: row.answer, junk_after_eos=True)
-    result = evaluate(engine, rows, task, TOK, SAMPLER.model_copy(update={"gen_length": 8, "block_length": 8, "steps": 8}))
+    result = evaluate(
+        engine, rows, task, TOK, SAMPLER.model_copy(update={"gen_length": 8, "block_length": 8, "steps": 8})
+    )
     assert result.pass_at_1 == 1.0
     ids = torch.tensor(TOK.encode("4", add_special_tokens=False) + [TOK.mask_token_id, TOK.pad_token_id]
                        + TOK.encode("2", add_special_tokens=False) + [EOS, EOS])  # fmt: skip
     assert decode_completion(TOK, ids, length=5, eos_token_id=EOS) == "42"
     assert decode_completion(TOK, ids, length=6, eos_token_id=EOS) == "42"  # no EOS: the whole canvas
-    assert encode_prompt(TOK, task, rows[0]).tolist() == TOK.encode(task.render_prompt(rows[0]), add_special_tokens=False)
+    assert encode_prompt(TOK, task, rows[0]).tolist() == TOK.encode(
+        task.render_prompt(rows[0]), add_special_tokens=False
+    )
 
 
 def test_a_real_policy_gives_the_same_result_for_any_row_order_and_batch_size():
@@ -141,7 +147,9 @@ def test_a_real_policy_gives_the_same_result_for_any_row_order_and_batch_size():
     rows, task = data.train, data.task
     engine = TorchRolloutEngine(build_tiny_policy("llada", vocab_size=len(TOK)))
     first = evaluate(engine, rows, task, TOK, SAMPLER, samples_per_prompt=2, seed=3)
-    again = evaluate(engine, rows[::-1], task, TOK, SAMPLER.model_copy(update={"max_batch_size": 5}), samples_per_prompt=2, seed=3)
+    again = evaluate(
+        engine, rows[::-1], task, TOK, SAMPLER.model_copy(update={"max_batch_size": 5}), samples_per_prompt=2, seed=3
+    )
     assert first.completions == again.completions[::-1]
     assert first.correct == again.correct[::-1] and first.pass_at == again.pass_at
     other = evaluate(engine, rows, task, TOK, SAMPLER, samples_per_prompt=2, seed=4)
@@ -154,7 +162,10 @@ def test_an_evaluation_temperature_of_0_is_greedy_and_independent_of_the_seed():
 
     data = arithmetic(12)
     engine = TorchRolloutEngine(build_tiny_policy("llada", vocab_size=len(TOK)))
-    assert EvalConfig().sampler_for(SAMPLER) is SAMPLER and EvalConfig().describe(SAMPLER) == f"T = {SAMPLER.temperature:g}"
+    assert (
+        EvalConfig().sampler_for(SAMPLER) is SAMPLER
+        and EvalConfig().describe(SAMPLER) == f"T = {SAMPLER.temperature:g}"
+    )
     greedy_cfg = EvalConfig(temperature=0.0)
     greedy = greedy_cfg.sampler_for(SAMPLER)
     assert greedy.temperature == 0.0 and greedy.steps == SAMPLER.steps and greedy_cfg.describe(SAMPLER) == "greedy"

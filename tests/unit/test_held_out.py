@@ -19,7 +19,9 @@ CORRECT = [2, 0, 1, 2, 2, 0, 1]  # correct samples of each prompt, out of 2
 
 def answer(rows):
     correct = [CORRECT[int(r.prompt_id[1:])] for r in rows]
-    return EvalResult(len(rows), 2, {1: sum(c / 2 for c in correct) / len(rows)}, sum(correct) / (2 * len(rows)), correct)
+    return EvalResult(
+        len(rows), 2, {1: sum(c / 2 for c in correct) / len(rows)}, sum(correct) / (2 * len(rows)), correct
+    )
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
@@ -49,8 +51,12 @@ def test_num_prompts_beyond_the_held_out_rows_is_said_not_silently_capped():
 
 def test_a_resumed_run_takes_before_from_its_own_step_0_evaluation(tmp_path):
     cfg = job(run={"output_dir": str(tmp_path)})
-    lines = [{"step": 0, "data/rows_read": 8.0}, {"step": 0, "eval/pass@1": 0.25, "eval/prompts": 8.0, "eval/version": 0.0},
-             {"step": 4, "train/loss": 1.0}, {"step": 4, "eval/pass@1": 0.5, "eval/prompts": 8.0, "eval/version": 4.0}]
+    lines = [
+        {"step": 0, "data/rows_read": 8.0},
+        {"step": 0, "eval/pass@1": 0.25, "eval/prompts": 8.0, "eval/version": 0.0},
+        {"step": 4, "train/loss": 1.0},
+        {"step": 4, "eval/pass@1": 0.5, "eval/prompts": 8.0, "eval/version": 4.0},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     before = Driver(cfg, log=lambda s: None).first_evaluation()
     assert isinstance(before, HeldOutResult) and before.pass_at_1 == 0.25 and before.version == 0

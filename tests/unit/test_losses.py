@@ -212,7 +212,9 @@ def test_dppo_binary_tv_mask_and_gradient_match_the_formula():
 
 
 def test_dppo_binary_kl_mask_matches_the_formula():
-    torch.testing.assert_close(binary_kl(torch.tensor(0.9), torch.tensor(0.6)), torch.tensor(0.311239), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        binary_kl(torch.tensor(0.9), torch.tensor(0.6)), torch.tensor(0.311239), atol=1e-5, rtol=0
+    )
     p = [0.9, 0.65, 0.45, 0.4, 0.3]
     mu = [0.6, 0.6, 0.6, 0.6, 0.6]
     adv = [1.0, 1.0, -1.0, -1.0, 1.0]
@@ -250,7 +252,12 @@ def test_drpo_uses_the_sequence_form_without_token_values():
     inputs = seq_inputs(logp, behaviour, [1.0, -1.0], group_index=[0, 0], length=[3.0, 5.0])
     loss, _ = get_loss("drpo")(inputs, DrpoLossConfig(delta=0.25))
     loss.backward()
-    pi, m, a, n = torch.tensor([0.5, 0.2]), torch.tensor([0.4, 0.4]), torch.tensor([1.0, -1.0]), torch.tensor([3.0, 5.0])
+    pi, m, a, n = (
+        torch.tensor([0.5, 0.2]),
+        torch.tensor([0.4, 0.4]),
+        torch.tensor([1.0, -1.0]),
+        torch.tensor([3.0, 5.0]),
+    )
     r = pi / m
     weight = 1 - torch.sign(a * (r - 1)) * (pi - m).abs() / 0.25
     torch.testing.assert_close(logp.grad, -a * weight * r * n / 8.0)

@@ -165,7 +165,12 @@ def test_losses_never_sync_with_the_host(cfg):
 
 
 def test_loss_configs_parse_with_released_defaults():
-    assert parse_loss_config({"name": "grpo"}).model_dump() == {"name": "grpo", "clip_eps": 0.5, "kl_beta": 0.04, "level": "auto"}
+    assert parse_loss_config({"name": "grpo"}).model_dump() == {
+        "name": "grpo",
+        "clip_eps": 0.5,
+        "kl_beta": 0.04,
+        "level": "auto",
+    }
     stable = parse_loss_config({"name": "stabledrl"})
     assert (stable.clip_max, stable.clip_min) == (5.0, None)
     dppo = parse_loss_config({"name": "dppo"})

@@ -90,7 +90,9 @@ def test_train_refuses_a_missing_hub_model_before_any_actor_starts(hub_cache, tm
 
 def test_a_local_directory_wins_over_the_hub_id(hub_cache, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    local = save_original_checkpoint(build_tiny_policy("llada", seed=4), build_char_tokenizer(), tmp_path / "acme" / "tiny-llada")
+    local = save_original_checkpoint(
+        build_tiny_policy("llada", seed=4), build_char_tokenizer(), tmp_path / "acme" / "tiny-llada"
+    )
     assert resolve_model_dir("acme/tiny-llada") == Path("acme/tiny-llada")
     mine, _ = load_policy(ModelConfig(path="acme/tiny-llada"))
     theirs, _ = load_policy(ModelConfig(path=local))
@@ -115,7 +117,9 @@ def test_corrupt_config_and_truncated_weights_are_named(tmp_path, layout):
     weights.write_bytes(data)
     config = directory / "config.json"
     config.write_text(config.read_text()[:40])
-    with pytest.raises(CheckpointError, match=rf"{config} is not valid JSON \(.*: line [0-9]+, column [0-9]+\).*corrupt or truncated"):
+    with pytest.raises(
+        CheckpointError, match=rf"{config} is not valid JSON \(.*: line [0-9]+, column [0-9]+\).*corrupt or truncated"
+    ):
         load_policy(ModelConfig(path=directory))
     with pytest.raises(ConfigError, match=rf"model.path: {config} is not valid JSON"):
         check_sampler_layout(job_for(directory))

@@ -159,7 +159,9 @@ def test_loaded_sdar_honours_block_causal_masks_and_padding(tokenizer, tmp_path)
         valid = torch.cat([pm, torch.ones(1, 8, dtype=torch.bool)], 1)
         pos = (valid.long().cumsum(1) - 1).clamp(min=0)
         with torch.no_grad():
-            out = policy(x, attention_mask=block_causal_mask(block_ids(pm, 8, 4), valid), position_ids=pos, logits_from=width)
+            out = policy(
+                x, attention_mask=block_causal_mask(block_ids(pm, 8, 4), valid), position_ids=pos, logits_from=width
+            )
         logits.append(out.logits)
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)  # padding is invisible
     torch.testing.assert_close(logits[0][:, :4], logits[2][:, :4])  # block 0 never sees block 1
@@ -332,7 +334,9 @@ def test_model_config_rejects_eager_and_ambiguous_sources(tmp_path):
 
 def _byte_level_alphabet() -> list[str]:
     """GPT-2's byte -> printable-unicode map (what Qwen2's byte-level BPE vocab is written in)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     extra = iter(range(256, 512))
     return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
 

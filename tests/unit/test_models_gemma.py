@@ -97,7 +97,9 @@ def test_left_padding_is_invisible(policy):
         valid = ids.new_ones(ids.shape, dtype=torch.bool)
         valid[:, :pad] = False
         positions = (valid.long().cumsum(1) - 1).clamp(min=0)
-        mask = valid[:, None, None, :].expand(1, 1, ids.shape[1], ids.shape[1]) | torch.eye(ids.shape[1], dtype=torch.bool)
+        mask = valid[:, None, None, :].expand(1, 1, ids.shape[1], ids.shape[1]) | torch.eye(
+            ids.shape[1], dtype=torch.bool
+        )
         with torch.no_grad():
             outs.append(policy(ids, attention_mask=mask, position_ids=positions, logits_from=pad + P).logits)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
@@ -150,11 +152,17 @@ def test_checkpoint_round_trip(policy, writer, tmp_path):
     tokenizer = build_char_tokenizer()
     writer(policy, tokenizer, tmp_path)
     loaded, _ = load_policy(ModelConfig(path=tmp_path))
-    assert (loaded.spec.name, loaded.block_size, loaded.mask_token_id) == ("diffusion_gemma", BLOCK, tokenizer.mask_token_id)
+    assert (loaded.spec.name, loaded.block_size, loaded.mask_token_id) == (
+        "diffusion_gemma",
+        BLOCK,
+        tokenizer.mask_token_id,
+    )
     prompt, _, noisy = _sequence(5)
     x = torch.cat([prompt, noisy[:, :BLOCK]], 1)
     with torch.no_grad():
-        torch.testing.assert_close(loaded(x, logits_from=P).logits, policy(x, logits_from=P).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            loaded(x, logits_from=P).logits, policy(x, logits_from=P).logits, rtol=1e-5, atol=1e-5
+        )
     bf16, _ = load_policy(ModelConfig(path=tmp_path, dtype="bfloat16"))
     assert next(bf16.parameters()).dtype == torch.bfloat16
     with torch.no_grad():

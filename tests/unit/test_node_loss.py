@@ -40,7 +40,9 @@ def test_no_node_left_for_a_replacement_stops_the_job_at_once_saying_why():
     sim.begin("train")
     dead = sim.take(ev.Generate, worker=0)
     sim.send(ev.CallFailed(dead[0].call, "died", "node died", node_alive=False, placeable=False))
-    assert "no node left in the cluster can hold a rollout worker (cluster.rollout: 0.5 CPU, 0.0 GPU each)" in sim.stop()
+    assert (
+        "no node left in the cluster can hold a rollout worker (cluster.rollout: 0.5 CPU, 0.0 GPU each)" in sim.stop()
+    )
     assert "stabledrl train --resume /tmp/sim-run" in sim.stop()
     assert not sim.pending(ev.StartWorker)
 

@@ -315,16 +315,23 @@ def test_a_relative_reward_file_is_the_working_directory_s_and_checked_at_load(t
 
 
 def test_a_run_whose_reward_fails_too_often_stops_naming_it():
-    cfg = parse_task_config({"name": "arithmetic", "reward": {"custom": "/rewards/r.py:score", "max_failed_fraction": 0.5,
-                                                                "failure_check_after": 64}})
+    cfg = parse_task_config(
+        {
+            "name": "arithmetic",
+            "reward": {"custom": "/rewards/r.py:score", "max_failed_fraction": 0.5, "failure_check_after": 64},
+        }
+    )
     counts = {"reward_calls/calls": 63.0, "reward_calls/failed": 32.0, "reward_calls/exception": 32.0}
     check_failure_rate(counts, cfg)  # too few calls to judge (and 32 failures of 64 would not be too many)
     counts = {"reward_calls/calls": 100.0, "reward_calls/failed": 50.0, "reward_calls/timeout": 50.0}
     check_failure_rate(counts, cfg)  # exactly the fraction: still running
     counts = {"reward_calls/calls": 256.0, "reward_calls/failed": 256.0, "reward_calls/exception": 200.0,
               "reward_calls/limit": 56.0}
-    with pytest.raises(RewardFailureRate, match=r"custom reward /rewards/r.py:score failed on 256 of 256 calls "
-                                                r"\(200 exception, 56 limit\), more than task.reward.max_failed_fraction = 0.5"):
+    with pytest.raises(
+        RewardFailureRate,
+        match=r"custom reward /rewards/r.py:score failed on 256 of 256 calls "
+        r"\(200 exception, 56 limit\), more than task.reward.max_failed_fraction = 0.5",
+    ):
         check_failure_rate(counts, cfg)
     never = cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"max_failed_fraction": 1.0})})
     check_failure_rate(counts, never)
@@ -488,8 +495,9 @@ def test_huge_finite_rewards_are_failures(tmp_path, reward_file):
         for value in ("1e300", "3e38", "-2e6"):
             contained(scorer, f"huge {value}", "out_of_range", "beyond ±task.reward.max_abs = 1e+06")
         assert scorer.score("huge 999999", ROW).total == 999999.0
-    inline = parse_task_config({"name": "arithmetic", "reward": {"custom": f"{reward_file}:score", "isolation": "inline",
-                                                                  "max_abs": 10}})
+    inline = parse_task_config(
+        {"name": "arithmetic", "reward": {"custom": f"{reward_file}:score", "isolation": "inline", "max_abs": 10}}
+    )
     with RewardScorer(inline) as scorer:
         assert scorer.score("huge 11", ROW) == RewardResult(0.0, {}) and scorer.stats.out_of_range == 1
         assert scorer.stats.failed == 1

@@ -159,7 +159,9 @@ def test_valid_scoring_equals_full_cell_credit_on_unique_puzzles():
     cells, valid = task("sudoku4"), task("sudoku4", scoring="valid")
     for grid in all_grids():
         text = f"<answer>{grid}</answer>"
-        assert valid.reward(text, row).parts["correctness"] == float(cells.reward(text, row).parts["correctness"] == 1.0)
+        assert valid.reward(text, row).parts["correctness"] == float(
+            cells.reward(text, row).parts["correctness"] == 1.0
+        )
 
 
 def test_valid_scoring_accepts_any_solution_of_an_ambiguous_puzzle():

@@ -70,7 +70,9 @@ def test_process_sandbox_survives_timeouts_crashes_and_bad_values(reward_file):
         kinds = ["2", "slow", "2", "exit", "print", "raise", "nan", "text", "2"]
         got = [scorer.score(k, ROW) for k in kinds]
     totals = [r.total for r in got]
-    assert totals == pytest.approx([1.1, 0.0, 1.1, 0.0, 0.25, 0.0, 0.0, 0.0, 1.1])  # "print" is not an integer: format 0
+    assert totals == pytest.approx(
+        [1.1, 0.0, 1.1, 0.0, 0.25, 0.0, 0.0, 0.0, 1.1]
+    )  # "print" is not an integer: format 0
     s = scorer.stats
     assert (s.timeout, s.crash, s.exception, s.non_finite, s.non_number, s.ok) == (1, 1, 1, 1, 1, 4)
     assert s.calls == len(kinds) and s.zeroed == s.failed == 5
@@ -97,13 +99,17 @@ def test_builtin_rewards_get_the_same_isolation():
     ("no_such_package_xyz.module:score", "inline"),
 ])
 def test_bad_custom_spec_fails_at_start(reward_file, spec, isolation):
-    cfg = parse_task_config({"name": "arithmetic", "reward": {"custom": spec.format(file=reward_file), "isolation": isolation}})
+    cfg = parse_task_config(
+        {"name": "arithmetic", "reward": {"custom": spec.format(file=reward_file), "isolation": isolation}}
+    )
     with pytest.raises(ConfigError):
         RewardScorer(cfg)
 
 
 def test_custom_module_path_spec_and_lazy_import():
-    cfg = parse_task_config({"name": "arithmetic", "reward": {"custom": "common.tasks.arithmetic:format_score", "isolation": "inline"}})
+    cfg = parse_task_config(
+        {"name": "arithmetic", "reward": {"custom": "common.tasks.arithmetic:format_score", "isolation": "inline"}}
+    )
     task = build_task(cfg)  # building the task imports nothing yet
     assert task.correctness._fn is None
     assert RewardScorer(cfg).score("not a number", ROW) == RewardResult(0.0, {"custom": 0.0, "format": 0.0})
@@ -118,7 +124,9 @@ def test_stats_merge_and_metrics():
 def test_inline_sys_exit_is_contained_and_failures_are_kept_for_logs(tmp_path):
     path = tmp_path / "exits.py"
     path.write_text("import sys\ndef score(completion, row):\n    sys.exit(2)\n")
-    scorer = RewardScorer(parse_task_config({"name": "arithmetic", "reward": {"custom": f"{path}:score", "isolation": "inline"}}))
+    scorer = RewardScorer(
+        parse_task_config({"name": "arithmetic", "reward": {"custom": f"{path}:score", "isolation": "inline"}})
+    )
     assert scorer.score("2", ROW) == RewardResult(0.0, {})
     assert scorer.stats.exception == 1 and scorer.recent_failures[0][0] == "exception"
 
@@ -126,7 +134,12 @@ def test_inline_sys_exit_is_contained_and_failures_are_kept_for_logs(tmp_path):
 def test_builtin_reward_in_the_process_sandbox_matches_inline():
     cfg = parse_task_config({"name": "countdown", "reward": {"isolation": "process"}})
     row = build_task(cfg).generate(11)
-    texts = [build_task(cfg).reference_completion(row), "<answer>1+1</answer>", "", "<answer>" + "9" * 999 + "</answer>"]
+    texts = [
+        build_task(cfg).reference_completion(row),
+        "<answer>1+1</answer>",
+        "",
+        "<answer>" + "9" * 999 + "</answer>",
+    ]
     inline = RewardScorer(parse_task_config({"name": "countdown"}))
     with RewardScorer(cfg) as sandboxed:
         assert [sandboxed.score(t, row) for t in texts] == [inline.score(t, row) for t in texts]

@@ -117,7 +117,9 @@ def test_math_record_takes_the_last_box_of_a_solution():
     assert MATH.reward(MATH.reference_completion(plain), plain).total == pytest.approx(1.1)
 
 
-@pytest.mark.parametrize("text", ["", HUGE, r"\boxed{" + HUGE + "}", r"\boxed{" * 500, "}" * 500, "\\", "😀" * 100, r"\boxed{}"])
+@pytest.mark.parametrize(
+    "text", ["", HUGE, r"\boxed{" + HUGE + "}", r"\boxed{" * 500, "}" * 500, "\\", "😀" * 100, r"\boxed{}"]
+)
 def test_math_adversarial_is_wrong_and_never_raises(text):
     assert MATH.reward(text, math_row({"prompt": "p", "answer": "2"})).parts["correctness"] == 0.0
 

@@ -102,7 +102,9 @@ def test_the_behaviour_estimate_is_the_completions_elbo_whatever_sampler_decoded
     requests = [PromptRequest(3, rows[5]), PromptRequest(4, rows[6])]
     drawn = {name: episodes(setup, requests, estimator=estimator, sampler=cfg) for name, cfg in
              (("fast", fast), ("exact", exact))}
-    pairs = [(a, b) for ea, eb in zip(drawn["fast"], drawn["exact"]) for a, b in zip(ea.group.samples, eb.group.samples)]
+    pairs = [
+        (a, b) for ea, eb in zip(drawn["fast"], drawn["exact"]) for a, b in zip(ea.group.samples, eb.group.samples)
+    ]
     assert any(not torch.equal(a.completion_ids, b.completion_ids) for a, b in pairs)  # the samplers differ
     for samples in ([a for a, _ in pairs], [b for _, b in pairs]):
         batch = collate_samples(samples, policy.pad_token_id)

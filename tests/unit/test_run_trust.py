@@ -114,7 +114,9 @@ def test_a_built_in_reward_needs_no_seal(tmp_path, started):
     ("task.reward.sandbox.memory_mb=100000", "memory_mb: 4096 -> 100000"),
 ])
 @pytest.mark.parametrize("command", ["resume", "eval"])
-def test_a_weaker_sandbox_than_the_runs_needs_the_flag(tmp_path, capsys, started, monkeypatch, override, field, command):
+def test_a_weaker_sandbox_than_the_runs_needs_the_flag(
+    tmp_path, capsys, started, monkeypatch, override, field, command
+):
     import cli.offline_eval as offline_eval
 
     monkeypatch.setattr(offline_eval, "eval_command", lambda cfg, **kw: started.append(cfg))
@@ -156,8 +158,14 @@ def test_an_output_dir_that_is_a_file_or_a_system_tree_is_refused(tmp_path, caps
     assert fragment in capsys.readouterr().err and not started
 
 
-@pytest.mark.parametrize("code, words", [(errno.ENOSPC, "No space left on device"), (errno.EDQUOT, "Disk quota exceeded"),
-                                         (errno.EACCES, "Permission denied")])
+@pytest.mark.parametrize(
+    "code, words",
+    [
+        (errno.ENOSPC, "No space left on device"),
+        (errno.EDQUOT, "Disk quota exceeded"),
+        (errno.EACCES, "Permission denied"),
+    ],
+)
 def test_a_full_disk_or_a_quota_is_named_before_ray_starts(tmp_path, capsys, started, monkeypatch, code, words):
     import builtins
     import os

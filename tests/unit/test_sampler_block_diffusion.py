@@ -42,7 +42,9 @@ def test_kv_cache_gives_the_same_tokens_as_the_reference_path(sdar, kw):
 
 def test_cached_forwards_feed_at_most_two_blocks_after_the_prompt(sdar):
     lengths = []
-    hook = sdar.model.register_forward_pre_hook(lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    hook = sdar.model.register_forward_pre_hook(
+        lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
     try:
         out = generate(sdar, PROMPTS, SEEDS, cfg(cache="prefix", stop_at_eos=False))
     finally:
@@ -59,7 +61,9 @@ def test_chunk_mask_is_the_block_causal_mask_restricted_to_the_chunk():
     query = torch.tensor([[4, 5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18, 19]])
     for visible in (12, 20):
         chunk = chunk_block_mask(blocks, valid, query.clamp(max=visible - 1), visible)
-        ref = full[:, :, :, :visible].gather(2, query.clamp(max=visible - 1)[:, None, :, None].expand(-1, 1, -1, visible))
+        ref = full[:, :, :, :visible].gather(
+            2, query.clamp(max=visible - 1)[:, None, :, None].expand(-1, 1, -1, visible)
+        )
         assert torch.equal(chunk, ref)
 
 

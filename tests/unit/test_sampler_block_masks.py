@@ -10,7 +10,11 @@ from common.models import build_tiny_policy
 from rollout.sampling import generate
 
 torch.set_num_threads(1)
-SAME_LENGTH = [torch.tensor([5, 6, 7, 8, 9, 10]), torch.tensor([11, 12, 13, 14, 15, 16]), torch.tensor([20, 21, 22, 23, 24, 25])]
+SAME_LENGTH = [
+    torch.tensor([5, 6, 7, 8, 9, 10]),
+    torch.tensor([11, 12, 13, 14, 15, 16]),
+    torch.tensor([20, 21, 22, 23, 24, 25]),
+]
 MIXED = [torch.tensor([5, 6, 7, 8, 9]), torch.tensor([10, 11]), torch.tensor([12, 13, 14, 15, 16, 17, 18, 19])]
 SEEDS = torch.tensor([11, 22, 33])
 
@@ -21,7 +25,9 @@ def sdar():
 
 
 def cfg(**kw) -> SamplerConfig:
-    return SamplerConfig(**{**dict(gen_length=16, block_length=None, steps=16, temperature=0.9, stop_at_eos=False), **kw})
+    return SamplerConfig(
+        **{**dict(gen_length=16, block_length=None, steps=16, temperature=0.9, stop_at_eos=False), **kw}
+    )
 
 
 def masks_seen(policy, prompts, c):

@@ -33,7 +33,9 @@ def sdar():
 
 
 def cfg(**kw) -> SamplerConfig:
-    return SamplerConfig(**{**dict(gen_length=32, block_length=None, steps=32, temperature=0.9, stop_at_eos=False), **kw})
+    return SamplerConfig(
+        **{**dict(gen_length=32, block_length=None, steps=32, temperature=0.9, stop_at_eos=False), **kw}
+    )
 
 
 def assert_same(got, ref) -> None:
@@ -71,7 +73,9 @@ def test_static_step_stops_at_eos_like_the_reference():
 
 def test_prompt_width_is_bucketed_and_padding_changes_no_token(sdar):
     lengths = []
-    hook = sdar.model.register_forward_pre_hook(lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    hook = sdar.model.register_forward_pre_hook(
+        lambda m, a, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
     try:
         got = generate(sdar, MIXED, SEEDS, cfg(cuda_graph=True))
     finally:
@@ -142,6 +146,8 @@ def test_graphs_need_a_cached_step_of_static_shape(sdar):
     llada = build_tiny_policy("llada")
     for cache in ("auto", "prefix"):  # full attention resolves to the exact path or the prefix cache
         with pytest.raises(ConfigError, match="cuda_graph=True with cache="):
-            generate(llada, SAME, SEEDS, SamplerConfig(gen_length=16, block_length=8, steps=8, cache=cache, cuda_graph=True))
+            generate(
+                llada, SAME, SEEDS, SamplerConfig(gen_length=16, block_length=8, steps=8, cache=cache, cuda_graph=True)
+            )
     assert SamplerConfig(cuda_graph=True).resolved_cache(block_diffusion=True) == "prefix"
     assert SamplerConfig().cuda_graph is False  # eager stays the default

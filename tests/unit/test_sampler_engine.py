@@ -75,8 +75,18 @@ def test_score_is_the_behaviour_estimate_under_the_engines_weights():
     out = engine.generate(prompts_of([4, 6]), torch.tensor([3, 4]), cfg)
     from common.types import Sample
 
-    samples = [Sample(sample_id=f"p/{i}", prompt_id="p", index=i, prompt_ids=p, completion_ids=out.completion_ids[i],
-                      completion_length=int(out.completion_length[i]), reward=0.0) for i, p in enumerate(prompts_of([4, 6]))]
+    samples = [
+        Sample(
+            sample_id=f"p/{i}",
+            prompt_id="p",
+            index=i,
+            prompt_ids=p,
+            completion_ids=out.completion_ids[i],
+            completion_length=int(out.completion_length[i]),
+            reward=0.0,
+        )
+        for i, p in enumerate(prompts_of([4, 6]))
+    ]
     batch, seeds = collate_samples(samples, engine.pad_token_id), torch.tensor([11, 12])
     estimator = BlockRandomConfig(block_length=8, num_draws=2)
     got = engine.score(batch, seeds, estimator)
@@ -97,9 +107,13 @@ def test_requests_are_checked():
 def test_uniform_noise_families_run_their_own_sampler_never_mask_canvases():
     policy = build_tiny_policy("diffusion_gemma")
     seen = []
-    hook = policy.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["decoder_input_ids"]), with_kwargs=True)
+    hook = policy.model.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw["decoder_input_ids"]), with_kwargs=True
+    )
     try:
-        out = TorchRolloutEngine(policy).generate(prompts_of([3]), torch.tensor([1]), SamplerConfig(gen_length=8, block_length=None, steps=8))
+        out = TorchRolloutEngine(policy).generate(
+            prompts_of([3]), torch.tensor([1]), SamplerConfig(gen_length=8, block_length=None, steps=8)
+        )
     finally:
         hook.remove()
     assert out.completion_ids.shape == (1, 8) and seen and not any((s == policy.mask_token_id).all() for s in seen)

@@ -63,7 +63,9 @@ def test_a_row_does_not_depend_on_its_batch_neighbours_or_padding(llada, kw):
         assert not (block_ends == block_ends[0]).all()
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(remasking="random"), dict(cache="dual"), dict(steps=4, gen_length=16, block_length=4)])
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(remasking="random"), dict(cache="dual"), dict(steps=4, gen_length=16, block_length=4)]
+)
 def test_decode_step_follows_the_schedule(llada, kw):
     """Fixed steps: every position decoded exactly once, step k of a block commits schedule[k]
     tokens, and blocks are decoded in order."""

@@ -41,7 +41,9 @@ class OracleLM(nn.Module):
         self.anchor = nn.Parameter(torch.zeros(1))  # gives the policy a device
         self.calls = 0
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False, logits_to_keep=None):
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False, logits_to_keep=None
+    ):
         self.calls += 1
         pos = position_ids + (1 if self.shifted else 0)  # a shifted model predicts the next position
         logits = torch.zeros(*input_ids.shape, VOCAB)
@@ -50,7 +52,9 @@ class OracleLM(nn.Module):
 
 
 def oracle_policy(block_diffusion: bool = False, shifted: bool = False, **kw) -> DiffusionPolicy:
-    spec = FamilySpec("oracle", attention="block" if block_diffusion else "full", shifted_logits=shifted, default_block_size=4)
+    spec = FamilySpec(
+        "oracle", attention="block" if block_diffusion else "full", shifted_logits=shifted, default_block_size=4
+    )
     return DiffusionPolicy(OracleLM(target_table(eos_at=kw.pop("eos_at", None)), shifted=shifted, **kw), spec,
                            mask_token_id=MASK, eos_token_id=EOS, pad_token_id=PAD)
 

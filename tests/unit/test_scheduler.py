@@ -240,7 +240,10 @@ def test_a_worker_lost_during_evaluation_is_replaced_and_its_part_runs_again():
     sim = Sim(job(), held_out=rows)
     commands = sim.begin("evaluate")
     parts = [c for c in commands if isinstance(c, ev.Evaluate)]
-    assert [(c.worker, [r.prompt_id for r in c.rows]) for c in parts] == [(0, ["p0", "p2", "p4"]), (1, ["p1", "p3", "p5"])]
+    assert [(c.worker, [r.prompt_id for r in c.rows]) for c in parts] == [
+        (0, ["p0", "p2", "p4"]),
+        (1, ["p1", "p3", "p5"]),
+    ]
     again = sim.send(ev.CallFailed(sim.take(ev.Evaluate, worker=1)[0].call, "timed_out", "5 s"))
     rerun = [c for c in again if isinstance(c, ev.Evaluate)]
     assert [(c.worker, [r.prompt_id for r in c.rows]) for c in rerun] == [(0, ["p1", "p3", "p5"])]

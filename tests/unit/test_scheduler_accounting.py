@@ -38,7 +38,9 @@ def answer(sim: Sim, rng: random.Random, command: object, dead: list[ev.Generate
         else:
             sim.rollout_done(command)
     elif isinstance(command, ev.LoadWeights):
-        sim.send(ev.CallFailed(command.call, "died", "fault") if fault else ev.WeightsLoaded(command.call, command.version))
+        sim.send(
+            ev.CallFailed(command.call, "died", "fault") if fault else ev.WeightsLoaded(command.call, command.version)
+        )
     elif isinstance(command, ev.StartWorker):
         if fault:
             sim.send(ev.CallFailed(command.call, "died", "fault"))
@@ -46,8 +48,14 @@ def answer(sim: Sim, rng: random.Random, command: object, dead: list[ev.Generate
             sim.open.append(command)
             sim.started(command)
     elif isinstance(command, ev.Train):
-        sim.send(ev.StepDone(command.step, [{"learner/staleness_max": 0.0, "learner/samples": 1.0, "learner/tokens": 1.0,
-                                             "time/train_rank": 0.0}] * 2, 0.0))
+        sim.send(
+            ev.StepDone(
+                command.step,
+                [{"learner/staleness_max": 0.0, "learner/samples": 1.0, "learner/tokens": 1.0, "time/train_rank": 0.0}]
+                * 2,
+                0.0,
+            )
+        )
     elif isinstance(command, ev.Push):
         if command.barrier and command.receivers and fault:
             sim.send(ev.PushFailed(command.version, (rng.choice(command.receivers),), "a receiver died"))

@@ -25,7 +25,9 @@ from learner.sft import draw_masks, encode_pairs, run_sft, sft_loss
 
 torch.set_num_threads(1)
 TOK = build_char_tokenizer()
-IDS = dict(vocab_size=len(TOK), mask_token_id=TOK.mask_token_id, eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id)
+IDS = dict(
+    vocab_size=len(TOK), mask_token_id=TOK.mask_token_id, eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id
+)
 
 
 def tiny(family: str = "llada", **kw):
@@ -34,7 +36,13 @@ def tiny(family: str = "llada", **kw):
 
 def addition_data(n: int = 100, held_out: int = 0):
     cfg = parse_task_config(
-        {"name": "arithmetic", "digits": 1, "operators": ["+"], "held_out": held_out, "source": {"kind": "generated", "n": n}}
+        {
+            "name": "arithmetic",
+            "digits": 1,
+            "operators": ["+"],
+            "held_out": held_out,
+            "source": {"kind": "generated", "n": n},
+        }
     )
     return load_task_data(cfg)
 
@@ -65,11 +73,15 @@ def test_mask_probability_follows_t_and_the_prompt_is_never_masked():
     # what the model sees: the prompt exactly as given, [M] exactly at the masked completion positions
     policy = tiny()
     data = addition_data(20)
-    batch = encode_pairs(TOK, data.task, data.train[:8], 4, eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id)
+    batch = encode_pairs(
+        TOK, data.task, data.train[:8], 4, eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id
+    )
     p_mask, masked = draw_masks(8, 4, generator(3))
     seen = {}
     inner = policy.model.forward
-    policy.model.forward = lambda input_ids, **kw: seen.setdefault("ids", input_ids) is not None and inner(input_ids=input_ids, **kw)
+    policy.model.forward = lambda input_ids, **kw: (
+        seen.setdefault("ids", input_ids) is not None and inner(input_ids=input_ids, **kw)
+    )
     sft_loss(policy, batch, p_mask, masked)
     p = batch.prompt_width
     assert torch.equal(seen["ids"][:, :p], batch.input_ids[:, :p])
@@ -98,7 +110,9 @@ def reference_loss(policy, batch: SequenceBatch, p_mask, masked) -> torch.Tensor
 def test_loss_equals_the_formula_and_micro_batches_add_up(family):
     policy = tiny(family, block_size=2) if family == "sdar" else tiny(family)
     data = addition_data(30)
-    batch = encode_pairs(TOK, data.task, data.train[:6], 4, eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id)
+    batch = encode_pairs(
+        TOK, data.task, data.train[:6], 4, eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id
+    )
     p_mask, masked = draw_masks(6, 4, generator(1))
     masked[0] = True  # at least one fully masked row and one clean row
     masked[1] = False
@@ -152,7 +166,9 @@ def test_expected_loss_is_the_exact_negative_elbo_over_every_mask():
                 per_token[bits] = nll_sum / int(mask.sum())
         p_mask, masked = draw_masks(n, c, generator(7), eps)
         rows = one.select([0] * chunk)  # the same pair in every row; each chunk's loss is its rows' mean
-        values = [float(sft_loss(policy, rows, p_mask[s : s + chunk], masked[s : s + chunk])[0]) for s in range(0, n, chunk)]
+        values = [
+            float(sft_loss(policy, rows, p_mask[s : s + chunk], masked[s : s + chunk])[0]) for s in range(0, n, chunk)
+        ]
     assert max(per_token.values()) > 1.5 * min(per_token.values())  # the masks' values differ: weights matter
     mc = float(np.mean(values))
     se = float(np.std(values, ddof=1) / np.sqrt(len(values)))
@@ -166,7 +182,9 @@ def test_run_sft_is_deterministic_given_the_seed_and_reduces_the_loss():
 
     def train(seed: int, steps: int = cfg.steps):
         policy = tiny()
-        metrics = run_sft(policy, TOK, data.train, data.task, cfg.model_copy(update={"steps": steps}), seed, gen_length=3, log=None)
+        metrics = run_sft(
+            policy, TOK, data.train, data.task, cfg.model_copy(update={"steps": steps}), seed, gen_length=3, log=None
+        )
         return policy, metrics
 
     a, ma = train(0)
@@ -185,7 +203,13 @@ def job(tmp_path, **over):
 
     data = {
         "model": {"preset": "tiny-llada", "preset_shape": {"hidden_size": 32, "intermediate_size": 64}},
-        "task": {"name": "arithmetic", "digits": 1, "operators": ["+"], "held_out": 20, "source": {"kind": "generated", "n": 100}},
+        "task": {
+            "name": "arithmetic",
+            "digits": 1,
+            "operators": ["+"],
+            "held_out": 20,
+            "source": {"kind": "generated", "n": 100},
+        },
         "sampler": {"gen_length": 4, "block_length": 4, "steps": 4},
         "estimator": {"name": "elbo_mc"},
         "loss": {"name": "stabledrl"},

@@ -96,7 +96,9 @@ def test_report_from_files_alone(tmp_path):
         collapsing = method == "grpo" and seed == 1
         fake_run(study.output_dir / method / f"seed{seed}", [0.4] * 10 + ([0.0] if collapsing else [0.4]) * 20,
                  0.05 if collapsing else 0.4)
-    (tmp_path / "STUDY.md").write_text("# Study\n\nintro\n\n<!-- study:cpu -->\nold table\n<!-- /study:cpu -->\n\nafter\n")
+    (tmp_path / "STUDY.md").write_text(
+        "# Study\n\nintro\n\n<!-- study:cpu -->\nold table\n<!-- /study:cpu -->\n\nafter\n"
+    )
     reloaded = load_study_dir(study.output_dir)  # study.json makes the directory self-describing
     assert reloaded.runs == study.runs
     written = write_report(reloaded, command="stabledrl study --report X")

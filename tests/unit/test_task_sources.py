@@ -21,7 +21,9 @@ QUESTIONS = [f"Sam has {i} apples and buys {i} more. How many apples?" for i in 
 VERL = [
     {
         "data_source": "openai/gsm8k",
-        "prompt": [{"role": "user", "content": f"{q} Let's think step by step and output the final answer after \"####\"."}],
+        "prompt": [
+            {"role": "user", "content": f'{q} Let\'s think step by step and output the final answer after "####".'}
+        ],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
         "extra_info": {"split": "train", "index": i, "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}", "question": q},
@@ -81,11 +83,15 @@ def test_message_prompts_keep_their_system_turn_and_get_the_task_system_prompt_o
 
 def test_dotted_columns_read_nested_fields_and_list_items(tmp_path):
     path = write_parquet(tmp_path / "train.parquet", VERL)
-    data = load_task_data(gsm8k({"path": path, "columns": {"prompt": "extra_info.question", "answer": "extra_info.answer"}}))
+    data = load_task_data(
+        gsm8k({"path": path, "columns": {"prompt": "extra_info.question", "answer": "extra_info.answer"}})
+    )
     assert [r.prompt for r in data.train] == QUESTIONS and not data.train[0].messages  # text: the template applies
     assert [r.answer for r in data.train] == [str(2 * i) for i in range(1, 9)]  # "#### N" parsed from the solution
     assert data.train[0].meta["solution"] == "1 + 1 = 2"
-    data = load_task_data(gsm8k({"path": path, "columns": {"prompt": "prompt.0.content", "answer": "reward_model.ground_truth"}}))
+    data = load_task_data(
+        gsm8k({"path": path, "columns": {"prompt": "prompt.0.content", "answer": "reward_model.ground_truth"}})
+    )
     assert data.train[0].prompt == VERL[0]["prompt"][0]["content"]
     with pytest.raises(DataError, match=r"no column \['reward_model.truth'\]"):  # no record has that path
         load_task_data(gsm8k({"path": path, "columns": {"answer": "reward_model.truth"}}))
@@ -121,8 +127,12 @@ def offline_datasets_cache(tmp_path, monkeypatch):
     from datasets.packaged_modules.parquet.parquet import Parquet
 
     cache = tmp_path / "datasets-cache"
-    for module, name, value in [(datasets.config, "HF_DATASETS_CACHE", cache), (datasets.config, "HF_DATASETS_OFFLINE", True),
-                                (datasets.config, "HF_HUB_OFFLINE", True), (huggingface_hub.constants, "HF_HUB_OFFLINE", True)]:
+    for module, name, value in [
+        (datasets.config, "HF_DATASETS_CACHE", cache),
+        (datasets.config, "HF_DATASETS_OFFLINE", True),
+        (datasets.config, "HF_HUB_OFFLINE", True),
+        (huggingface_hub.constants, "HF_HUB_OFFLINE", True),
+    ]:
         monkeypatch.setattr(module, name, value)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -143,7 +153,9 @@ def test_hub_dataset_resolves_from_the_local_cache(offline_datasets_cache):
     assert [r.answer for r in data.train] == [str(2 * i) for i in range(1, 7)]
     assert [r.answer for r in data.held_out] == ["14", "16"]
     assert data.train[0].messages == tuple(VERL[0]["prompt"]) and data.train[0].record["extra_info"]["index"] == 1
-    with pytest.raises(DataError, match=r"'acme/other' is not in the local datasets cache.*load_dataset\('acme/other'\)"):
+    with pytest.raises(
+        DataError, match=r"'acme/other' is not in the local datasets cache.*load_dataset\('acme/other'\)"
+    ):
         load_task_data(gsm8k({**source, "dataset": "acme/other", "config": None}))
 
 

@@ -6,7 +6,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from common.config.task import parse_task_config
-from common.tasks import DataCursor, DataError, PromptStream, Row, build_task, load_task_data, rows_from_records, split_rows
+from common.tasks import (
+    DataCursor,
+    DataError,
+    PromptStream,
+    Row,
+    build_task,
+    load_task_data,
+    rows_from_records,
+    split_rows,
+)
 
 GOOD = [{"question": f"What is {i} + {i}?", "final": f"#### {2 * i}"} for i in range(20)]
 BAD = [
@@ -101,13 +110,21 @@ def test_structured_tasks_from_parquet(tmp_path):
         {"id": "c1", "nums": [2, 3, 5, 7], "target": 22},
         {"id": "c2", "nums": [1, 1], "target": None},
     ])
-    cfg = parse_task_config({"name": "countdown", "source": {"kind": "file", "path": cd, "columns": {"numbers": "nums"}}, "on_bad_row": "skip"})
+    cfg = parse_task_config(
+        {
+            "name": "countdown",
+            "source": {"kind": "file", "path": cd, "columns": {"numbers": "nums"}},
+            "on_bad_row": "skip",
+        }
+    )
     data = load_task_data(cfg)
     assert [r.prompt_id for r in data.train] == ["c1"] and data.reports[0].skipped == {"missing_field": 1}
     row = data.train[0]
     assert data.task.reward(data.task.reference_completion(row), row).parts["correctness"] == 1.0
 
-    sd = write_parquet(tmp_path / "sd.parquet", [{"puzzle": "1004300221004001"}, {"puzzle": "1100000000000000"}, {"puzzle": "12"}])
+    sd = write_parquet(
+        tmp_path / "sd.parquet", [{"puzzle": "1004300221004001"}, {"puzzle": "1100000000000000"}, {"puzzle": "12"}]
+    )
     cfg = parse_task_config({"name": "sudoku4", "source": {"kind": "file", "path": sd}, "on_bad_row": "skip"})
     data = load_task_data(cfg)
     assert [r.meta["solution"] for r in data.train] == ["1234341221434321"]
@@ -145,7 +162,9 @@ def test_fractional_split_membership_ignores_other_rows():
 
 
 def test_generated_data_split(tmp_path):
-    cfg = parse_task_config({"name": "arithmetic", "source": {"kind": "generated", "n": 300, "seed": 5}, "held_out": 30})
+    cfg = parse_task_config(
+        {"name": "arithmetic", "source": {"kind": "generated", "n": 300, "seed": 5}, "held_out": 30}
+    )
     a, b = load_task_data(cfg), load_task_data(cfg)
     assert a.train == b.train and a.held_out == b.held_out and len(a.held_out) == 30
     assert {r.prompt for r in a.train}.isdisjoint(r.prompt for r in a.held_out)

@@ -26,9 +26,14 @@ def test_reference_completions_get_full_reward(name):
         assert r.parts == {"correctness": 1.0, "format": 1.0}, (row, task.reference_completion(row))
 
 
-@pytest.mark.parametrize("kw", [
-    {}, {"digits": 1, "operators": ["+", "-", "*", "/"]}, {"digits": 3, "terms": 3, "operators": ["*", "/", "-"], "allow_negative": True},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"digits": 1, "operators": ["+", "-", "*", "/"]},
+        {"digits": 3, "terms": 3, "operators": ["*", "/", "-"], "allow_negative": True},
+    ],
+)
 def test_arithmetic_answers_are_the_exact_value(kw):
     task, generated = rows("arithmetic", n=80, **kw)
     for row in generated:
@@ -74,7 +79,9 @@ def test_sudoku_puzzles_are_unique_and_consistent(empty):
 
 def test_sudoku_non_unique_generation_is_valid():
     _, generated = rows("sudoku4", n=40, empty_cells=12, unique=False, scoring="valid")
-    assert all(is_valid_solution(r.meta["solution"]) and consistent(r.meta["solution"], r.meta["puzzle"]) for r in generated)
+    assert all(
+        is_valid_solution(r.meta["solution"]) and consistent(r.meta["solution"], r.meta["puzzle"]) for r in generated
+    )
     assert any(len(solutions(r.meta["puzzle"], limit=2)) == 2 for r in generated)
 
 
@@ -96,11 +103,16 @@ def test_exhausted_problem_space_is_an_error():
 
 
 def test_templates_and_system_prompt():
-    task = build_task(parse_task_config({"name": "arithmetic", "template": "Q: {prompt} A:", "system_prompt": "Be exact."}))
+    task = build_task(
+        parse_task_config({"name": "arithmetic", "template": "Q: {prompt} A:", "system_prompt": "Be exact."})
+    )
     _, generated = rows("arithmetic", n=1)
     row = generated[0]
     assert task.render_prompt(row) == f"Be exact.\n\nQ: {row.prompt} A:"
-    assert task.messages(row) == [{"role": "system", "content": "Be exact."}, {"role": "user", "content": f"Q: {row.prompt} A:"}]
+    assert task.messages(row) == [
+        {"role": "system", "content": "Be exact."},
+        {"role": "user", "content": f"Q: {row.prompt} A:"},
+    ]
     braces = build_task(parse_task_config({"name": "countdown", "template": "{prompt} \\boxed{} {x}"}))
     assert braces.render_prompt(row) == f"{row.prompt} \\boxed{{}} {{x}}"
 
@@ -126,4 +138,6 @@ def test_config_defaults():
     cfg = parse_task_config({"name": "countdown"})
     assert cfg.number_use == "exactly_once" and cfg.source.kind == "generated" and cfg.on_bad_row == "error"
     assert cfg.reward.resolved_isolation == "inline"
-    assert parse_task_config({"name": "countdown", "reward": {"custom": "m.py:f"}}).reward.resolved_isolation == "process"
+    assert (
+        parse_task_config({"name": "countdown", "reward": {"custom": "m.py:f"}}).reward.resolved_isolation == "process"
+    )

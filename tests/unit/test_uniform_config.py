@@ -35,7 +35,10 @@ def test_a_diffusion_gemma_job_validates_with_the_uniform_estimator():
     [
         ({"estimator": {"name": "staircase"}}, r"estimator.name 'staircase' corrupts with the \[MASK\] token"),
         ({"estimator": {"name": "mean_field"}}, r"estimator.name 'mean_field' corrupts with the \[MASK\] token"),
-        ({"model": {"preset": "tiny-sdar", "block_size": 4}}, r"estimator.name 'uniform_staircase' scores uniform-noise canvases"),
+        (
+            {"model": {"preset": "tiny-sdar", "block_size": 4}},
+            r"estimator.name 'uniform_staircase' scores uniform-noise canvases",
+        ),
         ({"loss": {"name": "grpo", "level": "token"}}, r"loss.level 'token' needs per-token values"),
     ],
 )

@@ -84,14 +84,18 @@ def _per_block_terms(policy, batch, views, objective):
                 with torch.no_grad():
                     logits = policy(x, logits_from=x.shape[1] - BLOCK).logits[0]  # [BLOCK, V]
                 if objective == "elbo":
-                    t = udlm_elbo_terms(logits[sel], clean[span][sel], views.noisy[i, j, span][sel], views.alpha[i, j, span][sel])
+                    t = udlm_elbo_terms(
+                        logits[sel], clean[span][sel], views.noisy[i, j, span][sel], views.alpha[i, j, span][sel]
+                    )
                 else:
                     t = token_logp(logits[sel], clean[span][sel])
                 out[i, j, start : start + BLOCK][sel] = t
     return out
 
 
-@pytest.mark.parametrize("objective,weighting", [("elbo", "weighted"), ("elbo", "mean"), ("corrupted_logp", "weighted")])
+@pytest.mark.parametrize(
+    "objective,weighting", [("elbo", "weighted"), ("elbo", "mean"), ("corrupted_logp", "weighted")]
+)
 def test_staircase_value_equals_the_per_block_computation(policy, objective, weighting):
     batch, seeds = _batch(), torch.tensor([3, 4])
     cfg = UniformStaircaseConfig(objective=objective, weighting=weighting, num_draws=2, t_min=0.2, t_max=0.9)
@@ -114,7 +118,10 @@ def test_corruption_is_uniform_noise_seeded_per_sample(policy):
     c = uniform_views(policy, batch, torch.tensor([5, 4]), cfg)
     assert not torch.equal(a.noisy[0], c.noisy[0])
     hit = a.corrupted & (torch.arange(C) < 7)  # corrupted real positions of both rows
-    assert not (a.noisy[hit] == policy.mask_token_id).all() and (a.noisy[~a.corrupted] == batch.completion_ids[:, None].expand(-1, 3, -1)[~a.corrupted]).all()
+    assert (
+        not (a.noisy[hit] == policy.mask_token_id).all()
+        and (a.noisy[~a.corrupted] == batch.completion_ids[:, None].expand(-1, 3, -1)[~a.corrupted]).all()
+    )
     # row 1: the rest of block 1 after the EOS is noise, block 2 is left clean (never seen by a scored row)
     assert a.corrupted[1, :, 7:8].all() and not a.corrupted[1, :, 8:].any()
 

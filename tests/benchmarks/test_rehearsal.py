@@ -1,0 +1,64 @@
+"""The component suite's CPU rehearsal (``run_all.py --rehearsal``): every job of the 2-GPU plan runs
+through its own script, at the tiny shapes with the fewest repetitions, under the same runner as
+on the GPUs. A refactor that breaks a benchmark (an API it calls, a part that now raises) fails
+here: the run must exit 0 with every job ``ok`` and every part measured. The system benchmark's
+runner gets the same check with its component parts (its job part: test_bench_system.py)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.e2e
+
+JOBS = {"matmul_gpu0", "matmul_gpu1", "full_attention", "block_diffusion", "lora_push", "learner_1gpu", "push", "async",
+        "learner_2gpu"}
+
+
+def _run(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *map(str, args)], cwd=HERE.parents[1], timeout=1500, capture_output=True,
+                          text=True)
+
+
+def test_every_component_benchmark_runs_its_tiny_path(tmp_path):
+    done = _run(HERE / "run_all.py", "--rehearsal", "--no-copy", "--out", tmp_path)
+    data = json.loads((tmp_path / "results.json").read_text())
+    jobs = data["jobs"]
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert set(jobs) == JOBS and all(j["status"] == "ok" for j in jobs.values()), {
+        k: j["status"] for k, j in jobs.items()
+    }
+    parts = {name: j["result"]["parts"] for name, j in jobs.items()}
+    for world, stages in ((1, ("2", "3o")), (2, ("3",))):
+        learner = parts[f"learner_{world}gpu"]
+        for stage in stages:
+            step = next(v for k, v in learner.items() if k.startswith(f"zero{stage}_ckpt_"))
+            assert step["step_s_median"] > 0 and step["skipped_steps_total"] == 0 and step["world"] == world
+            assert step["offload"]["offload_optimizer"] == ("cpu" if stage.endswith("o") else "none")
+        assert learner["zero3_gather"]["params_on_rank0"] > 0
+    assert parts["learner_1gpu"]["zero2_profile"]["top_host_ops"]
+    assert parts["push"] and parts["block_diffusion"] and parts["full_attention"]
+    assert parts["lora_push"]["ratio"]["receiver_weights_equal"] is True
+    assert parts["lora_push"]["adapters"]["learner_s"] > 0 and parts["lora_push"]["merged"]["wire_gb"] > 0
+    assert {k for k in parts["async"] if k.startswith("eta")} >= {"eta0", "eta1"}, list(parts["async"])
+    table = (tmp_path / "table.md").read_text()
+    assert "| learner_2gpu | ok |" in table
+
+
+def test_the_system_runner_runs_its_component_parts(tmp_path):
+    done = _run(HERE / "run_system.py", "--tiny", "--parts", "ckpt_llada,matmul,engine_llada", "--work", tmp_path / "w",
+                "--out", tmp_path / "out")
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert {k: p["status"] for k, p in data["parts"].items()} == {
+        "ckpt_llada": "ok",
+        "matmul": "ok",
+        "engine_llada": "ok",
+    }
+    engine = data["parts"]["engine_llada"]["result"]["parts"]["engine"]
+    assert engine["tokens_per_s"] > 0
+    assert "| engine_llada | ok |" in (tmp_path / "out" / "summary.md").read_text()
