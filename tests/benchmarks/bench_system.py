@@ -201,7 +201,7 @@ def job_overrides(a: argparse.Namespace, family: str, model_dir: Path, data: dic
         o.append(f"rollout.num_workers={a.workers}")
     peak = bl.read_peak_tflops(a.peak_from)
     if peak:
-        o.append(f"run.peak_tflops={peak:.1f}")
+        o.append(f"run.peak_tflops={peak:.6g}")  # a busy CPU measures ~0.01: never round it to 0
     if a.tiny:
         o += TINY[family] + TINY_COMMON
     return o + list(a.set)
