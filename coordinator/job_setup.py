@@ -18,7 +18,7 @@ import ray
 
 from common.config.base import ConfigError
 from common.config.job import JobConfig, check_resources
-from common.metrics import MetricsLogger
+from common.metrics import MetricsLogger, restore_metrics
 from common.models.loading import check_model_files, load_model_tokenizer
 from common.tasks import Row, TaskData, load_task_data
 from coordinator import checkpoint
@@ -83,7 +83,7 @@ def prepare(cfg: JobConfig, stages: Stages, log: Callable[[str], None], config: 
         log(note)
     write_config(cfg, config)
     if resume is not None:
-        dropped = checkpoint.restore_metrics(cfg.run.output_dir, int(resume.state["step"]))
+        dropped = restore_metrics(cfg.run.output_dir, int(resume.state["step"]))
         if dropped:
             log(f"metrics.jsonl: {dropped} lines after step {resume.state['step']} removed (they are "
                 "recomputed; the old file is metrics.before_resume.jsonl)")
