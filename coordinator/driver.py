@@ -35,6 +35,7 @@ from coordinator.actors import start_actors
 from coordinator.control import start_control
 from coordinator.held_out import HeldOutResult
 from coordinator.job_setup import NO_STAGES, Stages, config_json, load_checkpoint, log_data, prepare, write_config
+from coordinator.progress import Progress
 from coordinator.runtime import RayRuntime
 from coordinator.scheduler import Scheduler
 from coordinator.weight_sync import WeightSync
@@ -69,7 +70,7 @@ class Driver:
         self.runtime: Optional[RayRuntime] = None
         self.metrics: Optional[MetricsLogger] = None
         self.control: Any = None
-        self.progress: Any = None
+        self.progress: Optional[Progress] = None
 
     # ---- the run --------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -153,13 +154,7 @@ class Driver:
 
     def train(self) -> None:
         """Train to ``run.steps``, rollouts running ahead as far as the staleness bound allows."""
-        import sys
-
-        from tqdm import tqdm
-
-        steps = self.cfg.run.steps
-        self.progress = tqdm(total=steps, initial=self.step, desc="train", dynamic_ncols=True,
-                             disable=not self.cfg.run.progress or not sys.stderr.isatty())
+        self.progress = Progress(self.cfg.run.steps, self.step, self.cfg.run.progress, self.log)
         try:
             self._drive(self.scheduler.begin("train", at=time.perf_counter()))
         finally:
@@ -236,16 +231,8 @@ class Driver:
         self.history.append(written)
         if self.record_batches:
             self.batches.append(command.batch)
-        steps = self.cfg.run.steps
         if self.progress is not None:
-            self.progress.update(1)
-            self.progress.set_postfix(
-                reward=f"{written['rollout/reward_mean']:.3f}",
-                loss=f"{written['train/loss']:.4f}",
-                dropped=int(written["staleness/dropped_total"]),
-            )
-            if self.cfg.run.progress and self.progress.disable and command.step % max(1, steps // 20) == 0:
-                self.log(progress_line(command.step, steps, written))  # a log file gets lines, not a bar
+            self.progress.step(command.step, written)
 
     # ---- checkpoints and logs -------------------------------------------------------------------
     def config_json(self) -> dict[str, Any]:
@@ -313,9 +300,3 @@ class Driver:
     @property
     def reward_calls(self) -> dict[str, float]:
         return self.scheduler.reward_calls
-
-
-def progress_line(step: int, steps: int, record: dict[str, float]) -> str:
-    return (f"step {step}/{steps}: reward {record['rollout/reward_mean']:.3f}, loss {record['train/loss']:.4f}, "
-            f"grad norm {record['train/grad_norm']:.3f}, staleness {record['staleness/mean']:.2f} "
-            f"(dropped {int(record['staleness/dropped_total'])}), {record['time/step']:.2f} s/step")
