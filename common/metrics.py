@@ -5,12 +5,14 @@ ratio statistics, clip fraction, ESS, grad norm), ``staleness/*`` (mean, max, dr
 ``time/*`` (generate, train, weight push, step), ``perf/*`` (tokens/s, MFU), ``eval/*``.
 
 One line of ``metrics.jsonl`` per call: ``{"step": s, "time": unix seconds, name: value, ...}``;
-values are plain floats, so ``pandas.read_json(path, lines=True)`` reads a run back.
+values are plain floats, so ``pandas.read_json(path, lines=True)`` reads a run back. A resumed run
+drops the lines after its checkpoint's step (``restore_metrics``).
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -100,3 +102,38 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.prod(1.0 - k / m for m in range(n - c + 1, n + 1))
+
+
+def restore_metrics(output_dir: Path, step: int) -> Optional[int]:
+    """A resumed run recomputes every step after ``step``: drop their lines from metrics.jsonl (the
+    old file is kept as metrics.before_resume.jsonl). Returns how many lines were dropped."""
+    path = Path(output_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    lines = path.read_text().splitlines(keepends=True)
+    keep = [line for line in lines if _line_step(line) <= step]
+    if len(keep) < len(lines):
+        _write_atomically(path.with_name("metrics.before_resume.jsonl"), "".join(lines))
+        _write_atomically(path, "".join(keep))
+    return len(lines) - len(keep)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` or what it held before, never a part (a full disk leaves no 0-byte file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _line_step(line: str) -> float:
+    try:
+        return float(json.loads(line).get("step", 0))
+    except (json.JSONDecodeError, AttributeError):
+        return float("inf")  # a torn last line goes

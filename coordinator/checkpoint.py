@@ -37,7 +37,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 from common.run_seal import seal_json
 from common.checkpoint_files import FORMAT, STATE_FILE, CheckpointError, clear_incomplete, read_latest, verify_tag
@@ -282,38 +282,3 @@ def _check_config(saved: dict[str, Any], current: dict[str, Any], where: Path) -
     if differ:
         raise CheckpointError(f"{where} was written by another config; these fields must match to resume: "
                               + "; ".join(differ))
-
-
-def restore_metrics(output_dir: Path, step: int) -> Optional[int]:
-    """A resumed run recomputes every step after ``step``: drop their lines from metrics.jsonl (the
-    old file is kept as metrics.before_resume.jsonl). Returns how many lines were dropped."""
-    path = Path(output_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    lines = path.read_text().splitlines(keepends=True)
-    keep = [line for line in lines if _line_step(line) <= step]
-    if len(keep) < len(lines):
-        _write_atomically(path.with_name("metrics.before_resume.jsonl"), "".join(lines))
-        _write_atomically(path, "".join(keep))
-    return len(lines) - len(keep)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text`` or what it held before, never a part (a full disk leaves no 0-byte file)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _line_step(line: str) -> float:
-    try:
-        return float(json.loads(line).get("step", 0))
-    except (json.JSONDecodeError, AttributeError):
-        return float("inf")  # a torn last line goes

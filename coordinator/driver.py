@@ -4,7 +4,8 @@
     result = driver.run()          # warm start, actors, eval, train loop, eval, checkpoint, export
 
 ``setup`` does everything that can refuse the job before the first actor starts (resources,
-the checkpoint to resume from, the data), then starts the actors and the weight transport. The
+the checkpoint to resume from, the data: coordinator/job_setup.py), then starts the actors and the
+weight transport. The
 warm start and the in-training protocol evaluation are recipes: the command layer passes them in
 (``stages``, recipes/stages.py), so nothing here imports upward.
 Every phase after it is a goal of the scheduler (coordinator/scheduler.py), reached by one loop,
@@ -23,20 +24,20 @@ from typing import Any, Callable, Optional
 
 import ray
 
-from common.config.base import ConfigError
-from common.config.job import JobConfig, check_resources
-from common.metrics import MetricsLogger, read_metrics
-from common.models.loading import check_model_files, load_model_tokenizer
-from common.tasks import PromptStream, load_task_data
+from common.config.job import JobConfig
+from common.metrics import MetricsLogger
+from common.tasks import PromptStream
 from common.types import Episode
 from coordinator import checkpoint
 from coordinator import events as ev
-from coordinator.actors import start_actors, wait
+from coordinator import held_out
+from coordinator.actors import start_actors
 from coordinator.control import start_control
-from coordinator.held_out import HeldOutResult, held_out_rows
+from coordinator.held_out import HeldOutResult
+from coordinator.job_setup import NO_STAGES, Stages, config_json, load_checkpoint, log_data, prepare, write_config
+from coordinator.progress import Progress
 from coordinator.runtime import RayRuntime
 from coordinator.scheduler import Scheduler
-from coordinator.step_metrics import data_metrics
 from coordinator.weight_sync import WeightSync
 from learner.worker import LearnerWorker
 from rollout.worker import RolloutWorker
@@ -51,24 +52,6 @@ class RunResult:
     output_dir: str
 
 
-@dataclass(frozen=True)
-class Stages:
-    """What the command layer wires into a job as plain callables (recipes/stages.py has
-    `stabledrl train`'s): the warm start, ``(cfg, log) -> the SFT model's directory``, and the
-    in-training protocol evaluation, ``cfg -> ProtocolRunner`` (coordinator/commands.py)."""
-
-    warm_start: Optional[Callable[..., Any]] = None
-    protocol_eval: Optional[Callable[[JobConfig], ev.ProtocolRunner]] = None
-
-    def check(self, cfg: JobConfig) -> None:
-        """A config that needs a stage this driver lacks fails before anything starts, naming it."""
-        for field, needed, stage in (("warmstart", cfg.warmstart is not None, self.warm_start),
-                                     ("eval.protocol", cfg.eval.protocol is not None, self.protocol_eval)):
-            if needed and stage is None:
-                raise ConfigError(f"{field} is set, but this driver was built without that stage (pass "
-                                  "stages=recipes.stages.JOB_STAGES, as `stabledrl train` does)")
-
-
 class DeadlineReached(RuntimeError):
     """The driver's ``deadline`` (wall-clock seconds since the epoch) passed while it ran."""
 
@@ -76,7 +59,7 @@ class DeadlineReached(RuntimeError):
 class Driver:
     def __init__(self, cfg: JobConfig, *, rollout_cls: type = RolloutWorker, learner_cls: type = LearnerWorker,
                  log: Callable[[str], None] = print, record_batches: bool = False,
-                 deadline: Optional[float] = None, stages: Stages = Stages()) -> None:
+                 deadline: Optional[float] = None, stages: Stages = NO_STAGES) -> None:
         self.cfg = self.job_cfg = cfg  # job_cfg stays as given (a warm start changes cfg.model.path)
         self.rollout_cls, self.learner_cls, self.log = rollout_cls, learner_cls, log
         self.record_batches, self.deadline, self.stages = record_batches, deadline, stages
@@ -87,7 +70,7 @@ class Driver:
         self.runtime: Optional[RayRuntime] = None
         self.metrics: Optional[MetricsLogger] = None
         self.control: Any = None
-        self.progress: Any = None
+        self.progress: Optional[Progress] = None
 
     # ---- the run --------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -121,38 +104,18 @@ class Driver:
     def setup(self) -> None:
         """Everything that can refuse the job runs before the first actor starts: the resources
         the cluster offers, the checkpoint to resume from, the data."""
-        t0 = time.perf_counter()
-        cfg = self.cfg
-        self.stages.check(cfg)
-        check_resources(cfg, ray.cluster_resources())
-        resume = None
-        if cfg.run.resume_from is not None:
-            resume = checkpoint.verify(cfg.run.resume_from, self.config_json(), self.log)
-        if cfg.warmstart is not None:  # the job's first stage: an SFT recipe, cached
-            path = self.stages.warm_start(cfg, log=self.log)
-            self.log(f"warm start: {path} ({time.perf_counter() - t0:.1f} s)")
-            model = cfg.model.model_copy(update={"path": path, "preset": None, "preset_shape": None})
-            self.cfg = cfg = cfg.model_copy(update={"model": model})
-        check_model_files(cfg.model)  # a pickle in model.path or the warm start is refused here, before any actor
-        data = load_task_data(cfg.task, tokenizer=load_model_tokenizer(cfg.model))  # max_prompt_tokens in model tokens
-        self.rows = {r.prompt_id: r for r in data.train}
-        held_out, note = held_out_rows(data.held_out, cfg.eval.num_prompts)
-        if note:
-            self.log(note)
-        self.write_config()
-        if resume is not None:
-            dropped = checkpoint.restore_metrics(cfg.run.output_dir, int(resume.state["step"]))
-            if dropped:
-                self.log(f"metrics.jsonl: {dropped} lines after step {resume.state['step']} removed (they are "
-                         "recomputed; the old file is metrics.before_resume.jsonl)")
+        job = prepare(self.cfg, self.stages, self.log, self.config_json())
+        self.cfg = cfg = job.cfg
+        self.rows, resume, data = job.rows, job.resume, job.data
         self.metrics = MetricsLogger(cfg.run.output_dir, tensorboard=cfg.run.tensorboard,
                                      wandb_project=cfg.run.wandb_project, run_config=cfg.model_dump(mode="json"),
                                      append=resume is not None)
-        self.log_data(data.reports)
+        log_data(data.reports, self.metrics, self.log)
         t1 = time.perf_counter()
+        t0 = t1 - job.seconds
         c = cfg.cluster
         weights = cfg.weights.resolve(actors_have_gpus=c.learner.num_gpus > 0 and c.rollout.num_gpus > 0)
-        self.scheduler = Scheduler(cfg, PromptStream(data.train, seed=cfg.run.seed), held_out,
+        self.scheduler = Scheduler(cfg, PromptStream(data.train, seed=cfg.run.seed), job.held_out,
                                    collective_push=weights.backend != "object_store")
         self.control = start_control(cfg.run.job_name, cfg.rollout.min_workers, cfg.rollout.worker_limit)
         actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls, log=self.log)
@@ -172,7 +135,7 @@ class Driver:
             self.restore(resume)
         self.scheduler.handle(ev.StartupTimed({"time/startup_prepare": t1 - t0,
                                                "time/startup_actors": time.perf_counter() - t1}))
-        self.log(f"{len(data.train)} training prompts, {len(held_out)} held-out; startup "
+        self.log(f"{len(data.train)} training prompts, {len(job.held_out)} held-out; startup "
                  f"{time.perf_counter() - t0:.1f} s")
 
     def evaluate(self) -> Optional[HeldOutResult]:
@@ -191,13 +154,7 @@ class Driver:
 
     def train(self) -> None:
         """Train to ``run.steps``, rollouts running ahead as far as the staleness bound allows."""
-        import sys
-
-        from tqdm import tqdm
-
-        steps = self.cfg.run.steps
-        self.progress = tqdm(total=steps, initial=self.step, desc="train", dynamic_ncols=True,
-                             disable=not self.cfg.run.progress or not sys.stderr.isatty())
+        self.progress = Progress(self.cfg.run.steps, self.step, self.cfg.run.progress, self.log)
         try:
             self._drive(self.scheduler.begin("train", at=time.perf_counter()))
         finally:
@@ -274,87 +231,33 @@ class Driver:
         self.history.append(written)
         if self.record_batches:
             self.batches.append(command.batch)
-        steps = self.cfg.run.steps
         if self.progress is not None:
-            self.progress.update(1)
-            self.progress.set_postfix(
-                reward=f"{written['rollout/reward_mean']:.3f}",
-                loss=f"{written['train/loss']:.4f}",
-                dropped=int(written["staleness/dropped_total"]),
-            )
-            if self.cfg.run.progress and self.progress.disable and command.step % max(1, steps // 20) == 0:
-                self.log(progress_line(command.step, steps, written))  # a log file gets lines, not a bar
+            self.progress.step(command.step, written)
 
     # ---- checkpoints and logs -------------------------------------------------------------------
     def config_json(self) -> dict[str, Any]:
-        """The job's config as given (``run.resume_from`` left out): what config.yaml and every
-        checkpoint record, and what a resume is checked against."""
-        run = self.job_cfg.run.model_copy(update={"resume_from": None})
-        return self.job_cfg.model_copy(update={"run": run}).model_dump(mode="json")
+        """The job's config as given, without run.resume_from (coordinator/job_setup.py)."""
+        return config_json(self.job_cfg)
 
     def write_config(self) -> None:
-        """output_dir/config.yaml: the resolved config, which `stabledrl train --resume` reads back,
-        sealed under this user's key (common/run_seal.py)."""
-        import yaml
-
-        from common.run_seal import sealed_text
-
-        directory = self.cfg.run.output_dir
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "config.yaml").write_text(sealed_text(yaml.safe_dump(self.config_json(), sort_keys=False)))
+        write_config(self.cfg, self.config_json())
 
     def restore(self, resume: checkpoint.Resume) -> None:
         """After ``checkpoint.verify`` accepted the files and the config, and the actors started:
         check the model's shapes, load every learner rank, restore the scheduler's state and push
         the restored weights to every worker."""
-        actors, timeout = self.runtime.actors, self.cfg.cluster.start_timeout_s
-        where = resume.directory / resume.tag
-        checkpoint.check_shapes(resume.state["parameter_shapes"], self.runtime.parameter_shapes(), where)
-        state = checkpoint.load(actors, resume, timeout)
-        saved = wait([actors.learners[0].resharded_from.remote()], timeout, "learner rank 0 (re-shard)")[0]
-        if saved is not None:
-            self.log(f"checkpoint re-sharded: written by {saved[0]} learner ranks (ZeRO-{saved[1]}), loaded into "
-                     f"{len(actors.learners)} (ZeRO-{self.cfg.learner.deepspeed.zero_stage}); fp32 masters and Adam "
-                     f"moments exact, each rank's RNG streams derived from (run.seed, step, rank)")
-        try:
-            self.scheduler.load_state_dict(state, self.rows, resume.episodes)
-        except (ValueError, KeyError) as e:
-            raise checkpoint.CheckpointError(f"{where}: the task's rows changed ({e})") from None
-        except OverflowError as e:
-            raise checkpoint.CheckpointError(f"{where}: {e}") from None
+        where = load_checkpoint(resume, self.runtime, self.scheduler, self.rows, self.cfg, self.log)
         self._drive(self.scheduler.begin("restore"))
         self.log(f"resumed at step {self.step} (weights version {self.scheduler.staleness.version}, "
                  f"{len(resume.episodes)} buffered groups) from {where}")
 
     def first_evaluation(self) -> Optional[HeldOutResult]:
         """The run's evaluation at step 0, as metrics.jsonl recorded it (a resumed run's BEFORE)."""
-        path = self.cfg.run.output_dir / "metrics.jsonl"
-        records = read_metrics(path) if path.is_file() else []
-        return next((HeldOutResult.from_metrics(r) for r in records if r.get("step") == 0 and "eval/pass@1" in r), None)
+        return held_out.first_evaluation(self.cfg.run.output_dir)
 
     def recorded_evaluations(self) -> list[HeldOutResult]:
-        """Every held-out evaluation of the run, one per step (the last one recorded at a step), at
-        the steps an uninterrupted run evaluates, as metrics.jsonl has them."""
-        path = self.cfg.run.output_dir / "metrics.jsonl"
-        by_step = {int(r["step"]): HeldOutResult.from_metrics(r) for r in (read_metrics(path) if path.is_file() else [])
-                   if "eval/pass@1" in r}
-        return [by_step[step] for step in sorted(by_step) if self.scheduled_evaluation(step)]
-
-    def scheduled_evaluation(self, step: int) -> bool:
-        """Whether an uninterrupted run evaluates at ``step`` (BEFORE, every eval.every steps, AFTER):
-        the evaluation a resumed process runs at its checkpoint's step is not one of the run's."""
-        every, steps = self.cfg.eval.every, self.cfg.run.steps
-        return step in (0, steps) or (every > 0 and step % every == 0 and step < steps)
-
-    def log_data(self, reports: list[Any]) -> None:
-        """Rows read, kept and skipped by reason (task.on_bad_row: skip), in the log and as data/*."""
-        for report in reports:
-            if report.n_skipped:
-                reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items()))
-                examples = "; ".join(report.examples[:3])
-                self.log(f"data: {report.source}: kept {report.kept} of {report.read} rows, skipped {reasons}"
-                         + (f" (e.g. {examples})" if examples else ""))
-        self.metrics.log(0, data_metrics(reports))
+        """The run's held-out evaluations, at the steps an uninterrupted run evaluates (metrics.jsonl)."""
+        return held_out.recorded_evaluations(self.cfg.run.output_dir, self.cfg.eval.every, self.cfg.run.steps)
 
     def log_reward_totals(self) -> None:
         """The reward calls of the whole run, counted from the delivered requests (failures isolated)."""
@@ -397,9 +300,3 @@ class Driver:
     @property
     def reward_calls(self) -> dict[str, float]:
         return self.scheduler.reward_calls
-
-
-def progress_line(step: int, steps: int, record: dict[str, float]) -> str:
-    return (f"step {step}/{steps}: reward {record['rollout/reward_mean']:.3f}, loss {record['train/loss']:.4f}, "
-            f"grad norm {record['train/grad_norm']:.3f}, staleness {record['staleness/mean']:.2f} "
-            f"(dropped {int(record['staleness/dropped_total'])}), {record['time/step']:.2f} s/step")

@@ -140,3 +140,29 @@ class HeldOutRun(DealtParts):
             version=versions.pop(),
             time_s=max(r.time_s for r in results),
         )
+
+
+def first_evaluation(output_dir: Any) -> Optional[HeldOutResult]:
+    """The run's evaluation at step 0, as output_dir/metrics.jsonl recorded it (a resumed run's BEFORE)."""
+    from common.metrics import read_metrics
+
+    path = output_dir / "metrics.jsonl"
+    records = read_metrics(path) if path.is_file() else []
+    return next((HeldOutResult.from_metrics(r) for r in records if r.get("step") == 0 and "eval/pass@1" in r), None)
+
+
+def recorded_evaluations(output_dir: Any, every: int, steps: int) -> list[HeldOutResult]:
+    """Every held-out evaluation of the run, one per step (the last one recorded at a step), at
+    the steps an uninterrupted run evaluates, as output_dir/metrics.jsonl has them."""
+    from common.metrics import read_metrics
+
+    path = output_dir / "metrics.jsonl"
+    by_step = {int(r["step"]): HeldOutResult.from_metrics(r) for r in (read_metrics(path) if path.is_file() else [])
+               if "eval/pass@1" in r}
+    return [by_step[step] for step in sorted(by_step) if scheduled_evaluation(step, every, steps)]
+
+
+def scheduled_evaluation(step: int, every: int, steps: int) -> bool:
+    """Whether an uninterrupted run evaluates at ``step`` (BEFORE, every eval.every steps, AFTER):
+    the evaluation a resumed process runs at its checkpoint's step is not one of the run's."""
+    return step in (0, steps) or (every > 0 and step % every == 0 and step < steps)

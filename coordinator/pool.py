@@ -1,4 +1,5 @@
-"""The rollout workers' processes: Ray actors and their placements, by worker index.
+"""The rollout workers' processes: Ray actors and their placements, by worker index; whether a
+node (``node_alive``) and the cluster's head (``gcs_alive``) are still there.
 
 The scheduler decides which worker starts, is replaced or leaves (coordinator/fleet.py holds
 their states); this pool carries it out. The workers the job starts with share one placement
@@ -9,6 +10,7 @@ placement group of its own (one bundle), removed with it.
 """
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -152,6 +154,19 @@ def node_alive(node_id: Optional[str]) -> bool:
     if node_id is None:
         return True
     return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
+
+
+def gcs_alive(address: Optional[str] = None, timeout_s: float = 2.0) -> bool:
+    """Whether the Ray cluster's GCS (``address``, default this process's) accepts a connection;
+    True when this process is not on Ray."""
+    if address is None and not ray.is_initialized():
+        return True
+    host, _, port = (address or ray.get_runtime_context().gcs_address).rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def can_hold(need: dict[str, float], reserved: Sequence[PlacementGroup] = ()) -> bool:

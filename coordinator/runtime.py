@@ -24,12 +24,11 @@ rank's marker is there, which ``wait`` checks each time round (CheckpointWritten
 time: the next one first waits for the one before.
 
 The Ray head. Every few seconds the loop checks that the cluster's GCS still accepts a
-connection; if it does not, the job stops with one message (Ray would end this process a minute
-later with its own, while the actors answer on for a while).
+connection (``gcs_alive``, coordinator/pool.py); if it does not, the job stops with one message
+(Ray would end this process a minute later with its own, while the actors answer on for a while).
 """
 from __future__ import annotations
 
-import socket
 import time
 from typing import Any, Optional
 
@@ -42,7 +41,7 @@ from coordinator import events as ev
 from coordinator.actors import Actors, first_line, wait
 from coordinator.actor_calls import ActorCalls, Waiting
 from coordinator.call_groups import CallGroup
-from coordinator.pool import node_alive
+from coordinator.pool import gcs_alive, node_alive
 from coordinator.weight_sync import WeightSync
 
 GCS_PROBE_S = 10.0  # how often the loop checks that the GCS is there
@@ -306,16 +305,3 @@ class RayRuntime:
 
 def _key(actor: Any) -> str:
     return actor._actor_id.hex()
-
-
-def gcs_alive(address: Optional[str] = None, timeout_s: float = 2.0) -> bool:
-    """Whether the Ray cluster's GCS (``address``, default this process's) accepts a connection;
-    True when this process is not on Ray."""
-    if address is None and not ray.is_initialized():
-        return True
-    host, _, port = (address or ray.get_runtime_context().gcs_address).rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return True
-    except OSError:
-        return False

@@ -15,14 +15,8 @@ Ray and no torch and reads no clock, so every fault path runs in a unit test in 
 (tests/unit/test_scheduler*); coordinator/runtime.py carries the commands out and reports what
 came back.
 
-Goals. The driver asks for one goal at a time (``begin``): evaluate (``eval.protocol``'s benchmarks
-if set, then the held-out rows), train (to ``run.steps``), drain (let admitted rollouts land),
-checkpoint, restore (push restored weights). A goal is an agenda of tasks; the task at its head
-decides what may happen now. While ``train`` is at the head, rollouts are admitted up to the
-staleness bound and a batch is trained as soon as the buffer holds one; a finished step puts
-``push`` and ``finish`` in front of it (``finish`` records the step and adds ``checkpoint``,
-``protocol``, ``evaluate`` and ``poll`` when they are due), so nothing is admitted between a
-step's end and its weights being out.
+The agenda. The driver asks for one goal at a time (``begin``); a goal is an agenda of tasks, and
+the task at its head decides what may happen now (coordinator/agenda.py).
 
 Faults. A lost worker (died, or hung and killed) has its calls forgotten, its requests re-queued
 under their uids and its evaluation parts dealt again, then FleetPolicy replaces, drops or gives
@@ -31,13 +25,14 @@ up on it. A learner rank that fails, dies or hangs stops the job at once, naming
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from common.config.job import JobConfig
 from common.tasks import PromptStream, Row
 from common.types import Episode
 from coordinator import events as ev
 from coordinator.admission import Admission
+from coordinator.agenda import Goal, Task, due_after, goal_tasks
 from coordinator.evaluation import Evaluation
 from coordinator.fleet import Call, Fleet, WorkerState
 from coordinator.events import resume_hint
@@ -46,18 +41,7 @@ from coordinator.skipped_updates import SkippedUpdates
 from coordinator.step_metrics import StepEnd, step_record
 from coordinator.weights import WeightVersions
 
-Goal = Literal["evaluate", "train", "drain", "checkpoint", "restore"]
-GOALS: dict[str, tuple[str, ...]] = {"restore": ("push", "drain"), "train": ("train",), "drain": ("drain",),
-                                     "evaluate": ("protocol", "evaluate"), "checkpoint": ("checkpoint",)}
 POLL_TIMEOUT_S = 30.0
-
-
-@dataclass
-class Task:
-    name: str  # train | push | finish | checkpoint | protocol | evaluate | poll | drain
-    started: bool = False
-    sent: bool = False  # its command is out (checkpoint)
-    done: bool = False
 
 
 @dataclass
@@ -108,9 +92,9 @@ class Scheduler:
 
     # ---- the driver's surface -----------------------------------------------------------------
     def begin(self, goal: Goal, at: float = 0.0) -> list[ev.Command]:
-        """Start ``goal``: evaluate | train | drain | checkpoint | restore (module docstring);
+        """Start ``goal``: evaluate | train | drain | checkpoint | restore (coordinator/agenda.py);
         ``at``: the runtime's clock now (a step's time is counted from the previous step's end)."""
-        self.agenda = [Task(name) for name in GOALS[goal]]
+        self.agenda = goal_tasks(goal)
         self.last_step_at = at
         return self._answer()
 
@@ -205,10 +189,7 @@ class Scheduler:
                              parameters=self.parameters, learner_devices=self.learner_ranks,
                              peak_tflops=self.cfg.run.peak_tflops)
         self._emit([ev.Record(self.step, {**record, **(self.startup if self.step == 1 else {})}, batch=end.batch)])
-        run, every_eval = self.cfg.run, self.cfg.eval.every
-        due = [Task("checkpoint")] if run.checkpoint_every and self.step % run.checkpoint_every == 0 else []
-        due += [Task("protocol"), Task("evaluate")] if every_eval and self.step % every_eval == 0 else []
-        self.agenda[1:1] = (due if self.step < run.steps else []) + [Task("poll")]
+        self.agenda[1:1] = due_after(self.step, self.cfg)
         task.done = True
 
     def _task_checkpoint(self, task: Task, first: bool) -> None:

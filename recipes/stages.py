@@ -1,11 +1,11 @@
-"""The stages `stabledrl train` wires into a job's driver (coordinator/driver.py, ``Stages``):
+"""The stages `stabledrl train` wires into a job's driver (coordinator/job_setup.py, ``Stages``):
 the warm start (an SFT recipe, cached) and the in-training protocol evaluation.
 
     Driver(cfg, stages=JOB_STAGES).run()
 """
 from __future__ import annotations
 
-from coordinator.driver import Stages
+from coordinator.job_setup import Stages
 from recipes.protocol_eval import InTraining
 from recipes.warmstart import warm_start
 

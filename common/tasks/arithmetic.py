@@ -23,7 +23,7 @@ from common.tasks.base import (
     content_id,
     record_id,
     record_text,
-    shared_fields,
+    configured_task,
 )
 from common.tasks.expression import ExpressionError, evaluate
 
@@ -95,13 +95,5 @@ def build(cfg: Any) -> Task:
         )
         return Row(prompt_id=content_id(NAME, prompt), prompt=prompt, answer=str(value))
 
-    return Task(
-        name=NAME,
-        correctness=correctness,
-        format_score=format_score,
-        reference=reference,
-        from_record=from_record,
-        required_fields=("prompt", "answer"),
-        generate=generate,
-        **shared_fields(cfg, DEFAULT_TEMPLATE),
-    )
+    return configured_task(cfg, NAME, DEFAULT_TEMPLATE, ("prompt", "answer"), correctness=correctness,
+                           format_score=format_score, reference=reference, from_record=from_record, generate=generate)

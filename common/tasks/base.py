@@ -184,9 +184,15 @@ def record_id(record: Mapping[str, Any], task_name: str, *content: object) -> st
     return str(value).strip()
 
 
-def shared_fields(cfg: Any, default_template: str) -> dict[str, Any]:
-    """The Task fields every builder takes from the shared part of a task config."""
-    return dict(
+def configured_task(cfg: Any, name: str, default_template: str, required_fields: tuple[str, ...],
+                    **functions: Any) -> Task:
+    """The Task a builder returns: its own ``functions`` (correctness, format_score, reference,
+    from_record and, for a generated task, generate) plus the fields every task takes from the
+    shared part of its config (template, system prompt, chat template, reward weights)."""
+    return Task(
+        name=name,
+        required_fields=required_fields,
+        **functions,
         template=cfg.template if cfg.template is not None else default_template,
         system_prompt=cfg.system_prompt,
         chat_template=cfg.chat_template,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping
 
-from common.tasks.base import TASKS, BadRow, Row, Task, content_id, last_answer_tag, record_id, shared_fields
+from common.tasks.base import TASKS, BadRow, Row, Task, content_id, last_answer_tag, record_id, configured_task
 from common.tasks.expression import ExpressionError, evaluate, solve_countdown, uses_numbers
 
 NAME = "countdown"
@@ -134,13 +134,6 @@ def build(cfg: Any) -> Task:
             prompt_id=content_id(NAME, numbers, target), prompt=question(numbers, target), answer=str(target), meta=meta
         )
 
-    return Task(
-        name=NAME,
-        correctness=correctness,
-        format_score=format_score,
-        reference=reference,
-        from_record=from_record,
-        required_fields=("numbers", "target"),
-        generate=generate,
-        **shared_fields(cfg, DEFAULT_TEMPLATE.replace("{rule}", cfg.number_use.replace("_", " "))),
-    )
+    template = DEFAULT_TEMPLATE.replace("{rule}", cfg.number_use.replace("_", " "))
+    return configured_task(cfg, NAME, template, ("numbers", "target"), correctness=correctness,
+                           format_score=format_score, reference=reference, from_record=from_record, generate=generate)

@@ -27,7 +27,7 @@ from common.tasks.base import (
     last_answer_tag,
     record_id,
     record_text,
-    shared_fields,
+    configured_task,
 )
 
 NAME = "gsm8k"
@@ -94,12 +94,5 @@ def from_record(record: Mapping[str, Any]) -> Row:
 
 @TASKS.register(NAME)
 def build(cfg: Any) -> Task:
-    return Task(
-        name=NAME,
-        correctness=correctness,
-        format_score=format_score,
-        reference=reference,
-        from_record=from_record,
-        required_fields=("prompt", "answer"),
-        **shared_fields(cfg, DEFAULT_TEMPLATE),
-    )
+    return configured_task(cfg, NAME, DEFAULT_TEMPLATE, ("prompt", "answer"), correctness=correctness,
+                           format_score=format_score, reference=reference, from_record=from_record)

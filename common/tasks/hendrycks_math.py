@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator, Mapping, Optional
 
-from common.tasks.base import TASKS, BadRow, Row, Task, record_id, record_text, shared_fields
+from common.tasks.base import TASKS, BadRow, Row, Task, record_id, record_text, configured_task
 from common.tasks.latex import equivalent
 
 NAME = "math"
@@ -94,12 +94,5 @@ def build(cfg: Any) -> Task:
     def format_score(completion: str, row: Row) -> float:
         return float(find_box(completion) is not None)
 
-    return Task(
-        name=NAME,
-        correctness=correctness,
-        format_score=format_score,
-        reference=reference,
-        from_record=from_record,
-        required_fields=("prompt", "answer"),
-        **shared_fields(cfg, DEFAULT_TEMPLATE),
-    )
+    return configured_task(cfg, NAME, DEFAULT_TEMPLATE, ("prompt", "answer"), correctness=correctness,
+                           format_score=format_score, reference=reference, from_record=from_record)

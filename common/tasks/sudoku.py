@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from common.tasks.base import TASKS, BadRow, Row, Task, content_id, last_answer_tag, record_id, shared_fields
+from common.tasks.base import TASKS, BadRow, Row, Task, content_id, last_answer_tag, record_id, configured_task
 
 NAME = "sudoku4"
 DEFAULT_TEMPLATE = "{prompt} Write the 16 digits of the solved grid, row by row, in <answer> </answer>."
@@ -172,13 +172,5 @@ def build(cfg: Any) -> Task:
         meta = {"puzzle": puzzle, "solution": solution}
         return Row(prompt_id=content_id(NAME, puzzle), prompt=question(puzzle), answer=solution, meta=meta)
 
-    return Task(
-        name=NAME,
-        correctness=correctness,
-        format_score=format_score,
-        reference=reference,
-        from_record=from_record,
-        required_fields=("puzzle",),
-        generate=generate,
-        **shared_fields(cfg, DEFAULT_TEMPLATE),
-    )
+    return configured_task(cfg, NAME, DEFAULT_TEMPLATE, ("puzzle",), correctness=correctness,
+                           format_score=format_score, reference=reference, from_record=from_record, generate=generate)

@@ -118,8 +118,10 @@ class InspectedLearner(LearnerWorker):
 
 
 class InspectedRollout(RolloutWorker):
+    """A rollout worker a test can ask for its weights version and a copy of its weights (on the CPU)."""
+
     def weights(self):
-        return self.version(), {n: p.detach().clone() for n, p in self.engine.policy.named_parameters()}
+        return self.version(), {n: p.detach().cpu().clone() for n, p in self.engine.policy.named_parameters()}
 
 
 def recording_rollout(records: Path, *, nan_uids: frozenset = frozenset(), die_on_call: Optional[int] = None,

@@ -22,7 +22,6 @@ from common.checkpoint_files import FORMAT  # noqa: E402
 from coordinator.checkpoint import write_state  # noqa: E402
 import harness  # noqa: E402
 from learner.worker import LearnerWorker  # noqa: E402
-from rollout.worker import RolloutWorker  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -241,10 +240,7 @@ class LoraLearner(LearnerWorker):
             return self.engine.module(ids, logits_from=1).logits.float()
 
 
-class LoraRollout(RolloutWorker):
-    def weights(self):
-        return self.version(), {n: p.detach().clone() for n, p in self.engine.policy.named_parameters()}
-
+class LoraRollout(harness.InspectedRollout):
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return self.engine.policy(ids, logits_from=1).logits.float()

@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,20 +29,16 @@ from common.config.base import validate  # noqa: E402
 from common.config.job import JobConfig  # noqa: E402
 from cli.scale import scale  # noqa: E402
 from coordinator.driver import Driver  # noqa: E402
-from learner.worker import LearnerWorker  # noqa: E402
-from rollout.worker import RolloutWorker  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+import harness  # noqa: E402  (the test workers the e2e tests share)
+from harness import InspectedLearner, InspectedRollout  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NAME = "gpu-elastic"
 
 
-class InspectedLearner(LearnerWorker):
-    def weights(self):
-        return self.engine.state_dict_for_push()
-
-
 def dying_rollout(marker: str) -> type:
-    class DyingRollout(RolloutWorker):
+    class DyingRollout(InspectedRollout):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.calls = 0
@@ -52,9 +49,6 @@ def dying_rollout(marker: str) -> type:
                 open(marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
             return super().generate(requests)
-
-        def weights(self):
-            return self.version(), {n: p.detach().cpu().clone() for n, p in self.engine.policy.named_parameters()}
 
     return DyingRollout
 
@@ -87,6 +81,7 @@ def gpu_cluster():
         pytest.skip("needs 4 GPUs")
     sys.path.insert(0, os.getcwd())
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(harness)
     ray.init(address="local", num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=True)
     yield
     ray.shutdown()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,20 +20,11 @@ ray = pytest.importorskip("ray")
 from common.config.base import validate  # noqa: E402
 from common.config.job import JobConfig  # noqa: E402
 from coordinator.driver import Driver  # noqa: E402
-from learner.worker import LearnerWorker  # noqa: E402
-from rollout.worker import RolloutWorker  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+import harness  # noqa: E402  (the test workers the e2e tests share)
+from harness import InspectedLearner, InspectedRollout  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-class InspectedLearner(LearnerWorker):
-    def weights(self):
-        return self.engine.state_dict_for_push()
-
-
-class InspectedRollout(RolloutWorker):
-    def weights(self):
-        return self.version(), {n: p.detach().cpu().clone() for n, p in self.engine.policy.named_parameters()}
 
 
 def job_config(output_dir, ranks: int, workers: int) -> JobConfig:
@@ -89,6 +81,7 @@ def gpu_cluster():
         pytest.skip("needs 2 GPUs")
     sys.path.insert(0, os.getcwd())
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(harness)
     ray.init(address="local", num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=True)
     yield torch.cuda.device_count()
     ray.shutdown()

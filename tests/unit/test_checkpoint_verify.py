@@ -12,7 +12,8 @@ import torch
 
 from common.types import Group, Sample
 from coordinator import checkpoint
-from coordinator.checkpoint import CheckpointError, check_shapes, restore_metrics, verify, write_state
+from common.metrics import restore_metrics
+from coordinator.checkpoint import CheckpointError, check_shapes, verify, write_state
 from coordinator.episode_io import load_episodes, save_episodes
 from common.types import Episode
 

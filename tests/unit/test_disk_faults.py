@@ -14,7 +14,8 @@ import torch
 
 from common.checkpoint_files import FORMAT, STATE_FILE, CheckpointError, clear_incomplete
 from coordinator import checkpoint
-from coordinator.checkpoint import PendingSave, restore_metrics, write_state
+from common.metrics import restore_metrics
+from coordinator.checkpoint import PendingSave, write_state
 from coordinator.episode_io import save_episodes
 from learner.async_checkpoint import BackgroundWriter, CheckpointWriteError, disk_cause, marker_name, write_file
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 from coordinator.actors import first_line
-from coordinator.runtime import gcs_alive
+from coordinator.pool import gcs_alive
 
 
 def test_an_error_becomes_its_first_line_cut_between_words():
