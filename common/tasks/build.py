@@ -103,9 +103,16 @@ def check_reward_file(given: Path, allowed_roots: Sequence[str] = ()) -> Path:
         who = "every user" if info.st_mode & stat.S_IWOTH else "its group"
         raise ConfigError(f"{where} is writable by {who} (mode {stat.filemode(info.st_mode)}): refused; "
                           f"chmod go-w {path}")
+    ray_own = _ray_unpacked(path)
+    if ray_own:
+        log.warning("custom reward: %s is in the files Ray unpacked for the job's working_dir, under directories "
+                    "Ray makes writable by every user; on a node shared with other users, set RAY_TMPDIR to a "
+                    "private directory", path)
     for directory in path.parents:
         d = directory.stat()
         sticky_ancestor = d.st_mode & stat.S_ISVTX and directory != path.parent
+        if directory in ray_own and d.st_uid in (me, 0):
+            continue
         if d.st_uid not in (me, 0) or (_writable_by_others(d) and not sticky_ancestor):
             whose = f"owned by uid {d.st_uid}" if d.st_uid not in (me, 0) else "writable by others"
             raise ConfigError(f"{where}: the directory {directory} on its path is {whose} (mode "
@@ -118,6 +125,19 @@ def check_reward_file(given: Path, allowed_roots: Sequence[str] = ()) -> Path:
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     log.info("custom reward: %s (sha256 %s, owner uid %d)", path, digest, info.st_uid)
     return path
+
+
+def _ray_unpacked(path: Path) -> set[Path]:
+    """Ray's own directories above a file of a job's working_dir / py_modules (`ray job submit
+    --working-dir`): RAY_TMPDIR, its session_*, runtime_resources and {working_dir,py_modules}_files,
+    which Ray makes writable by every user. Accepted when this user or root owns them; the package directories
+    below them and the file itself are still checked."""
+    for resources in path.parents:
+        if resources.name == "runtime_resources" and resources.parent.name.startswith("session_"):
+            files = [p for p in path.parents if p.parent == resources and p.name in ("working_dir_files",
+                                                                                    "py_modules_files")]
+            return {resources.parent.parent, resources.parent, resources, *files} if files else set()
+    return set()
 
 
 def _writable_by_others(info: os.stat_result) -> bool:

@@ -297,6 +297,31 @@ def test_reward_files_others_could_change_are_refused(reward_file, tmp_path, mon
         parse_task_config({"name": "arithmetic", "reward": {"custom": "subprocess:run"}})
 
 
+def test_a_reward_in_rays_unpacked_working_dir_is_accepted(reward_file, tmp_path):
+    """`ray job submit --working-dir .` unpacks the job's files under RAY_TMPDIR/session_*/
+    runtime_resources/working_dir_files, which Ray makes writable by every user: that one directory
+    is accepted (with a warning), a 777 directory of any other name still is not, and the package
+    directory below it and the file itself are still checked."""
+    unpacked = tmp_path / "ray" / "session_x" / "runtime_resources" / "working_dir_files"
+    package = unpacked / "_ray_pkg_0123" / "tests"
+    package.mkdir(parents=True)
+    (package / "r.py").write_text(reward_file.read_text())
+    elsewhere = tmp_path / "ray" / "session_x" / "runtime_resources" / "other_files" / "p"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "r.py").write_text(reward_file.read_text())
+    for directory in (unpacked, *unpacked.parents[:3], elsewhere.parent):  # Ray's own: 777
+        directory.chmod(0o777)
+    try:
+        task = parse_task_config({"name": "arithmetic", "reward": {"custom": f"{package / 'r.py'}:score"}})
+        check_custom_reward(task.reward)
+        refused(f"{elsewhere / 'r.py'}:score", f"the directory {elsewhere.parent} on its path is writable by others")
+        package.chmod(0o777)
+        refused(f"{package / 'r.py'}:score", f"the directory {package} on its path is writable by others")
+    finally:
+        for directory in (package, unpacked, *unpacked.parents[:3], elsewhere.parent):
+            directory.chmod(0o755)
+
+
 def test_a_relative_reward_file_is_the_working_directory_s_and_checked_at_load(tmp_path, monkeypatch):
     """Finding: 'rp/ok.py:score' passed --dry-run, then the sandbox resolved it against its own
     temporary directory. It is made absolute at config load and checked there."""
