@@ -1,5 +1,6 @@
 """Benchmark 5: learner throughput of one StableDRL step at the ~1.5B shape (Qwen2-1.5B dims, Dream
-family: bidirectional Qwen2 with an untied head, 1.78B parameters), DeepSpeed ZeRO-2 and ZeRO-3,
+family: bidirectional Qwen2 with an untied head, 1.78B parameters; ``--shape llada-8b`` for LLaDA-8B,
+``--layers`` to keep fewer), DeepSpeed ZeRO-2 and ZeRO-3,
 bf16, sdpa, activation checkpointing on and off, on 1 or more GPUs (one process per GPU, the
 project's ``LearnerEngine`` over ``learner.group.init_learner_group``).
 
@@ -55,6 +56,9 @@ import torch
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--shape", default=None, help="a benchlib shape (default qwen2-1.5b; tiny: tiny-qwen2), e.g. "
+                    "llada-8b for the 8B ZeRO-3 learner across ranks; with --tiny only the tiny-* shapes")
+    ap.add_argument("--layers", type=int, default=None, help="keep this many of the shape's layers")
     ap.add_argument("--world", type=int, default=1, help="learner ranks (one GPU each)")
     ap.add_argument("--stages", default="2,3", help="comma list of 2, 3, 3t (ZeRO-3 tuned), "
                     "2t (ZeRO-2 + overlap_comm), 2o / 3o (CPU offload); see above")
@@ -72,7 +76,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--addr", default="127.0.0.1", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    a.shape = "tiny-qwen2" if a.tiny else "qwen2-1.5b"
+    a.shape = a.shape or ("tiny-qwen2" if a.tiny else "qwen2-1.5b")
+    if a.shape not in bl.SHAPES or a.tiny != a.shape.startswith("tiny-"):
+        ap.error(f"--shape {a.shape!r}: one of {', '.join(s for s in bl.SHAPES if s.startswith('tiny-') == a.tiny)}")
     a.prompt = a.prompt or (16 if a.tiny else 128)
     a.gen = a.gen or (32 if a.tiny else 256)
     return a
@@ -251,7 +257,8 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
 
     peak = bl.read_peak_tflops(a.peak_from)
     loss_fn = stabledrl_loss_fn(ElboMCConfig(num_draws=2, weighting="mean", masks="independent"), StableDrlLossConfig())
-    policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev)), dev)
+    policy, build_s = bl.timed(lambda: bl.build_policy(
+        a.shape, dev, bl.compute_dtype(dev), **({"num_hidden_layers": a.layers} if a.layers else {})), dev)
     sc = bl.count_shape(policy)
     stage = int(stage_name.rstrip("to"))
     offload = {"offload_optimizer": "cpu", "offload_params": "cpu" if stage == 3 else "none"} \

@@ -26,7 +26,10 @@ worker. One 80 GB card cannot hold a full-parameter 8B learner (bf16 weights and
 master weights and two AdamW moments: ~16 bytes per parameter, 128 GB for LLaDA-8B's 8.02B), so
 the full-parameter jobs take the family's width with ``SHORT_LAYERS`` layers (``ckpt_*_short``:
 LLaDA 11 of 32 layers = 3,435,229,184 parameters, 55 GB of states; SDAR 11 of 36 = 3,367,074,560);
-``lora_llada`` keeps all 32 layers (the base frozen in bf16, 16 GB).
+``lora_llada`` keeps all 32 layers (the base frozen in bf16, 16 GB), and so does ``offload_llada``:
+the full-parameter 8B job on one learner GPU with ZeRO-2 and ``learner.deepspeed.offload_optimizer:
+cpu`` (bf16 weights and gradients on the GPU, 32 GB; fp32 master weights and moments, 96 GB, and
+the AdamW step on the host), 3 steps, to set against ``system_llada``'s 11-layer stand-in.
 
 ``--parts`` picks and orders them (default: everything for llada, then trado); parts whose
 inputs are missing are skipped. ``--tiny`` runs the same parts on the CPU at the tiny shapes,
@@ -69,6 +72,8 @@ DEFAULT_PARTS_2GPU = ("ckpt_llada_short,matmul,push,system_llada,ckpt_llada,engi
 # 2 GPUs: the layers of a full-parameter job's model at the family's width (the module docstring); tiny: 1 of 2
 SHORT_LAYERS = {"llada": 11, "sdar": 11}
 LORA = ["learner.lora.rank=128", "learner.lora.alpha=64"]
+# the full-parameter 8B job on one learner GPU: fp32 master weights and AdamW moments on the host
+OFFLOAD = ["learner.deepspeed.zero_stage=2", "learner.deepspeed.offload_optimizer=cpu"]
 
 
 @dataclass
@@ -137,6 +142,8 @@ def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
         "system_llada": system("system_llada", "llada", CONFIGS["llada"], full, system_timeout_s, 5),
         "lora_llada": system("lora_llada", "llada", CONFIGS["llada"], [*short, *(f"--set={o}" for o in LORA)], 360, 2,
                              full_parameter=False),
+        "offload_llada": system("offload_llada", "llada", CONFIGS["llada"], [*short, *(f"--set={o}" for o in OFFLOAD)],
+                                400, 3, full_parameter=False),
         "system_trado": system("system_trado", "sdar", CONFIGS["trado"], full, system_timeout_s, 5),
     }
     for name, overrides in VARIANTS.items():
@@ -260,6 +267,17 @@ def summary(data: dict) -> str:
                   f"{_f(lora.get('push_s_median'), '{:.2f}')} s / {_f(full_push, '{:.2f}')} s (per actor: "
                   f"{by_actor or 'n/a'}) | smaller |"]
     base = got("system_llada", "job", "figures") or {}
+    off = got("offload_llada", "job", "figures") or {}
+    if off.get("steps"):
+        layers = lambda name: (got(name, "write") or {}).get("layers")  # noqa: E731
+        stand_in = "ckpt_llada_short" if layers("ckpt_llada_short") else "ckpt_llada"
+        lines.append(
+            f"| offload_llada (8B full-parameter, ZeRO-2, optimizer on the host): train s, MFU; learner peak GPU / "
+            f"RSS GB | {_f(off.get('train_s_median'), '{:.1f}')} s, {_f(off.get('learner_mfu'), '{:.1%}')}; "
+            f"{_f(max((off.get('learner_peak_gpu_gb') or {'-': None}).values(), key=lambda v: v or 0), '{:.1f}')} / "
+            f"{_f(max((off.get('learner_peak_rss_gb') or {'-': None}).values(), key=lambda v: v or 0), '{:.1f}')} "
+            f"(system_llada at {layers(stand_in) or 'all'} layers: {_f(base.get('train_s_median'), '{:.1f}')} s, "
+            f"{_f(base.get('learner_mfu'), '{:.1%}')}) | runs on 2 GPUs |")
     for name in [n for n in parts if n.startswith("variant_")]:
         f = got(name, "job", "figures") or {}
         if f.get("steps"):
@@ -269,7 +287,7 @@ def summary(data: dict) -> str:
                 f"{_f(base.get('train_s_median'), '{:.1f}')} s, "
                 f"{_f(base.get('learner_mfu'), '{:.1%}')}) | the faster wins |"
             )
-    for name in [n for n in parts if n.startswith(("system_", "lora_", "variant_"))]:
+    for name in [n for n in parts if n.startswith(("system_", "lora_", "offload_", "variant_"))]:
         for part in ("job", "resume"):
             figures = got(name, part, "figures")
             if figures:
