@@ -244,9 +244,13 @@ def rank_main(a: argparse.Namespace) -> None:
     try:
         init_learner_group(a.addr, a.port, rank, a.world, timeout_s=300)
         run_stage(a, res, rank, stage, local_device())
-    except Exception as exc:  # recorded with its message, then the rank fails (the launcher stops the others)
-        res.error(f"zero{stage}", exc)
-        raise
+    except Exception as exc:  # recorded with its message, then the rank exits at once: the launcher stops the others
+        res.error(f"zero{stage}", exc)  # written to the rank's file, with the traceback printed
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # not `raise`: a rank out of memory in the middle of a step leaves the others' collectives
+        # pending, and the interpreter's exit then waits on NCCL's watchdog (300 s, 4 GPUs held idle)
+        os._exit(1)
 
 
 def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str, dev: torch.device) -> None:
