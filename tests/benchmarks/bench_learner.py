@@ -312,7 +312,9 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
                                  logit_positions=a.gen)
     sizes = sorted(int(k) for k in a.micro_batch_groups.split(","))
     kernels = a.staircase_attention.split(",") if staircase else [None]
-    for kernel, ckpt in [(kernel, ckpt) for kernel in kernels for ckpt in a.checkpointing.split(",")]:
+    # each checkpointing setting with every kernel before the next setting (a run that fails for
+    # memory without checkpointing comes after the comparison it would otherwise disturb)
+    for ckpt, kernel in [(ckpt, kernel) for ckpt in a.checkpointing.split(",") for kernel in kernels]:
         set_staircase_attention(policy, kernel)
         for k in sizes:
             name = f"zero{stage_name}_ckpt_{ckpt}" + (f"_mb{k}" if len(sizes) > 1 else "")
