@@ -184,3 +184,19 @@ def test_cuda_compiled_flex_equals_sdpa_value_and_gradient():
         torch.testing.assert_close(values[1], values[0], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(grads[1], grads[0], atol=1e-4, rtol=1e-3)
     assert fs._compiled_flex is not None
+
+
+@pytest.mark.parametrize("cache,graph", [("prefix", False), ("none", False), ("prefix", True)])
+def test_sampling_is_unchanged_on_the_flex_staircase_policy(cache, graph):
+    """The sampler's forwards (tensor masks, the mask-free and the folded-GQA steps) stay on sdpa."""
+    from common.config.sampler import SamplerConfig
+    from rollout.sampling import generate
+
+    prompts, seeds = [torch.tensor([5, 6, 7, 8, 9]), torch.tensor([10, 11])], torch.tensor([11, 22])
+    cfg = SamplerConfig(gen_length=12, block_length=None, steps=6, temperature=0.9, cache=cache, cuda_graph=graph)
+    plain = build_tiny_policy("sdar", block_size=4, seed=5)
+    flex = build_tiny_policy("sdar", block_size=4, seed=5)
+    fs.use_flex_staircase(flex)
+    want, got = generate(plain, prompts, seeds, cfg), generate(flex, prompts, seeds, cfg)
+    assert torch.equal(got.completion_ids, want.completion_ids)
+    assert fs.uses_flex_staircase(flex)  # the folded-GQA steps put it back
