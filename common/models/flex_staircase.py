@@ -31,7 +31,7 @@ import torch
 
 FLEX_STAIRCASE = "sdpa_flex_staircase"
 TILE = 128  # flex's default sparse block (tile) size
-_CHUNK_ELEMENTS = 1 << 24  # at most this many mask entries exist at once while a BlockMask is built
+_CHUNK_ELEMENTS = 1 << 22  # at most this many mask entries exist at once while a BlockMask is built
 
 
 def staircase_mask_mod(pad: torch.Tensor, prompt_width: int, completion_width: int, block_size: int) -> Callable:
@@ -98,8 +98,9 @@ def block_mask_from_mod(mask_mod: Callable, *, batch: int, length: int, device: 
         rows = min(band, tiles - first) * TILE
         q = torch.arange(first * TILE, first * TILE + rows, device=device)[None, :, None]
         inside = (q < length) & (k < length)  # flex pads to whole tiles with False
-        allowed = mask_mod(b, None, q, k) & inside  # [B, rows, padded]
-        counts = allowed.view(batch, rows // TILE, TILE, tiles, TILE).sum(dim=(2, 4))  # [B, band, tiles]
+        allowed = (mask_mod(b, None, q, k) & inside).expand(batch, rows, padded)
+        tiled = allowed.reshape(batch, rows // TILE, TILE, tiles, TILE)
+        counts = tiled.sum(dim=(2, 4), dtype=torch.int32)  # [B, band, tiles] entries allowed per tile
         full.append(counts == TILE * TILE)
         partial.append((counts > 0) & (counts < TILE * TILE))
 
