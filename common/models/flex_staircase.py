@@ -2,7 +2,8 @@
 attention function that runs it.
 
 The dense staircase mask (common/attention.py ``staircase_mask``) is a ``[B, 1, L, L]`` boolean;
-handed to sdpa it rules out the flash kernel and costs a full score matrix per head. Its pattern is
+handed to sdpa it rules out the flash kernel (the masked kernel reads the mask and computes every
+tile, the empty half of the layout included; transformers also copies the grouped K/V heads). Its pattern is
 fixed by four numbers per row: the row's left padding ``n_b``, the prompt width ``P``, the
 completion width ``C`` and the diffusion block size. ``staircase_mask_mod`` computes whether a
 query may see a key from those numbers alone, and ``staircase_block_mask`` builds the flex
