@@ -78,6 +78,14 @@ class ModelConfig(StrictModel):
         "(CUDA) gets them as a BlockMask; flash_attention_2 can apply no 4-D mask, so it is refused for "
         "block-diffusion families and for any masked forward. 'eager' is not offered: it ignores custom 4-D masks",
     )
+    staircase_attention: Literal["sdpa", "flex"] = Field(
+        "sdpa",
+        description="kernel of the block-diffusion staircase forward (the learner's and scorer's one-pass "
+        "likelihood of SDAR / TraDo). sdpa: the dense [B, 1, L, L] boolean mask (no flash kernel); flex: a flex "
+        "BlockMask built from the layout's mask_mod (empty tiles skipped, flex_attention compiled on CUDA; "
+        "common/models/flex_staircase.py). Every other forward stays on sdpa. Needs attn_implementation sdpa; "
+        "no effect on full-attention families; not offered for diffusion_gemma",
+    )
     block_size: Optional[PositiveInt] = Field(
         None,
         description="generation / diffusion block; None = the checkpoint's (block_size or canvas_length in "
@@ -104,6 +112,11 @@ class ModelConfig(StrictModel):
             raise ValueError("model.revision applies to a hub-id model.path only")
         if self.preset_shape is not None and self.preset is None:
             raise ValueError("model.preset_shape applies to presets only; a checkpoint brings its own shape")
+        if self.staircase_attention == "flex" and self.attn_implementation != "sdpa":
+            raise ValueError(
+                f"model.staircase_attention flex runs beside sdpa; set model.attn_implementation sdpa "
+                f"(got {self.attn_implementation!r})"
+            )
         preset_family = None if self.preset is None else self.preset.removeprefix("tiny-").replace("-", "_")
         if self.family is not None and preset_family not in (None, self.family):
             raise ValueError(f"model.family {self.family!r} contradicts model.preset {self.preset!r}")

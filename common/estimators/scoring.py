@@ -13,13 +13,14 @@ row share one forward.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from common.attention import full_mask, staircase_mask
 from common.estimators.masking import Views
 from common.models.base import DiffusionPolicy
+from common.models.flex_staircase import staircase_block_mask, uses_flex_staircase
 from common.types import SequenceBatch
 
 
@@ -29,11 +30,12 @@ def build_inputs(
     prompt_mask: torch.Tensor,  # [N, P]
     clean_completion: torch.Tensor,  # [N, C]
     noisy_completion: torch.Tensor,  # [N, C]
-) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, int]:
+) -> tuple[torch.Tensor, Any, torch.Tensor, int]:
     """(input_ids, attention_mask, position_ids, logits_from) of the layout the policy's family scores with.
 
     The returned logits (from ``logits_from``) cover exactly the noisy completion's C positions.
-    The mask is None for full-attention rows without padding (every token sees every token).
+    The mask is None for full-attention rows without padding (every token sees every token); for a
+    policy on the flex staircase path (``model.staircase_attention: flex``) it is a flex BlockMask.
     """
     n, p = prompt_mask.shape
     c = noisy_completion.shape[1]
@@ -47,6 +49,8 @@ def build_inputs(
         return input_ids, mask, positions, p
     input_ids = torch.cat([prompt_ids, clean_completion, noisy_completion], dim=1)  # [N, P + 2C]
     positions = torch.cat([positions, positions[:, p:]], dim=1)  # both copies share position ids
+    if uses_flex_staircase(policy):  # the layout as a flex BlockMask, never the dense mask
+        return input_ids, staircase_block_mask(prompt_mask, c, policy.block_size), positions, p + c
     return input_ids, staircase_mask(prompt_mask, c, policy.block_size), positions, p + c
 
 

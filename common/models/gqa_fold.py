@@ -29,6 +29,8 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.nn.functional as F
 
+from common.models.flex_staircase import is_sdpa
+
 NAME = "sdpa_gqa_fold"
 
 
@@ -67,7 +69,7 @@ def foldable(policy: torch.nn.Module) -> bool:
     """True where the fold changes anything: an sdpa model with grouped-query attention."""
     config = policy.model.config
     heads, kv = getattr(config, "num_attention_heads", 0), getattr(config, "num_key_value_heads", None)
-    return config._attn_implementation == "sdpa" and kv is not None and heads > kv
+    return is_sdpa(config) and kv is not None and heads > kv
 
 
 @contextlib.contextmanager

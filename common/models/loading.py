@@ -26,6 +26,7 @@ from common.config.model import ModelConfig
 from common.models.base import DiffusionPolicy
 from common.models.convert import State, original_to_hf
 from common.models.families import FAMILIES, CheckpointError, checkpoint_block_size, detect_family, make_policy
+from common.models.flex_staircase import use_flex_staircase
 from common.models.model_dir import read_json_file, resolve_model_dir
 from common.models.presets import PRESETS, build_tiny_policy
 from common.models.tokenizer_files import load_tokenizer
@@ -47,6 +48,10 @@ def load_policy(
     else:
         with quiet_progress():
             policy, tokenizer = _load_directory(cfg, torch_dtype)
+    if cfg.staircase_attention == "flex" and policy.is_block_diffusion:
+        if policy.spec.name == "diffusion_gemma":
+            raise CheckpointError("model.staircase_attention flex is not offered for diffusion_gemma; use sdpa")
+        use_flex_staircase(policy)
     if cfg.gradient_checkpointing:
         policy.model.config.use_cache = False
         _enable_checkpointing(policy.model)

@@ -6,7 +6,8 @@ Every layout in common/attention.py is a ``[B, 1, Q, K]`` bool tensor (True = ma
 - ``flex_attention``: transformers *adds* a tensor mask to the scores (``score + mask``), so a bool
   mask would add 0/1 and mask nothing (measured on CUDA: 6-36% logit error). It is turned into a
   flex ``BlockMask`` instead, which also lets the kernel skip fully-masked tiles (half of a
-  staircase layout).
+  staircase layout). The staircase's own BlockMask, built from its mask_mod without the dense
+  mask, is common/models/flex_staircase.py (``model.staircase_attention: flex``).
 - ``flash_attention_2`` can apply no 4-D mask at all (only padding derived from a 2-D mask), so a
   mask is refused there rather than silently dropped.
 """
@@ -16,11 +17,13 @@ from typing import Any, Optional
 
 import torch
 
+from common.models.flex_staircase import FLEX_STAIRCASE
+
 
 def backend_mask(mask: Optional[torch.Tensor], attn_implementation: str) -> Any:
     """``mask`` ([B, 1, Q, K] bool or None) converted for ``attn_implementation``."""
-    if mask is None or attn_implementation == "sdpa":
-        return mask
+    if mask is None or attn_implementation in ("sdpa", FLEX_STAIRCASE):
+        return mask  # FLEX_STAIRCASE: a staircase BlockMask goes to flex, a tensor to sdpa
     if attn_implementation == "flex_attention":
         return flex_block_mask(mask)
     if attn_implementation == "flash_attention_2":

@@ -44,6 +44,7 @@ import torch
 from common.attention import block_causal_mask, block_ids
 from common.config.sampler import SamplerConfig
 from common.models.base import DiffusionPolicy
+from common.models.flex_staircase import is_sdpa
 from rollout.sampling.base import GenerationOutput, HostView, forward_block_logits, run_denoising
 from rollout.sampling.cache import SlotKVCache
 from rollout.sampling.canvas import Canvas, build_canvas
@@ -67,7 +68,7 @@ def mask_free_attention(policy: DiffusionPolicy) -> Optional[dict]:
     expressed: an attention backend other than sdpa, or a model without ``layer_types``."""
     config = policy.model.config
     layer_types = getattr(config, "layer_types", None)
-    if config._attn_implementation != "sdpa" or not layer_types:
+    if not is_sdpa(config) or not layer_types:
         return None
     return {kind: None for kind in set(layer_types)}
 

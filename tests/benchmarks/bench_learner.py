@@ -36,9 +36,21 @@ GPU-busy time per step, the top kernels and host ops (what explains the rest of 
 ``2o`` and ``3o`` offload to the CPU as ``learner.deepspeed.offload_optimizer: cpu`` does (``3o``
 with ``offload_params: cpu`` too): the same step with the optimizer on the host.
 
+TraDo / SDAR (``--estimator staircase``, with ``--shape sdar-8b --layers 11`` the system benchmark's
+learner): each micro-batch of G rows is one staircase forward over ``[prompt | clean | noisy]``
+(P + 2C tokens; TraDo's masking range 0.1-0.9, one draw), prompts left-padded to random lengths in
+[P/2, P]. ``--staircase-attention sdpa,flex`` runs the same engine with the dense boolean mask
+through sdpa, then with the flex BlockMask (``model.staircase_attention``), parts suffixed
+``_sdpa`` / ``_flex``: the before and after of one run. Their MFU is given twice: by the job's
+formula (``mfu_job_formula``: 6 x parameters x the real prompt and completion tokens, what
+perf/mfu logs) and over the tokens the staircase forward feeds (``mfu_vs_measured_matmul``: P + 2C
+per row, attention over half the keys).
+
     python tests/benchmarks/bench_learner.py --world 1 --peak-from matmul.json --out learner1.json
     python tests/benchmarks/bench_learner.py --world 2 --peak-from matmul.json --out learner2.json
     python tests/benchmarks/bench_learner.py --tiny --world 2 --out learner2.json   # CPU, gloo
+    python tests/benchmarks/bench_learner.py --shape sdar-8b --layers 11 --estimator staircase \
+        --staircase-attention sdpa,flex --stages 3 --checkpointing on --gen 512 --peak-from matmul.json
 """
 from __future__ import annotations
 
@@ -56,9 +68,6 @@ import torch
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--shape", default=None, help="a benchlib shape (default qwen2-1.5b; tiny: tiny-qwen2), e.g. "
-                    "llada-8b for the 8B ZeRO-3 learner across ranks; with --tiny only the tiny-* shapes")
-    ap.add_argument("--layers", type=int, default=None, help="keep this many of the shape's layers")
     ap.add_argument("--world", type=int, default=1, help="learner ranks (one GPU each)")
     ap.add_argument("--stages", default="2,3", help="comma list of 2, 3, 3t (ZeRO-3 tuned), "
                     "2t (ZeRO-2 + overlap_comm), 2o / 3o (CPU offload); see above")
@@ -70,13 +79,22 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--prompt", type=int, default=None, help="default 128; 16 tiny")
     ap.add_argument("--gen", type=int, default=None, help="default 256; 32 tiny")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per setting (after one warm-up step)")
+    ap.add_argument("--shape", default=None, help="benchlib SHAPES name (default qwen2-1.5b; tiny-qwen2 with --tiny, "
+                    "tiny-sdar with --tiny and --estimator staircase; llada-8b: the 8B ZeRO-3 learner across ranks)")
+    ap.add_argument("--layers", type=int, default=None, help="keep this many layers of the shape")
+    ap.add_argument("--estimator", choices=("elbo_mc", "staircase"), default="elbo_mc",
+                    help="elbo_mc: 2 masks of a full-attention family; staircase: block diffusion (TraDo)")
+    ap.add_argument("--staircase-attention", default="sdpa",
+                    help="comma list of model.staircase_attention settings to run (staircase only): sdpa, flex")
     ap.add_argument("--peak-from", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)  # child mode
     ap.add_argument("--addr", default="127.0.0.1", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    a.shape = a.shape or ("tiny-qwen2" if a.tiny else "qwen2-1.5b")
+    if a.shape is None:
+        staircase = a.estimator == "staircase"
+        a.shape = ("tiny-sdar" if staircase else "tiny-qwen2") if a.tiny else ("sdar-8b" if staircase else "qwen2-1.5b")
     if a.shape not in bl.SHAPES or a.tiny != a.shape.startswith("tiny-"):
         ap.error(f"--shape {a.shape!r}: one of {', '.join(s for s in bl.SHAPES if s.startswith('tiny-') == a.tiny)}")
     a.prompt = a.prompt or (16 if a.tiny else 128)
@@ -128,7 +146,12 @@ def micro_batches(a: argparse.Namespace, rank: int, vocab: int, groups: int | No
     for i in range(groups):
         rows = a.group_size
         ids = torch.randint(4, vocab, (rows, a.prompt + a.gen), generator=g)  # no special ids: no EOS
-        batch = SequenceBatch(input_ids=ids, prompt_mask=torch.ones(rows, a.prompt, dtype=torch.bool),
+        prompt_mask = torch.ones(rows, a.prompt, dtype=torch.bool)
+        if a.estimator == "staircase":  # left-padded prompts of lengths in [P/2, P], as a job's batches are
+            pad = torch.randint(0, a.prompt // 2 + 1, (rows,), generator=g)
+            prompt_mask = torch.arange(a.prompt)[None] >= pad[:, None]
+            ids[:, : a.prompt] = torch.where(prompt_mask, ids[:, : a.prompt], 0)
+        batch = SequenceBatch(input_ids=ids, prompt_mask=prompt_mask,
                               completion_mask=torch.ones(rows, a.gen, dtype=torch.bool))
         rewards = torch.rand(rows, generator=g)
         out.append({
@@ -156,6 +179,11 @@ def merge(mbs: list[dict], k: int) -> list[dict]:
         }
         out.append({"batch": batch, **merged, "counts": part[0]["counts"]})
     return out
+
+
+def rows_per_group(a: argparse.Namespace) -> int:
+    """Rows one group feeds a forward: its G samples twice (2 masks) for elbo_mc, once for staircase."""
+    return a.group_size if a.estimator == "staircase" else 2 * a.group_size
 
 
 def tuned_zero3(cfg):
@@ -254,15 +282,20 @@ def rank_main(a: argparse.Namespace) -> None:
 
 
 def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str, dev: torch.device) -> None:
-    from common.config.estimator import ElboMCConfig
+    from common.config.estimator import ElboMCConfig, StaircaseConfig
     from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
     from common.config.loss import StableDrlLossConfig
     from learner.engine import LearnerEngine
 
     peak = bl.read_peak_tflops(a.peak_from)
-    loss_fn = stabledrl_loss_fn(ElboMCConfig(num_draws=2, weighting="mean", masks="independent"), StableDrlLossConfig())
-    policy, build_s = bl.timed(lambda: bl.build_policy(
-        a.shape, dev, bl.compute_dtype(dev), **({"num_hidden_layers": a.layers} if a.layers else {})), dev)
+    staircase = a.estimator == "staircase"
+    est_cfg = StaircaseConfig(t_min=0.1, t_max=0.9, num_draws=1) if staircase else \
+        ElboMCConfig(num_draws=2, weighting="mean", masks="independent")
+    loss_fn = stabledrl_loss_fn(est_cfg, StableDrlLossConfig())
+    layers = {"num_hidden_layers": a.layers} if a.layers else {}
+    policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev), **layers), dev)
+    if staircase and not policy.is_block_diffusion:
+        raise ValueError(f"--estimator staircase needs a block-diffusion shape, got {a.shape}")
     sc = bl.count_shape(policy)
     stage = int(stage_name.rstrip("to"))
     offload = {"offload_optimizer": "cpu", "offload_params": "cpu" if stage == 3 else "none"} \
@@ -278,30 +311,43 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
 
         learner.engine.deepspeed_config = overlap_comm_zero2()
     engine, init_s = bl.timed(lambda: LearnerEngine(policy, cfg), dev)
-    flops = bl.forward_flops(sc, rows=2 * a.group_size, query_len=a.prompt + a.gen, key_len=a.prompt + a.gen,
-                             logit_positions=a.gen)  # F of one group (2 masks x G rows)
+    if staircase:  # F of one group: one staircase forward of G rows over P + 2C tokens
+        length = a.prompt + 2 * a.gen
+        flops = bl.forward_flops(sc, rows=a.group_size, query_len=length, key_len=length / 2, logit_positions=a.gen)
+    else:  # F of one group (2 masks x G rows)
+        flops = bl.forward_flops(sc, rows=2 * a.group_size, query_len=a.prompt + a.gen, key_len=a.prompt + a.gen,
+                                 logit_positions=a.gen)
     sizes = sorted(int(k) for k in a.micro_batch_groups.split(","))
-    for ckpt in a.checkpointing.split(","):
+    kernels = a.staircase_attention.split(",") if staircase else [None]
+    # each checkpointing setting with every kernel before the next setting (a run that fails for
+    # memory without checkpointing comes after the comparison it would otherwise disturb)
+    for ckpt, kernel in [(ckpt, kernel) for ckpt in a.checkpointing.split(",") for kernel in kernels]:
+        set_staircase_attention(policy, kernel)
         for k in sizes:
             name = f"zero{stage_name}_ckpt_{ckpt}" + (f"_mb{k}" if len(sizes) > 1 else "")
+            name += f"_{kernel}" if kernel else ""
             n_groups = -(-a.groups_per_step // k) * k  # a multiple of k: equal micro-batches
             mbs = merge(micro_batches(a, rank, policy.vocab_size, n_groups), k)
             with res.part(name, dev):
                 try:
                     run_setting(a, res, name, engine, mbs, loss_fn, dev, ckpt=ckpt, k=k, n_groups=n_groups, flops=flops,
                                 sc=sc, peak=peak, build_s=build_s, init_s=init_s, stage_name=stage_name)
+                    if kernel:
+                        values = res.data["parts"][name]
+                        res.put(name, {**values, **job_formula_mfu(a, mbs, sc, values, peak),
+                                       "staircase_attention": kernel})
                 except torch.OutOfMemoryError as exc:  # bigger micro-batches would not fit either
                     if a.world > 1:  # the other ranks wait in a collective: fail the stage instead
                         raise
                     total = torch.cuda.get_device_properties(dev).total_memory / 2**30 if dev.type == "cuda" else None
-                    res.put(name, {"out_of_memory": True, "micro_batch_rows": 2 * a.group_size * k,
+                    res.put(name, {"out_of_memory": True, "micro_batch_rows": rows_per_group(a) * k,
                                    "device_memory_gib": total, "message": str(exc)[:300]})
-                    bl.log(f"{name}: out of memory at {2 * a.group_size * k} rows; larger micro-batches skipped")
+                    bl.log(f"{name}: out of memory at {rows_per_group(a) * k} rows; larger micro-batches skipped")
                     torch.cuda.empty_cache()
                     break
             if a.profile == stage_name and k == sizes[0]:
                 with res.part(f"zero{stage_name}_profile", dev):
-                    res.put(f"zero{stage_name}_profile", profile_step(engine, mbs, loss_fn, dev, k * 2 * a.group_size))
+                    res.put(f"zero{stage_name}_profile", profile_step(engine, mbs, loss_fn, dev, k * rows_per_group(a)))
     if stage == 3:
         with res.part("zero3_gather", dev):
             bl.sync(dev)
@@ -327,7 +373,7 @@ def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, f
     per_card = model_flops / step_s / a.world / 1e12
     res.put(name, {
         "world": a.world, "zero_stage": stage_name, "checkpointing": ckpt, "params": sc.total,
-        "micro_batch_rows": 2 * a.group_size * k, "micro_batches_per_rank": len(mbs),
+        "micro_batch_rows": rows_per_group(a) * k, "micro_batches_per_rank": len(mbs),
         "groups_per_step_per_rank": n_groups,
         "dtype": str(engine.dtype), "build_s": build_s, "deepspeed_init_s": init_s,
         "warmup_step_s": warm, "step_s": secs, "step_s_median": step_s,
@@ -345,6 +391,30 @@ def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, f
         "adamw": {key: engine.optimizer.defaults.get(key) for key in ("fused", "foreach")},
         "note": "each sequence is fed twice per step (2 masked views); model FLOPs count both",
     })
+
+
+def set_staircase_attention(policy, kernel) -> None:
+    """model.staircase_attention on a live policy: flex installs the flex staircase path, sdpa
+    puts the stock sdpa back (the same engine and weights run both)."""
+    from common.models.flex_staircase import use_flex_staircase
+
+    if kernel == "flex":
+        use_flex_staircase(policy)
+    elif kernel in ("sdpa", None):
+        policy.model.config._attn_implementation = "sdpa"
+    else:
+        raise ValueError(f"--staircase-attention takes sdpa or flex, got {kernel!r}")
+
+
+def job_formula_mfu(a, mbs, sc, values: dict, peak) -> dict:
+    """perf/mfu as the job logs it (coordinator/step_metrics.py): 6 x parameters x the real prompt
+    and completion tokens, per staircase draw (one here), over the step time; and the note."""
+    tokens = sum(int(m["batch"].prompt_mask.sum()) + int(m["batch"].completion_mask.sum()) for m in mbs) * a.world
+    per_card = 6.0 * sc.total * tokens / values["step_s_median"] / a.world / 1e12
+    return {"real_tokens_per_step": tokens, "job_formula_tflops_per_card": per_card,
+            "mfu_job_formula": per_card / peak if peak else None,
+            "note": "one staircase forward per row over P + 2C tokens (the clean completion beside its noised copy); "
+                    "mfu_vs_measured_matmul counts every token fed, mfu_job_formula only prompt + completion"}
 
 
 def profile_step(engine, mbs, loss_fn, dev, rows: int) -> dict:

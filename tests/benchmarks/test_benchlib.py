@@ -76,7 +76,7 @@ def test_learner_step_is_three_forwards_of_both_masks():
 
     p = bl.build_policy("tiny-qwen2", torch.device("cpu"), torch.float32).train()
     sc = no_attention(bl.count_shape(p))
-    a = argparse.Namespace(groups_per_step=1, world=1, group_size=4, prompt=8, gen=16)
+    a = argparse.Namespace(groups_per_step=1, world=1, group_size=4, prompt=8, gen=16, estimator="elbo_mc")
     mb = bln.micro_batches(a, 0, p.vocab_size)[0]
     loss_fn = bln.stabledrl_loss_fn(
         ElboMCConfig(num_draws=2, weighting="mean", masks="independent"), StableDrlLossConfig()
@@ -89,6 +89,36 @@ def test_learner_step_is_three_forwards_of_both_masks():
     forward = bl.forward_flops(sc, rows=2 * a.group_size, query_len=a.prompt + a.gen, key_len=0, logit_positions=a.gen)
     # the LM head's input gradient and every weight gradient: backward = 2 x forward for every product
     assert counted(step) == pytest.approx(3 * forward, rel=1e-9)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "flex"])
+def test_staircase_learner_step_is_three_forwards_over_prompt_and_both_copies(kernel):
+    """--estimator staircase: one forward of G rows over P + 2C tokens (left-padded prompts), under
+    either --staircase-attention setting; the job-formula MFU counts only the real tokens."""
+    import bench_learner as bln
+    from common.config.estimator import StaircaseConfig
+    from common.config.loss import StableDrlLossConfig
+    from common.models.flex_staircase import uses_flex_staircase
+
+    p = bl.build_policy("tiny-sdar", torch.device("cpu"), torch.float32, block_size=4).train()
+    bln.set_staircase_attention(p, kernel)
+    assert uses_flex_staircase(p) == (kernel == "flex")
+    sc = no_attention(bl.count_shape(p))
+    a = argparse.Namespace(groups_per_step=1, world=1, group_size=4, prompt=8, gen=16, estimator="staircase")
+    mb = bln.micro_batches(a, 0, p.vocab_size)[0]
+    assert not mb["batch"].prompt_mask.all() and mb["batch"].prompt_mask[:, -4:].all()  # left-padded, >= P/2 real
+    loss_fn = bln.stabledrl_loss_fn(StaircaseConfig(t_min=0.1, t_max=0.9, num_draws=1), StableDrlLossConfig())
+
+    def step():
+        loss, _ = loss_fn(p, mb)
+        loss.backward()
+
+    forward = bl.forward_flops(sc, rows=a.group_size, query_len=a.prompt + 2 * a.gen, key_len=0, logit_positions=a.gen)
+    assert counted(step) == pytest.approx(3 * forward, rel=1e-9)
+    real = int(mb["batch"].prompt_mask.sum()) + a.group_size * a.gen
+    got = bln.job_formula_mfu(a, [mb], sc, {"step_s_median": 2.0}, peak=1.0)
+    assert got["real_tokens_per_step"] == real
+    assert got["mfu_job_formula"] == pytest.approx(6 * sc.total * real / 2.0 / 1e12)
 
 
 def test_builder_makes_the_requested_dtype_with_exact_rope():
