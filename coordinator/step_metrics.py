@@ -50,19 +50,20 @@ def merge_ranks(results: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return {key: float(value) for key, value in combine(results, across="ranks").items()}
 
 
-def perf_metrics(*, step_s: float, train_s: float, samples: float, tokens: float, sequence_tokens: float,
-                 inner_iterations: int, forwards_per_estimate: int, parameters: int, learner_devices: int,
+def perf_metrics(*, step_s: float, train_s: float, samples: float, tokens: float, forward_tokens: float,
+                 inner_iterations: int, parameters: int, learner_devices: int,
                  peak_tflops: Optional[float]) -> dict[str, float]:
     """perf/*: samples and completion tokens trained per second of wall time, learner tokens/s;
-    MFU ≈ 6·N·(prompt + completion tokens)·forwards·μ / (train time · devices · peak), the usual
-    6N-per-token estimate of a forward and backward, ignoring attention FLOPs."""
+    MFU ≈ 6·N·(tokens the estimates' forwards feed)·μ / (train time · devices · peak), the usual
+    6N-per-token estimate of a forward and backward, ignoring attention FLOPs and the forward that
+    activation checkpointing recomputes (``forward_tokens``: see ``estimate_forward_tokens``)."""
     out = {
         "perf/samples_per_s": samples / step_s if step_s > 0 else 0.0,
         "perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
         "perf/learner_tokens_per_s": tokens * inner_iterations / train_s if train_s > 0 else 0.0,
     }
     if peak_tflops and train_s > 0:
-        flops = 6.0 * parameters * sequence_tokens * forwards_per_estimate * inner_iterations
+        flops = 6.0 * parameters * forward_tokens * inner_iterations
         out["perf/mfu"] = flops / (train_s * learner_devices * peak_tflops * 1e12)
     return out
 
@@ -71,6 +72,16 @@ def forwards_per_estimate(estimator: Any) -> int:
     """Model forwards one learner estimate costs per sample (coupled: 1 + 2 per pair)."""
     draws = int(getattr(estimator, "num_draws", 1))
     return 1 + 2 * draws if estimator.name == "coupled" else draws
+
+
+def estimate_forward_tokens(estimator: Any, prompt_tokens: int, completion_tokens: int) -> int:
+    """Tokens the model takes in for one sample's estimate: prompt + completion per forward; the
+    staircase's one forward carries the completion twice (the noisy copy and the clean copy its
+    blocks attend to), so it feeds prompt + 2 x completion per draw, as the estimator needs them."""
+    per_forward = prompt_tokens + completion_tokens
+    if estimator.name == "staircase":
+        per_forward += completion_tokens
+    return per_forward * forwards_per_estimate(estimator)
 
 
 @dataclass
@@ -94,10 +105,10 @@ def step_record(end: StepEnd, *, version: int, step_s: float, inner_iterations: 
     record.update({"time/step": step_s, "time/train": end.train_s, "time/weight_push": end.push_s,
                    "time/generate": record["rollout/generate_s"], "version": float(version),
                    **{k: v for k, v in end.at_end.items() if not k.startswith("staleness/")}})
-    sequence_tokens = sum(len(s.prompt_ids) + len(s.completion_ids) for e in end.batch for s in e.group.samples)
+    forward_tokens = sum(estimate_forward_tokens(estimator, len(s.prompt_ids), len(s.completion_ids))
+                         for e in end.batch for s in e.group.samples)
     record.update(perf_metrics(
         step_s=step_s, train_s=end.train_s, samples=record["learner/samples"], tokens=record["learner/tokens"],
-        sequence_tokens=sequence_tokens, inner_iterations=inner_iterations,
-        forwards_per_estimate=forwards_per_estimate(estimator), parameters=parameters,
+        forward_tokens=forward_tokens, inner_iterations=inner_iterations, parameters=parameters,
         learner_devices=learner_devices, peak_tflops=peak_tflops))
     return record
