@@ -74,6 +74,17 @@ class ParameterLoader:
             self.destination(name, param).copy_(tensor)
             self.loaded.add(name)
 
+    def target(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Where the received ``name`` of ``shape`` is to be written, counted as arrived: the
+        sharded push puts each parameter together straight into it (common/transport/shards.py)."""
+        param = self.params.get(name)
+        if param is None:
+            raise KeyError(f"weight push: received {name!r}, which the receiving model does not have")
+        if tuple(param.shape) != tuple(shape):
+            raise ValueError(f"weight push: {name} has shape {tuple(shape)}, the model {tuple(param.shape)}")
+        self.loaded.add(name)
+        return self.destination(name, param).detach()
+
     def destination(self, name: str, param: torch.Tensor) -> torch.Tensor:
         """Where the received ``name`` is written: the parameter itself."""
         return param
