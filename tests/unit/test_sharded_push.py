@@ -213,3 +213,45 @@ def test_gloo_sharded_push_into_a_staging_copy():
     params = dict(module.named_parameters())
     for name, t in full_weights(5):
         assert torch.equal(params[name].detach(), t), name
+
+
+def test_push_sources_and_the_group_the_driver_builds(monkeypatch):
+    from common.config.learner import DeepSpeedConfig, LearnerConfig
+    from coordinator import weight_sync
+    from coordinator.actors import Actors
+
+    def learner(stage: int, ranks: int = 3) -> LearnerConfig:
+        return LearnerConfig(num_ranks=ranks, deepspeed=DeepSpeedConfig(zero_stage=stage))
+
+    nccl = WeightPushConfig(backend="nccl")
+    assert weight_sync.push_sources(nccl, learner(3), lora=False) == 3  # every ZeRO-3 rank holds a partition
+    assert weight_sync.push_sources(nccl, learner(2), lora=False) == 1  # ZeRO-1/2: rank 0 holds it all
+    assert weight_sync.push_sources(nccl, learner(3), lora=True) == 0  # LoRA pushes gather
+    assert weight_sync.push_sources(nccl.model_copy(update={"source": "gather"}), learner(3), lora=False) == 0
+    assert weight_sync.push_sources(WeightPushConfig(backend="object_store"), learner(3), lora=False) == 0
+
+    calls: list = []
+
+    class Actor:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __getattr__(self, method: str):
+            name = self.name
+
+            class Method:
+                @staticmethod
+                def remote(*args, **kwargs):
+                    calls.append((name, method, kwargs))
+                    return (name, method)
+
+            return Method
+
+    monkeypatch.setattr(weight_sync, "wait", lambda refs, timeout_s, what: [("127.0.0.1", 29500)])
+    actors = Actors([Actor(f"learner{r}") for r in range(3)], [Actor("worker0"), Actor("worker1")])
+    sync = weight_sync.WeightSync(WeightPushConfig(backend="gloo"), actors, 5.0, sources=3)
+    sync.push(1, [0, 1])
+    setups = {name: kw for name, method, kw in calls if method == "setup_weight_push"}
+    assert {kw["world_size"] for kw in setups.values()} == {5} and {kw["sources"] for kw in setups.values()} == {3}
+    assert setups["worker0"]["rank"] == 3 and setups["worker1"]["rank"] == 4  # after the 3 sources
+    assert [name for name, method, _ in calls if method == "push_weights"] == ["learner0", "learner1", "learner2"]
