@@ -68,6 +68,7 @@ class BroadcastPush:
         self.group: Optional[dist.ProcessGroup] = None
         self._previous: Optional[int] = None
         self._shards = _ShardBuffers()  # the sharded push's persistent buffers (kept across pushes)
+        self.stats: dict[str, int] = {}  # the last send_shards: rounds, segments sent as they lie / packed
 
     # ---- sender ---------------------------------------------------------------------------
     def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
@@ -115,6 +116,7 @@ class BroadcastPush:
         self._connect()
         bufs, works = self._shards, []
         last = None
+        self.stats = {"rounds": len(rounds), "segments_as_they_lie": 0, "segments_packed": 0}
         for k, (rnd, parts) in enumerate(iter_segments(rounds, iter(partitions), self.sources)):
             for src in range(self.sources):
                 what = f"round {k} (learner rank {src}) of version {version}"
@@ -122,6 +124,7 @@ class BroadcastPush:
                     payload = segment_view(parts, rnd.dtype, self.device)
                     if payload is None:  # not back to back, or another dtype or device: pack
                         payload = bufs.pack(parts, rnd, self.device)
+                    self.stats["segments_packed" if bufs.lent is not None else "segments_as_they_lie"] += 1
                 else:
                     payload = bufs.scratch(rnd, self.device)
                 last = self._post(payload, what, root=src)
