@@ -14,6 +14,10 @@ requests until it is over). The group is built with its members; a push to anoth
 members, or after a failed push (a broken communicator cannot be trusted), builds it again, in
 the same order of calls on each actor, so nothing blocks but the rendezvous address.
 
+Sharded (``weights.source: shards``, ``sources`` learner ranks): the group's ranks 0..S-1 are the
+learner ranks that hold partitions (``push_sources``: every ZeRO-3 rank, or rank 0), each calling
+``send_shards`` from its ``push_weights``; the workers are ranks S.. .
+
 Staging (``weights.staging``, collective pushes): each receiver takes the push with
 ``stage_weights``, in its "weights" concurrency group, into a second copy of its weights while it
 generates, so the push does not wait for the request it is running; a later ``receive_weights``
