@@ -115,14 +115,15 @@ class BroadcastPush:
         wire = WIRE_DTYPES.get(self.cfg.dtype)
         params = [(name, tuple(shape), wire or t.dtype) for name, shape, t in partitions]
         rounds = plan_rounds(params, self.sources, int(self.cfg.bucket_mb * 2**20))
+        segments = list(iter_segments(rounds, iter(partitions), self.sources))  # checked before a byte moves
+        self._wait_for_receivers(version)  # every source: a receiver missing fails each of them, named, in time
         if self.rank == 0:
-            self._wait_for_receivers(version)
             self.store.set(f"v{version}/plan", encode_plan(rounds, self.sources))
         self._connect()
         bufs, works = self._shards, []
         last = None
         self.stats = {"rounds": len(rounds), "segments_as_they_lie": 0, "segments_packed": 0}
-        for k, (rnd, parts) in enumerate(iter_segments(rounds, iter(partitions), self.sources)):
+        for k, (rnd, parts) in enumerate(segments):
             for src in range(self.sources):
                 what = f"round {k} (learner rank {src}) of version {version}"
                 if src == self.rank:

@@ -255,3 +255,40 @@ def test_push_sources_and_the_group_the_driver_builds(monkeypatch):
     assert {kw["world_size"] for kw in setups.values()} == {5} and {kw["sources"] for kw in setups.values()} == {3}
     assert setups["worker0"]["rank"] == 3 and setups["worker1"]["rank"] == 4  # after the 3 sources
     assert [name for name, method, _ in calls if method == "push_weights"] == ["learner0", "learner1", "learner2"]
+
+
+def test_a_missing_receiver_fails_every_source_in_time_naming_it():
+    import time
+
+    cfg = WeightPushConfig(backend="gloo", timeout_s=2)
+    port = free_port()
+    errors: dict[int, BaseException] = {}
+
+    def source(rank: int) -> None:
+        push = setup_weight_push(cfg, rank=rank, world_size=3, master_addr="127.0.0.1", master_port=port, sources=2,
+                                 peer_names=["rollout worker 7"])
+        try:
+            push.send_shards(partitions(full_weights(1), rank, 2, flat=True), 1)
+        except BaseException as e:  # noqa: BLE001
+            errors[rank] = e
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=source, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert time.perf_counter() - t0 < 15
+    assert set(errors) == {0, 1}
+    assert all(isinstance(e, TimeoutError) and "never joined: rollout worker 7" in str(e) for e in errors.values())
+
+
+def test_a_partition_that_does_not_match_the_plan_is_refused_before_anything_is_sent():
+    from common.transport.shards import iter_segments
+
+    full = full_weights(0)
+    rounds = plan_rounds([(n, tuple(t.shape), t.dtype) for n, t in full], 2, 1 << 20)
+    parts = partitions(full, 0, 2, flat=False)
+    parts[3] = (parts[3][0], parts[3][1], parts[3][2][:-1])  # one element short
+    with pytest.raises(ValueError, match="layer3.w"):
+        list(iter_segments(rounds, iter(parts), 2))
