@@ -110,10 +110,11 @@ def test_assemble_puts_every_parameter_together(sources):
         assert loader.loaded == {p.name for p in rnd.pieces}
 
 
-def run_sharded(sources: int, receivers: int, flat: bool, bucket_bytes: int, loaders, versions=(1, 2)):
+def run_sharded(sources: int, receivers: int, flat: bool, bucket_bytes: int, loaders, versions=(1, 2),
+                dtype: str = "keep"):
     """``sources`` learner ranks (threads) push ``versions`` (other weights each time) to
     ``receivers`` ends built here; ``loaders(version)`` gives each receiver's loader."""
-    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=bucket_bytes / 2**20)
+    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=bucket_bytes / 2**20, dtype=dtype)
     port, world = free_port(), sources + receivers
     errors: list[BaseException] = []
     packed: list[bool] = []
@@ -292,3 +293,16 @@ def test_a_partition_that_does_not_match_the_plan_is_refused_before_anything_is_
     parts[3] = (parts[3][0], parts[3][1], parts[3][2][:-1])  # one element short
     with pytest.raises(ValueError, match="layer3.w"):
         list(iter_segments(rounds, iter(parts), 2))
+
+
+def test_a_wire_dtype_other_than_the_partitions_is_packed_and_cast():
+    got: dict[str, torch.Tensor] = {}
+
+    def loaders(version, rank):
+        got.clear()
+        return lambda items: got.update({n: t.clone() for n, t in items})
+
+    packed = run_sharded(2, 1, True, bucket_bytes=1500, loaders=loaders, dtype="bf16")
+    assert packed == [True, True]  # fp32 partitions cannot go out as bf16 where they lie
+    for name, t in full_weights(2):
+        assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], t.to(torch.bfloat16)), name
