@@ -61,7 +61,7 @@ class BroadcastPush:
         if world_size <= self.first:
             raise ValueError(f"broadcast weight push needs at least one receiver (world_size > {self.first})")
         self.cfg, self.backend, self.rank, self.world_size = cfg, backend, rank, world_size
-        self.peer_names = list(peer_names or [f"rollout worker {r}" for r in range(world_size - self.first)])
+        self.peer_names = list(peer_names or [f"rollout worker {r}" for r in range(self.first, world_size)])
         self.address = f"{master_addr}:{master_port}"
         self.timeout = timedelta(seconds=cfg.timeout_s)
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
