@@ -38,7 +38,7 @@ from coordinator.job_setup import NO_STAGES, Stages, config_json, load_checkpoin
 from coordinator.progress import Progress
 from coordinator.runtime import RayRuntime
 from coordinator.scheduler import Scheduler
-from coordinator.weight_sync import WeightSync
+from coordinator.weight_sync import WeightSync, push_sources
 from learner.worker import LearnerWorker
 from rollout.worker import RolloutWorker
 
@@ -122,7 +122,8 @@ class Driver:
         lora = cfg.learner.lora
         sync = WeightSync(weights, actors, c.start_timeout_s, partial=lora is not None,
                           keep_order=cfg.algorithm.in_order,
-                          lora_scale=lora.alpha / lora.rank if lora is not None and lora.push == "adapters" else None)
+                          lora_scale=lora.alpha / lora.rank if lora is not None and lora.push == "adapters" else None,
+                          sources=push_sources(weights, cfg.learner, lora is not None))
         self.runtime = RayRuntime(actors, sync, control=self.control,
                                   output_dir=cfg.run.output_dir, config=self.config_json(),
                                   start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale,

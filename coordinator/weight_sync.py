@@ -14,6 +14,10 @@ requests until it is over). The group is built with its members; a push to anoth
 members, or after a failed push (a broken communicator cannot be trusted), builds it again, in
 the same order of calls on each actor, so nothing blocks but the rendezvous address.
 
+Sharded (``weights.source: shards``, ``sources`` learner ranks): the group's ranks 0..S-1 are the
+learner ranks that hold partitions (``push_sources``: every ZeRO-3 rank, or rank 0), each calling
+``send_shards`` from its ``push_weights``; the workers are ranks S.. .
+
 Staging (``weights.staging``, collective pushes): each receiver takes the push with
 ``stage_weights``, in its "weights" concurrency group, into a second copy of its weights while it
 generates, so the push does not wait for the request it is running; a later ``receive_weights``
@@ -49,15 +53,27 @@ def push_calls(backend: str, learners: Sequence[Any], workers: Sequence[Any], ve
     return sends, [w.receive_weights.remote(handle) for w in workers]
 
 
+def push_sources(cfg: WeightPushConfig, learner: Any, lora: bool) -> int:
+    """The learner ranks that send a collective push (``weights.source: shards``; 0: rank 0
+    gathers and sends, the earlier path): every rank under ZeRO-3 (each holds a partition), rank 0
+    alone under ZeRO-1/2 (it holds every parameter whole). LoRA jobs gather (their push merges or
+    picks adapters: learner/lora.py)."""
+    if cfg.backend == "object_store" or cfg.source != "shards" or lora:
+        return 0
+    return learner.num_ranks if learner.deepspeed.zero_stage == 3 else 1
+
+
 class WeightSync:
     def __init__(self, cfg: WeightPushConfig, actors: Actors, timeout_s: float, partial: bool = False,
-                 keep_order: bool = False, lora_scale: Optional[float] = None) -> None:
+                 keep_order: bool = False, lora_scale: Optional[float] = None, sources: int = 0) -> None:
         if cfg.backend == "auto":
             raise ValueError("WeightSync needs a resolved weights config (WeightPushConfig.resolve)")
         self.cfg, self.actors, self.timeout_s, self.partial = cfg, actors, timeout_s, partial
         # the workers' end: partial pushes, and LoRA adapters merged with this scale
         self.receiving = {"partial": partial, "lora_scale": lora_scale}
         self.collective = cfg.backend != "object_store"
+        # sharded (collective): learner ranks 0..sources-1 each send their partitions (``push_sources``)
+        self.sources = sources if self.collective else 0
         self.staging, self.keep_order = self.collective and cfg.staging, keep_order
         self.members: Optional[tuple[int, ...]] = None  # the collective group as built, in rank order
         self.handles: dict[int, ray.ObjectRef] = {}  # object store: version -> rank 0's handle (the newest only)
@@ -74,15 +90,18 @@ class WeightSync:
         wait(self._setup_group(members), self.timeout_s, "weight push set-up on every learner rank and rollout worker")
 
     def _setup_group(self, members: tuple[int, ...]) -> list[ray.ObjectRef]:
-        """Every member's ``setup_weight_push`` for a group of learner rank 0 and ``members``
-        (the learner ranks' calls first, then the workers' in ``members`` order)."""
+        """Every member's ``setup_weight_push`` for a group of the sending learner ranks (rank 0,
+        or sharded ranks 0..sources-1) and ``members`` (the learner ranks' calls first, one each,
+        then the workers' in ``members`` order)."""
         learners, pool = self.actors.learners, self.actors.pool
         addr, port = wait([learners[0].rendezvous_address.remote()], self.timeout_s, "learner rank 0 (address)")[0]
-        world = 1 + len(members)
+        first = max(self.sources, 1)  # the first worker's rank in the group
+        world = first + len(members)
         refs = self.actors.call_learners("setup_weight_push", self.cfg, rank=0, world_size=world, master_addr=addr,
-                                         master_port=port, peer_names=[f"rollout worker {i}" for i in members])
-        refs += [pool[index].setup_weight_push.remote(self.cfg, rank=r + 1, world_size=world, master_addr=addr,
-                                                      master_port=port, **self.receiving)
+                                         master_port=port, peer_names=[f"rollout worker {i}" for i in members],
+                                         sources=self.sources)
+        refs += [pool[index].setup_weight_push.remote(self.cfg, rank=first + r, world_size=world, master_addr=addr,
+                                                      master_port=port, sources=self.sources, **self.receiving)
                  for r, index in enumerate(members)]
         self.members = members
         return refs

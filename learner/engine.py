@@ -44,6 +44,7 @@ from torch import nn
 from common.checkpoint_files import load_torch, read_latest, restricted_unpickling, verify_tag
 from common.config.learner import LearnerConfig
 from common.seeding import derive_seed
+from common.transport.shards import partition_numel
 from learner.async_checkpoint import BackgroundWriter, marker_name, write_file
 from learner.group import local_device
 from learner.lora import adapter_named_parameters, add_adapters, plain_named_parameters
@@ -198,6 +199,26 @@ class LearnerEngine:
                                             bucket_bytes=self.cfg.deepspeed.gather_bucket_mb << 20,
                                             receive=all_ranks or self.rank == 0)
         return self._plain_parameters(all_ranks, only_adapted=bool(self.adapted))
+
+    def partitions_for_push(self, sources: int) -> Iterator[tuple[str, tuple[int, ...], torch.Tensor]]:
+        """This rank's part of every parameter for the sharded push (common/transport/shards.py):
+        (name, full shape, flat partition) in the module's order, read where it lies, no gather,
+        no copy. ZeRO-3 (``sources`` = the learner's ranks): the rank's ``ds_tensor``, ceil(n / S)
+        elements of the flat parameter from element rank·ceil(n / S) on, padded at the end;
+        ZeRO-1/2 (``sources`` 1, rank 0 only): the full parameter. Not collective."""
+        zero3 = self.cfg.deepspeed.zero_stage == 3
+        if sources != (self.world_size if zero3 else 1):
+            raise ValueError(f"a sharded push from this learner has {self.world_size if zero3 else 1} sources "
+                             f"(ZeRO-{self.cfg.deepspeed.zero_stage}, {self.world_size} ranks), not {sources}")
+        for name, p in self.engine.module.named_parameters():
+            if not zero3:
+                yield name, tuple(p.shape), p.detach().reshape(-1)
+                continue
+            part, size = getattr(p, "ds_tensor", None), partition_numel(p.ds_numel, sources)
+            if part is None or part.numel() != size:
+                raise RuntimeError(f"weight push: {name} has no ZeRO-3 partition of {size} elements in memory; "
+                                   "set weights.source: gather")
+            yield name, tuple(p.ds_shape), part.detach().reshape(-1)
 
     def state_dict_for_push(self, all_ranks: bool = False) -> Optional[dict[str, torch.Tensor]]:
         """``named_parameters_for_push`` as CPU copies on rank 0 (every rank if ``all_ranks``),

@@ -62,6 +62,7 @@ class LearnerWorker:
         self.micro_batch_size = micro_batch_size
         self.whole_groups = needs_whole_groups(loss)
         self.engine = self.reference = self.tokenizer = self.push = None
+        self.push_sources = 0  # a sharded push's learner ranks that send (setup_weight_push)
         self.steps = 0
         self.clock = ActorClock(background=("checkpoint_write",))
 
@@ -156,14 +157,23 @@ class LearnerWorker:
 
     # ---- weights, checkpoints, export -----------------------------------------------------
     def setup_weight_push(self, cfg: WeightPushConfig, **kwargs: Any) -> None:
-        """Rank 0 builds the sending end; the other ranks only take part in the gathers."""
+        """Rank 0 builds the sending end; the other ranks only take part in the gathers. A sharded
+        push (``sources`` S >= 1, common/transport/shards.py): ranks 0..S-1 each build an end of
+        their own (group rank = learner rank), the others take no part."""
         if self.push is not None:
             self.push.close()
-        self.push = setup_weight_push(cfg, **kwargs) if self.rank == 0 else None
+        self.push_sources = sources = kwargs.get("sources", 0)
+        member = self.rank < sources if sources else self.rank == 0
+        self.push = setup_weight_push(cfg, **{**kwargs, "rank": self.rank if sources else 0}) if member else None
 
     def push_weights(self, version: int) -> Optional[WeightHandle]:
-        """Send the full weights as ``version`` (rank 0; every rank joins the ZeRO-3 gathers)."""
+        """Send the full weights as ``version`` (rank 0; every rank joins the ZeRO-3 gathers), or,
+        sharded, this rank's partitions."""
         with self.clock.timed("push"):
+            if self.push_sources:
+                if self.push is None:  # ZeRO-1/2: rank 0 sends alone
+                    return None
+                return self.push.send_shards(self.engine.partitions_for_push(self.push_sources), version)
             named = self.engine.named_parameters_for_push()
             if self.push is None:
                 for _ in named:

@@ -21,6 +21,13 @@ class WeightPushConfig(StrictModel):
     dtype: Literal["keep", "bf16", "fp16", "fp32"] = Field(
         "keep", description="dtype on the wire; keep = the learner's parameter dtype (bf16 on GPU)"
     )
+    source: Literal["shards", "gather"] = Field(
+        "shards", description="collective pushes: shards = every learner rank broadcasts its own ZeRO-3 partition "
+        "of each parameter straight from the learner's memory and the workers put the full parameters together "
+        "(ZeRO-1/2: learner rank 0 broadcasts its parameters as they lie); gather = learner rank 0 gathers the "
+        "full parameters (the ZeRO-3 all-gather) and packs them into buckets first (the earlier path). LoRA jobs "
+        "always gather"
+    )
     staging: bool = Field(
         True, description="broadcast push: each rollout worker receives the new version into a second copy of its "
         "weights while it generates and swaps it in before its next request, so a push never waits for the request "

@@ -19,11 +19,14 @@ def setup_weight_push(
     master_addr: Optional[str] = None,
     master_port: Optional[int] = None,
     peer_names: Optional[Sequence[str]] = None,
+    sources: int = 0,
 ) -> WeightPush:
     """Build this process's end of the push. ``cfg.backend`` must be resolved (``WeightPushConfig.resolve``).
     Object store: no arguments needed. Broadcast: ``rank`` 0 is learner rank 0, ranks 1..world_size-1
     the rollout workers; (master_addr, master_port) is a free address on learner rank 0's node,
-    where rank 0 hosts the group's TCPStore; ``peer_names`` (rank 0 only) names receivers 1.. in errors."""
+    where rank 0 hosts the group's TCPStore; ``peer_names`` (rank 0 only) names receivers 1.. in errors.
+    ``sources`` S >= 1: the sharded push (common/transport/shards.py): ranks 0..S-1 are the learner ranks that send
+    their partitions (``send_shards``), the receivers ranks S..world_size-1."""
     if cfg.backend == "auto":
         raise ValueError("weights.backend 'auto' must be resolved against the cluster first (WeightPushConfig.resolve)")
     if cfg.backend == "object_store":
@@ -34,7 +37,7 @@ def setup_weight_push(
 
     if master_addr is None or master_port is None:
         raise ValueError(f"the {cfg.backend} weight push needs master_addr and master_port (learner rank 0's node)")
-    return BroadcastPush(cfg, cfg.backend, rank, world_size, master_addr, master_port, peer_names)
+    return BroadcastPush(cfg, cfg.backend, rank, world_size, master_addr, master_port, peer_names, sources)
 
 
 __all__ = ["ParameterLoader", "WeightHandle", "WeightPush", "WeightPushConfig", "setup_weight_push"]

@@ -28,15 +28,21 @@ packing it sends (NCCL's stream waits on the current stream when the collective 
 the last collective of a transfer is waited for on the host, with the transfer's timeout; the ones
 before it are bounded by the group's own timeout (NCCL's watchdog aborts a stuck collective).
 Memory: two buckets on each end (2 x ``bucket_mb``).
+
+That is the gathered push (``weights.source: gather``: ``send``). The sharded one (``send_shards``,
+``sources`` S >= 1: ranks 0..S-1 are learner ranks, the receivers follow) publishes one plan per
+version instead of per-bucket metadata and sends each learner rank's partitions from where they lie;
+its wire format and the receivers' reassembly are in common/transport/shards.py.
 """
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
+from common.transport.shards import Round, assemble, decode_plan, encode_plan, iter_segments, plan_rounds, segment_view
 from common.transport.store import decode_meta, encode_meta, open_store
 from common.transport.weights import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig
 
@@ -46,13 +52,16 @@ SENDER = "learner rank 0"
 
 class BroadcastPush:
     def __init__(self, cfg: WeightPushConfig, backend: str, rank: int, world_size: int, master_addr: str,
-                 master_port: int, peer_names: Optional[Sequence[str]] = None) -> None:
+                 master_port: int, peer_names: Optional[Sequence[str]] = None, sources: int = 0) -> None:
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"broadcast weight push needs backend nccl or gloo, got {backend!r}")
-        if world_size < 2:
-            raise ValueError("broadcast weight push needs at least one receiver (world_size >= 2)")
+        # sources 0: rank 0 sends gathered tensors (``send``); sources S >= 1: ranks 0..S-1 are learner
+        # ranks that each send their partitions (``send_shards``, common/transport/shards.py)
+        self.sources, self.first = sources, max(sources, 1)  # the first receiver's rank
+        if world_size <= self.first:
+            raise ValueError(f"broadcast weight push needs at least one receiver (world_size > {self.first})")
         self.cfg, self.backend, self.rank, self.world_size = cfg, backend, rank, world_size
-        self.peer_names = list(peer_names or [f"rollout worker {r}" for r in range(1, world_size)])
+        self.peer_names = list(peer_names or [f"rollout worker {r}" for r in range(self.first, world_size)])
         self.address = f"{master_addr}:{master_port}"
         self.timeout = timedelta(seconds=cfg.timeout_s)
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
@@ -63,9 +72,13 @@ class BroadcastPush:
                                f"{self.address} within {cfg.timeout_s:.0f} s ({e})") from e
         self.group: Optional[dist.ProcessGroup] = None
         self._previous: Optional[int] = None
+        self._shards = _ShardBuffers()  # the sharded push's persistent buffers (kept across pushes)
+        self.stats: dict[str, int] = {}  # the last send_shards: rounds, segments sent as they lie / packed
 
     # ---- sender ---------------------------------------------------------------------------
     def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
+        if self.sources:
+            raise RuntimeError("this push group is sharded: its learner ranks call send_shards")
         if self.rank != 0:
             raise RuntimeError("only rank 0 (learner rank 0) sends weights")
         named_tensors = iter(named_tensors)
@@ -91,12 +104,55 @@ class BroadcastPush:
         self._previous = version
         return WeightHandle(version, self.backend)
 
+    def send_shards(self, partitions: Iterable[tuple[str, tuple[int, ...], torch.Tensor]], version: int
+                    ) -> WeightHandle:
+        """Learner rank r < sources: broadcast this rank's partitions of every parameter (flat
+        tensors of ``partition_numel(n, sources)`` elements, in the order of the learner's
+        parameters, the same order on every rank) as version ``version``; every source calls it."""
+        if not self.sources or self.rank >= self.sources:
+            raise RuntimeError(f"rank {self.rank} is not a source of this push group ({self.sources} sources)")
+        partitions = list(partitions)
+        wire = WIRE_DTYPES.get(self.cfg.dtype)
+        params = [(name, tuple(shape), wire or t.dtype) for name, shape, t in partitions]
+        rounds = plan_rounds(params, self.sources, int(self.cfg.bucket_mb * 2**20))
+        segments = list(iter_segments(rounds, iter(partitions), self.sources))  # checked before a byte moves
+        self._wait_for_receivers(version)  # every source: a receiver missing fails each of them, named, in time
+        if self.rank == 0:
+            self.store.set(f"v{version}/plan", encode_plan(rounds, self.sources))
+        self._connect()
+        bufs, works = self._shards, []
+        last = None
+        self.stats = {"rounds": len(rounds), "segments_as_they_lie": 0, "segments_packed": 0}
+        for k, (rnd, parts) in enumerate(segments):
+            for src in range(self.sources):
+                what = f"round {k} (learner rank {src}) of version {version}"
+                if src == self.rank:
+                    payload = segment_view(parts, rnd.dtype, self.device)
+                    if payload is None:  # not back to back, or another dtype or device: pack
+                        payload = bufs.pack(parts, rnd, self.device)
+                    self.stats["segments_packed" if bufs.lent is not None else "segments_as_they_lie"] += 1
+                else:
+                    payload = bufs.scratch(rnd, self.device)
+                last = self._post(payload, what, root=src)
+                bufs.sent(payload, last, self.backend == "gloo")
+                works.append((last, what))
+        for work, what in works[:-1] if self.backend == "gloo" else []:
+            self._wait(work, what)  # gloo: every work on the host (its threads may run them out of order)
+        if last is not None:
+            self._wait(last, works[-1][1])
+        bufs.done()
+        if self.rank == 0:
+            self._forget(self._previous)
+        self._previous = version
+        return WeightHandle(version, self.backend)
+
     def _wait_for_receivers(self, version: int) -> None:
-        keys = [f"v{version}/ready/{r}" for r in range(1, self.world_size)]
+        keys = [f"v{version}/ready/{r}" for r in range(self.first, self.world_size)]
         try:
             self.store.wait(keys, self.timeout)
         except Exception:
-            missing = [self.peer_names[r - 1] for r, key in enumerate(keys, start=1) if not self.store.check([key])]
+            missing = [self.peer_names[r - self.first] for r, key in enumerate(keys, start=self.first)
+                       if not self.store.check([key])]
             raise TimeoutError(f"weight push: waited {self.cfg.timeout_s:.0f} s for weights version {version}; "
                                f"receivers that never joined: {', '.join(missing) or '(none: they joined late)'}"
                                ) from None
@@ -105,8 +161,9 @@ class BroadcastPush:
         """Drop a finished version's keys (all receivers have read them: they joined the next one)."""
         if version is None:
             return
-        for key in [f"v{version}/ready/{r}" for r in range(1, self.world_size)]:
+        for key in [f"v{version}/ready/{r}" for r in range(self.first, self.world_size)]:
             self.store.delete_key(key)
+        self.store.delete_key(f"v{version}/plan")
         i = 0
         while self.store.check([f"v{version}/meta/{i}"]):
             self.store.delete_key(f"v{version}/meta/{i}")
@@ -114,10 +171,12 @@ class BroadcastPush:
 
     # ---- receiver -------------------------------------------------------------------------
     def receive(self, handle: WeightHandle, loader: LoadFn) -> int:
-        if self.rank == 0:
-            raise RuntimeError("rank 0 (learner rank 0) sends; it does not receive")
+        if self.rank < self.first:
+            raise RuntimeError("learner ranks send; they do not receive")
         version = handle.version
         self.store.set(f"v{version}/ready/{self.rank}", b"1")
+        if self.sources:
+            return self._receive_shards(version, loader)
         self._connect()
         buffers: list[Optional[torch.Tensor]] = [None, None]
         pending = None  # (work, payload, entries, what) posted and not yet copied into the model
@@ -140,6 +199,36 @@ class BroadcastPush:
         if pending is not None:
             self._load(pending, loader, block=True)
         return version
+
+    def _receive_shards(self, version: int, loader: LoadFn) -> int:
+        what = f"the plan of weights version {version}"
+        try:
+            self.store.wait([f"v{version}/plan"], self.timeout)
+        except Exception:
+            raise TimeoutError(f"weight push: rank {self.rank} waited {self.cfg.timeout_s:.0f} s for {what} "
+                               f"from {SENDER} at {self.address}") from None
+        sources, rounds = decode_plan(self.store.get(f"v{version}/plan"),
+                                      f"weight push: {what} from {SENDER} at {self.address}")
+        if sources != self.sources:
+            raise ValueError(f"weight push: {what} has {sources} sources; this group was built with {self.sources}")
+        self._connect()
+        pending = None  # (works, rows, round) posted and not yet put together
+        for k, rnd in enumerate(rounds):
+            rows = self._shards.rows(k % 2, rnd, sources, self.device)
+            works = [(self._post(rows[src], f"round {k} (learner rank {src}) of version {version}", root=src),
+                      f"round {k} (learner rank {src}) of version {version}") for src in range(sources)]
+            if pending is not None:  # round k arrives while round k-1 is put together
+                self._assemble(pending, loader, block=False)
+            pending = (works, rows, rnd)
+        if pending is not None:
+            self._assemble(pending, loader, block=True)
+        return version
+
+    def _assemble(self, pending: tuple, loader: LoadFn, *, block: bool) -> None:
+        works, rows, rnd = pending
+        for i, (work, what) in enumerate(works):
+            self._wait(work, what, block=block and i == len(works) - 1 or self.backend == "gloo")
+        assemble(rows, rnd, self.sources, loader)
 
     def _load(self, pending: tuple, loader: LoadFn, *, block: bool) -> None:
         """Copy a received bucket into the model once its broadcast is done (the current stream waits
@@ -179,14 +268,14 @@ class BroadcastPush:
                 options._timeout = self.timeout
                 self.group = dist.ProcessGroupNCCL(store, self.rank, self.world_size, options)
         except Exception as e:
-            peers = "the receivers" if self.rank == 0 else SENDER
+            peers = "the receivers" if self.rank < self.first else SENDER
             raise TimeoutError(f"weight push: rank {self.rank} could not form the {self.backend} group with "
                                f"{peers} at {self.address} within {self.cfg.timeout_s:.0f} s ({e})") from e
 
-    def _post(self, payload: torch.Tensor, what: str):
-        """Start the broadcast of ``payload`` (root: rank 0); returns its work."""
+    def _post(self, payload: torch.Tensor, what: str, root: int = 0):
+        """Start the broadcast of ``payload`` from ``root``; returns its work."""
         opts = dist.BroadcastOptions()
-        opts.rootRank = 0
+        opts.rootRank = root
         opts.timeout = self.timeout
         try:
             return self.group.broadcast([payload], opts)
@@ -205,7 +294,7 @@ class BroadcastPush:
             raise self._failed(what, e) from e
 
     def _failed(self, what: str, e: Exception) -> TimeoutError:
-        peer = "the receivers" if self.rank == 0 else SENDER
+        peer = "the receivers" if self.rank < self.first else SENDER
         return TimeoutError(f"weight push: rank {self.rank} broadcast of {what} with {peer} failed or timed "
                             f"out after {self.cfg.timeout_s:.0f} s ({e}); rebuild the push group")
 
@@ -260,6 +349,68 @@ class _Packer:
         if self.works[k] is not None:
             self.works[k].wait()
             self.works[k] = None
+
+
+class _ShardBuffers:
+    """The sharded push's persistent buffers, grown as needed and kept from push to push (no
+    allocation per push): a source's two pack buffers (used only for segments that are not back
+    to back in memory) and scratch buffer (the other sources' segments, discarded), a receiver's
+    two round buffers. A pack buffer is refilled only after the broadcast that last read it."""
+
+    def __init__(self) -> None:
+        self.packs: list[Optional[torch.Tensor]] = [None, None]
+        self.works: list = [None, None]
+        self.next = 0
+        self.lent: Optional[int] = None
+        self.spare: Optional[torch.Tensor] = None
+        self.spare_work = None  # gloo: the broadcast that last wrote the scratch buffer
+        self.rounds: list[Optional[torch.Tensor]] = [None, None]
+
+    @staticmethod
+    def _fit(buf: Optional[torch.Tensor], nbytes: int, device: torch.device) -> torch.Tensor:
+        if buf is None or buf.numel() < nbytes or buf.device != device:
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return buf
+
+    def pack(self, parts: list[torch.Tensor], rnd: Round, device: torch.device) -> torch.Tensor:
+        k = self.next
+        if self.works[k] is not None:
+            self.works[k].wait()  # the stream waits for the broadcast that last read this buffer
+            self.works[k] = None
+        itemsize = torch.empty((), dtype=rnd.dtype).element_size()
+        self.packs[k] = self._fit(self.packs[k], rnd.segment * itemsize, device)
+        seg = self.packs[k][: rnd.segment * itemsize].view(rnd.dtype)
+        for piece, part in zip(rnd.pieces, parts):
+            seg[piece.offset: piece.offset + part.numel()].copy_(part, non_blocking=True)
+        self.lent, self.next = k, 1 - k
+        return seg
+
+    def scratch(self, rnd: Round, device: torch.device) -> torch.Tensor:
+        """Gloo runs collectives on threads of its own, and a rank that is not the root may relay
+        the bytes from its buffer: the scratch buffer is reused only after its last broadcast
+        (NCCL runs a group's collectives one after the other on its stream: no wait needed)."""
+        if self.spare_work is not None:
+            self.spare_work.wait()
+            self.spare_work = None
+        itemsize = torch.empty((), dtype=rnd.dtype).element_size()
+        self.spare = self._fit(self.spare, rnd.segment * itemsize, device)
+        return self.spare[: rnd.segment * itemsize].view(rnd.dtype)
+
+    def sent(self, payload: torch.Tensor, work, gloo: bool) -> None:
+        if self.lent is not None:
+            self.works[self.lent] = work
+            self.lent = None
+        elif gloo and self.spare is not None and payload.data_ptr() == self.spare.data_ptr():
+            self.spare_work = work
+
+    def done(self) -> None:
+        self.works, self.spare_work = [None, None], None  # the transfer's last work was waited for
+
+    def rows(self, k: int, rnd: Round, sources: int, device: torch.device) -> torch.Tensor:
+        itemsize = torch.empty((), dtype=rnd.dtype).element_size()
+        nbytes = sources * rnd.segment * itemsize
+        self.rounds[k] = self._fit(self.rounds[k], nbytes, device)
+        return self.rounds[k][:nbytes].view(rnd.dtype).view(sources, rnd.segment)
 
 
 def _unpack(payload: torch.Tensor, entries: list[tuple]) -> Iterator[tuple[str, torch.Tensor]]:

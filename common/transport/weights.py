@@ -5,7 +5,10 @@
 - ``nccl`` / ``gloo`` (common/transport/broadcast.py, collective broadcast): a process group of
   its own between learner rank 0 (rank 0) and the rollout workers (ranks 1..N), apart from the
   learner's default group; the weights go out as flat byte buckets, loaded bucket by bucket.
-  NCCL on GPU; gloo runs the same code on CPU (that is how the tests exercise it).
+  NCCL on GPU; gloo runs the same code on CPU (that is how the tests exercise it). Sharded
+  (``weights.source: shards``, common/transport/shards.py): the group's first ranks are the learner
+  ranks that hold partitions (every ZeRO-3 rank; ZeRO-1/2: rank 0), each broadcasting its own
+  (``send_shards``), and the workers put the parameters together.
 
 Every transfer carries the policy version and every wait has a timeout whose error names who or
 what it waited for. Roles: the learner side calls ``send`` on rank 0 (other learner ranks drain
@@ -73,6 +76,17 @@ class ParameterLoader:
                 raise ValueError(f"weight push: {name} has shape {tuple(tensor.shape)}, the model {tuple(param.shape)}")
             self.destination(name, param).copy_(tensor)
             self.loaded.add(name)
+
+    def target(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Where the received ``name`` of ``shape`` is to be written, counted as arrived: the
+        sharded push puts each parameter together straight into it (common/transport/shards.py)."""
+        param = self.params.get(name)
+        if param is None:
+            raise KeyError(f"weight push: received {name!r}, which the receiving model does not have")
+        if tuple(param.shape) != tuple(shape):
+            raise ValueError(f"weight push: {name} has shape {tuple(shape)}, the model {tuple(param.shape)}")
+        self.loaded.add(name)
+        return self.destination(name, param).detach()
 
     def destination(self, name: str, param: torch.Tensor) -> torch.Tensor:
         """Where the received ``name`` is written: the parameter itself."""

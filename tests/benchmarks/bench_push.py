@@ -17,6 +17,27 @@ together after a barrier. A checksum of every tensor checks the pushed weights b
 
     python tests/benchmarks/bench_push.py --out push.json          # needs 2 GPUs
     python tests/benchmarks/bench_push.py --tiny --out push.json   # CPU, gloo
+
+``--engine`` measures the learner's own push (issue 20): L learner ranks of a real DeepSpeed engine
+(``LearnerEngine``, ZeRO ``--zero``, LLaDA-8B's width at ``--layers`` layers, one GPU each) and N
+receivers (a policy each, loaded through ``ParameterLoader``), L + N GPUs, against the raw bucketed
+broadcast of the same bytes from rank 0 to the receivers in the same run:
+
+raw              the full parameters' bytes as broadcasts of one bucket (``--bucket-mb``) from
+                 GPU 0 to the receivers (their own group)
+push_gather      ``weights.source: gather`` (before): every learner rank takes part in the ZeRO-3
+                 gathers, rank 0 packs the gathered tensors into buckets and broadcasts them
+push_shards      ``weights.source: shards`` (after): every learner rank holding partitions (ZeRO-3:
+                 all L; ZeRO-1/2: rank 0) broadcasts them straight from the engine's memory to the
+                 receivers (one group of the sources and the receivers), which put the parameters
+                 together
+Each: one warm-up, then the median of ``--reps`` (the slowest rank's time, all ranks started after
+a barrier); the receivers' weights are zeroed before and checked after, bit for bit, against the
+learner's gathered weights.
+
+    python tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --out e.json  # 2 GPUs
+    python tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --out e.json  # 4 GPUs, 8B
+    python tests/benchmarks/bench_push.py --engine --tiny --learners 2 --receivers 1 --out e.json  # CPU
 """
 from __future__ import annotations
 
@@ -39,6 +60,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--timeout-s", type=float, default=120.0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--engine", action="store_true", help="the learner's own push (module docstring)")
+    ap.add_argument("--learners", type=int, default=1, help="--engine: learner ranks (one GPU each)")
+    ap.add_argument("--receivers", type=int, default=1, help="--engine: receivers (one GPU each)")
+    ap.add_argument("--layers", type=int, default=None, help="--engine: layers (default: the model's 32)")
+    ap.add_argument("--zero", type=int, default=3, choices=[1, 2, 3], help="--engine: ZeRO stage")
+    ap.add_argument("--modes", default="gather,shards", help="--engine: comma list of pushes to time")
     ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--ports", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -49,9 +76,11 @@ def parse() -> argparse.Namespace:
 def launch(a: argparse.Namespace) -> int:
     from learner.group import free_port
 
-    ports = ",".join(str(free_port()) for _ in range(1 + len(a.bucket_mb.split(","))))  # group, one per push
+    n_ports = 5 if a.engine else 1 + len(a.bucket_mb.split(","))  # engine: learner, all, raw, gather, shards
+    ports = ",".join(str(free_port()) for _ in range(n_ports))
+    world = a.learners + a.receivers if a.engine else 2
     codes = bl.launch_ranks(__file__, lambda r: [*sys.argv[1:], "--rank", str(r), "--ports", ports]
-                            + ([] if r == 0 else ["--out", ""]), 2)
+                            + ([] if r == 0 else ["--out", ""]), world)
     if any(codes) and a.out and Path(a.out).exists():
         data = json.loads(Path(a.out).read_text())
         data.setdefault("errors", {})["ranks"] = f"exit codes {codes}"
@@ -169,10 +198,172 @@ def rank_main(a: argparse.Namespace) -> None:
     res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
 
 
+def group(backend: str, port: int, rank: int, world: int, timeout_s: float) -> dist.ProcessGroup:
+    """A process group of its own over a TCPStore on ``port`` (rank 0 hosts it)."""
+    store = dist.TCPStore("127.0.0.1", port, world_size=world, is_master=rank == 0,
+                          timeout=timedelta(seconds=timeout_s))
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=timeout_s))
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timedelta(seconds=timeout_s)
+    return dist.ProcessGroupNCCL(store, rank, world, options)
+
+
+def engine_main(a: argparse.Namespace) -> None:
+    """``--engine`` (the module docstring): this process is learner rank r < L or receiver r - L."""
+    from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
+    from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
+    from coordinator.weight_sync import push_sources
+
+    rank, learners, receivers = a.rank, a.learners, a.receivers
+    world, learner = learners + receivers, a.rank < a.learners
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    port_learn, port_all, port_raw, port_gather, port_shards = (int(p) for p in a.ports.split(","))
+    if cuda:
+        torch.cuda.set_device(0)
+    dev = bl.device()
+    dtype = bl.compute_dtype(dev)
+    every = group(backend, port_all, rank, world, a.timeout_s)  # barriers, times, checksums
+    res = bl.Result("push_engine", a.out if rank == 0 else None, vars(a), echo=rank == 0)
+    shape, layers = ("tiny-llada" if a.tiny else "llada-8b"), ({} if a.layers is None else
+                                                                {"num_hidden_layers": a.layers})
+    bucket_mb = float(a.bucket_mb.split(",")[0])
+    lcfg = LearnerConfig(num_ranks=learners, optimizer=OptimizerConfig(lr=1e-6),
+                         deepspeed=DeepSpeedConfig(zero_stage=a.zero, dtype="bf16" if cuda else "fp32",
+                                                   param_persistence_threshold=0 if a.tiny else 100_000))
+    sources = push_sources(WeightPushConfig(backend=backend), lcfg, lora=False)
+
+    def barrier() -> None:
+        bl.sync(dev)
+        every.allreduce([torch.zeros(1, device=dev)]).wait()
+        bl.sync(dev)
+
+    def slowest(seconds: float) -> float:
+        t = torch.tensor([seconds], dtype=torch.float64, device=dev)
+        every.allreduce([t], dist.ReduceOp.MAX).wait()
+        return float(t)
+
+    def times(fn) -> list[float]:
+        out = []
+        for i in range(a.reps + 1):
+            barrier()
+            t0 = time.perf_counter()
+            fn(i)
+            bl.sync(dev)
+            secs = slowest(time.perf_counter() - t0)
+            if i:
+                out.append(secs)
+        return out
+
+    engine = policy = None
+    t0 = time.perf_counter()
+    if learner:
+        from learner.engine import LearnerEngine
+        from learner.group import init_learner_group
+
+        init_learner_group("127.0.0.1", port_learn, rank, learners, backend=backend, timeout_s=a.timeout_s)
+        engine = LearnerEngine(bl.build_policy(shape, dev, dtype, **layers), lcfg)
+        named = list(engine.module.named_parameters())
+        total = sum(int(getattr(p, "ds_numel", p.numel())) * p.element_size() for _, p in named)
+    else:
+        policy = bl.build_policy(shape, dev, dtype, seed=1, **layers)
+        named = list(policy.named_parameters())
+        total = sum(p.numel() * p.element_size() for _, p in named)
+    res.put("setup", {"shape": shape, **layers, "learners": learners, "receivers": receivers, "zero": a.zero,
+                      "sources": sources, "tensors": len(named), "gib": total / 2**30, "dtype": str(dtype),
+                      "backend": backend, "bucket_mb": bucket_mb, "build_s": time.perf_counter() - t0})
+
+    def checksums() -> torch.Tensor:
+        """Rank 0's gathered weights' checksums (every learner rank takes part), a receiver's own."""
+        if learner:
+            sums = [t.double().sum() + t.double().square().sum()
+                    for _, t in engine.named_parameters_for_push()] if rank == 0 else []
+            if rank != 0:
+                for _ in engine.named_parameters_for_push():
+                    pass
+                return torch.zeros(len(named), dtype=torch.float64, device=dev)
+            return torch.stack(sums)
+        return torch.stack([p.detach().double().sum() + p.detach().double().square().sum() for _, p in named])
+
+    # raw: rank 0 -> receivers, bucketed, in a group of their own
+    raw_s = None
+    with res.part("raw", dev):
+        members = rank == 0 or not learner
+        raw = group(backend, port_raw, 0 if rank == 0 else rank - learners + 1, 1 + receivers, a.timeout_s) \
+            if members else None
+        bucket = int(bucket_mb * 2**20)
+        buffer = torch.empty(bucket, dtype=torch.uint8, device=dev)
+        n_full, tail = divmod(total, bucket)
+
+        def raw_fn(_):
+            if raw is None:
+                return
+            opts = dist.BroadcastOptions()
+            opts.rootRank = 0
+            works = [raw.broadcast([buffer if i < n_full else buffer[:tail]], opts)
+                     for i in range(n_full + (1 if tail else 0))]
+            for work in works if backend == "gloo" else works[-1:]:
+                work.wait()
+        secs = times(raw_fn)
+        raw_s = bl.median(secs)
+        res.put("raw", {"seconds": secs, "median_s": raw_s, "gb_per_s": total / raw_s / 1e9})
+
+    ports = {"gather": port_gather, "shards": port_shards}
+    for mode in a.modes.split(","):
+        with res.part(f"push_{mode}", dev):
+            cfg = WeightPushConfig(backend=backend, timeout_s=a.timeout_s, bucket_mb=bucket_mb, source=mode)
+            s = sources if mode == "shards" else 0
+            first = max(s, 1)
+            member = (rank < first) if learner else True
+            end_rank = rank if learner else first + rank - learners
+            push = setup_weight_push(cfg, rank=end_rank, world_size=first + receivers, master_addr="127.0.0.1",
+                                     master_port=ports[mode], sources=s) if member else None
+            if not learner:
+                with torch.no_grad():
+                    for _, p in named:
+                        p.zero_()
+            version = {"v": 0}
+
+            def one_push(_):
+                version["v"] += 1
+                v = version["v"]
+                if not learner:
+                    loader = ParameterLoader(policy)
+                    push.receive(WeightHandle(v, backend), loader)
+                    loader.finish()
+                elif s:
+                    if push is not None:
+                        push.send_shards(engine.partitions_for_push(s), v)
+                elif push is not None:
+                    push.send(engine.named_parameters_for_push(), v)
+                else:
+                    for _ in engine.named_parameters_for_push():
+                        pass
+            secs = times(one_push)
+            stats = dict(getattr(push, "stats", {}) or {}) if push is not None and rank == 0 else {}
+            sums = checksums()
+            expected = sums.clone()
+            every.broadcast([expected], dist.BroadcastOptions()).wait()  # root 0
+            same = torch.tensor([0.0 if learner or torch.equal(sums, expected) else 1.0], device=dev)
+            every.allreduce([same], dist.ReduceOp.MAX).wait()
+            if push is not None:
+                push.close()
+            med = bl.median(secs)
+            res.put(f"push_{mode}", {"seconds": secs, "median_s": med, "gb_per_s": total / med / 1e9,
+                                     "ratio_to_raw": med / raw_s if raw_s else None, "sources": s,
+                                     "rank0_segments": stats, "weights_bit_identical": float(same) == 0.0})
+    res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
+    if res.data["errors"]:
+        raise SystemExit(f"failed: {list(res.data['errors'])}")
+
+
 def main() -> None:
     a = parse()
     if a.rank is None:
         sys.exit(launch(a))
+    if a.engine:
+        return engine_main(a)
     rank_main(a)
 
 

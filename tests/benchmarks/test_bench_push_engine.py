@@ -1,0 +1,33 @@
+"""``bench_push.py --engine``'s CPU rehearsal: 2 learner ranks of a real DeepSpeed ZeRO-3 engine
+(gloo) and a receiver, the same code that times the pushes on the GPUs: the raw broadcast, the
+gathered push (before) and the sharded push (after) run, deliver the learner's weights bit for bit,
+and the sharded push sends DeepSpeed's partitions as they lie (no packing copy)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+pytestmark = pytest.mark.e2e
+
+
+def test_engine_push_benchmark_runs_its_tiny_path(tmp_path):
+    out = tmp_path / "push_engine.json"
+    done = subprocess.run([sys.executable, str(HERE / "bench_push.py"), "--engine", "--tiny", "--learners", "2",
+                           "--receivers", "1", "--reps", "1", "--bucket-mb", "0.05", "--out", str(out)],
+                          cwd=HERE.parents[1], timeout=600, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert not data["errors"], data["errors"]
+    parts = data["parts"]
+    assert parts["setup"]["sources"] == 2 and parts["raw"]["median_s"] > 0
+    for mode, sources in (("gather", 0), ("shards", 2)):
+        push = parts[f"push_{mode}"]
+        assert push["weights_bit_identical"] and push["median_s"] > 0 and push["sources"] == sources
+    segments = parts["push_shards"]["rank0_segments"]
+    assert segments["rounds"] > 1 and segments["segments_as_they_lie"] == segments["rounds"]
+    assert segments["segments_packed"] == 0

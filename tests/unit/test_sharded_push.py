@@ -1,0 +1,308 @@
+"""The sharded weight push (common/transport/shards.py): ZeRO-3's partition rule, the plan, and
+S learner ranks broadcasting their partitions over gloo (ranks as threads of this process) to
+receivers that put the full parameters together bit for bit: element counts not divisible by S,
+ranks that hold only padding, several dtypes and rounds, partitions back to back in one flat
+buffer (sent with no copy) or scattered (packed), into a ParameterLoader, a staging copy and a
+plain function."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
+from common.transport.shards import (assemble, decode_plan, encode_plan, partition_numel, plan_rounds,
+                                     segment_view)
+from common.transport.staging import StagedWeights
+from learner.group import free_port
+
+torch.set_num_threads(1)
+
+SHAPES = [(7, 5), (301,), (3, 3), (1000,), (1,), (2, 40), (5,), (13, 3), (250,), (100, 2)]
+DTYPES = [torch.float32, torch.float32, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32,
+          torch.float32, torch.float16, torch.float16, torch.float32]
+
+
+def full_weights(seed: int) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(f"layer{i}.w", (torch.randn(s, generator=g) * 10).to(d)) for i, (s, d) in enumerate(zip(SHAPES, DTYPES))]
+
+
+def partitions(full: list[tuple[str, torch.Tensor]], rank: int, sources: int, flat: bool):
+    """Rank ``rank``'s ZeRO-3 partitions (DeepSpeed's rule: ceil(n/S) elements from rank·ceil(n/S),
+    the padding garbage), back to back in one buffer per dtype run (``flat``) or scattered."""
+    out = []
+    for name, t in full:
+        n = t.numel()
+        part = partition_numel(n, sources)
+        piece = torch.full((part,), 1e4, dtype=t.dtype)  # padding: must never reach a receiver
+        lo, hi = min(n, rank * part), min(n, (rank + 1) * part)
+        piece[: hi - lo] = t.reshape(-1)[lo:hi]
+        out.append((name, tuple(t.shape), piece))
+    if flat:  # one flat buffer per run of one dtype, the partitions views into it (as DeepSpeed keeps them)
+        views, i = [], 0
+        while i < len(out):
+            j = i
+            while j < len(out) and out[j][2].dtype == out[i][2].dtype:
+                j += 1
+            buf, offset = torch.cat([p for _, _, p in out[i:j]]), 0
+            for name, shape, p in out[i:j]:
+                views.append((name, shape, buf[offset: offset + p.numel()]))
+                offset += p.numel()
+            i = j
+        out = views
+    return out
+
+
+def test_partition_rule_and_plan():
+    assert [partition_numel(n, 3) for n in (1, 2, 3, 4, 9, 10)] == [1, 1, 1, 2, 3, 4]
+    params = [(n, tuple(t.shape), t.dtype) for n, t in full_weights(0)]
+    rounds = plan_rounds(params, 2, bucket_bytes=1200)
+    assert [p.name for r in rounds for p in r.pieces] == [n for n, _, _ in params]  # every one, in order
+    for r in rounds:
+        assert len({torch.empty((), dtype=r.dtype).element_size()} | {r.dtype}) == 2
+        itemsize = torch.empty((), dtype=r.dtype).element_size()
+        assert r.segment * itemsize * 2 <= 1200 or len(r.pieces) == 1
+        ends = [p.offset + partition_numel(p.numel, 2) for p in r.pieces]
+        assert [p.offset for p in r.pieces] == [0] + ends[:-1] and ends[-1] == r.segment
+    assert len(rounds) >= 5
+    sources, decoded = decode_plan(encode_plan(rounds, 2), "test")
+    assert sources == 2 and decoded == rounds
+
+
+def test_a_plan_whose_partition_overruns_its_segment_is_refused():
+    bad = b'[2, [["float32", 4, [["w", [9], 0]]]]]'  # 9 elements in 2 partitions of 5 > 4
+    with pytest.raises(ValueError, match="does not fit"):
+        decode_plan(bad, "test")
+    with pytest.raises(ValueError, match="malformed round"):
+        decode_plan(b'[1, [["pickle", 4, []]]]', "test")
+
+
+def test_segment_view_only_over_back_to_back_partitions():
+    buf = torch.arange(10.0)
+    assert torch.equal(segment_view([buf[0:3], buf[3:7]], torch.float32, torch.device("cpu")), buf[:7])
+    assert segment_view([buf[0:3], buf[4:7]], torch.float32, torch.device("cpu")) is None  # a gap
+    assert segment_view([buf[0:3], torch.zeros(2)], torch.float32, torch.device("cpu")) is None  # two storages
+    assert segment_view([buf[0:3]], torch.float64, torch.device("cpu")) is None  # another dtype
+
+
+@pytest.mark.parametrize("sources", [1, 2, 3])
+def test_assemble_puts_every_parameter_together(sources):
+    full = full_weights(1)
+    params = [(n, tuple(t.shape), t.dtype) for n, t in full]
+    expected = dict(full)
+    for rnd in plan_rounds(params, sources, bucket_bytes=1 << 20):
+        rows = torch.zeros(sources, rnd.segment, dtype=rnd.dtype)
+        for r in range(sources):
+            mine = {n: p for n, _, p in partitions(full, r, sources, flat=False)}
+            for piece in rnd.pieces:
+                part = partition_numel(piece.numel, sources)
+                rows[r, piece.offset: piece.offset + part] = mine[piece.name]
+        got: dict[str, torch.Tensor] = {}
+        assemble(rows, rnd, sources, lambda items, got=got: got.update({n: t.clone() for n, t in items}))
+        dest = {p.name: torch.zeros(p.shape, dtype=rnd.dtype) for p in rnd.pieces}
+        loader = ParameterLoader(dest, partial=True)
+        assemble(rows, rnd, sources, loader)
+        for piece in rnd.pieces:
+            assert torch.equal(got[piece.name], expected[piece.name]), piece.name
+            assert torch.equal(dest[piece.name], expected[piece.name]), piece.name
+        assert loader.loaded == {p.name for p in rnd.pieces}
+
+
+def run_sharded(sources: int, receivers: int, flat: bool, bucket_bytes: int, loaders, versions=(1, 2),
+                dtype: str = "keep"):
+    """``sources`` learner ranks (threads) push ``versions`` (other weights each time) to
+    ``receivers`` ends built here; ``loaders(version)`` gives each receiver's loader."""
+    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=bucket_bytes / 2**20, dtype=dtype)
+    port, world = free_port(), sources + receivers
+    errors: list[BaseException] = []
+    packed: list[bool] = []
+
+    def source(rank: int) -> None:
+        try:
+            push = setup_weight_push(cfg, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
+                                     sources=sources)
+            for version in versions:
+                push.send_shards(partitions(full_weights(version), rank, sources, flat), version)
+            packed.append(any(b is not None for b in push._shards.packs))
+            push.close()
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    def receiver(rank: int) -> None:
+        try:
+            push = setup_weight_push(cfg, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
+                                     sources=sources)
+            for version in versions:
+                loader = loaders(version, rank)
+                assert push.receive(WeightHandle(version, "gloo"), loader) == version
+                getattr(loader, "finish", lambda: None)()
+            push.close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=source, args=(r,)) for r in range(sources)]
+    threads += [threading.Thread(target=receiver, args=(sources + i,)) for i in range(receivers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    if errors:
+        raise errors[0]
+    return packed
+
+
+@pytest.mark.parametrize("sources,flat", [(1, True), (2, True), (2, False), (3, False)])
+def test_gloo_sharded_push_is_bit_identical(sources, flat):
+    models = {}  # receiver rank -> its parameters (a ParameterLoader's module), checked after each version
+    got_fn: dict[int, dict[str, torch.Tensor]] = {}
+
+    def loaders(version, rank):
+        if rank == sources:  # the first receiver: into its parameters
+            models.setdefault(rank, {n: torch.zeros_like(t) for n, t in full_weights(0)})
+            return ParameterLoader(models[rank])
+        got_fn[rank] = {}
+        return lambda items: got_fn[rank].update({n: t.clone() for n, t in items})
+
+    packed = run_sharded(sources, 2, flat, bucket_bytes=1500, loaders=loaders)
+    assert packed == [not flat] * sources  # back to back: sent from the partitions, no pack buffer
+    expected = dict(full_weights(2))
+    for name, t in expected.items():
+        assert torch.equal(models[sources][name], t), name
+        assert torch.equal(got_fn[sources + 1][name], t), name
+
+
+def holder(weights: list[tuple[str, torch.Tensor]]) -> torch.nn.Module:
+    """A module whose parameters are ``weights`` by name ("layerI.w"), zeroed."""
+    module = torch.nn.Module()
+    for name, t in weights:
+        sub = torch.nn.Module()
+        sub.w = torch.nn.Parameter(torch.zeros_like(t))
+        module.add_module(name.split(".")[0], sub)
+    return module
+
+
+def test_gloo_sharded_push_into_a_staging_copy():
+    module = holder(full_weights(0))
+    staged = StagedWeights(module)
+    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=1500 / 2**20)
+    port = free_port()
+    errors: list[BaseException] = []
+
+    def source(rank: int) -> None:
+        try:
+            push = setup_weight_push(cfg, rank=rank, world_size=3, master_addr="127.0.0.1", master_port=port,
+                                     sources=2)
+            push.send_shards(partitions(full_weights(5), rank, 2, flat=True), 5)
+            push.close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=source, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    end = setup_weight_push(cfg, rank=2, world_size=3, master_addr="127.0.0.1", master_port=port, sources=2)
+    assert staged.receive(end, WeightHandle(5, "gloo"), keep_order=False, timeout_s=60) == 5
+    end.close()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert all(torch.equal(p, torch.zeros_like(p)) for p in module.parameters())  # staged, not applied yet
+    assert staged.apply() == 5
+    params = dict(module.named_parameters())
+    for name, t in full_weights(5):
+        assert torch.equal(params[name].detach(), t), name
+
+
+def test_push_sources_and_the_group_the_driver_builds(monkeypatch):
+    from common.config.learner import DeepSpeedConfig, LearnerConfig
+    from coordinator import weight_sync
+    from coordinator.actors import Actors
+
+    def learner(stage: int, ranks: int = 3) -> LearnerConfig:
+        return LearnerConfig(num_ranks=ranks, deepspeed=DeepSpeedConfig(zero_stage=stage))
+
+    nccl = WeightPushConfig(backend="nccl")
+    assert weight_sync.push_sources(nccl, learner(3), lora=False) == 3  # every ZeRO-3 rank holds a partition
+    assert weight_sync.push_sources(nccl, learner(2), lora=False) == 1  # ZeRO-1/2: rank 0 holds it all
+    assert weight_sync.push_sources(nccl, learner(3), lora=True) == 0  # LoRA pushes gather
+    assert weight_sync.push_sources(nccl.model_copy(update={"source": "gather"}), learner(3), lora=False) == 0
+    assert weight_sync.push_sources(WeightPushConfig(backend="object_store"), learner(3), lora=False) == 0
+
+    calls: list = []
+
+    class Actor:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __getattr__(self, method: str):
+            name = self.name
+
+            class Method:
+                @staticmethod
+                def remote(*args, **kwargs):
+                    calls.append((name, method, kwargs))
+                    return (name, method)
+
+            return Method
+
+    monkeypatch.setattr(weight_sync, "wait", lambda refs, timeout_s, what: [("127.0.0.1", 29500)])
+    actors = Actors([Actor(f"learner{r}") for r in range(3)], [Actor("worker0"), Actor("worker1")])
+    sync = weight_sync.WeightSync(WeightPushConfig(backend="gloo"), actors, 5.0, sources=3)
+    sync.push(1, [0, 1])
+    setups = {name: kw for name, method, kw in calls if method == "setup_weight_push"}
+    assert {kw["world_size"] for kw in setups.values()} == {5} and {kw["sources"] for kw in setups.values()} == {3}
+    assert setups["worker0"]["rank"] == 3 and setups["worker1"]["rank"] == 4  # after the 3 sources
+    assert [name for name, method, _ in calls if method == "push_weights"] == ["learner0", "learner1", "learner2"]
+
+
+def test_a_missing_receiver_fails_every_source_in_time_naming_it():
+    import time
+
+    cfg = WeightPushConfig(backend="gloo", timeout_s=2)
+    port = free_port()
+    errors: dict[int, BaseException] = {}
+
+    def source(rank: int) -> None:
+        push = setup_weight_push(cfg, rank=rank, world_size=3, master_addr="127.0.0.1", master_port=port, sources=2,
+                                 peer_names=["rollout worker 7"])
+        try:
+            push.send_shards(partitions(full_weights(1), rank, 2, flat=True), 1)
+        except BaseException as e:  # noqa: BLE001
+            errors[rank] = e
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=source, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert time.perf_counter() - t0 < 15
+    assert set(errors) == {0, 1}
+    assert all(isinstance(e, TimeoutError) and "never joined: rollout worker 7" in str(e) for e in errors.values())
+
+
+def test_a_partition_that_does_not_match_the_plan_is_refused_before_anything_is_sent():
+    from common.transport.shards import iter_segments
+
+    full = full_weights(0)
+    rounds = plan_rounds([(n, tuple(t.shape), t.dtype) for n, t in full], 2, 1 << 20)
+    parts = partitions(full, 0, 2, flat=False)
+    parts[3] = (parts[3][0], parts[3][1], parts[3][2][:-1])  # one element short
+    with pytest.raises(ValueError, match="layer3.w"):
+        list(iter_segments(rounds, iter(parts), 2))
+
+
+def test_a_wire_dtype_other_than_the_partitions_is_packed_and_cast():
+    got: dict[str, torch.Tensor] = {}
+
+    def loaders(version, rank):
+        got.clear()
+        return lambda items: got.update({n: t.clone() for n, t in items})
+
+    packed = run_sharded(2, 1, True, bucket_bytes=1500, loaders=loaders, dtype="bf16")
+    assert packed == [True, True]  # fp32 partitions cannot go out as bf16 where they lie
+    for name, t in full_weights(2):
+        assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], t.to(torch.bfloat16)), name
