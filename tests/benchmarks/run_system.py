@@ -84,6 +84,7 @@ class Part(run_all.Job):
 
 def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
          release_tokenizer: bool = False, devices: bool = True, checkpoint_at: int = 3, profile: bool = True,
+         resume_check: bool = True,
          system_timeout_s: float = 450) -> tuple[list[list[Part]], list[Part]]:
     """(parallel lanes, then the parts that take every GPU), in the order of ``parts``, for
     ``n_gpus`` (4, or 2: one after another; see the module docstring); checkpoints and runs go
@@ -128,7 +129,8 @@ def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
                                                    *tok], gpus([3], [0]), 120)
 
     # the save after step 3 leaves steps 4 and 5 for its background write before the run ends
-    full = ["--checkpoint-at", str(checkpoint_at), "--resume-check", *(["--profile-step", "2"] if profile else []),
+    full = ["--checkpoint-at", str(checkpoint_at), *(["--resume-check"] if resume_check else []),
+            *(["--profile-step", "2"] if profile else []),
             "--eval-prompts", "16"]
     short = ["--eval-prompts", "0", "--skip", "1"]
     tok = ["--release-tokenizer"] if release_tokenizer else []  # real shapes always take the released tokenizer
@@ -253,7 +255,9 @@ def summary(data: dict) -> str:
                 f"{_f(rate, '{:.0f}')} / {_f(engine, '{:.0f}')} = "
                 f"{_f(rate / engine if rate and engine else None, '{:.0%}')} | >= 70% |"
             )
-        verdict = got(name, "resume_check") or {}
+        verdict = got(name, "resume_check")
+        if verdict is None:
+            continue  # --no-resume-check
         lines.append(f"| {name}: `train --resume` continued from the checkpoint | {verdict.get('continued')} "
                      f"(resumed at {verdict.get('resumed_at_step')}, last step {verdict.get('last_step')}) | yes |")
     lora = got("lora_llada", "job", "figures") or {}
@@ -334,6 +338,9 @@ def main() -> None:
                     help="--tiny: the released tokenizers (chat templates) instead of the character one (slower)")
     ap.add_argument("--checkpoint-at", type=int, default=3, help="the full jobs save after this step (of 5)")
     ap.add_argument("--no-profile", action="store_true", help="the full jobs run without the profiled step")
+    ap.add_argument("--no-resume-check", action="store_true",
+                    help="the full jobs still save after --checkpoint-at (the step after it is measured) but are "
+                    "not resumed from it")
     ap.add_argument("--system-timeout-s", type=float, default=450.0, help="each full job's limit (job + resume)")
     a = ap.parse_args()
     out = Path(a.out)
@@ -353,6 +360,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     lanes, after = plan([p for p in parts.split(",") if p], a.tiny, work, runner.work, plan_gpus, a.release_tokenizer,
                         devices=n_gpus > 0, checkpoint_at=a.checkpoint_at, profile=not a.no_profile,
+                        resume_check=not a.no_resume_check,
                         system_timeout_s=a.system_timeout_s)
     for part in [p for lane in lanes for p in lane] + after:
         runner.ended[part.name] = threading.Event()
