@@ -5,6 +5,11 @@
 #   bash tests/benchmarks/peers/build_d1_lib.sh /tmp/peerlib_d1          # for the GPU machine (Python 3.12)
 #   PYVER=3.11 bash tests/benchmarks/peers/build_d1_lib.sh /tmp/peerlib_d1   # for this machine's venv
 #
+# BUNDLE=DIR also packs what the d1 loop's device call needs into DIR (an untracked folder of the repository
+# travels with the working tree): DIR/peerlib_d1.tar.gz (OUTDIR, ~18 MB), DIR/wheels (pydantic for the
+# driver's own imports: the device call carries no .whl), DIR/peers/d1/diffu-grpo and
+# DIR/peers/StableDRL/networks/{modeling,configuration}_llada.py copied from PEERS (default /tmp/peers).
+#
 # - TRL: d1 pins the git commit 0f88c179 (0.16.0.dev0); no release has its GRPOTrainer (0.15.2 has no
 #   num_iterations, 0.16.0 reads config fields d1's DiffuGRPOConfig does not define), so a wheel is built from
 #   that commit: TRL_SRC=DIR (a checkout of it) or else pip fetches it from GitHub;
@@ -15,7 +20,7 @@
 #   machine's torch;
 # - not installed: datasets (peer_d1.py stubs it with the generated rows), bitsandbytes (the base stays
 #   bf16), wandb (stubbed), torch, numpy, safetensors, regex, pyyaml, tqdm, filelock, packaging, psutil
-#   (the machine's own).
+#   (the machine's own); rich (TRL's callbacks import it) with its dependencies.
 set -euo pipefail
 OUT=${1:?usage: build_d1_lib.sh OUTDIR}
 PYVER=${PYVER:-3.12}
@@ -43,7 +48,17 @@ fi
 "$PY" -m pip install -q --no-deps --no-compile --upgrade --target "$OUT" --python-version "$PYVER" \
   --implementation cp --platform manylinux2014_x86_64 --only-binary=:all: \
   "$tmp"/trl-*.whl transformers==4.49.0 tokenizers==0.21.0 huggingface-hub==0.29.1 accelerate==1.4.0 \
-  peft==0.15.1 requests==2.32.3 urllib3==2.3.0 idna==3.10 certifi==2025.1.31 charset-normalizer==3.4.1 \
+  peft==0.15.1 rich==13.9.4 markdown-it-py==3.0.0 mdurl==0.1.2 pygments==2.19.1 requests==2.32.3 urllib3==2.3.0 idna==3.10 certifi==2025.1.31 charset-normalizer==3.4.1 \
   "${ds[@]}"
 rm -rf "$OUT"/bin
 du -sh "$OUT"
+if [ -n "${BUNDLE:-}" ]; then
+  PEERS=${PEERS:-/tmp/peers}
+  mkdir -p "$BUNDLE"/wheels "$BUNDLE"/peers/d1 "$BUNDLE"/peers/StableDRL/networks
+  tar -czf "$BUNDLE"/peerlib_d1.tar.gz -C "$OUT" .
+  for w in pydantic pydantic_core annotated_types typing_inspection; do cp "$WHEELS"/"$w"-[0-9]*.whl "$BUNDLE"/wheels/; done
+  rm -rf "$BUNDLE"/peers/d1/diffu-grpo && cp -r "$PEERS"/d1/diffu-grpo "$BUNDLE"/peers/d1/
+  cp "$PEERS"/StableDRL/networks/modeling_llada.py "$PEERS"/StableDRL/networks/configuration_llada.py \
+    "$BUNDLE"/peers/StableDRL/networks/
+  du -sh "$BUNDLE"
+fi
