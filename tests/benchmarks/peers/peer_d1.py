@@ -8,8 +8,9 @@ its DiffuGRPOConfig and TRL's ModelConfig), with the arguments of its ``slurm_sc
 (``--num_iterations 12 --dataset gsm8k``) and a copy of its ``slurm_scripts/train.yaml`` (LoRA r 128,
 alpha 64, dropout 0.05; 6 generations, per-device batch 6, 2 accumulation steps, lr 3e-6, beta 0.04,
 epsilon 0.5, gen 256, block 32, 128 diffusion steps, random masking with p_mask_prompt 0.15) in which only
-``model_path``, ``output_dir``, ``run_name``, ``max_steps`` (a fixed, short run), ``report_to: none`` and
-the ``--set`` overrides (the CPU rehearsal's short generation) change. The harness only
+``model_path``, ``output_dir``, ``run_name``, ``max_steps`` (a fixed, short run), ``report_to: none``,
+``mask_id`` (the checkpoint's; 126336 at LLaDA-8B's shape, as d1's default) and the ``--set`` overrides
+(the CPU rehearsal's short generation) change. The harness only
 
 - serves ``datasets.load_dataset("openai/gsm8k", "main")`` from ``--data`` (JSONL prompt/answer, the
   system benchmark's generated rows, whose answers end "#### N" as GSM8K's do) through a stub ``datasets``
@@ -18,11 +19,12 @@ the ``--set`` overrides (the CPU rehearsal's short generation) change. The harne
 - stubs ``wandb`` (d1 imports it at module level; ``report_to: none``);
 - drops the 4-bit quantization: d1 builds a bitsandbytes NF4 config unconditionally; bitsandbytes is not on
   the GPU machine and the project's recipe keeps the base in bf16, so ``BitsAndBytesConfig`` returns None
-  here and the base loads in bf16 (a 4-bit base would make d1's forwards slower, not faster);
+  here and the base loads in bf16;
 - gives the checkpoint LLaDA's model code: ``modeling_llada.py`` and ``configuration_llada.py`` of the
   StableDRL release's ``networks/`` (``--model-code``), whose one changed line (the release imports its
   configuration as ``networks.configuration_llada``) is put back to the public file's relative import,
-  and ``auto_map`` in config.json, as the released checkpoint has, for d1's ``trust_remote_code`` load;
+  and ``auto_map`` in config.json, as the released checkpoint has, for d1's ``trust_remote_code`` load
+  (the CPU rehearsal's character tokenizer also gets a plain chat template: it has none);
 - seeds d1's mask draws with the integer value of its 0-d seed tensors (``set_seed(int(seed))``): Python
   3.11 and later refuse a tensor in ``random.seed``, which d1's Python 3.10 accepted; torch, which draws
   the masks, took the same integer there;
