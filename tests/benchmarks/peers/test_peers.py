@@ -129,6 +129,10 @@ def test_project_config_reads_files_and_skips_the_protocol(tmp_path):
     cfg = load_job_config(str(path), [f"task.source.path={tmp_path / 'rows.jsonl'}"])
     assert cfg.task.source.kind == "file" and cfg.eval.protocol is None
     assert (cfg.algorithm.group_size, cfg.algorithm.inner_iterations, cfg.sampler.steps) == (16, 2, 128)
+    d1 = load_job_config(str(run_peers.project_config("deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml", tmp_path)),
+                         [f"task.source.path={tmp_path / 'rows.jsonl'}"])
+    assert d1.task.source.kind == "file" and d1.eval.protocol is None and d1.learner.lora.rank == 128
+    assert (d1.algorithm.group_size, d1.algorithm.inner_iterations, d1.sampler.gen_length) == (6, 12, 256)
 
 
 @pytest.mark.e2e
