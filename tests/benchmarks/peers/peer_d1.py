@@ -28,6 +28,9 @@ epsilon 0.5, gen 256, block 32, 128 diffusion steps, random masking with p_mask_
 - seeds d1's mask draws with the integer value of its 0-d seed tensors (``set_seed(int(seed))``): Python
   3.11 and later refuse a tensor in ``random.seed``, which d1's Python 3.10 accepted; torch, which draws
   the masks, took the same integer there;
+- drops the HF Trainer's empty optimizer parameter group before the learning-rate scheduler is made:
+  DeepSpeed (0.19 here) removes it from the optimizer afterwards, and current torch's schedulers then
+  fail on the mismatch at the first step (torch 2.6, d1's, zipped the two without checking);
 - records timing events (peer_events.py) around d1's ``DiffuGRPOTrainer.generate`` (each call: its rows,
   rows x max_completion_length tokens) and after every optimizer step (a global optimizer step hook: with
   gradient accumulation 2 an optimizer step is two micro-steps), with the allocator's peak.
@@ -188,6 +191,20 @@ def main() -> None:
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
         rec.stepped(peak)
 
+    from transformers.trainer import Trainer
+
+    release_create_optimizer = Trainer.create_optimizer
+
+    def create_optimizer(self):
+        # DeepSpeed drops the optimizer's empty parameter groups (the HF Trainer's no-decay group: LoRA
+        # trains no bias or norm) after the scheduler has one learning rate per group; torch's schedulers
+        # now zip the two strictly and stop at the first step. Dropping them here first leaves every
+        # trained parameter's group and learning rate as they were
+        optimizer = release_create_optimizer(self)
+        optimizer.param_groups[:] = [g for g in optimizer.param_groups if g["params"]]
+        return optimizer
+
+    Trainer.create_optimizer = create_optimizer
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     register_optimizer_step_post_hook(after_step)
