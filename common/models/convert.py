@@ -162,7 +162,10 @@ def llada_original(config: PretrainedConfig, state: State) -> tuple[dict[str, An
         },
         "model_type": "llada",
         **_LLADA_REQUIRED,
+        # the released config's zeros: LLaDA's code defaults all three dropouts to 0.1 where a key is missing
         "attention_dropout": 0.0,
+        "residual_dropout": 0.0,
+        "embedding_dropout": 0.0,
         "bias_for_layer_norm": False,
         "d_model": config.hidden_size,
         "n_heads": config.num_attention_heads,

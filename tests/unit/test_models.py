@@ -57,6 +57,8 @@ def test_llada_checkpoint_uses_released_names_and_keys(tokenizer, tmp_path):
     raw = json.loads((tmp_path / "config.json").read_text())
     assert raw["model_type"] == "llada" and raw["architectures"] == ["LLaDAModelLM"]
     assert {"d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "rope_theta", "weight_tying"} <= set(raw)
+    # LLaDA's code trains with dropout 0.1 wherever the config leaves one out; the release sets all three to 0
+    assert (raw["attention_dropout"], raw["residual_dropout"], raw["embedding_dropout"]) == (0.0, 0.0, 0.0)
     names = set(read_state_dict(tmp_path))
     parts = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out", "attn_norm", "ff_norm")
     block = {f"model.transformer.blocks.0.{n}.weight" for n in parts}

@@ -22,7 +22,7 @@ def main() -> None:
     ap.add_argument("--events", required=True)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--set", action="append", default=[])
-    ap.add_argument("--mu", type=int, default=2)
+    ap.add_argument("--mu", type=int, default=int(os.environ.get("FAKE_PEER_MU", "2")))
     ap.add_argument("--rows", type=int, default=int(os.environ.get("FAKE_PEER_ROWS", "16")))
     ap.add_argument("--gen-length", type=int, default=256)
     ap.add_argument("--gen-s", type=float, default=float(os.environ.get("FAKE_PEER_GEN_S", "0.2")))

@@ -7,9 +7,9 @@ Pairs (``--pairs``):
   on every GPU one after the other; peer_stabledrl.py) at its GSM8K config (gen 256, 128 steps,
   block 32, 8 x 2 generations, mu = 2, SPG sandwich + SNIS) against
   deploy/configs/recipe_stabledrl_llada8b_gsm8k.yaml;
-- ``d1``: d1's diffu-GRPO (TRL) at its train.yaml (LoRA r 128, mu = 12, 6 generations) against
-  deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml. Its harness (peer_d1.py) is not written yet: the
-  peer part ends "no harness" (BENCHMARKS.md says what blocks it); the project's loops run.
+- ``d1``: d1's diffu-GRPO (diffu_grpo_train.py, TRL's GRPOTrainer, DeepSpeed ZeRO-2 through accelerate,
+  generation and training on every GPU one after the other; peer_d1.py) at its train.yaml (LoRA r 128,
+  mu = 12, 6 generations, 2 accumulation steps) against deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml.
 
 Each pair runs three loops, one after another, each in its own process with its own timeout:
 the peer; the project's recipe as shipped (its sampler is the release's: plain low-confidence
@@ -65,10 +65,16 @@ def pair_spec(name: str, n_gpus: int) -> dict:
     g = max(1, n_gpus)
     if name == "stabledrl":
         return {"recipe": "deploy/configs/recipe_stabledrl_llada8b_gsm8k.yaml", "script": "peer_stabledrl.py",
-                "groups": g * 4, "peer_dir": "StableDRL", "steps_per_round": 2}  # 4 rounds x 1 prompt x 16; mu = 2
+                "groups": g * 4, "peer_dir": "StableDRL", "steps_per_round": 2,  # 4 rounds x 1 prompt x 16; mu = 2
+                "peer_steps": 4, "accelerate_config": "configs/accelerate/fsdp.yaml",
+                # the CPU rehearsal: one prompt a round, a generation of 2 blocks of 32 tokens in 8 steps
+                "tiny": ["infer_kwargs.gen_length=64", "infer_kwargs.max_steps=8", "training_args.grad_accumulation=1"]}
     if name == "d1":
         return {"recipe": "deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml", "script": "peer_d1.py",
-                "groups": g * 2, "peer_dir": "d1", "steps_per_round": 12}  # 6 rows x 2 accumulation / 6; mu = 12
+                "groups": g * 2, "peer_dir": "d1", "steps_per_round": 12,  # 6 rows x 2 accumulation / 6; mu = 12
+                "peer_steps": 24, "accelerate_config": "diffu-grpo/accelerate.yaml",
+                # the CPU rehearsal: 2 blocks of 32 tokens in 8 steps, fp32 (no DeepSpeed, no bf16 autocast)
+                "tiny": ["max_completion_length=64", "diffusion_steps=8", "bf16=false"]}
     raise SystemExit(f"unknown pair {name!r} (stabledrl, d1)")
 
 
@@ -80,10 +86,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--loops", default="peer,release_sampler,fast", help="which of each pair's loops run")
     ap.add_argument("--tiny", action="store_true", help="tiny LLaDA on the CPU, short generations (the rehearsal)")
     ap.add_argument("--gpus", type=int, default=None, help="GPUs of every loop (default: all visible; tiny: 1)")
-    ap.add_argument(
-        "--layers", type=int, default=None, help="full-parameter pairs: the width of LLaDA-8B at this many layers"
-    )
-    ap.add_argument("--peer-steps", type=int, default=4, help="optimizer steps of the peer (2 rounds of StableDRL)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="the width of LLaDA-8B at this many layers (default: full-parameter pairs need it; LoRA 32)")
+    ap.add_argument("--peer-steps", type=int, default=None,
+                    help="optimizer steps of the peer (default 2 rounds: StableDRL 4, d1 24)")
     ap.add_argument("--project-steps", type=int, default=3)
     ap.add_argument("--peer-script", action="append", default=[], help="NAME=PATH: another harness for a peer (tests)")
     ap.add_argument("--part-timeout-s", type=float, default=300.0)
@@ -127,8 +133,7 @@ def main() -> None:
 
     for pair in a.pairs.split(","):
         spec = pair_spec(pair, n_gpus)
-        lora = pair == "d1"
-        ckpt = checkpoint(a, work, full_layers=lora)
+        ckpt = checkpoint(a, work)
         results["parts"][f"{pair}_checkpoint"] = ckpt
         data = rows(work)
         if "peer" in loops and time_left():
@@ -170,14 +175,14 @@ def card() -> dict:
     return {"name": "cpu", "count": 0}
 
 
-def checkpoint(a: argparse.Namespace, work: Path, full_layers: bool) -> dict:
-    """A random LLaDA checkpoint in the released layout (random_checkpoint.py): tiny on the CPU;
-    else the family's width at ``--layers`` (full-parameter pairs) or all 32 layers (LoRA)."""
+def checkpoint(a: argparse.Namespace, work: Path) -> dict:
+    """A random LLaDA checkpoint in the released layout (random_checkpoint.py): tiny on the CPU; else the
+    family's width at ``--layers`` (full-parameter pairs need fewer than 32 on 80 GB cards), all 32 without."""
     import benchlib as bl
     import random_checkpoint
 
     shape = "tiny-llada" if a.tiny else "llada-8b"
-    layers = None if (a.tiny or full_layers or not a.layers) else a.layers
+    layers = None if (a.tiny or not a.layers) else a.layers
     directory = work / f"{shape}-{layers or 'all'}l"
     return random_checkpoint.write_random_checkpoint(shape, directory, device=bl.device(), layers=layers)
 
@@ -195,20 +200,18 @@ def rows(work: Path) -> Path:
 # ---- the loops ----------------------------------------------------------------------------------
 def run_peer(a: argparse.Namespace, pair: str, spec: dict, script: Path, ckpt: Path, data: Path, work: Path,
              n_gpus: int) -> dict:
-    if not script.is_file():  # d1: its harness is not written yet (BENCHMARKS.md says what blocks it)
-        return {"rc": 2, "wall_s": 0.0, "figures": {"steps": 0, "problem": f"no harness {script.name}"}}
     events = work / "events"
+    steps = a.peer_steps or spec["peer_steps"]
     harness = [str(script), "--peer-root", str(Path(a.peer_root) / spec["peer_dir"]), "--model-dir", str(ckpt),
-               "--data", str(data), "--steps", str(a.peer_steps), "--events", str(events), "--work", str(work)]
-    if a.tiny:  # one CPU process; one prompt a round, a generation of 2 blocks of 32 tokens in 8 steps
-        cmd = [sys.executable, *harness, "--device", "cpu", "--set", "infer_kwargs.gen_length=64",
-               "--set", "infer_kwargs.max_steps=8", "--set", "training_args.grad_accumulation=1"]
-    else:
-        launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n_gpus),
-                  "--num_machines", "1", "--machine_rank", "0", "--main_process_port", "29531"]
-        if pair == "stabledrl":
-            launch += ["--config_file", str(Path(a.peer_root) / spec["peer_dir"] / "configs/accelerate/fsdp.yaml")]
-        cmd = [*launch, *harness]
+               "--data", str(data), "--steps", str(steps), "--events", str(events), "--work", str(work)]
+    if a.tiny:  # one CPU process, a short generation (the pair's "tiny" overrides)
+        cmd = [sys.executable, *harness, "--device", "cpu"]
+        for s in spec["tiny"]:
+            cmd += ["--set", s]
+    else:  # the release's own accelerate config (FSDP; d1: DeepSpeed ZeRO-2), on this machine's GPUs
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n_gpus),
+               "--num_machines", "1", "--machine_rank", "0", "--main_process_port", "29531",
+               "--config_file", str(Path(a.peer_root) / spec["peer_dir"] / spec["accelerate_config"]), *harness]
     env = dict(os.environ)
     if a.peer_pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [a.peer_pythonpath, env.get("PYTHONPATH")]))

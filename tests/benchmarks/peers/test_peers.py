@@ -88,6 +88,32 @@ def test_table_rows_pair_each_project_loop_with_its_peer_and_target():
     assert "2.50× (≥ 2.0×: met)" in table and "4.00× (≥ 5.0×: short)" in table and "6.00× (≥ 5.0×: met)" in table
 
 
+def test_d1_pair_counts_each_round_once_and_compares(tmp_path):
+    """The driver's d1 path: the fake peer as d1's harness (its CPU arguments, 24 steps = 2 rounds of
+    mu = 12 over 12 rows a rank), the window after the first round, the rows counted once, and the
+    project's d1 rows paired with that peer."""
+    env = dict(os.environ, FAKE_PEER_MU="12", FAKE_PEER_ROWS="12", FAKE_PEER_GEN_S="0.05", FAKE_PEER_TRAIN_S="0.01")
+    done = subprocess.run(
+        [sys.executable, str(HERE / "run_peers.py"), "--tiny", "--pairs", "d1", "--loops", "peer",
+         "--peer-root", str(tmp_path / "none"), "--peer-script", f"d1={HERE / 'fake_peer.py'}",
+         "--part-timeout-s", "60", "--out", str(tmp_path / "out")],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    peer = results["parts"]["d1_peer"]
+    assert "--steps 24" in peer["command"] and "--set max_completion_length=64" in peer["command"]
+    f = peer["figures"]
+    assert (f["steps"], f["skip"], f["samples"], f["tokens"]) == (24, 12, 12, 12 * 256)
+    assert f["samples_per_s_per_gpu"] == pytest.approx(12 / f["gpu_s"])
+    # 12 steps of 0.01 s and one 0.05 s generation: far less than 12 x 12 rows' worth of time
+    assert 0.05 < f["window_s"] < 5.0
+    results["parts"]["d1_release_sampler"] = {"figures": {"samples_per_s_per_gpu": 3 * f["samples_per_s_per_gpu"]}}
+    rows = run_peers.table_rows(results)
+    assert [r["name"] for r in rows] == ["d1 release (peer)", "d1: stabledrl train, release sampler"]
+    assert rows[1]["ratio"]["samples_per_s_per_gpu"] == pytest.approx(3.0) and rows[1]["target"] == 2.0
+    assert run_peers.pair_spec("d1", 2)["groups"] == 4  # a project step trains one d1 round on 2 GPUs: 24 rows
+
+
 def test_merge_takes_only_a_run_on_the_same_card():
     results = {"card": {"name": "H100"}, "n_gpus": 2, "parts": {"stabledrl_fast": {"figures": {}}}, "merged": []}
     run_peers.merge(results, {"card": {"name": "H200"}, "n_gpus": 2, "parts": {"stabledrl_peer": {}}}, "a.json")
@@ -103,6 +129,10 @@ def test_project_config_reads_files_and_skips_the_protocol(tmp_path):
     cfg = load_job_config(str(path), [f"task.source.path={tmp_path / 'rows.jsonl'}"])
     assert cfg.task.source.kind == "file" and cfg.eval.protocol is None
     assert (cfg.algorithm.group_size, cfg.algorithm.inner_iterations, cfg.sampler.steps) == (16, 2, 128)
+    d1 = load_job_config(str(run_peers.project_config("deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml", tmp_path)),
+                         [f"task.source.path={tmp_path / 'rows.jsonl'}"])
+    assert d1.task.source.kind == "file" and d1.eval.protocol is None and d1.learner.lora.rank == 128
+    assert (d1.algorithm.group_size, d1.algorithm.inner_iterations, d1.sampler.gen_length) == (6, 12, 256)
 
 
 @pytest.mark.e2e
