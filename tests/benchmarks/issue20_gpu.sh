@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU measurements of issue 20 on one 4-GPU host (nvidia-h100-x4), as three device calls made
+# back to back on the same warm machine, two 2-GPU lanes side by side where they fit:
+#
+#   call1  (carry .whl)    lane GPUs 0,1: system_llada at 11 layers (push, the step after a checkpoint)
+#                          lane GPUs 2,3: system_trado at 11 layers (flex staircase, the step after a
+#                                         checkpoint), then bench_push --engine at 1 learner rank
+#                          then GPUs 0-3: call3's learner, and its push if time is left
+#   call2  (carry .gpu_d1: built by `BUNDLE=.gpu_d1 bash tests/benchmarks/peers/build_d1_lib.sh DIR`;
+#                          .whl stays on the machine from call1)
+#                          lane GPUs 0,1: d1's diffu-GRPO loop (the peer), 32 layers with LoRA
+#                          lane GPUs 2,3: stabledrl train at d1's recipe, release sampler and fast paths
+#   call3  (carry nothing) GPUs 0-3: the 8B ZeRO-3 learner over 4 ranks (bench_learner --shape llada-8b),
+#                          then bench_push --engine with 3 ZeRO-3 learner ranks and 1 receiver
+#
+#     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
+#
+# Each lane writes under $OUT/<lane>/ and its log to $OUT/<lane>.log; the call exits non-zero if a
+# lane did. The peer lanes of call2 are merged afterwards (the same card and GPU count) with
+#     python3 tests/benchmarks/peers/run_peers.py ... --merge  (see BENCHMARKS.md).
+set -u
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if [ -d /tmp/site/ray ]; then  # installed by an earlier call on this warm machine
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled \
+    RAY_USAGE_STATS_ENABLED=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+else
+  source .whl/install.sh || exit 1
+fi
+OUT=${OUT:-/tmp/issue20}
+mkdir -p "$OUT"
+lane() {  # lane NAME GPUS COMMAND...: the command with only those GPUs visible, its output in $OUT/NAME.log
+  local name=$1 gpus=$2
+  shift 2
+  ( export CUDA_VISIBLE_DEVICES=$gpus; mkdir -p "$OUT/$name"; "$@" > "$OUT/$name.log" 2>&1; echo "lane $name: rc $?" )
+}
+system() {  # system OUTDIR WORK PARTS DEADLINE: the 2-GPU system benchmark without the profile and resume jobs
+  OUT=$1 bash tests/benchmarks/run_system_gpu.sh --work "$2" --parts "$3" --no-profile --no-resume-check \
+    --deadline-s "$4"
+}
+trado_then_push() {
+  system "$OUT/trado" /tmp/sys_trado ckpt_sdar_short,matmul,system_trado 330
+  local rc=$?
+  python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --reps 3 \
+    --out "$OUT/trado/push_engine_1rank.json" || rc=$?
+  return $rc
+}
+learner8b() {  # the 8B ZeRO-3 learner over 4 ranks, against this machine's matmul rate
+  python3 tests/benchmarks/bench_matmul.py --out "$OUT/matmul.json" > "$OUT/matmul.log" 2>&1
+  python3 tests/benchmarks/bench_learner.py --shape llada-8b --world 4 --stages 3t --checkpointing on \
+    --micro-batch-groups 2,4 --groups-per-step 8 --steps 2 --peak-from "$OUT/matmul.json" \
+    --out "$OUT/learner8b_4gpu.json" > "$OUT/learner8b.log" 2>&1
+  echo "learner8b: rc $?"
+}
+push3() {  # the push from 3 ZeRO-3 learner ranks to 1 receiver, LLaDA-8B
+  python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
+    --out "$OUT/push_engine_3ranks.json" > "$OUT/push3.log" 2>&1
+  echo "push 3 ranks: rc $?"
+}
+case "${1:-}" in
+  call1)
+    lane llada 0,1 system "$OUT/llada" /tmp/sys_llada ckpt_llada_short,matmul,push,system_llada 420 &
+    lane trado 2,3 trado_then_push &
+    wait
+    learner8b
+    if [ "$SECONDS" -lt 420 ]; then push3; else echo "push 3 ranks: skipped (${SECONDS} s used)"; fi ;;
+  call2)
+    mkdir -p /tmp/peerlib_d1 && tar -xzf .gpu_d1/peerlib_d1.tar.gz -C /tmp/peerlib_d1 || exit 1
+    lane d1_peer 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops peer \
+      --peer-root "$PWD/.gpu_d1/peers" --peer-pythonpath /tmp/peerlib_d1 --part-timeout-s 470 --work /tmp/pw_peer \
+      --out "$OUT/d1_peer" &
+    lane d1_project 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops release_sampler,fast \
+      --peer-root /tmp/none --project-steps 2 --part-timeout-s 250 --deadline-s 320 --work /tmp/pw_project \
+      --out "$OUT/d1_project" &
+    wait ;;
+  call3)
+    learner8b
+    push3 ;;
+  *) echo "usage: $0 call1|call2|call3" >&2; exit 2 ;;
+esac
