@@ -23,7 +23,7 @@ import yaml
 
 from common.config.base import ConfigError
 from common.config.job import load_job_config
-from learner.async_checkpoint import marker_name
+from learner.async_checkpoint import CheckpointWriteError, marker_name
 from learner.checkpoint_process import ProcessWriter, storages_nbytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +107,19 @@ def test_the_training_thread_goes_on_while_the_child_is_held_in_its_write(tmp_pa
     finally:
         if writer.child is not None:
             os.kill(writer.child.pid, signal.SIGCONT)
+        writer.close()
+
+
+def test_a_write_the_child_cannot_make_is_named_in_one_line_and_leaves_an_error_marker(tmp_path):
+    path = tmp_path / "missing" / "optim_states.pt"  # its directory is not there
+    writer = ProcessWriter(True)
+    try:
+        writer.save({"w": torch.ones(4)}, str(path))
+        writer.start(str(tmp_path / marker_name(0)))
+        with pytest.raises(CheckpointWriteError, match=rf"^No such file or directory \({path}\): make it writable"):
+            writer.wait_written(timeout_s=120)
+        assert "No such file or directory" in json.loads((tmp_path / marker_name(0)).read_text())["error"]
+    finally:
         writer.close()
 
 
