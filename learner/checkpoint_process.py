@@ -13,10 +13,10 @@ process, not the learner, turns it into files.
                 region, rebuilds the state around it and writes each file durably, then the
                 marker (learner/async_checkpoint.py: write_file, write_marker)
 
-Why a process: torch.save's pickling, its CRC of every record and the copy of each record into
-a Python bytes object hold the GIL for long stretches, and the training thread, which launches
-tens of thousands of kernels a step, waits for the GIL each time; the kernel's page-cache work
-for tens of GB is charged to the process that writes. In a child, neither touches the learner.
+Why a process: torch.save's pickling and its Python-level writes take the GIL in turns with the
+training thread, which needs it for each of the tens of thousands of kernels it launches a step,
+and the kernel's page-cache work for tens of GB is charged to the process that writes. In a
+child, neither touches the learner.
 What the learner's writer thread still runs under the GIL is one pickling pass over the state's
 structure (tensors are replaced by their place in the region, no data is pickled).
 
@@ -197,9 +197,11 @@ class ProcessWriter(BackgroundWriter):
     written by a child process (module docstring). Same interface and phases: ``start``,
     ``wait_snapshot``, ``wait_written``; ``reserve`` sizes the region ahead of a save."""
 
-    def __init__(self, zipfile_serialization: bool, on_written: Callable[[float], None] = lambda s: None) -> None:
+    def __init__(self, zipfile_serialization: bool, on_written: Callable[[float], None] = lambda s: None,
+                 pin: bool = True) -> None:
         super().__init__(zipfile_serialization, on_written)
         self.name = "stabledrl.ProcessWriter"
+        self.pin = pin  # page-lock the region with CUDA (False: the copies go through the bounce buffers)
         self.arena: Optional[SharedArena] = None
         self.lock = threading.Lock()  # the region and the child: one user at a time (a reserve, a save)
         self.child: Optional[subprocess.Popen] = None
@@ -212,10 +214,13 @@ class ProcessWriter(BackgroundWriter):
     def reserve(self, nbytes: int) -> None:
         """Have the region hold ``nbytes`` (a thread of its own; returns at once)."""
         self.reserved.clear()
-        threading.Thread(target=self._reserve, args=(nbytes,), name="checkpoint-reserve", daemon=True).start()
+        device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        threading.Thread(target=self._reserve, args=(nbytes, device), name="checkpoint-reserve", daemon=True).start()
 
-    def _reserve(self, nbytes: int) -> None:
+    def _reserve(self, nbytes: int, device: Optional[int] = None) -> None:
         try:
+            if device is not None:  # the page-locking registers with this rank's device
+                torch.cuda.set_device(device)
             with self.lock:
                 self._ensure(nbytes)
         except Exception:  # noqa: BLE001 - the save tries again and reports its own error
@@ -232,7 +237,7 @@ class ProcessWriter(BackgroundWriter):
             self._ask(("unmap",))
             self.arena.close()
             self.arena = None
-        pin = torch.cuda.is_available() and torch.cuda.is_initialized()
+        pin = self.pin and torch.cuda.is_available() and torch.cuda.is_initialized()
         self.arena = SharedArena(nbytes, pin)
         self.conn.send(("map", self.arena.nbytes))
         send_handle(self.conn, self.arena.fd, self.child.pid)
@@ -270,6 +275,8 @@ class ProcessWriter(BackgroundWriter):
             try:
                 self.reserved.wait()
                 with self.lock:
+                    if after is not None:
+                        torch.cuda.set_device(self.stream.device)
                     pickled, copies, nbytes = plan(files)
                     del files
                     self._ensure(nbytes)

@@ -89,8 +89,7 @@ class LearnerEngine:
         self.skipped_steps = 0  # steps skipped for a non-finite loss or grad norm
         self._bad_loss = False
         self.writer: Optional[BackgroundWriter] = None  # save_checkpoint_async's (learner/async_checkpoint.py)
-        # the process writer's host memory is reserved after the first applied update (the state is whole then)
-        self.reserve_due = cfg.checkpoint.writer == "process" and cfg.checkpoint.reserve
+        self.reserve_due = False  # expect_background_saves
         self.resharded_from: Optional[tuple[int, int]] = None  # (ranks, stage) of a re-sharded checkpoint loaded
 
     @property
@@ -348,6 +347,11 @@ class LearnerEngine:
         write_file(_rng_states(), rng, True)
         self.writer.start(str(Path(directory) / tag / marker_name(self.rank)), written=[rng])
         return tag
+
+    def expect_background_saves(self) -> None:
+        """The run will save in the background: with the process writer (``learner.checkpoint``),
+        reserve its host memory after the next applied update (the optimizer state is whole then)."""
+        self.reserve_due = self.cfg.checkpoint.writer == "process" and self.cfg.checkpoint.reserve
 
     def _background_writer(self) -> BackgroundWriter:
         """This rank's writer, made once (``learner.checkpoint.writer``)."""

@@ -182,6 +182,7 @@ def _engine_run(directory: str, out) -> None:
     cfg = LearnerConfig(optimizer=OptimizerConfig(lr=1e-2, eps=1e-3),
                         deepspeed=DeepSpeedConfig(zero_stage=3, dtype="fp32", param_persistence_threshold=0))
     engine = LearnerEngine(build_tiny_policy("llada", vocab_size=97, seed=0), cfg)
+    engine.expect_background_saves()  # as LearnerWorker does when the run saves during training
 
     def loss_fn(model, ids):
         logits = model(ids).logits
