@@ -247,7 +247,8 @@ class ProcessWriter(BackgroundWriter):
         if self.child is not None and self.child.poll() is None:
             return
         ours, theirs = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # no GPU in the child: it only reads host memory (a CUDA context would take the learner's GPU memory)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "CUDA_VISIBLE_DEVICES": ""}
         self.child = subprocess.Popen([sys.executable, "-m", "learner.checkpoint_process", str(theirs.fileno()),
                                        str(os.getpid())], pass_fds=[theirs.fileno()], env=env, close_fds=True)
         theirs.close()
@@ -348,6 +349,10 @@ def _die_with_parent(parent: int, every_s: float = 0.5) -> None:
 def child_main(fd: int, parent: int) -> None:
     _die_with_parent(parent)
     torch.set_num_threads(1)
+    try:  # the classes a DeepSpeed state unpickles, imported now rather than during the first write
+        import deepspeed  # noqa: F401
+    except Exception:  # noqa: BLE001 - a state without them needs none
+        pass
     conn = Connection(fd)
     region: Optional[mmap.mmap] = None
     while True:
