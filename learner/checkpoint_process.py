@@ -230,22 +230,32 @@ class ProcessWriter(BackgroundWriter):
 
     def _ensure(self, nbytes: int) -> None:
         """(lock held) A region of at least ``nbytes``, mapped by the child."""
-        self._start_child()
+        fresh = self._start_child()
         if self.arena is not None and self.arena.nbytes >= nbytes:
+            if fresh:  # the child before it ended: the new one maps the same region
+                self._map()
             return
-        if self.arena is not None:
+        if self.arena is not None and not fresh:
             self._ask(("unmap",))
             self.arena.close()
             self.arena = None
         pin = self.pin and torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self.arena is not None:
+            self.arena.close()
         self.arena = SharedArena(nbytes, pin)
+        self._map()
+
+    def _map(self) -> None:
         self.conn.send(("map", self.arena.nbytes))
         send_handle(self.conn, self.arena.fd, self.child.pid)
         self._answer()
 
-    def _start_child(self) -> None:
+    def _start_child(self) -> bool:
+        """A child process to write (True: started now)."""
         if self.child is not None and self.child.poll() is None:
-            return
+            return False
+        if self.conn is not None:
+            self.conn.close()
         ours, theirs = socket.socketpair()
         # no GPU in the child: it only reads host memory (a CUDA context would take the learner's GPU memory)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "CUDA_VISIBLE_DEVICES": ""}
@@ -253,6 +263,7 @@ class ProcessWriter(BackgroundWriter):
                                        str(os.getpid())], pass_fds=[theirs.fileno()], env=env, close_fds=True)
         theirs.close()
         self.conn = Connection(ours.detach())
+        return True
 
     def _ask(self, message: tuple) -> Any:
         self.conn.send(message)

@@ -123,6 +123,28 @@ def test_a_write_the_child_cannot_make_is_named_in_one_line_and_leaves_an_error_
         writer.close()
 
 
+def test_a_child_killed_during_a_write_fails_that_save_and_the_next_save_starts_another(tmp_path):
+    writer = ProcessWriter(True)
+    try:
+        writer.reserve(storages_nbytes({"w": torch.ones(1000)}))
+        assert writer.reserved.wait(120)
+        first = writer.child.pid
+        os.kill(first, signal.SIGSTOP)  # held before its write, then killed
+        writer.save({"w": torch.ones(1000)}, str(tmp_path / "a.pt"))
+        writer.start(str(tmp_path / "m1"))
+        writer.wait_snapshot()
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="checkpoint writer process ended"):
+            writer.wait_written(timeout_s=120)
+        assert "ended" in json.loads((tmp_path / "m1").read_text())["error"] and not (tmp_path / "a.pt").exists()
+        writer.save({"w": torch.full((1000,), 2.0)}, str(tmp_path / "b.pt"))
+        writer.start(str(tmp_path / "m2"))
+        assert writer.wait_written(timeout_s=120) and writer.child.pid != first
+        assert torch.equal(torch.load(tmp_path / "b.pt")["w"], torch.full((1000,), 2.0))
+    finally:
+        writer.close()
+
+
 def test_the_child_dies_with_its_learner_and_leaves_no_marker(tmp_path):
     """A learner killed during the write: its child ends too, so the tag stays incomplete and a
     resume takes the checkpoint before (coordinator/checkpoint.py; tests/e2e/test_async_checkpoint.py)."""
