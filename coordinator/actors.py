@@ -115,9 +115,12 @@ def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
         learner_cls
     )
     a = cfg.algorithm
+    learner = cfg.learner  # host memory for background saves is reserved only where the run makes them
+    if not (cfg.run.async_checkpoint and cfg.run.checkpoint_every > 0) and learner.checkpoint.reserve:
+        learner = learner.model_copy(update={"checkpoint": learner.checkpoint.model_copy(update={"reserve": False})})
     learners = [
         learner_actor.options(scheduling_strategy=in_group(learner_pg, r)).remote(
-            r, m, cfg.model, cfg.learner, cfg.estimator, cfg.loss, inner_iterations=a.inner_iterations,
+            r, m, cfg.model, learner, cfg.estimator, cfg.loss, inner_iterations=a.inner_iterations,
             advantage_scale=a.advantage_scale, micro_batch_size=a.micro_batch_size)
         for r in range(m)
     ]

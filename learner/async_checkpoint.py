@@ -1,5 +1,7 @@
 """Checkpoints off the training path: DeepSpeed writes through ``BackgroundWriter``, whose ``save``
-only collects the state; a thread of its own copies it to host memory and then writes it.
+only collects the state; a thread of its own copies it to host memory and then writes it. This is
+``learner.checkpoint.writer: thread``; the default, ``process`` (learner/checkpoint_process.py),
+copies into host memory reserved ahead and has a child process write the files.
 
     save_checkpoint_async   DeepSpeed's save (its collectives, file names, metadata) with this
                             writer: returns as soon as the state is collected, no copy, no I/O
@@ -214,6 +216,7 @@ class BackgroundWriter:
         self.error: Optional[BaseException] = None
         self.stream = None
         self.bounce = HostBounce()
+        self.snapshot_s: Optional[float] = None  # the last save's copy to host memory, seconds
 
     # ---- DeepSpeed's checkpoint-engine interface --------------------------------------------
     def create(self, info: Any) -> None:
@@ -267,6 +270,7 @@ class BackgroundWriter:
                 if after is not None:
                     self.stream.wait_event(after)
                 copies = [(snapshot(state, self.stream, self.bounce), path) for state, path in files]
+                self.snapshot_s = time.perf_counter() - t0
             finally:
                 self.snapshotted.set()
             del files

@@ -90,6 +90,7 @@ class LearnerEngine:
         self.skipped_steps = 0  # steps skipped for a non-finite loss or grad norm
         self._bad_loss = False
         self.writer: Optional[BackgroundWriter] = None  # save_checkpoint_async's (learner/async_checkpoint.py)
+        self.reserve_due = False  # expect_background_saves
         self.resharded_from: Optional[tuple[int, int]] = None  # (ranks, stage) of a re-sharded checkpoint loaded
 
     @property
@@ -154,6 +155,9 @@ class LearnerEngine:
         applied = self.engine.was_step_applied() and not self.optimizer.refused
         if applied:
             self.applied_steps += 1
+            if self.reserve_due:
+                self.reserve_due = False
+                self._reserve_checkpoint_memory()
         else:
             self.skipped_steps += 1
 
@@ -349,9 +353,7 @@ class LearnerEngine:
         ``on_written(s)`` gets the thread's seconds."""
         self.checkpoint_written(timeout_s=None)  # one save at a time
         torch_engine = self.engine.checkpoint_engine
-        if self.writer is None:
-            self.writer = BackgroundWriter(bool(getattr(torch_engine, "zipfile_serialization", True)))
-        self.writer.on_written = on_written
+        self._background_writer().on_written = on_written
         tag = tag or f"step{self.applied_steps + self.skipped_steps}"
         _check_writable(Path(directory) / tag)
         state = {"client": client_state or {}, "engine": {"applied_steps": self.applied_steps,
@@ -366,6 +368,37 @@ class LearnerEngine:
         write_file(_rng_states(), rng, True)
         self.writer.start(str(Path(directory) / tag / marker_name(self.rank)), written=[rng])
         return tag
+
+    def expect_background_saves(self) -> None:
+        """The run will save in the background: with the process writer (``learner.checkpoint``),
+        reserve its host memory after the next applied update (the optimizer state is whole then)."""
+        self.reserve_due = self.cfg.checkpoint.writer == "process" and self.cfg.checkpoint.reserve
+
+    def _background_writer(self) -> BackgroundWriter:
+        """This rank's writer, made once (``learner.checkpoint.writer``)."""
+        if self.writer is None:
+            zipfile = bool(getattr(self.engine.checkpoint_engine, "zipfile_serialization", True))
+            if self.cfg.checkpoint.writer == "process":
+                from learner.checkpoint_process import ProcessWriter
+
+                self.writer = ProcessWriter(zipfile)
+            else:
+                self.writer = BackgroundWriter(zipfile)
+        return self.writer
+
+    def _reserve_checkpoint_memory(self) -> None:
+        """Have the process writer reserve host memory for this rank's state (in the background):
+        the distinct storages of what DeepSpeed's save collects, the optimizer's and the module's."""
+        from learner.checkpoint_process import storages_nbytes
+
+        try:
+            nbytes = storages_nbytes([self.engine.optimizer.state_dict(),
+                                      self.engine.module_state_dict(exclude_frozen_parameters=bool(self.adapted))])
+        except Exception:  # noqa: BLE001 - an estimate only: the first save reserves what it needs
+            return
+        writer = self._background_writer()
+        if hasattr(writer, "reserve"):
+            writer.reserve(nbytes)
 
     def checkpoint_written(self, timeout_s: Optional[float] = 0.0) -> bool:
         """Whether this rank's last ``save_checkpoint_async`` is durable, waiting at most

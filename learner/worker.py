@@ -64,7 +64,7 @@ class LearnerWorker:
         self.engine = self.reference = self.tokenizer = self.push = None
         self.push_sources = 0  # a sharded push's learner ranks that send (setup_weight_push)
         self.steps = 0
-        self.clock = ActorClock(background=("checkpoint_write",))
+        self.clock = ActorClock(background=("checkpoint_write", "checkpoint_snapshot"))
 
     def rendezvous_address(self) -> tuple[str, int]:
         from learner.group import rendezvous_address
@@ -86,6 +86,8 @@ class LearnerWorker:
             self.reference, _ = load_policy(self.model_cfg.model_copy(update={"gradient_checkpointing": False}))
             self.reference.requires_grad_(False)
         self.engine = LearnerEngine(policy, self.cfg)
+        if self.cfg.checkpoint.reserve:  # false where the run saves no checkpoint during training (start_actors)
+            self.engine.expect_background_saves()
         if self.reference is not None:
             self.reference.to(device=self.engine.device, dtype=self.engine.dtype)
         self.clock.add("load", time.perf_counter() - t0)
@@ -198,13 +200,21 @@ class LearnerWorker:
             try:
                 if background:
                     return self.engine.save_checkpoint_async(directory, client_state, tag=tag,
-                                                             on_written=lambda s: self.clock.add("checkpoint_write", s))
+                                                             on_written=self._checkpoint_written)
                 return self.engine.save_checkpoint(directory, client_state, tag=tag)
             except Exception as e:  # a full disk reads "unexpected pos 6144 vs 6038" from torch's writer: say so
                 cause = disk_cause(os.path.join(directory, tag), e)
                 if cause is e:
                     raise
                 raise cause from e
+
+    def _checkpoint_written(self, seconds: float) -> None:
+        """The background save's seconds (its thread's, from the save to the marker) and, within
+        them, its copy to host memory (what the next optimizer step may wait for)."""
+        self.clock.add("checkpoint_write", seconds)
+        snapshot_s = getattr(self.engine.writer, "snapshot_s", None)
+        if snapshot_s is not None:
+            self.clock.add("checkpoint_snapshot", snapshot_s)
 
     def load_checkpoint(self, directory: str, tag: Optional[str] = None, seed: int = 0) -> dict:
         """Restore this rank (collective); a checkpoint of another rank count or ZeRO stage is

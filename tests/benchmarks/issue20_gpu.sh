@@ -35,7 +35,7 @@ lane() {  # lane NAME GPUS COMMAND...: the command with only those GPUs visible,
   ( export CUDA_VISIBLE_DEVICES=$gpus; mkdir -p "$OUT/$name"; "$@" > "$OUT/$name.log" 2>&1; echo "lane $name: rc $?" )
 }
 system() {  # system OUTDIR WORK PARTS DEADLINE: the 2-GPU system benchmark without the profile and resume jobs
-  OUT=$1 bash tests/benchmarks/run_system_gpu.sh --work "$2" --parts "$3" --no-profile --no-resume-check \
+  OUT=$1 bash tests/benchmarks/run_system_gpu.sh --work "$2" --parts "$3" --no-profile --no-resume --steps 6 --checkpoint-at 4 \
     --deadline-s "$4"
 }
 trado_then_push() {

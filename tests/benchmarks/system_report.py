@@ -82,14 +82,22 @@ def analyse(records: list[dict], gpu_samples: list[tuple[float, int, float, floa
     out["rollout_tokens_per_s_generating"] = sum_of("rollout/tokens") / generate_s if generate_s else None
     out["rollout_tokens_per_forward"] = sum_of("rollout/tokens") / max(1.0, sum_of("rollout/forwards"))
     if checkpoint_at is not None:
-        # the step after the save against the other timed steps: its wall (set by whichever actor is
-        # the critical path) and its training (where a learner that waited for the save shows)
+        # each timed step after the save against the plain steps: the timed steps up to the save (the
+        # steps after it overlap its background write, so they are no baseline); none timed before
+        # it: the other timed steps. Wall (set by whichever actor is the critical path) and training
+        # (where a learner that waited for the save's copy shows). The step right after the save is
+        # the headline; the later ones show a write that still slows training.
         for key, name in (("time/step", "step"), ("time/train", "train")):
-            after = [r[key] for r in steps if r["step"] == checkpoint_at + 1 and key in r]
-            plain = [r[key] for r in timed if r["step"] != checkpoint_at + 1 and key in r]
-            if after and plain:
-                out[f"{name}_after_checkpoint_s"] = after[0]
-                out[f"{name}_after_checkpoint_ratio"] = after[0] / statistics.median(plain)
+            before = [r[key] for r in timed if r["step"] <= checkpoint_at and key in r]
+            after = {int(r["step"]): r[key] for r in steps if r["step"] > checkpoint_at and key in r}
+            plain = before or [r[key] for r in timed if r["step"] != checkpoint_at + 1 and key in r]
+            if checkpoint_at + 1 in after and plain:
+                base = statistics.median(plain)
+                out[f"{name}_after_checkpoint_s"] = after[checkpoint_at + 1]
+                out[f"{name}_after_checkpoint_ratio"] = after[checkpoint_at + 1] / base
+                out[f"{name}_plain_s"] = base
+                out[f"{name}_plain_steps"] = len(plain)
+                out[f"{name}_after_checkpoint_ratios"] = {str(k): v / base for k, v in sorted(after.items())}
     out["actors"] = {name: actor_figures(name, timed, gpu_samples, window) for name in actors_of(records)}
     out["push_by_actor_s"] = {f"{name}/{activity}": seconds / len(timed) for name, a in out["actors"].items()
                               for activity, seconds in sorted(a["seconds"].items()) if activity.startswith("push")}
@@ -127,7 +135,8 @@ def check(figures: dict[str, Any]) -> list[str]:
             problems.append(f"{name}: no wall time")
         if a["idle_s"] < 0 or a["idle_s"] > a["wall_s"] + 1e-6:
             problems.append(f"{name}: idle {a['idle_s']:.3f} s outside [0, wall {a['wall_s']:.3f} s]")
-        main = busy - sum(v for k, v in a["seconds"].items() if k in ("push_stage", "checkpoint_write"))
+        main = busy - sum(v for k, v in a["seconds"].items() if k in ("push_stage", "checkpoint_write",
+                                                                           "checkpoint_snapshot"))
         if main > a["wall_s"] * 1.001 + 1e-3:
             problems.append(f"{name}: main-thread busy {main:.3f} s exceeds wall {a['wall_s']:.3f} s")
         if abs(main + a["idle_s"] - a["wall_s"]) > max(1e-3, 1e-3 * a["wall_s"]) and main <= a["wall_s"]:
@@ -167,7 +176,11 @@ def markdown(name: str, f: dict[str, Any]) -> str:
             if f.get(key)
         )
         + (
-            f"; step after the checkpoint {num(f.get('step_after_checkpoint_ratio'))}x a plain one"
+            f"; step after the checkpoint {num(f.get('step_after_checkpoint_ratio'))}x a plain one "
+            f"(training {num(f.get('train_after_checkpoint_ratio'))}x; against the median of "
+            f"{f.get('step_plain_steps')} step(s) before the save; each step after it, wall / training: "
+            + ", ".join(f"{k}: {v:.2f} / {(f.get('train_after_checkpoint_ratios') or {}).get(k, float('nan')):.2f}"
+                        for k, v in (f.get("step_after_checkpoint_ratios") or {}).items()) + ")"
             if "step_after_checkpoint_ratio" in f
             else ""
         ),

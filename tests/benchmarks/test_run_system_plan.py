@@ -62,3 +62,35 @@ def test_eight_gpus_run_the_one_node_configs_as_shipped(tmp_path):
     assert [p.name for lane in lanes for p in lane] == ["ckpt_llada", "ckpt_sdar", "matmul", "engine_llada", "push"]
     for job in after:
         assert job.gpus == list(range(8)) and "--ranks" not in job.args and "--workers" not in job.args
+
+
+def test_the_checkpoint_measurement_options_reach_the_full_jobs(tmp_path):
+    """The before/after of the background checkpoint (BENCHMARKS.md): 6 steps, the save after step
+    4, no resume, the writer chosen by an override; the other jobs keep their own settings."""
+    _, chosen = plan(["ckpt_llada_short", "system_llada", "lora_llada"], False, tmp_path, tmp_path / "records", 2,
+                     checkpoint_at=4, steps=6, resume=False, profile=False,
+                     job_set=("learner.checkpoint.writer=thread",))
+    parts = {p.name: p for p in chosen}
+    system, lora = parts["system_llada"], parts["lora_llada"]
+    assert arg(system, "--steps") == "6" and arg(system, "--checkpoint-at") == "4"
+    assert "--resume-check" not in system.args and "--profile-step" not in system.args
+    assert "--set=learner.checkpoint.writer=thread" in system.args
+    assert "--set=learner.checkpoint.writer=thread" not in lora.args and arg(lora, "--steps") == "2"
+
+
+def test_the_step_after_the_save_is_compared_with_the_steps_before_it():
+    """system_report: the plain steps are the timed ones up to the save (the later ones overlap its
+    write); every step after the save gets its ratio, the one right after is the headline."""
+    from system_report import analyse
+
+    walls = {1: 60.0, 2: 20.0, 3: 10.0, 4: 12.0, 5: 22.0, 6: 15.0}
+    trains = {1: 30.0, 2: 9.0, 3: 8.0, 4: 8.0, 5: 10.0, 6: 9.0}
+    records = [{"step": k, "time": 100.0 + 10 * k, "time/step": walls[k], "time/train": trains[k]} for k in walls]
+    f = analyse(records, [], skip=2, started_at=0.0, peak_tflops=None, checkpoint_at=4)
+    assert f["step_plain_s"] == 11.0 and f["step_plain_steps"] == 2  # steps 3 and 4, not step 6
+    assert f["step_after_checkpoint_s"] == 22.0 and f["step_after_checkpoint_ratio"] == 2.0
+    assert f["train_after_checkpoint_ratio"] == 1.25
+    assert f["step_after_checkpoint_ratios"] == {"5": 2.0, "6": 15.0 / 11.0}
+    # no timed step before the save: the other timed steps, as before
+    g = analyse(records, [], skip=4, started_at=0.0, peak_tflops=None, checkpoint_at=4)
+    assert g["step_plain_steps"] == 1 and g["step_after_checkpoint_ratio"] == 22.0 / 15.0

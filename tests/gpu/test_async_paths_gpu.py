@@ -54,6 +54,41 @@ def test_the_bounce_snapshot_of_a_large_state_is_exact_across_chunks():
     assert all(torch.equal(snap[k], expected[k]) for k in state)
 
 
+@pytest.mark.parametrize("pinned", [True, False])
+def test_the_process_writer_snapshots_a_device_state_at_the_save_and_at_the_links_speed(tmp_path, pinned):
+    """learner/checkpoint_process.py: the reserved memory page-locked (a DMA per storage) or not
+    (the double-buffered bounce); the copy is exact, taken after the update that produced the state
+    and before the next one changes it; its speed is printed (the step after a save waits for it
+    if it outlasts the next forward and backward)."""
+    from learner.checkpoint_process import ProcessWriter, storages_nbytes
+
+    dev = torch.device("cuda", 0)
+    g = torch.Generator(device=dev).manual_seed(0)
+    master = torch.rand(300 << 20, device=dev, generator=g)  # 1.2 GB fp32
+    state = {"master": master, "view": master[5:10],
+             "moment": torch.rand((5 << 20) + 3, device=dev, generator=g).to(torch.bfloat16)}
+    expected = {k: v.cpu() for k, v in state.items()}
+    writer = ProcessWriter(True, pin=pinned)  # pin=False: as where cudaHostRegister refuses
+    try:
+        writer.reserve(storages_nbytes(state))
+        assert writer.reserved.wait(120) and writer.arena is not None
+        assert writer.arena.pinned == pinned
+        master.add_(0.0)  # still queued on the default stream when the save starts
+        writer.save(state, str(tmp_path / "a.pt"))
+        writer.start(str(tmp_path / marker_name(0)))
+        writer.wait_snapshot()
+        master.mul_(7.0)  # the next update
+        assert writer.wait_written(timeout_s=300)
+        nbytes = storages_nbytes(state)
+        print(f"process writer snapshot ({'page-locked' if pinned else 'bounce'}): {nbytes / 2**30:.2f} GiB in "
+              f"{writer.snapshot_s:.2f} s ({nbytes / writer.snapshot_s / 1e9:.1f} GB/s)")
+        saved = torch.load(tmp_path / "a.pt")
+        assert all(torch.equal(saved[k], expected[k]) for k in state)
+        assert saved["view"].untyped_storage().data_ptr() == saved["master"].untyped_storage().data_ptr()
+    finally:
+        writer.close()
+
+
 def test_a_push_staged_into_cuda_lands_whole_at_apply():
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
