@@ -73,6 +73,12 @@ case "${1:-}" in
       --peer-root /tmp/none --project-steps 2 --part-timeout-s 250 --deadline-s 320 --work /tmp/pw_project \
       --out "$OUT/d1_project" &
     wait ;;
+  call2b)  # the project's two loops at d1's recipe side by side, each on 2 GPUs (its own checkpoint)
+    lane d1_fast 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops fast \
+      --peer-root /tmp/none --project-steps 2 --part-timeout-s 250 --work /tmp/pw_fast --out "$OUT/d1_fast" &
+    lane d1_release_sampler 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops release_sampler \
+      --peer-root /tmp/none --project-steps 2 --part-timeout-s 255 --work /tmp/pw_rs --out "$OUT/d1_release_sampler" &
+    wait ;;
   call3)
     learner8b
     push3 ;;

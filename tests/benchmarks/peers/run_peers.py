@@ -231,6 +231,10 @@ def project_config(recipe: str, work: Path) -> Path:
     raw = yaml.safe_load((REPO / recipe).read_text())
     raw["task"]["source"] = {"kind": "file", "path": "rows.jsonl", "columns": {"prompt": "prompt", "answer": "answer"}}
     raw["task"].pop("held_out_source", None)
+    # the generated rows through the byte-level stand-in tokenizer run to ~270 prompt tokens, where the
+    # released tokenizer makes ~70: d1 keeps the last 200 (its max_prompt_length), the project reads them
+    # whole rather than skipping them (its max_prompt_tokens): the longer prompt is the project's cost
+    raw["task"]["max_prompt_tokens"] = max(raw["task"].get("max_prompt_tokens") or 0, 512)
     raw.setdefault("eval", {})["protocol"] = None
     path = work / Path(recipe).name
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
