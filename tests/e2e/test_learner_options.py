@@ -265,6 +265,7 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
         driver.drain()
         driver.save_checkpoint()
         driver.export()
+        driver.finish_checkpoint(120)  # as Driver.run: the background write completes before the close
         learners = driver.actors.learners
         pushed = ray.get([a.pushed.remote() for a in learners])[0]
         exported = ray.get([a.exported.remote() for a in learners])[0]
