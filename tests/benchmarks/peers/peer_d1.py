@@ -172,10 +172,10 @@ def main() -> None:
     release_generate = diffu_grpo_trainer.DiffuGRPOTrainer.generate
 
     def timed_generate(self, model, prompt, *args, **kwargs):
-        sync(device)
+        peer_events.sync(device)
         t0 = time.time()
         out = release_generate(self, model, prompt, *args, **kwargs)
-        sync(device)
+        peer_events.sync(device)
         rows_ = int(prompt.shape[0])
         rec.generated(t0, time.time(), rows_, rows_ * int(out.shape[1] - prompt.shape[1]))
         return out
@@ -185,11 +185,6 @@ def main() -> None:
     # d1 seeds each mask draw with a 0-d tensor; Python >= 3.11's random.seed refuses one (d1's 3.10 hashed
     # it); torch and numpy take its integer value, as they did there
     diffu_grpo_trainer.set_seed = lambda seed, *args, **kwargs: release_set_seed(int(seed), *args, **kwargs)
-
-    def after_step(optimizer, args, kwargs):
-        sync(device)
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-        rec.stepped(peak)
 
     from transformers.trainer import Trainer
 
@@ -205,9 +200,7 @@ def main() -> None:
         return optimizer
 
     Trainer.create_optimizer = create_optimizer
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    register_optimizer_step_post_hook(after_step)
+    rec.record_optimizer_steps(device)
     # the base in bf16 (module docstring): d1's script builds the 4-bit config from this name (on the
     # module as it is now: an import above puts a new transformers module object in sys.modules)
     sys.modules["transformers"].BitsAndBytesConfig = lambda *args, **kwargs: None
@@ -226,42 +219,29 @@ PLAIN_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{
 
 
 def model_view(source: Path, code: Path, view: Path, rank: int) -> Path:
-    """The checkpoint as d1 loads it (``AutoModel``, ``trust_remote_code``): links to every weight file,
-    LLaDA's model code with ``auto_map`` in config.json (module docstring), and the tokenizer's config
-    naming the fast tokenizer class that transformers 4.x has (the checkpoint's names 5.x's backend). The
-    released tokenizer's chat template stays; the CPU rehearsal's character tokenizer has none, and d1
-    formats its prompts as one user turn: it gets ``PLAIN_TEMPLATE``."""
-    view = view.with_name(f"{view.name}-rank{rank}")
-    view.mkdir(parents=True, exist_ok=True)
-    for path in source.iterdir():
-        target = view / path.name
-        if path.name == "tokenizer_config.json":
-            config = json.loads(path.read_text())
-            config["tokenizer_class"] = "PreTrainedTokenizerFast"
-            config.pop("backend", None)
+    """The checkpoint as d1 loads it (``AutoModel``, ``trust_remote_code``): peer_events.checkpoint_view
+    with LLaDA's model code and ``auto_map`` in config.json (module docstring). The released tokenizer's
+    chat template stays; the CPU rehearsal's character tokenizer has none, and d1 formats its prompts as
+    one user turn: it gets ``PLAIN_TEMPLATE``."""
+
+    def edit(name: str, config: dict) -> bool:
+        if name == "tokenizer_config.json":
             config.setdefault("chat_template", PLAIN_TEMPLATE)
-            target.write_text(json.dumps(config))
-        elif path.name == "config.json":
-            config = json.loads(path.read_text())
+            return True
+        if name == "config.json":
             config["auto_map"] = {"AutoConfig": "configuration_llada.LLaDAConfig",
                                   "AutoModel": "modeling_llada.LLaDAModelLM",
                                   "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"}
             config.setdefault("architectures", ["LLaDAModelLM"])
-            target.write_text(json.dumps(config, indent=2))
-        elif not target.exists():
-            target.symlink_to(path.resolve())
+            return True
+        return False
+
+    view = peer_events.checkpoint_view(source, view, rank, edit)
     (view / "configuration_llada.py").write_text((code / "configuration_llada.py").read_text())
     modeling = (code / "modeling_llada.py").read_text()
     (view / "modeling_llada.py").write_text(modeling.replace("from networks.configuration_llada import",
                                                              "from .configuration_llada import"))
     return view
-
-
-def sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 if __name__ == "__main__":

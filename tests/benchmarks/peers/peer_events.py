@@ -65,6 +65,48 @@ class Recorder:
         self.write(event="step", t=time.time(), step=self.steps, new_samples=self.new_samples, peak_gib=peak_gib)
         self.new_samples = 0
 
+    def record_optimizer_steps(self, device: Any) -> None:
+        """A "step" event after every optimizer step of this process (torch's global post hook: the
+        release's own loop stays untouched), with the allocator's peak on ``device``."""
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        def after_step(optimizer, args, kwargs) -> None:
+            sync(device)
+            self.stepped(torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
+
+        register_optimizer_step_post_hook(after_step)
+
+
+def sync(device: Any) -> None:
+    """Wait for ``device``'s queued work (CUDA; nothing elsewhere), so that a host clock times it."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def checkpoint_view(source: Path, view: Path, rank: int, edit: Optional[Any] = None) -> Path:
+    """``source`` as a release's transformers 4.x reads it, in ``<view>-rank<rank>``: links to every
+    file, and the tokenizer's config naming the fast tokenizer class 4.x has (the checkpoint's names
+    5.x's backend class). ``edit(name, config)`` may change any JSON file's dict further (it is then
+    written, not linked)."""
+    view = view.with_name(f"{view.name}-rank{rank}")
+    view.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        target = view / path.name
+        config = json.loads(path.read_text()) if path.suffix == ".json" else None
+        if config is not None and path.name == "tokenizer_config.json":
+            config["tokenizer_class"] = "PreTrainedTokenizerFast"
+            config.pop("backend", None)
+        edited = config is not None and edit is not None and bool(edit(path.name, config))
+        if edited or (config is not None and path.name == "tokenizer_config.json"):
+            target.unlink(missing_ok=True)
+            target.write_text(json.dumps(config, indent=2))
+        elif not target.exists():
+            target.symlink_to(path.resolve())
+    return view
+
 
 def read_events(directory: str | os.PathLike) -> dict[int, list[dict]]:
     out = {}

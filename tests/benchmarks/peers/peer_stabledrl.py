@@ -104,7 +104,8 @@ def main() -> None:
     ROWS.extend(json.loads(line) for line in Path(a.data).read_text().splitlines() if line.strip())
     device = torch.device(a.device)
 
-    model_dir = model_view(Path(a.model_dir), work / "llada-model", rank)
+    # the directory's name holds "llada", which the release's tokenizer set-up keys on
+    model_dir = peer_events.checkpoint_view(Path(a.model_dir), work / "llada-model", rank)
     cfg = yaml.safe_load((root / "configs" / "gsm8k_math_spg_snis.yaml").read_text())
     cfg["network_kwargs"]["pretrained_model_name_or_path"] = str(model_dir)
     cfg["tokenizer_kwargs"]["pretrained_model_name_or_path"] = str(model_dir)
@@ -126,10 +127,10 @@ def main() -> None:
     release_generate = svpo.generate_spg
 
     def timed_generate(model, prompt, *args, **kwargs):
-        sync(device)
+        peer_events.sync(device)
         t0 = time.time()
         out = release_generate(model, prompt, *args, **kwargs)
-        sync(device)
+        peer_events.sync(device)
         gen_length = kwargs.get("gen_length", args[1] if len(args) > 1 else 128)
         rec.generated(t0, time.time(), int(prompt.shape[0]), int(prompt.shape[0]) * int(gen_length))
         return out
@@ -143,14 +144,7 @@ def main() -> None:
 
     loop.training_loop = loop_on_device
 
-    def after_step(optimizer, args, kwargs):
-        sync(device)
-        peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-        rec.stepped(peak)
-
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    register_optimizer_step_post_hook(after_step)
+    rec.record_optimizer_steps(device)
 
     os.chdir(root)  # the release resolves its modules from its own root
     import train as release_train
@@ -159,31 +153,6 @@ def main() -> None:
         release_train.main.main(["--config", str(config)], standalone_mode=False)
     finally:
         rec.write(event="end", t=time.time())
-
-
-def model_view(source: Path, view: Path, rank: int) -> Path:
-    """The checkpoint as the release's transformers (4.x) reads it: links to every file, and the
-    tokenizer's config naming the fast tokenizer class that 4.x has (the checkpoint's names 5.x's
-    backend class). The directory's name holds "llada", which the release's tokenizer set-up keys on."""
-    view = view.with_name(f"{view.name}-rank{rank}")
-    view.mkdir(parents=True, exist_ok=True)
-    for path in source.iterdir():
-        target = view / path.name
-        if path.name == "tokenizer_config.json":
-            config = json.loads(path.read_text())
-            config["tokenizer_class"] = "PreTrainedTokenizerFast"
-            config.pop("backend", None)
-            target.write_text(json.dumps(config))
-        elif not target.exists():
-            target.symlink_to(path.resolve())
-    return view
-
-
-def sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 if __name__ == "__main__":
