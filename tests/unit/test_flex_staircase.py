@@ -124,14 +124,7 @@ def test_flex_estimate_and_gradient_equal_sdpa(policies, monkeypatch):
     cm[1, 6:] = False
     batch = SequenceBatch(input_ids=torch.cat([ids, completion], 1), prompt_mask=pm, completion_mask=cm)
     cfg, seeds = StaircaseConfig(num_draws=2), torch.tensor([3, 4])
-    grads, values = [], []
-    for policy in (sdpa, flex):
-        policy.zero_grad()
-        ll = estimate(policy, batch, seeds, cfg).sequence
-        ll.sum().backward()
-        values.append(ll.detach())
-        grads.append(policy.model.model.layers[0].self_attn.q_proj.weight.grad.clone())
-        policy.zero_grad()
+    values, grads = _values_and_q_grads((sdpa, flex), batch, seeds, cfg)
     torch.testing.assert_close(values[1], values[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-5)
     monkeypatch.setattr(fs, "FLEX_OFF_CUDA", True)
@@ -174,13 +167,7 @@ def test_cuda_compiled_flex_equals_sdpa_value_and_gradient():
         batch = SequenceBatch(input_ids=torch.cat([ids, completion], 1), prompt_mask=pm,
                               completion_mask=torch.ones(len(lengths), c, dtype=torch.bool))
         cfg, seeds = StaircaseConfig(num_draws=2), torch.arange(len(lengths))
-        values, grads = [], []
-        for policy in (sdpa, flex):
-            policy.zero_grad()
-            ll = estimate(policy, batch, seeds, cfg).sequence
-            ll.sum().backward()
-            values.append(ll.detach())
-            grads.append(policy.model.model.layers[0].self_attn.q_proj.weight.grad.clone())
+        values, grads = _values_and_q_grads((sdpa, flex), batch, seeds, cfg)
         torch.testing.assert_close(values[1], values[0], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(grads[1], grads[0], atol=1e-4, rtol=1e-3)
     assert fs._compiled_flex is not None
@@ -200,3 +187,16 @@ def test_sampling_is_unchanged_on_the_flex_staircase_policy(cache, graph):
     want, got = generate(plain, prompts, seeds, cfg), generate(flex, prompts, seeds, cfg)
     assert torch.equal(got.completion_ids, want.completion_ids)
     assert fs.uses_flex_staircase(flex)  # the folded-GQA steps put it back
+
+
+def _values_and_q_grads(policies, batch, seeds, cfg) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each policy's staircase estimate and the gradient of its sum at the first layer's q_proj."""
+    values, grads = [], []
+    for policy in policies:
+        policy.zero_grad()
+        ll = estimate(policy, batch, seeds, cfg).sequence
+        ll.sum().backward()
+        values.append(ll.detach())
+        grads.append(policy.model.model.layers[0].self_attn.q_proj.weight.grad.clone())
+        policy.zero_grad()
+    return values, grads
