@@ -100,10 +100,13 @@ def append(path: Path, record: dict) -> None:
 
 
 def read_records(directory: Path, prefix: str) -> list[dict]:
+    """Every record of the files ``prefix*.jsonl``, in the order they were written where records
+    carry a time ``t`` (one file per process, and file names order pids as strings: "10023" comes
+    before "9923"), else file by file."""
     out = []
     for path in sorted(Path(directory).glob(f"{prefix}*.jsonl")):
         out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return out
+    return sorted(out, key=lambda r: r.get("t", 0.0))
 
 
 def wait_for(path: Path, timeout_s: float = 180.0) -> None:
@@ -147,7 +150,7 @@ def recording_rollout(records: Path, *, nan_uids: frozenset = frozenset(), die_o
             self.calls += 1
             append(records / f"rollout_{os.getpid()}.jsonl",
                    {"worker": self.index, "pid": os.getpid(), "uids": [r.uid for r in requests],
-                    "node": ray.get_runtime_context().get_node_id()})
+                    "node": ray.get_runtime_context().get_node_id(), "t": time.time()})
             dies = always_die or (self.calls == die_on_call and not died.exists())
             if self.index == die_index and dies:
                 died.touch()

@@ -342,3 +342,10 @@ def test_a_stalled_learner_rank_makes_its_peers_time_out_naming_it(cluster, tmp_
     finally:
         for r in ranks:
             ray.kill(r)
+
+
+def test_records_are_read_in_the_order_they_were_written(tmp_path):
+    """A replacement process's pid can sort before the one it replaced as a string (10023 < 9923)."""
+    harness.append(tmp_path / "rollout_9923.jsonl", {"pid": 9923, "t": 1.0})
+    harness.append(tmp_path / "rollout_10023.jsonl", {"pid": 10023, "t": 2.0})
+    assert [r["pid"] for r in read_records(tmp_path, "rollout_")] == [9923, 10023]
