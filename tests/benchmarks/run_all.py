@@ -47,6 +47,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -113,6 +114,18 @@ REHEARSAL = {
     "async": ["--steps", "2", "--skip", "1"],
     "lora_push": ["--reps", "1", "--rank", "4"],
 }
+
+
+def device_list(indices: list[int], visible: Optional[str]) -> str:
+    """CUDA_VISIBLE_DEVICES for a part planned on GPU ``indices`` of the GPUs this runner sees: the
+    indices count within an inherited CUDA_VISIBLE_DEVICES (a runner started with "2,3" gives its
+    part [0, 1] the devices 2 and 3, not the neighbour's 0 and 1)."""
+    if not visible or not visible.strip():
+        return ",".join(str(g) for g in indices)
+    devices = [d.strip() for d in visible.split(",") if d.strip()]
+    if max(indices) >= len(devices):
+        raise ValueError(f"GPU {max(indices)} planned, but CUDA_VISIBLE_DEVICES={visible} shows {len(devices)}")
+    return ",".join(devices[g] for g in indices)
 
 
 def plan(n_gpus: int, tiny: bool, work: Path, quick: bool = False, rehearsal: bool = False
@@ -203,7 +216,7 @@ class Runner:
             args += ["--peak-from", str(self.work / f"{job.peak_from}.json")]
         env = dict(os.environ, **SAFE_ENV)
         if job.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in job.gpus)
+            env["CUDA_VISIBLE_DEVICES"] = device_list(job.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
         cmd = [sys.executable, str(HERE / job.script), *args]
         self.say(f"START {job.name} on {'GPU ' + ','.join(map(str, job.gpus)) if job.gpus else 'CPU'} "
                  f"(timeout {timeout:.0f} s): {' '.join(cmd[1:])}")

@@ -3,10 +3,12 @@ keeps the named jobs (and the matmul denominators); --quick gives each job its s
 from __future__ import annotations
 
 import sys
+
+import pytest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_all import QUICK, plan, select  # noqa: E402
+from run_all import QUICK, device_list, plan, select  # noqa: E402
 
 
 def test_one_gpu_runs_one_lane_and_skips_the_two_gpu_jobs(tmp_path):
@@ -28,3 +30,15 @@ def test_two_gpus_run_two_lanes_then_the_jobs_that_need_both(tmp_path):
     assert [j.name for j in lanes[0]] == ["matmul_gpu0", "full_attention"]
     assert [j.name for j in lanes[1]] == ["matmul_gpu1", "block_diffusion", "lora_push", "learner_1gpu"]
     assert [j.name for j in after] == ["push", "async", "learner_2gpu"] and not skipped
+
+
+def test_a_part_gets_the_devices_its_indices_name_within_the_runners_own():
+    """Two runners side by side on one host (CUDA_VISIBLE_DEVICES 0,1 and 2,3) plan their parts on
+    [0, 1] each: the second must get devices 2 and 3, not share its neighbour's."""
+    assert device_list([0, 1], None) == "0,1"
+    assert device_list([0, 1], "") == "0,1"
+    assert device_list([0, 1], "2,3") == "2,3"
+    assert device_list([1], "4, 6") == "6"
+    assert device_list([0], "GPU-5f2e,GPU-77aa") == "GPU-5f2e"
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES=2,3 shows 2"):
+        device_list([0, 1, 2], "2,3")
