@@ -149,6 +149,8 @@ def _fetch_hint(message: str) -> str:
 def plan_lines(cfg: JobConfig) -> list[str]:
     a, r, learner, cluster, run = cfg.algorithm, cfg.rollout, cfg.learner, cfg.cluster, cfg.run
     gpus = learner.num_ranks * cluster.learner.num_gpus + r.num_workers * cluster.rollout.num_gpus
+    if cluster.colocate:  # each worker on its learner rank's GPU
+        gpus = learner.num_ranks * cluster.learner.num_gpus
     cpus = learner.num_ranks * cluster.learner.num_cpus + r.num_workers * cluster.rollout.num_cpus
     lora = learner.lora
     trains = (f"LoRA r {lora.rank} on {', '.join(lora.resolved_targets())}" if lora is not None
@@ -158,9 +160,12 @@ def plan_lines(cfg: JobConfig) -> list[str]:
     updates = run.steps * a.inner_iterations
     per_rank = -(-a.groups_per_step // learner.num_ranks)
     lines = [
-        f"GPUs: {gpus:g} ({learner.num_ranks} learner ranks × {cluster.learner.num_gpus:g} + {r.num_workers} rollout "
-        f"workers × {cluster.rollout.num_gpus:g}), CPUs: {cpus:g}; Ray placement {cluster.learner_strategy} / "
-        f"{cluster.rollout_strategy}",
+        (f"GPUs: {gpus:g} ({learner.num_ranks} learner ranks × {cluster.learner.num_gpus:g}, each shared with a "
+         f"rollout worker: cluster.colocate), CPUs: {cpus:g}; Ray placement {cluster.learner_strategy}"
+         if cluster.colocate else
+         f"GPUs: {gpus:g} ({learner.num_ranks} learner ranks × {cluster.learner.num_gpus:g} + {r.num_workers} rollout "
+         f"workers × {cluster.rollout.num_gpus:g}), CPUs: {cpus:g}; Ray placement {cluster.learner_strategy} / "
+         f"{cluster.rollout_strategy}"),
         f"actors: {learner.num_ranks} learner ranks (DeepSpeed ZeRO-{learner.deepspeed.zero_stage}, "
         f"{learner.deepspeed.dtype}, training {trains}) + {r.num_workers} rollout workers, driven by this process",
         f"steps: {run.steps} × {a.inner_iterations} optimizer updates = {updates:,} updates "

@@ -28,3 +28,10 @@ def setup_actor_process() -> torch.device:
     except ImportError:  # pragma: no cover - transformers is a dependency
         pass
     return device
+
+
+def hand_back_gpu_memory(shared: bool) -> None:
+    """An actor that shares its GPU with another process (``cluster.colocate``) returns the blocks
+    its allocator caches after each turn, so the other one can use them; a no-op otherwise."""
+    if shared and torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,7 +1,8 @@
 """Building the actors from one validated JobConfig, and waiting on them with named timeouts.
 
 Each role gets a placement group (coordinator/placement.py): M learner ranks that must all exist
-to form their process group, N rollout workers (coordinator/pool.py). Every component receives
+to form their process group, N rollout workers (coordinator/pool.py); with ``cluster.colocate``
+one group holds both, worker i beside rank i on its GPU. Every component receives
 only its own config sections. ``wait`` is how the runtime blocks on actors while it sets the job
 up, saves or exports: a timeout or a dead actor becomes an error that names what was waited for
 (the loop itself never blocks on one call: coordinator/runtime.py).
@@ -18,7 +19,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from common.config.job import JobConfig
 from common.types import Group
 from coordinator.events import ActorFailure
-from coordinator.placement import in_group, reserve
+from coordinator.placement import in_group, reserve, shared_bundle, shared_gpus
 from coordinator.pool import RolloutPool
 
 __all__ = ["ActorFailure", "Actors", "first_line", "start_actors", "wait"]
@@ -104,16 +105,19 @@ def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
     t0 = time.perf_counter()
     timeout = cfg.cluster.start_timeout_s
     m, n = cfg.learner.num_ranks, cfg.rollout.num_workers
-    learner_pg = reserve("stabledrl-learner", cfg.cluster.learner, m, cfg.cluster.learner_strategy, timeout)
+    c = cfg.cluster
+    if c.colocate:  # rank i and worker i in bundle i, half its GPU each (cluster.colocate)
+        learner_pg = reserve("stabledrl-colocated", shared_bundle(c.learner, c.rollout), m, c.learner_strategy, timeout)
+    else:
+        learner_pg = reserve("stabledrl-learner", c.learner, m, c.learner_strategy, timeout)
     pool = RolloutPool(cfg, rollout_cls)
     try:
-        workers = pool.start(n)
+        workers = pool.start(n, shared=learner_pg if c.colocate else None)
     except ActorFailure:
         remove_placement_group(learner_pg)
         raise
-    learner_actor = ray.remote(num_cpus=cfg.cluster.learner.num_cpus, num_gpus=cfg.cluster.learner.num_gpus)(
-        learner_cls
-    )
+    learner_actor = ray.remote(num_cpus=c.learner.num_cpus,
+                               num_gpus=shared_gpus(c.learner) if c.colocate else c.learner.num_gpus)(learner_cls)
     a = cfg.algorithm
     learner = cfg.learner  # host memory for background saves is reserved only where the run makes them
     if not (cfg.run.async_checkpoint and cfg.run.checkpoint_every > 0) and learner.checkpoint.reserve:
@@ -121,7 +125,7 @@ def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
     learners = [
         learner_actor.options(scheduling_strategy=in_group(learner_pg, r)).remote(
             r, m, cfg.model, learner, cfg.estimator, cfg.loss, inner_iterations=a.inner_iterations,
-            advantage_scale=a.advantage_scale, micro_batch_size=a.micro_batch_size)
+            advantage_scale=a.advantage_scale, micro_batch_size=a.micro_batch_size, share_gpu=c.colocate)
         for r in range(m)
     ]
     actors = Actors(learners, pool, [learner_pg])
@@ -135,7 +139,9 @@ def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
         actors.shutdown()  # a half-started job leaves no actors or reservations behind
         raise
     actors.info = {"learners": infos[:m], "rollouts": infos[m:], "start_s": time.perf_counter() - t0}
+    beside = ", each beside its learner rank (cluster.colocate)" if c.colocate else ""
     log(f"actors: {m} learner ranks on {infos[0]['device']} ({infos[0]['dtype']}), {n} rollout workers on "
-        f"{infos[m]['device']} ({infos[m]['parameters'] / 1e6:.2f}M parameters), up in {actors.info['start_s']:.1f} s")
+        f"{infos[m]['device']} ({infos[m]['parameters'] / 1e6:.2f}M parameters){beside}, "
+        f"up in {actors.info['start_s']:.1f} s")
     log(f"reward sandbox: {infos[m].get('reward_sandbox', 'n/a')}")  # how reward code is confined, once
     return actors

@@ -6,7 +6,9 @@ their states); this pool carries it out. The workers the job starts with share o
 group (``cluster.rollout`` bundles, ``cluster.rollout_strategy``), reserved all at once. A
 replacement takes its predecessor's bundle (Ray moves a bundle whose node died when another node
 has room). A worker added later takes a bundle freed by a retired or lost worker, else a
-placement group of its own (one bundle), removed with it.
+placement group of its own (one bundle), removed with it. With ``cluster.colocate`` the start
+workers take the bundles of the learner's shared group instead (coordinator/placement.py), and a
+replacement or a worker on a freed one of them shares that learner rank's GPU as well.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 
 from common.config.job import JobConfig
 from common.config.model import ModelConfig
-from coordinator.placement import bundle, has_room, in_group, reserve
+from coordinator.placement import bundle, has_room, in_group, reserve, shared_gpus
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Placement:
     group: PlacementGroup
     bundle: int
     owned: bool  # a group of the worker's own, removed with it
+    shared: bool = False  # a bundle of cluster.colocate: the worker takes half its GPU, beside a learner rank
 
 
 @dataclass
@@ -71,12 +74,18 @@ class RolloutPool:
         return index in self.processes
 
     # ---- starting -------------------------------------------------------------------------
-    def start(self, n: int) -> list[Any]:
-        """The job's first ``n`` workers (indices 0..n-1) in one placement group (all or nothing, in time)."""
+    def start(self, n: int, shared: Optional[PlacementGroup] = None) -> list[Any]:
+        """The job's first ``n`` workers (indices 0..n-1) in one placement group (all or nothing, in
+        time); ``shared``: worker i in bundle i of the learner's group (cluster.colocate), which the
+        learner's side reserved and removes."""
         r = self.cfg.cluster
-        group = reserve("stabledrl-rollout", r.rollout, n, r.rollout_strategy, r.start_timeout_s)
-        self.groups.append(group)
-        return [self._launch(index, Placement(group, index, owned=False)) for index in range(n)]
+        if shared is None:
+            group = reserve("stabledrl-rollout", r.rollout, n, r.rollout_strategy, r.start_timeout_s)
+            self.groups.append(group)
+        else:
+            group = shared
+        return [self._launch(index, Placement(group, index, owned=False, shared=shared is not None))
+                for index in range(n)]
 
     def launch(self, index: int, replaces: bool) -> Any:
         """A process for worker ``index``: in place of its dead or hung one (``replaces``: killed,
@@ -96,8 +105,12 @@ class RolloutPool:
         if self.cfg is None:
             raise RuntimeError("this pool holds workers started elsewhere: it cannot start or replace one")
         cfg, a = self.cfg, self.cfg.algorithm
-        actor = self.actor_cls.options(scheduling_strategy=in_group(placement.group, placement.bundle)).remote(
-            index, rollout_model(cfg), cfg.sampler, cfg.estimator, cfg.task, group_size=a.group_size, seed=cfg.run.seed)
+        options = {"scheduling_strategy": in_group(placement.group, placement.bundle)}
+        if placement.shared:
+            options["num_gpus"] = shared_gpus(cfg.cluster.rollout)
+        actor = self.actor_cls.options(**options).remote(
+            index, rollout_model(cfg), cfg.sampler, cfg.estimator, cfg.task, group_size=a.group_size, seed=cfg.run.seed,
+            share_gpu=placement.shared)
         self.processes[index] = Process(actor, placement)
         return actor
 

@@ -32,7 +32,7 @@ from common.config.loss import LossConfig
 from common.config.model import ModelConfig
 from common.estimators import estimate
 from common.models import export_hf, load_policy
-from common.actor_setup import setup_actor_process
+from common.actor_setup import hand_back_gpu_memory, setup_actor_process
 from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from common.stats import Reduce, Stat, combine
 from common.types import Group, StepResult
@@ -54,8 +54,10 @@ class LearnerWorker:
         inner_iterations: int,
         advantage_scale: str,
         micro_batch_size: int,
+        share_gpu: bool = False,
     ) -> None:
         setup_actor_process()
+        self.share_gpu = share_gpu  # cluster.colocate: a rollout worker uses this GPU between steps
         self.rank, self.world_size = rank, world_size
         self.model_cfg, self.cfg, self.estimator, self.loss_cfg = model, learner, estimator, loss
         self.inner_iterations, self.advantage_scale = inner_iterations, advantage_scale
@@ -117,6 +119,7 @@ class LearnerWorker:
         out["learner/tokens"] = Stat(sum(s.completion_length for s in samples), Reduce.COUNT)
         out["time/train_rank"] = Stat(time.perf_counter() - t0, Reduce.MAX)
         out.update(self.engine.memory_metrics())
+        hand_back_gpu_memory(self.share_gpu)
         return StepResult(out, self.clock.snapshot())
 
     def _updates(self, groups: Sequence[Group], version: int, group_offset: int) -> list[dict[str, Stat]]:
@@ -180,8 +183,11 @@ class LearnerWorker:
             if self.push is None:
                 for _ in named:
                     pass
+                hand_back_gpu_memory(self.share_gpu)
                 return None
-            return self.push.send(named, version)
+            handle = self.push.send(named, version)
+            hand_back_gpu_memory(self.share_gpu)  # the gathered buckets
+            return handle
 
     def parameter_shapes(self) -> dict[str, list[int]]:
         """Full shape of every parameter (ZeRO-3 partitions report their unpartitioned ``ds_shape``),

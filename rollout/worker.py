@@ -28,7 +28,7 @@ from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
 from common.config.task import AnyTaskConfig
 from common.models import load_policy
-from common.actor_setup import setup_actor_process
+from common.actor_setup import hand_back_gpu_memory, setup_actor_process
 from common.tasks import RewardScorer, Row, build_task
 from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from common.types import EvalResult, PromptRequest, RolloutResult, WorkerInfo
@@ -48,8 +48,10 @@ class RolloutWorker:
         *,
         group_size: int,
         seed: int,
+        share_gpu: bool = False,
     ) -> None:
         t0 = time.perf_counter()
+        self.share_gpu = share_gpu  # cluster.colocate: a learner rank trains on this GPU between requests
         self.clock = ActorClock(background=("push_stage",))
         self.index = index
         self.device = setup_actor_process()
@@ -84,6 +86,7 @@ class RolloutWorker:
             seed=self.seed, worker=self.index,
         )
         after = self.scorer.stats.as_metrics(prefix="")
+        hand_back_gpu_memory(self.share_gpu)
         if not episodes:
             return RolloutResult([])
         stats, n = episodes[0].stats, len(requests)  # per-prompt shares of the request's seconds
@@ -123,7 +126,9 @@ class RolloutWorker:
         if self.push is None:
             raise RuntimeError(f"rollout worker {self.index}: setup_weight_push was never called")
         with self.clock.timed("push_receive"):
-            return self.engine.update_weights(self.push, handle, partial=self.partial_push)
+            version = self.engine.update_weights(self.push, handle, partial=self.partial_push)
+        hand_back_gpu_memory(self.share_gpu)
+        return version
 
     # ---- evaluation -----------------------------------------------------------------------
     def evaluate(self, rows: Sequence[Row], samples_per_prompt: int, seed: int,

@@ -132,6 +132,15 @@ class ClusterConfig(StrictModel):
     rollout_strategy: Literal["PACK", "STRICT_PACK", "SPREAD"] = Field(
         "PACK", description="placement of the rollout workers"
     )
+    colocate: bool = Field(
+        False, description="rollout worker i shares learner rank i's bundle, so each GPU holds one learner rank "
+        "and one worker that take turns (generation on every GPU, then training on every GPU, as the releases' "
+        "own loops run): rollout.num_workers must equal learner.num_ranks and cluster.learner.num_gpus equal "
+        "cluster.rollout.num_gpus (the GPU each pair shares; each actor asks Ray for half of it); the weights go "
+        "through the object store (NCCL cannot hold two ranks of one group on one GPU); each actor hands its "
+        "cached GPU memory back after its turn. Keep algorithm.max_staleness 0 so the turns never overlap. "
+        "Workers added later (`stabledrl scale`) get bundles of their own"
+    )
     local_num_cpus: Optional[int] = Field(
         None, ge=1, description="CPUs of the local Ray instance started when RAY_ADDRESS is unset (None: all cores)"
     )
@@ -224,6 +233,7 @@ class JobConfig(StrictModel):
         backend = self.weights.backend
         if backend == "nccl" and self.cluster.rollout.num_gpus == 0:
             raise ValueError("weights.backend 'nccl' needs GPU rollout workers (cluster.rollout.num_gpus > 0)")
+        self._check_colocation()
         self._check_estimator_blocks()
         self._check_worker_bounds()
         self._fill_schedule_length()
@@ -246,6 +256,20 @@ class JobConfig(StrictModel):
         if width is not None and block is not None and width != block:
             raise ValueError(f"estimator.block_length ({width}) must equal sampler.block_length ({block}): "
                              f"{self.estimator.name} masks the completion block by block as it was generated")
+
+    def _check_colocation(self) -> None:
+        c = self.cluster
+        if not c.colocate:
+            return
+        if self.rollout.num_workers != self.learner.num_ranks:
+            raise ValueError(f"cluster.colocate: rollout.num_workers ({self.rollout.num_workers}) must equal "
+                             f"learner.num_ranks ({self.learner.num_ranks}): worker i shares learner rank i's GPU")
+        if c.learner.num_gpus != c.rollout.num_gpus:
+            raise ValueError(f"cluster.colocate: cluster.learner.num_gpus ({c.learner.num_gpus:g}) must equal "
+                             f"cluster.rollout.num_gpus ({c.rollout.num_gpus:g}): the GPU a rank and its worker share")
+        if self.weights.backend == "nccl":
+            raise ValueError("weights.backend 'nccl' cannot push to a worker on its learner rank's GPU (NCCL holds "
+                             "one rank of a group per GPU); with cluster.colocate use auto or object_store")
 
     def _check_worker_bounds(self) -> None:
         r = self.rollout
@@ -295,11 +319,13 @@ def check_resources(cfg: JobConfig, offered: dict[str, float], where: str = "the
     roles = (("learner.num_ranks", cfg.learner.num_ranks, "cluster.learner", cfg.cluster.learner),
              ("rollout.num_workers", cfg.rollout.num_workers, "cluster.rollout", cfg.cluster.rollout))
     for resource, attribute in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
-        needed = sum(count * getattr(res, attribute) for _, count, _, res in roles)
+        shared = resource == "GPU" and cfg.cluster.colocate  # each worker on its learner rank's GPU
+        needed = sum(count * getattr(res, attribute) for _, count, _, res in roles[:1 if shared else 2])
         have = float(offered.get(resource, 0.0))
         if needed > have + 1e-9:
             terms = " + ".join(f"{count_name} ({count}) × {res_name}.{attribute} ({getattr(res, attribute)})"
-                               for count_name, count, res_name, res in roles)
+                               for count_name, count, res_name, res in roles[:1 if shared else 2])
+            terms += " (cluster.colocate: the workers share these)" if shared else ""
             raise ConfigError(f"{terms} = {needed:g} {resource}s, but {where} has {have:g}: lower these or give "
                               "the cluster more (cluster.local_num_cpus for a local instance)")
     for count_name, count, res_name, res in roles:

@@ -35,11 +35,13 @@ class WeightPushConfig(StrictModel):
         "receives between requests and the push waits for it"
     )
 
-    def resolve(self, actors_have_gpus: bool) -> "WeightPushConfig":
+    def resolve(self, actors_have_gpus: bool, colocated: bool = False) -> "WeightPushConfig":
         """This config with ``auto`` replaced by a transport: nccl when every learner rank and
         rollout worker holds a GPU (``cluster.*.num_gpus``: the actors' resources, not this
-        process's devices), else the object store. The driver resolves once and passes the result
-        to every actor, so all ends of a push agree."""
+        process's devices) of its own, else the object store (``colocated``: workers share their
+        learner ranks' GPUs, where NCCL cannot hold both). The driver resolves once and passes the
+        result to every actor, so all ends of a push agree."""
         if self.backend != "auto":
             return self
-        return self.model_copy(update={"backend": "nccl" if actors_have_gpus else "object_store"})
+        nccl = actors_have_gpus and not colocated
+        return self.model_copy(update={"backend": "nccl" if nccl else "object_store"})

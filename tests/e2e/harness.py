@@ -115,9 +115,18 @@ def wait_for(path: Path, timeout_s: float = 180.0) -> None:
         time.sleep(0.05)
 
 
+def placement() -> dict:
+    """Where this actor runs: its placement group, the resources Ray gave it, whether it shares its GPU."""
+    context = ray.get_runtime_context()
+    return {"group": context.get_placement_group_id(), "resources": context.get_assigned_resources()}
+
+
 class InspectedLearner(LearnerWorker):
     def weights(self):
         return self.engine.state_dict_for_push()  # rank 0's full weights (collective)
+
+    def placement(self):
+        return {**placement(), "share_gpu": self.share_gpu}
 
 
 class InspectedRollout(RolloutWorker):
@@ -125,6 +134,9 @@ class InspectedRollout(RolloutWorker):
 
     def weights(self):
         return self.version(), {n: p.detach().cpu().clone() for n, p in self.engine.policy.named_parameters()}
+
+    def placement(self):
+        return {**placement(), "share_gpu": self.share_gpu}
 
 
 def recording_rollout(records: Path, *, nan_uids: frozenset = frozenset(), die_on_call: Optional[int] = None,
@@ -136,7 +148,7 @@ def recording_rollout(records: Path, *, nan_uids: frozenset = frozenset(), die_o
     before each request, so that the replacement gets work of its own."""
     died, replaced = records / "rollout_died", records / "rollout_replaced"
 
-    class RecordingRollout(RolloutWorker):
+    class RecordingRollout(InspectedRollout):
         def __init__(self, index, *args, **kwargs):
             super().__init__(index, *args, **kwargs)
             self.calls = 0

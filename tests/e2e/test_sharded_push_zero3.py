@@ -51,7 +51,7 @@ class LearnerRank(LearnerWorker):
 
         torch.set_num_threads(1)
         self.rank, self.world_size = rank, world
-        self.push, self.push_sources, self.clock = None, 0, ActorClock()
+        self.push, self.push_sources, self.clock, self.share_gpu = None, 0, ActorClock(), False
 
     def start(self, addr: str, port: int) -> None:
         from learner.engine import LearnerEngine

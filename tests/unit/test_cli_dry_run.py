@@ -63,6 +63,11 @@ def test_dry_run_plan_of_the_d1_recipe(capsys, empty_caches):
     assert "GPUs: 6 (4 learner ranks × 1 + 2 rollout workers × 1)" in plan and "training every parameter" in plan
     assert "steps: 10 × 12 optimizer updates = 120 updates" in plan
     assert "protocol d1: before training, after training: gsm8k" in plan
+    # 4 workers on the 4 learner ranks' GPUs; the recipe's NCCL push cannot reach a worker on its rank's GPU
+    assert cli.main(["train", "--config", D1_RECIPE, "--dry-run", "cluster.colocate=true"]) == 2
+    assert "weights.backend 'nccl' cannot push" in capsys.readouterr().err
+    _, _, notes = dry_run(capsys, "cluster.colocate=true", "weights.backend=auto")
+    assert "GPUs: 4 (4 learner ranks × 1, each shared with a rollout worker: cluster.colocate)" in "\n".join(notes)
 
 
 def test_dry_run_with_everything_present_finds_it(capsys, tmp_path, monkeypatch):

@@ -108,3 +108,24 @@ def test_a_missing_file_and_a_malformed_override_are_config_errors(tmp_path):
         load_job_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="key.path=value"):
         load_job_config(write(tmp_path, GOOD), ["algorithm.group_size"])
+
+
+def test_colocation_needs_a_worker_per_rank_the_same_gpu_and_no_nccl(tmp_path):
+    """cluster.colocate: worker i shares rank i's GPU; a config that cannot do that fails naming
+    the field, and auto pushes through the object store (NCCL holds one rank of a group per GPU)."""
+    from common.config.job import check_resources
+
+    path = write(tmp_path, GOOD)
+    gpus = ["cluster.learner.num_gpus=1", "cluster.rollout.num_gpus=1"]
+    cfg = load_job_config(path, ["cluster.colocate=true", "rollout.num_workers=2", *gpus])
+    assert cfg.weights.resolve(actors_have_gpus=True, colocated=True).backend == "object_store"
+    check_resources(cfg, {"CPU": 2.0, "GPU": 2.0})  # 2 GPUs shared by 2 ranks and 2 workers
+    with pytest.raises(ConfigError, match=r"learner.num_ranks \(2\) × cluster.learner.num_gpus \(1.0\) \(cluster"):
+        check_resources(cfg, {"CPU": 2.0, "GPU": 1.0})
+    for overrides, message in (
+        (["rollout.num_workers=1", *gpus], r"cluster.colocate: rollout.num_workers \(1\) must equal learner.num_ranks"),
+        (["rollout.num_workers=2", "cluster.learner.num_gpus=1"], r"cluster.colocate: cluster.learner.num_gpus \(1\)"),
+        (["rollout.num_workers=2", *gpus, "weights.backend=nccl"], r"weights.backend 'nccl' cannot push"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_job_config(path, ["cluster.colocate=true", *overrides])

@@ -1,0 +1,109 @@
+"""``cluster.colocate`` on real Ray actors and DeepSpeed (CPU): rollout worker i runs in learner
+rank i's bundle of one placement group, and the run trains exactly as with separate placements.
+
+The reference run places both roles apart (two placement groups); the colocated run puts 2 learner
+ranks (ZeRO-2) and 2 workers into one group of 2 shared bundles, each holding a rank's and a
+worker's CPUs (on GPUs: the one GPU they share, half each), and its worker 1 SIGKILLs itself in its
+second request: the replacement takes the same shared bundle. With η = 0 every step's metrics and
+the final weights equal the reference's, bit for bit (samples are seeded by prompt, not by worker).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from ray.util.placement_group import placement_group_table  # noqa: E402
+
+from coordinator.driver import Driver  # noqa: E402
+import harness  # noqa: E402
+from harness import DETERMINISTIC, InspectedLearner, job_config, read_records, recording_rollout  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with harness.local_ray(__name__):
+        yield
+
+
+def config(out, colocate: bool):
+    return job_config(out, run={"steps": 3}, cluster={"colocate": colocate, "learner": {"num_cpus": 0.5},
+                                                       "rollout": {"num_cpus": 0.5}})
+
+
+def placements(driver: Driver) -> tuple[list[dict], list[dict], dict]:
+    actors = driver.runtime.actors
+    learners = ray.get([a.placement.remote() for a in actors.learners], timeout=60)
+    workers = ray.get([w.placement.remote() for w in driver.active_rollouts()], timeout=60)
+    groups = {g["placement_group_id"]: g for g in placement_group_table().values() if g["state"] == "CREATED"}
+    return learners, workers, groups
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory):
+    driver = Driver(config(tmp_path_factory.mktemp("reference"), False), rollout_cls=harness.InspectedRollout,
+                    learner_cls=InspectedLearner, log=lambda s: None, record_batches=True)
+    driver.setup()
+    try:
+        where = placements(driver)
+        driver.train()
+        driver.drain()
+        weights = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=120)[0]
+    finally:
+        driver.close()
+    return driver, weights, where
+
+
+@pytest.fixture(scope="module")
+def colocated(cluster, tmp_path_factory):
+    records = tmp_path_factory.mktemp("records")
+    lines: list[str] = []
+    driver = Driver(config(tmp_path_factory.mktemp("colocated"), True),
+                    rollout_cls=recording_rollout(records, die_on_call=2, die_index=1, hold_index=0),
+                    learner_cls=InspectedLearner, log=lines.append, record_batches=True)
+    driver.setup()
+    try:
+        before = placements(driver)
+        driver.train()
+        driver.drain()
+        after = placements(driver)
+        bundles = [p.placement.bundle for _, p in sorted(driver.runtime.actors.pool.processes.items())]
+        weights = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=120)[0]
+    finally:
+        driver.close()
+    return driver, weights, before, after, bundles, records, lines
+
+
+def test_each_worker_shares_its_learner_ranks_bundle_and_a_replacement_takes_it_again(reference, colocated):
+    _, _, (ref_learners, ref_workers, ref_groups) = reference
+    driver, _, (learners, workers, groups), (_, workers_after, _), bundles, records, lines = colocated
+    assert len({p["group"] for p in ref_learners + ref_workers}) == 2  # apart: a group for each role
+    assert not any(p["share_gpu"] for p in ref_learners + ref_workers)
+    shared = {p["group"] for p in learners + workers + workers_after}
+    assert len(shared) == 1, "both roles, and the replacement, in one placement group"
+    group = groups[shared.pop()]
+    assert group["name"] == "stabledrl-colocated"
+    assert list(group["bundles"].values()) == [{"CPU": 1.0}] * 2  # a rank's 0.5 CPU + a worker's 0.5 each
+    assert all(p["share_gpu"] for p in learners + workers + workers_after)
+    calls = read_records(records, "rollout_")
+    assert len({c["pid"] for c in calls if c["worker"] == 1}) == 2, "worker 1 died and was replaced"
+    assert driver.history[-1]["faults/rollout_workers_replaced"] == 1
+    assert bundles == [0, 1]  # worker i, its replacement included, in rank i's bundle
+    assert any("each beside its learner rank (cluster.colocate)" in line for line in lines), lines
+
+
+def test_a_colocated_run_trains_exactly_as_one_placed_apart(reference, colocated):
+    ref, ref_weights, _ = reference
+    driver, weights, *_ = colocated
+    assert [r["version"] for r in driver.history] == [1.0, 2.0, 3.0]
+    for got, want in zip(driver.history, ref.history, strict=True):
+        for key in DETERMINISTIC:
+            if key in want:
+                assert got[key] == want[key] or (got[key] != got[key] and want[key] != want[key]), key
+    assert ref_weights.keys() == weights.keys()
+    for name, tensor in ref_weights.items():
+        assert torch.equal(weights[name], tensor), name
+
