@@ -13,6 +13,12 @@
 #   call3  (carry nothing) GPUs 0-3: the 8B ZeRO-3 learner over 4 ranks (bench_learner --shape llada-8b),
 #                          then bench_push --engine with 3 ZeRO-3 learner ranks and 1 receiver
 #
+# and on a 2-GPU host (nvidia-h100-x2), one after the other:
+#   call4  (carry .whl)    system_llada alone (the step after a checkpoint, the push in the job)
+#   call5  (carry .gpu_sdrl: the StableDRL release under peers/StableDRL and peerlib.tar.gz, its
+#                          transformers 4.51.3 packages) the release's loop, then `stabledrl train` at its
+#                          recipe with the release's sampler, placed apart and with cluster.colocate
+#
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
 # Each lane writes under $OUT/<lane>/ and its log to $OUT/<lane>.log; the call exits non-zero if a
@@ -82,5 +88,14 @@ case "${1:-}" in
   call3)
     learner8b
     push3 ;;
-  *) echo "usage: $0 call1|call2|call3" >&2; exit 2 ;;
+  call4)  # 2 GPUs (nvidia-h100-x2), carry .whl: the LLaDA job alone at the new defaults (process writer,
+          # sharded push): the re-check of call1's out-of-memory and the LLaDA step after a checkpoint
+    system "$OUT/llada" /tmp/sys_llada ckpt_llada_short,matmul,push,system_llada 540 ;;
+  call5)  # 2 GPUs, carry .gpu_sdrl (the StableDRL release's code and its transformers 4.51 packages, never
+          # committed): the release's loop, then the project at its sampler placed apart and colocated
+    mkdir -p /tmp/peerlib && tar -xzf .gpu_sdrl/peerlib.tar.gz -C /tmp/peerlib || exit 1
+    python3 tests/benchmarks/peers/run_peers.py --peer-root "$PWD/.gpu_sdrl/peers" --peer-pythonpath /tmp/peerlib \
+      --layers 8 --loops peer,release_sampler,colocated --part-timeout-s 240 --deadline-s 400 --work /tmp/pw_sdrl \
+      --out "$OUT/sdrl" ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5" >&2; exit 2 ;;
 esac

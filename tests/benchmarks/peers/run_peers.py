@@ -15,8 +15,12 @@ Each pair runs three loops, one after another, each in its own process with its 
 the peer; the project's recipe as shipped (its sampler is the release's: plain low-confidence
 remasking, 128 steps, no cache) = ``<pair>_release_sampler``; the recipe with the shipped fast
 paths (the 1-node configs' dual KV cache with threshold decoding at 0.9 and one step of
-staleness, ``FAST``) = ``<pair>_fast``. The project's jobs run through the system benchmark
-(bench_system.py: 1 learner rank + 1 rollout worker on 2 GPUs) with the recipe's task source
+staleness, ``FAST``) = ``<pair>_fast``. Two more loops on request (``--loops``): ``colocated``, the
+release sampler with ``cluster.colocate`` (a learner rank and a rollout worker on every GPU taking
+turns, generation then training on all of them, as the releases run; ``COLOCATED``), and
+``colocated_fast`` (the same with the fast sampler, eta = 0). The project's jobs run through the
+system benchmark (bench_system.py: 1 learner rank + 1 rollout worker on 2 GPUs; colocated: one of
+each per GPU) with the recipe's task source
 replaced by the generated rows that the peer reads too, no held-out evaluation, and
 ``groups_per_step`` set so that a step trains as many samples as one round of the peer on all its
 GPUs (StableDRL: GPUs x 4 accumulation rounds x 16; d1: GPUs x 2 accumulation steps x 6).
@@ -56,7 +60,10 @@ import yaml  # noqa: E402
 
 # the shipped fast paths (deploy/configs/llada8b_1node.yaml): Fast-dLLM's dual cache, threshold decoding, eta = 1
 FAST = ["sampler.cache=dual", "sampler.threshold=0.9", "algorithm.max_staleness=1"]
-TARGETS = {"release_sampler": 2.0, "fast": 5.0}
+# cluster.colocate: a learner rank and a rollout worker on every GPU, taking turns (eta = 0) as the releases' loops do
+COLOCATED = ["cluster.colocate=true", "weights.backend=auto", "algorithm.max_staleness=0"]
+VARIANTS = {"release_sampler": [], "fast": FAST, "colocated": COLOCATED, "colocated_fast": FAST[:2] + COLOCATED}
+TARGETS = {"release_sampler": 2.0, "colocated": 2.0, "fast": 5.0}
 
 
 def pair_spec(name: str, n_gpus: int) -> dict:
@@ -114,7 +121,7 @@ def main() -> None:
     results = {"args": vars(a), "card": card(), "n_gpus": n_gpus, "parts": {}, "rows": [], "merged": []}
     for path in a.merge:
         merge(results, json.loads(Path(path).read_text()), path)
-    variants = {"release_sampler": [], "fast": FAST}
+    variants = dict(VARIANTS)
     for item in a.variant:
         name, sets = item.split("=", 1)
         variants[name] = [x for x in sets.split(";") if x]
@@ -247,8 +254,11 @@ def run_project(a: argparse.Namespace, pair: str, spec: dict, variant: str, over
     config = project_config(spec["recipe"], work)
     record = work / "system.json"
     sets = ([] if a.tiny else [f"algorithm.groups_per_step={spec['groups']}"]) + list(overrides)
+    # 1 learner rank + 1 worker on 2 GPUs; colocated: a rank and a worker on every GPU
+    actors = str(max(1, n_gpus) if "cluster.colocate=true" in sets else 1)
     cmd = [sys.executable, str(BENCH / "bench_system.py"), "--config", str(config), "--model-dir", str(ckpt),
-           "--ranks", "1", "--workers", "1", "--steps", str(a.project_steps), "--skip", "1", "--eval-prompts", "0",
+           "--ranks", actors, "--workers", actors, "--steps", str(a.project_steps), "--skip", "1",
+           "--eval-prompts", "0",
            "--work", str(work / "job"), "--timeout-s", str(a.part_timeout_s - 20), "--name", f"{pair}_{variant}",
            "--out", str(record), *(["--tiny"] if a.tiny else [])]
     for s in sets:
@@ -313,7 +323,7 @@ def merge(results: dict, earlier: dict, path: str) -> None:
 
 def table_rows(results: dict) -> list[dict]:
     """One row per loop that ran; the project's rows carry project / peer and the target (the
-    release-sampler loop's 2x; every loop with the fast paths 5x)."""
+    release-sampler loops' 2x, colocated or not; every loop with the fast paths 5x)."""
     out = []
     pairs = sorted({k.split("_", 1)[0] for k in results["parts"]} & {"stabledrl", "d1"}, key=["stabledrl", "d1"].index)
     for pair in pairs:

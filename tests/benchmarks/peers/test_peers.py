@@ -138,10 +138,11 @@ def test_project_config_reads_files_and_skips_the_protocol(tmp_path):
 @pytest.mark.e2e
 def test_tiny_peer_benchmark_runs_the_project_loop_and_compares(tmp_path):
     """The driver end to end on the CPU: the fake peer, then the StableDRL recipe's job (tiny LLaDA,
-    2 steps) through bench_system.py, the figures of both and their ratio in results.json and table.md."""
+    2 steps) through bench_system.py, placed apart and colocated, the figures of each and their
+    ratio in results.json and table.md."""
     done = subprocess.run(
         [sys.executable, str(HERE / "run_peers.py"), "--tiny", "--peer-root", str(tmp_path / "none"),
-         "--peer-script", f"stabledrl={HERE / 'fake_peer.py'}", "--loops", "peer,release_sampler",
+         "--peer-script", f"stabledrl={HERE / 'fake_peer.py'}", "--loops", "peer,release_sampler,colocated",
          "--project-steps", "2", "--part-timeout-s", "400", "--out", str(tmp_path / "out")],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -156,3 +157,9 @@ def test_tiny_peer_benchmark_runs_the_project_loop_and_compares(tmp_path):
     ratio = results["rows"][1]["ratio"]["samples_per_s_per_gpu"]
     assert ratio == pytest.approx(f["samples_per_s_per_gpu"] / peer["figures"]["samples_per_s_per_gpu"])
     assert "| stabledrl: stabledrl train, release sampler |" in (tmp_path / "out" / "table.md").read_text()
+    # the colocated loop: the same job with a learner rank and a worker sharing each bundle (1 of each here)
+    colocated = results["parts"]["stabledrl_colocated"]
+    assert colocated["rc"] == 0 and colocated["figures"]["steps"] == 2, colocated["log_tail"]
+    assert "cluster.colocate=true" in colocated["overrides"] and "--ranks 1 --workers 1" in colocated["command"]
+    assert colocated["actors"]["learner0"]["seconds"]["train"] > 0 and colocated["actors"]["rollout0"]["seconds"]
+    assert results["rows"][2]["target"] == 2.0
