@@ -1,5 +1,6 @@
 """What the reliability tests share: a tiny job config, workers that record what they did (and
-die, stall or corrupt on cue), and a driver run that keeps the learner's final weights.
+die, stall or corrupt on cue), a driver run that keeps the learner's final weights, and the
+receiving end of a weight push for the transport tests (``PushReceiver``).
 
 Workers write JSON lines under a record directory, one file per process, so that what a killed
 process did before it died is still there: the rollout side one line per request (worker index,
@@ -14,9 +15,10 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import ray
+import torch
 
 from common.config.base import validate
 from common.config.job import JobConfig
@@ -113,6 +115,35 @@ def wait_for(path: Path, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+class PushReceiver:
+    """A weight push's receiving end behind the engine a rollout worker uses, over a policy of
+    other weights than the learner's (``make_policy()``); a test makes it a Ray actor."""
+
+    def __init__(self, make_policy: Callable[[], Any]) -> None:
+        from rollout.engine import TorchRolloutEngine
+
+        torch.set_num_threads(1)
+        self.engine = TorchRolloutEngine(make_policy(), policy_version=-1)
+        self.push_end = None
+
+    def setup_push(self, cfg, **kwargs) -> None:
+        from common.transport import setup_weight_push
+
+        if self.push_end is not None:
+            self.push_end.close()
+        self.push_end = setup_weight_push(cfg, **kwargs)
+
+    def receive_weights(self, handle) -> int:
+        return self.engine.update_weights(self.push_end, handle)
+
+    def stage_and_apply(self, handle) -> int:
+        self.engine.stage_weights(self.push_end, handle, keep_order=False, timeout_s=60)
+        return self.engine.update_weights(self.push_end, handle)
+
+    def weights(self) -> tuple[int, dict]:
+        return self.engine.policy_version, {n: p.detach().clone() for n, p in self.engine.policy.named_parameters()}
 
 
 def placement() -> dict:

@@ -9,6 +9,7 @@ The learner end is ``LearnerWorker``'s own set-up and push; the same group also 
 earlier path (rank 0 gathers: ``weights.source: gather``) for comparison."""
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -22,6 +23,7 @@ from common.models.presets import build_tiny_policy  # noqa: E402
 from common.transport.weights import WeightPushConfig  # noqa: E402
 from coordinator.weight_sync import push_calls, push_sources  # noqa: E402
 from learner.worker import LearnerWorker  # noqa: E402
+import harness  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -74,38 +76,18 @@ class LearnerRank(LearnerWorker):
         return not any("lm_head" in n for n in names)  # the output embedding is the input one
 
 
-@ray.remote(num_cpus=0.25)
-class Receiver:
-    def __init__(self) -> None:
-        from rollout.engine import TorchRolloutEngine
-
-        torch.set_num_threads(1)
-        self.engine = TorchRolloutEngine(tied_policy(seed=1), policy_version=-1)  # other weights
-
-    def setup_push(self, cfg: WeightPushConfig, **kwargs) -> None:
-        from common.transport import setup_weight_push
-
-        if getattr(self, "push_end", None) is not None:
-            self.push_end.close()
-        self.push_end = setup_weight_push(cfg, **kwargs)
-
-    def receive_weights(self, handle) -> int:
-        return self.engine.update_weights(self.push_end, handle)
-
-    def stage_and_apply(self, handle) -> int:
-        self.engine.stage_weights(self.push_end, handle, keep_order=False, timeout_s=60)
-        return self.engine.update_weights(self.push_end, handle)
-
-    def weights(self) -> tuple[int, dict]:
-        return self.engine.policy_version, {n: p.detach().clone() for n, p in self.engine.policy.named_parameters()}
+# other weights than the learner's, behind the engine a rollout worker uses
+Receiver = ray.remote(num_cpus=0.25)(harness.PushReceiver)
+OTHER_WEIGHTS = functools.partial(tied_policy, seed=1)
 
 
 @pytest.fixture(scope="module")
 def cluster():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(harness)  # PushReceiver
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     learners = [LearnerRank.remote(r, RANKS) for r in range(RANKS)]
-    receiver = Receiver.remote()
+    receiver = Receiver.remote(OTHER_WEIGHTS)
     addr, port = ray.get(learners[0].rendezvous_address.remote())
     t0 = time.perf_counter()
     ray.get([a.start.remote(addr, port) for a in learners])

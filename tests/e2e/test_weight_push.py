@@ -5,6 +5,7 @@ own (coordinator.weight_sync.push_calls) and each receiver loads through its rol
 (TorchRolloutEngine.update_weights), as a rollout worker does."""
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -17,6 +18,7 @@ from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfi
 from common.models.presets import build_tiny_policy  # noqa: E402
 from common.transport.weights import WeightPushConfig  # noqa: E402
 from coordinator.weight_sync import push_calls  # noqa: E402
+import harness  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -74,37 +76,20 @@ class LearnerRank:
         return self.engine.state_dict_for_push(all_ranks=True)
 
 
-@ray.remote(num_cpus=0.25)
-class Receiver:
-    def __init__(self) -> None:
-        from rollout.engine import TorchRolloutEngine
-
-        torch.set_num_threads(1)
-        # other weights than the learner's, behind the engine a rollout worker uses
-        self.engine = TorchRolloutEngine(build_tiny_policy("llada", vocab_size=VOCAB, seed=1), policy_version=-1)
-
-    def setup_push(self, cfg: WeightPushConfig, **kwargs) -> None:
-        from common.transport import setup_weight_push
-
-        if getattr(self, "push_end", None) is not None:
-            self.push_end.close()
-        self.push_end = setup_weight_push(cfg, **kwargs)
-
-    def receive_weights(self, handle) -> int:
-        return self.engine.update_weights(self.push_end, handle)
-
-    def weights(self) -> tuple[int, dict]:
-        return self.engine.policy_version, {n: p.detach().clone() for n, p in self.engine.policy.named_parameters()}
+# other weights than the learner's, behind the engine a rollout worker uses
+Receiver = ray.remote(num_cpus=0.25)(harness.PushReceiver)
+OTHER_WEIGHTS = functools.partial(build_tiny_policy, "llada", vocab_size=VOCAB, seed=1)
 
 
 @pytest.fixture(scope="module")
 def cluster():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(harness)  # PushReceiver
     t0 = time.perf_counter()
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     TIMES["ray_start"] = time.perf_counter() - t0
     learners = [LearnerRank.remote(r) for r in range(2)]
-    receivers = [Receiver.remote() for _ in range(2)]
+    receivers = [Receiver.remote(OTHER_WEIGHTS) for _ in range(2)]
     t0 = time.perf_counter()
     addr, port = ray.get(learners[0].rendezvous_address.remote())
     TIMES["first_actor_call"] = time.perf_counter() - t0
