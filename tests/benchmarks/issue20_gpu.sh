@@ -18,6 +18,8 @@
 #   call5  (carry .gpu_sdrl: the StableDRL release under peers/StableDRL and peerlib.tar.gz, its
 #                          transformers 4.51.3 packages) the release's loop, then `stabledrl train` at its
 #                          recipe with the release's sampler, placed apart and with cluster.colocate
+#   call6  (carry .gpu_d1) d1's loop, then the project at d1's recipe colocated, its sampler and the fast one
+#   call56 (a 4-GPU host, carry .gpu_sdrl and .gpu_d1) call5 on GPUs 0,1 and call6 on GPUs 2,3 side by side
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -33,7 +35,7 @@ if [ -d /tmp/site/ray ]; then  # installed by an earlier call on this warm machi
 else
   source .whl/install.sh || exit 1
 fi
-OUT=${OUT:-/tmp/issue20}
+export OUT=${OUT:-/tmp/issue20}
 mkdir -p "$OUT"
 lane() {  # lane NAME GPUS COMMAND...: the command with only those GPUs visible, its output in $OUT/NAME.log
   local name=$1 gpus=$2
@@ -62,6 +64,12 @@ push3() {  # the push from 3 ZeRO-3 learner ranks to 1 receiver, LLaDA-8B
   python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
     --out "$OUT/push_engine_3ranks.json" > "$OUT/push3.log" 2>&1
   echo "push 3 ranks: rc $?"
+}
+d1_colocated() {
+  mkdir -p /tmp/peerlib_d1 && tar -xzf .gpu_d1/peerlib_d1.tar.gz -C /tmp/peerlib_d1 || return 1
+  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops peer,colocated,colocated_fast \
+    --peer-root "$PWD/.gpu_d1/peers" --peer-pythonpath /tmp/peerlib_d1 --peer-port 29541 --project-steps 2 \
+    --part-timeout-s 200 --deadline-s 420 --work /tmp/pw_d1c --out "$OUT/d1c"
 }
 case "${1:-}" in
   call1)
@@ -97,5 +105,11 @@ case "${1:-}" in
     python3 tests/benchmarks/peers/run_peers.py --peer-root "$PWD/.gpu_sdrl/peers" --peer-pythonpath /tmp/peerlib \
       --layers 8 --loops peer,release_sampler,colocated --part-timeout-s 240 --deadline-s 400 --work /tmp/pw_sdrl \
       --out "$OUT/sdrl" ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5" >&2; exit 2 ;;
+  call6)  # 2 GPUs, carry .gpu_d1: d1's loop, then the project at d1's recipe colocated (its sampler; the fast one)
+    d1_colocated ;;
+  call56)  # a 4-GPU host, carry .gpu_sdrl and .gpu_d1 (55 MB; .whl from an earlier call): call5 and call6 side by side
+    lane sdrl 0,1 bash "$0" call5 &
+    lane d1 2,3 bash "$0" call6 &
+    wait ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56" >&2; exit 2 ;;
 esac

@@ -98,6 +98,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--peer-steps", type=int, default=None,
                     help="optimizer steps of the peer (default 2 rounds: StableDRL 4, d1 24)")
     ap.add_argument("--project-steps", type=int, default=3)
+    ap.add_argument("--peer-port", type=int, default=29531,
+                    help="the peer's accelerate main-process port (another for a second peer on the same host)")
     ap.add_argument("--peer-script", action="append", default=[], help="NAME=PATH: another harness for a peer (tests)")
     ap.add_argument("--part-timeout-s", type=float, default=300.0)
     ap.add_argument("--deadline-s", type=float, default=None, help="no part starts after this many seconds")
@@ -217,7 +219,7 @@ def run_peer(a: argparse.Namespace, pair: str, spec: dict, script: Path, ckpt: P
             cmd += ["--set", s]
     else:  # the release's own accelerate config (FSDP; d1: DeepSpeed ZeRO-2), on this machine's GPUs
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n_gpus),
-               "--num_machines", "1", "--machine_rank", "0", "--main_process_port", "29531",
+               "--num_machines", "1", "--machine_rank", "0", "--main_process_port", str(a.peer_port),
                "--config_file", str(Path(a.peer_root) / spec["peer_dir"] / spec["accelerate_config"]), *harness]
     env = dict(os.environ)
     if a.peer_pythonpath:
