@@ -17,7 +17,8 @@
 #   call4  (carry .whl)    system_llada alone (the step after a checkpoint, the push in the job)
 #   call5  (carry .gpu_sdrl: the StableDRL release under peers/StableDRL and peerlib.tar.gz, its
 #                          transformers 4.51.3 packages) the release's loop, then `stabledrl train` at its
-#                          recipe with the release's sampler, placed apart and with cluster.colocate
+#                          recipe with the release's sampler and cluster.colocate, 32- and 64-row requests
+#                          (the roles apart at the release's sampler: 20261126-2158_peers_h100x2.json)
 #   call6  (carry .gpu_d1) d1's loop, then the project at d1's recipe colocated, its sampler and the fast one
 #   call56 (a 4-GPU host, carry .gpu_sdrl and .gpu_d1) call5 on GPUs 0,1 and call6 on GPUs 2,3 side by side
 #
@@ -100,10 +101,11 @@ case "${1:-}" in
           # sharded push): the re-check of call1's out-of-memory and the LLaDA step after a checkpoint
     system "$OUT/llada" /tmp/sys_llada ckpt_llada_short,matmul,push,system_llada 540 ;;
   call5)  # 2 GPUs, carry .gpu_sdrl (the StableDRL release's code and its transformers 4.51 packages, never
-          # committed): the release's loop, then the project at its sampler placed apart and colocated
+          # committed): the release's loop, then the project at its sampler colocated (32- and 64-row requests)
     mkdir -p /tmp/peerlib && tar -xzf .gpu_sdrl/peerlib.tar.gz -C /tmp/peerlib || exit 1
     python3 tests/benchmarks/peers/run_peers.py --peer-root "$PWD/.gpu_sdrl/peers" --peer-pythonpath /tmp/peerlib \
-      --layers 8 --loops peer,release_sampler,colocated --part-timeout-s 240 --deadline-s 400 --work /tmp/pw_sdrl \
+      --layers 8 --loops peer,colocated,colocated_64_rows --part-timeout-s 240 --deadline-s 420 --work /tmp/pw_sdrl \
+      --variant "colocated_64_rows=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;rollout.prompts_per_request=4" \
       --out "$OUT/sdrl" ;;
   call6)  # 2 GPUs, carry .gpu_d1: d1's loop, then the project at d1's recipe colocated (its sampler; the fast one)
     d1_colocated ;;

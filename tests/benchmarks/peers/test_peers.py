@@ -86,6 +86,12 @@ def test_table_rows_pair_each_project_loop_with_its_peer_and_target():
     assert [r["ratio"]["samples_per_s_per_gpu"] for r in rows[1:]] == [2.5, 4.0, 6.0]
     table = pe.markdown(rows)
     assert "2.50× (≥ 2.0×: met)" in table and "4.00× (≥ 5.0×: short)" in table and "6.00× (≥ 5.0×: met)" in table
+    # a --variant at the release's sampler is held to 2x, one with the fast sampler to 5x
+    results["variants"] = {"colocated_64_rows": [*run_peers.COLOCATED, "rollout.prompts_per_request=4"],
+                           "fast_64_rows": [*run_peers.FAST, "rollout.prompts_per_request=4"]}
+    results["parts"]["stabledrl_colocated_64_rows"] = {"figures": fig(1.5)}
+    rows = run_peers.table_rows(results)
+    assert [r["target"] for r in rows[1:]] == [2.0, 5.0, 5.0, 2.0]
 
 
 def test_d1_pair_counts_each_round_once_and_compares(tmp_path):
