@@ -45,3 +45,19 @@ def test_the_runner_lists_every_job_that_did_not_finish_cleanly(tmp_path):
     table = json.loads((out / "results.json").read_text())["jobs"]
     assert table["good"]["status"] == "ok" and table["learner_2gpu"]["status"] == "skipped"
     assert table["part_failed"]["result"]["errors"] == {"x": "boom"}
+
+
+def test_a_part_sees_its_planned_gpus_within_the_runners_own(tmp_path, monkeypatch):
+    """A runner started with CUDA_VISIBLE_DEVICES=2,3 (a lane of a 4-GPU host) runs its part planned
+    on [0, 1] with devices 2 and 3: the part records what it saw."""
+    out = tmp_path / "out"
+    out.mkdir()
+    seen = _script(tmp_path, "seen", "import os\njson.dump({'parts': {'env': {'visible': "
+                                     "os.environ.get('CUDA_VISIBLE_DEVICES')}}, 'errors': {}}, open(out, 'w'))\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    runner = Runner(out, deadline_s=120, n_gpus=2, tiny=True)
+    runner.run(Job("lane", seen, ["--out", str(runner.work / "lane.json")], [0, 1], 60))
+    runner.run(Job("second", seen, ["--out", str(runner.work / "second.json")], [1], 60))
+    table = json.loads((out / "results.json").read_text())["jobs"]
+    assert table["lane"]["result"]["parts"]["env"]["visible"] == "2,3"
+    assert table["second"]["result"]["parts"]["env"]["visible"] == "3"
