@@ -10,7 +10,6 @@ earlier path (rank 0 gathers: ``weights.source: gather``) for comparison."""
 from __future__ import annotations
 
 import functools
-import sys
 import time
 
 import pytest
@@ -83,17 +82,14 @@ OTHER_WEIGHTS = functools.partial(tied_policy, seed=1)
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.cloudpickle.register_pickle_by_value(harness)  # PushReceiver
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    learners = [LearnerRank.remote(r, RANKS) for r in range(RANKS)]
-    receiver = Receiver.remote(OTHER_WEIGHTS)
-    addr, port = ray.get(learners[0].rendezvous_address.remote())
-    t0 = time.perf_counter()
-    ray.get([a.start.remote(addr, port) for a in learners])
-    TIMES["learner_start"] = time.perf_counter() - t0
-    yield learners, receiver
-    ray.shutdown()
+    with harness.local_ray(__name__):  # this module and the harness (PushReceiver) pickled by value
+        learners = [LearnerRank.remote(r, RANKS) for r in range(RANKS)]
+        receiver = Receiver.remote(OTHER_WEIGHTS)
+        addr, port = ray.get(learners[0].rendezvous_address.remote())
+        t0 = time.perf_counter()
+        ray.get([a.start.remote(addr, port) for a in learners])
+        TIMES["learner_start"] = time.perf_counter() - t0
+        yield learners, receiver
     print("\ntimes (s):", {k: round(v, 2) for k, v in TIMES.items()})
 
 

@@ -6,7 +6,6 @@ own (coordinator.weight_sync.push_calls) and each receiver loads through its rol
 from __future__ import annotations
 
 import functools
-import sys
 import time
 
 import pytest
@@ -83,21 +82,18 @@ OTHER_WEIGHTS = functools.partial(build_tiny_policy, "llada", vocab_size=VOCAB, 
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.cloudpickle.register_pickle_by_value(harness)  # PushReceiver
     t0 = time.perf_counter()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    TIMES["ray_start"] = time.perf_counter() - t0
-    learners = [LearnerRank.remote(r) for r in range(2)]
-    receivers = [Receiver.remote(OTHER_WEIGHTS) for _ in range(2)]
-    t0 = time.perf_counter()
-    addr, port = ray.get(learners[0].rendezvous_address.remote())
-    TIMES["first_actor_call"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ray.get([a.start.remote(addr, port, 2) for a in learners])
-    TIMES["learner_start"] = time.perf_counter() - t0
-    yield learners, receivers
-    ray.shutdown()
+    with harness.local_ray(__name__):  # this module and the harness (PushReceiver) pickled by value
+        TIMES["ray_start"] = time.perf_counter() - t0
+        learners = [LearnerRank.remote(r) for r in range(2)]
+        receivers = [Receiver.remote(OTHER_WEIGHTS) for _ in range(2)]
+        t0 = time.perf_counter()
+        addr, port = ray.get(learners[0].rendezvous_address.remote())
+        TIMES["first_actor_call"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ray.get([a.start.remote(addr, port, 2) for a in learners])
+        TIMES["learner_start"] = time.perf_counter() - t0
+        yield learners, receivers
     print("\ntimes (s):", {k: round(v, 2) for k, v in TIMES.items()})
 
 
