@@ -180,12 +180,12 @@ class LearnerWorker:
                     return None
                 return self.push.send_shards(self.engine.partitions_for_push(self.push_sources), version)
             named = self.engine.named_parameters_for_push()
+            handle = None
             if self.push is None:
                 for _ in named:
                     pass
-                hand_back_gpu_memory(self.share_gpu)
-                return None
-            handle = self.push.send(named, version)
+            else:
+                handle = self.push.send(named, version)
             hand_back_gpu_memory(self.share_gpu)  # the gathered buckets
             return handle
 

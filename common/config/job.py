@@ -320,11 +320,12 @@ def check_resources(cfg: JobConfig, offered: dict[str, float], where: str = "the
              ("rollout.num_workers", cfg.rollout.num_workers, "cluster.rollout", cfg.cluster.rollout))
     for resource, attribute in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
         shared = resource == "GPU" and cfg.cluster.colocate  # each worker on its learner rank's GPU
-        needed = sum(count * getattr(res, attribute) for _, count, _, res in roles[:1 if shared else 2])
+        counted = roles[:1] if shared else roles
+        needed = sum(count * getattr(res, attribute) for _, count, _, res in counted)
         have = float(offered.get(resource, 0.0))
         if needed > have + 1e-9:
             terms = " + ".join(f"{count_name} ({count}) × {res_name}.{attribute} ({getattr(res, attribute)})"
-                               for count_name, count, res_name, res in roles[:1 if shared else 2])
+                               for count_name, count, res_name, res in counted)
             terms += " (cluster.colocate: the workers share these)" if shared else ""
             raise ConfigError(f"{terms} = {needed:g} {resource}s, but {where} has {have:g}: lower these or give "
                               "the cluster more (cluster.local_num_cpus for a local instance)")
