@@ -42,28 +42,10 @@ def placements(driver: Driver) -> tuple[list[dict], list[dict], dict]:
     return learners, workers, groups
 
 
-@pytest.fixture(scope="module")
-def reference(cluster, tmp_path_factory):
-    driver = Driver(config(tmp_path_factory.mktemp("reference"), False), rollout_cls=harness.InspectedRollout,
-                    learner_cls=InspectedLearner, log=lambda s: None, record_batches=True)
-    driver.setup()
-    try:
-        where = placements(driver)
-        driver.train()
-        driver.drain()
-        weights = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=120)[0]
-    finally:
-        driver.close()
-    return driver, weights, where
-
-
-@pytest.fixture(scope="module")
-def colocated(cluster, tmp_path_factory):
-    records = tmp_path_factory.mktemp("records")
-    lines: list[str] = []
-    driver = Driver(config(tmp_path_factory.mktemp("colocated"), True),
-                    rollout_cls=recording_rollout(records, die_on_call=2, die_index=1, hold_index=0),
-                    learner_cls=InspectedLearner, log=lines.append, record_batches=True)
+def run(cfg, rollout_cls: type, log=lambda s: None) -> dict:
+    """The job to its end, with where its actors ran before and after training, worker i's bundle
+    index, and learner rank 0's final weights."""
+    driver = Driver(cfg, rollout_cls=rollout_cls, learner_cls=InspectedLearner, log=log, record_batches=True)
     driver.setup()
     try:
         before = placements(driver)
@@ -74,12 +56,28 @@ def colocated(cluster, tmp_path_factory):
         weights = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=120)[0]
     finally:
         driver.close()
-    return driver, weights, before, after, bundles, records, lines
+    return {"driver": driver, "weights": weights, "before": before, "after": after, "bundles": bundles}
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory):
+    return run(config(tmp_path_factory.mktemp("reference"), False), harness.InspectedRollout)
+
+
+@pytest.fixture(scope="module")
+def colocated(cluster, tmp_path_factory):
+    records = tmp_path_factory.mktemp("records")
+    lines: list[str] = []
+    out = run(config(tmp_path_factory.mktemp("colocated"), True),
+              recording_rollout(records, die_on_call=2, die_index=1, hold_index=0), log=lines.append)
+    return {**out, "records": records, "lines": lines}
 
 
 def test_each_worker_shares_its_learner_ranks_bundle_and_a_replacement_takes_it_again(reference, colocated):
-    _, _, (ref_learners, ref_workers, ref_groups) = reference
-    driver, _, (learners, workers, groups), (_, workers_after, _), bundles, records, lines = colocated
+    ref_learners, ref_workers, _ = reference["before"]
+    (learners, workers, groups), (_, workers_after, _) = colocated["before"], colocated["after"]
+    driver, bundles = colocated["driver"], colocated["bundles"]
+    records, lines = colocated["records"], colocated["lines"]
     assert len({p["group"] for p in ref_learners + ref_workers}) == 2  # apart: a group for each role
     assert not any(p["share_gpu"] for p in ref_learners + ref_workers)
     shared = {p["group"] for p in learners + workers + workers_after}
@@ -96,8 +94,8 @@ def test_each_worker_shares_its_learner_ranks_bundle_and_a_replacement_takes_it_
 
 
 def test_a_colocated_run_trains_exactly_as_one_placed_apart(reference, colocated):
-    ref, ref_weights, _ = reference
-    driver, weights, *_ = colocated
+    ref, ref_weights = reference["driver"], reference["weights"]
+    driver, weights = colocated["driver"], colocated["weights"]
     assert [r["version"] for r in driver.history] == [1.0, 2.0, 3.0]
     for got, want in zip(driver.history, ref.history, strict=True):
         for key in DETERMINISTIC:
