@@ -146,6 +146,15 @@ class PushReceiver:
         return self.engine.policy_version, {n: p.detach().clone() for n, p in self.engine.policy.named_parameters()}
 
 
+def assert_received(received: tuple[int, dict], expected: dict, version: int) -> None:
+    """A PushReceiver's (version, weights) hold ``version`` and exactly the ``expected`` tensors."""
+    got_version, got = received  # (the harness is not assertion-rewritten: the messages say what differs)
+    assert got_version == version, f"the receiver holds version {got_version}, not {version}"
+    assert got.keys() == expected.keys(), f"names differ: {sorted(set(got) ^ set(expected))}"
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), f"{name} differs after push {version}"
+
+
 def placement() -> dict:
     """Where this actor runs: its placement group, the resources Ray gave it, whether it shares its GPU."""
     context = ray.get_runtime_context()

@@ -107,11 +107,7 @@ def setup(cluster, cfg: WeightPushConfig, sources: int) -> None:
 def assert_delivered(cluster, version: int) -> None:
     learners, receiver = cluster
     expected = ray.get([a.gathered.remote() for a in learners], timeout=60)[0]
-    got_version, got = ray.get(receiver.weights.remote(), timeout=60)
-    assert got_version == version
-    assert got.keys() == expected.keys()
-    for name in expected:
-        assert torch.equal(got[name], expected[name]), f"{name} differs after push {version}"
+    harness.assert_received(ray.get(receiver.weights.remote(), timeout=60), expected, version)
 
 
 def test_three_zero3_ranks_push_their_partitions_and_the_receiver_holds_the_gathered_weights(cluster):

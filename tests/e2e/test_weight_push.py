@@ -114,11 +114,8 @@ def weights_of(learners) -> dict:
 def assert_delivered(cluster, version: int) -> None:
     learners, receivers = cluster
     expected = weights_of(learners)
-    for got_version, got in ray.get([r.weights.remote() for r in receivers]):
-        assert got_version == version
-        assert got.keys() == expected.keys()
-        for name in expected:
-            assert torch.equal(got[name], expected[name]), f"{name} differs after push {version}"
+    for received in ray.get([r.weights.remote() for r in receivers]):
+        harness.assert_received(received, expected, version)
 
 
 
