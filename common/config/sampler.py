@@ -77,6 +77,14 @@ class SamplerConfig(StrictModel):
         "prompt width is rounded up to a multiple of 32; tokens equal the eager path's in fp32. Without CUDA the "
         "same static steps run uncaptured (one log line)",
     )
+    compile: bool = Field(
+        False,
+        description="compile the graphed steps with torch.compile before their capture (needs cuda_graph): the "
+        "elementwise work between the matmuls (norms, rotary, activations, residual adds) fused into a few kernels "
+        "per layer. Each static shape is compiled once per process, at its first use (tens of seconds at 8B); "
+        "compiled kernels round differently from eager ones, so tokens match the eager path's in distribution, "
+        "not bit for bit",
+    )
 
     compat: Literal["none", "d1"] = Field(
         "none",
@@ -125,6 +133,8 @@ class SamplerConfig(StrictModel):
             raise ValueError("threshold: needs remasking='low_confidence'")
         if self.cuda_graph and self.cache == "none":
             raise ValueError(f"cuda_graph: {_NO_GRAPHED_STEP}")
+        if self.compile and not self.cuda_graph:
+            raise ValueError("compile: compiles the graphed steps; it needs cuda_graph=True")
         if self.compat == "d1" and (self.temperature != 0 or self.remasking != "low_confidence" or self.threshold
                                     is not None or self.cuda_graph):
             raise ValueError("compat: 'd1' reproduces d1's greedy eval: it needs temperature 0, remasking "

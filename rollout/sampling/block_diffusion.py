@@ -29,10 +29,11 @@ attention modules are made non-causal for the generation (transformers would oth
 built once per block while the batch is in lockstep (its query and visible slots do not change
 inside a block).
 
-With ``cfg.cuda_graph`` the in-block steps of a lockstep batch run from static buffers instead,
-over all canvas slots behind the block-causal mask, replayed as one CUDA graph (graphs.py); the
-other steps stay as above (with a mask: the graphed canvas may be padded) and write into the
-static step's cache. The tokens are the reference path's (fp32).
+With ``cfg.cuda_graph`` the entering and in-block steps of a lockstep batch run from static buffers
+instead, over all canvas slots behind the block-causal mask, each shape replayed as one CUDA graph
+over one shared cache (graphs.py); the prefill and the steps of rows out of lockstep stay as above
+(with a mask: the graphed canvas may be padded) and write into the same cache. The tokens are the
+reference path's (fp32). ``cfg.compile`` compiles both static steps before their capture.
 """
 from __future__ import annotations
 
@@ -89,10 +90,11 @@ def non_causal(module: torch.nn.Module) -> Iterator[None]:
 
 class BlockDiffusionLogits:
     """``block_logits`` for a block-diffusion policy, with the exact cache or without a cache;
-    ``graphs``: in-block lockstep steps from a static step of that pool (exact cache only)."""
+    ``graphs``: the entering and in-block steps of a lockstep batch from static steps of that pool
+    (exact cache only; ``compile``: compiled before capture)."""
 
     def __init__(self, policy: DiffusionPolicy, canvas: Canvas, block_size: int, use_cache: bool,
-                 graphs: Optional[StepGraphs] = None) -> None:
+                 graphs: Optional[StepGraphs] = None, compile: bool = False) -> None:
         self.policy, self.canvas, self.block_size = policy, canvas, block_size
         self.blocks = block_ids(canvas.prompt_mask, canvas.gen_length, block_size)  # [B, T]
         self.cache = SlotKVCache(canvas.total_length) if use_cache else None
@@ -107,14 +109,17 @@ class BlockDiffusionLogits:
             if not use_cache:
                 raise ValueError("a graphed block-diffusion step needs the exact cache")
             self.static = graphs.step(policy, kind="block_inside", batch=canvas.batch_size, query_length=block_size,
-                                      num_slots=canvas.total_length, logits_from=0, block_length=block_size)
+                                      num_slots=canvas.total_length, logits_from=0, block_length=block_size,
+                                      compile=compile)
+            # [previous block | current block] over the same cache, its logits from the second half
+            self.static_enter = self.static.companion(2 * block_size, block_size)
             self.cache, self.mask_free = self.static.cache, None  # the static step always carries its mask
-            self._static_block = -1  # block start the static mask holds (this generation)
+            self._static_block = -1  # block start the static masks hold (this generation)
 
     def __call__(self, state: DecodeState, view: HostView) -> torch.Tensor:
         c, bs = self.canvas, self.block_size
-        if self.static is not None and view.forward > 0 and not view.refresh and view.lo == view.hi:
-            return self._static_inside(state, view)
+        if self.static is not None and view.forward > 0 and view.lo == view.hi:
+            return self._static_lockstep(state, view)
         if self.cache is None:
             offsets = None if view.lo == view.hi else state.block_start - view.lo
             return forward_block_logits(
@@ -141,15 +146,23 @@ class BlockDiffusionLogits:
             block_length=bs, cache=self.cache,
         )
 
-    def _static_inside(self, state: DecodeState, view: HostView) -> torch.Tensor:
-        """An in-block step of a lockstep batch from the static step: [current block] against all
-        T slots, later blocks hidden by the block-causal mask (built once per block)."""
-        c = self.canvas
+    def _static_lockstep(self, state: DecodeState, view: HostView) -> torch.Tensor:
+        """A step of a lockstep batch from the static steps, against all T slots with later blocks
+        hidden by the block-causal mask (built once per block): the entering step feeds
+        [previous block | current block] (the previous one enters the cache), the others the
+        current block."""
+        c, bs = self.canvas, self.block_size
         current = state.block_positions()  # [B, bs]
         if self._static_block != view.lo:
-            self.static.mask.copy_(chunk_block_mask(self.blocks, c.valid, current, c.total_length))  # [B, 1, bs, T]
+            query = torch.cat([current - bs, current], dim=1)  # [B, 2 bs]
+            enter = chunk_block_mask(self.blocks, c.valid, query, c.total_length)  # [B, 1, 2 bs, T]
+            self.static_enter.mask.copy_(enter)
+            self.static.mask.copy_(enter[:, :, bs:])  # the current block's rows: [B, 1, bs, T]
             self._static_block = view.lo
-        return self.static(c.ids.gather(1, current), c.position_ids.gather(1, current), current)
+        step, query = self.static, current
+        if view.refresh:
+            step, query = self.static_enter, torch.cat([current - bs, current], dim=1)
+        return step(c.ids.gather(1, query), c.position_ids.gather(1, query), query)
 
     def _attention(self, query: torch.Tensor, visible: int, kind: str, view: HostView):
         """The cached step's mask: none for an in-block step of an unpadded lockstep batch, else
@@ -186,7 +199,8 @@ def generate_block_diffusion(
             prompts, cfg.gen_length, mask_token_id=policy.mask_token_id, pad_token_id=policy.pad_token_id,
             device=policy.device, min_prompt_width=width,
         )
-        block_logits = BlockDiffusionLogits(policy, canvas, block_size, use_cache, graphs if cfg.cuda_graph else None)
+        block_logits = BlockDiffusionLogits(policy, canvas, block_size, use_cache, graphs if cfg.cuda_graph else None,
+                                            compile=cfg.compile)
         if cfg.cuda_graph:
             context = graphed_generation(policy)
         elif block_logits.mask_free is not None:

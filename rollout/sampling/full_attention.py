@@ -49,7 +49,7 @@ class FullAttentionLogits:
     ``graphs``: the dual cache's cached step from a static step of that pool."""
 
     def __init__(self, policy: DiffusionPolicy, canvas: Canvas, block_length: int, mode: str,
-                 graphs: Optional[StepGraphs] = None) -> None:
+                 graphs: Optional[StepGraphs] = None, compile: bool = False) -> None:
         self.policy, self.canvas, self.block_length, self.mode = policy, canvas, block_length, mode
         self.shift = int(policy.spec.shifted_logits)
         self.mask = full_mask(canvas.valid)  # [B, 1, T, T], fixed for the whole generation
@@ -62,7 +62,7 @@ class FullAttentionLogits:
                 raise ValueError(f"only the dual-cache step has a static shape, not cache={mode!r}")
             lq = block_length + self.shift
             self.static = graphs.step(policy, kind="dual", batch=canvas.batch_size, query_length=lq, num_slots=t,
-                                      logits_from=self.shift, block_length=block_length)
+                                      logits_from=self.shift, block_length=block_length, compile=compile)
             self.cache = self.static.cache
             self.static.mask.copy_(canvas.valid[:, None, None, :].expand_as(self.static.mask))  # [B, 1, Lq, T]
 
@@ -140,7 +140,8 @@ def generate_full_attention(
             prompts, cfg.gen_length, mask_token_id=policy.mask_token_id, pad_token_id=policy.pad_token_id,
             device=policy.device, min_prompt_width=width,
         )
-        block_logits = FullAttentionLogits(policy, canvas, block_length, mode, graphs if cfg.cuda_graph else None)
+        block_logits = FullAttentionLogits(policy, canvas, block_length, mode, graphs if cfg.cuda_graph else None,
+                                           compile=cfg.compile)
         return run_denoising(
             canvas, seeds, cfg, block_length=block_length, steps_per_block=steps_per_block,
             mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id,

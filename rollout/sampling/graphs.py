@@ -8,19 +8,28 @@ kernels with one launch (4d: 1.57x, 3,744 tokens/s).
 What is static. A graph replays fixed kernels on fixed addresses, so the replayed step keeps one
 shape for the whole generation and reads its inputs from buffers it owns:
 
-    block diffusion, in-block step of a lockstep batch (every working row in the same block):
-      ids, positions, cache slots   [B, bs]       copied in before every replay
-      keys and values               all T slots   the SlotKVCache buffers themselves
-      mask                          [B, 1, bs, T] block-causal: hides the slots of later blocks;
-                                                  copied in once per block
+    block diffusion, steps of a lockstep batch (every working row in the same block), two shapes
+    over one cache: the in-block step [current block] and the entering step [previous | current]:
+      ids, positions, cache slots   [B, bs] / [B, 2 bs]        copied in before every replay
+      keys and values               all T slots                the SlotKVCache buffers themselves
+      mask                          [B, 1, bs or 2 bs, T]      block-causal: hides the slots of later
+                                                               blocks; copied in once per block
     full attention, dual-cache step (Fast-dLLM):
       ids, positions, cache slots   [B, (1 +) Lb] copied in before every replay
       keys and values               all T slots
       mask                          [B, 1, Lq, T] the padding mask; copied in once per generation
 
-The prompt prefill, a block's entering step, the dual cache's refresh and the steps of rows that
-are not in lockstep (threshold decoding) stay eager and write into the same cache buffers; the
-decode step (token choice with per-row generators) stays eager. Reading all T slots through a
+The prompt prefill, the dual cache's refresh and the steps of rows that are not in lockstep
+(threshold decoding) stay eager and write into the same cache buffers; the decode step (token
+choice with per-row generators) stays eager. (The entering step was eager until it was measured as
+a quarter of the forwards at one token per step and block 4, at twice the in-block step's width,
+run host-bound.)
+
+Compiled (``SamplerConfig.compile``): a replayed graph still runs every kernel the eager forward
+launches, ~2,500 per forward at SDAR-8B's 36 layers, most of them small elementwise kernels (fp32
+RMSNorm's casts, powers and means, rotary's halves, residual adds) that cost more than their bytes.
+With ``compile`` each static step's forward goes through ``torch.compile`` (static shapes) before its
+capture, so the graph replays inductor's fused kernels instead. Reading all T slots through a
 4-D mask, transformers' sdpa would copy the cache once per query-head group (``repeat_kv``) in
 every layer: graphed generations run with the GQA fold (common/models/gqa_fold.py).
 
@@ -87,19 +96,25 @@ class CapturedStep:
 
 class StaticStep:
     """One cached step of fixed shape: its input buffers, the KV cache it reads and writes, and the
-    captured forward. The mask buffer is the sampler's to fill (see the module docstring)."""
+    captured forward. The mask buffer is the sampler's to fill (see the module docstring).
+    ``cache``: share another static step's cache (a second query shape over the same slots,
+    ``companion``) instead of allocating one. ``compile``: the forward through ``torch.compile``
+    before it is captured (``SamplerConfig.compile``)."""
 
     def __init__(self, policy: torch.nn.Module, *, batch: int, query_length: int, num_slots: int,
-                 logits_from: int, block_length: int, capture: bool) -> None:
+                 logits_from: int, block_length: int, capture: bool, compile: bool = False,
+                 cache: Optional[SlotKVCache] = None) -> None:
         dev = policy.device
         self.policy, self.logits_from, self.block_length = policy, logits_from, block_length
-        self.cache = SlotKVCache(num_slots)
+        self.capture, self.compile = capture, compile
+        self.cache = cache if cache is not None else SlotKVCache(num_slots)
         self.ids = torch.zeros(batch, query_length, dtype=torch.long, device=dev)  # [B, Lq]
         self.positions = torch.zeros_like(self.ids)  # [B, Lq]
         self.slots = torch.zeros_like(self.ids)  # [B, Lq]
         self.mask = torch.zeros(batch, 1, query_length, num_slots, dtype=torch.bool, device=dev)  # [B, 1, Lq, T]
-        self.run = CapturedStep(self._forward, capture)
+        self.run = CapturedStep(compiled(self._forward) if compile else self._forward, capture)
         self.weights = weights_fingerprint(policy)
+        self._companions: dict[tuple[int, int], StaticStep] = {}
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Copy this step's inputs [B, Lq] into the buffers and run it -> [B, Lb, V] block logits."""
@@ -108,6 +123,22 @@ class StaticStep:
         self.slots.copy_(slots)
         self.cache.set_slots(self.slots, self.cache.num_slots)
         return self.run()
+
+    def companion(self, query_length: int, logits_from: int) -> "StaticStep":
+        """The static step of another query shape over this step's cache (built at the first ask,
+        kept with this one): block diffusion's entering step [previous block | current block]."""
+        key = (query_length, logits_from)
+        if key not in self._companions:
+            self._companions[key] = StaticStep(
+                self.policy, batch=self.ids.shape[0], query_length=query_length, num_slots=self.cache.num_slots,
+                logits_from=logits_from, block_length=self.block_length, capture=self.capture,
+                compile=self.compile, cache=self.cache,
+            )
+        return self._companions[key]
+
+    def runs(self) -> list[CapturedStep]:
+        """This step's captured forward and its companions'."""
+        return [self.run, *(c.run for c in self._companions.values())]
 
     def _forward(self) -> torch.Tensor:
         return forward_block_logits(
@@ -132,23 +163,27 @@ class StepGraphs:
     @property
     def calls(self) -> int:
         """Steps run from a static step (captured or not)."""
-        return self._retired[0] + sum(s.run.calls for s in self._steps.values())
+        return self._retired[0] + sum(r.calls for r in self._runs())
 
     @property
     def captures(self) -> int:
         """CUDA graphs captured (0 on a CPU)."""
-        return self._retired[1] + sum(s.run.graph is not None for s in self._steps.values())
+        return self._retired[1] + sum(r.graph is not None for r in self._runs())
 
     @property
     def replays(self) -> int:
-        return self._retired[2] + sum(s.run.replays for s in self._steps.values())
+        return self._retired[2] + sum(r.replays for r in self._runs())
+
+    def _runs(self) -> list[CapturedStep]:
+        return [r for s in self._steps.values() for r in s.runs()]
 
     def step(self, policy: torch.nn.Module, *, kind: str, batch: int, query_length: int, num_slots: int,
-             logits_from: int, block_length: int) -> StaticStep:
+             logits_from: int, block_length: int, compile: bool = False) -> StaticStep:
         """The static step of this shape for ``policy``: the kept one if its weights are where
-        they were, else a new one (captured at its first call on CUDA)."""
+        they were, else a new one (captured at its first call on CUDA; ``compile``: its forward
+        compiled first)."""
         dev, dtype = policy.device, next(policy.parameters()).dtype
-        key = (kind, id(policy), batch, query_length, num_slots, logits_from, block_length, dtype, str(dev))
+        key = (kind, id(policy), batch, query_length, num_slots, logits_from, block_length, dtype, str(dev), compile)
         kept = self._steps.get(key)
         if kept is not None and kept.weights == weights_fingerprint(policy):
             self._steps.move_to_end(key)
@@ -163,7 +198,7 @@ class StepGraphs:
             log.warning("cuda_graph=True on a %s device: the static cached steps run without CUDA graph capture "
                         "(same tokens, no speed-up)", dev.type)
         step = StaticStep(policy, batch=batch, query_length=query_length, num_slots=num_slots,
-                          logits_from=logits_from, block_length=block_length, capture=capture)
+                          logits_from=logits_from, block_length=block_length, capture=capture, compile=compile)
         self._steps[key] = step
         self.built += 1
         return step
@@ -176,14 +211,32 @@ class StepGraphs:
     def _drop(self, key: tuple) -> None:
         step = self._steps.pop(key, None)
         if step is not None:
-            self._retired[0] += step.run.calls
-            self._retired[1] += step.run.graph is not None
-            self._retired[2] += step.run.replays
+            for run in step.runs():
+                self._retired[0] += run.calls
+                self._retired[1] += run.graph is not None
+                self._retired[2] += run.replays
 
 
 def weights_fingerprint(policy: torch.nn.Module) -> tuple[int, ...]:
     """Where every parameter and buffer lives: a graph reads these addresses."""
     return tuple(t.data_ptr() for t in itertools.chain(policy.parameters(), policy.buffers()))
+
+
+RECOMPILE_LIMIT = 64  # compiled static steps: shapes x kinds x policies of one process (torch's default is 8)
+
+
+def compiled(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """``fn`` through ``torch.compile`` with static shapes: the elementwise work between the matmuls
+    (RMSNorm in fp32, rotary, SiLU, residual adds: ~2,500 kernels per 36-layer forward) fused into
+    a few kernels per layer. Compiled at its first call (the capture's warm-up); every static step
+    is one more specialisation of the same code, so the recompile limit is raised to
+    ``RECOMPILE_LIMIT`` (beyond it torch would fall back to the eager forward)."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    return torch.compile(fn, dynamic=False)
 
 
 def graph_prompt_width(prompts, minimum: int) -> int:

@@ -13,6 +13,12 @@ graphed     the sampler's CUDA-graph path (``SamplerConfig.cuda_graph``, rollout
             ``StepGraphs`` pool kept across generations as ``TorchRolloutEngine`` keeps it: the
             first generation of the shape (its capture included) and the next one (replays only:
             an engine's steady state); tokens/s and speed-up over the eager run at equal steps.
+compiled    the graphed path with ``SamplerConfig.compile`` (both static steps through torch.compile
+            before their capture: the elementwise work between the matmuls fused), one token per
+            step: the first generation (compiling and capturing both shapes: its seconds include
+            the compile) and the next one (replays only); speed-up over eager and over the graphed
+            path's steady state; token agreement with the uncompiled graphed path (temperature 0,
+            bf16: reported, rounding differs) is in exactness (fp32, 4 layers).
 profile     torch.profiler over 8 forwards (2 blocks: their entering steps and in-block steps, with
             the decode steps between them) of an eager one-token-per-step generation: wall vs
             device-busy ms per forward, kernels launched, the top-20 kernels and the top host ops.
@@ -48,8 +54,8 @@ from common.config.sampler import SamplerConfig
 from common.models.gqa_fold import folded_attention
 from rollout.sampling import StepGraphs, generate
 
-PARTS = ("speed", "graphed", "profile", "graph_profile", "exactness", "gqa_fold")
-QUICK_PARTS = ("speed", "graphed", "graph_profile", "exactness")
+PARTS = ("speed", "graphed", "compiled", "profile", "graph_profile", "exactness", "gqa_fold")
+QUICK_PARTS = ("speed", "graphed", "compiled", "graph_profile", "exactness")
 
 
 def parse() -> argparse.Namespace:
@@ -119,6 +125,7 @@ def main() -> None:
     parts = a.parts.split(",")
     short = dict(gen_length=4 * a.block, steps=4 * a.block)  # warm-ups and profiles: 4 blocks, 16 forwards
     eager: dict = {}  # steps -> the eager path's speed row
+    graphed: dict = {}  # "<steps>_<first|again>" -> the graphed path's speed row
     if "speed" in parts:
         with res.part("speed", dev):
             run(cfg(**short), a.batch)  # warm-up: same batch, short canvas
@@ -129,7 +136,7 @@ def main() -> None:
     if "graphed" in parts:
         with res.part("graphed", dev):
             run(cfg(cuda_graph=True, **short), a.batch)  # warm-up of the kernels (a shape of its own)
-            graphs, rows = StepGraphs(), {}
+            graphs, rows = StepGraphs(), graphed
             for i, steps in enumerate(a.steps):  # the shape's capture included, then replays only
                 for when in ("first", "again") if i == 0 else ("again",):
                     out, secs = run(cfg(steps=steps, cuda_graph=True), a.batch, graphs)
@@ -138,6 +145,20 @@ def main() -> None:
                         row["speedup_vs_eager"] = eager[steps]["seconds"] / secs
                     rows[f"{steps}_{when}"] = row
                     res.put("graphed", {"batch": a.batch, "block": a.block, "path": "cuda_graph", "by_run": rows})
+            del graphs
+            _free(dev)
+    if "compiled" in parts:
+        with res.part("compiled", dev):
+            graphs, rows, c = StepGraphs(), {}, cfg(steps=a.gen, cuda_graph=True, compile=True)
+            for when in ("first", "again"):  # the first compiles and captures both static shapes
+                out, secs = run(c, a.batch, graphs)
+                row = {**speed_row(out, secs, a.gen), "captures": graphs.captures, "replays": graphs.replays}
+                if a.gen in eager:
+                    row["speedup_vs_eager"] = eager[a.gen]["seconds"] / secs
+                if f"{a.gen}_again" in graphed:
+                    row["speedup_vs_graphed"] = graphed[f"{a.gen}_again"]["seconds"] / secs
+                rows[f"{a.gen}_{when}"] = row
+                res.put("compiled", {"batch": a.batch, "block": a.block, "path": "cuda_graph+compile", "by_run": rows})
             del graphs
             _free(dev)
     if "profile" in parts:
@@ -225,7 +246,16 @@ def graphed_agreement(policy, prompts, seeds, c: SamplerConfig, ref) -> dict:
         "graphed_captures": graphs.captures,
         "graphed_replays": graphs.replays,
         "graphed_reuses": graphs.reuses,
+        **compiled_agreement(policy, prompts, seeds, c, ref2),
     }
+
+
+def compiled_agreement(policy, prompts, seeds, c: SamplerConfig, ref) -> dict:
+    """The compiled graphed path (``SamplerConfig.compile``) against the reference tokens ``ref``
+    of the same weights: fused kernels may round differently, so this is reported, not required."""
+    got = generate(policy, prompts, seeds, c.model_copy(update={"cuda_graph": True, "compile": True}), StepGraphs())
+    same = (got.completion_ids == ref.completion_ids).float()
+    return {"compiled_token_agreement": float(same.mean()), "compiled_rows_identical": int(same.all(dim=1).sum())}
 
 
 def generation_flops(sc: bl.ShapeCount, a: argparse.Namespace, steps: int, forwards: int) -> float:

@@ -21,6 +21,9 @@
 #                          (the roles apart at the release's sampler: 20261126-2158_peers_h100x2.json)
 #   call6  (carry .gpu_d1) d1's loop, then the project at d1's recipe colocated, its sampler and the fast one
 #   call56 (a 4-GPU host, carry .gpu_sdrl and .gpu_d1) call5 on GPUs 0,1 and call6 on GPUs 2,3 side by side
+#   call7  (a 4-GPU host, carry .whl) call4 on GPUs 0,1; on GPU 2 the block-diffusion sampler at 8B (eager,
+#                          graphed with the entering step, graphed + compiled); on GPU 3 the sampler's GPU
+#                          tests; then push3 if time is left
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -72,6 +75,11 @@ d1_colocated() {
     --peer-root "$PWD/.gpu_d1/peers" --peer-pythonpath /tmp/peerlib_d1 --peer-port 29541 --project-steps 2 \
     --part-timeout-s 200 --deadline-s 420 --work /tmp/pw_d1c --out "$OUT/d1c"
 }
+block_diffusion() {  # benchmark 4 at SDAR-8B shape on one GPU: eager, graphed, graphed + compiled, exactness
+  python3 tests/benchmarks/bench_matmul.py --out "$OUT/bd/matmul.json" &&
+    python3 tests/benchmarks/bench_block_diffusion.py --quick --parts speed,graphed,compiled,exactness \
+      --peak-from "$OUT/bd/matmul.json" --out "$OUT/bd/block_diffusion.json"
+}
 case "${1:-}" in
   call1)
     lane llada 0,1 system "$OUT/llada" /tmp/sys_llada ckpt_llada_short,matmul,push,system_llada 420 &
@@ -113,5 +121,11 @@ case "${1:-}" in
     lane sdrl 0,1 bash "$0" call5 &
     lane d1 2,3 bash "$0" call6 &
     wait ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56" >&2; exit 2 ;;
+  call7)
+    lane llada 0,1 system "$OUT/llada" /tmp/sys_llada ckpt_llada_short,matmul,push,system_llada 470 &
+    lane bd 2 block_diffusion &
+    lane gpu_tests 3 python3 -m pytest -q -m gpu tests/gpu/test_sampler_graph_gpu.py &
+    wait
+    if [ "$SECONDS" -lt 470 ]; then push3; else echo "push 3 ranks: skipped (${SECONDS} s used)"; fi ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7" >&2; exit 2 ;;
 esac

@@ -53,12 +53,48 @@ def test_static_in_block_step_gives_the_reference_tokens(sdar, prompts, kw):
     got = generate(sdar, prompts, SEEDS, cfg(cuda_graph=True, **kw), graphs)
     ref = generate(sdar, prompts, SEEDS, cfg(cache="none", **kw))
     assert_same(got, ref)
-    if "threshold" not in kw:  # 8 blocks: the first step of each feeds two blocks, the others run static
+    if "threshold" not in kw:  # 8 blocks: every forward but the prefill runs static (entering steps too)
         steps = 32 // kw.get("steps", 32)
-        assert graphs.calls == 8 * (4 // steps - 1) and graphs.built == 1
+        assert graphs.calls == 8 * (4 // steps) - 1 and graphs.built == 1
     else:
         assert 0 < graphs.calls < got.num_forwards
     assert graphs.captures == 0 and graphs.replays == 0  # nothing is captured on a CPU
+
+
+def test_entering_and_in_block_steps_share_one_cache_and_feed_their_own_widths(sdar):
+    widths = []
+    hook = sdar.model.register_forward_pre_hook(
+        lambda m, a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    graphs = StepGraphs()
+    try:
+        generate(sdar, SAME, SEEDS, cfg(cuda_graph=True, gen_length=12, steps=12), graphs)
+    finally:
+        hook.remove()
+    # prefill [prompt | block 0], then per block: [previous | current] once, [current] three times
+    assert widths == [32 + 4, 4, 4, 4, 8, 4, 4, 4, 8, 4, 4, 4]
+    (step,) = graphs._steps.values()
+    inside, enter = step, step.companion(8, 4)
+    assert enter.cache is inside.cache and (inside.run.calls, enter.run.calls) == (9, 2)
+
+
+def test_compiled_static_steps_give_the_reference_tokens(sdar):
+    """``compile``: the static steps through torch.compile (inductor's C++ kernels on a CPU); in fp32
+    on this model the fused kernels round like the eager ones, so the tokens are the reference's."""
+    from torch._dynamo.utils import counters
+
+    graphs, before = StepGraphs(), counters["stats"]["unique_graphs"]
+    c = cfg(cuda_graph=True, compile=True, gen_length=16, steps=16)
+    got = generate(sdar, MIXED, SEEDS, c, graphs)
+    assert counters["stats"]["unique_graphs"] >= before + 2  # the entering and the in-block step, compiled
+    assert_same(got, generate(sdar, MIXED, SEEDS, cfg(cache="none", gen_length=16, steps=16)))
+    (step,) = graphs._steps.values()
+    assert step.compile and step.companion(8, 4).compile and graphs.calls == 15
+
+
+def test_compile_needs_the_graphed_steps():
+    with pytest.raises(Exception, match="compile"):
+        SamplerConfig(gen_length=32, compile=True)
 
 
 def test_static_step_stops_at_eos_like_the_reference():
@@ -125,7 +161,7 @@ def test_static_steps_are_bounded_least_recently_used_first(sdar):
     for rows in (1, 2, 3, 1):  # three shapes, then the first again
         generate(sdar, MIXED[:rows], SEEDS[:rows], c, graphs)
     assert graphs.built == 4 and len(graphs._steps) == 2  # shape 1 was dropped before it came back
-    assert graphs.calls == 4 * 4 * 3  # 4 blocks of 4 steps: 3 static steps each, dropped steps still counted
+    assert graphs.calls == 4 * (4 * 4 - 1)  # 4 blocks of 4 steps: all static but the prefill, dropped steps counted
     with pytest.raises(ValueError, match="at least one"):
         StepGraphs(capacity=0)
 
