@@ -115,9 +115,9 @@ class Driver:
         t0 = t1 - job.seconds
         c = cfg.cluster
         weights = cfg.weights.resolve(actors_have_gpus=c.learner.num_gpus > 0 and c.rollout.num_gpus > 0,
-                                      colocated=c.colocate)
+                                      colocated=c.colocate, in_turns=cfg.in_turns)
         self.scheduler = Scheduler(cfg, PromptStream(data.train, seed=cfg.run.seed), job.held_out,
-                                   collective_push=weights.backend != "object_store")
+                                   collective_push=weights.collective)
         self.control = start_control(cfg.run.job_name, cfg.rollout.min_workers, cfg.rollout.worker_limit)
         actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls, log=self.log)
         lora = cfg.learner.lora

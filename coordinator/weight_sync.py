@@ -41,12 +41,16 @@ from coordinator.actors import Actors, wait
 
 
 def push_calls(backend: str, learners: Sequence[Any], workers: Sequence[Any], version: int,
-               stage: Optional[bool] = None) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
+               stage: Optional[bool] = None, partners: Optional[Sequence[int]] = None
+               ) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
     """(every learner rank's ``push_weights``, every worker's ``receive_weights``) of one push.
-    Object store: the receivers get the reference of rank 0's handle; collective: a handle naming
+    Object store: the receivers get the reference of rank 0's handle; ipc: worker j the reference
+    of the handle of the learner rank on its device (``partners[j]``); collective: a handle naming
     the version, the data arriving through the group. ``stage`` (collective; its value is
     ``keep_order``): the workers' ``stage_weights`` instead."""
     sends = [a.push_weights.remote(version) for a in learners]
+    if backend == "ipc":
+        return sends, [w.receive_weights.remote(sends[p]) for w, p in zip(workers, partners)]
     handle = sends[0] if backend == "object_store" else WeightHandle(version, backend)
     if stage is not None:
         return sends, [w.stage_weights.remote(handle, stage) for w in workers]
@@ -58,7 +62,7 @@ def push_sources(cfg: WeightPushConfig, learner: Any, lora: bool) -> int:
     gathers and sends, the earlier path): every rank under ZeRO-3 (each holds a partition), rank 0
     alone under ZeRO-1/2 (it holds every parameter whole). LoRA jobs gather (their push merges or
     picks adapters: learner/lora.py)."""
-    if cfg.backend == "object_store" or cfg.source != "shards" or lora:
+    if not cfg.collective or cfg.source != "shards" or lora:
         return 0
     return learner.num_ranks if learner.deepspeed.zero_stage == 3 else 1
 
@@ -71,12 +75,13 @@ class WeightSync:
         self.cfg, self.actors, self.timeout_s, self.partial = cfg, actors, timeout_s, partial
         # the workers' end: partial pushes, and LoRA adapters merged with this scale
         self.receiving = {"partial": partial, "lora_scale": lora_scale}
-        self.collective = cfg.backend != "object_store"
+        self.collective = cfg.collective
         # sharded (collective): learner ranks 0..sources-1 each send their partitions (``push_sources``)
         self.sources = sources if self.collective else 0
         self.staging, self.keep_order = self.collective and cfg.staging, keep_order
         self.members: Optional[tuple[int, ...]] = None  # the collective group as built, in rank order
-        self.handles: dict[int, ray.ObjectRef] = {}  # object store: version -> rank 0's handle (the newest only)
+        # object store: version -> [rank 0's handle]; ipc: every rank's (the newest version only)
+        self.handles: dict[int, list[ray.ObjectRef]] = {}
 
     def setup(self) -> None:
         """Set up every learner rank and every worker of the job's start (blocking, named timeouts)."""
@@ -121,10 +126,20 @@ class WeightSync:
             worker_calls += list(zip(receivers, setup[m:]))
             staged = False  # the set-up runs in order with the requests; the stage would not wait for it
         sends, receives = push_calls(self.cfg.backend, self.actors.learners, [pool[i] for i in receivers], version,
-                                     stage=self.keep_order if staged else None)
+                                     stage=self.keep_order if staged else None,
+                                     partners=[self.partner(i) for i in receivers] if self.cfg.backend == "ipc" else None)
         if not self.collective:  # an older version is never loaded again: its object may go
-            self.handles = {version: sends[0]}
+            self.handles = {version: sends}
         return learner_calls + list(enumerate(sends)), worker_calls + list(zip(receivers, receives)), staged
+
+    def partner(self, index: int) -> int:
+        """ipc: the learner rank whose device worker ``index`` shares (its bundle of the colocated group)."""
+        process = self.actors.pool.processes.get(index)
+        placement = process.placement if process is not None else None
+        if placement is None or not placement.shared:
+            raise RuntimeError(f"weights.backend ipc: rollout worker {index} shares no GPU with a learner rank (a "
+                               "worker added beyond cluster.colocate's shared GPUs); use weights.backend object_store")
+        return placement.bundle
 
     def failed(self) -> None:
         """A collective push failed: the group is rebuilt before the next one."""
@@ -141,7 +156,7 @@ class WeightSync:
         if self.collective:
             handle = WeightHandle(version, self.cfg.backend)
         elif version in self.handles:
-            handle = self.handles[version]
+            handle = self.handles[version][self.partner(index) if self.cfg.backend == "ipc" else 0]
         else:
             raise ValueError(f"weights version {version} was not pushed through the object store (newest: "
                              f"{max(self.handles, default=None)}); LoadWeights must follow its Push")

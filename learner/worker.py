@@ -168,7 +168,8 @@ class LearnerWorker:
         if self.push is not None:
             self.push.close()
         self.push_sources = sources = kwargs.get("sources", 0)
-        member = self.rank < sources if sources else self.rank == 0
+        # ipc: every rank sends to the worker on its own device
+        member = self.rank < sources if sources else (self.rank == 0 or cfg.backend == "ipc")
         self.push = setup_weight_push(cfg, **{**kwargs, "rank": self.rank if sources else 0}) if member else None
 
     def push_weights(self, version: int) -> Optional[WeightHandle]:
@@ -179,7 +180,7 @@ class LearnerWorker:
                 if self.push is None:  # ZeRO-1/2: rank 0 sends alone
                     return None
                 return self.push.send_shards(self.engine.partitions_for_push(self.push_sources), version)
-            named = self.engine.named_parameters_for_push()
+            named = self.engine.named_parameters_for_push(all_ranks=self.push is not None)
             handle = None
             if self.push is None:
                 for _ in named:

@@ -234,6 +234,7 @@ class JobConfig(StrictModel):
         if backend == "nccl" and self.cluster.rollout.num_gpus == 0:
             raise ValueError("weights.backend 'nccl' needs GPU rollout workers (cluster.rollout.num_gpus > 0)")
         self._check_colocation()
+        self._check_ipc()
         self._check_estimator_blocks()
         self._check_worker_bounds()
         self._fill_schedule_length()
@@ -269,7 +270,25 @@ class JobConfig(StrictModel):
                              f"cluster.rollout.num_gpus ({c.rollout.num_gpus:g}): the GPU a rank and its worker share")
         if self.weights.backend == "nccl":
             raise ValueError("weights.backend 'nccl' cannot push to a worker on its learner rank's GPU (NCCL holds "
-                             "one rank of a group per GPU); with cluster.colocate use auto or object_store")
+                             "one rank of a group per GPU); with cluster.colocate use auto, ipc or object_store")
+
+    @property
+    def in_turns(self) -> bool:
+        """Every rollout worker shares its learner rank's device and they take turns: colocated, no
+        staleness, no workers beyond the shared devices (the ipc push's condition)."""
+        r = self.rollout
+        return self.cluster.colocate and self.algorithm.max_staleness == 0 and r.worker_limit == r.num_workers \
+            and not r.autoscale
+
+    def _check_ipc(self) -> None:
+        if self.weights.backend != "ipc" or self.in_turns:
+            return
+        raise ValueError(
+            "weights.backend 'ipc' maps each learner rank's weights from the rollout worker on the same device while "
+            "they take turns: it needs cluster.colocate true, algorithm.max_staleness 0 and no workers beyond the "
+            f"shared devices (rollout.max_workers {self.rollout.worker_limit} = num_workers {self.rollout.num_workers}, "
+            "no autoscale); otherwise use auto or object_store"
+        )
 
     def _check_worker_bounds(self) -> None:
         r = self.rollout

@@ -11,10 +11,13 @@ from common.config.base import StrictModel
 class WeightPushConfig(StrictModel):
     """How weights travel from learner rank 0 to the rollout workers."""
 
-    backend: Literal["auto", "object_store", "nccl", "gloo"] = Field(
+    backend: Literal["auto", "object_store", "nccl", "gloo", "ipc"] = Field(
         "auto",
         description="auto = the nccl broadcast when the learner ranks and rollout workers have GPUs "
-        "(cluster.*.num_gpus), else the Ray object store; gloo = the broadcast on CPU",
+        "(cluster.*.num_gpus) of their own; with cluster.colocate on GPUs, ipc where rank and worker take turns "
+        "(algorithm.max_staleness 0, no workers beyond the shared GPUs), else the Ray object store; gloo = the "
+        "broadcast on CPU; ipc = every worker maps its learner rank's weights on their shared device (CUDA IPC; "
+        "shared memory on CPUs) and copies them device to device (cluster.colocate only)",
     )
     timeout_s: float = Field(300.0, gt=0.0, description="longest any one wait of a transfer may take")
     bucket_mb: float = Field(512.0, gt=0.0, description="broadcast bucket size in MiB (one flat byte buffer each)")
@@ -35,13 +38,22 @@ class WeightPushConfig(StrictModel):
         "receives between requests and the push waits for it"
     )
 
-    def resolve(self, actors_have_gpus: bool, colocated: bool = False) -> "WeightPushConfig":
+    @property
+    def collective(self) -> bool:
+        """A broadcast through a process group of its own (nccl, gloo): every receiver takes part."""
+        return self.backend in ("nccl", "gloo")
+
+    def resolve(self, actors_have_gpus: bool, colocated: bool = False, in_turns: bool = False) -> "WeightPushConfig":
         """This config with ``auto`` replaced by a transport: nccl when every learner rank and
         rollout worker holds a GPU (``cluster.*.num_gpus``: the actors' resources, not this
-        process's devices) of its own, else the object store (``colocated``: workers share their
-        learner ranks' GPUs, where NCCL cannot hold both). The driver resolves once and passes the
-        result to every actor, so all ends of a push agree."""
+        process's devices) of its own; ``colocated`` (workers share their learner ranks' GPUs, where
+        NCCL cannot hold both): ipc on GPUs when rank and worker take turns (``in_turns``: no
+        staleness, no workers beyond the shared GPUs), else the object store. The driver resolves
+        once and passes the result to every actor, so all ends of a push agree."""
         if self.backend != "auto":
             return self
-        nccl = actors_have_gpus and not colocated
-        return self.model_copy(update={"backend": "nccl" if nccl else "object_store"})
+        if colocated:
+            backend = "ipc" if actors_have_gpus and in_turns else "object_store"
+        else:
+            backend = "nccl" if actors_have_gpus else "object_store"
+        return self.model_copy(update={"backend": backend})

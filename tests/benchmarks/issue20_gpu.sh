@@ -24,6 +24,10 @@
 #   call7  (a 4-GPU host, carry .whl) call4 on GPUs 0,1; on GPU 2 the block-diffusion sampler at 8B (eager,
 #                          graphed with the entering step, graphed + compiled); on GPU 3 the sampler's GPU
 #                          tests; then push3 if time is left
+#   call8  (a 4-GPU host, carry .gpu_sdrl and .gpu_d1 and .whl's install from call7, or a fresh host with
+#                          /tmp/site missing: then carry .whl instead and run call8 after it) the ipc push's GPU
+#                          test, then side by side: GPUs 0,1 the StableDRL release and the project colocated
+#                          (the same-device push); GPUs 2,3 d1's loop and the project colocated
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -80,6 +84,18 @@ block_diffusion() {  # benchmark 4 at SDAR-8B shape on one GPU: eager, graphed, 
     python3 tests/benchmarks/bench_block_diffusion.py --quick --parts speed,graphed,compiled,exactness \
       --peak-from "$OUT/bd/matmul.json" --out "$OUT/bd/block_diffusion.json"
 }
+sdrl_colocated() {
+  mkdir -p /tmp/peerlib && tar -xzf .gpu_sdrl/peerlib.tar.gz -C /tmp/peerlib || return 1
+  python3 tests/benchmarks/peers/run_peers.py --peer-root "$PWD/.gpu_sdrl/peers" --peer-pythonpath /tmp/peerlib \
+    --layers 8 --loops peer,colocated --project-steps 3 --part-timeout-s 250 --deadline-s 480 --work /tmp/pw_sdrl8 \
+    --out "$OUT/sdrl"
+}
+d1_colocated_only() {
+  mkdir -p /tmp/peerlib_d1 && tar -xzf .gpu_d1/peerlib_d1.tar.gz -C /tmp/peerlib_d1 || return 1
+  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops peer,colocated \
+    --peer-root "$PWD/.gpu_d1/peers" --peer-pythonpath /tmp/peerlib_d1 --peer-port 29541 --project-steps 2 \
+    --part-timeout-s 250 --deadline-s 480 --work /tmp/pw_d1c8 --out "$OUT/d1c"
+}
 case "${1:-}" in
   call1)
     lane llada 0,1 system "$OUT/llada" /tmp/sys_llada ckpt_llada_short,matmul,push,system_llada 420 &
@@ -127,5 +143,11 @@ case "${1:-}" in
     lane gpu_tests 3 python3 -m pytest -q -m gpu tests/gpu/test_sampler_graph_gpu.py &
     wait
     if [ "$SECONDS" -lt 470 ]; then push3; else echo "push 3 ranks: skipped (${SECONDS} s used)"; fi ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7" >&2; exit 2 ;;
+  call8)
+    python3 -m pytest -q -m gpu tests/gpu/test_ipc_push_gpu.py > "$OUT/ipc_test.log" 2>&1
+    echo "ipc GPU test: rc $?"
+    lane sdrl 0,1 sdrl_colocated &
+    lane d1 2,3 d1_colocated_only &
+    wait ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8" >&2; exit 2 ;;
 esac

@@ -5,7 +5,8 @@ The reference run places both roles apart (two placement groups); the colocated 
 ranks (ZeRO-2) and 2 workers into one group of 2 shared bundles, each holding a rank's and a
 worker's CPUs (on GPUs: the one GPU they share, half each), and its worker 1 SIGKILLs itself in its
 second request: the replacement takes the same shared bundle. With η = 0 every step's metrics and
-the final weights equal the reference's, bit for bit (samples are seeded by prompt, not by worker).
+the final weights equal the reference's, bit for bit (samples are seeded by prompt, not by worker),
+with the weights pushed through the object store and through the same-device push (ipc).
 """
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ def cluster():
         yield
 
 
-def config(out, colocate: bool):
+def config(out, colocate: bool, backend: str = "auto"):
     return job_config(out, run={"steps": 3}, cluster={"colocate": colocate, "learner": {"num_cpus": 0.5},
-                                                       "rollout": {"num_cpus": 0.5}})
+                                                       "rollout": {"num_cpus": 0.5}},
+                      weights={"backend": backend})
 
 
 def placements(driver: Driver) -> tuple[list[dict], list[dict], dict]:
@@ -64,11 +66,13 @@ def reference(cluster, tmp_path_factory):
     return run(config(tmp_path_factory.mktemp("reference"), False), harness.InspectedRollout)
 
 
-@pytest.fixture(scope="module")
-def colocated(cluster, tmp_path_factory):
+@pytest.fixture(scope="module", params=["auto", "ipc"], ids=["object_store", "ipc"])
+def colocated(cluster, tmp_path_factory, request):
+    """auto: the object store on CPU actors; ipc: each worker maps its learner rank's weights (a
+    shared-memory block on the CPU, as CUDA IPC on a GPU), the replacement its predecessor's rank's."""
     records = tmp_path_factory.mktemp("records")
     lines: list[str] = []
-    out = run(config(tmp_path_factory.mktemp("colocated"), True),
+    out = run(config(tmp_path_factory.mktemp("colocated"), True, request.param),
               recording_rollout(records, die_on_call=2, die_index=1, hold_index=0), log=lines.append)
     return {**out, "records": records, "lines": lines}
 

@@ -118,7 +118,7 @@ def test_colocation_needs_a_worker_per_rank_the_same_gpu_and_no_nccl(tmp_path):
     path = write(tmp_path, GOOD)
     gpus = ["cluster.learner.num_gpus=1", "cluster.rollout.num_gpus=1"]
     cfg = load_job_config(path, ["cluster.colocate=true", "rollout.num_workers=2", *gpus])
-    assert cfg.weights.resolve(actors_have_gpus=True, colocated=True).backend == "object_store"
+    assert cfg.weights.resolve(actors_have_gpus=True, colocated=True).backend == "object_store"  # not in turns
     check_resources(cfg, {"CPU": 2.0, "GPU": 2.0})  # 2 GPUs shared by 2 ranks and 2 workers
     with pytest.raises(ConfigError, match=r"learner.num_ranks \(2\) × cluster.learner.num_gpus \(1.0\) \(cluster"):
         check_resources(cfg, {"CPU": 2.0, "GPU": 1.0})
@@ -129,3 +129,27 @@ def test_colocation_needs_a_worker_per_rank_the_same_gpu_and_no_nccl(tmp_path):
     ):
         with pytest.raises(ConfigError, match=message):
             load_job_config(path, ["cluster.colocate=true", *overrides])
+
+
+def test_colocated_ranks_and_workers_in_turns_push_through_ipc_and_only_then(tmp_path):
+    """auto resolves to the same-device push (ipc) on GPUs when every worker shares its rank's GPU
+    and they take turns; an explicit ipc that cannot hold fails naming the fields to change."""
+    path = write(tmp_path, GOOD)
+    colocated = ["cluster.colocate=true", "rollout.num_workers=2", "cluster.learner.num_gpus=1",
+                 "cluster.rollout.num_gpus=1"]
+    cfg = load_job_config(path, [*colocated, "algorithm.max_staleness=0"])
+    assert cfg.in_turns
+    assert cfg.weights.resolve(actors_have_gpus=True, colocated=True, in_turns=cfg.in_turns).backend == "ipc"
+    assert cfg.weights.resolve(actors_have_gpus=False, colocated=True, in_turns=True).backend == "object_store"
+    assert cfg.weights.resolve(actors_have_gpus=True, colocated=False, in_turns=False).backend == "nccl"
+    assert load_job_config(path, [*colocated, "algorithm.max_staleness=0", "weights.backend=ipc"]).weights.collective \
+        is False
+    for overrides in (["algorithm.max_staleness=1"], ["algorithm.max_staleness=0", "rollout.max_workers=3"]):
+        cfg = load_job_config(path, [*colocated, *overrides])
+        assert not cfg.in_turns
+        assert cfg.weights.resolve(actors_have_gpus=True, colocated=True, in_turns=cfg.in_turns).backend == \
+            "object_store"
+        with pytest.raises(ConfigError, match=r"weights.backend 'ipc' .* algorithm.max_staleness 0"):
+            load_job_config(path, [*colocated, *overrides, "weights.backend=ipc"])
+    with pytest.raises(ConfigError, match=r"weights.backend 'ipc' .* needs cluster.colocate true"):
+        load_job_config(path, ["algorithm.max_staleness=0", "weights.backend=ipc"])

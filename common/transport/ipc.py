@@ -1,0 +1,206 @@
+"""Weight push to the rollout worker that shares the learner rank's device (``cluster.colocate``):
+the worker reads the rank's weights where they lie, through an inter-process memory handle.
+
+Why. Colocated, learner rank i and rollout worker i take turns on one GPU, and NCCL cannot hold
+both as ranks of one group. Through the object store every push went GPU -> host -> object store
+-> host -> GPU: at LLaDA's width with 8 layers (5.2 GiB) 16.7 s on learner rank 0 and ~10 s on each
+worker, a third of a step that generation and training fill in 42 s (BENCHMARKS.md). Here every
+learner rank copies the push into one flat buffer of its own on its device (once allocated, kept),
+and the handle of that buffer travels instead of the bytes: CUDA IPC (``cudaIpcGetMemHandle``
+through torch's tensor reduction) on GPUs, a named POSIX shared-memory block on CPUs (how the tests
+run it). The worker maps the buffer and copies each parameter device to device into its model.
+
+    buffer  [header: version (int64), padded to ALIGN | param 0 | param 1 | ...]  each at ALIGN bytes
+
+Every learner rank sends (``all_ranks``: under ZeRO-3 every rank holds the gathered parameter
+inside the gather), and worker i receives learner rank i's handle (its shared bundle). The push
+is a turn: the rank writes the buffer, then the version into the header, and synchronises; the
+worker checks the header before and after its copy, so a buffer overwritten by a later push while
+it read (possible only when rank and worker do not take turns, which the config refuses) fails
+the receive, naming both versions, instead of loading a mix. A worker on another device than its
+rank (CUDA: the GPUs' UUIDs differ) is refused with the fix.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Any, Optional
+
+import torch
+
+from common.transport.weights import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig
+
+ALIGN = 256  # bytes: every parameter's offset (and the header's slot) in the flat buffer
+
+
+class IpcPush:
+    """One learner rank's buffer (``send``) or one worker's mapping of its rank's (``receive``)."""
+
+    def __init__(self, cfg: WeightPushConfig) -> None:
+        self.cfg = cfg
+        self.buffer: Optional[torch.Tensor] = None  # the sender's flat uint8 buffer
+        self.layout: list[tuple[str, tuple[int, ...], torch.dtype, int]] = []  # (name, shape, dtype, offset)
+        self._exported: Optional[dict] = None  # the buffer's handle, made once
+        self._shm: Any = None  # CPU: the SharedMemory block (sender: created; receiver: opened)
+        self._mapped: Optional[tuple[Any, torch.Tensor]] = None  # receiver: (handle key, mapped buffer)
+
+    # ---- learner rank ---------------------------------------------------------------------
+    def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
+        wire = WIRE_DTYPES.get(self.cfg.dtype)
+        # the first push (or a new layout) holds the tensors on the host until the buffer exists:
+        # a device copy would need the model's size twice on the learner's device for that moment
+        pending: list[tuple[str, torch.Tensor]] = []
+        position, device = 0, None
+        for name, tensor in named_tensors:
+            tensor = tensor.detach()
+            if wire is not None and tensor.dtype != wire:
+                tensor = tensor.to(wire)
+            device = tensor.device
+            if pending or not self._fits(position, name, tensor):
+                pending.append((name, tensor.to("cpu", copy=True)))
+            else:
+                self._view(position).copy_(tensor)
+            position += 1
+        if pending or position != len(self.layout):
+            kept = position - len(pending)  # written into the old buffer before the layout changed
+            done = [(n, self._view(i).to("cpu", copy=True)) for i, (n, *_) in enumerate(self.layout[:kept])]
+            self._allocate(done + pending, device or torch.device("cpu"))
+        self.buffer[:8].view(torch.int64).fill_(version)
+        if self.buffer.is_cuda:
+            torch.cuda.synchronize(self.buffer.device)
+        return WeightHandle(version, "ipc", {"buffer": self._export(), "layout": self.layout})
+
+    def _fits(self, position: int, name: str, tensor: torch.Tensor) -> bool:
+        if self.buffer is None or position >= len(self.layout):
+            return False
+        n, shape, dtype, _ = self.layout[position]
+        return n == name and shape == tuple(tensor.shape) and dtype == tensor.dtype and \
+            self.buffer.device == tensor.device
+
+    def _allocate(self, tensors: list[tuple[str, torch.Tensor]], device: torch.device) -> None:
+        """A buffer on ``device`` for this layout, filled with ``tensors`` (the old one dropped)."""
+        self.close()
+        layout, offset = [], ALIGN
+        for name, t in tensors:
+            layout.append((name, tuple(t.shape), t.dtype, offset))
+            offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+        if device.type == "cuda":
+            self.buffer = torch.empty(offset, dtype=torch.uint8, device=device)
+        else:
+            from multiprocessing import shared_memory
+
+            self._shm = shared_memory.SharedMemory(create=True, size=offset)
+            self.buffer = torch.frombuffer(self._shm.buf, dtype=torch.uint8)
+        self.layout = layout
+        for i, (_, t) in enumerate(tensors):
+            self._view(i).copy_(t)
+
+    def _view(self, i: int, buffer: Optional[torch.Tensor] = None,
+              layout: Optional[list] = None) -> torch.Tensor:
+        buffer = self.buffer if buffer is None else buffer
+        _, shape, dtype, offset = (self.layout if layout is None else layout)[i]
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        return buffer[offset:offset + nbytes].view(dtype).view(shape)
+
+    def _export(self) -> dict:
+        if self._exported is None:
+            if self.buffer.is_cuda:
+                from torch.multiprocessing.reductions import reduce_tensor
+
+                rebuild, args = reduce_tensor(self.buffer)
+                self._exported = {"kind": "cuda", "rebuild": rebuild, "args": args, "key": uuid.uuid4().hex,
+                                  "device": device_uuid(self.buffer.device)}
+            else:
+                self._exported = {"kind": "shm", "name": self._shm.name, "size": self.buffer.numel(),
+                                  "key": self._shm.name}
+        return self._exported
+
+    # ---- rollout worker -------------------------------------------------------------------
+    def receive(self, handle: WeightHandle, load: LoadFn) -> int:
+        if handle.ref is None:
+            raise RuntimeError(f"weight push (ipc): the handle of version {handle.version} carries no buffer; the "
+                               "worker's learner rank sent nothing (is it on this worker's device?)")
+        exported, layout = handle.ref["buffer"], handle.ref["layout"]
+        buffer = self._map(exported)
+        self._check(buffer, handle.version, "before")
+        load([(name, self._view(i, buffer, layout)) for i, (name, *_) in enumerate(layout)])
+        if buffer.is_cuda:
+            torch.cuda.synchronize(buffer.device)
+        self._check(buffer, handle.version, "while")
+        return handle.version
+
+    def _map(self, exported: dict) -> torch.Tensor:
+        key = exported["key"]  # one per sender buffer: a mapping is kept until the buffer changes
+        if self._mapped is not None and self._mapped[0] == key:
+            return self._mapped[1]
+        self._unmap()
+        if exported["kind"] == "cuda":
+            mine = device_uuid(torch.device("cuda", torch.cuda.current_device()))
+            if mine != exported["device"]:
+                raise RuntimeError(
+                    f"weight push (ipc): this worker's GPU ({mine}) is not its learner rank's ({exported['device']}); "
+                    "the ipc push needs every worker on its learner rank's GPU (cluster.colocate, no workers added "
+                    "by scaling): set weights.backend to object_store"
+                )
+            buffer = exported["rebuild"](*exported["args"])
+        else:
+            from multiprocessing import shared_memory
+
+            self._shm = shared_memory.SharedMemory(name=exported["name"])
+            _untrack(self._shm)
+            buffer = torch.frombuffer(self._shm.buf, dtype=torch.uint8)[: exported["size"]]
+        self._mapped = (key, buffer)
+        return buffer
+
+    @staticmethod
+    def _check(buffer: torch.Tensor, version: int, when: str) -> None:
+        held = int(buffer[:8].view(torch.int64).item())
+        if held != version:
+            raise RuntimeError(
+                f"weight push (ipc): the learner rank's buffer holds version {held} {when} this worker read version "
+                f"{version}: rank and worker must take turns (algorithm.max_staleness 0); nothing was loaded"
+                if when == "before" else
+                f"weight push (ipc): the learner rank's buffer was overwritten with version {held} while this worker "
+                f"read version {version}: rank and worker must take turns (algorithm.max_staleness 0)"
+            )
+
+    def _unmap(self) -> None:
+        self._mapped = None
+        if self._shm is not None and self.buffer is None:  # a receiver's mapping
+            _close(self._shm)
+            self._shm = None
+
+    def close(self) -> None:
+        """Drop the buffer (sender: the shared block is unlinked) or the mapping (receiver)."""
+        if self.buffer is not None:
+            self.buffer, self._exported, self.layout = None, None, []
+            if self._shm is not None:
+                _close(self._shm)
+                self._shm.unlink()
+                self._shm = None
+        self._unmap()
+
+
+def device_uuid(device: torch.device) -> str:
+    """The physical GPU's identity (device indices differ between processes)."""
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def _close(shm: Any) -> None:
+    """Close a shared block; a tensor still viewing it keeps the mapping until it is collected."""
+    import gc
+
+    gc.collect()
+    try:
+        shm.close()
+    except BufferError:
+        pass
+
+
+def _untrack(shm: Any) -> None:
+    """A receiver's opened block is the sender's to unlink: keep Python's resource tracker out of it."""
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
+    except Exception:  # noqa: BLE001  (no tracker in this process: nothing to undo)
+        pass

@@ -1,0 +1,83 @@
+"""The same-device weight push (common/transport/ipc.py) on the CPU, where the buffer is a POSIX
+shared-memory block: what a worker loads equals what its learner rank sent, the buffer is kept
+across pushes of one layout and rebuilt for another, and a buffer that holds another version than
+the handle names is refused, not loaded. (CUDA IPC runs the same code with a device buffer:
+tests/gpu/test_ipc_push_gpu.py.)"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.transport import WeightPushConfig, setup_weight_push
+from common.transport.ipc import ALIGN, IpcPush
+from common.transport.weights import ParameterLoader
+
+
+def weights(seed: int, extra: bool = False) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = {"embed.weight": torch.randn(7, 5, generator=g), "layer.bias": torch.randn(3, generator=g),
+           "head.weight": torch.randn(5, 7, generator=g).to(torch.bfloat16)}
+    if extra:
+        out["extra.weight"] = torch.randn(4, 4, generator=g)
+    return out
+
+
+def receiver_model(like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: torch.zeros_like(v) for k, v in like.items()}
+
+
+def test_a_worker_loads_exactly_what_its_rank_sent_and_the_buffer_is_kept():
+    sender = setup_weight_push(WeightPushConfig(backend="ipc"))
+    receiver = IpcPush(WeightPushConfig(backend="ipc"))
+    assert isinstance(sender, IpcPush)
+    try:
+        for version, seed in ((1, 0), (2, 1)):
+            sent = weights(seed)
+            handle = sender.send(iter(sent.items()), version)
+            model = receiver_model(sent)
+            loader = ParameterLoader(model)
+            assert receiver.receive(handle, loader) == version
+            loader.finish()
+            assert all(torch.equal(model[k], sent[k]) for k in sent)
+            if version == 1:
+                first_key, buffer = handle.ref["buffer"]["key"], sender.buffer
+        assert handle.ref["buffer"]["key"] == first_key and sender.buffer is buffer  # same layout: same buffer
+        assert all(offset % ALIGN == 0 for *_, offset in sender.layout)
+
+        grown = weights(2, extra=True)  # another layout: a new buffer, the worker maps the new one
+        handle = sender.send(iter(grown.items()), 3)
+        assert handle.ref["buffer"]["key"] != first_key
+        model = receiver_model(grown)
+        receiver.receive(handle, ParameterLoader(model))
+        assert all(torch.equal(model[k], grown[k]) for k in grown)
+    finally:
+        receiver.close()
+        sender.close()
+
+
+def test_a_buffer_holding_another_version_is_refused_before_anything_is_loaded():
+    sender, receiver = IpcPush(WeightPushConfig(backend="ipc")), IpcPush(WeightPushConfig(backend="ipc"))
+    try:
+        old = sender.send(iter(weights(0).items()), 4)
+        sender.send(iter(weights(1).items()), 5)  # the rank pushed again before the worker read version 4
+        model = receiver_model(weights(0))
+        with pytest.raises(RuntimeError, match="holds version 5 before this worker read version 4"):
+            receiver.receive(old, ParameterLoader(model))
+        assert all(not v.any() for v in model.values())
+    finally:
+        receiver.close()
+        sender.close()
+
+
+def test_a_wire_dtype_is_applied_on_the_sending_side():
+    sender, receiver = IpcPush(WeightPushConfig(backend="ipc", dtype="bf16")), IpcPush(WeightPushConfig(backend="ipc"))
+    try:
+        sent = weights(3)
+        handle = sender.send(iter(sent.items()), 1)
+        assert {dtype for _, _, dtype, _ in sender.layout} == {torch.bfloat16}
+        got = {}
+        receiver.receive(handle, lambda named: got.update({k: v.clone() for k, v in named}))
+        assert all(torch.equal(got[k], sent[k].to(torch.bfloat16)) for k in sent)
+    finally:
+        receiver.close()
+        sender.close()
