@@ -40,13 +40,14 @@ class Admission:
         return sorted([r.uid for r in self.fleet.requests()] + [r.uid for r in self.requeue])
 
     def feed(self, held: Container[int] = ()) -> list[ev.Command]:
-        """Requests for each active worker up to its queue depth while the admission bound allows;
+        """Requests for each active worker up to its queue depth while the admission bound allows
+        (what it admits spread evenly over the workers that would take it: ``_request_size``);
         none for the workers in ``held`` (the receivers of a collective push still out)."""
         out: list[ev.Command] = []
         queued = {w.index: self.fleet.queued(w.index) for w in self.fleet.active() if w.index not in held}
         while queued:
             index = min(queued, key=queued.__getitem__)
-            n = min(self.cfg.rollout.prompts_per_request, self.staleness.capacity())
+            n = self._request_size(self.staleness.capacity(), sum(q == queued[index] for q in queued.values()))
             if queued[index] >= self.depth or n == 0 or not self.staleness.try_start(n):
                 break
             requests = tuple(self._next_request() for _ in range(n))
@@ -56,6 +57,13 @@ class Admission:
             out.append(ev.Generate(call, index, requests, self.cfg.rollout.request_timeout_s))
             queued[index] += 1
         return out
+
+    def _request_size(self, capacity: int, takers: int) -> int:
+        """Prompts of the next request: ``prompts_per_request``, or fewer when the bound admits fewer
+        than the ``takers`` workers of this round would take (spread evenly: at η = 0 a step of 4
+        groups goes to 2 workers as 2 + 2, not 4 + 0; rows are seeded by prompt, so the samples are
+        the same)."""
+        return min(self.cfg.rollout.prompts_per_request, -(-capacity // max(takers, 1)))
 
     def take_batch(self) -> Optional[list[Episode]]:
         """The next step's batch, or None (stale groups are dropped and counted on the way)."""

@@ -379,3 +379,23 @@ def test_the_protocol_runs_every_eval_every_steps_and_a_step_with_nothing_left_e
     assert any(isinstance(c, ev.Record) and c.step == 2 for c in resumed)
     kinds = [type(c) for c in resumed if isinstance(c, (ev.PollControl, ev.Generate))]
     assert kinds[0] is ev.PollControl and ev.Generate in kinds  # then the poll, and training goes on
+
+
+def test_what_the_bound_admits_is_spread_over_the_workers_not_given_to_the_first():
+    """η = 0, 4 groups a step, 4 prompts a request, 2 workers: each worker gets 2 (one worker with all
+    4 would leave the other's GPU idle for the whole step); with room for every worker's full
+    request the requests keep their size."""
+    sim = Sim(job(algorithm={"groups_per_step": 4, "max_staleness": 0},
+                  rollout={"num_workers": 2, "prompts_per_request": 4, "requests_per_worker": 1}))
+    generates = [c for c in sim.begin("train") if isinstance(c, ev.Generate)]
+    assert [(c.worker, [r.uid for r in c.requests]) for c in generates] == [(0, [0, 1]), (1, [2, 3])]
+
+    sim = Sim(job(algorithm={"groups_per_step": 8, "max_staleness": 0},
+                  rollout={"num_workers": 2, "prompts_per_request": 4, "requests_per_worker": 1}))
+    generates = [c for c in sim.begin("train") if isinstance(c, ev.Generate)]
+    assert [(c.worker, len(c.requests)) for c in generates] == [(0, 4), (1, 4)]
+
+    sim = Sim(job(algorithm={"groups_per_step": 5, "max_staleness": 0},
+                  rollout={"num_workers": 2, "prompts_per_request": 4, "requests_per_worker": 2}))
+    generates = [c for c in sim.begin("train") if isinstance(c, ev.Generate)]
+    assert sorted(len(c.requests) for c in generates) == [2, 3] and {c.worker for c in generates} == {0, 1}
