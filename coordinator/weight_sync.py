@@ -125,9 +125,9 @@ class WeightSync:
             learner_calls += list(enumerate(setup[:m]))
             worker_calls += list(zip(receivers, setup[m:]))
             staged = False  # the set-up runs in order with the requests; the stage would not wait for it
+        partners = [self.partner(i) for i in receivers] if self.cfg.backend == "ipc" else None
         sends, receives = push_calls(self.cfg.backend, self.actors.learners, [pool[i] for i in receivers], version,
-                                     stage=self.keep_order if staged else None,
-                                     partners=[self.partner(i) for i in receivers] if self.cfg.backend == "ipc" else None)
+                                     stage=self.keep_order if staged else None, partners=partners)
         if not self.collective:  # an older version is never loaded again: its object may go
             self.handles = {version: sends}
         return learner_calls + list(enumerate(sends)), worker_calls + list(zip(receivers, receives)), staged

@@ -286,8 +286,8 @@ class JobConfig(StrictModel):
         raise ValueError(
             "weights.backend 'ipc' maps each learner rank's weights from the rollout worker on the same device while "
             "they take turns: it needs cluster.colocate true, algorithm.max_staleness 0 and no workers beyond the "
-            f"shared devices (rollout.max_workers {self.rollout.worker_limit} = num_workers {self.rollout.num_workers}, "
-            "no autoscale); otherwise use auto or object_store"
+            f"shared devices (rollout.max_workers {self.rollout.worker_limit} = num_workers "
+            f"{self.rollout.num_workers}, no autoscale); otherwise use auto or object_store"
         )
 
     def _check_worker_bounds(self) -> None:

@@ -33,7 +33,7 @@ def receiver(handles, results) -> None:
             break
         try:
             got: dict[str, torch.Tensor] = {}
-            end.receive(handle, lambda named: got.update({k: v.clone() for k, v in named}))
+            end.receive(handle, lambda named, into=got: into.update({k: v.clone() for k, v in named}))
             results.put({k: float(v.double().sum()) for k, v in got.items()})
         except RuntimeError as e:
             results.put(str(e))
