@@ -19,6 +19,12 @@ compiled    the graphed path with ``SamplerConfig.compile`` (both static steps t
             the compile) and the next one (replays only); speed-up over eager and over the graphed
             path's steady state; token agreement with the uncompiled graphed path (temperature 0,
             bf16: reported, rounding differs) is in exactness (fp32, 4 layers).
+split       where a graphed generation's wall time goes (one token per step, after a generation
+            that captured the shape): each call of the logits (the prefill, the entering step, the
+            in-block step: a graph replay each but the prefill) and of the decode step between them
+            (token choice with per-row generators, float64 noise by default), timed one by one
+            with the device synchronised around each: ms per call of each kind, and the share of
+            the generation's time each takes (the synchronisation adds a little to every call).
 profile     torch.profiler over 8 forwards (2 blocks: their entering steps and in-block steps, with
             the decode steps between them) of an eager one-token-per-step generation: wall vs
             device-busy ms per forward, kernels launched, the top-20 kernels and the top host ops.
@@ -54,8 +60,8 @@ from common.config.sampler import SamplerConfig
 from common.models.gqa_fold import folded_attention
 from rollout.sampling import StepGraphs, generate
 
-PARTS = ("speed", "graphed", "compiled", "profile", "graph_profile", "exactness", "gqa_fold")
-QUICK_PARTS = ("speed", "graphed", "compiled", "graph_profile", "exactness")
+PARTS = ("speed", "graphed", "compiled", "split", "profile", "graph_profile", "exactness", "gqa_fold")
+QUICK_PARTS = ("speed", "graphed", "compiled", "split", "graph_profile", "exactness")
 
 
 def parse() -> argparse.Namespace:
@@ -161,6 +167,14 @@ def main() -> None:
                 res.put("compiled", {"batch": a.batch, "block": a.block, "path": "cuda_graph+compile", "by_run": rows})
             del graphs
             _free(dev)
+    if "split" in parts:
+        with res.part("split", dev):
+            graphs = StepGraphs()
+            c = cfg(steps=a.gen, cuda_graph=True)
+            generate(policy, prompts, seeds, c, graphs)  # captures this shape's steps
+            res.put("split", time_split(lambda: generate(policy, prompts, seeds, c, graphs), dev, a.batch * a.gen))
+            del graphs
+            _free(dev)
     if "profile" in parts:
         with res.part("profile", dev):
             c = cfg(**short)  # forwards: prefill, then 4 per block
@@ -193,6 +207,45 @@ def main() -> None:
                     row["speedup_vs_stock"] = eager[a.gen]["seconds"] / secs
             res.put("gqa_fold", row)
     res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
+
+
+def time_split(run, dev: torch.device, tokens: int) -> dict:
+    """``run()`` (one generation) with every logits call and every decode step timed on its own,
+    the device synchronised before and after each: {kind: calls, ms per call, share of the wall}."""
+    import time
+
+    from rollout.sampling import block_diffusion
+    from rollout.sampling.state import DecodeState
+
+    spent: dict[str, list[float]] = {}
+
+    def timed(kind_of, fn):
+        def wrapper(*args, **kwargs):
+            bl.sync(dev)
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            bl.sync(dev)
+            spent.setdefault(kind_of(*args, **kwargs), []).append(time.perf_counter() - t0)
+            return out
+        return wrapper
+
+    def logits_kind(self, state, view, *rest, **kw) -> str:
+        return "prefill" if view.forward == 0 else "enter" if view.refresh else "inside"
+
+    logits, step = block_diffusion.BlockDiffusionLogits.__call__, DecodeState.step
+    block_diffusion.BlockDiffusionLogits.__call__ = timed(logits_kind, logits)
+    DecodeState.step = timed(lambda *a, **k: "decode", step)
+    try:
+        t0 = time.perf_counter()
+        run()
+        bl.sync(dev)
+        wall = time.perf_counter() - t0
+    finally:
+        block_diffusion.BlockDiffusionLogits.__call__, DecodeState.step = logits, step
+    out = {kind: {"calls": len(v), "ms_per_call": 1e3 * sum(v) / len(v), "share_of_wall": sum(v) / wall}
+           for kind, v in spent.items()}
+    return {"wall_s": wall, "tokens_per_s": tokens / wall, "by_kind": out,
+            "other_share": 1 - sum(v["share_of_wall"] for v in out.values())}
 
 
 def exactness(a, policy, prompts, seeds, cfg, dev: torch.device) -> dict:
