@@ -146,6 +146,21 @@ def _fetch_hint(message: str) -> str:
 
 
 # ---- plan --------------------------------------------------------------------------------------
+WEIGHT_PATHS = {"nccl": "an NCCL broadcast from the learner to the workers",
+                "gloo": "a gloo broadcast from the learner to the workers",
+                "object_store": "Ray's object store (learner rank 0 puts, every worker fetches)",
+                "ipc": "each learner rank's GPU buffer, mapped by the worker on the same GPU (CUDA IPC)"}
+
+
+def weights_line(cfg: JobConfig) -> str:
+    """The weight push the driver will set up (``weights.backend`` resolved as it resolves it)."""
+    c = cfg.cluster
+    resolved = cfg.weights.resolve(actors_have_gpus=c.learner.num_gpus > 0 and c.rollout.num_gpus > 0,
+                                   colocated=c.colocate, in_turns=cfg.in_turns).backend
+    how = "" if cfg.weights.backend != "auto" else " (weights.backend auto)"
+    return f"weights: pushed through {WEIGHT_PATHS[resolved]}{how}"
+
+
 def plan_lines(cfg: JobConfig) -> list[str]:
     a, r, learner, cluster, run = cfg.algorithm, cfg.rollout, cfg.learner, cfg.cluster, cfg.run
     gpus = learner.num_ranks * cluster.learner.num_gpus + r.num_workers * cluster.rollout.num_gpus
@@ -179,6 +194,7 @@ def plan_lines(cfg: JobConfig) -> list[str]:
         f"{cfg.sampler.steps or cfg.sampler.gen_length} denoising steps each; rows stop at EOS"
         f"{'' if cfg.sampler.stop_at_eos else ' only with stop_at_eos'}), {canvas * run.steps:,} over the run",
         f"staleness: η = {a.max_staleness} ({'synchronous' if a.max_staleness == 0 else 'asynchronous'})",
+        weights_line(cfg),
     ]
     return lines + eval_lines(cfg) + output_lines(cfg)
 

@@ -68,6 +68,13 @@ def test_dry_run_plan_of_the_d1_recipe(capsys, empty_caches):
     assert "weights.backend 'nccl' cannot push" in capsys.readouterr().err
     _, _, notes = dry_run(capsys, "cluster.colocate=true", "weights.backend=auto")
     assert "GPUs: 4 (4 learner ranks × 1, each shared with a rollout worker: cluster.colocate)" in "\n".join(notes)
+    assert "weights: pushed through each learner rank's GPU buffer, mapped by the worker on the same GPU (CUDA " \
+        "IPC) (weights.backend auto)" in "\n".join(notes)
+    _, _, apart = dry_run(capsys)
+    assert "weights: pushed through an NCCL broadcast from the learner to the workers\n" in "\n".join(apart) + "\n"
+    _, _, store = dry_run(capsys, "cluster.colocate=true", "weights.backend=auto", "algorithm.max_staleness=1")
+    assert "weights: pushed through Ray's object store (learner rank 0 puts, every worker fetches) (weights.backend " \
+        "auto)" in "\n".join(store)
 
 
 def test_dry_run_with_everything_present_finds_it(capsys, tmp_path, monkeypatch):
