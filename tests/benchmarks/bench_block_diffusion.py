@@ -132,6 +132,16 @@ def main() -> None:
     short = dict(gen_length=4 * a.block, steps=4 * a.block)  # warm-ups and profiles: 4 blocks, 16 forwards
     eager: dict = {}  # steps -> the eager path's speed row
     graphed: dict = {}  # "<steps>_<first|again>" -> the graphed path's speed row
+
+    def graphed_row(c: SamplerConfig, steps: int, graphs: StepGraphs) -> dict:
+        """One generation on a kept pool of static steps: its speed, the pool's counts, and the
+        speed-up over the eager run at the same steps."""
+        out, secs = run(c, a.batch, graphs)
+        row = {**speed_row(out, secs, steps), "captures": graphs.captures, "replays": graphs.replays}
+        if steps in eager:
+            row["speedup_vs_eager"] = eager[steps]["seconds"] / secs
+        return row
+
     if "speed" in parts:
         with res.part("speed", dev):
             run(cfg(**short), a.batch)  # warm-up: same batch, short canvas
@@ -145,11 +155,7 @@ def main() -> None:
             graphs, rows = StepGraphs(), graphed
             for i, steps in enumerate(a.steps):  # the shape's capture included, then replays only
                 for when in ("first", "again") if i == 0 else ("again",):
-                    out, secs = run(cfg(steps=steps, cuda_graph=True), a.batch, graphs)
-                    row = {**speed_row(out, secs, steps), "captures": graphs.captures, "replays": graphs.replays}
-                    if steps in eager:
-                        row["speedup_vs_eager"] = eager[steps]["seconds"] / secs
-                    rows[f"{steps}_{when}"] = row
+                    rows[f"{steps}_{when}"] = graphed_row(cfg(steps=steps, cuda_graph=True), steps, graphs)
                     res.put("graphed", {"batch": a.batch, "block": a.block, "path": "cuda_graph", "by_run": rows})
             del graphs
             _free(dev)
@@ -157,12 +163,9 @@ def main() -> None:
         with res.part("compiled", dev):
             graphs, rows, c = StepGraphs(), {}, cfg(steps=a.gen, cuda_graph=True, compile=True)
             for when in ("first", "again"):  # the first compiles and captures both static shapes
-                out, secs = run(c, a.batch, graphs)
-                row = {**speed_row(out, secs, a.gen), "captures": graphs.captures, "replays": graphs.replays}
-                if a.gen in eager:
-                    row["speedup_vs_eager"] = eager[a.gen]["seconds"] / secs
+                row = graphed_row(c, a.gen, graphs)
                 if f"{a.gen}_again" in graphed:
-                    row["speedup_vs_graphed"] = graphed[f"{a.gen}_again"]["seconds"] / secs
+                    row["speedup_vs_graphed"] = graphed[f"{a.gen}_again"]["seconds"] / row["seconds"]
                 rows[f"{a.gen}_{when}"] = row
                 res.put("compiled", {"batch": a.batch, "block": a.block, "path": "cuda_graph+compile", "by_run": rows})
             del graphs
