@@ -154,9 +154,7 @@ WEIGHT_PATHS = {"nccl": "an NCCL broadcast from the learner to the workers",
 
 def weights_line(cfg: JobConfig) -> str:
     """The weight push the driver will set up (``weights.backend`` resolved as it resolves it)."""
-    c = cfg.cluster
-    resolved = cfg.weights.resolve(actors_have_gpus=c.learner.num_gpus > 0 and c.rollout.num_gpus > 0,
-                                   colocated=c.colocate, in_turns=cfg.in_turns).backend
+    resolved = cfg.resolved_weights().backend
     how = "" if cfg.weights.backend != "auto" else " (weights.backend auto)"
     return f"weights: pushed through {WEIGHT_PATHS[resolved]}{how}"
 

@@ -114,8 +114,7 @@ class Driver:
         t1 = time.perf_counter()
         t0 = t1 - job.seconds
         c = cfg.cluster
-        weights = cfg.weights.resolve(actors_have_gpus=c.learner.num_gpus > 0 and c.rollout.num_gpus > 0,
-                                      colocated=c.colocate, in_turns=cfg.in_turns)
+        weights = cfg.resolved_weights()
         self.scheduler = Scheduler(cfg, PromptStream(data.train, seed=cfg.run.seed), job.held_out,
                                    collective_push=weights.collective)
         self.control = start_control(cfg.run.job_name, cfg.rollout.min_workers, cfg.rollout.worker_limit)

@@ -280,6 +280,13 @@ class JobConfig(StrictModel):
         return self.cluster.colocate and self.algorithm.max_staleness == 0 and r.worker_limit == r.num_workers \
             and not r.autoscale
 
+    def resolved_weights(self) -> WeightPushConfig:
+        """``weights`` with ``auto`` replaced by the transport the driver sets up for this cluster
+        (the actors' GPU resources, ``cluster.colocate``, ``in_turns``)."""
+        c = self.cluster
+        return self.weights.resolve(actors_have_gpus=c.learner.num_gpus > 0 and c.rollout.num_gpus > 0,
+                                    colocated=c.colocate, in_turns=self.in_turns)
+
     def _check_ipc(self) -> None:
         if self.weights.backend != "ipc" or self.in_turns:
             return

@@ -98,7 +98,7 @@ class IpcPush:
               layout: Optional[list] = None) -> torch.Tensor:
         buffer = self.buffer if buffer is None else buffer
         _, shape, dtype, offset = (self.layout if layout is None else layout)[i]
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
         return buffer[offset:offset + nbytes].view(dtype).view(shape)
 
     def _export(self) -> dict:
