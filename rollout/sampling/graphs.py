@@ -21,15 +21,17 @@ shape for the whole generation and reads its inputs from buffers it owns:
 
 The prompt prefill, the dual cache's refresh and the steps of rows that are not in lockstep
 (threshold decoding) stay eager and write into the same cache buffers; the decode step (token
-choice with per-row generators) stays eager. (The entering step was eager until it was measured as
-a quarter of the forwards at one token per step and block 4, at twice the in-block step's width,
-run host-bound.)
+choice with per-row generators) stays eager. (The entering step is a quarter of the forwards at
+one token per step and block 4; graphed, it takes 26% of a generation's time at SDAR-8B on an
+H100, BENCHMARKS.md 4.)
 
 Compiled (``SamplerConfig.compile``): a replayed graph still runs every kernel the eager forward
 launches, ~2,500 per forward at SDAR-8B's 36 layers, most of them small elementwise kernels (fp32
-RMSNorm's casts, powers and means, rotary's halves, residual adds) that cost more than their bytes.
-With ``compile`` each static step's forward goes through ``torch.compile`` (static shapes) before its
-capture, so the graph replays inductor's fused kernels instead. Reading all T slots through a
+RMSNorm's casts, powers and means, rotary's halves, residual adds). With ``compile`` each static
+step's forward goes through ``torch.compile`` (static shapes) before its capture, so the graph
+replays inductor's fused kernels instead. Measured at SDAR-8B on an H100 it gains nothing (0.96x
+the uncompiled graph; 2.2x at the tiny shape on a CPU): the replay is not bound by those kernels,
+so it stays off by default. Reading all T slots through a
 4-D mask, transformers' sdpa would copy the cache once per query-head group (``repeat_kv``) in
 every layer: graphed generations run with the GQA fold (common/models/gqa_fold.py).
 
