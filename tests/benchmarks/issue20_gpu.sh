@@ -28,6 +28,12 @@
 #                          /tmp/site missing: then carry .whl instead and run call8 after it) the ipc push's GPU
 #                          test, then side by side: GPUs 0,1 the StableDRL release and the project colocated
 #                          (the same-device push); GPUs 2,3 d1's loop and the project colocated
+#   call9  (a 4-GPU host, carry .whl) GPUs 0,1: the full-parameter LLaDA-8B job with the optimizer on the host
+#                          (offload_llada: 1 learner GPU + 1 worker); GPUs 2,3: the project at d1's recipe
+#                          colocated, its sampler and the fast one (no peer: call10 runs it on the same host)
+#   call10 (the same warm host, carry .gpu_sdrl and .gpu_d1) GPUs 0,1: the StableDRL release, then the project
+#                          colocated with 32- and 64-row requests; GPUs 2,3: d1's loop (merged afterwards with
+#                          call9's d1 loops: run_peers.py --merge)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -96,6 +102,26 @@ d1_colocated_only() {
     --peer-root "$PWD/.gpu_d1/peers" --peer-pythonpath /tmp/peerlib_d1 --peer-port 29541 --project-steps 2 \
     --part-timeout-s 250 --deadline-s 480 --work /tmp/pw_d1c8 --out "$OUT/d1c"
 }
+offload8b() {  # the 8B full-parameter job, optimizer offloaded, on this lane's 2 GPUs
+  OUT=$1 bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada \
+    --no-profile --no-resume --deadline-s "$2"
+}
+d1_project() {  # the project's loops at d1's recipe (the peer runs elsewhere on this host)
+  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated,colocated_fast --peer-root /tmp/none \
+    --project-steps 2 --part-timeout-s 240 --deadline-s 330 --work /tmp/pw_d1p --out "$OUT/d1p"
+}
+d1_peer() {
+  mkdir -p /tmp/peerlib_d1 && tar -xzf .gpu_d1/peerlib_d1.tar.gz -C /tmp/peerlib_d1 || return 1
+  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops peer --peer-root "$PWD/.gpu_d1/peers" \
+    --peer-pythonpath /tmp/peerlib_d1 --peer-port 29541 --part-timeout-s 400 --work /tmp/pw_d1peer --out "$OUT/d1peer"
+}
+sdrl_rows() {  # the release, then the project colocated with its 32-row requests and with 64-row ones
+  mkdir -p /tmp/peerlib && tar -xzf .gpu_sdrl/peerlib.tar.gz -C /tmp/peerlib || return 1
+  python3 tests/benchmarks/peers/run_peers.py --peer-root "$PWD/.gpu_sdrl/peers" --peer-pythonpath /tmp/peerlib \
+    --layers 8 --loops peer,colocated,colocated_64_rows --project-steps 3 --part-timeout-s 200 --deadline-s 400 \
+    --variant "colocated_64_rows=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;rollout.prompts_per_request=4" \
+    --work /tmp/pw_sdrl_rows --out "$OUT/sdrl"
+}
 case "${1:-}" in
   call1)
     lane llada 0,1 system "$OUT/llada" /tmp/sys_llada ckpt_llada_short,matmul,push,system_llada 420 &
@@ -149,5 +175,13 @@ case "${1:-}" in
     lane sdrl 0,1 sdrl_colocated &
     lane d1 2,3 d1_colocated_only &
     wait ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8" >&2; exit 2 ;;
+  call9)
+    lane offload 0,1 offload8b "$OUT/offload" 540 &
+    lane d1p 2,3 d1_project &
+    wait ;;
+  call10)
+    lane sdrl 0,1 sdrl_rows &
+    lane d1peer 2,3 d1_peer &
+    wait ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10" >&2; exit 2 ;;
 esac
