@@ -108,7 +108,7 @@ offload8b() {  # the 8B full-parameter job, optimizer offloaded, on this lane's 
 }
 d1_project() {  # the project's loops at d1's recipe (the peer runs elsewhere on this host)
   python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated,colocated_fast --peer-root /tmp/none \
-    --project-steps 2 --part-timeout-s 240 --deadline-s 330 --work /tmp/pw_d1p --out "$OUT/d1p"
+    --project-steps 2 --part-timeout-s 230 --deadline-s 290 --work /tmp/pw_d1p --out "$OUT/d1p"
 }
 d1_peer() {
   mkdir -p /tmp/peerlib_d1 && tar -xzf .gpu_d1/peerlib_d1.tar.gz -C /tmp/peerlib_d1 || return 1
@@ -176,7 +176,7 @@ case "${1:-}" in
     lane d1 2,3 d1_colocated_only &
     wait ;;
   call9)
-    lane offload 0,1 offload8b "$OUT/offload" 540 &
+    lane offload 0,1 offload8b "$OUT/offload" 480 &
     lane d1p 2,3 d1_project &
     wait ;;
   call10)
