@@ -30,6 +30,13 @@ def setup_actor_process() -> torch.device:
     return device
 
 
+def settle_gpu(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a no-op on a CPU), so that a timer around it
+    measures the GPU's time and not only the launches."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def hand_back_gpu_memory(shared: bool) -> None:
     """An actor that shares its GPU with another process (``cluster.colocate``) returns the blocks
     its allocator caches after each turn, so the other one can use them; a no-op otherwise."""

@@ -14,7 +14,9 @@ coordinator turns them into per-step metrics:
 
 Activities on a thread of their own (a rollout worker staging weights while it generates, a
 learner's background checkpoint write) are reported but not subtracted from the wall: they
-overlap the main thread's work, so idle counts only the main thread.
+overlap the main thread's work, so idle counts only the main thread. Parts of an activity
+(``within``: a learner's push split into the GPU work it waited for, the gathers and copies, and the
+memory it handed back) are reported beside it and not added to the main thread's busy time twice.
 """
 from __future__ import annotations
 
@@ -27,14 +29,21 @@ from typing import Iterable, Iterator, Optional
 import torch
 
 PREFIX = "clock/"
+# a rollout worker's staging beside its generation; a learner's background checkpoint write
+BACKGROUND = ("push_stage", "checkpoint_write", "checkpoint_snapshot")
+# the parts of a learner rank's push, timed inside "push": the GPU work the step left queued, the
+# ZeRO-3 gathers with the copies or sends (settled), the memory handed back (cluster.colocate)
+PUSH_PARTS = ("push_pending", "push_send", "push_release")
 
 
 class ActorClock:
-    def __init__(self, background: Iterable[str] = ()) -> None:
-        """``background``: activities that run beside the main thread (not subtracted for idle)."""
+    def __init__(self, background: Iterable[str] = (), within: Iterable[str] = ()) -> None:
+        """``background``: activities that run beside the main thread (not subtracted for idle);
+        ``within``: parts of another activity, timed inside it (not subtracted a second time)."""
         self.start = time.perf_counter()
         self.busy: dict[str, float] = {}
         self.background = frozenset(background)
+        self.within = frozenset(within)
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -56,7 +65,7 @@ class ActorClock:
             busy = dict(self.busy)
         out = {PREFIX + k: v for k, v in busy.items()}
         out[PREFIX + "wall"] = time.perf_counter() - self.start
-        out[PREFIX + "main_busy"] = sum(v for k, v in busy.items() if k not in self.background)
+        out[PREFIX + "main_busy"] = sum(v for k, v in busy.items() if k not in self.background | self.within)
         gpu = physical_gpu()
         if gpu is not None:
             out[PREFIX + "gpu"] = float(gpu)

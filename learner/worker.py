@@ -25,14 +25,14 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from common.actor_time import ActorClock
+from common.actor_time import PUSH_PARTS, ActorClock
 from common.config.estimator import EstimatorConfig
 from common.config.learner import LearnerConfig
 from common.config.loss import LossConfig
 from common.config.model import ModelConfig
 from common.estimators import estimate
 from common.models import export_hf, load_policy
-from common.actor_setup import hand_back_gpu_memory, setup_actor_process
+from common.actor_setup import hand_back_gpu_memory, settle_gpu, setup_actor_process
 from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from common.stats import Reduce, Stat, combine
 from common.types import Group, StepResult
@@ -66,7 +66,7 @@ class LearnerWorker:
         self.engine = self.reference = self.tokenizer = self.push = None
         self.push_sources = 0  # a sharded push's learner ranks that send (setup_weight_push)
         self.steps = 0
-        self.clock = ActorClock(background=("checkpoint_write", "checkpoint_snapshot"))
+        self.clock = ActorClock(background=("checkpoint_write", "checkpoint_snapshot"), within=PUSH_PARTS)
 
     def rendezvous_address(self) -> tuple[str, int]:
         from learner.group import rendezvous_address
@@ -119,7 +119,8 @@ class LearnerWorker:
         out["learner/tokens"] = Stat(sum(s.completion_length for s in samples), Reduce.COUNT)
         out["time/train_rank"] = Stat(time.perf_counter() - t0, Reduce.MAX)
         out.update(self.engine.memory_metrics())
-        hand_back_gpu_memory(self.share_gpu)
+        with self.clock.timed("release"):
+            hand_back_gpu_memory(self.share_gpu)
         return StepResult(out, self.clock.snapshot())
 
     def _updates(self, groups: Sequence[Group], version: int, group_offset: int) -> list[dict[str, Stat]]:
@@ -176,18 +177,24 @@ class LearnerWorker:
         """Send the full weights as ``version`` (rank 0; every rank joins the ZeRO-3 gathers), or,
         sharded, this rank's partitions."""
         with self.clock.timed("push"):
+            with self.clock.timed("push_pending"):  # GPU work the step left queued, so it is not billed below
+                settle_gpu(self.engine.device)
             if self.push_sources:
                 if self.push is None:  # ZeRO-1/2: rank 0 sends alone
                     return None
-                return self.push.send_shards(self.engine.partitions_for_push(self.push_sources), version)
-            named = self.engine.named_parameters_for_push(all_ranks=self.push is not None)
-            handle = None
-            if self.push is None:
-                for _ in named:
-                    pass
-            else:
-                handle = self.push.send(named, version)
-            hand_back_gpu_memory(self.share_gpu)  # the gathered buckets
+                with self.clock.timed("push_send"):
+                    return self.push.send_shards(self.engine.partitions_for_push(self.push_sources), version)
+            with self.clock.timed("push_send"):  # the ZeRO-3 gathers and the copies or sends, settled
+                named = self.engine.named_parameters_for_push(all_ranks=self.push is not None)
+                handle = None
+                if self.push is None:
+                    for _ in named:
+                        pass
+                else:
+                    handle = self.push.send(named, version)
+                settle_gpu(self.engine.device)
+            with self.clock.timed("push_release"):
+                hand_back_gpu_memory(self.share_gpu)  # the gathered buckets
             return handle
 
     def parameter_shapes(self) -> dict[str, list[int]]:

@@ -34,6 +34,9 @@
 #   call10 (the same warm host, carry .gpu_sdrl and .gpu_d1) GPUs 0,1: the StableDRL release, then the project
 #                          colocated with 32- and 64-row requests; GPUs 2,3: d1's loop (merged afterwards with
 #                          call9's d1 loops: run_peers.py --merge)
+#   call11 (a 4-GPU host, carry .whl) GPUs 0,1: the project at the StableDRL recipe colocated, 3 steps (the learner's
+#                          push in its parts: the queued GPU work, the gathers and copies, the memory handed back);
+#                          GPUs 2,3: call9's offload job again at 2 steps (its third step did not fit the part's time)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -183,5 +186,10 @@ case "${1:-}" in
     lane sdrl 0,1 sdrl_rows &
     lane d1peer 2,3 d1_peer &
     wait ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10" >&2; exit 2 ;;
+  call11)
+    lane sdrl_push 0,1 python3 tests/benchmarks/peers/run_peers.py --loops colocated --peer-root /tmp/none --layers 8 \
+      --project-steps 3 --part-timeout-s 240 --work /tmp/pw_sdrl_push --out "$OUT/sdrl_push" &
+    lane offload 2,3 offload8b "$OUT/offload" 100 &
+    wait ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11" >&2; exit 2 ;;
 esac

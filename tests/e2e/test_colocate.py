@@ -109,3 +109,21 @@ def test_a_colocated_run_trains_exactly_as_one_placed_apart(reference, colocated
     for name, tensor in ref_weights.items():
         assert torch.equal(weights[name], tensor), name
 
+
+
+def test_the_learners_push_is_reported_in_its_parts(colocated):
+    """The push's clock splits into the GPU work it waited for, the gathers with the copies, and the
+    memory handed back; the parts sit inside the push and are not counted twice in the idle time."""
+    # a step's push shows in the next step's record
+    pushed = [r for r in colocated["driver"].history if "time/learner0/push" in r]
+    assert len(pushed) == len(colocated["driver"].history) - 1
+    for record in pushed:
+        for rank in (0, 1):
+            parts = [record[f"time/learner{rank}/push_{p}"] for p in ("pending", "send", "release")]
+            push = record[f"time/learner{rank}/push"]
+            assert all(p >= 0 for p in parts) and parts[1] > 0
+            assert sum(parts) <= push + 1e-6
+            busy = sum(v for k, v in record.items() if k.startswith(f"time/learner{rank}/")
+                       and k.split("/")[-1] in ("train", "push", "release", "load", "checkpoint"))
+            assert record[f"time/learner{rank}/idle"] == pytest.approx(
+                max(0.0, record[f"time/learner{rank}/wall"] - busy), abs=1e-6)

@@ -9,8 +9,8 @@ from common.actor_time import ActorClock, ActorTimes
 
 
 class FakeClock(ActorClock):
-    def __init__(self, background=()):
-        super().__init__(background)
+    def __init__(self, background=(), within=()):
+        super().__init__(background, within)
         self.now = 0.0
 
     def snapshot(self):
@@ -58,3 +58,16 @@ def test_snapshot():
     snap = clock.snapshot()
     assert set(snap) >= {"clock/train", "clock/wall", "clock/main_busy"}
     assert 0.0 <= snap["clock/main_busy"] == snap["clock/train"] <= snap["clock/wall"]
+
+
+def test_parts_of_an_activity_are_reported_and_not_counted_twice():
+    clock, times = FakeClock(within=("push_send", "push_release")), ActorTimes()
+    clock.add("train", 4.0)
+    clock.add("push", 3.0)  # made of the two parts below
+    clock.add("push_send", 2.0)
+    clock.add("push_release", 1.0)
+    clock.now = 10.0
+    times.update("learner0", clock.snapshot())
+    out = times.step_metrics()
+    assert out["time/learner0/push_send"] == 2.0 and out["time/learner0/push_release"] == 1.0
+    assert out["time/learner0/idle"] == pytest.approx(3.0)  # 10 - (4 + 3), not 10 - (4 + 3 + 2 + 1)
