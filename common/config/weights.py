@@ -29,7 +29,8 @@ class WeightPushConfig(StrictModel):
         "of each parameter straight from the learner's memory and the workers put the full parameters together "
         "(ZeRO-1/2: learner rank 0 broadcasts its parameters as they lie); gather = learner rank 0 gathers the "
         "full parameters (the ZeRO-3 all-gather) and packs them into buckets first (the earlier path). LoRA jobs "
-        "always gather"
+        "always gather. ipc under ZeRO-3: shards = each rank copies its own partitions into its buffer and one "
+        "all-gather over the learner's ranks fills every rank's buffer; gather = every rank gathers through DeepSpeed"
     )
     staging: bool = Field(
         True, description="broadcast push: each rollout worker receives the new version into a second copy of its "

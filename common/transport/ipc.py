@@ -19,14 +19,25 @@ worker checks the header before and after its copy, so a buffer overwritten by a
 it read (possible only when rank and worker do not take turns, which the config refuses) fails
 the receive, naming both versions, instead of loading a mix. A worker on another device than its
 rank (CUDA: the GPUs' UUIDs differ) is refused with the fix.
+
+ZeRO-3 over several ranks (``weights.source: shards``, ``send_partitions``): gathering every
+parameter through DeepSpeed before copying it cost 2.6 s a push at LLaDA's width with 8 layers on
+2 ranks (the push's ``push_send`` part, BENCHMARKS.md). Instead each rank copies its own ZeRO-3
+partitions (common/transport/shards.py: rank r holds elements [r·p, (r+1)·p) of every parameter,
+p = ceil(n / S)) into one send segment, and one all-gather over the learner's ranks fills the
+buffer of every rank at once; the worker puts each parameter together from the S rows, straight
+into its model (``shards.assemble``):
+
+    buffer  [header | round 0: S rows of its segment | round 1 | ...]  a round per wire dtype
 """
 from __future__ import annotations
 
 import uuid
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
+from common.transport.shards import Round, assemble, decode_plan, encode_plan, iter_segments, plan_rounds
 from common.transport.weights import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig
 
 ALIGN = 256  # bytes: every parameter's offset (and the header's slot) in the flat buffer
@@ -42,6 +53,12 @@ class IpcPush:
         self._exported: Optional[dict] = None  # the buffer's handle, made once
         self._shm: Any = None  # CPU: the SharedMemory block (sender: created; receiver: opened)
         self._mapped: Optional[tuple[Any, torch.Tensor]] = None  # receiver: (handle key, mapped buffer)
+        # send_partitions: the parameters the buffer was laid out for, its rounds (each at a byte offset),
+        # the plan as the worker reads it, and this rank's send segment of each round
+        self._params: list[tuple[str, tuple[int, ...], torch.dtype]] = []
+        self._rounds: list[tuple[Round, int]] = []
+        self._plan = b""
+        self._segments: list[torch.Tensor] = []
 
     # ---- learner rank ---------------------------------------------------------------------
     def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
@@ -83,16 +100,66 @@ class IpcPush:
         for name, t in tensors:
             layout.append((name, tuple(t.shape), t.dtype, offset))
             offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-        if device.type == "cuda":
-            self.buffer = torch.empty(offset, dtype=torch.uint8, device=device)
-        else:
-            from multiprocessing import shared_memory
-
-            self._shm = shared_memory.SharedMemory(create=True, size=offset)
-            self.buffer = torch.frombuffer(self._shm.buf, dtype=torch.uint8)
+        self._new_buffer(offset, device)
         self.layout = layout
         for i, (_, t) in enumerate(tensors):
             self._view(i).copy_(t)
+
+    def _new_buffer(self, nbytes: int, device: torch.device) -> None:
+        if device.type == "cuda":
+            self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        else:
+            from multiprocessing import shared_memory
+
+            self._shm = shared_memory.SharedMemory(create=True, size=nbytes)
+            self.buffer = torch.frombuffer(self._shm.buf, dtype=torch.uint8)
+
+    def send_partitions(self, partitions: Iterator[tuple[str, tuple[int, ...], torch.Tensor]], version: int,
+                        sources: int, rank: int, group: Any = None) -> WeightHandle:
+        """ZeRO-3, every learner rank (collective over ``group``, default: the learner's): this
+        rank's flat partition of every parameter (``LearnerEngine.partitions_for_push``: name, full
+        shape, partition), ``sources`` = the learner's ranks. The buffer is laid out at the first
+        push (and again for another set of parameters); later pushes reuse it."""
+        import torch.distributed as dist
+
+        if dist.get_rank(group) != rank or dist.get_world_size(group) != sources:
+            raise ValueError(f"weight push (ipc): learner rank {rank} of {sources} sends partitions over a group where "
+                             f"it is rank {dist.get_rank(group)} of {dist.get_world_size(group)}")
+        wire = WIRE_DTYPES.get(self.cfg.dtype)
+        parts = [(name, tuple(int(d) for d in shape), t.detach()) for name, shape, t in partitions]
+        params = [(name, shape, wire or t.dtype) for name, shape, t in parts]
+        device = parts[0][2].device
+        if params != self._params or self.buffer is None or self.buffer.device != device:
+            self._lay_out(params, sources, device)
+        rounds = [rnd for rnd, _ in self._rounds]
+        for (rnd, offset), segment, (_, mine) in zip(self._rounds, self._segments,
+                                                     iter_segments(rounds, iter(parts), sources), strict=True):
+            for piece, part in zip(rnd.pieces, mine, strict=True):
+                segment[piece.offset: piece.offset + part.numel()].copy_(part)
+            dist.all_gather_into_tensor(self._rows(rnd, offset, sources).view(-1), segment, group=group)
+        self.buffer[:8].view(torch.int64).fill_(version)
+        if self.buffer.is_cuda:
+            torch.cuda.synchronize(self.buffer.device)
+        return WeightHandle(version, "ipc", {"buffer": self._export(), "plan": self._plan})
+
+    def _lay_out(self, params: list[tuple[str, tuple[int, ...], torch.dtype]], sources: int,
+                 device: torch.device) -> None:
+        """One round per run of parameters of one wire dtype, each S rows of its segment."""
+        self.close()
+        rounds = plan_rounds(params, sources, bucket_bytes=1 << 62)
+        placed, offset = [], ALIGN
+        for rnd in rounds:
+            placed.append((rnd, offset))
+            offset += -(-sources * rnd.segment * rnd.dtype.itemsize // ALIGN) * ALIGN
+        self._new_buffer(offset, device)
+        self._params, self._rounds, self._plan = params, placed, encode_plan(rounds, sources)
+        self._segments = [torch.zeros(rnd.segment, dtype=rnd.dtype, device=device) for rnd in rounds]
+
+    def _rows(self, rnd: Round, offset: int, sources: int, buffer: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """[sources, segment] of round ``rnd`` in the buffer: row r is learner rank r's segment."""
+        buffer = self.buffer if buffer is None else buffer
+        nbytes = sources * rnd.segment * rnd.dtype.itemsize
+        return buffer[offset:offset + nbytes].view(rnd.dtype).view(sources, rnd.segment)
 
     def _view(self, i: int, buffer: Optional[torch.Tensor] = None,
               layout: Optional[list] = None) -> torch.Tensor:
@@ -119,10 +186,17 @@ class IpcPush:
         if handle.ref is None:
             raise RuntimeError(f"weight push (ipc): the handle of version {handle.version} carries no buffer; the "
                                "worker's learner rank sent nothing (is it on this worker's device?)")
-        exported, layout = handle.ref["buffer"], handle.ref["layout"]
-        buffer = self._map(exported)
+        buffer = self._map(handle.ref["buffer"])
         self._check(buffer, handle.version, "before")
-        load([(name, self._view(i, buffer, layout)) for i, (name, *_) in enumerate(layout)])
+        if "plan" in handle.ref:  # send_partitions: put every parameter together from the ranks' rows
+            sources, rounds = decode_plan(handle.ref["plan"], f"weight push (ipc) of version {handle.version}")
+            offset = ALIGN
+            for rnd in rounds:
+                assemble(self._rows(rnd, offset, sources, buffer), rnd, sources, load)
+                offset += -(-sources * rnd.segment * rnd.dtype.itemsize // ALIGN) * ALIGN
+        else:
+            layout = handle.ref["layout"]
+            load([(name, self._view(i, buffer, layout)) for i, (name, *_) in enumerate(layout)])
         if buffer.is_cuda:
             torch.cuda.synchronize(buffer.device)
         self._check(buffer, handle.version, "while")
@@ -173,6 +247,7 @@ class IpcPush:
         """Drop the buffer (sender: the shared block is unlinked) or the mapping (receiver)."""
         if self.buffer is not None:
             self.buffer, self._exported, self.layout = None, None, []
+            self._params, self._rounds, self._plan, self._segments = [], [], b"", []
             if self._shm is not None:
                 _close(self._shm)
                 self._shm.unlink()

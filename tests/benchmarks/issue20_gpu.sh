@@ -37,6 +37,9 @@
 #   call11 (a 4-GPU host, carry .whl) GPUs 0,1: the project at the StableDRL recipe colocated, 3 steps (the learner's
 #                          push in its parts: the queued GPU work, the gathers and copies, the memory handed back);
 #                          GPUs 2,3: call9's offload job again at 2 steps (its third step did not fit the part's time)
+#   call12 (a 4-GPU host, carry .whl) GPUs 0,1: call11's StableDRL loop colocated again, each ZeRO-3 rank now sending
+#                          its partitions through one all-gather into the ipc buffers; GPUs 2,3: the offload job
+#                          (call11's lane had a 100 s deadline, which capped the job's own time)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -191,5 +194,10 @@ case "${1:-}" in
       --project-steps 3 --part-timeout-s 240 --work /tmp/pw_sdrl_push --out "$OUT/sdrl_push" &
     lane offload 2,3 offload8b "$OUT/offload" 100 &
     wait ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11" >&2; exit 2 ;;
+  call12)
+    lane sdrl_push 0,1 python3 tests/benchmarks/peers/run_peers.py --loops colocated --peer-root /tmp/none --layers 8 \
+      --project-steps 3 --part-timeout-s 240 --work /tmp/pw_sdrl_push --out "$OUT/sdrl_push" &
+    lane offload 2,3 offload8b "$OUT/offload" 480 &
+    wait ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12" >&2; exit 2 ;;
 esac

@@ -81,3 +81,55 @@ def test_a_wire_dtype_is_applied_on_the_sending_side():
     finally:
         receiver.close()
         sender.close()
+
+
+def _partition_rank(rank: int, sources: int, port: int, versions, results) -> None:
+    """Learner rank ``rank`` of ``sources`` (a forked process, gloo): sends every version's ZeRO-3
+    partitions through ``send_partitions``, then reads its own buffer back as its worker would."""
+    import torch.distributed as dist
+
+    from tests.unit.test_sharded_push import full_weights, partitions
+
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=sources)
+        sender, receiver = IpcPush(WeightPushConfig(backend="ipc")), IpcPush(WeightPushConfig(backend="ipc"))
+        keys = []
+        for version in versions:
+            handle = sender.send_partitions(iter(partitions(full_weights(version), rank, sources, flat=True)),
+                                            version, sources=sources, rank=rank)
+            keys.append(handle.ref["buffer"]["key"])
+            model = {n: torch.zeros_like(t) for n, t in full_weights(0)}
+            loader = ParameterLoader(model)
+            assert receiver.receive(handle, loader) == version
+            loader.finish()
+            for name, t in full_weights(version):
+                assert torch.equal(model[name], t), (version, name)
+        assert len(set(keys)) == 1, "one layout: the buffer is kept"
+        receiver.close()
+        sender.close()
+        dist.destroy_process_group()
+        results.put((rank, None))
+    except BaseException as e:  # noqa: BLE001 - reported by the test
+        results.put((rank, repr(e)))
+
+
+@pytest.mark.parametrize("sources", [2, 3])
+def test_zero3_ranks_fill_every_buffer_with_one_all_gather_and_the_worker_puts_parameters_together(sources):
+    """ZeRO-3 partitions (element counts not divisible by the ranks, padding that must never reach
+    a worker, three dtypes in several rounds): every rank's buffer holds every partition, and the
+    worker beside each rank loads exactly the full weights, at every version."""
+    import multiprocessing
+
+    from learner.group import free_port
+
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_partition_rank, args=(r, sources, port, (1, 2), results)) for r in range(sources)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(30)
+    assert got == {r: None for r in range(sources)}
