@@ -40,6 +40,11 @@
 #   call12 (a 4-GPU host, carry .whl) GPUs 0,1: call11's StableDRL loop colocated again, each ZeRO-3 rank now sending
 #                          its partitions through one all-gather into the ipc buffers; GPUs 2,3: the offload job
 #                          (call11's lane had a 100 s deadline, which capped the job's own time)
+#                          (measured: the push's send 2.57 -> 0.020 s; the learner's training slowed beside the offload
+#                          job's host AdamW, so the step-level effect needs call13 + call14)
+#   call13 (a 4-GPU host, carry .whl) GPUs 0,1: the StableDRL loop colocated (partitions push), nothing heavy on the
+#                          host's CPUs beside it; GPUs 2,3: the project at d1's recipe colocated (its sampler, fast)
+#   call14 (the same warm host, carry .gpu_sdrl and .gpu_d1) the two releases' loops on the same GPUs, for the ratios
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -199,5 +204,16 @@ case "${1:-}" in
       --project-steps 3 --part-timeout-s 240 --work /tmp/pw_sdrl_push --out "$OUT/sdrl_push" &
     lane offload 2,3 offload8b "$OUT/offload" 480 &
     wait ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12" >&2; exit 2 ;;
+  call13)
+    lane sdrl_push 0,1 python3 tests/benchmarks/peers/run_peers.py --loops colocated --peer-root /tmp/none --layers 8 \
+      --project-steps 3 --part-timeout-s 240 --work /tmp/pw_sdrl_push --out "$OUT/sdrl_push" &
+    lane d1p 2,3 d1_project &
+    wait ;;
+  call14)
+    mkdir -p /tmp/peerlib && tar -xzf .gpu_sdrl/peerlib.tar.gz -C /tmp/peerlib || exit 1
+    lane sdrl_peer 0,1 python3 tests/benchmarks/peers/run_peers.py --loops peer --peer-root "$PWD/.gpu_sdrl/peers" \
+      --peer-pythonpath /tmp/peerlib --layers 8 --part-timeout-s 300 --work /tmp/pw_sdrl_peer --out "$OUT/sdrl_peer" &
+    lane d1peer 2,3 d1_peer &
+    wait ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14" >&2; exit 2 ;;
 esac
