@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from common.actor_time import PUSH_PARTS, ActorClock
+from common.actor_time import BACKGROUND, PUSH_PARTS, ActorClock
 from common.config.estimator import EstimatorConfig
 from common.config.learner import LearnerConfig
 from common.config.loss import LossConfig
@@ -67,7 +67,7 @@ class LearnerWorker:
         self.push_sources = 0  # a sharded push's learner ranks that send (setup_weight_push)
         self.ipc_partitions = False  # ipc under ZeRO-3: every rank sends its partitions (setup_weight_push)
         self.steps = 0
-        self.clock = ActorClock(background=("checkpoint_write", "checkpoint_snapshot"), within=PUSH_PARTS)
+        self.clock = ActorClock(background=BACKGROUND, within=PUSH_PARTS)
 
     def rendezvous_address(self) -> tuple[str, int]:
         from learner.group import rendezvous_address

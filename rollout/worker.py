@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 import ray
 
-from common.actor_time import ActorClock
+from common.actor_time import BACKGROUND, ActorClock
 from common.config.estimator import EstimatorConfig
 from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
@@ -52,7 +52,7 @@ class RolloutWorker:
     ) -> None:
         t0 = time.perf_counter()
         self.share_gpu = share_gpu  # cluster.colocate: a learner rank trains on this GPU between requests
-        self.clock = ActorClock(background=("push_stage",))
+        self.clock = ActorClock(background=BACKGROUND)
         self.index = index
         self.device = setup_actor_process()
         policy, self.tokenizer = load_policy(model, device=self.device)

@@ -147,11 +147,8 @@ class IpcPush:
         """One round per run of parameters of one wire dtype, each S rows of its segment."""
         self.close()
         rounds = plan_rounds(params, sources, bucket_bytes=1 << 62)
-        placed, offset = [], ALIGN
-        for rnd in rounds:
-            placed.append((rnd, offset))
-            offset += -(-sources * rnd.segment * rnd.dtype.itemsize // ALIGN) * ALIGN
-        self._new_buffer(offset, device)
+        placed, end = _placed(rounds, sources)
+        self._new_buffer(end, device)
         self._params, self._rounds, self._plan = params, placed, encode_plan(rounds, sources)
         self._segments = [torch.zeros(rnd.segment, dtype=rnd.dtype, device=device) for rnd in rounds]
 
@@ -190,10 +187,12 @@ class IpcPush:
         self._check(buffer, handle.version, "before")
         if "plan" in handle.ref:  # send_partitions: put every parameter together from the ranks' rows
             sources, rounds = decode_plan(handle.ref["plan"], f"weight push (ipc) of version {handle.version}")
-            offset = ALIGN
-            for rnd in rounds:
+            placed, end = _placed(rounds, sources)
+            if end > buffer.numel():
+                raise ValueError(f"weight push (ipc) of version {handle.version}: the plan needs {end} bytes, the "
+                                 f"learner rank's buffer has {buffer.numel()}")
+            for rnd, offset in placed:
                 assemble(self._rows(rnd, offset, sources, buffer), rnd, sources, load)
-                offset += -(-sources * rnd.segment * rnd.dtype.itemsize // ALIGN) * ALIGN
         else:
             layout = handle.ref["layout"]
             load([(name, self._view(i, buffer, layout)) for i, (name, *_) in enumerate(layout)])
@@ -253,6 +252,15 @@ class IpcPush:
                 self._shm.unlink()
                 self._shm = None
         self._unmap()
+
+
+def _placed(rounds: list[Round], sources: int) -> tuple[list[tuple[Round, int]], int]:
+    """Each round's byte offset in the buffer (after the header, each aligned) and the buffer's size."""
+    placed, offset = [], ALIGN
+    for rnd in rounds:
+        placed.append((rnd, offset))
+        offset += -(-sources * rnd.segment * rnd.dtype.itemsize // ALIGN) * ALIGN
+    return placed, offset
 
 
 def device_uuid(device: torch.device) -> str:

@@ -133,3 +133,22 @@ def test_zero3_ranks_fill_every_buffer_with_one_all_gather_and_the_worker_puts_p
     for p in procs:
         p.join(30)
     assert got == {r: None for r in range(sources)}
+
+
+def test_a_plan_larger_than_the_buffer_is_refused_before_anything_is_loaded():
+    from common.transport.shards import encode_plan, plan_rounds
+    from common.transport.weights import WeightHandle
+
+    sender, receiver = IpcPush(WeightPushConfig(backend="ipc")), IpcPush(WeightPushConfig(backend="ipc"))
+    try:
+        sent = weights(0)
+        handle = sender.send(iter(sent.items()), 1)
+        plan = encode_plan(plan_rounds([("big.weight", (4096, 4096), torch.float32)], 2, 1 << 62), 2)
+        model = receiver_model(sent)
+        with pytest.raises(ValueError, match="the plan needs"):
+            receiver.receive(WeightHandle(1, "ipc", {"buffer": handle.ref["buffer"], "plan": plan}),
+                             ParameterLoader(model, partial=True))
+        assert all(not t.any() for t in model.values())
+    finally:
+        receiver.close()
+        sender.close()
