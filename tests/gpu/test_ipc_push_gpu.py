@@ -1,7 +1,8 @@
 """The same-device weight push (common/transport/ipc.py) on CUDA: a second process maps the
 sender's device buffer through CUDA IPC and loads exactly what was sent, across two pushes of one
 layout (one mapping, the buffer rewritten in place); a handle of a version the buffer no longer
-holds is refused.
+holds is refused. With 2 GPUs: two ZeRO-3 ranks fill both buffers through one NCCL all-gather
+(``send_partitions``) and the worker on each GPU loads the full weights.
 
     python -m pytest -q tests/gpu/test_ipc_push_gpu.py     # on the GPU machine
 """
@@ -62,3 +63,57 @@ def test_a_second_process_loads_the_buffer_through_cuda_ipc():
         handles.put(None)
         proc.join(timeout=60)
         sender.close()
+
+
+def partition_rank(rank: int, port: int, handles, acks) -> None:
+    """Learner rank ``rank`` of 2 on cuda:rank (NCCL): its ZeRO-3 partitions of two versions, sent
+    with ``send_partitions``; each handle goes to the receiver on the same GPU, and the next push
+    waits for its receipt (rank and worker take turns)."""
+    import torch.distributed as dist
+
+    from tests.unit.test_sharded_push import full_weights, partitions
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    sender = IpcPush(WeightPushConfig(backend="ipc"))
+    for version in (1, 2):
+        parts = [(n, s, p.cuda()) for n, s, p in partitions(full_weights(version), rank, 2, flat=True)]
+        handles[rank].put(sender.send_partitions(iter(parts), version, sources=2, rank=rank))
+        acks[rank].get(timeout=120)
+        dist.barrier()  # both workers have read this version before either buffer is rewritten
+    handles[rank].put(None)
+    sender.close()
+    dist.destroy_process_group()
+
+
+def partition_receiver(rank: int, handles, acks, results) -> None:
+    torch.cuda.set_device(rank)
+    end = IpcPush(WeightPushConfig(backend="ipc"))
+    while (handle := handles[rank].get()) is not None:
+        got: dict[str, torch.Tensor] = {}
+        end.receive(handle, lambda named, into=got: into.update({k: v.cpu().clone() for k, v in named}))
+        results.put((rank, handle.version, got))
+        acks[rank].put(handle.version)
+    end.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_zero3_ranks_fill_both_buffers_through_nccl_and_each_worker_loads_the_full_weights():
+    from learner.group import free_port
+    from tests.unit.test_sharded_push import full_weights
+
+    ctx = mp.get_context("spawn")
+    handles, acks, results = [ctx.Queue(), ctx.Queue()], [ctx.Queue(), ctx.Queue()], ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=partition_rank, args=(r, port, handles, acks)) for r in range(2)]
+    procs += [ctx.Process(target=partition_receiver, args=(r, handles, acks, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        for _ in range(4):  # 2 receivers x 2 versions
+            rank, version, got = results.get(timeout=180)
+            for name, t in full_weights(version):
+                assert torch.equal(got[name], t), (rank, version, name)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
