@@ -45,6 +45,7 @@
 #   call13 (a 4-GPU host, carry .whl) GPUs 0,1: the StableDRL loop colocated (partitions push), nothing heavy on the
 #                          host's CPUs beside it; GPUs 2,3: the project at d1's recipe colocated (its sampler, fast)
 #   call14 (the same warm host, carry .gpu_sdrl and .gpu_d1) the two releases' loops on the same GPUs, for the ratios
+#   call15 (2 GPUs, carry .whl) the 8B offload job with 32-row micro-batches alone on its host (against call9's 16)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -113,7 +114,8 @@ d1_colocated_only() {
     --peer-root "$PWD/.gpu_d1/peers" --peer-pythonpath /tmp/peerlib_d1 --peer-port 29541 --project-steps 2 \
     --part-timeout-s 250 --deadline-s 480 --work /tmp/pw_d1c8 --out "$OUT/d1c"
 }
-offload8b() {  # the 8B full-parameter job, optimizer offloaded, on this lane's 2 GPUs
+offload8b() {  # the 8B full-parameter job, optimizer offloaded, on this lane's 2 GPUs (the deadline also caps
+               # each part's timeout: call11's 100 s stopped the job at 63 s)
   OUT=$1 bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada \
     --no-profile --no-resume --deadline-s "$2"
 }
@@ -215,5 +217,8 @@ case "${1:-}" in
       --peer-pythonpath /tmp/peerlib --layers 8 --part-timeout-s 300 --work /tmp/pw_sdrl_peer --out "$OUT/sdrl_peer" &
     lane d1peer 2,3 d1_peer &
     wait ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14" >&2; exit 2 ;;
+  call15)
+    OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
+      --no-profile --no-resume --deadline-s 520 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15" >&2; exit 2 ;;
 esac

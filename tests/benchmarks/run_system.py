@@ -144,10 +144,15 @@ def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
         "system_llada": system("system_llada", "llada", CONFIGS["llada"], full, system_timeout_s, steps),
         "lora_llada": system("lora_llada", "llada", CONFIGS["llada"], [*short, *(f"--set={o}" for o in LORA)], 360, 2,
                              full_parameter=False),
-        # 2 steps, the second timed: at 8B the first step alone took 177 s on an H100 (the host AdamW's
-        # pinned buffers), so a third step did not fit 400 s (20261127-0953_offload_llada_h100x4)
+        # 2 steps, the second timed: at 8B the first step alone took 177 s on an H100, so a third step did
+        # not fit 400 s (20261127-0953_offload_llada_h100x4)
         "offload_llada": system("offload_llada", "llada", CONFIGS["llada"], [*short, *(f"--set={o}" for o in OFFLOAD)],
                                 440, 2, full_parameter=False),
+        # the same with 32-row micro-batches: half the gradient copies to the host per update (the shipped
+        # 16 left 48 GiB of the learner's card free)
+        "offload_llada_mb32": system("offload_llada_mb32", "llada", CONFIGS["llada"],
+                                     [*short, *(f"--set={o}" for o in [*OFFLOAD, "algorithm.micro_batch_size=32"])],
+                                     440, 2, full_parameter=False),
         "system_trado": system("system_trado", "sdar", CONFIGS["trado"], full, system_timeout_s, steps),
     }
     for name, overrides in VARIANTS.items():
