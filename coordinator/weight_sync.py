@@ -58,13 +58,20 @@ def push_calls(backend: str, learners: Sequence[Any], workers: Sequence[Any], ve
 
 
 def push_sources(cfg: WeightPushConfig, learner: Any, lora: bool) -> int:
-    """The learner ranks that send a collective push (``weights.source: shards``; 0: rank 0
-    gathers and sends, the earlier path): every rank under ZeRO-3 (each holds a partition), rank 0
-    alone under ZeRO-1/2 (it holds every parameter whole). LoRA jobs gather (their push merges or
-    picks adapters: learner/lora.py)."""
-    if not cfg.collective or cfg.source != "shards" or lora:
+    """The learner ranks that send their partitions (``weights.source: shards``; 0: rank 0
+    gathers and sends, the earlier path). A collective push: every rank under ZeRO-3 (each holds a
+    partition), rank 0 alone under ZeRO-1/2 (it holds every parameter whole). ipc: every rank under
+    ZeRO-3 with several ranks (one all-gather fills each rank's buffer, common/transport/ipc.py), else 0
+    (each rank's parameters are whole: it copies them as they lie). LoRA jobs gather (their push merges
+    or picks adapters: learner/lora.py)."""
+    if cfg.source != "shards" or lora:
         return 0
-    return learner.num_ranks if learner.deepspeed.zero_stage == 3 else 1
+    zero3 = learner.deepspeed.zero_stage == 3
+    if cfg.backend == "ipc":
+        return learner.num_ranks if zero3 and learner.num_ranks > 1 else 0
+    if not cfg.collective:
+        return 0
+    return learner.num_ranks if zero3 else 1
 
 
 class WeightSync:
@@ -76,8 +83,8 @@ class WeightSync:
         # the workers' end: partial pushes, and LoRA adapters merged with this scale
         self.receiving = {"partial": partial, "lora_scale": lora_scale}
         self.collective = cfg.collective
-        # sharded (collective): learner ranks 0..sources-1 each send their partitions (``push_sources``)
-        self.sources = sources if self.collective else 0
+        # sharded (collective, or ipc): learner ranks 0..sources-1 each send their partitions (``push_sources``)
+        self.sources = sources if self.collective or cfg.backend == "ipc" else 0
         self.staging, self.keep_order = self.collective and cfg.staging, keep_order
         self.members: Optional[tuple[int, ...]] = None  # the collective group as built, in rank order
         # object store: version -> [rank 0's handle]; ipc: every rank's (the newest version only)
@@ -87,7 +94,7 @@ class WeightSync:
         """Set up every learner rank and every worker of the job's start (blocking, named timeouts)."""
         if not self.collective:
             pool = self.actors.pool
-            refs = self.actors.call_learners("setup_weight_push", self.cfg)
+            refs = self.actors.call_learners("setup_weight_push", self.cfg, sources=self.sources)
             refs += [pool[i].setup_weight_push.remote(self.cfg, **self.receiving) for i in sorted(pool.processes)]
             wait(refs, self.timeout_s, "weight push set-up on every learner rank and rollout worker")
             return

@@ -65,7 +65,6 @@ class LearnerWorker:
         self.whole_groups = needs_whole_groups(loss)
         self.engine = self.reference = self.tokenizer = self.push = None
         self.push_sources = 0  # a sharded push's learner ranks that send (setup_weight_push)
-        self.ipc_partitions = False  # ipc under ZeRO-3: every rank sends its partitions (setup_weight_push)
         self.steps = 0
         self.clock = ActorClock(background=BACKGROUND, within=PUSH_PARTS)
 
@@ -170,10 +169,7 @@ class LearnerWorker:
         if self.push is not None:
             self.push.close()
         self.push_sources = sources = kwargs.get("sources", 0)
-        # ipc: every rank sends to the worker on its own device; under ZeRO-3 (no LoRA) each copies its own
-        # partitions and one all-gather fills every rank's buffer, instead of gathering through DeepSpeed
-        self.ipc_partitions = cfg.backend == "ipc" and cfg.source == "shards" and self.world_size > 1 and \
-            self.cfg.deepspeed.zero_stage == 3 and not self.engine.adapted
+        # ipc: every rank sends to the worker on its own device (sharded under ZeRO-3: common/transport/ipc.py)
         member = self.rank < sources if sources else (self.rank == 0 or cfg.backend == "ipc")
         self.push = setup_weight_push(cfg, **{**kwargs, "rank": self.rank if sources else 0}) if member else None
 
@@ -188,10 +184,6 @@ class LearnerWorker:
                     return None
                 with self.clock.timed("push_send"):
                     return self.push.send_shards(self.engine.partitions_for_push(self.push_sources), version)
-            if self.ipc_partitions:
-                with self.clock.timed("push_send"):
-                    return self.push.send_partitions(self.engine.partitions_for_push(self.world_size), version,
-                                                     sources=self.world_size, rank=self.rank)
             with self.clock.timed("push_send"):  # the ZeRO-3 gathers and the copies or sends, settled
                 named = self.engine.named_parameters_for_push(all_ranks=self.push is not None)
                 handle = None

@@ -22,8 +22,9 @@ def setup_weight_push(
     sources: int = 0,
 ) -> WeightPush:
     """Build this process's end of the push. ``cfg.backend`` must be resolved (``WeightPushConfig.resolve``).
-    Object store and ipc (a worker beside its learner rank, common/transport/ipc.py): no arguments
-    needed. Broadcast: ``rank`` 0 is learner rank 0, ranks 1..world_size-1
+    Object store: no arguments needed. ipc (a worker beside its learner rank, common/transport/ipc.py):
+    none either, or ``rank`` and ``sources`` for a learner rank that sends its ZeRO-3 partitions.
+    Broadcast: ``rank`` 0 is learner rank 0, ranks 1..world_size-1
     the rollout workers; (master_addr, master_port) is a free address on learner rank 0's node,
     where rank 0 hosts the group's TCPStore; ``peer_names`` (rank 0 only) names receivers 1.. in errors.
     ``sources`` S >= 1: the sharded push (common/transport/shards.py): ranks 0..S-1 are the learner ranks that send
@@ -37,7 +38,7 @@ def setup_weight_push(
     if cfg.backend == "ipc":
         from common.transport.ipc import IpcPush
 
-        return IpcPush(cfg)
+        return IpcPush(cfg, rank=rank, sources=sources)
     from common.transport.broadcast import BroadcastPush
 
     if master_addr is None or master_port is None:

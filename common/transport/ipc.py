@@ -20,7 +20,7 @@ it read (possible only when rank and worker do not take turns, which the config 
 the receive, naming both versions, instead of loading a mix. A worker on another device than its
 rank (CUDA: the GPUs' UUIDs differ) is refused with the fix.
 
-ZeRO-3 over several ranks (``weights.source: shards``, ``send_partitions``): gathering every
+ZeRO-3 over several ranks (``weights.source: shards``, ``send_shards``): gathering every
 parameter through DeepSpeed before copying it cost 2.6 s a push at LLaDA's width with 8 layers on
 2 ranks (the push's ``push_send`` part, BENCHMARKS.md). Instead each rank copies its own ZeRO-3
 partitions (common/transport/shards.py: rank r holds elements [r·p, (r+1)·p) of every parameter,
@@ -46,14 +46,15 @@ ALIGN = 256  # bytes: every parameter's offset (and the header's slot) in the fl
 class IpcPush:
     """One learner rank's buffer (``send``) or one worker's mapping of its rank's (``receive``)."""
 
-    def __init__(self, cfg: WeightPushConfig) -> None:
+    def __init__(self, cfg: WeightPushConfig, rank: int = 0, sources: int = 0) -> None:
         self.cfg = cfg
+        self.rank, self.sources = rank, sources  # a learner rank's place among the ranks that send_shards
         self.buffer: Optional[torch.Tensor] = None  # the sender's flat uint8 buffer
         self.layout: list[tuple[str, tuple[int, ...], torch.dtype, int]] = []  # (name, shape, dtype, offset)
         self._exported: Optional[dict] = None  # the buffer's handle, made once
         self._shm: Any = None  # CPU: the SharedMemory block (sender: created; receiver: opened)
         self._mapped: Optional[tuple[Any, torch.Tensor]] = None  # receiver: (handle key, mapped buffer)
-        # send_partitions: the parameters the buffer was laid out for, its rounds (each at a byte offset),
+        # send_shards: the parameters the buffer was laid out for, its rounds (each at a byte offset),
         # the plan as the worker reads it, and this rank's send segment of each round
         self._params: list[tuple[str, tuple[int, ...], torch.dtype]] = []
         self._rounds: list[tuple[Round, int]] = []
@@ -114,14 +115,15 @@ class IpcPush:
             self._shm = shared_memory.SharedMemory(create=True, size=nbytes)
             self.buffer = torch.frombuffer(self._shm.buf, dtype=torch.uint8)
 
-    def send_partitions(self, partitions: Iterator[tuple[str, tuple[int, ...], torch.Tensor]], version: int,
-                        sources: int, rank: int, group: Any = None) -> WeightHandle:
+    def send_shards(self, partitions: Iterator[tuple[str, tuple[int, ...], torch.Tensor]], version: int,
+                    group: Any = None) -> WeightHandle:
         """ZeRO-3, every learner rank (collective over ``group``, default: the learner's): this
         rank's flat partition of every parameter (``LearnerEngine.partitions_for_push``: name, full
-        shape, partition), ``sources`` = the learner's ranks. The buffer is laid out at the first
-        push (and again for another set of parameters); later pushes reuse it."""
+        shape, partition); this end's ``sources`` = the learner's ranks. The buffer is laid out at
+        the first push (and again for another set of parameters); later pushes reuse it."""
         import torch.distributed as dist
 
+        rank, sources = self.rank, self.sources
         if dist.get_rank(group) != rank or dist.get_world_size(group) != sources:
             raise ValueError(f"weight push (ipc): learner rank {rank} of {sources} sends partitions over a group where "
                              f"it is rank {dist.get_rank(group)} of {dist.get_world_size(group)}")
@@ -185,7 +187,7 @@ class IpcPush:
                                "worker's learner rank sent nothing (is it on this worker's device?)")
         buffer = self._map(handle.ref["buffer"])
         self._check(buffer, handle.version, "before")
-        if "plan" in handle.ref:  # send_partitions: put every parameter together from the ranks' rows
+        if "plan" in handle.ref:  # send_shards: put every parameter together from the ranks' rows
             sources, rounds = decode_plan(handle.ref["plan"], f"weight push (ipc) of version {handle.version}")
             placed, end = _placed(rounds, sources)
             if end > buffer.numel():

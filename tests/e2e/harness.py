@@ -166,7 +166,7 @@ class InspectedLearner(LearnerWorker):
         return self.engine.state_dict_for_push()  # rank 0's full weights (collective)
 
     def placement(self):
-        return {**placement(), "share_gpu": self.share_gpu, "ipc_partitions": self.ipc_partitions}
+        return {**placement(), "share_gpu": self.share_gpu, "push_sources": self.push_sources}
 
 
 class InspectedRollout(RolloutWorker):

@@ -2,7 +2,7 @@
 sender's device buffer through CUDA IPC and loads exactly what was sent, across two pushes of one
 layout (one mapping, the buffer rewritten in place); a handle of a version the buffer no longer
 holds is refused. With 2 GPUs: two ZeRO-3 ranks fill both buffers through one NCCL all-gather
-(``send_partitions``) and the worker on each GPU loads the full weights.
+(``send_shards``) and the worker on each GPU loads the full weights.
 
     python -m pytest -q tests/gpu/test_ipc_push_gpu.py     # on the GPU machine
 """
@@ -67,7 +67,7 @@ def test_a_second_process_loads_the_buffer_through_cuda_ipc():
 
 def partition_rank(rank: int, port: int, handles, acks) -> None:
     """Learner rank ``rank`` of 2 on cuda:rank (NCCL): its ZeRO-3 partitions of two versions, sent
-    with ``send_partitions``; each handle goes to the receiver on the same GPU, and the next push
+    with ``send_shards``; each handle goes to the receiver on the same GPU, and the next push
     waits for its receipt (rank and worker take turns)."""
     import torch.distributed as dist
 
@@ -75,10 +75,10 @@ def partition_rank(rank: int, port: int, handles, acks) -> None:
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    sender = IpcPush(WeightPushConfig(backend="ipc"))
+    sender = IpcPush(WeightPushConfig(backend="ipc"), rank=rank, sources=2)
     for version in (1, 2):
         parts = [(n, s, p.cuda()) for n, s, p in partitions(full_weights(version), rank, 2, flat=True)]
-        handles[rank].put(sender.send_partitions(iter(parts), version, sources=2, rank=rank))
+        handles[rank].put(sender.send_shards(iter(parts), version))
         acks[rank].get(timeout=120)
         dist.barrier()  # both workers have read this version before either buffer is rewritten
     handles[rank].put(None)

@@ -85,7 +85,7 @@ def test_a_wire_dtype_is_applied_on_the_sending_side():
 
 def _partition_rank(rank: int, sources: int, port: int, versions, results) -> None:
     """Learner rank ``rank`` of ``sources`` (a forked process, gloo): sends every version's ZeRO-3
-    partitions through ``send_partitions``, then reads its own buffer back as its worker would."""
+    partitions through ``send_shards``, then reads its own buffer back as its worker would."""
     import torch.distributed as dist
 
     from tests.unit.test_sharded_push import full_weights, partitions
@@ -93,11 +93,11 @@ def _partition_rank(rank: int, sources: int, port: int, versions, results) -> No
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=sources)
-        sender, receiver = IpcPush(WeightPushConfig(backend="ipc")), IpcPush(WeightPushConfig(backend="ipc"))
+        sender = setup_weight_push(WeightPushConfig(backend="ipc"), rank=rank, sources=sources)
+        receiver = IpcPush(WeightPushConfig(backend="ipc"))
         keys = []
         for version in versions:
-            handle = sender.send_partitions(iter(partitions(full_weights(version), rank, sources, flat=True)),
-                                            version, sources=sources, rank=rank)
+            handle = sender.send_shards(iter(partitions(full_weights(version), rank, sources, flat=True)), version)
             keys.append(handle.ref["buffer"]["key"])
             model = {n: torch.zeros_like(t) for n, t in full_weights(0)}
             loader = ParameterLoader(model)

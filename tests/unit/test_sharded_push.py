@@ -230,6 +230,12 @@ def test_push_sources_and_the_group_the_driver_builds(monkeypatch):
     assert weight_sync.push_sources(nccl, learner(3), lora=True) == 0  # LoRA pushes gather
     assert weight_sync.push_sources(nccl.model_copy(update={"source": "gather"}), learner(3), lora=False) == 0
     assert weight_sync.push_sources(WeightPushConfig(backend="object_store"), learner(3), lora=False) == 0
+    ipc = WeightPushConfig(backend="ipc")  # every ZeRO-3 rank fills its own buffer through one all-gather
+    assert weight_sync.push_sources(ipc, learner(3), lora=False) == 3
+    assert weight_sync.push_sources(ipc, learner(3, ranks=1), lora=False) == 0  # one rank: whole parameters
+    assert weight_sync.push_sources(ipc, learner(2), lora=False) == 0
+    assert weight_sync.push_sources(ipc, learner(3), lora=True) == 0
+    assert weight_sync.push_sources(ipc.model_copy(update={"source": "gather"}), learner(3), lora=False) == 0
 
     calls: list = []
 
