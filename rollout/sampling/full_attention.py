@@ -26,6 +26,8 @@ therefore also feeds the token just before the block, whose logit predicts the b
 With ``cfg.cuda_graph`` (dual cache only) the cached step runs from static buffers and is replayed
 as one CUDA graph (graphs.py); its shape is the same whatever the block, so it computes what the
 eager dual step computes. Refreshes stay eager.
+
+With ``cfg.compile`` and no cache, the full forward's decoder layers run compiled (compiled.py).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from common.models.base import DiffusionPolicy
 from rollout.sampling.base import GenerationOutput, HostView, forward_block_logits, run_denoising
 from rollout.sampling.cache import SlotKVCache
 from rollout.sampling.canvas import Canvas, build_canvas
+from rollout.sampling.compiled import compiled_layers
 from rollout.sampling.graphs import StepGraphs, graph_prompt_width, graphed_generation
 from rollout.sampling.state import DecodeState
 
@@ -135,7 +138,13 @@ def generate_full_attention(
     if cfg.cuda_graph:
         graphs = graphs if graphs is not None else StepGraphs()
         width = graph_prompt_width(prompts, 1)
-    with torch.inference_mode(), graphed_generation(policy) if cfg.cuda_graph else contextlib.nullcontext():
+    if cfg.cuda_graph:
+        context = graphed_generation(policy)
+    elif cfg.compile:  # mode "none" (resolved_cache refuses the rest): the full forward's layers compiled
+        context = compiled_layers(policy)
+    else:
+        context = contextlib.nullcontext()
+    with torch.inference_mode(), context:
         canvas = build_canvas(
             prompts, cfg.gen_length, mask_token_id=policy.mask_token_id, pad_token_id=policy.pad_token_id,
             device=policy.device, min_prompt_width=width,

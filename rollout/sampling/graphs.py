@@ -59,6 +59,7 @@ import torch
 from common.models.gqa_fold import folded_attention
 from rollout.sampling.base import forward_block_logits
 from rollout.sampling.cache import SlotKVCache
+from rollout.sampling.compiled import compiled
 
 PROMPT_BUCKET = 32  # graphed canvases round the prompt width up to a multiple of this
 log = logging.getLogger(__name__)
@@ -222,23 +223,6 @@ class StepGraphs:
 def weights_fingerprint(policy: torch.nn.Module) -> tuple[int, ...]:
     """Where every parameter and buffer lives: a graph reads these addresses."""
     return tuple(t.data_ptr() for t in itertools.chain(policy.parameters(), policy.buffers()))
-
-
-RECOMPILE_LIMIT = 64  # compiled static steps: shapes x kinds x policies of one process (torch's default is 8)
-
-
-def compiled(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """``fn`` through ``torch.compile`` with static shapes: the elementwise work between the matmuls
-    (RMSNorm in fp32, rotary, SiLU, residual adds: ~2,500 kernels per 36-layer forward) fused into
-    a few kernels per layer. Compiled at its first call (the capture's warm-up); every static step
-    is one more specialisation of the same code, so the recompile limit is raised to
-    ``RECOMPILE_LIMIT`` (beyond it torch would fall back to the eager forward)."""
-    import torch._dynamo
-
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
-    return torch.compile(fn, dynamic=False)
 
 
 def graph_prompt_width(prompts, minimum: int) -> int:

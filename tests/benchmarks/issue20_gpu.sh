@@ -46,6 +46,10 @@
 #                          host's CPUs beside it; GPUs 2,3: the project at d1's recipe colocated (its sampler, fast)
 #   call14 (the same warm host, carry .gpu_sdrl and .gpu_d1) the two releases' loops on the same GPUs, for the ratios
 #   call15 (2 GPUs, carry .whl) the 8B offload job with 32-row micro-batches alone on its host (against call9's 16)
+#   call16 (a 4-GPU host, carry .whl) GPUs 0,1: the StableDRL loop colocated (partitions push) with the recipe's
+#                          compiled sampler, then with it eager; GPUs 2,3: the 2-GPU ipc test, then the project at
+#                          d1's recipe colocated (compiled, fast, eager); nothing heavy beside them
+#   call17 (the same warm host, carry .gpu_sdrl and .gpu_d1) = call14: the two releases' loops, for the ratios
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -135,6 +139,14 @@ sdrl_rows() {  # the release, then the project colocated with its 32-row request
     --variant "colocated_64_rows=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;rollout.prompts_per_request=4" \
     --work /tmp/pw_sdrl_rows --out "$OUT/sdrl"
 }
+COLOCATED_EAGER="cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;sampler.compile=false"
+ipc_test_then_d1() {  # the 2-GPU ipc test, then the project at d1's recipe colocated: compiled, fast, eager
+  python3 -m pytest -q -m gpu tests/gpu/test_ipc_push_gpu.py > "$OUT/ipc_test.log" 2>&1
+  echo "ipc GPU test: rc $?"
+  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated,colocated_fast,colocated_eager \
+    --peer-root /tmp/none --project-steps 2 --part-timeout-s 185 --deadline-s 520 --work /tmp/pw_d1c --out "$OUT/d1c" \
+    --variant "colocated_eager=$COLOCATED_EAGER"
+}
 case "${1:-}" in
   call1)
     lane llada 0,1 system "$OUT/llada" /tmp/sys_llada ckpt_llada_short,matmul,push,system_llada 420 &
@@ -217,8 +229,16 @@ case "${1:-}" in
       --peer-pythonpath /tmp/peerlib --layers 8 --part-timeout-s 300 --work /tmp/pw_sdrl_peer --out "$OUT/sdrl_peer" &
     lane d1peer 2,3 d1_peer &
     wait ;;
+  call16)
+    lane sdrl_c 0,1 python3 tests/benchmarks/peers/run_peers.py --loops colocated,colocated_eager --peer-root /tmp/none \
+      --layers 8 --project-steps 3 --part-timeout-s 235 --work /tmp/pw_sdrl_c --out "$OUT/sdrl_c" \
+      --variant "colocated_eager=$COLOCATED_EAGER" &
+    lane d1c 2,3 ipc_test_then_d1 &
+    wait ;;
+  call17)
+    bash "$0" call14 ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17" >&2; exit 2 ;;
 esac

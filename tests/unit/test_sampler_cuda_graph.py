@@ -92,9 +92,15 @@ def test_compiled_static_steps_give_the_reference_tokens(sdar):
     assert step.compile and step.companion(8, 4).compile and graphs.calls == 15
 
 
-def test_compile_needs_the_graphed_steps():
+def test_compile_needs_a_compiled_path():
+    """The compiled paths are the graphed steps and the exact full forward (test_sampler_compile.py);
+    an eager cached step or block diffusion's eager cache is refused, naming the field."""
     with pytest.raises(Exception, match="compile"):
-        SamplerConfig(gen_length=32, compile=True)
+        SamplerConfig(gen_length=32, cache="dual", compile=True)
+    with pytest.raises(Exception, match="compile"):
+        SamplerConfig(gen_length=32, cache="prefix", compile=True)
+    with pytest.raises(ConfigError, match="compile=True"):  # block diffusion: auto is its eager exact cache
+        SamplerConfig(gen_length=32, block_length=None, compile=True).resolved_cache(block_diffusion=True)
 
 
 def test_static_step_stops_at_eos_like_the_reference():

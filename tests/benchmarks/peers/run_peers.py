@@ -13,7 +13,8 @@ Pairs (``--pairs``):
 
 Each pair runs three loops, one after another, each in its own process with its own timeout:
 the peer; the project's recipe as shipped (its sampler is the release's: plain low-confidence
-remasking, 128 steps, no cache) = ``<pair>_release_sampler``; the recipe with the shipped fast
+remasking, 128 steps, no cache; its decoder layers compiled, ``sampler.compile``) =
+``<pair>_release_sampler``; the recipe with the shipped fast
 paths (the 1-node configs' dual KV cache with threshold decoding at 0.9 and one step of
 staleness, ``FAST``) = ``<pair>_fast``. Two more loops on request (``--loops``): ``colocated``, the
 release sampler with ``cluster.colocate`` (a learner rank and a rollout worker on every GPU taking
@@ -59,10 +60,12 @@ import peer_events as pe  # noqa: E402
 import yaml  # noqa: E402
 
 # the shipped fast paths (deploy/configs/llada8b_1node.yaml): Fast-dLLM's dual cache, threshold decoding, eta = 1
-FAST = ["sampler.cache=dual", "sampler.threshold=0.9", "algorithm.max_staleness=1"]
+# (the recipes compile the exact sampler's forward; the cached one runs eager)
+SAMPLER_FAST = ["sampler.cache=dual", "sampler.threshold=0.9", "sampler.compile=false"]
+FAST = SAMPLER_FAST + ["algorithm.max_staleness=1"]
 # cluster.colocate: a learner rank and a rollout worker on every GPU, taking turns (eta = 0) as the releases' loops do
 COLOCATED = ["cluster.colocate=true", "weights.backend=auto", "algorithm.max_staleness=0"]
-VARIANTS = {"release_sampler": [], "fast": FAST, "colocated": COLOCATED, "colocated_fast": FAST[:2] + COLOCATED}
+VARIANTS = {"release_sampler": [], "fast": FAST, "colocated": COLOCATED, "colocated_fast": SAMPLER_FAST + COLOCATED}
 TARGETS = {"release_sampler": 2.0, "colocated": 2.0, "fast": 5.0}
 
 

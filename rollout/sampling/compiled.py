@@ -1,0 +1,75 @@
+"""``SamplerConfig.compile``: the sampler's forwards through ``torch.compile``.
+
+Between the matrix products of a decoder layer sit a dozen elementwise passes over the whole
+activation: RMSNorm's fp32 cast, square, mean, rsqrt and scale (twice a layer), rotary's halves,
+SiLU and the gate product, residual adds. At a full forward over a canvas (the exact sampler:
+32 rows of ~450 tokens at LLaDA-8B's width) each pass moves ~100-300 MB, so together they cost
+about a quarter of the forward. Compiled, they fuse into a few kernels per layer. Measured on an
+H100 at LLaDA's width with 8 layers, 32 rows x 456 tokens: 107 ms -> 82 ms a forward (BENCHMARKS.md).
+
+Two forms, one flag:
+
+- the graphed steps (``cuda_graph``): each static step's forward is compiled with static shapes
+  before its capture (``compiled``; graphs.py);
+- the exact full forward (full attention, ``cache`` none): every decoder layer is compiled on its
+  own ("regional" compilation, ``compiled_layers``). The layers share their code, so one
+  compilation serves them all; a canvas of another width or row count recompiles once with
+  dynamic sizes (seconds) and is then reused. The compiled forwards replace the layers' own only
+  while a generation runs, so scoring passes on the same policy stay eager.
+
+Compiled kernels round differently from eager ones, so tokens match the eager path's in
+distribution, not bit for bit (equal in fp32 at the tiny shape: tests/unit/test_sampler_compile.py).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import torch
+
+RECOMPILE_LIMIT = 64  # compiled specialisations per code object in one process (torch's default is 8)
+_ATTR = "_sampler_compiled_forward"  # where a decoder layer keeps its compiled forward
+
+
+def raise_recompile_limit() -> None:
+    """Every static step and every new canvas shape is one more specialisation of the same code:
+    beyond torch's limit it would fall back to eager silently."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+
+
+def compiled(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """``fn`` (a static step's forward) through ``torch.compile`` with static shapes, compiled at its
+    first call (the capture's warm-up)."""
+    raise_recompile_limit()
+    return torch.compile(fn, dynamic=False)
+
+
+def decoder_layers(policy: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layers of a full-attention policy's transformers model."""
+    decoder = policy.model.get_decoder() if hasattr(policy.model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise ValueError(f"sampler.compile: {type(policy.model).__name__} has no decoder layers to compile")
+    return layers
+
+
+@contextlib.contextmanager
+def compiled_layers(policy: torch.nn.Module) -> Iterator[int]:
+    """Inside: every decoder layer of ``policy`` runs its compiled forward (built at the first use and
+    kept on the layer); yields the number of layers. On exit the layers' own forwards are back."""
+    raise_recompile_limit()
+    layers = list(decoder_layers(policy))
+    for layer in layers:
+        if _ATTR not in layer.__dict__:
+            # the class's forward bound to this layer: compiling it does not see the override below
+            layer.__dict__[_ATTR] = torch.compile(type(layer).forward.__get__(layer))
+        layer.forward = layer.__dict__[_ATTR]
+    try:
+        yield len(layers)
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("forward", None)

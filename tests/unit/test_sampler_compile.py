@@ -1,0 +1,71 @@
+"""``SamplerConfig.compile`` on the exact full-attention sampler (rollout/sampling/compiled.py): the
+decoder layers run compiled while a generation runs (inductor's C++ kernels on a CPU). In fp32 at
+the tiny shape the fused kernels round like the eager ones, so the tokens are the eager path's."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from common.config.sampler import SamplerConfig
+from common.models import build_tiny_policy
+from rollout.sampling import generate
+from rollout.sampling.compiled import compiled_layers, decoder_layers
+
+torch.set_num_threads(1)
+MIXED = [torch.arange(5, 10), torch.arange(20, 22), torch.arange(40, 48)]
+SEEDS = torch.tensor([3, 4, 5])
+
+
+@pytest.fixture(scope="module")
+def llada():
+    return build_tiny_policy("llada")
+
+
+def cfg(**kw) -> SamplerConfig:
+    return SamplerConfig(**{**dict(gen_length=16, block_length=8, steps=16, temperature=0.9, stop_at_eos=False,
+                                   cache="none"), **kw})
+
+
+def test_compiled_exact_forward_gives_the_eager_tokens_and_hands_the_layers_back(llada):
+    calls = []
+    hook = decoder_layers(llada)[0].register_forward_hook(lambda *_: calls.append(1))
+    before = counters["stats"]["unique_graphs"]
+    try:
+        got = generate(llada, MIXED, SEEDS, cfg(compile=True))
+    finally:
+        hook.remove()
+    assert counters["stats"]["unique_graphs"] > before  # the layers went through torch.compile
+    assert len(calls) == got.num_forwards == 16  # through the module call: hooks still run
+    ref = generate(llada, MIXED, SEEDS, cfg())
+    assert torch.equal(got.completion_ids, ref.completion_ids)
+    assert torch.equal(got.decode_step, ref.decode_step)
+    # outside a generation the layers run their own forward again (scoring passes stay eager)
+    assert all("forward" not in layer.__dict__ for layer in decoder_layers(llada))
+
+
+def test_compiled_layers_are_built_once_and_reused(llada):
+    with compiled_layers(llada) as n:
+        first = [layer.forward for layer in decoder_layers(llada)]
+    with compiled_layers(llada):
+        again = [layer.forward for layer in decoder_layers(llada)]
+    assert n == len(decoder_layers(llada)) == 2
+    assert all(a is b for a, b in zip(first, again))
+
+
+def test_a_new_canvas_width_still_runs_compiled(llada):
+    """Requests of other prompt widths and row counts recompile (dynamic sizes), never fall back."""
+    wide = [torch.arange(5, 25), torch.arange(30, 33)]
+    got = generate(llada, wide, SEEDS[:2], cfg(compile=True))
+    ref = generate(llada, wide, SEEDS[:2], cfg())
+    assert torch.equal(got.completion_ids, ref.completion_ids)
+
+
+def test_compile_is_refused_where_no_compiled_path_exists():
+    with pytest.raises(Exception, match="compile"):
+        SamplerConfig(gen_length=32, cache="dual", compile=True)
+    with pytest.raises(Exception, match="no compile"):
+        SamplerConfig(gen_length=32, steps=32, temperature=0.0, compat="d1", compile=True)
+    sdar = build_tiny_policy("sdar", block_size=4)
+    with pytest.raises(Exception, match="compile=True"):
+        generate(sdar, MIXED, SEEDS, SamplerConfig(gen_length=16, block_length=None, steps=16, compile=True))
