@@ -10,6 +10,8 @@ naive       The exact sampler (cache none). Every step is the same forward over 
             Linear layers over B*384 tokens, the LM head over the block's B*32 positions,
             attention 384 x 384; achieved rate / the card's measured matmul rate (target >= 60%).
             Profile: the model forward alone (CUDA events) and the decode step alone.
+            Compiled: the same with ``sampler.compile`` (decoder layers through torch.compile):
+            per-step time, speed-up over eager, the forward alone, tokens equal to eager's.
 cached      Dual cache (Fast-dLLM, refreshed once per block), fixed steps S1 = 128 and S2 = 256
             (--quick: 64 and 128), whole generations measured. Cache speed-up at equal steps = naive(S) / cached(S).
             From the two runs: t_cached = (T(S2) - T(S1)) / (S2 - S1) per cached step and
@@ -56,6 +58,7 @@ from common.config.sampler import SamplerConfig
 from rollout.sampling import generate
 from rollout.sampling.base import forward_block_logits, run_denoising
 from rollout.sampling.canvas import build_canvas
+from rollout.sampling.compiled import compiled_layers
 from rollout.sampling.full_attention import FullAttentionLogits
 from rollout.sampling.decode import choose_tokens, commit_mask
 from common.seeding import generator
@@ -145,7 +148,32 @@ class Bench:
             "decode_step_ms": decode_ms,
             "tokens_per_s_at_steps": {s: tokens / (s * self.t_naive) for s in (a.gen, a.gen // 2)},
             "note": "tokens/s at S steps = B*gen / (S * s_per_step): every naive step is the same full forward",
+            "compiled": self.naive_compiled(flops, out),
         })
+
+    def naive_compiled(self, flops: float, eager) -> dict:
+        """The same exact sampler with ``sampler.compile`` (its decoder layers through torch.compile):
+        compiled at the warm-up generation, then timed like the eager one; the forward alone under
+        the compiled layers; the share of tokens equal to the eager run's (bf16: rounding may differ)."""
+        a, cfg = self.a, self.cfg(compile=True)
+        _, compile_s = self.run(cfg)  # warm-up: the compilation
+        out, secs = self.run(cfg)
+        per_step = secs / out.num_forwards
+        canvas = build_canvas(self.prompts, a.gen, mask_token_id=self.policy.mask_token_id,
+                              pad_token_id=self.policy.pad_token_id, device=self.dev)
+        mask = full_mask(canvas.valid)
+        with torch.inference_mode(), compiled_layers(self.policy):
+            fwd = bl.median(bl.event_times_ms(
+                lambda: self.policy(canvas.ids, attention_mask=mask, position_ids=canvas.position_ids,
+                                    logits_from=a.prompt, logits_to=a.prompt + a.block), self.dev, warmup=1, reps=3))
+        tflops = flops / per_step / 1e12
+        return {
+            "first_generation_s": compile_s, "s_per_step": per_step, "engine_tflops": tflops,
+            **{f"engine_{k}": v for k, v in self.pct(tflops).items()},
+            "speedup_vs_eager": self.t_naive / per_step, "forward_only_ms": fwd,
+            "forward_only_tflops": flops / (fwd * 1e-3) / 1e12,
+            "tokens_equal_to_eager": float((out.completion_ids == eager.completion_ids).float().mean()),
+        }
 
     def profile_naive_step(self) -> tuple[float, dict]:
         """(model forward alone, ms) and the decode step alone (ms, float64 and float32 Gumbel noise)."""

@@ -50,6 +50,11 @@
 #                          compiled sampler, then with it eager; GPUs 2,3: the 2-GPU ipc test, then the project at
 #                          d1's recipe colocated (compiled, fast, eager); nothing heavy beside them
 #   call17 (the same warm host, carry .gpu_sdrl and .gpu_d1) = call14: the two releases' loops, for the ratios
+#   call18 (a second 4-GPU host, carry .whl) the compiled sampler's ratios again: GPUs 0,1: the StableDRL loop
+#                          colocated (32- and 64-row requests), then on GPU 0 the exact sampler at LLaDA-8B eager
+#                          and compiled (bench_full_attention naive); GPUs 2,3: d1's recipe colocated, its sampler
+#                          and the fast one
+#   call19 (the same warm host, carry .gpu_sdrl and .gpu_d1) = call14
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -147,6 +152,18 @@ ipc_test_then_d1() {  # the 2-GPU ipc test, then the project at d1's recipe colo
     --peer-root /tmp/none --project-steps 2 --part-timeout-s 185 --deadline-s 520 --work /tmp/pw_d1c --out "$OUT/d1c" \
     --variant "colocated_eager=$COLOCATED_EAGER"
 }
+sdrl_compiled_then_naive() {  # the StableDRL loop colocated at 32- and 64-row requests; the exact sampler at 8B
+  python3 tests/benchmarks/peers/run_peers.py --loops colocated,colocated_64_rows --peer-root /tmp/none --layers 8 \
+    --project-steps 3 --part-timeout-s 220 --work /tmp/pw_sdrl_c --out "$OUT/sdrl_c" \
+    --variant "colocated_64_rows=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;rollout.prompts_per_request=4"
+  local rc=$?
+  export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES%%,*}
+  mkdir -p "$OUT/naive"
+  python3 tests/benchmarks/bench_matmul.py --out "$OUT/naive/matmul.json" &&
+    python3 tests/benchmarks/bench_full_attention.py --parts naive --peak-from "$OUT/naive/matmul.json" \
+      --out "$OUT/naive/full_attention.json" || rc=$?
+  return $rc
+}
 case "${1:-}" in
   call1)
     lane llada 0,1 system "$OUT/llada" /tmp/sys_llada ckpt_llada_short,matmul,push,system_llada 420 &
@@ -237,8 +254,15 @@ case "${1:-}" in
     wait ;;
   call17)
     bash "$0" call14 ;;
+  call18)
+    lane sdrl_c 0,1 sdrl_compiled_then_naive &
+    lane d1c 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated,colocated_fast \
+      --peer-root /tmp/none --project-steps 2 --part-timeout-s 185 --work /tmp/pw_d1c --out "$OUT/d1c" &
+    wait ;;
+  call19)
+    bash "$0" call14 ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19" >&2; exit 2 ;;
 esac

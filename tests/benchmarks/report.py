@@ -77,6 +77,20 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
         )
     )
 
+    nc = nv.get("compiled") or {}
+    out.append(
+        (
+            "2b the same, decoder layers compiled (sampler.compile), % of measured matmul",
+            fmt(nc.get("engine_pct_of_measured_matmul"), ".1f", "%"),
+            "report",
+            "",
+            f"{fmt(nc.get('speedup_vs_eager'), '.2f', 'x')} the eager step; forward alone "
+            f"{fmt(nc.get('forward_only_ms'), '.0f')} ms (eager {fmt(nv.get('forward_only_ms'), '.0f')}); "
+            f"first generation {fmt(nc.get('first_generation_s'), '.0f')} s; tokens equal to eager "
+            f"{fmt(100 * nc['tokens_equal_to_eager'] if 'tokens_equal_to_eager' in nc else None, '.1f', '%')}",
+        )
+    )
+
     ca = part(data, "full_attention", "cached")
     by = ca.get("by_steps") or {}
     eq = ", ".join(
