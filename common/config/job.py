@@ -226,6 +226,11 @@ class JobConfig(StrictModel):
                              "this model decodes [MASK] canvases: use staircase, elbo_mc or another masked estimator")
         if uniform and getattr(self.sampler, "cuda_graph", False):
             raise ValueError("sampler.cuda_graph: the DiffusionGemma sampler has no graphed step; set it False")
+        named = f"{self.model.preset or ''} {self.model.family or ''}"
+        block = uniform or "sdar" in named
+        if block and getattr(self.sampler, "compile", False) and not getattr(self.sampler, "cuda_graph", False):
+            raise ValueError("sampler.compile: a block-diffusion sampler compiles only its graphed steps; set "
+                             "sampler.cuda_graph True (SDAR / TraDo) or compile False")
         level = getattr(self.loss, "level", None) or getattr(getattr(self.loss, "base", None), "level", None)
         if level == "token" and self.estimator.name not in TOKEN_ESTIMATORS:
             raise ValueError(f"loss.level 'token' needs per-token values, which estimator.name {self.estimator.name!r} "

@@ -84,8 +84,8 @@ class SamplerConfig(StrictModel):
         "graphed step before its capture (static shapes, compiled once per shape and process, over a minute at 8B; "
         "measured at SDAR-8B on an H100: no speed-up, 0.96x the uncompiled graph); without, the exact full forward "
         "of full attention (cache none): its decoder layers compiled once, a new canvas width recompiling once with "
-        "dynamic sizes (measured at LLaDA's width, 8 layers, 32 rows x 456 tokens on an H100: 1.30x the eager "
-        "forward). Other eager cached paths are refused. Compiled kernels round differently from eager ones, so "
+        "dynamic sizes (measured at LLaDA-8B, 32 rows x 384 tokens on an H100: 1.30x the eager forward). "
+        "Other eager cached paths are refused. Compiled kernels round differently from eager ones, so "
         "tokens match the eager path's in distribution, not bit for bit",
     )
 

@@ -82,6 +82,12 @@ MISTAKES = [
     ("NaN float", ["loss.clip_max=.nan"], ["clip_max", "finite number"]),
     ("infinite float", ["sampler.temperature=.inf"], ["sampler", "temperature", "finite number"]),
     ("absurd step count", ["run.steps=1.0e+30"], ["run.steps"]),
+    ("compile on an eager cache", ["sampler.cache=dual", "sampler.compile=true"], ["compile", "cuda_graph=True"]),
+    (
+        "compile on block diffusion's eager sampler",
+        ["model.preset=tiny-sdar", "sampler.block_length=null", "sampler.compile=true"],
+        ["sampler.compile", "sampler.cuda_graph"],
+    ),
     ("absurd group size", ["algorithm.group_size=100000"], ["algorithm.group_size", "less than or equal to 4096"]),
     (
         "alias bomb in an override",
