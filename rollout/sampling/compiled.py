@@ -24,12 +24,14 @@ distribution, not bit for bit (equal in fp32 at the tiny shape: tests/unit/test_
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Callable, Iterator
 
 import torch
 
 RECOMPILE_LIMIT = 64  # compiled specialisations per code object in one process (torch's default is 8)
 _ATTR = "_sampler_compiled_forward"  # where a decoder layer keeps its compiled forward
+log = logging.getLogger(__name__)
 
 
 def raise_recompile_limit() -> None:
@@ -64,6 +66,9 @@ def compiled_layers(policy: torch.nn.Module) -> Iterator[int]:
     kept on the layer); yields the number of layers. On exit the layers' own forwards are back."""
     raise_recompile_limit()
     layers = list(decoder_layers(policy))
+    if any(_ATTR not in layer.__dict__ for layer in layers):
+        log.info("sampler.compile: %d decoder layers through torch.compile; the first forward compiles them "
+                 "(seconds), a new canvas width recompiles once", len(layers))
     for layer in layers:
         if _ATTR not in layer.__dict__:
             # the class's forward bound to this layer: compiling it does not see the override below
