@@ -226,11 +226,6 @@ class JobConfig(StrictModel):
                              "this model decodes [MASK] canvases: use staircase, elbo_mc or another masked estimator")
         if uniform and getattr(self.sampler, "cuda_graph", False):
             raise ValueError("sampler.cuda_graph: the DiffusionGemma sampler has no graphed step; set it False")
-        named = f"{self.model.preset or ''} {self.model.family or ''}"
-        block = uniform or "sdar" in named
-        if block and getattr(self.sampler, "compile", False) and not getattr(self.sampler, "cuda_graph", False):
-            raise ValueError("sampler.compile: a block-diffusion sampler compiles only its graphed steps; set "
-                             "sampler.cuda_graph True (SDAR / TraDo) or compile False")
         level = getattr(self.loss, "level", None) or getattr(getattr(self.loss, "base", None), "level", None)
         if level == "token" and self.estimator.name not in TOKEN_ESTIMATORS:
             raise ValueError(f"loss.level 'token' needs per-token values, which estimator.name {self.estimator.name!r} "
@@ -318,8 +313,9 @@ def load_job_config(path: str | Path, overrides: list[str] = ()) -> JobConfig:
 
 
 def check_sampler_layout(cfg: JobConfig) -> None:
-    """The sampler's block layout against the policy's block size, read from the preset or the
-    checkpoint's config.json without loading weights (ConfigError naming the field)."""
+    """The sampler's block layout against the policy's block size, and its cache, graphs and compile
+    against its family, read from the preset or the checkpoint's config.json without loading weights
+    (ConfigError naming the field)."""
     from common.models.families import FAMILIES, CheckpointError, checkpoint_block_size, detect_family
     from common.models.presets import PRESETS, TINY_CANVAS
 
@@ -338,8 +334,10 @@ def check_sampler_layout(cfg: JobConfig) -> None:
         except CheckpointError as e:
             raise ConfigError(f"model.path: {e}") from None
     block = checkpoint_block_size(family, raw, cfg.model.block_size)
+    block_diffusion = FAMILIES[family].attention == "block"
     try:
-        cfg.sampler.layout(block, block_diffusion=FAMILIES[family].attention == "block")
+        cfg.sampler.layout(block, block_diffusion=block_diffusion)
+        cfg.sampler.resolved_cache(block_diffusion)  # the cache, cuda_graph and compile for this family
     except ConfigError as e:
         raise ConfigError(f"sampler: {e}") from None
 
