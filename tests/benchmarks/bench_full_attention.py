@@ -155,17 +155,13 @@ class Bench:
         """The same exact sampler with ``sampler.compile`` (its decoder layers through torch.compile):
         compiled at the warm-up generation, then timed like the eager one; the forward alone under
         the compiled layers; the share of tokens equal to the eager run's (bf16: rounding may differ)."""
-        a, cfg = self.a, self.cfg(compile=True)
+        cfg = self.cfg(compile=True)
         _, compile_s = self.run(cfg)  # warm-up: the compilation
         out, secs = self.run(cfg)
         per_step = secs / out.num_forwards
-        canvas = build_canvas(self.prompts, a.gen, mask_token_id=self.policy.mask_token_id,
-                              pad_token_id=self.policy.pad_token_id, device=self.dev)
-        mask = full_mask(canvas.valid)
+        forward = self.naive_forward()
         with torch.inference_mode(), compiled_layers(self.policy):
-            fwd = bl.median(bl.event_times_ms(
-                lambda: self.policy(canvas.ids, attention_mask=mask, position_ids=canvas.position_ids,
-                                    logits_from=a.prompt, logits_to=a.prompt + a.block), self.dev, warmup=1, reps=3))
+            fwd = bl.median(bl.event_times_ms(forward, self.dev, warmup=1, reps=3))
         tflops = flops / per_step / 1e12
         return {
             "first_generation_s": compile_s, "s_per_step": per_step, "engine_tflops": tflops,
@@ -175,18 +171,25 @@ class Bench:
             "tokens_equal_to_eager": float((out.completion_ids == eager.completion_ids).float().mean()),
         }
 
-    def profile_naive_step(self) -> tuple[float, dict]:
-        """(model forward alone, ms) and the decode step alone (ms, float64 and float32 Gumbel noise)."""
+    def naive_forward(self):
+        """One naive step's model forward over the whole canvas (the first block's logits), as a call."""
         a, p = self.a, self.policy
         canvas = build_canvas(
             self.prompts, a.gen, mask_token_id=p.mask_token_id, pad_token_id=p.pad_token_id, device=self.dev
         )
         mask = full_mask(canvas.valid)
-        with torch.inference_mode():
-            def forward():
-                return p(canvas.ids, attention_mask=mask, position_ids=canvas.position_ids,
-                         logits_from=a.prompt, logits_to=a.prompt + a.block).logits
 
+        def forward() -> torch.Tensor:
+            return p(canvas.ids, attention_mask=mask, position_ids=canvas.position_ids,
+                     logits_from=a.prompt, logits_to=a.prompt + a.block).logits
+
+        return forward
+
+    def profile_naive_step(self) -> tuple[float, dict]:
+        """(model forward alone, ms) and the decode step alone (ms, float64 and float32 Gumbel noise)."""
+        a, p = self.a, self.policy
+        forward = self.naive_forward()
+        with torch.inference_mode():
             fwd = bl.median(bl.event_times_ms(forward, self.dev, warmup=1, reps=3))
             logits = forward()  # [B, Lb, V]
             gens = [generator(i, self.dev) for i in range(a.batch)]

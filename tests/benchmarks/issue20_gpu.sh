@@ -144,13 +144,11 @@ sdrl_rows() {  # the release, then the project colocated with its 32-row request
     --variant "colocated_64_rows=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;rollout.prompts_per_request=4" \
     --work /tmp/pw_sdrl_rows --out "$OUT/sdrl"
 }
-COLOCATED_EAGER="cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;sampler.compile=false"
 ipc_test_then_d1() {  # the 2-GPU ipc test, then the project at d1's recipe colocated: compiled, fast, eager
   python3 -m pytest -q -m gpu tests/gpu/test_ipc_push_gpu.py > "$OUT/ipc_test.log" 2>&1
   echo "ipc GPU test: rc $?"
   python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated,colocated_fast,colocated_eager \
-    --peer-root /tmp/none --project-steps 2 --part-timeout-s 185 --deadline-s 520 --work /tmp/pw_d1c --out "$OUT/d1c" \
-    --variant "colocated_eager=$COLOCATED_EAGER"
+    --peer-root /tmp/none --project-steps 2 --part-timeout-s 185 --deadline-s 520 --work /tmp/pw_d1c --out "$OUT/d1c"
 }
 sdrl_compiled_then_naive() {  # the StableDRL loop colocated at 32- and 64-row requests; the exact sampler at 8B
   python3 tests/benchmarks/peers/run_peers.py --loops colocated,colocated_64_rows --peer-root /tmp/none --layers 8 \
@@ -248,8 +246,7 @@ case "${1:-}" in
     wait ;;
   call16)
     lane sdrl_c 0,1 python3 tests/benchmarks/peers/run_peers.py --loops colocated,colocated_eager --peer-root /tmp/none \
-      --layers 8 --project-steps 3 --part-timeout-s 235 --work /tmp/pw_sdrl_c --out "$OUT/sdrl_c" \
-      --variant "colocated_eager=$COLOCATED_EAGER" &
+      --layers 8 --project-steps 3 --part-timeout-s 235 --work /tmp/pw_sdrl_c --out "$OUT/sdrl_c" &
     lane d1c 2,3 ipc_test_then_d1 &
     wait ;;
   call17)

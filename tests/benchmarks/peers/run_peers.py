@@ -16,10 +16,11 @@ the peer; the project's recipe as shipped (its sampler is the release's: plain l
 remasking, 128 steps, no cache; its decoder layers compiled, ``sampler.compile``) =
 ``<pair>_release_sampler``; the recipe with the shipped fast
 paths (the 1-node configs' dual KV cache with threshold decoding at 0.9 and one step of
-staleness, ``FAST``) = ``<pair>_fast``. Two more loops on request (``--loops``): ``colocated``, the
+staleness, ``FAST``) = ``<pair>_fast``. Three more loops on request (``--loops``): ``colocated``, the
 release sampler with ``cluster.colocate`` (a learner rank and a rollout worker on every GPU taking
-turns, generation then training on all of them, as the releases run; ``COLOCATED``), and
-``colocated_fast`` (the same with the fast sampler, eta = 0). The project's jobs run through the
+turns, generation then training on all of them, as the releases run; ``COLOCATED``),
+``colocated_fast`` (the same with the fast sampler, eta = 0) and ``colocated_eager`` (``colocated`` with
+the forward eager, ``sampler.compile=false``). The project's jobs run through the
 system benchmark (bench_system.py: 1 learner rank + 1 rollout worker on 2 GPUs; colocated: one of
 each per GPU) with the recipe's task source
 replaced by the generated rows that the peer reads too, no held-out evaluation, and
@@ -65,7 +66,9 @@ SAMPLER_FAST = ["sampler.cache=dual", "sampler.threshold=0.9", "sampler.compile=
 FAST = SAMPLER_FAST + ["algorithm.max_staleness=1"]
 # cluster.colocate: a learner rank and a rollout worker on every GPU, taking turns (eta = 0) as the releases' loops do
 COLOCATED = ["cluster.colocate=true", "weights.backend=auto", "algorithm.max_staleness=0"]
-VARIANTS = {"release_sampler": [], "fast": FAST, "colocated": COLOCATED, "colocated_fast": SAMPLER_FAST + COLOCATED}
+VARIANTS = {"release_sampler": [], "fast": FAST, "colocated": COLOCATED, "colocated_fast": SAMPLER_FAST + COLOCATED,
+            # the recipe's sampler with its forward eager: the before of sampler.compile
+            "colocated_eager": COLOCATED + ["sampler.compile=false"]}
 TARGETS = {"release_sampler": 2.0, "colocated": 2.0, "fast": 5.0}
 
 
