@@ -47,6 +47,7 @@ from common.seeding import derive_seed
 from common.transport.shards import partition_numel
 from learner.async_checkpoint import BackgroundWriter, marker_name, write_file
 from learner.group import local_device
+from learner.fused import fuse_elementwise
 from learner.lora import adapter_named_parameters, add_adapters, plain_named_parameters
 from common.stats import Reduce, Stat
 from learner.losses.metrics import Metric
@@ -80,6 +81,8 @@ class LearnerEngine:
         self.device = local_device()
         self.dtype = resolve_dtype(cfg.deepspeed.dtype, self.device)
         self.adapted = add_adapters(model, cfg.lora) if cfg.lora is not None else []
+        if cfg.compile:
+            fuse_elementwise(model)
         self.gradient_checkpointing = cfg.deepspeed.gradient_checkpointing and enable_gradient_checkpointing(model)
         model.train()
         self.optimizer = build_optimizer(model, cfg.optimizer)

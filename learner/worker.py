@@ -64,6 +64,7 @@ class LearnerWorker:
         self.micro_batch_size = micro_batch_size
         self.whole_groups = needs_whole_groups(loss)
         self.engine = self.reference = self.tokenizer = self.push = None
+        self._reference_cache: dict[tuple, Any] = {}  # _reference_estimate's, one step's
         self.push_sources = 0  # a sharded push's learner ranks that send (setup_weight_push)
         self.steps = 0
         self.clock = ActorClock(background=BACKGROUND, within=PUSH_PARTS)
@@ -131,10 +132,25 @@ class LearnerWorker:
                             whole_groups=self.whole_groups, counts=counts,
                             normalisation=self.cfg.loss_normalisation, world_size=self.world_size)
         per_iteration = []
-        for k in range(self.inner_iterations):
-            batch = [mb.for_iteration(self.estimator.masks, k) for mb in mbs]
-            per_iteration.append(self.engine.train_step(batch, self._loss))
+        self._reference_cache = {}
+        try:
+            for k in range(self.inner_iterations):
+                batch = [mb.for_iteration(self.estimator.masks, k) for mb in mbs]
+                per_iteration.append(self.engine.train_step(batch, self._loss))
+        finally:
+            self._reference_cache = {}
         return per_iteration
+
+    def _reference_estimate(self, mb: MicroBatch) -> Any:
+        """The frozen reference's estimate of ``mb`` under this iteration's masks, computed once a step
+        for each (micro-batch, seeds): with masks shared across the μ iterations (``masks: shared``,
+        d1's recipe) every iteration asks for the same value, and the reference never changes, so
+        the 11 later ones of μ = 12 are read back instead of re-run (a forward each of the 8B model)."""
+        key = (id(mb.batch), tuple(mb.seeds.tolist()))
+        if key not in self._reference_cache:
+            with torch.no_grad():
+                self._reference_cache[key] = estimate(self.reference, mb.batch, mb.seeds, self.estimator)
+        return self._reference_cache[key]
 
     def _loss(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, Metric]]:
         """The micro-batch's share of the global loss (``model`` is the DeepSpeed engine)."""
@@ -143,10 +159,7 @@ class LearnerWorker:
         behaviour = mb.behaviour_logp.to(device)
         if ll.elbo is not None:  # SPG sandwich: ratios compare ELBOs (module docstring)
             behaviour = behaviour + (ll.sequence - ll.elbo).detach()
-        ref = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref = estimate(self.reference, mb.batch, mb.seeds, self.estimator)
+        ref = None if self.reference is None else self._reference_estimate(mb)
         inputs = LossInputs(
             logp=ll.sequence, behaviour_logp=behaviour, advantages=mb.batch.advantages.to(device),
             group_index=mb.group_index.to(device), completion_length=mb.completion_length.to(device),

@@ -313,8 +313,9 @@ def load_job_config(path: str | Path, overrides: list[str] = ()) -> JobConfig:
 
 
 def check_sampler_layout(cfg: JobConfig) -> None:
-    """The sampler's block layout against the policy's block size, and its cache, graphs and compile
-    against its family, read from the preset or the checkpoint's config.json without loading weights
+    """The sampler's block layout against the policy's block size, its cache, graphs and compile
+    (and ``learner.compile``) against its family, read from the preset or the checkpoint's
+    config.json without loading weights
     (ConfigError naming the field)."""
     from common.models.families import FAMILIES, CheckpointError, checkpoint_block_size, detect_family
     from common.models.presets import PRESETS, TINY_CANVAS
@@ -340,6 +341,9 @@ def check_sampler_layout(cfg: JobConfig) -> None:
         cfg.sampler.resolved_cache(block_diffusion)  # the cache, cuda_graph and compile for this family
     except ConfigError as e:
         raise ConfigError(f"sampler: {e}") from None
+    if cfg.learner.compile and family == "diffusion_gemma":
+        raise ConfigError("learner.compile: DiffusionGemma's layers are not the Llama / Qwen classes whose norms and "
+                          "activation it compiles; set learner.compile=false")
 
 
 def check_resources(cfg: JobConfig, offered: dict[str, float], where: str = "the Ray cluster") -> None:

@@ -251,6 +251,13 @@ class LearnerConfig(StrictModel):
         "micro-batches and ranks: a token weighs 1/(tokens in its micro-batch), up to several times more in a "
         "micro-batch of short completions"
     )
+    compile: bool = Field(
+        False, description="the elementwise work between each decoder layer's matrix products (both RMSNorms, the "
+        "SiLU-gated activation) through torch.compile: one fused kernel forward and one backward where eager runs "
+        "several passes each over the activation. Only those two functions are compiled; the modules are still "
+        "called as modules, so ZeRO-3's gathers, LoRA and checkpointing are unchanged. Llama / Qwen2 / Qwen3 "
+        "classes (LLaDA, Dream, SDAR, TraDo); the first micro-batch of a new shape compiles (seconds)"
+    )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
     checkpoint: CheckpointWriterConfig = Field(default_factory=CheckpointWriterConfig)

@@ -6,10 +6,10 @@ noisy completion]`` (docs/algorithms.md §5): block b of the noisy copy sees the
 blocks before it, so one forward scores every block's term log p(y_b | q, y_<b). Every estimator goes
 through here, so each one means the same thing on both kinds of family.
 
-Cost control: logits are kept from the completion on (``logits_from``), the log-softmax is taken only
-at the scored positions (gather + logsumexp in float32; never a softmax over the vocabulary at every
-position), views with nothing to score are skipped, and ``draw_batch`` bounds how many views of each
-row share one forward.
+Cost control: the LM head runs at the scored positions only (``logits_at``: about half a completion
+under a uniform masking level, where the plain call would project every completion position onto
+the vocabulary), the log-softmax is taken there alone (gather + logsumexp in float32), views with
+nothing to score are skipped, and ``draw_batch`` bounds how many views of each row share one forward.
 """
 from __future__ import annotations
 
@@ -88,11 +88,11 @@ def score_views(
         inputs, attn, positions, logits_from = build_inputs(
             policy, noisy_prompt, batch.prompt_mask[bi], completion_ids[bi], noisy_completion
         )
-        logits = policy(
-            inputs, attention_mask=attn, position_ids=positions, logits_from=logits_from
-        ).logits  # [N, C, V]
         sel = score[bi, vi]  # [N, C]
-        lp = token_logp(logits[sel], completion_ids[bi][sel])  # [M]
+        logits = policy(
+            inputs, attention_mask=attn, position_ids=positions, logits_from=logits_from, logits_at=sel
+        ).logits  # [M, V]: the LM head at the scored positions only
+        lp = token_logp(logits, completion_ids[bi][sel])  # [M]
         rows = torch.zeros(sel.shape, dtype=torch.float32, device=device).masked_scatter(sel, lp)  # [N, C]
         out = out.index_put((bi, vi), rows)
     return out

@@ -78,7 +78,12 @@ class DiffusionPolicy(nn.Module):
         use_cache: bool = False,
         logits_from: Optional[int] = None,  # keep logits only for positions >= logits_from
         logits_to: Optional[int] = None,  # ... and < logits_to (default: to the end of the chunk)
+        logits_at: Optional[torch.Tensor] = None,  # [B, L_kept] bool: only these kept positions, see below
     ) -> PolicyOutput:
+        """Logits of the kept positions, [B, L_kept, V]. With ``logits_at`` only the positions it marks
+        go through the LM head, returned as [M, V] in row-major order (``logits[logits_at]`` of the
+        plain call): a scoring pass needs log-probabilities at its masked positions only, and the
+        head (vocabulary x hidden) is a large share of a forward's work and of its memory."""
         length = input_ids.shape[1]
         start = 0 if logits_from is None else int(logits_from)
         end = length if logits_to is None else int(logits_to)
@@ -87,13 +92,23 @@ class DiffusionPolicy(nn.Module):
         shift = 1 if self.spec.shifted_logits else 0
         if shift and start == 0:
             raise ValueError("shifted-logit families cannot predict position 0 of a chunk; pass logits_from >= 1")
+        mask = backend_mask(attention_mask, self.model.config._attn_implementation)
+        if logits_at is not None:
+            if past_key_values is not None or use_cache:
+                raise ValueError("logits_at scores a plain forward; it takes no cache")
+            split = self._decoder_and_head()
+            if split is not None:
+                hidden = split[0](
+                    input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
+                ).last_hidden_state  # [B, L, H]
+                return PolicyOutput(logits=split[1](hidden[:, start - shift : end - shift][logits_at]))  # [M, V]
         keep = torch.arange(start - shift, end - shift, device=input_ids.device)
         kwargs: dict[str, Any] = {}
         if past_key_values is not None:
             kwargs[self._cache_kwarg] = past_key_values
         out = self.model(
             input_ids=input_ids,
-            attention_mask=backend_mask(attention_mask, self.model.config._attn_implementation),
+            attention_mask=mask,
             position_ids=position_ids,
             use_cache=use_cache,
             logits_to_keep=keep,
@@ -103,7 +118,21 @@ class DiffusionPolicy(nn.Module):
         # `cache` logs a deprecation, even when the cache is None
         renamed = any(f.name == "cache" for f in fields(out)) if is_dataclass(out) else hasattr(out, "cache")
         cache = getattr(out, "cache" if renamed else "past_key_values", None)
-        return PolicyOutput(logits=out.logits, past_key_values=cache)
+        logits = out.logits if logits_at is None else out.logits[logits_at]
+        return PolicyOutput(logits=logits, past_key_values=cache)
+
+    def _decoder_and_head(self) -> Optional[tuple[nn.Module, nn.Module]]:
+        """(decoder, LM head) of a transformers causal-LM class, whose logits are exactly the head over
+        the decoder's last hidden state (Llama, Qwen2, Qwen3 and their PEFT wrappers); None for any
+        other model, which then computes every kept position and selects afterwards."""
+        get_decoder = getattr(self.model, "get_decoder", None)
+        get_head = getattr(self.model, "get_output_embeddings", None)
+        if get_decoder is None or get_head is None or getattr(self.model.config, "final_logit_softcapping", None):
+            return None
+        decoder, head = get_decoder(), get_head()
+        if decoder is None or decoder is self.model or not isinstance(head, nn.Linear):
+            return None
+        return decoder, head
 
     def corrupt(
         self,

@@ -139,6 +139,7 @@ class DiffusionGemmaPolicy(DiffusionPolicy):
         use_cache: bool = False,
         logits_from: Optional[int] = None,  # where the canvas starts
         self_conditioning_logits: Optional[torch.Tensor] = None,  # [B, L - logits_from, V]
+        logits_at: Optional[torch.Tensor] = None,  # [B, L - logits_from] bool: return logits[logits_at], [M, V]
     ) -> PolicyOutput:
         b, length = input_ids.shape
         device = input_ids.device
@@ -176,6 +177,8 @@ class DiffusionGemmaPolicy(DiffusionPolicy):
                 self_conditioning_logits=self_conditioning_logits,
             ).logits  # [B, L - split, V] float32, soft-capped
         keep = use_cache or past_key_values is not None
+        if logits_at is not None:  # the decoder's head is soft-capped over the canvas: select after it
+            logits = logits[logits_at]
         return PolicyOutput(logits=logits, past_key_values=cache if keep else None)
 
     @staticmethod

@@ -40,6 +40,7 @@ def choose_tokens(
     mask_token_id: int,
     noise_dtype: Union[torch.dtype, str] = torch.float64,
     rows: Optional[Sequence[int]] = None,
+    fused: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick a token per position and its confidence. Returns (x0 [B, Lb] int64, conf [B, Lb] float32).
 
@@ -48,27 +49,40 @@ def choose_tokens(
     generator untouched (a row that commits nothing this step must not consume randomness, or its
     later draws would depend on how long it waited) and their x0 is meaningless. ``logits`` is
     modified in place (the mask token's logit is set to -inf).
+
+    ``fused`` (``sampler.compile``): the same arithmetic after the draws through ``torch.compile``,
+    one pass over the logits instead of a dozen (see ``_fused``); the draws stay per row.
     """
     logits[..., mask_token_id] = NEG_INF
     name = noise_dtype if isinstance(noise_dtype, str) else str(noise_dtype).removeprefix("torch.")
     if name not in NOISE_DTYPES:
         raise ValueError(f"unknown noise dtype {noise_dtype!r}; valid: {', '.join(NOISE_DTYPES)}")
     if temperature > 0 and name in _PRODUCT_FORMS:
-        x0 = _product_form_argmax(logits, temperature, generators, rows, *_PRODUCT_FORMS[name])
+        draw, score, delta = _PRODUCT_FORMS[name]
+        u = torch.empty(logits.shape, dtype=draw, device=logits.device)  # [B, Lb, V]
+        _uniform_rows(u, generators, rows)
+        if fused:
+            return _fused("product")(logits, u, temperature, delta, score)
+        x0 = _product_form_argmax(logits, u, temperature, delta, score)
     elif temperature > 0:
-        noise_dtype = getattr(torch, name)
-        noise = torch.empty(logits.shape, dtype=noise_dtype, device=logits.device)  # [B, Lb, V]
+        noise = torch.empty(logits.shape, dtype=getattr(torch, name), device=logits.device)  # [B, Lb, V]
         _uniform_rows(noise, generators, rows)
+        if fused:
+            return _fused("gumbel")(logits, noise, temperature)
         # Gumbel(0,1) = -log(-log u); the clamp keeps u -> 1 from giving an infinite winner
-        noise.log_().neg_().clamp_(min=torch.finfo(noise_dtype).tiny).log_().neg_()
+        noise.log_().neg_().clamp_(min=torch.finfo(noise.dtype).tiny).log_().neg_()
         noise.add_(logits, alpha=1.0 / temperature)
         x0 = noise.argmax(dim=-1)  # [B, Lb]
         del noise
     else:
         x0 = logits.argmax(dim=-1)  # [B, Lb]
+    return x0, _confidence(logits, x0)
+
+
+def _confidence(logits: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """[B, Lb] float32 p(x0) = exp(l[x0] - logsumexp(l)), computed in float32."""
     picked = logits.gather(-1, x0[..., None]).squeeze(-1).float()  # [B, Lb]
-    conf = torch.exp(picked - torch.logsumexp(logits.float(), dim=-1))  # [B, Lb] = p(x0)
-    return x0, conf
+    return torch.exp(picked - torch.logsumexp(logits.float(), dim=-1))
 
 
 # Gumbel noise precision (``sampler.noise_dtype``). float64 / float32: the log-space form above with the
@@ -85,18 +99,52 @@ _PRODUCT_FORMS = {
 
 
 def _product_form_argmax(
-    logits: torch.Tensor, temperature: float, generators: Sequence[torch.Generator], rows: Optional[Sequence[int]],
-    draw: torch.dtype, score: torch.dtype, delta: float,
+    logits: torch.Tensor, u: torch.Tensor, temperature: float, delta: float, score: torch.dtype,
 ) -> torch.Tensor:
-    """[B, Lb] argmax_v exp(l_v) / (−log(u_v + δ))^T with u in ``draw``, the result cast to ``score``."""
-    u = torch.empty(logits.shape, dtype=draw, device=logits.device)  # [B, Lb, V]
-    _uniform_rows(u, generators, rows)
+    """[B, Lb] argmax_v exp(l_v) / (−log(u_v + δ))^T, every operation in u's dtype (the draw), the
+    result cast to ``score`` before the argmax. ``u`` is consumed."""
     if delta:
         u.add_(delta)
     u.log_().neg_().pow_(temperature)
-    scores = logits.to(draw).exp().div_(u).to(score)
+    scores = logits.to(u.dtype).exp().div_(u).to(score)
     del u
     return scores.argmax(dim=-1)
+
+
+def _product_choice(
+    logits: torch.Tensor, u: torch.Tensor, temperature: float, delta: float, score: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The product form and the confidence as one function of tensors (what ``_fused`` compiles)."""
+    if delta:
+        u = u + delta
+    scores = (logits.to(u.dtype).exp() / u.log().neg().pow(temperature)).to(score)
+    x0 = scores.argmax(dim=-1)
+    return x0, _confidence(logits, x0)
+
+
+def _gumbel_choice(logits: torch.Tensor, u: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-space Gumbel-max form and the confidence as one function of tensors."""
+    gumbel = u.log().neg().clamp(min=torch.finfo(u.dtype).tiny).log().neg()
+    x0 = (gumbel + logits.to(u.dtype) * (1.0 / temperature)).argmax(dim=-1)
+    return x0, _confidence(logits, x0)
+
+
+# Fused decode. Eager, a step's choice is a dozen passes over [B, Lb, V] (at LLaDA-8B's 32 rows x 32
+# positions x 126,464: 0.5-1 GB each) besides the draws: 4.6-7.2 ms a step on an H100, against ~70 ms
+# for an 8-layer forward. Compiled, the arithmetic after the draws reads the draws and the logits
+# once. ``emulate_precision_casts`` rounds every low-precision intermediate where eager rounds it, so
+# the bf16 product form keeps eager's ties.
+_FUSED_FORMS = {"product": _product_choice, "gumbel": _gumbel_choice}
+_FUSED: dict[str, object] = {}
+
+
+def _fused(form: str):
+    if form not in _FUSED:
+        from rollout.sampling.compiled import raise_recompile_limit
+
+        raise_recompile_limit()
+        _FUSED[form] = torch.compile(_FUSED_FORMS[form], options={"emulate_precision_casts": True})
+    return _FUSED[form]
 
 
 def random_scores(

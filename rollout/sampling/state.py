@@ -86,9 +86,11 @@ class DecodeState:
         noise_dtype: torch.dtype | str,
         stop_at_eos: bool,
         rows: Optional[Sequence[int]] = None,
+        fused: bool = False,
     ) -> None:
         """Commit this step's tokens into the canvas and advance every working row. ``rows``: the
-        rows that may commit this step and so draw randomness (``progress()[4]``); None = all."""
+        rows that may commit this step and so draw randomness (``progress()[4]``); None = all.
+        ``fused``: the choice's arithmetic compiled (``choose_tokens``)."""
         ids, p = self.canvas.ids, self.canvas.prompt_width
         pos = self.block_positions()  # [B, Lb]
         current = ids.gather(1, pos)  # [B, Lb]
@@ -96,7 +98,8 @@ class DecodeState:
         masked = (current == self.mask_token_id) & working[:, None]  # [B, Lb]
         stepping = masked.any(dim=1)  # [B] working rows with something left in their block (not waiting)
         x0, conf = choose_tokens(
-            logits, temperature, generators, mask_token_id=self.mask_token_id, noise_dtype=noise_dtype, rows=rows
+            logits, temperature, generators, mask_token_id=self.mask_token_id, noise_dtype=noise_dtype, rows=rows,
+            fused=fused,
         )
         scores = (
             conf if remasking == "low_confidence" else random_scores(tuple(conf.shape), generators, conf.device, rows)

@@ -186,7 +186,8 @@ class Bench:
         return forward
 
     def profile_naive_step(self) -> tuple[float, dict]:
-        """(model forward alone, ms) and the decode step alone (ms, float64 and float32 Gumbel noise)."""
+        """(model forward alone, ms) and the decode step alone (ms; float64, float32 and the StableDRL
+        release's float32-then-bfloat16 Gumbel noise; eager and fused)."""
         a, p = self.a, self.policy
         forward = self.naive_forward()
         with torch.inference_mode():
@@ -196,13 +197,16 @@ class Bench:
             masked = torch.ones(logits.shape[:2], dtype=torch.bool, device=self.dev)
             k = torch.full((a.batch,), max(1, a.block // 16), device=self.dev)
             decode = {}
-            for name, noise in (("float64_noise", torch.float64), ("float32_noise", torch.float32)):
-                def step():
-                    x0, conf = choose_tokens(logits.clone(), a.temperature, gens, mask_token_id=p.mask_token_id,
-                                             noise_dtype=noise)
-                    return commit_mask(conf, masked, k=k)
+            for name, noise in (("float64_noise", "float64"), ("float32_noise", "float32"),
+                                ("release_product_noise", "float32_then_bfloat16")):
+                for fused in (False, True):  # fused: sampler.compile's one-pass choice (the warm-up compiles it)
+                    def step():
+                        x0, conf = choose_tokens(logits.clone(), a.temperature, gens, mask_token_id=p.mask_token_id,
+                                                 noise_dtype=noise, fused=fused)
+                        return commit_mask(conf, masked, k=k)
 
-                decode[name] = bl.median(bl.event_times_ms(step, self.dev, warmup=1, reps=5))
+                    key = name + ("_fused" if fused else "")
+                    decode[key] = bl.median(bl.event_times_ms(step, self.dev, warmup=2, reps=5))
         return fwd, decode
 
     # ---- 3: cached at equal steps, and the cost model --------------------------------------

@@ -16,7 +16,8 @@ released) and applies ``stabledrl`` (C = 5) against behaviour estimates given wi
 backward; clip; AdamW.
 
 Model FLOPs per micro-batch: F = one forward of 2G rows x 384 tokens (Linear layers, the head over
-the 256 completion positions, attention 384 x 384), training = 3F (forward + backward); with
+the scored positions: 128 of the 256 completion positions in expectation, as the scoring pass runs
+the head there only; attention 384 x 384), training = 3F (forward + backward); with
 checkpointing the hardware also recomputes the forward (4F: reported as HFU, not MFU).
 MFU = model FLOPs / step seconds / (ranks x peak), against the card's measured matmul rate and
 against the nominal 989 TFLOP/s (H100 SXM / H200 bf16 dense). ZeRO-3 runs also time gathering the
@@ -31,6 +32,8 @@ The optimizer is the project's (learner/zero.build_optimizer: torch AdamW under 
 ``2f``): it steps on DeepSpeed's flat fp32 partitions (one tensor per parameter group). Stage
 ``2t`` is a benchmark-only experiment on top of ZeRO-2 (the project's defaults stay in learner/):
 ``overlap_comm`` (gradient bucket copies on a side stream, overlapped with the backward).
+``--compile off,on`` times every setting eager, then again with ``learner.compile`` (the norms and the
+gated activation fused, learner/fused.py) on the same engine, parts suffixed ``_compiled``.
 ``--profile STAGE`` runs torch.profiler over one more step of that stage's first setting: wall vs
 GPU-busy time per step, the top kernels and host ops (what explains the rest of the step). Stages
 ``2o`` and ``3o`` offload to the CPU as ``learner.deepspeed.offload_optimizer: cpu`` does (``3o``
@@ -74,6 +77,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--profile", default=None, help="profile one step of this stage's first setting (e.g. 2t)")
     ap.add_argument("--micro-batch-groups", default="1", help="comma list of groups per micro-batch")
     ap.add_argument("--checkpointing", default="on,off", help="activation checkpointing settings, in order")
+    ap.add_argument("--compile", default="off", help="learner.compile settings, in order: off, on, or off,on "
+                    "(the same engine: on fuses its norms and activation in place, after the off settings)")
     ap.add_argument("--group-size", type=int, default=8, help="G: samples per group = per micro-batch")
     ap.add_argument("--groups-per-step", type=int, default=4, help="micro-batches per rank per step")
     ap.add_argument("--prompt", type=int, default=None, help="default 128; 16 tiny")
@@ -311,21 +316,32 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
 
         learner.engine.deepspeed_config = overlap_comm_zero2()
     engine, init_s = bl.timed(lambda: LearnerEngine(policy, cfg), dev)
+    # the LM head runs at the scored (masked) positions only (common/estimators/scoring.py): half the
+    # completion in expectation, the masking level being uniform
     if staircase:  # F of one group: one staircase forward of G rows over P + 2C tokens
         length = a.prompt + 2 * a.gen
-        flops = bl.forward_flops(sc, rows=a.group_size, query_len=length, key_len=length / 2, logit_positions=a.gen)
+        flops = bl.forward_flops(sc, rows=a.group_size, query_len=length, key_len=length / 2,
+                                 logit_positions=a.gen // 2)
     else:  # F of one group (2 masks x G rows)
         flops = bl.forward_flops(sc, rows=2 * a.group_size, query_len=a.prompt + a.gen, key_len=a.prompt + a.gen,
-                                 logit_positions=a.gen)
+                                 logit_positions=a.gen // 2)
     sizes = sorted(int(k) for k in a.micro_batch_groups.split(","))
     kernels = a.staircase_attention.split(",") if staircase else [None]
     # each checkpointing setting with every kernel before the next setting (a run that fails for
     # memory without checkpointing comes after the comparison it would otherwise disturb)
-    for ckpt, kernel in [(ckpt, kernel) for ckpt in a.checkpointing.split(",") for kernel in kernels]:
+    compiles = a.compile.split(",")
+    if compiles not in (["off"], ["on"], ["off", "on"]):
+        raise ValueError(f"--compile takes off, on or off,on, got {a.compile!r}")
+    settings = [(c, ckpt, kernel) for c in compiles for ckpt in a.checkpointing.split(",") for kernel in kernels]
+    for comp, ckpt, kernel in settings:
+        if comp == "on" and not getattr(engine, "fused", False):
+            from learner.fused import fuse_elementwise
+
+            engine.fused = fuse_elementwise(engine.module)
         set_staircase_attention(policy, kernel)
         for k in sizes:
             name = f"zero{stage_name}_ckpt_{ckpt}" + (f"_mb{k}" if len(sizes) > 1 else "")
-            name += f"_{kernel}" if kernel else ""
+            name += (f"_{kernel}" if kernel else "") + ("_compiled" if comp == "on" else "")
             n_groups = -(-a.groups_per_step // k) * k  # a multiple of k: equal micro-batches
             mbs = merge(micro_batches(a, rank, policy.vocab_size, n_groups), k)
             with res.part(name, dev):
@@ -389,7 +405,9 @@ def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, f
         "deepspeed_zero": _zero_settings(engine),
         "offload": {k: getattr(engine.cfg.deepspeed, k) for k in ("offload_optimizer", "offload_params")},
         "adamw": {key: engine.optimizer.defaults.get(key) for key in ("fused", "foreach")},
-        "note": "each sequence is fed twice per step (2 masked views); model FLOPs count both",
+        "learner_compile": bool(getattr(engine, "fused", False)),
+        "note": "each sequence is fed twice per step (2 masked views); model FLOPs count both, the LM head at "
+                "half the completion (the scored positions in expectation)",
     })
 
 

@@ -55,6 +55,20 @@
 #                          and compiled (bench_full_attention naive); GPUs 2,3: d1's recipe colocated, its sampler
 #                          and the fast one
 #   call19 (the same warm host, carry .gpu_sdrl and .gpu_d1) = call14
+#   call20 (1 GPU, carry .whl) learner.compile at the StableDRL loop's learner shape (8 layers, ZeRO-3,
+#                          checkpointing, 32-row micro-batches: eager, then fused on the same engine); the
+#                          exact sampler at LLaDA-8B with the fused token choice (bench_full_attention naive)
+#   call21 (a 4-GPU host, carry .whl) the recipes as shipped now (sampler.compile with the fused token choice,
+#                          learner.compile, d1's reference estimated once a step): GPUs 0,1 the StableDRL loop
+#                          colocated, then d1's recipe colocated without activation checkpointing; GPUs 2,3
+#                          d1's recipe colocated, its sampler, the fast one, the fast one without checkpointing
+#   call22 (the same warm host, carry .gpu_sdrl and .gpu_d1) = call14
+#   call23 (the same warm host, carry nothing) the 8B ZeRO-3 learner over 4 ranks, 64-row micro-batches,
+#                          eager then learner.compile on the same engine; then on GPU 0 the block-diffusion
+#                          sampler at SDAR-8B graphed, and graphed + compiled (the fused token choice)
+#   call24 (a second 4-GPU host, carry .whl) call21's loops again: GPUs 0,1 the StableDRL loop colocated;
+#                          GPUs 2,3 d1's best two
+#   call25 (the same warm host, carry .gpu_sdrl and .gpu_d1) = call14
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -162,6 +176,20 @@ sdrl_compiled_then_naive() {  # the StableDRL loop colocated at 32- and 64-row r
       --out "$OUT/naive/full_attention.json" || rc=$?
   return $rc
 }
+sdrl_then_d1() {  # the StableDRL loop colocated as shipped; then d1's recipe colocated without checkpointing
+  python3 tests/benchmarks/peers/run_peers.py --loops colocated --peer-root /tmp/none --layers 8 \
+    --project-steps 3 --part-timeout-s 220 --work /tmp/pw_sdrl_c --out "$OUT/sdrl_c"
+  local rc=$?
+  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_no_ckpt --peer-root /tmp/none \
+    --project-steps 2 --part-timeout-s 185 --deadline-s 300 --work /tmp/pw_d1n --out "$OUT/d1n" || rc=$?
+  return $rc
+}
+block_diffusion_fused() {  # benchmark 4 at SDAR-8B: graphed, then graphed + compiled (the fused token choice)
+  mkdir -p "$OUT/bd"
+  python3 tests/benchmarks/bench_matmul.py --out "$OUT/bd/matmul.json" &&
+    python3 tests/benchmarks/bench_block_diffusion.py --quick --parts graphed,compiled \
+      --peak-from "$OUT/bd/matmul.json" --out "$OUT/bd/block_diffusion.json"
+}
 case "${1:-}" in
   call1)
     lane llada 0,1 system "$OUT/llada" /tmp/sys_llada ckpt_llada_short,matmul,push,system_llada 420 &
@@ -258,8 +286,36 @@ case "${1:-}" in
     wait ;;
   call19)
     bash "$0" call14 ;;
+  call20)
+    python3 tests/benchmarks/bench_matmul.py --out "$OUT/matmul.json" > "$OUT/matmul.log" 2>&1
+    lane learner8l 0 python3 tests/benchmarks/bench_learner.py --shape llada-8b --layers 8 --stages 3 \
+      --checkpointing on --micro-batch-groups 2 --compile off,on --steps 3 --peak-from "$OUT/matmul.json" \
+      --out "$OUT/learner8l/learner.json"
+    lane naive 0 python3 tests/benchmarks/bench_full_attention.py --parts naive --peak-from "$OUT/matmul.json" \
+      --out "$OUT/naive/full_attention.json" ;;
+  call21)
+    lane sdrl_c 0,1 sdrl_then_d1 &
+    lane d1c 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 \
+      --loops colocated,colocated_fast,colocated_fast_no_ckpt --peer-root /tmp/none --project-steps 2 \
+      --part-timeout-s 180 --deadline-s 540 --work /tmp/pw_d1c --out "$OUT/d1c" &
+    wait ;;
+  call22|call25)
+    bash "$0" call14 ;;
+  call23)
+    python3 tests/benchmarks/bench_matmul.py --out "$OUT/matmul.json" > "$OUT/matmul.log" 2>&1
+    python3 tests/benchmarks/bench_learner.py --shape llada-8b --world 4 --stages 3t --checkpointing on \
+      --micro-batch-groups 4 --groups-per-step 8 --steps 2 --compile off,on --peak-from "$OUT/matmul.json" \
+      --out "$OUT/learner8b_4gpu.json" > "$OUT/learner8b.log" 2>&1
+    echo "learner8b: rc $?"
+    lane bd 0 block_diffusion_fused ;;
+  call24)
+    lane sdrl_c 0,1 python3 tests/benchmarks/peers/run_peers.py --loops colocated --peer-root /tmp/none --layers 8 \
+      --project-steps 3 --part-timeout-s 220 --work /tmp/pw_sdrl_c --out "$OUT/sdrl_c" &
+    lane d1c 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops "${D1_LOOPS:-colocated,colocated_fast}" \
+      --peer-root /tmp/none --project-steps 2 --part-timeout-s 180 --deadline-s 400 --work /tmp/pw_d1c --out "$OUT/d1c" &
+    wait ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25" >&2; exit 2 ;;
 esac

@@ -154,9 +154,10 @@ def gathered(ranks) -> dict[str, torch.Tensor]:
     return w0
 
 
-def config(stage: int, clip: float, warmup: int = 2) -> LearnerConfig:
+def config(stage: int, clip: float, warmup: int = 2, compile: bool = False) -> LearnerConfig:
     return LearnerConfig(
         num_ranks=2,
+        compile=compile,
         optimizer=OptimizerConfig(lr=1e-2, betas=(0.9, 0.99), eps=1.0, weight_decay=0.1, grad_clip=clip,
                                   warmup_steps=warmup),
         deepspeed=DeepSpeedConfig(zero_stage=stage, dtype="fp32", param_persistence_threshold=0,
@@ -207,11 +208,13 @@ STEP1 = [[(11, 2), (12, 3)], [(13, 1), (14, 2), (15, 2)]]
 STEP2 = [[(21, 3)], [(22, 2), (23, 1)]]
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_sharded_steps_equal_one_process_on_all_data(ranks, stage):
+@pytest.mark.parametrize("stage, compile", [(2, False), (3, False), (3, True)], ids=["2", "3", "3-compiled"])
+def test_sharded_steps_equal_one_process_on_all_data(ranks, stage, compile):
+    """``compile``: learner.compile's fused norms and activation (learner/fused.py) under ZeRO-3's
+    gathers and checkpointing give the eager reference's update."""
     probe = Reference(config(stage, clip=0.0).optimizer)
     _, norm = probe.step(shard(STEP1))
-    cfg = config(stage, clip=0.5 * norm)  # clipping active on the first step
+    cfg = config(stage, clip=0.5 * norm, compile=compile)  # clipping active on the first step
     ref = Reference(cfg.optimizer)
     build(ranks, cfg)
     before = gathered(ranks)

@@ -226,3 +226,41 @@ def test_unknown_loss_normalisation_is_refused():
         micro_batches(gs, group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=2,
                       whole_groups=False, counts=global_counts(gs), normalisation="sequence")
     assert LearnerConfig().loss_normalisation == "step"
+
+
+@pytest.mark.parametrize("masks, reference_forwards", [("shared", 2), ("independent", 6)])
+def test_the_reference_runs_once_a_step_when_every_iteration_shares_its_masks(masks, reference_forwards):
+    """GRPO's KL reads the frozen reference's estimate under each iteration's masks. With masks shared
+    over the μ iterations (d1's recipe) it is the same value every time: 2 micro-batches x μ = 3
+    iterations run the reference twice, not 6 times; with fresh masks per iteration, 6 times. Either
+    way each iteration's loss equals the one computed with the reference run afresh."""
+    from common.config.estimator import MeanFieldConfig
+    from common.config.loss import GrpoLossConfig
+
+    model = ModelConfig(preset="tiny-llada")
+    estimator = MeanFieldConfig(masks=masks)
+    worker = LearnerWorker(0, 1, model, LearnerConfig(), estimator, GrpoLossConfig(kl_beta=0.04),
+                           inner_iterations=3, advantage_scale="none", micro_batch_size=4)
+    policy, _ = load_policy(model)
+    worker.reference, _ = load_policy(model.model_copy(update={"seed": 7}))  # another init: a nonzero KL
+    calls = []
+    worker.reference.register_forward_hook(lambda *_: calls.append(1))
+    gs = groups([4, 4])
+
+    class Engine:  # the engine's part in _updates: every micro-batch's loss, in order
+        def __init__(self):
+            self.losses = []
+
+        def train_step(self, mbs, loss_fn):
+            self.losses.append([float(loss_fn(policy, mb)[0]) for mb in mbs])
+            return {}
+
+    worker.engine, worker.pad_token_id = Engine(), 0
+    worker._updates(gs, version=0, group_offset=0)
+    assert len(calls) == reference_forwards and worker._reference_cache == {}
+    mbs = micro_batches(gs, group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=4,
+                        whole_groups=True, counts=global_counts(gs))
+    for k, losses in enumerate(worker.engine.losses):
+        for mb, cached in zip(mbs, losses):
+            worker._reference_cache = {}  # afresh: the reference estimated again for this iteration
+            assert float(worker._loss(policy, mb.for_iteration(masks, k))[0]) == pytest.approx(cached, rel=1e-6)

@@ -69,3 +69,26 @@ def test_compile_is_refused_where_no_compiled_path_exists():
     sdar = build_tiny_policy("sdar", block_size=4)
     with pytest.raises(Exception, match="compile=True"):
         generate(sdar, MIXED, SEEDS, SamplerConfig(gen_length=16, block_length=None, steps=16, compile=True))
+
+
+@pytest.mark.parametrize("noise", ["float64", "float32", "bfloat16", "float32_then_bfloat16"])
+def test_fused_choice_picks_the_eager_tokens(noise):
+    """The compiled token choice (``choose_tokens(fused=True)``) does the eager arithmetic in one pass:
+    on bf16 logits (the sampler's) the same draws pick the same tokens at the same confidence,
+    rows that do not draw included (their generators stay untouched)."""
+    from rollout.sampling import decode
+
+    logits = (torch.randn(3, 8, 3000, generator=torch.Generator().manual_seed(1)) * 4).bfloat16()
+    out = []
+    for fused in (False, True):
+        gens = [torch.Generator().manual_seed(10 + i) for i in range(3)]
+        x0, conf = decode.choose_tokens(logits.clone(), 0.9, gens, mask_token_id=7, noise_dtype=noise,
+                                        rows=[0, 2], fused=fused)
+        out.append((x0, conf, [g.get_state() for g in gens]))
+    (x0, conf, states), (fx0, fconf, fstates) = out
+    form = "product" if noise in decode._PRODUCT_FORMS else "gumbel"
+    assert form in decode._FUSED  # it went through torch.compile
+    assert torch.equal(x0[[0, 2]], fx0[[0, 2]])
+    assert (fx0 != 7).all()  # never the mask token
+    torch.testing.assert_close(fconf[[0, 2]], conf[[0, 2]], rtol=1e-5, atol=1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(states, fstates))

@@ -28,6 +28,9 @@ def test_a_diffusion_gemma_job_validates_with_the_uniform_estimator():
     check_sampler_layout(cfg)  # block 4 = the tiny preset's canvas length, read without model.block_size
     with pytest.raises(ConfigError, match="sampler"):
         check_sampler_layout(job(sampler={"gen_length": 16, "block_length": 8, "steps": 4}))
+    # learner.compile fuses the Llama / Qwen classes' norms and activation: refused before any actor starts
+    with pytest.raises(ConfigError, match=r"learner.compile: DiffusionGemma.*learner.compile=false"):
+        check_sampler_layout(job(learner={"num_ranks": 1, "compile": True}))
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,9 @@ paths (the 1-node configs' dual KV cache with threshold decoding at 0.9 and one 
 staleness, ``FAST``) = ``<pair>_fast``. Three more loops on request (``--loops``): ``colocated``, the
 release sampler with ``cluster.colocate`` (a learner rank and a rollout worker on every GPU taking
 turns, generation then training on all of them, as the releases run; ``COLOCATED``),
-``colocated_fast`` (the same with the fast sampler, eta = 0) and ``colocated_eager`` (``colocated`` with
-the forward eager, ``sampler.compile=false``). The project's jobs run through the
+``colocated_fast`` (the same with the fast sampler, eta = 0), ``colocated_eager`` (``colocated`` with
+the forward eager, ``sampler.compile=false``), and ``colocated_no_ckpt`` / ``colocated_fast_no_ckpt``
+(the learner without activation checkpointing). The project's jobs run through the
 system benchmark (bench_system.py: 1 learner rank + 1 rollout worker on 2 GPUs; colocated: one of
 each per GPU) with the recipe's task source
 replaced by the generated rows that the peer reads too, no held-out evaluation, and
@@ -68,7 +69,10 @@ FAST = SAMPLER_FAST + ["algorithm.max_staleness=1"]
 COLOCATED = ["cluster.colocate=true", "weights.backend=auto", "algorithm.max_staleness=0"]
 VARIANTS = {"release_sampler": [], "fast": FAST, "colocated": COLOCATED, "colocated_fast": SAMPLER_FAST + COLOCATED,
             # the recipe's sampler with its forward eager: the before of sampler.compile
-            "colocated_eager": COLOCATED + ["sampler.compile=false"]}
+            "colocated_eager": COLOCATED + ["sampler.compile=false"],
+            # the learner without activation checkpointing (d1's LoRA learner: memory to spare on 80 GB)
+            "colocated_no_ckpt": COLOCATED + ["model.gradient_checkpointing=false"],
+            "colocated_fast_no_ckpt": SAMPLER_FAST + COLOCATED + ["model.gradient_checkpointing=false"]}
 TARGETS = {"release_sampler": 2.0, "colocated": 2.0, "fast": 5.0}
 
 
