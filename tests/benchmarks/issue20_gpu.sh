@@ -297,7 +297,7 @@ case "${1:-}" in
     lane sdrl_c 0,1 sdrl_then_d1 &
     lane d1c 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 \
       --loops colocated,colocated_fast,colocated_fast_no_ckpt --peer-root /tmp/none --project-steps 2 \
-      --part-timeout-s 180 --deadline-s 540 --work /tmp/pw_d1c --out "$OUT/d1c" &
+      --part-timeout-s 175 --deadline-s 515 --work /tmp/pw_d1c --out "$OUT/d1c" &
     wait ;;
   call22|call25)
     bash "$0" call14 ;;
