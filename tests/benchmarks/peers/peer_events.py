@@ -234,7 +234,7 @@ def markdown(rows: list[dict]) -> str:
                 f"(≥ {target}×: {verdict(ratio.get('samples_per_s_per_gpu'), target)})"
             )
         else:
-            cell = "peer"
+            cell = "failed: not compared" if r.get("failed") else "peer" if r.get("target") is None else "—"
         lines.append(
             f"| {r['name']} | {_fmt(f.get('samples_per_s_per_gpu'), 3)}"
             f" | {_fmt(f.get('rollout_tokens_per_s_per_gpu'), 0)}"

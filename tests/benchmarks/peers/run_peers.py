@@ -70,7 +70,8 @@ COLOCATED = ["cluster.colocate=true", "weights.backend=auto", "algorithm.max_sta
 VARIANTS = {"release_sampler": [], "fast": FAST, "colocated": COLOCATED, "colocated_fast": SAMPLER_FAST + COLOCATED,
             # the recipe's sampler with its forward eager: the before of sampler.compile
             "colocated_eager": COLOCATED + ["sampler.compile=false"],
-            # the learner without activation checkpointing (d1's LoRA learner: memory to spare on 80 GB)
+            # the learner without activation checkpointing; at d1's 32 layers colocated on 80 GB it ran out
+            # of memory at its second step (host G, 2026-11-27): for a learner on a GPU of its own
             "colocated_no_ckpt": COLOCATED + ["model.gradient_checkpointing=false"],
             "colocated_fast_no_ckpt": SAMPLER_FAST + COLOCATED + ["model.gradient_checkpointing=false"]}
 TARGETS = {"release_sampler": 2.0, "colocated": 2.0, "fast": 5.0}
@@ -346,9 +347,13 @@ def table_rows(results: dict) -> list[dict]:
             if not key.startswith(f"{pair}_") or key.endswith(("_peer", "_checkpoint")):
                 continue
             variant = key[len(pair) + 1:]
-            ratio = pe.compare(rec["figures"], peer["figures"]) if peer else None
-            out.append({"name": f"{pair}: stabledrl train, {variant.replace('_', ' ')}", "figures": rec["figures"],
-                        "ratio": ratio, "target": target(variant, results.get("variants", {}).get(variant))})
+            name = f"{pair}: stabledrl train, {variant.replace('_', ' ')}"
+            failed = rec.get("rc") not in (0, None) or rec.get("stopped")
+            if failed:  # its figures are whatever steps it finished: shown, never held against a target
+                name += f" (FAILED: rc {rec.get('rc')}{', stopped' if rec.get('stopped') else ''})"
+            ratio = pe.compare(rec["figures"], peer["figures"]) if peer and not failed else None
+            out.append({"name": name, "figures": rec["figures"], "ratio": ratio, "failed": bool(failed),
+                        "target": target(variant, results.get("variants", {}).get(variant))})
     return out
 
 

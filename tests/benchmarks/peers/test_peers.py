@@ -92,6 +92,12 @@ def test_table_rows_pair_each_project_loop_with_its_peer_and_target():
     results["parts"]["stabledrl_colocated_64_rows"] = {"figures": fig(1.5)}
     rows = run_peers.table_rows(results)
     assert [r["target"] for r in rows[1:]] == [2.0, 5.0, 5.0, 2.0]
+    # a loop that failed (out of memory at step 2) keeps its row, marked, and is never compared
+    results["parts"]["stabledrl_colocated_64_rows"].update(rc=1, stopped=False)
+    rows = run_peers.table_rows(results)
+    assert rows[-1]["name"] == "stabledrl: stabledrl train, colocated 64 rows (FAILED: rc 1)"
+    assert rows[-1]["ratio"] is None and "(FAILED: rc 1) | 1.500 | 100 |" in pe.markdown(rows)
+    assert pe.markdown(rows).rstrip().endswith("| failed: not compared |")
 
 
 def test_d1_pair_counts_each_round_once_and_compares(tmp_path):
