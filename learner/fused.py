@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.compiling import compiled_once
+
 # the transformers classes whose forward is exactly the arithmetic below
 RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 GATED_MLPS = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP")
@@ -42,24 +44,12 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-_COMPILED: dict[str, object] = {}
-
-
-def _compiled(fn):
-    if fn.__name__ not in _COMPILED:
-        from rollout.sampling.compiled import raise_recompile_limit
-
-        raise_recompile_limit()
-        _COMPILED[fn.__name__] = torch.compile(fn)
-    return _COMPILED[fn.__name__]
-
-
 def _norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return _compiled(rms_norm)(x, self.weight, self.variance_epsilon)
+    return compiled_once(rms_norm)(x, self.weight, self.variance_epsilon)
 
 
 def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return self.down_proj(_compiled(silu_mul)(self.gate_proj(x), self.up_proj(x)))
+    return self.down_proj(compiled_once(silu_mul)(self.gate_proj(x), self.up_proj(x)))
 
 
 def fuse_elementwise(model: nn.Module) -> dict[str, int]:

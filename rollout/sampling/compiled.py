@@ -29,19 +29,10 @@ from typing import Callable, Iterator
 
 import torch
 
-RECOMPILE_LIMIT = 64  # compiled specialisations per code object in one process (torch's default is 8)
+from common.compiling import raise_recompile_limit
+
 _ATTR = "_sampler_compiled_forward"  # where a decoder layer keeps its compiled forward
 log = logging.getLogger(__name__)
-
-
-def raise_recompile_limit() -> None:
-    """Every static step and every new canvas shape is one more specialisation of the same code:
-    beyond torch's limit it would fall back to eager silently."""
-    import torch._dynamo
-
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
 
 
 def compiled(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:

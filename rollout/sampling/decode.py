@@ -20,6 +20,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from common.compiling import compiled_once
+
 NEG_INF = float("-inf")
 
 
@@ -135,16 +137,10 @@ def _gumbel_choice(logits: torch.Tensor, u: torch.Tensor, temperature: float) ->
 # once. ``emulate_precision_casts`` rounds every low-precision intermediate where eager rounds it, so
 # the bf16 product form keeps eager's ties.
 _FUSED_FORMS = {"product": _product_choice, "gumbel": _gumbel_choice}
-_FUSED: dict[str, object] = {}
 
 
 def _fused(form: str):
-    if form not in _FUSED:
-        from rollout.sampling.compiled import raise_recompile_limit
-
-        raise_recompile_limit()
-        _FUSED[form] = torch.compile(_FUSED_FORMS[form], options={"emulate_precision_casts": True})
-    return _FUSED[form]
+    return compiled_once(_FUSED_FORMS[form], options={"emulate_precision_casts": True})
 
 
 def random_scores(

@@ -7,6 +7,7 @@ each benchmark runs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -69,6 +70,18 @@ def test_block_diffusion_generation_flops(steps):
     assert got == bd.generation_flops(sc, a, steps, out.num_forwards)
 
 
+@contextlib.contextmanager
+def head_rows(policy):
+    """Yields [positions the LM head ran on] (one item, filled while inside)."""
+    rows = [0]
+    hook = policy.model.get_output_embeddings().register_forward_hook(
+        lambda _m, inp, _out: rows.__setitem__(0, rows[0] + inp[0].reshape(-1, inp[0].shape[-1]).shape[0]))
+    try:
+        yield rows
+    finally:
+        hook.remove()
+
+
 def test_learner_step_is_three_forwards_of_both_masks():
     import bench_learner as bln
     from common.config.estimator import ElboMCConfig
@@ -86,9 +99,14 @@ def test_learner_step_is_three_forwards_of_both_masks():
         loss, _ = loss_fn(p, mb)
         loss.backward()
 
-    forward = bl.forward_flops(sc, rows=2 * a.group_size, query_len=a.prompt + a.gen, key_len=0, logit_positions=a.gen)
+    with head_rows(p) as scored:
+        got = counted(step)
+    # the LM head runs at the scored (masked) positions only (half of the 2G x C in expectation)
+    assert 0 < scored[0] < 2 * a.group_size * a.gen
+    forward = bl.forward_flops(sc, rows=2 * a.group_size, query_len=a.prompt + a.gen, key_len=0, logit_positions=0)
+    forward += 2.0 * sc.head * scored[0]
     # the LM head's input gradient and every weight gradient: backward = 2 x forward for every product
-    assert counted(step) == pytest.approx(3 * forward, rel=1e-9)
+    assert got == pytest.approx(3 * forward, rel=1e-9)
 
 
 @pytest.mark.parametrize("kernel", ["sdpa", "flex"])
@@ -113,8 +131,11 @@ def test_staircase_learner_step_is_three_forwards_over_prompt_and_both_copies(ke
         loss, _ = loss_fn(p, mb)
         loss.backward()
 
-    forward = bl.forward_flops(sc, rows=a.group_size, query_len=a.prompt + 2 * a.gen, key_len=0, logit_positions=a.gen)
-    assert counted(step) == pytest.approx(3 * forward, rel=1e-9)
+    with head_rows(p) as scored:
+        got = counted(step)
+    assert 0 < scored[0] < a.group_size * a.gen  # the masked positions of the noisy copy only
+    forward = bl.forward_flops(sc, rows=a.group_size, query_len=a.prompt + 2 * a.gen, key_len=0, logit_positions=0)
+    assert got == pytest.approx(3 * (forward + 2.0 * sc.head * scored[0]), rel=1e-9)
     real = int(mb["batch"].prompt_mask.sum()) + a.group_size * a.gen
     got = bln.job_formula_mfu(a, [mb], sc, {"step_s_median": 2.0}, peak=1.0)
     assert got["real_tokens_per_step"] == real
