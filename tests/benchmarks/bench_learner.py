@@ -333,11 +333,12 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
     if compiles not in (["off"], ["on"], ["off", "on"]):
         raise ValueError(f"--compile takes off, on or off,on, got {a.compile!r}")
     settings = [(c, ckpt, kernel) for c in compiles for ckpt in a.checkpointing.split(",") for kernel in kernels]
+    fused = False  # learner.compile applied to the engine's module (in place, once)
     for comp, ckpt, kernel in settings:
-        if comp == "on" and not getattr(engine, "fused", False):
+        if comp == "on" and not fused:
             from learner.fused import fuse_elementwise
 
-            engine.fused = fuse_elementwise(engine.module)
+            fused = bool(fuse_elementwise(engine.module))
         set_staircase_attention(policy, kernel)
         for k in sizes:
             name = f"zero{stage_name}_ckpt_{ckpt}" + (f"_mb{k}" if len(sizes) > 1 else "")
@@ -347,7 +348,8 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
             with res.part(name, dev):
                 try:
                     run_setting(a, res, name, engine, mbs, loss_fn, dev, ckpt=ckpt, k=k, n_groups=n_groups, flops=flops,
-                                sc=sc, peak=peak, build_s=build_s, init_s=init_s, stage_name=stage_name)
+                                sc=sc, peak=peak, build_s=build_s, init_s=init_s, stage_name=stage_name,
+                                fused=fused)
                     if kernel:
                         values = res.data["parts"][name]
                         res.put(name, {**values, **job_formula_mfu(a, mbs, sc, values, peak),
@@ -375,7 +377,7 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
 
 
 def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, flops, sc, peak, build_s, init_s,
-                stage_name) -> None:
+                stage_name, fused) -> None:
     """One (checkpointing, micro-batch size) setting: a warm-up step, ``a.steps`` timed steps."""
     set_checkpointing(engine.module, ckpt == "on")
     if dev.type == "cuda":
@@ -405,7 +407,7 @@ def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, f
         "deepspeed_zero": _zero_settings(engine),
         "offload": {k: getattr(engine.cfg.deepspeed, k) for k in ("offload_optimizer", "offload_params")},
         "adamw": {key: engine.optimizer.defaults.get(key) for key in ("fused", "foreach")},
-        "learner_compile": bool(getattr(engine, "fused", False)),
+        "learner_compile": fused,
         "note": "each sequence is fed twice per step (2 masked views); model FLOPs count both, the LM head at "
                 "half the completion (the scored positions in expectation)",
     })

@@ -120,9 +120,10 @@ d1_colocated() {
     --peer-root "$PWD/.gpu_d1/peers" --peer-pythonpath /tmp/peerlib_d1 --peer-port 29541 --project-steps 2 \
     --part-timeout-s 200 --deadline-s 420 --work /tmp/pw_d1c --out "$OUT/d1c"
 }
-block_diffusion() {  # benchmark 4 at SDAR-8B shape on one GPU: eager, graphed, graphed + compiled, exactness
+block_diffusion() {  # benchmark 4 at SDAR-8B shape on one GPU, parts $1 (default: eager, graphed, graphed +
+                     # compiled, exactness)
   python3 tests/benchmarks/bench_matmul.py --out "$OUT/bd/matmul.json" &&
-    python3 tests/benchmarks/bench_block_diffusion.py --quick --parts speed,graphed,compiled,exactness \
+    python3 tests/benchmarks/bench_block_diffusion.py --quick --parts "${1:-speed,graphed,compiled,exactness}" \
       --peak-from "$OUT/bd/matmul.json" --out "$OUT/bd/block_diffusion.json"
 }
 sdrl_colocated() {
@@ -176,19 +177,16 @@ sdrl_compiled_then_naive() {  # the StableDRL loop colocated at 32- and 64-row r
       --out "$OUT/naive/full_attention.json" || rc=$?
   return $rc
 }
-sdrl_then_d1() {  # the StableDRL loop colocated as shipped; then d1's recipe colocated without checkpointing
+sdrl_shipped() {  # the StableDRL loop colocated, the recipe as shipped
   python3 tests/benchmarks/peers/run_peers.py --loops colocated --peer-root /tmp/none --layers 8 \
     --project-steps 3 --part-timeout-s 220 --work /tmp/pw_sdrl_c --out "$OUT/sdrl_c"
+}
+sdrl_then_d1() {  # the StableDRL loop colocated as shipped; then d1's recipe colocated without checkpointing
+  sdrl_shipped
   local rc=$?
   python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_no_ckpt --peer-root /tmp/none \
     --project-steps 2 --part-timeout-s 185 --deadline-s 300 --work /tmp/pw_d1n --out "$OUT/d1n" || rc=$?
   return $rc
-}
-block_diffusion_fused() {  # benchmark 4 at SDAR-8B: graphed, then graphed + compiled (the fused token choice)
-  mkdir -p "$OUT/bd"
-  python3 tests/benchmarks/bench_matmul.py --out "$OUT/bd/matmul.json" &&
-    python3 tests/benchmarks/bench_block_diffusion.py --quick --parts graphed,compiled \
-      --peak-from "$OUT/bd/matmul.json" --out "$OUT/bd/block_diffusion.json"
 }
 case "${1:-}" in
   call1)
@@ -307,10 +305,9 @@ case "${1:-}" in
       --micro-batch-groups 4 --groups-per-step 8 --steps 2 --compile off,on --peak-from "$OUT/matmul.json" \
       --out "$OUT/learner8b_4gpu.json" > "$OUT/learner8b.log" 2>&1
     echo "learner8b: rc $?"
-    lane bd 0 block_diffusion_fused ;;
+    lane bd 0 block_diffusion graphed,compiled ;;  # graphed + compiled: the fused token choice
   call24)
-    lane sdrl_c 0,1 python3 tests/benchmarks/peers/run_peers.py --loops colocated --peer-root /tmp/none --layers 8 \
-      --project-steps 3 --part-timeout-s 220 --work /tmp/pw_sdrl_c --out "$OUT/sdrl_c" &
+    lane sdrl_c 0,1 sdrl_shipped &
     lane d1c 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops "${D1_LOOPS:-colocated,colocated_fast}" \
       --peer-root /tmp/none --project-steps 2 --part-timeout-s 180 --deadline-s 400 --work /tmp/pw_d1c --out "$OUT/d1c" &
     wait ;;
