@@ -21,7 +21,7 @@ the export writes are the same bits.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -77,6 +77,28 @@ def add_adapters(policy: nn.Module, cfg: LoraConfig) -> list[Adapted]:
     for name, p in policy.named_parameters():
         p.requires_grad_(".lora_A." in name or ".lora_B." in name)
     return adapted_modules(policy)
+
+
+@contextmanager
+def adapters_off(policy: nn.Module) -> Iterator[None]:
+    """The frozen base model, in place: every peft LoRA layer of ``policy`` computes its base Linear
+    only, until the block exits. With the base frozen this is the initial policy, GRPO's KL
+    reference, without a second copy of the model (d1 on TRL takes its reference the same way).
+    peft's ``enable_adapters(False)`` would also flip the adapters' ``requires_grad``, under
+    which DeepSpeed registered its gradient hooks; only the flag its forward reads is set here."""
+    from peft.tuners.lora import LoraLayer
+
+    layers = [m for m in policy.modules() if isinstance(m, LoraLayer)]
+    if not layers:
+        raise ValueError("adapters_off needs a policy with LoRA adapters (learner.lora)")
+    was = [m._disable_adapters for m in layers]
+    for m in layers:
+        m._disable_adapters = True
+    try:
+        yield
+    finally:
+        for m, w in zip(layers, was):
+            m._disable_adapters = w
 
 
 def adapted_modules(policy: nn.Module) -> list[Adapted]:

@@ -36,6 +36,7 @@ from common.actor_setup import hand_back_gpu_memory, settle_gpu, setup_actor_pro
 from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from common.stats import Reduce, Stat, combine
 from common.types import Group, StepResult
+from learner.lora import adapters_off
 from learner.losses import LossInputs, Metric, compute_loss, needs_whole_groups
 from learner.profile import profiled_step
 from learner.rl_batch import MicroBatch, global_counts, micro_batches
@@ -64,6 +65,7 @@ class LearnerWorker:
         self.micro_batch_size = micro_batch_size
         self.whole_groups = needs_whole_groups(loss)
         self.engine = self.reference = self.tokenizer = self.push = None
+        self.reference_is_base = False  # LoRA: the reference is the policy with its adapters off (start)
         self._reference_cache: dict[tuple, Any] = {}  # _reference_estimate's, one step's
         self.push_sources = 0  # a sharded push's learner ranks that send (setup_weight_push)
         self.steps = 0
@@ -85,7 +87,9 @@ class LearnerWorker:
         setup_actor_process()  # the group set-up resets DeepSpeed's log level
         policy, self.tokenizer = load_policy(self.model_cfg)
         self.pad_token_id = policy.pad_token_id
-        if _needs_reference(self.loss_cfg):  # a frozen copy of the initial weights for GRPO's KL
+        # GRPO's KL reads the initial weights: with LoRA the frozen base is them (adapters_off), else a copy
+        self.reference_is_base = _needs_reference(self.loss_cfg) and self.cfg.lora is not None
+        if _needs_reference(self.loss_cfg) and not self.reference_is_base:
             self.reference, _ = load_policy(self.model_cfg.model_copy(update={"gradient_checkpointing": False}))
             self.reference.requires_grad_(False)
         self.engine = LearnerEngine(policy, self.cfg)
@@ -130,7 +134,8 @@ class LearnerWorker:
         mbs = micro_batches(groups, group_offset=group_offset, pad_token_id=self.pad_token_id,
                             advantage_scale=self.advantage_scale, micro_batch_size=self.micro_batch_size,
                             whole_groups=self.whole_groups, counts=counts,
-                            normalisation=self.cfg.loss_normalisation, world_size=self.world_size)
+                            normalisation=self.cfg.loss_normalisation, world_size=self.world_size,
+                            per_forward=self.cfg.micro_batches_per_forward)
         per_iteration = []
         self._reference_cache = {}
         try:
@@ -141,38 +146,53 @@ class LearnerWorker:
             self._reference_cache = {}
         return per_iteration
 
-    def _reference_estimate(self, mb: MicroBatch) -> Any:
+    def _reference_estimate(self, model: Any, mb: MicroBatch) -> Any:
         """The frozen reference's estimate of ``mb`` under this iteration's masks, computed once a step
         for each (micro-batch, seeds): with masks shared across the μ iterations (``masks: shared``,
         d1's recipe) every iteration asks for the same value, and the reference never changes, so
-        the 11 later ones of μ = 12 are read back instead of re-run (a forward each of the 8B model)."""
+        the 11 later ones of μ = 12 are read back instead of re-run (a forward each of the 8B model).
+        With LoRA the reference is ``model`` itself with its adapters off (no second copy)."""
         key = (id(mb.batch), tuple(mb.seeds.tolist()))
         if key not in self._reference_cache:
             with torch.no_grad():
-                self._reference_cache[key] = estimate(self.reference, mb.batch, mb.seeds, self.estimator)
+                if self.reference_is_base:
+                    with adapters_off(model):
+                        value = estimate(model, mb.batch, mb.seeds, self.estimator)
+                else:
+                    value = estimate(self.reference, mb.batch, mb.seeds, self.estimator)
+            self._reference_cache[key] = value
         return self._reference_cache[key]
 
     def _loss(self, model: Any, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, Metric]]:
-        """The micro-batch's share of the global loss (``model`` is the DeepSpeed engine)."""
+        """The micro-batch's share of the global loss (``model`` is the DeepSpeed engine): one
+        forward of its rows, then the loss of each of its parts (one, or the micro-batches that
+        ``learner.micro_batches_per_forward`` put together), summed."""
         ll = estimate(model, mb.batch, mb.seeds, self.estimator)
         device = ll.sequence.device
         behaviour = mb.behaviour_logp.to(device)
         if ll.elbo is not None:  # SPG sandwich: ratios compare ELBOs (module docstring)
             behaviour = behaviour + (ll.sequence - ll.elbo).detach()
-        ref = None if self.reference is None else self._reference_estimate(mb)
-        inputs = LossInputs(
+        ref = self._reference_estimate(model, mb) if self.reference is not None or self.reference_is_base else None
+        rows = dict(
             logp=ll.sequence, behaviour_logp=behaviour, advantages=mb.batch.advantages.to(device),
             group_index=mb.group_index.to(device), completion_length=mb.completion_length.to(device),
-            num_groups=mb.counts["num_groups"].to(device), num_samples=mb.counts["num_samples"].to(device),
-            num_tokens=mb.counts["num_tokens"].to(device),
             token_logp=ll.token, token_mask=None if ll.token is None else ll.token_mask.to(device),
             behaviour_token_logp=None if ll.token is None or mb.behaviour_token_logp is None
             else mb.behaviour_token_logp.to(device),
             ref_logp=None if ref is None else ref.ratio_value, ref_token_logp=None if ref is None else ref.token,
             elbo=ll.ratio_value,
         )
-        loss, metrics = compute_loss(inputs, self.loss_cfg)
-        return loss, _engine_metrics(metrics, mb.share)
+        total, metrics = None, {}
+        for part in mb.loss_parts():
+            inputs = LossInputs(
+                **{k: None if v is None else v[part.rows] for k, v in rows.items()},
+                num_groups=part.counts["num_groups"].to(device), num_samples=part.counts["num_samples"].to(device),
+                num_tokens=part.counts["num_tokens"].to(device),
+            )
+            loss, part_metrics = compute_loss(inputs, self.loss_cfg)
+            total = loss if total is None else total + loss
+            _add_metrics(metrics, _engine_metrics(part_metrics, part.share))
+        return total, metrics
 
     # ---- weights, checkpoints, export -----------------------------------------------------
     def setup_weight_push(self, cfg: WeightPushConfig, **kwargs: Any) -> None:
@@ -278,6 +298,18 @@ def _engine_metrics(metrics: dict[str, Metric], share: float) -> dict[str, Metri
     extremes as they are; a row statistic (``mean``) weighted by the micro-batch's share of the
     step's rows, so that the sum over the step is a row-weighted mean."""
     return {key: Metric(m.value * share, Reduce.SHARE) if m.reduce is Reduce.MEAN else m for key, m in metrics.items()}
+
+
+def _add_metrics(into: dict[str, Metric], metrics: dict[str, Metric]) -> None:
+    """Engine metrics of two parts of one forward as the engine would combine two micro-batches'."""
+    for key, m in metrics.items():
+        if key not in into:
+            into[key] = m
+        elif m.reduce is Reduce.SHARE:
+            into[key] = Metric(into[key].value + m.value, Reduce.SHARE)
+        else:
+            pick = torch.maximum if m.reduce is Reduce.MAX else torch.minimum
+            into[key] = Metric(pick(torch.as_tensor(into[key].value), torch.as_tensor(m.value)), m.reduce)
 
 
 def step_stats(per_iteration: list[dict[str, Stat]]) -> dict[str, Stat]:

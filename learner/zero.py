@@ -143,7 +143,11 @@ def enable_gradient_checkpointing(model: nn.Module) -> bool:
     for module in model.modules():
         enable = getattr(module, "gradient_checkpointing_enable", None)
         if callable(enable):
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # already on from model.gradient_checkpointing: kept as loaded (model.checkpointed_layers)
+            name = "is_activation_checkpointing" if hasattr(type(module), "is_activation_checkpointing") \
+                else "is_gradient_checkpointing"  # transformers >= 5.2x renamed it
+            if not getattr(module, name, False):
+                enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             return True
     return False
 

@@ -251,6 +251,13 @@ class LearnerConfig(StrictModel):
         "micro-batches and ranks: a token weighs 1/(tokens in its micro-batch), up to several times more in a "
         "micro-batch of short completions"
     )
+    micro_batches_per_forward: int = Field(
+        1, ge=1, description="micro-batches (algorithm.micro_batch_size rows each) fed to one forward and backward: "
+        "their rows are collated together and each takes its loss with its own counts (loss_normalisation), so the "
+        "update is the one of separate forwards, to rounding. Fewer, larger forwards keep the GPU busy where small "
+        "ones leave it waiting on the host: d1's 6-row micro-batches with LoRA at LLaDA-8B keep an H100 busy 44% "
+        "of the time, 12-row forwards train 1.55x faster; activation memory grows with the rows of a forward"
+    )
     compile: bool = Field(
         False, description="the elementwise work between each decoder layer's matrix products (both RMSNorms, the "
         "SiLU-gated activation) through torch.compile: one fused kernel forward and one backward where eager runs "

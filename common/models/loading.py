@@ -55,6 +55,8 @@ def load_policy(
     if cfg.gradient_checkpointing:
         policy.model.config.use_cache = False
         _enable_checkpointing(policy.model)
+        if cfg.checkpointed_layers is not None:
+            checkpoint_first_layers(policy.model, cfg.checkpointed_layers)
     if device is not None:
         policy.to(device)
     return policy.eval(), tokenizer
@@ -82,6 +84,23 @@ def _enable_checkpointing(model: torch.nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
+def checkpoint_first_layers(model: torch.nn.Module, n: int) -> int:
+    """Activation checkpointing in the first ``n`` decoder layers of ``model`` only (checkpointing
+    already enabled): the later layers keep their activations for the backward instead of
+    recomputing them. Returns the number of decoder layers; more than there are is refused."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise CheckpointError(f"model.checkpointed_layers: {type(model).__name__} has no decoder layers that "
+                              "checkpoint one by one; leave it unset")
+    if n > len(layers):
+        raise CheckpointError(f"model.checkpointed_layers = {n}, but the model has {len(layers)} decoder layers")
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = i < n
+    return len(layers)
 
 
 def _load_preset(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPolicy, Any]:

@@ -39,6 +39,14 @@ GPU-busy time per step, the top kernels and host ops (what explains the rest of 
 ``2o`` and ``3o`` offload to the CPU as ``learner.deepspeed.offload_optimizer: cpu`` does (``3o``
 with ``offload_params: cpu`` too): the same step with the optimizer on the host.
 
+d1's learner (``--estimator mean_field --lora 128 --group-size 6 --groups-per-step 2``, LLaDA-8B): one
+forward per row with the completion masked (15% of the prompt too), GRPO's token loss, LoRA r 128
+on LLaDA's q/k/v_proj and up_proj (alpha 64, dropout 0.05); model FLOPs 2F (the frozen base takes
+no weight gradients), the head over the whole completion. ``--micro-batch-groups 1,2`` times
+d1's 6-row forwards against 12-row ones (``learner.micro_batches_per_forward``), and
+``--checkpointing on,16,off`` every layer checkpointed, the first 16 (``model.checkpointed_layers``),
+none.
+
 TraDo / SDAR (``--estimator staircase``, with ``--shape sdar-8b --layers 11`` the system benchmark's
 learner): each micro-batch of G rows is one staircase forward over ``[prompt | clean | noisy]``
 (P + 2C tokens; TraDo's masking range 0.1-0.9, one draw), prompts left-padded to random lengths in
@@ -52,6 +60,8 @@ per row, attention over half the keys).
     python tests/benchmarks/bench_learner.py --world 1 --peak-from matmul.json --out learner1.json
     python tests/benchmarks/bench_learner.py --world 2 --peak-from matmul.json --out learner2.json
     python tests/benchmarks/bench_learner.py --tiny --world 2 --out learner2.json   # CPU, gloo
+    python tests/benchmarks/bench_learner.py --shape llada-8b --stages 2 --estimator mean_field --lora 128 \
+        --group-size 6 --groups-per-step 2 --micro-batch-groups 1,2 --checkpointing on,16,8,off --compile on
     python tests/benchmarks/bench_learner.py --shape sdar-8b --layers 11 --estimator staircase \
         --staircase-attention sdpa,flex --stages 3 --checkpointing on --gen 512 --peak-from matmul.json
 """
@@ -76,7 +86,8 @@ def parse() -> argparse.Namespace:
                     "2t (ZeRO-2 + overlap_comm), 2o / 3o (CPU offload); see above")
     ap.add_argument("--profile", default=None, help="profile one step of this stage's first setting (e.g. 2t)")
     ap.add_argument("--micro-batch-groups", default="1", help="comma list of groups per micro-batch")
-    ap.add_argument("--checkpointing", default="on,off", help="activation checkpointing settings, in order")
+    ap.add_argument("--checkpointing", default="on,off", help="activation checkpointing settings, in order: on, off, "
+                    "or N (the first N decoder layers checkpointed, model.checkpointed_layers)")
     ap.add_argument("--compile", default="off", help="learner.compile settings, in order: off, on, or off,on "
                     "(the same engine: on fuses its norms and activation in place, after the off settings)")
     ap.add_argument("--group-size", type=int, default=8, help="G: samples per group = per micro-batch")
@@ -87,8 +98,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--shape", default=None, help="benchlib SHAPES name (default qwen2-1.5b; tiny-qwen2 with --tiny, "
                     "tiny-sdar with --tiny and --estimator staircase; llada-8b: the 8B ZeRO-3 learner across ranks)")
     ap.add_argument("--layers", type=int, default=None, help="keep this many layers of the shape")
-    ap.add_argument("--estimator", choices=("elbo_mc", "staircase"), default="elbo_mc",
-                    help="elbo_mc: 2 masks of a full-attention family; staircase: block diffusion (TraDo)")
+    ap.add_argument("--estimator", choices=("elbo_mc", "staircase", "mean_field"), default="elbo_mc",
+                    help="elbo_mc: 2 masks of a full-attention family; staircase: block diffusion (TraDo); "
+                    "mean_field: d1's learner (one forward, the completion masked, GRPO's token loss)")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full training); d1's adapters: alpha = r/2, "
+                    "dropout 0.05, LLaDA's q/k/v_proj and up_proj (llada shapes) or q/k/v/up_proj")
     ap.add_argument("--staircase-attention", default="sdpa",
                     help="comma list of model.staircase_attention settings to run (staircase only): sdpa, flex")
     ap.add_argument("--peak-from", default=None)
@@ -187,8 +201,9 @@ def merge(mbs: list[dict], k: int) -> list[dict]:
 
 
 def rows_per_group(a: argparse.Namespace) -> int:
-    """Rows one group feeds a forward: its G samples twice (2 masks) for elbo_mc, once for staircase."""
-    return a.group_size if a.estimator == "staircase" else 2 * a.group_size
+    """Rows one group feeds a forward: its G samples twice (2 masks) for elbo_mc, once for staircase
+    and mean_field."""
+    return 2 * a.group_size if a.estimator == "elbo_mc" else a.group_size
 
 
 def tuned_zero3(cfg):
@@ -242,13 +257,41 @@ def stabledrl_loss_fn(est_cfg, loss_cfg):
     return loss_fn
 
 
-def set_checkpointing(module: torch.nn.Module, on: bool) -> None:
+def grpo_loss_fn(est_cfg, loss_cfg):
+    """d1's learner loss: GRPO over the mean-field token log-likelihoods, against behaviour values
+    near them (the first of d1's μ iterations has ratios near 1; the cost does not depend on it)."""
+    from common.estimators import estimate
+    from learner.losses import LossInputs, compute_loss
+
+    def loss_fn(model, mb: dict):
+        ll = estimate(model, mb["batch"], mb["seeds"], est_cfg)
+        dev = ll.sequence.device
+        groups, samples, tokens = mb["counts"]
+        token = ll.token.detach()
+        noise = 0.05 * torch.randn(token.shape, generator=torch.Generator().manual_seed(7)).to(dev)
+        inputs = LossInputs(
+            logp=ll.sequence, behaviour_logp=ll.sequence.detach(), advantages=mb["advantages"].to(dev),
+            group_index=mb["group_index"].to(dev), completion_length=mb["batch"].completion_mask.sum(1).to(dev),
+            num_groups=groups, num_samples=samples, num_tokens=tokens, token_logp=ll.token,
+            token_mask=ll.token_mask.to(dev), behaviour_token_logp=token + noise.to(token.dtype),
+        )
+        return compute_loss(inputs, loss_cfg).loss, {}
+
+    return loss_fn
+
+
+def set_checkpointing(module: torch.nn.Module, setting: str) -> None:
+    """on / off, or N: the first N decoder layers checkpointed (model.checkpointed_layers)."""
+    from common.models.loading import checkpoint_first_layers
+
     for m in module.modules():
         if hasattr(m, "gradient_checkpointing_enable"):
-            if on:
-                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            else:
+            if setting == "off":
                 m.gradient_checkpointing_disable()
+            else:
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                if setting != "on":
+                    checkpoint_first_layers(m, int(setting))
             return
     raise RuntimeError("no transformers model with gradient checkpointing inside the policy")
 
@@ -287,9 +330,9 @@ def rank_main(a: argparse.Namespace) -> None:
 
 
 def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str, dev: torch.device) -> None:
-    from common.config.estimator import ElboMCConfig, StaircaseConfig
-    from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
-    from common.config.loss import StableDrlLossConfig
+    from common.config.estimator import ElboMCConfig, MeanFieldConfig, StaircaseConfig
+    from common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig, OptimizerConfig
+    from common.config.loss import GrpoLossConfig, StableDrlLossConfig
     from learner.engine import LearnerEngine
 
     peak = bl.read_peak_tflops(a.peak_from)
@@ -297,6 +340,8 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
     est_cfg = StaircaseConfig(t_min=0.1, t_max=0.9, num_draws=1) if staircase else \
         ElboMCConfig(num_draws=2, weighting="mean", masks="independent")
     loss_fn = stabledrl_loss_fn(est_cfg, StableDrlLossConfig())
+    if a.estimator == "mean_field":  # d1: 15% of the prompt masked, GRPO without the KL (no reference here)
+        loss_fn = grpo_loss_fn(MeanFieldConfig(prompt_mask_prob=0.15), GrpoLossConfig(kl_beta=0.0, level="token"))
     layers = {"num_hidden_layers": a.layers} if a.layers else {}
     policy, build_s = bl.timed(lambda: bl.build_policy(a.shape, dev, bl.compute_dtype(dev), **layers), dev)
     if staircase and not policy.is_block_diffusion:
@@ -305,7 +350,12 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
     stage = int(stage_name.rstrip("to"))
     offload = {"offload_optimizer": "cpu", "offload_params": "cpu" if stage == 3 else "none"} \
         if stage_name.endswith("o") else {}
-    cfg = LearnerConfig(num_ranks=a.world, optimizer=OptimizerConfig(lr=1e-6),
+    lora = None
+    if a.lora:
+        llada = a.shape.startswith(("llada", "tiny-llada"))
+        lora = LoraConfig(rank=a.lora, alpha=a.lora / 2, dropout=0.05, module_names="llada" if llada else "project",
+                          target_modules=["q_proj", "k_proj", "v_proj", "up_proj"])
+    cfg = LearnerConfig(num_ranks=a.world, optimizer=OptimizerConfig(lr=1e-6), lora=lora,
                         deepspeed=DeepSpeedConfig(zero_stage=stage, gradient_checkpointing=False, **offload))
     if stage_name == "3t":
         import learner.engine
@@ -322,6 +372,9 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
         length = a.prompt + 2 * a.gen
         flops = bl.forward_flops(sc, rows=a.group_size, query_len=length, key_len=length / 2,
                                  logit_positions=a.gen // 2)
+    elif a.estimator == "mean_field":  # F of one group: G rows, the head over the whole (masked) completion
+        flops = bl.forward_flops(sc, rows=a.group_size, query_len=a.prompt + a.gen, key_len=a.prompt + a.gen,
+                                 logit_positions=a.gen)
     else:  # F of one group (2 masks x G rows)
         flops = bl.forward_flops(sc, rows=2 * a.group_size, query_len=a.prompt + a.gen, key_len=a.prompt + a.gen,
                                  logit_positions=a.gen // 2)
@@ -379,15 +432,19 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
 def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, flops, sc, peak, build_s, init_s,
                 stage_name, fused) -> None:
     """One (checkpointing, micro-batch size) setting: a warm-up step, ``a.steps`` timed steps."""
-    set_checkpointing(engine.module, ckpt == "on")
+    set_checkpointing(engine.module, ckpt)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     last: dict = {}
     warm = timed_step(engine, mbs, loss_fn, dev, last)
     secs = [timed_step(engine, mbs, loss_fn, dev, last) for _ in range(a.steps)]
     step_s = bl.median(secs)
-    model_flops = 3 * flops * n_groups * a.world
-    hardware_flops = (4 if ckpt == "on" else 3) * flops * n_groups * a.world
+    # training = forward + backward: 3F, or 2F with the base frozen (LoRA: no weight gradients but the
+    # adapters', which are r/width of them); checkpointing adds the recompute of its layers' forward
+    train = 2 if a.lora else 3
+    recompute = {"on": 1.0, "off": 0.0}[ckpt] if ckpt in ("on", "off") else int(ckpt) / sc.layers
+    model_flops = train * flops * n_groups * a.world
+    hardware_flops = (train + recompute) * flops * n_groups * a.world
     per_card = model_flops / step_s / a.world / 1e12
     res.put(name, {
         "world": a.world, "zero_stage": stage_name, "checkpointing": ckpt, "params": sc.total,
@@ -408,7 +465,10 @@ def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, f
         "offload": {k: getattr(engine.cfg.deepspeed, k) for k in ("offload_optimizer", "offload_params")},
         "adamw": {key: engine.optimizer.defaults.get(key) for key in ("fused", "foreach")},
         "learner_compile": fused,
-        "note": "each sequence is fed twice per step (2 masked views); model FLOPs count both, the LM head at "
+        "lora_rank": a.lora or None, "estimator": a.estimator,
+        "note": "mean_field: each sequence fed once, the head over the whole completion; LoRA: model FLOPs 2F "
+                "(no base weight gradients)" if a.estimator == "mean_field" else
+                "each sequence is fed twice per step (2 masked views); model FLOPs count both, the LM head at "
                 "half the completion (the scored positions in expectation)",
     })
 

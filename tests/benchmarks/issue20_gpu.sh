@@ -69,6 +69,14 @@
 #   call24 (a second 4-GPU host, carry .whl) call21's loops again: GPUs 0,1 the StableDRL loop colocated;
 #                          GPUs 2,3 d1's best two
 #   call25 (the same warm host, carry .gpu_sdrl and .gpu_d1) = call14
+#   call26 (1 GPU, carry .whl) d1's learner alone at LLaDA-8B (LoRA r 128, mean-field, 6-row groups, 2 a
+#                          rank): 6- and 12-row forwards, every layer / 16 / 8 / no layer checkpointed,
+#                          learner.compile, against the measured matmul rate; a profile of the first setting
+#   call27 (a 4-GPU host, carry .whl) d1's recipe as shipped now (12-row forwards, no checkpointing, the KL
+#                          reference the base with its adapters off): GPUs 0,1 colocated, its sampler and the
+#                          fast one; GPUs 2,3 the StableDRL loop as shipped (a second host's figure), then d1's
+#                          colocated with the first 8 layers checkpointed (D1_CKPT8)
+#   call28 (the same warm host, carry .gpu_sdrl and .gpu_d1) = call14
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -180,6 +188,15 @@ sdrl_compiled_then_naive() {  # the StableDRL loop colocated at 32- and 64-row r
 sdrl_shipped() {  # the StableDRL loop colocated, the recipe as shipped
   python3 tests/benchmarks/peers/run_peers.py --loops colocated --peer-root /tmp/none --layers 8 \
     --project-steps 3 --part-timeout-s 220 --work /tmp/pw_sdrl_c --out "$OUT/sdrl_c"
+}
+D1_CKPT8="colocated_ckpt8=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;model.gradient_checkpointing=true;model.checkpointed_layers=8"
+sdrl_then_d1_ckpt8() {  # the StableDRL loop colocated as shipped; then d1's recipe colocated, 8 layers checkpointed
+  sdrl_shipped
+  local rc=$?
+  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8 --variant "$D1_CKPT8" \
+    --peer-root /tmp/none --project-steps 2 --part-timeout-s 185 --deadline-s 300 --work /tmp/pw_d1k --out "$OUT/d1k" \
+    || rc=$?
+  return $rc
 }
 sdrl_then_d1() {  # the StableDRL loop colocated as shipped; then d1's recipe colocated without checkpointing
   sdrl_shipped
@@ -311,8 +328,20 @@ case "${1:-}" in
     lane d1c 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops "${D1_LOOPS:-colocated,colocated_fast}" \
       --peer-root /tmp/none --project-steps 2 --part-timeout-s 180 --deadline-s 400 --work /tmp/pw_d1c --out "$OUT/d1c" &
     wait ;;
+  call26)
+    python3 tests/benchmarks/bench_matmul.py --out "$OUT/matmul.json" > "$OUT/matmul.log" 2>&1
+    lane d1learner 0 python3 tests/benchmarks/bench_learner.py --shape llada-8b --stages 2 --estimator mean_field \
+      --lora 128 --group-size 6 --groups-per-step 2 --micro-batch-groups 1,2 --checkpointing on,16,8,off \
+      --compile on --steps 2 --profile 2 --peak-from "$OUT/matmul.json" --out "$OUT/d1learner/learner.json" ;;
+  call27)
+    lane d1c 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated,colocated_fast \
+      --peer-root /tmp/none --project-steps 2 --part-timeout-s 200 --deadline-s 400 --work /tmp/pw_d1c --out "$OUT/d1c" &
+    lane sdrl_c 2,3 sdrl_then_d1_ckpt8 &
+    wait ;;
+  call28)
+    bash "$0" call14 ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28" >&2; exit 2 ;;
 esac

@@ -109,6 +109,40 @@ def test_learner_step_is_three_forwards_of_both_masks():
     assert got == pytest.approx(3 * forward, rel=1e-9)
 
 
+def test_d1_learner_step_with_lora_is_two_forwards_and_the_adapters():
+    """--estimator mean_field --lora: the frozen base takes no weight gradients, so a step is the
+    forward and the input gradients (the 2F the benchmark counts, the head over the whole masked
+    completion) plus the adapters' forward and backward (3 x 2·T·r·(in + out) per adapted Linear)."""
+    import bench_learner as bln
+    from common.config.estimator import MeanFieldConfig
+    from common.config.learner import LoraConfig
+    from common.config.loss import GrpoLossConfig
+    from learner.lora import add_adapters
+
+    p = bl.build_policy("tiny-llada", torch.device("cpu"), torch.float32)
+    adapted = add_adapters(p, LoraConfig(rank=2, alpha=4.0, module_names="llada",
+                                         target_modules=["q_proj", "k_proj", "v_proj", "up_proj"]))
+    p.train()
+    sc = no_attention(bl.count_shape(p))
+    a = argparse.Namespace(groups_per_step=1, world=1, group_size=4, prompt=8, gen=16, estimator="mean_field")
+    mb = bln.micro_batches(a, 0, p.vocab_size)[0]
+    loss_fn = bln.grpo_loss_fn(MeanFieldConfig(), GrpoLossConfig(kl_beta=0.0, level="token"))
+
+    def step():
+        loss, _ = loss_fn(p, mb)
+        loss.backward()
+
+    with head_rows(p) as scored:
+        got = counted(step)
+    assert scored[0] == a.group_size * a.gen  # the whole completion is masked and scored
+    tokens = a.group_size * (a.prompt + a.gen)
+    forward = bl.forward_flops(sc, rows=a.group_size, query_len=a.prompt + a.gen, key_len=0, logit_positions=a.gen)
+    adapters = sum(2.0 * tokens * 2 * (x.base.shape[0] + x.base.shape[1]) for x in adapted)
+    # at most: the input gradient of every product; the first layer's attention inputs need none
+    # (the embedding is frozen), so the step comes in below it, and far below full training's 3F
+    assert 0.9 * 2 * forward < got <= 2 * forward + 3 * adapters < 2.2 * forward
+
+
 @pytest.mark.parametrize("kernel", ["sdpa", "flex"])
 def test_staircase_learner_step_is_three_forwards_over_prompt_and_both_copies(kernel):
     """--estimator staircase: one forward of G rows over P + 2C tokens (left-padded prompts), under

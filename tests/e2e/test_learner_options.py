@@ -349,3 +349,34 @@ def test_a_resumed_lora_job_repeats_the_uninterrupted_one(cluster, tmp_path):
     assert all(torch.equal(weights[n], straight_weights[n]) for n in weights), "the resumed step differs"
     for version, held in workers:
         assert version == 3 and all(torch.equal(held[n], weights[n]) for n in weights)
+
+
+def test_a_d1_shaped_lora_job_forwards_two_micro_batches_at_once_to_the_same_update(cluster, tmp_path):
+    """d1's learner in a whole job: LoRA under ZeRO-2 over 2 ranks, mean-field estimates, GRPO with
+    its KL to the frozen base (the adapters off, no second model), micro_batch normalisation, 2
+    micro-batches of 4 rows a rank, μ = 2. Forwarding the two together (learner.micro_batches_per_forward
+    2) gives the losses, the KL and the weights of one forward each."""
+    from common.config.base import validate
+    from common.config.job import JobConfig
+
+    def config(out, per_forward):
+        cfg = harness.job_config(
+            out,
+            algorithm={"max_staleness": 0, "in_order": True, "micro_batch_size": 4, "inner_iterations": 2},
+            learner={"lora": LORA.model_dump(), "loss_normalisation": "micro_batch",
+                     "micro_batches_per_forward": per_forward, "optimizer": {"lr": 1e-3, "eps": 1e-3},
+                     "deepspeed": {"zero_stage": 2, "dtype": "fp32"}},
+            run={"steps": 1})
+        return validate(JobConfig, {**cfg.model_dump(), "estimator": {"name": "mean_field"},
+                                    "loss": {"name": "grpo", "kl_beta": 0.04, "level": "token"}})
+
+    runs = [harness.run_driver(config(tmp_path / f"k{k}", k), learner_cls=MergedLearner) for k in (1, 2)]
+    (one, one_weights, _), (two, two_weights, _) = runs
+    first, second = one.history[0], two.history[0]
+    assert first["train/micro_batches"] == 4 and second["train/micro_batches"] == 2  # forwards over both ranks
+    assert first["train/kl/k3_mean"] > 0  # the second iteration's adapters moved away from the base
+    for key in ("train/loss", "train/loss_first", "train/kl/k3_mean", "train/grad_norm", "rollout/reward_mean"):
+        assert second[key] == pytest.approx(first[key], rel=1e-4, abs=1e-9), key
+    assert one_weights.keys() == two_weights.keys()
+    for name in one_weights:
+        torch.testing.assert_close(two_weights[name], one_weights[name], rtol=1e-4, atol=1e-6)

@@ -264,3 +264,83 @@ def test_the_reference_runs_once_a_step_when_every_iteration_shares_its_masks(ma
         for mb, cached in zip(mbs, losses):
             worker._reference_cache = {}  # afresh: the reference estimated again for this iteration
             assert float(worker._loss(policy, mb.for_iteration(masks, k))[0]) == pytest.approx(cached, rel=1e-6)
+
+
+@pytest.mark.parametrize("normalisation", ["micro_batch", "step"])
+def test_micro_batches_forwarded_together_give_the_separate_forwards_update(normalisation):
+    """learner.micro_batches_per_forward = 2: the rows of two micro-batches (prompts of different
+    lengths: left padding) in one forward, each micro-batch's loss with its own counts. The loss,
+    the gradient and the metrics the engine receives are those of the two forwards apart."""
+    from common.config.estimator import MeanFieldConfig
+    from common.config.loss import GrpoLossConfig
+    from learner.worker import _add_metrics
+
+    model = ModelConfig(preset="tiny-llada", dtype="float32")
+    estimator = MeanFieldConfig(masks="shared")
+    gs = groups([3, 3, 3, 3], seed=5)  # prompt lengths 2, 3, 4, 2
+    for g in gs:
+        for s in g.samples:
+            s.behaviour_token_logp = -torch.rand(4, generator=torch.Generator().manual_seed(s.mask_seed))
+    worker = LearnerWorker(0, 1, model, LearnerConfig(loss_normalisation=normalisation), estimator,
+                           GrpoLossConfig(kl_beta=0.0, level="token"), inner_iterations=1, advantage_scale="none",
+                           micro_batch_size=3)
+    results = []
+    for per_forward in (1, 2):
+        policy, _ = load_policy(model)
+        cut = dict(group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=3, whole_groups=False,
+                   counts=global_counts(gs), normalisation=normalisation, per_forward=per_forward)
+        mbs = micro_batches(gs, **cut)
+        assert len(mbs) == 4 // per_forward
+        total, metrics = 0.0, {}
+        for mb in mbs:
+            loss, m = worker._loss(policy, mb)
+            loss.backward()
+            total += float(loss)
+            _add_metrics(metrics, m)
+        grad = torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
+        results.append((total, grad, {k: float(v.value) for k, v in metrics.items()}))
+    (loss1, grad1, m1), (loss2, grad2, m2) = results
+    assert loss2 == pytest.approx(loss1, rel=1e-5) and loss1 != 0.0
+    torch.testing.assert_close(grad2, grad1, rtol=1e-4, atol=1e-7)
+    assert m1.keys() == m2.keys() and all(m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6) for k in m1)
+
+
+def test_lora_reference_is_the_frozen_base_with_its_adapters_off():
+    """With LoRA the KL reference is the policy's own base (no second copy of the model): after the
+    adapters moved, the estimate with them off equals the initial model's, gradients still reach
+    the adapters afterwards, and the worker loads no reference model."""
+    from common.config.estimator import MeanFieldConfig
+    from common.config.learner import LoraConfig
+    from common.config.loss import GrpoLossConfig
+    from learner.lora import adapters_off, add_adapters
+
+    model = ModelConfig(preset="tiny-llada", dtype="float32")
+    policy, _ = load_policy(model)
+    initial, _ = load_policy(model)
+    adapted = add_adapters(policy, LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "up_proj"]))
+    with torch.no_grad():
+        for a in adapted:
+            a.lora_B.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
+    gs = groups([4])
+    mb = micro_batches(gs, group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=4,
+                       whole_groups=False, counts=global_counts(gs))[0]
+    estimator = MeanFieldConfig()
+    with torch.no_grad():
+        base = estimate(initial, mb.batch, mb.seeds, estimator).sequence
+        adapted_value = estimate(policy, mb.batch, mb.seeds, estimator).sequence
+        with adapters_off(policy):
+            off = estimate(policy, mb.batch, mb.seeds, estimator).sequence
+    torch.testing.assert_close(off, base)
+    assert not torch.allclose(adapted_value, base, atol=1e-3)
+    assert all(a.lora_A.requires_grad and a.lora_B.requires_grad for a in adapted)
+
+    worker = LearnerWorker(0, 1, model, LearnerConfig(lora=LoraConfig(rank=4)), estimator,
+                           GrpoLossConfig(kl_beta=0.04), inner_iterations=1, advantage_scale="none",
+                           micro_batch_size=4)
+    worker.reference_is_base = True  # what start() sets for a LoRA job with a KL term
+    assert worker.reference is None
+    ref = worker._reference_estimate(policy, mb)
+    torch.testing.assert_close(ref.sequence, base)
+    loss, metrics = worker._loss(policy, mb)
+    loss.backward()
+    assert float(metrics["kl/k3_mean"].value) > 0 and all(a.lora_B.grad is not None for a in adapted)

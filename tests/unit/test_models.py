@@ -367,3 +367,34 @@ def test_dream_style_tokenizer_loads_without_its_shipped_code(tmp_path):
     assert (tok.mask_token_id, tok.eos_token_id) == (258, 257)
     assert tok("ab<|mask|>b").input_ids == [256, 258, vocab["b"]]
     assert tok.apply_chat_template([{"role": "user", "content": "ab"}], tokenize=False) == "<|im_start|>ab"
+
+
+def test_checkpointed_layers_recompute_only_the_first_layers_and_keep_the_gradients():
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from learner.zero import enable_gradient_checkpointing
+
+    grads = []
+    for cfg in ({}, {"gradient_checkpointing": True, "checkpointed_layers": 1}):
+        policy, _ = load_policy(ModelConfig(preset="tiny-llada", **cfg))
+        layers = [m for m in policy.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if cfg:
+            assert [m.gradient_checkpointing for m in layers] == [True] + [False] * (len(layers) - 1)
+            recomputed, kept = [], []
+            layers[0].mlp.register_forward_pre_hook(lambda *_, calls=recomputed: calls.append(1))
+            layers[1].mlp.register_forward_pre_hook(lambda *_, calls=kept: calls.append(1))
+            assert enable_gradient_checkpointing(policy)  # learner.deepspeed's switch keeps the loaded choice
+            assert [m.gradient_checkpointing for m in layers] == [True] + [False] * (len(layers) - 1)
+        policy.train()
+        policy(_ids(), logits_from=0).logits.logsumexp(-1).mean().backward()
+        if cfg:
+            assert len(recomputed) == 2 and len(kept) == 1  # layer 0 recomputed in the backward, layer 1 not
+        grads.append(policy.model.model.layers[1].mlp.gate_proj.weight.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_checkpointed_layers_are_refused_without_checkpointing_or_beyond_the_model():
+    with pytest.raises(ValueError, match="set model.gradient_checkpointing true"):
+        ModelConfig(preset="tiny-llada", checkpointed_layers=1)
+    with pytest.raises(CheckpointError, match="checkpointed_layers = 9, but the model has 2 decoder layers"):
+        load_policy(ModelConfig(preset="tiny-llada", gradient_checkpointing=True, checkpointed_layers=9))
