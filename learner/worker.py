@@ -167,12 +167,13 @@ class LearnerWorker:
         """The micro-batch's share of the global loss (``model`` is the DeepSpeed engine): one
         forward of its rows, then the loss of each of its parts (one, or the micro-batches that
         ``learner.micro_batches_per_forward`` put together), summed."""
+        # the reference first: its forward's transient memory is freed before the policy's graph is built
+        ref = self._reference_estimate(model, mb) if self.reference is not None or self.reference_is_base else None
         ll = estimate(model, mb.batch, mb.seeds, self.estimator)
         device = ll.sequence.device
         behaviour = mb.behaviour_logp.to(device)
         if ll.elbo is not None:  # SPG sandwich: ratios compare ELBOs (module docstring)
             behaviour = behaviour + (ll.sequence - ll.elbo).detach()
-        ref = self._reference_estimate(model, mb) if self.reference is not None or self.reference_is_base else None
         rows = dict(
             logp=ll.sequence, behaviour_logp=behaviour, advantages=mb.batch.advantages.to(device),
             group_index=mb.group_index.to(device), completion_length=mb.completion_length.to(device),

@@ -77,6 +77,13 @@
 #                          fast one; GPUs 2,3 the StableDRL loop as shipped (a second host's figure), then d1's
 #                          colocated with the first 8 layers checkpointed (D1_CKPT8)
 #   call28 (the same warm host, carry .gpu_sdrl and .gpu_d1) = call14
+#   call29 (a 4-GPU host, carry .whl) call27 ran d1's loops out of memory colocated (the learner's 51 GiB beside
+#                          the worker's 28 and 5 GiB the checkpoint writer's process held): now the reference
+#                          runs before the policy's forward, the writer frees its cache, and the worker keeps no
+#                          unmerged copy of the adapted matrices (learner.lora.push merged, D1_MERGED): GPUs 0,1
+#                          d1's colocated, its sampler and the fast one; GPUs 2,3 the StableDRL loop as shipped,
+#                          then d1's colocated with 8 layers checkpointed
+#   call30 (the same warm host, carry .gpu_sdrl and .gpu_d1) = call14
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -194,6 +201,18 @@ sdrl_then_d1_ckpt8() {  # the StableDRL loop colocated as shipped; then d1's rec
   sdrl_shipped
   local rc=$?
   python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8 --variant "$D1_CKPT8" \
+    --peer-root /tmp/none --project-steps 2 --part-timeout-s 185 --deadline-s 300 --work /tmp/pw_d1k --out "$OUT/d1k" \
+    || rc=$?
+  return $rc
+}
+D1_COLOCATED="cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;learner.lora.push=merged"
+D1_MERGED=(--variant "colocated_merged=$D1_COLOCATED"
+  --variant "colocated_fast_merged=$D1_COLOCATED;sampler.cache=dual;sampler.threshold=0.9;sampler.compile=false"
+  --variant "colocated_ckpt8_merged=$D1_COLOCATED;model.gradient_checkpointing=true;model.checkpointed_layers=8")
+sdrl_then_d1_ckpt8_merged() {
+  sdrl_shipped
+  local rc=$?
+  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8_merged "${D1_MERGED[@]}" \
     --peer-root /tmp/none --project-steps 2 --part-timeout-s 185 --deadline-s 300 --work /tmp/pw_d1k --out "$OUT/d1k" \
     || rc=$?
   return $rc
@@ -338,10 +357,16 @@ case "${1:-}" in
       --peer-root /tmp/none --project-steps 2 --part-timeout-s 200 --deadline-s 400 --work /tmp/pw_d1c --out "$OUT/d1c" &
     lane sdrl_c 2,3 sdrl_then_d1_ckpt8 &
     wait ;;
-  call28)
+  call28|call30)
     bash "$0" call14 ;;
+  call29)
+    lane d1c 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_merged,colocated_fast_merged \
+      "${D1_MERGED[@]}" --peer-root /tmp/none --project-steps 2 --part-timeout-s 200 --deadline-s 400 \
+      --work /tmp/pw_d1c --out "$OUT/d1c" &
+    lane sdrl_c 2,3 sdrl_then_d1_ckpt8_merged &
+    wait ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30" >&2; exit 2 ;;
 esac

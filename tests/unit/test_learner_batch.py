@@ -243,8 +243,10 @@ def test_the_reference_runs_once_a_step_when_every_iteration_shares_its_masks(ma
                            inner_iterations=3, advantage_scale="none", micro_batch_size=4)
     policy, _ = load_policy(model)
     worker.reference, _ = load_policy(model.model_copy(update={"seed": 7}))  # another init: a nonzero KL
-    calls = []
+    calls, order = [], []
     worker.reference.register_forward_hook(lambda *_: calls.append(1))
+    worker.reference.register_forward_hook(lambda *_: order.append("reference"))
+    policy.register_forward_hook(lambda *_: order.append("policy"))
     gs = groups([4, 4])
 
     class Engine:  # the engine's part in _updates: every micro-batch's loss, in order
@@ -258,6 +260,7 @@ def test_the_reference_runs_once_a_step_when_every_iteration_shares_its_masks(ma
     worker.engine, worker.pad_token_id = Engine(), 0
     worker._updates(gs, version=0, group_offset=0)
     assert len(calls) == reference_forwards and worker._reference_cache == {}
+    assert order[:2] == ["reference", "policy"]  # the reference's forward is over before the policy's graph grows
     mbs = micro_batches(gs, group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=4,
                         whole_groups=True, counts=global_counts(gs))
     for k, losses in enumerate(worker.engine.losses):
