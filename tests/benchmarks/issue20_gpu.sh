@@ -84,6 +84,11 @@
 #                          d1's colocated, its sampler and the fast one; GPUs 2,3 the StableDRL loop as shipped,
 #                          then d1's colocated with 8 layers checkpointed
 #   call30 (the same warm host, carry .gpu_sdrl and .gpu_d1) = call14
+#   call31 (a 4-GPU host, carry .whl) call29's d1 loops timed at their third step (the first push, which
+#                          allocates the push buffer through the host, out of the figures): GPUs 0,1 8 layers
+#                          checkpointed, its sampler; GPUs 2,3 the fast sampler, 8 layers and none checkpointed
+#   call32 (the same warm host, carry .gpu_d1) d1's loop, for the ratios
+#   call31x2 (a 2-GPU host, carry .whl) call31's first two loops one after the other (no 4-GPU host was lent)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -357,6 +362,24 @@ case "${1:-}" in
       --peer-root /tmp/none --project-steps 2 --part-timeout-s 200 --deadline-s 400 --work /tmp/pw_d1c --out "$OUT/d1c" &
     lane sdrl_c 2,3 sdrl_then_d1_ckpt8 &
     wait ;;
+  call31)
+    lane d1k 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8_merged "${D1_MERGED[@]}" \
+      --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 300 --work /tmp/pw_d1k --out "$OUT/d1k" &
+    lane d1f 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 \
+      --loops colocated_fast_ckpt8_merged,colocated_fast_merged "${D1_MERGED[@]}" \
+      --variant "colocated_fast_ckpt8_merged=$D1_COLOCATED;sampler.cache=dual;sampler.threshold=0.9;sampler.compile=false;model.gradient_checkpointing=true;model.checkpointed_layers=8" \
+      --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 170 --deadline-s 200 \
+      --work /tmp/pw_d1f --out "$OUT/d1f" &
+    wait ;;
+  call32)
+    d1_peer ;;
+  call31x2)
+    python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8_merged,colocated_fast_ckpt8_merged \
+      "${D1_MERGED[@]}" \
+      --variant "colocated_fast_ckpt8_merged=$D1_COLOCATED;sampler.cache=dual;sampler.threshold=0.9;sampler.compile=false;model.gradient_checkpointing=true;model.checkpointed_layers=8" \
+      --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 230 --deadline-s 260 \
+      --work /tmp/pw_d1k --out "$OUT/d1k" > "$OUT/d1k.log" 2>&1
+    echo "d1k: rc $?" ;;
   call28|call30)
     bash "$0" call14 ;;
   call29)
@@ -368,5 +391,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2" >&2; exit 2 ;;
 esac

@@ -109,6 +109,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--peer-steps", type=int, default=None,
                     help="optimizer steps of the peer (default 2 rounds: StableDRL 4, d1 24)")
     ap.add_argument("--project-steps", type=int, default=3)
+    ap.add_argument("--project-skip", type=int, default=1,
+                    help="first steps of the project's loops left out of the figures (2: the first weight push too, "
+                    "which allocates the push buffer, out of the timed steps)")
     ap.add_argument("--peer-port", type=int, default=29531,
                     help="the peer's accelerate main-process port (another for a second peer on the same host)")
     ap.add_argument("--peer-script", action="append", default=[], help="NAME=PATH: another harness for a peer (tests)")
@@ -270,7 +273,7 @@ def run_project(a: argparse.Namespace, pair: str, spec: dict, variant: str, over
     # 1 learner rank + 1 worker on 2 GPUs; colocated: a rank and a worker on every GPU
     actors = str(max(1, n_gpus) if "cluster.colocate=true" in sets else 1)
     cmd = [sys.executable, str(BENCH / "bench_system.py"), "--config", str(config), "--model-dir", str(ckpt),
-           "--ranks", actors, "--workers", actors, "--steps", str(a.project_steps), "--skip", "1",
+           "--ranks", actors, "--workers", actors, "--steps", str(a.project_steps), "--skip", str(a.project_skip),
            "--eval-prompts", "0",
            "--work", str(work / "job"), "--timeout-s", str(a.part_timeout_s - 20), "--name", f"{pair}_{variant}",
            "--out", str(record), *(["--tiny"] if a.tiny else [])]
