@@ -62,3 +62,26 @@ def test_the_system_runner_runs_its_component_parts(tmp_path):
     engine = data["parts"]["engine_llada"]["result"]["parts"]["engine"]
     assert engine["tokens_per_s"] > 0
     assert "| engine_llada | ok |" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_the_d1_learner_mode_runs_its_tiny_path(tmp_path):
+    """bench_learner's d1 mode (mean-field, GRPO, LoRA) through its own command line: 4- and 8-row
+    forwards with every layer, the first one and no layer checkpointed, each setting measured."""
+    out = tmp_path / "learner.json"
+    done = _run(HERE / "bench_learner.py", "--tiny", "--shape", "tiny-llada", "--stages", "2", "--estimator",
+                "mean_field", "--lora", "8", "--group-size", "4", "--groups-per-step", "2", "--micro-batch-groups",
+                "1,2", "--checkpointing", "on,1,off", "--steps", "1", "--out", out)
+    data = json.loads(out.read_text())
+    assert done.returncode == 0 and not data["errors"], (done.stdout[-3000:], data["errors"])
+    parts = data["parts"]
+    names = [f"zero2_ckpt_{c}_mb{k}" for c in ("on", "1", "off") for k in (1, 2)]
+    assert sorted(parts) == sorted(names)
+    for name in names:
+        p = parts[name]
+        assert p["step_s_median"] > 0 and p["skipped_steps_total"] == 0
+        assert p["lora_rank"] == 8 and p["estimator"] == "mean_field"
+        assert p["micro_batch_rows"] == (4 if name.endswith("mb1") else 8)
+    # model FLOPs 2F for every setting; the hardware's add the recomputed share of the layers
+    model = parts["zero2_ckpt_on_mb1"]["model_tflop_per_step"]
+    assert all(parts[n]["model_tflop_per_step"] == model for n in names)
+    assert parts["zero2_ckpt_off_mb1"]["checkpointing"] == "off" and parts["zero2_ckpt_1_mb1"]["checkpointing"] == "1"
