@@ -202,31 +202,20 @@ sdrl_shipped() {  # the StableDRL loop colocated, the recipe as shipped
     --project-steps 3 --part-timeout-s 220 --work /tmp/pw_sdrl_c --out "$OUT/sdrl_c"
 }
 D1_CKPT8="colocated_ckpt8=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;model.gradient_checkpointing=true;model.checkpointed_layers=8"
-sdrl_then_d1_ckpt8() {  # the StableDRL loop colocated as shipped; then d1's recipe colocated, 8 layers checkpointed
-  sdrl_shipped
-  local rc=$?
-  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8 --variant "$D1_CKPT8" \
-    --peer-root /tmp/none --project-steps 2 --part-timeout-s 185 --deadline-s 300 --work /tmp/pw_d1k --out "$OUT/d1k" \
-    || rc=$?
-  return $rc
-}
 D1_COLOCATED="cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;learner.lora.push=merged"
+D1_FAST="sampler.cache=dual;sampler.threshold=0.9;sampler.compile=false"
 D1_MERGED=(--variant "colocated_merged=$D1_COLOCATED"
-  --variant "colocated_fast_merged=$D1_COLOCATED;sampler.cache=dual;sampler.threshold=0.9;sampler.compile=false"
-  --variant "colocated_ckpt8_merged=$D1_COLOCATED;model.gradient_checkpointing=true;model.checkpointed_layers=8")
-sdrl_then_d1_ckpt8_merged() {
+  --variant "colocated_fast_merged=$D1_COLOCATED;$D1_FAST"
+  --variant "colocated_ckpt8_merged=$D1_COLOCATED;model.gradient_checkpointing=true;model.checkpointed_layers=8"
+  --variant "colocated_fast_ckpt8_merged=$D1_COLOCATED;$D1_FAST;model.gradient_checkpointing=true;model.checkpointed_layers=8")
+sdrl_then_d1() {  # sdrl_then_d1 NAME LOOP [VARIANT ARGS...]: the StableDRL loop colocated as shipped; then one of
+                  # d1's colocated loops, 2 steps, into $OUT/NAME
+  local name=$1 loop=$2
+  shift 2
   sdrl_shipped
   local rc=$?
-  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8_merged "${D1_MERGED[@]}" \
-    --peer-root /tmp/none --project-steps 2 --part-timeout-s 185 --deadline-s 300 --work /tmp/pw_d1k --out "$OUT/d1k" \
-    || rc=$?
-  return $rc
-}
-sdrl_then_d1() {  # the StableDRL loop colocated as shipped; then d1's recipe colocated without checkpointing
-  sdrl_shipped
-  local rc=$?
-  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_no_ckpt --peer-root /tmp/none \
-    --project-steps 2 --part-timeout-s 185 --deadline-s 300 --work /tmp/pw_d1n --out "$OUT/d1n" || rc=$?
+  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops "$loop" "$@" --peer-root /tmp/none \
+    --project-steps 2 --part-timeout-s 185 --deadline-s 300 --work "/tmp/pw_$name" --out "$OUT/$name" || rc=$?
   return $rc
 }
 case "${1:-}" in
@@ -333,7 +322,7 @@ case "${1:-}" in
     lane naive 0 python3 tests/benchmarks/bench_full_attention.py --parts naive --peak-from "$OUT/matmul.json" \
       --out "$OUT/naive/full_attention.json" ;;
   call21)
-    lane sdrl_c 0,1 sdrl_then_d1 &
+    lane sdrl_c 0,1 sdrl_then_d1 d1n colocated_no_ckpt &
     lane d1c 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 \
       --loops colocated,colocated_fast,colocated_fast_no_ckpt --peer-root /tmp/none --project-steps 2 \
       --part-timeout-s 175 --deadline-s 515 --work /tmp/pw_d1c --out "$OUT/d1c" &
@@ -360,14 +349,13 @@ case "${1:-}" in
   call27)
     lane d1c 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated,colocated_fast \
       --peer-root /tmp/none --project-steps 2 --part-timeout-s 200 --deadline-s 400 --work /tmp/pw_d1c --out "$OUT/d1c" &
-    lane sdrl_c 2,3 sdrl_then_d1_ckpt8 &
+    lane sdrl_c 2,3 sdrl_then_d1 d1k colocated_ckpt8 --variant "$D1_CKPT8" &
     wait ;;
   call31)
     lane d1k 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8_merged "${D1_MERGED[@]}" \
       --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 300 --work /tmp/pw_d1k --out "$OUT/d1k" &
     lane d1f 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 \
       --loops colocated_fast_ckpt8_merged,colocated_fast_merged "${D1_MERGED[@]}" \
-      --variant "colocated_fast_ckpt8_merged=$D1_COLOCATED;sampler.cache=dual;sampler.threshold=0.9;sampler.compile=false;model.gradient_checkpointing=true;model.checkpointed_layers=8" \
       --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 170 --deadline-s 200 \
       --work /tmp/pw_d1f --out "$OUT/d1f" &
     wait ;;
@@ -376,7 +364,6 @@ case "${1:-}" in
   call31x2)
     python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8_merged,colocated_fast_ckpt8_merged \
       "${D1_MERGED[@]}" \
-      --variant "colocated_fast_ckpt8_merged=$D1_COLOCATED;sampler.cache=dual;sampler.threshold=0.9;sampler.compile=false;model.gradient_checkpointing=true;model.checkpointed_layers=8" \
       --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 230 --deadline-s 260 \
       --work /tmp/pw_d1k --out "$OUT/d1k" > "$OUT/d1k.log" 2>&1
     echo "d1k: rc $?" ;;
@@ -386,7 +373,7 @@ case "${1:-}" in
     lane d1c 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_merged,colocated_fast_merged \
       "${D1_MERGED[@]}" --peer-root /tmp/none --project-steps 2 --part-timeout-s 200 --deadline-s 400 \
       --work /tmp/pw_d1c --out "$OUT/d1c" &
-    lane sdrl_c 2,3 sdrl_then_d1_ckpt8_merged &
+    lane sdrl_c 2,3 sdrl_then_d1 d1k colocated_ckpt8_merged "${D1_MERGED[@]}" &
     wait ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
