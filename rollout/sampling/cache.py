@@ -3,7 +3,7 @@
 Each layer keeps preallocated buffers ``K, V [B, H, T + 1, D]`` for a canvas of T positions (slot
 T is a scratch slot that nothing reads). Before a forward the sampler names, per row, the slot of
 each input token (``slots [B, Lq]``) and how many leading slots attention may read
-(``visible``); each layer's ``update`` scatters the fresh keys/values into those slots and returns
+(``visible``); each layer's ``update`` writes the fresh keys/values into those slots and returns
 ``K[:, :, :visible]``. The attention mask ``[B, 1, Lq, visible]`` decides what is really seen.
 
 - Exact block-diffusion cache (SDAR / TraDo): slots of the prompt and finished blocks hold their
@@ -32,6 +32,7 @@ class SlotKVCache:
         self.keys: list[torch.Tensor] = []  # per layer [B, H, T + 1, D]
         self.values: list[torch.Tensor] = []
         self._slots: Optional[torch.Tensor] = None  # [B, Lq] int64
+        self._rows_heads: tuple[torch.Tensor, torch.Tensor] | None = None  # [B, 1, 1], [1, H, 1] indices
         self._visible = 0
 
     @property
@@ -54,11 +55,16 @@ class SlotKVCache:
             shape = (b, h, self.num_slots + 1, d)
             self.keys.append(torch.zeros(shape, dtype=key_states.dtype, device=key_states.device))
             self.values.append(torch.zeros(shape, dtype=value_states.dtype, device=value_states.device))
+            if self._rows_heads is None:
+                self._rows_heads = (torch.arange(b, device=key_states.device)[:, None, None],
+                                    torch.arange(h, device=key_states.device)[None, :, None])
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
-        b, h, lq, d = key_states.shape
-        index = self._slots[:, None, :, None].expand(b, h, lq, d)
-        k_buf.scatter_(2, index, key_states.to(k_buf.dtype))
-        v_buf.scatter_(2, index, value_states.to(v_buf.dtype))
+        # advanced indexing, not scatter_: under torch.compile (sampler.compile) index_put_ writes into
+        # the buffer in place, where a scatter_ into a graph input is computed into a full copy of the
+        # layer's cache and copied back (two passes over [B, H, T + 1, D] per layer and step)
+        index = (*self._rows_heads, self._slots[:, None, :])  # [B, 1, 1], [1, H, 1], [B, 1, Lq]
+        k_buf.index_put_(index, key_states.to(k_buf.dtype))
+        v_buf.index_put_(index, value_states.to(v_buf.dtype))
         return k_buf[:, :, : self._visible], v_buf[:, :, : self._visible]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

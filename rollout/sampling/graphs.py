@@ -180,6 +180,10 @@ class StepGraphs:
     def _runs(self) -> list[CapturedStep]:
         return [r for s in self._steps.values() for r in s.runs()]
 
+    def static_steps(self) -> list[StaticStep]:
+        """Every kept static step and its companions (a benchmark replays them one by one)."""
+        return [s for step in self._steps.values() for s in (step, *step._companions.values())]
+
     def step(self, policy: torch.nn.Module, *, kind: str, batch: int, query_length: int, num_slots: int,
              logits_from: int, block_length: int, compile: bool = False) -> StaticStep:
         """The static step of this shape for ``policy``: the kept one if its weights are where

@@ -25,6 +25,11 @@ split       where a graphed generation's wall time goes (one token per step, aft
             (token choice with per-row generators, float64 noise by default), timed one by one
             with the device synchronised around each: ms per call of each kind, and the share of
             the generation's time each takes (the synchronisation adds a little to every call).
+split_compiled  the same with ``SamplerConfig.compile`` (compiled static steps, the fused token choice), after
+            a generation that compiled and captured them.
+decode      the token choice alone (``choose_tokens``) on the decode's shape [B, block, vocab] of random
+            bf16 logits, per-row generators: ms per call (CUDA events) for float64 and float32 noise,
+            eager and fused (``sampler.compile``).
 profile     torch.profiler over 8 forwards (2 blocks: their entering steps and in-block steps, with
             the decode steps between them) of an eager one-token-per-step generation: wall vs
             device-busy ms per forward, kernels launched, the top-20 kernels and the top host ops.
@@ -33,6 +38,14 @@ profile     torch.profiler over 8 forwards (2 blocks: their entering steps and i
 graph_profile  the same table over a whole short graphed generation (after one that captured its
             shape): 4 blocks, 16 forwards, 12 of them replays. Whether kernels launched by a graph
             replay are listed depends on the profiler: the record says how many kernels it saw.
+replay_profile  each static step of a graphed one-token-per-step generation replayed on its own, after
+            a generation that captured them: the in-block step [current block] and the entering step
+            [previous | current]: ms per replay (CUDA events, --replay-reps replays), the matmul
+            floor of its FLOPs at the measured rate, and torch.profiler's kernels of those replays
+            by category (matmul, attention, elementwise, reduce, copy / cast, compiled) and the top
+            kernels: where a replay's time goes beyond its matrix products. Not in --quick.
+replay_profile_compiled  the same with ``SamplerConfig.compile`` (the static steps compiled before
+            their capture; the first generation compiles both shapes: minutes at 36 layers).
 exactness   the cached path against the reference path without cache (whole canvas, block-causal
             mask, every step), temperature 0: (a) in fp32 on a model of the same widths and
             vocabulary but 4 layers (fp32 kernels round alike whatever the shape: must be 100%
@@ -60,7 +73,8 @@ from common.config.sampler import SamplerConfig
 from common.models.gqa_fold import folded_attention
 from rollout.sampling import StepGraphs, generate
 
-PARTS = ("speed", "graphed", "compiled", "split", "profile", "graph_profile", "exactness", "gqa_fold")
+PARTS = ("speed", "graphed", "compiled", "split", "split_compiled", "decode", "profile", "graph_profile",
+         "replay_profile", "replay_profile_compiled", "exactness", "gqa_fold")
 QUICK_PARTS = ("speed", "graphed", "compiled", "split", "graph_profile", "exactness")
 
 
@@ -75,6 +89,10 @@ def parse() -> argparse.Namespace:
         "--steps", default=None, help="comma list of steps per generation (default gen, gen/2; --quick: gen)"
     )
     ap.add_argument("--temperature", type=float, default=0.9)
+    ap.add_argument("--replay-reps", type=int, default=8, help="replays of each static step (replay_profile)")
+    ap.add_argument("--norms", choices=("model", "fused"), default="model",
+                    help="fused: every RMSNorm through torch's fused rms_norm kernel (a measurement of what "
+                         "the norms' separate kernels cost; the model's own arithmetic otherwise)")
     ap.add_argument("--exact-batch", type=int, default=4)
     ap.add_argument(
         "--exact-gen", type=int, default=None, help="gen_length of the exactness runs (default 64; 16 tiny)"
@@ -108,6 +126,8 @@ def main() -> None:
         res.error("model", exc)
         raise
     sc = bl.count_shape(policy)
+    if a.norms == "fused":
+        res.put("norms", {"fused": fused_norms(policy)})
     res.put("model", {"shape": a.shape, "params": sc.total, "build_s": build_s, "block_size": policy.block_size,
                       "measured_matmul_tflops": peak})
     prompts = bl.random_prompts(a.batch, a.prompt, policy.vocab_size, seed=2)
@@ -170,14 +190,18 @@ def main() -> None:
                 res.put("compiled", {"batch": a.batch, "block": a.block, "path": "cuda_graph+compile", "by_run": rows})
             del graphs
             _free(dev)
-    if "split" in parts:
-        with res.part("split", dev):
-            graphs = StepGraphs()
-            c = cfg(steps=a.gen, cuda_graph=True)
-            generate(policy, prompts, seeds, c, graphs)  # captures this shape's steps
-            res.put("split", time_split(lambda: generate(policy, prompts, seeds, c, graphs), dev, a.batch * a.gen))
-            del graphs
-            _free(dev)
+    for name in ("split", "split_compiled"):
+        if name in parts:
+            with res.part(name, dev):
+                graphs = StepGraphs()
+                c = cfg(steps=a.gen, cuda_graph=True, compile=name.endswith("compiled"))
+                generate(policy, prompts, seeds, c, graphs)  # captures (and compiles) this shape's steps
+                res.put(name, time_split(lambda: generate(policy, prompts, seeds, c, graphs), dev, a.batch * a.gen))
+                del graphs
+                _free(dev)
+    if "decode" in parts:
+        with res.part("decode", dev):
+            res.put("decode", decode_times(a, policy, dev))
     if "profile" in parts:
         with res.part("profile", dev):
             c = cfg(**short)  # forwards: prefill, then 4 per block
@@ -196,6 +220,15 @@ def main() -> None:
             )
             del graphs
             _free(dev)
+    for name in ("replay_profile", "replay_profile_compiled"):
+        if name in parts:
+            with res.part(name, dev):
+                graphs = StepGraphs()
+                generate(policy, prompts, seeds, cfg(cuda_graph=True, compile=name.endswith("compiled"), **short),
+                         graphs)  # captures the in-block and the entering step
+                res.put(name, replay_profile(graphs, sc, a, dev, peak))
+                del graphs
+                _free(dev)
     if "exactness" in parts:
         with res.part("exactness", dev):
             res.put("exactness", exactness(a, policy, prompts, seeds, cfg, dev))
@@ -210,6 +243,24 @@ def main() -> None:
                     row["speedup_vs_stock"] = eager[a.gen]["seconds"] / secs
             res.put("gqa_fold", row)
     res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
+
+
+def decode_times(a: argparse.Namespace, policy, dev: torch.device) -> dict:
+    """ms per ``choose_tokens`` call on [batch, block, vocab] random logits, per noise dtype, eager / fused."""
+    from rollout.sampling.decode import choose_tokens
+
+    g = torch.Generator(device=dev).manual_seed(0)
+    logits = torch.randn(a.batch, a.block, policy.vocab_size, generator=g, device=dev).to(bl.compute_dtype(dev))
+    generators = [torch.Generator(device=dev).manual_seed(i) for i in range(a.batch)]
+    out = {"shape": list(logits.shape)}
+    for noise in ("float64", "float32"):
+        for fused in (False, True):
+            def call() -> None:
+                choose_tokens(logits.clone(), a.temperature, generators, mask_token_id=policy.mask_token_id,
+                              noise_dtype=noise, fused=fused)
+            out[f"{noise}_{'fused' if fused else 'eager'}_ms"] = bl.median(
+                bl.event_times_ms(call, dev, warmup=3, reps=10))
+    return out
 
 
 def time_split(run, dev: torch.device, tokens: int) -> dict:
@@ -249,6 +300,53 @@ def time_split(run, dev: torch.device, tokens: int) -> dict:
            for kind, v in spent.items()}
     return {"wall_s": wall, "tokens_per_s": tokens / wall, "by_kind": out,
             "other_share": 1 - sum(v["share_of_wall"] for v in out.values())}
+
+
+def fused_norms(policy: torch.nn.Module) -> int:
+    """Every RMSNorm of ``policy`` through ``torch.nn.functional.rms_norm`` (one fused kernel on CUDA) in
+    float32, then cast and scaled by the weight in the input dtype as the model's norm does; returns
+    how many norms were replaced."""
+    import torch.nn.functional as F
+
+    replaced = 0
+    for m in policy.modules():
+        if type(m).__name__.endswith("RMSNorm"):
+            def forward(x: torch.Tensor, m: torch.nn.Module = m) -> torch.Tensor:
+                return m.weight * F.rms_norm(x.float(), (x.shape[-1],), None, m.variance_epsilon).to(x.dtype)
+
+            m.forward = forward
+            replaced += 1
+    return replaced
+
+
+def replay_profile(graphs: StepGraphs, sc: bl.ShapeCount, a: argparse.Namespace, dev: torch.device,
+                   peak: float | None) -> dict:
+    """Each kept static step replayed ``a.replay_reps`` times on its own: ms per replay, its matmul
+    floor at the measured rate, and the profiled kernels of as many more replays by category."""
+    out = {}
+    for step in graphs.static_steps():
+        with torch.inference_mode():  # as the sampler runs them
+            out.update(_replay_row(step, sc, a, dev, peak))
+    return out
+
+
+def _replay_row(step, sc: bl.ShapeCount, a: argparse.Namespace, dev: torch.device, peak: float | None) -> dict:
+    """{kind: row} of one static step: "inside" (the in-block step) or "enter_<query length>"."""
+    query = step.ids.shape[1]
+    kind = "inside" if query == a.block else f"enter_{query}"
+
+    def replay() -> torch.Tensor:  # its own inputs again: the cache reads this step's slots
+        return step(step.ids, step.positions, step.slots)
+
+    times = bl.event_times_ms(replay, dev, warmup=2, reps=a.replay_reps)
+    flops = bl.forward_flops(sc, rows=a.batch, query_len=query, key_len=step.cache.num_slots / 2,
+                             logit_positions=a.block)
+    row = {"query_tokens": a.batch * query, "ms_per_replay": bl.median(times), "gflop": flops / 1e9,
+           "matmul_floor_ms": 1e3 * flops / (peak * 1e12) if peak else None}
+    table = bl.profile_run(lambda: [replay() for _ in range(a.replay_reps)], dev, forwards=a.replay_reps, top=15)
+    row.update({k: table.get(k) for k in ("device_busy_ms_per_forward", "kernels_per_forward", "by_category",
+                                           "top_kernels")})
+    return {kind: row}
 
 
 def exactness(a, policy, prompts, seeds, cfg, dev: torch.device) -> dict:

@@ -429,6 +429,7 @@ def _profile_table(events, wall_s: float, active: int, dev: torch.device, top: i
         "host_aten_ops_per_forward": sum(e.count for e in host_ops) / per,
     }
     if kernels:
+        out["by_category"] = kernel_categories(kernels, dev_us, per)
         ranked = sorted(kernels, key=dev_us, reverse=True)[:top]
         out["top_kernels"] = [{"name": e.key[:120], "calls_per_forward": e.count / per,
                                "ms_per_forward": dev_us(e) / 1e3 / per, "pct_of_busy": 100 * dev_us(e) / busy_us}
@@ -437,6 +438,33 @@ def _profile_table(events, wall_s: float, active: int, dev: torch.device, top: i
     out["top_host_ops"] = [{"name": e.key[:120], "calls_per_forward": e.count / per,
                             "self_cpu_ms_per_forward": e.self_cpu_time_total / 1e3 / per} for e in ranked_host]
     return out
+
+
+KERNEL_CATEGORIES = (  # (category, name fragments), the first match wins
+    ("attention", ("sdpa", "flash", "fmha", "attention", "efficient_attention")),
+    ("matmul", ("nvjet", "gemm", "cutlass", "xmma", "cublas", "sm90_", "sm80_")),
+    ("triton (compiled)", ("triton",)),
+    ("reduce", ("reduce_kernel",)),
+    ("copy / cast", ("copy", "cat", "index", "scatter", "gather")),
+)
+
+
+def kernel_category(name: str) -> str:
+    low = name.lower()
+    for category, fragments in KERNEL_CATEGORIES:
+        if any(f in low for f in fragments):
+            return category
+    return "elementwise / other"
+
+
+def kernel_categories(kernels, dev_us: Callable[[Any], float], per: float) -> dict:
+    """{category: {kernels, ms} per forward} of profiled kernel events (``kernel_category``)."""
+    out: dict[str, dict[str, float]] = {}
+    for e in kernels:
+        row = out.setdefault(kernel_category(e.key), {"kernels_per_forward": 0.0, "ms_per_forward": 0.0})
+        row["kernels_per_forward"] += e.count / per
+        row["ms_per_forward"] += dev_us(e) / 1e3 / per
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms_per_forward"]))
 
 
 def median(xs: list[float]) -> float:

@@ -89,6 +89,18 @@
 #                          checkpointed, its sampler; GPUs 2,3 the fast sampler, 8 layers and none checkpointed
 #   call32 (the same warm host, carry .gpu_d1) d1's loop, for the ratios
 #   call31x2 (a 2-GPU host, carry .whl) call31's first two loops one after the other (no 4-GPU host was lent)
+#   call33 (a 4-GPU host, carry .whl) GPUs 0,1: d1's colocated loops with the fast sampler timed at their third
+#                          step (none and 8 layers checkpointed); GPU 2: the block-diffusion sampler at SDAR-8B
+#                          with the cache written by index_put_ (graphed, compiled, each split into its calls, the
+#                          token choice alone, fp32 exactness); GPU 3: the sampler's GPU tests
+#   call34 (the same warm host, carry .gpu_d1) GPUs 0,1: d1's loop, for the ratios; GPUs 2,3: d1's colocated loop
+#                          with its own sampler, 8 layers checkpointed, timed at the third step
+#   call35 (a 4-GPU host, carry .whl) GPUs 0,1: d1's fast colocated loops with the dual-cache step replayed as a CUDA
+#                          graph (sampler.cuda_graph), none and 8 layers checkpointed, timed at the third step; GPU 2:
+#                          the block-diffusion sampler graphed and compiled again (a second host); GPU 3: the
+#                          sampler's GPU tests
+#   call36 (the same warm host, carry .gpu_d1) GPUs 0,1: d1's loop, for the ratios; GPUs 2,3: the graphed fast loop
+#                          with 8 layers checkpointed again (a second run on the host)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -207,7 +219,9 @@ D1_FAST="sampler.cache=dual;sampler.threshold=0.9;sampler.compile=false"
 D1_MERGED=(--variant "colocated_merged=$D1_COLOCATED"
   --variant "colocated_fast_merged=$D1_COLOCATED;$D1_FAST"
   --variant "colocated_ckpt8_merged=$D1_COLOCATED;model.gradient_checkpointing=true;model.checkpointed_layers=8"
-  --variant "colocated_fast_ckpt8_merged=$D1_COLOCATED;$D1_FAST;model.gradient_checkpointing=true;model.checkpointed_layers=8")
+  --variant "colocated_fast_ckpt8_merged=$D1_COLOCATED;$D1_FAST;model.gradient_checkpointing=true;model.checkpointed_layers=8"
+  --variant "colocated_fast_graph_merged=$D1_COLOCATED;$D1_FAST;sampler.cuda_graph=true"
+  --variant "colocated_fast_graph_ckpt8_merged=$D1_COLOCATED;$D1_FAST;sampler.cuda_graph=true;model.gradient_checkpointing=true;model.checkpointed_layers=8")
 sdrl_then_d1() {  # sdrl_then_d1 NAME LOOP [VARIANT ARGS...]: the StableDRL loop colocated as shipped; then one of
                   # d1's colocated loops, 2 steps, into $OUT/NAME
   local name=$1 loop=$2
@@ -375,8 +389,35 @@ case "${1:-}" in
       --work /tmp/pw_d1c --out "$OUT/d1c" &
     lane sdrl_c 2,3 sdrl_then_d1 d1k colocated_ckpt8_merged "${D1_MERGED[@]}" &
     wait ;;
+  call33)
+    lane d1f 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 \
+      --loops colocated_fast_merged,colocated_fast_ckpt8_merged "${D1_MERGED[@]}" \
+      --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 200 --deadline-s 260 \
+      --work /tmp/pw_d1f --out "$OUT/d1f" &
+    lane bd 2 block_diffusion graphed,compiled,split_compiled,decode,exactness &
+    lane sampler_tests 3 python3 -m pytest -q -m gpu tests/gpu/test_sampler_graph_gpu.py tests/gpu/test_sampler_fast_paths_gpu.py &
+    wait ;;
+  call34)
+    lane d1peer 0,1 d1_peer &
+    lane d1k 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8_merged "${D1_MERGED[@]}" \
+      --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 280 --work /tmp/pw_d1k --out "$OUT/d1k" &
+    wait ;;
+  call35)
+    lane d1g 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 \
+      --loops colocated_fast_graph_ckpt8_merged,colocated_fast_graph_merged "${D1_MERGED[@]}" \
+      --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 200 --deadline-s 260 \
+      --work /tmp/pw_d1g --out "$OUT/d1g" &
+    lane bd 2 block_diffusion graphed,compiled &
+    lane sampler_tests 3 python3 -m pytest -q -m gpu tests/gpu/test_sampler_graph_gpu.py tests/gpu/test_sampler_fast_paths_gpu.py &
+    wait ;;
+  call36)
+    lane d1peer 0,1 d1_peer &
+    lane d1g2 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_fast_graph_ckpt8_merged \
+      "${D1_MERGED[@]}" --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 230 \
+      --work /tmp/pw_d1g2 --out "$OUT/d1g2" &
+    wait ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36" >&2; exit 2 ;;
 esac

@@ -204,3 +204,19 @@ def test_profile_covers_the_requested_forwards_and_ends_the_run_early():
     assert prof["forwards_profiled"] == 3 and prof["wall_ms_per_forward"] > 0
     assert prof["host_aten_ops_per_forward"] > 10 and prof["top_host_ops"]
     assert prof["device_busy_ms_per_forward"] is None  # no device kernels on a CPU
+
+
+def test_profiled_kernels_fall_into_categories():
+    from types import SimpleNamespace
+
+    assert bl.kernel_category("nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_TNT") == "matmul"
+    assert bl.kernel_category("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma") == "attention"
+    assert bl.kernel_category("triton_poi_fused__to_copy_add_mean_mul_pow_rsqrt_0") == "triton (compiled)"
+    assert bl.kernel_category("void at::native::reduce_kernel<512, 1, MeanOps>") == "reduce"
+    assert bl.kernel_category("void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>") == "copy / cast"
+    assert bl.kernel_category("void at::native::vectorized_elementwise_kernel<4, silu_kernel>") == "elementwise / other"
+    events = [SimpleNamespace(key="nvjet_a", count=4, us=300.0), SimpleNamespace(key="nvjet_b", count=2, us=100.0),
+              SimpleNamespace(key="silu_kernel", count=8, us=40.0)]
+    table = bl.kernel_categories(events, lambda e: e.us, per=2.0)
+    assert list(table) == ["matmul", "elementwise / other"]  # by time, largest first
+    assert table["matmul"] == {"kernels_per_forward": 3.0, "ms_per_forward": 0.2}

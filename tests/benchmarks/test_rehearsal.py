@@ -85,3 +85,25 @@ def test_the_d1_learner_mode_runs_its_tiny_path(tmp_path):
     model = parts["zero2_ckpt_on_mb1"]["model_tflop_per_step"]
     assert all(parts[n]["model_tflop_per_step"] == model for n in names)
     assert parts["zero2_ckpt_off_mb1"]["checkpointing"] == "off" and parts["zero2_ckpt_1_mb1"]["checkpointing"] == "1"
+
+
+def test_the_block_diffusion_splits_and_replay_profiles_run_their_tiny_path(tmp_path):
+    """bench_block_diffusion's diagnostic parts (not in --quick, so not in run_all's rehearsal): the
+    graphed and the compiled generation split into their calls, the token choice alone, and each
+    static step replayed on its own, eager and compiled."""
+    out = tmp_path / "bd.json"
+    done = _run(HERE / "bench_block_diffusion.py", "--tiny", "--norms", "fused", "--parts",
+                "split,split_compiled,decode,replay_profile,replay_profile_compiled", "--replay-reps", "2",
+                "--out", out)
+    data = json.loads(out.read_text())
+    assert done.returncode == 0 and not data["errors"], (done.stdout[-3000:], data["errors"])
+    parts = data["parts"]
+    assert parts["norms"]["fused"] > 0
+    for split in ("split", "split_compiled"):
+        assert set(parts[split]["by_kind"]) == {"prefill", "enter", "inside", "decode"}, parts[split]
+    assert {f"{n}_{m}_ms" for n in ("float64", "float32") for m in ("eager", "fused")} <= set(parts["decode"])
+    for name in ("replay_profile", "replay_profile_compiled"):
+        steps = parts[name]
+        assert set(steps) == {"inside", "enter_8"}, steps  # block 4: [current] and [previous | current]
+        assert steps["enter_8"]["query_tokens"] == 2 * steps["inside"]["query_tokens"]
+        assert all(s["ms_per_replay"] > 0 and s["gflop"] > 0 for s in steps.values())

@@ -48,7 +48,7 @@ def test_graphed_in_block_step_gives_the_reference_tokens():
     seeds = torch.arange(len(SAME))
     graphed, replays = generate_graphed(policy, SAME, seeds, c, capture=True)
     reference = generate(policy, SAME, seeds, c.model_copy(update={"cache": "none"}))
-    assert replays == 8 * 3  # every in-block step: 3 of each block's 4
+    assert replays == 8 * 3 + 7  # every step after the prefill: 3 in-block steps a block, 7 entering steps
     assert torch.equal(graphed.completion_ids, reference.completion_ids)
 
 

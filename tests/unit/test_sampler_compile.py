@@ -93,3 +93,39 @@ def test_fused_choice_picks_the_eager_tokens(noise):
     assert (fx0 != 7).all()  # never the mask token
     torch.testing.assert_close(fconf[[0, 2]], conf[[0, 2]], rtol=1e-5, atol=1e-6)
     assert all(torch.equal(a, b) for a, b in zip(states, fstates))
+
+
+def test_a_compiled_cache_write_goes_into_the_buffer_in_place():
+    """The graphed steps run the cache's write inside torch.compile (cuda_graph + compile). Written with
+    scatter_, inductor computed each layer's whole [B, H, T + 1, D] buffer anew and copied it back,
+    every layer and step; the write must land in the buffer itself, with the same values."""
+    from torch._inductor.utils import run_and_get_code
+
+    from rollout.sampling.cache import SlotKVCache
+
+    cache = SlotKVCache(num_slots=12)
+    g = torch.Generator().manual_seed(0)
+    first = torch.randn(2, 3, 12, 8, generator=g)  # the prompt's 12 slots [B, H, T, D]
+    cache.set_slots(torch.arange(12).expand(2, 12), 12)
+    cache.update(first, first + 1, 0)
+    fresh = torch.randn(2, 3, 4, 8, generator=g)  # 4 new entries a row, at different slots
+    slots = torch.tensor([[4, 5, 6, 7], [8, 9, 10, 12]])  # row 1's last one to the scratch slot
+
+    def step(k, v):
+        cache.set_slots(slots, 12)
+        keys, values = cache.update(k, v, 0)
+        return keys.sum() + values.sum()
+
+    buffer = cache.keys[0]
+    with torch.inference_mode():
+        _, code = run_and_get_code(torch.compile(step), fresh, fresh * 2)
+    source = "\n".join(code)
+    assert "copy_" not in source.replace("_to_copy", "")  # no copy of the buffer back into itself
+    assert cache.keys[0] is buffer
+    expected = first.clone()
+    for row in range(2):
+        for j, slot in enumerate(slots[row].tolist()):
+            if slot < 12:
+                expected[row, :, slot] = fresh[row, :, j]
+    assert torch.equal(cache.keys[0][:, :, :12], expected)
+    assert torch.equal(cache.values[0][:, :, :12], torch.where(expected == first, first + 1, expected * 2))
