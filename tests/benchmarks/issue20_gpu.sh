@@ -101,6 +101,10 @@
 #                          sampler's GPU tests
 #   call36 (the same warm host, carry .gpu_d1) GPUs 0,1: d1's loop, for the ratios; GPUs 2,3: the graphed fast loop
 #                          with 8 layers checkpointed again (a second run on the host)
+#   call37 (a 4-GPU host, carry .whl) the StableDRL loop colocated with the fast sampler: GPUs 0,1 the dual-cache step
+#                          eager, GPUs 2,3 replayed as a CUDA graph
+#   call38 (the same warm host, carry .gpu_sdrl) GPUs 0,1: the StableDRL release, for the ratios; GPUs 2,3: the graphed
+#                          loop again (a second run on the host)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -215,13 +219,19 @@ sdrl_shipped() {  # the StableDRL loop colocated, the recipe as shipped
 }
 D1_CKPT8="colocated_ckpt8=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;model.gradient_checkpointing=true;model.checkpointed_layers=8"
 D1_COLOCATED="cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;learner.lora.push=merged"
-D1_FAST="sampler.cache=dual;sampler.threshold=0.9;sampler.compile=false"
+SAMPLER_FAST="sampler.cache=dual;sampler.threshold=0.9;sampler.compile=false"
 D1_MERGED=(--variant "colocated_merged=$D1_COLOCATED"
-  --variant "colocated_fast_merged=$D1_COLOCATED;$D1_FAST"
+  --variant "colocated_fast_merged=$D1_COLOCATED;$SAMPLER_FAST"
   --variant "colocated_ckpt8_merged=$D1_COLOCATED;model.gradient_checkpointing=true;model.checkpointed_layers=8"
-  --variant "colocated_fast_ckpt8_merged=$D1_COLOCATED;$D1_FAST;model.gradient_checkpointing=true;model.checkpointed_layers=8"
-  --variant "colocated_fast_graph_merged=$D1_COLOCATED;$D1_FAST;sampler.cuda_graph=true"
-  --variant "colocated_fast_graph_ckpt8_merged=$D1_COLOCATED;$D1_FAST;sampler.cuda_graph=true;model.gradient_checkpointing=true;model.checkpointed_layers=8")
+  --variant "colocated_fast_ckpt8_merged=$D1_COLOCATED;$SAMPLER_FAST;model.gradient_checkpointing=true;model.checkpointed_layers=8"
+  --variant "colocated_fast_graph_merged=$D1_COLOCATED;$SAMPLER_FAST;sampler.cuda_graph=true"
+  --variant "colocated_fast_graph_ckpt8_merged=$D1_COLOCATED;$SAMPLER_FAST;sampler.cuda_graph=true;model.gradient_checkpointing=true;model.checkpointed_layers=8")
+SDRL_FAST=(--variant "colocated_fast=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;$SAMPLER_FAST"
+  --variant "colocated_fast_graph=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;$SAMPLER_FAST;sampler.cuda_graph=true")
+sdrl_fast() {  # sdrl_fast LOOP NAME: one of StableDRL's colocated fast loops, 3 steps, into $OUT/NAME
+  python3 tests/benchmarks/peers/run_peers.py --loops "$1" "${SDRL_FAST[@]}" --peer-root /tmp/none --layers 8 \
+    --project-steps 3 --part-timeout-s 230 --work "/tmp/pw_$2" --out "$OUT/$2"
+}
 sdrl_then_d1() {  # sdrl_then_d1 NAME LOOP [VARIANT ARGS...]: the StableDRL loop colocated as shipped; then one of
                   # d1's colocated loops, 2 steps, into $OUT/NAME
   local name=$1 loop=$2
@@ -416,8 +426,18 @@ case "${1:-}" in
       "${D1_MERGED[@]}" --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 230 \
       --work /tmp/pw_d1g2 --out "$OUT/d1g2" &
     wait ;;
+  call37)
+    lane sdrl_fast 0,1 sdrl_fast colocated_fast sdrl_fast &
+    lane sdrl_graph 2,3 sdrl_fast colocated_fast_graph sdrl_graph &
+    wait ;;
+  call38)
+    mkdir -p /tmp/peerlib && tar -xzf .gpu_sdrl/peerlib.tar.gz -C /tmp/peerlib || exit 1
+    lane sdrl_peer 0,1 python3 tests/benchmarks/peers/run_peers.py --loops peer --peer-root "$PWD/.gpu_sdrl/peers" \
+      --peer-pythonpath /tmp/peerlib --layers 8 --part-timeout-s 300 --work /tmp/pw_sdrl_peer --out "$OUT/sdrl_peer" &
+    lane sdrl_graph2 2,3 sdrl_fast colocated_fast_graph sdrl_graph2 &
+    wait ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38" >&2; exit 2 ;;
 esac
