@@ -232,6 +232,16 @@ sdrl_fast() {  # sdrl_fast LOOP NAME: one of StableDRL's colocated fast loops, 3
   python3 tests/benchmarks/peers/run_peers.py --loops "$1" "${SDRL_FAST[@]}" --peer-root /tmp/none --layers 8 \
     --project-steps 3 --part-timeout-s 230 --work "/tmp/pw_$2" --out "$OUT/$2"
 }
+d1_third_step() {  # d1_third_step NAME LOOPS PART_TIMEOUT [RUN_PEERS ARGS...]: d1's colocated loops (D1_MERGED)
+                   # timed at their third step (no first push in the window), into $OUT/NAME
+  local name=$1 loops=$2 timeout=$3
+  shift 3
+  python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops "$loops" "${D1_MERGED[@]}" --peer-root /tmp/none \
+    --project-steps 3 --project-skip 2 --part-timeout-s "$timeout" "$@" --work "/tmp/pw_$name" --out "$OUT/$name"
+}
+sampler_gpu_tests() {  # the sampler's CUDA-graph and fast-path GPU tests
+  python3 -m pytest -q -m gpu tests/gpu/test_sampler_graph_gpu.py tests/gpu/test_sampler_fast_paths_gpu.py
+}
 sdrl_then_d1() {  # sdrl_then_d1 NAME LOOP [VARIANT ARGS...]: the StableDRL loop colocated as shipped; then one of
                   # d1's colocated loops, 2 steps, into $OUT/NAME
   local name=$1 loop=$2
@@ -376,20 +386,13 @@ case "${1:-}" in
     lane sdrl_c 2,3 sdrl_then_d1 d1k colocated_ckpt8 --variant "$D1_CKPT8" &
     wait ;;
   call31)
-    lane d1k 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8_merged "${D1_MERGED[@]}" \
-      --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 300 --work /tmp/pw_d1k --out "$OUT/d1k" &
-    lane d1f 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 \
-      --loops colocated_fast_ckpt8_merged,colocated_fast_merged "${D1_MERGED[@]}" \
-      --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 170 --deadline-s 200 \
-      --work /tmp/pw_d1f --out "$OUT/d1f" &
+    lane d1k 0,1 d1_third_step d1k colocated_ckpt8_merged 300 &
+    lane d1f 2,3 d1_third_step d1f colocated_fast_ckpt8_merged,colocated_fast_merged 170 --deadline-s 200 &
     wait ;;
   call32)
     d1_peer ;;
   call31x2)
-    python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8_merged,colocated_fast_ckpt8_merged \
-      "${D1_MERGED[@]}" \
-      --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 230 --deadline-s 260 \
-      --work /tmp/pw_d1k --out "$OUT/d1k" > "$OUT/d1k.log" 2>&1
+    d1_third_step d1k colocated_ckpt8_merged,colocated_fast_ckpt8_merged 230 --deadline-s 260 > "$OUT/d1k.log" 2>&1
     echo "d1k: rc $?" ;;
   call28|call30)
     bash "$0" call14 ;;
@@ -400,31 +403,22 @@ case "${1:-}" in
     lane sdrl_c 2,3 sdrl_then_d1 d1k colocated_ckpt8_merged "${D1_MERGED[@]}" &
     wait ;;
   call33)
-    lane d1f 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 \
-      --loops colocated_fast_merged,colocated_fast_ckpt8_merged "${D1_MERGED[@]}" \
-      --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 200 --deadline-s 260 \
-      --work /tmp/pw_d1f --out "$OUT/d1f" &
+    lane d1f 0,1 d1_third_step d1f colocated_fast_merged,colocated_fast_ckpt8_merged 200 --deadline-s 260 &
     lane bd 2 block_diffusion graphed,compiled,split_compiled,decode,exactness &
-    lane sampler_tests 3 python3 -m pytest -q -m gpu tests/gpu/test_sampler_graph_gpu.py tests/gpu/test_sampler_fast_paths_gpu.py &
+    lane sampler_tests 3 sampler_gpu_tests &
     wait ;;
   call34)
     lane d1peer 0,1 d1_peer &
-    lane d1k 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_ckpt8_merged "${D1_MERGED[@]}" \
-      --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 280 --work /tmp/pw_d1k --out "$OUT/d1k" &
+    lane d1k 2,3 d1_third_step d1k colocated_ckpt8_merged 280 &
     wait ;;
   call35)
-    lane d1g 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 \
-      --loops colocated_fast_graph_ckpt8_merged,colocated_fast_graph_merged "${D1_MERGED[@]}" \
-      --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 200 --deadline-s 260 \
-      --work /tmp/pw_d1g --out "$OUT/d1g" &
+    lane d1g 0,1 d1_third_step d1g colocated_fast_graph_ckpt8_merged,colocated_fast_graph_merged 200 --deadline-s 260 &
     lane bd 2 block_diffusion graphed,compiled &
-    lane sampler_tests 3 python3 -m pytest -q -m gpu tests/gpu/test_sampler_graph_gpu.py tests/gpu/test_sampler_fast_paths_gpu.py &
+    lane sampler_tests 3 sampler_gpu_tests &
     wait ;;
   call36)
     lane d1peer 0,1 d1_peer &
-    lane d1g2 2,3 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated_fast_graph_ckpt8_merged \
-      "${D1_MERGED[@]}" --peer-root /tmp/none --project-steps 3 --project-skip 2 --part-timeout-s 230 \
-      --work /tmp/pw_d1g2 --out "$OUT/d1g2" &
+    lane d1g2 2,3 d1_third_step d1g2 colocated_fast_graph_ckpt8_merged 230 &
     wait ;;
   call37)
     lane sdrl_fast 0,1 sdrl_fast colocated_fast sdrl_fast &
