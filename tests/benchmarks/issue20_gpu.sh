@@ -15,7 +15,8 @@
 #
 # and on a 2-GPU host (nvidia-h100-x2), one after the other:
 #   call4  (carry .whl)    system_llada alone (the step after a checkpoint, the push in the job)
-#   call5  (carry .gpu_sdrl: the StableDRL release under peers/StableDRL and peerlib.tar.gz, its
+#   call5  (carry .gpu_sdrl: `BUNDLE=.gpu_sdrl bash tests/benchmarks/peers/build_stabledrl_lib.sh DIR`: the
+#                          StableDRL release under peers/StableDRL and peerlib.tar.gz, its
 #                          transformers 4.51.3 packages) the release's loop, then `stabledrl train` at its
 #                          recipe with the release's sampler and cluster.colocate, 32- and 64-row requests
 #                          (the roles apart at the release's sampler: 20261126-2158_peers_h100x2.json)
