@@ -327,6 +327,7 @@ def rank_main(a: argparse.Namespace) -> None:
         # not `raise`: a rank out of memory in the middle of a step leaves the others' collectives
         # pending, and the interpreter's exit then waits on NCCL's watchdog (300 s, 4 GPUs held idle)
         os._exit(1)
+    bl.finish_rank()
 
 
 def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str, dev: torch.device) -> None:

@@ -365,6 +365,7 @@ def main() -> None:
     if a.engine:
         return engine_main(a)
     rank_main(a)
+    bl.finish_rank()
 
 
 if __name__ == "__main__":

@@ -352,6 +352,21 @@ def launch_ranks(script: str, argv_for: Callable[[int], list[str]], world: int) 
     return [int(c) for c in codes]
 
 
+def finish_rank() -> None:
+    """End a rank of a multi-process benchmark that did its work (its results already written): a
+    barrier, so no rank leaves while another still needs it, the output flushed, then ``os._exit(0)``.
+    Left to the interpreter's teardown with the process group's threads alive, a rank now and then
+    aborted after writing its results ("terminate called without an active exception", exit code
+    -6), and the launcher rightly counted the run as failed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 # ---- profiles ---------------------------------------------------------------------------------
 def profile_forwards(model: torch.nn.Module, run: Callable[[], Any], dev: torch.device, *, skip: int, active: int,
                      top: int = 20) -> dict:
