@@ -123,6 +123,13 @@ else
 fi
 export OUT=${OUT:-/tmp/issue20}
 mkdir -p "$OUT"
+COLOCATED="cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0"  # a learner rank and a rollout worker on every GPU
+peerlib_sdrl() {  # the StableDRL release's packages from .gpu_sdrl into /tmp/peerlib
+  mkdir -p /tmp/peerlib && tar -xzf .gpu_sdrl/peerlib.tar.gz -C /tmp/peerlib
+}
+peerlib_d1() {  # d1's packages from .gpu_d1 into /tmp/peerlib_d1
+  mkdir -p /tmp/peerlib_d1 && tar -xzf .gpu_d1/peerlib_d1.tar.gz -C /tmp/peerlib_d1
+}
 lane() {  # lane NAME GPUS COMMAND...: the command with only those GPUs visible, its output in $OUT/NAME.log
   local name=$1 gpus=$2
   shift 2
@@ -152,7 +159,7 @@ push3() {  # the push from 3 ZeRO-3 learner ranks to 1 receiver, LLaDA-8B
   echo "push 3 ranks: rc $?"
 }
 d1_colocated() {
-  mkdir -p /tmp/peerlib_d1 && tar -xzf .gpu_d1/peerlib_d1.tar.gz -C /tmp/peerlib_d1 || return 1
+  peerlib_d1 || return 1
   python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops peer,colocated,colocated_fast \
     --peer-root "$PWD/.gpu_d1/peers" --peer-pythonpath /tmp/peerlib_d1 --peer-port 29541 --project-steps 2 \
     --part-timeout-s 200 --deadline-s 420 --work /tmp/pw_d1c --out "$OUT/d1c"
@@ -164,13 +171,13 @@ block_diffusion() {  # benchmark 4 at SDAR-8B shape on one GPU, parts $1 (defaul
       --peak-from "$OUT/bd/matmul.json" --out "$OUT/bd/block_diffusion.json"
 }
 sdrl_colocated() {
-  mkdir -p /tmp/peerlib && tar -xzf .gpu_sdrl/peerlib.tar.gz -C /tmp/peerlib || return 1
+  peerlib_sdrl || return 1
   python3 tests/benchmarks/peers/run_peers.py --peer-root "$PWD/.gpu_sdrl/peers" --peer-pythonpath /tmp/peerlib \
     --layers 8 --loops peer,colocated --project-steps 3 --part-timeout-s 250 --deadline-s 480 --work /tmp/pw_sdrl8 \
     --out "$OUT/sdrl"
 }
 d1_colocated_only() {
-  mkdir -p /tmp/peerlib_d1 && tar -xzf .gpu_d1/peerlib_d1.tar.gz -C /tmp/peerlib_d1 || return 1
+  peerlib_d1 || return 1
   python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops peer,colocated \
     --peer-root "$PWD/.gpu_d1/peers" --peer-pythonpath /tmp/peerlib_d1 --peer-port 29541 --project-steps 2 \
     --part-timeout-s 250 --deadline-s 480 --work /tmp/pw_d1c8 --out "$OUT/d1c"
@@ -185,15 +192,20 @@ d1_project() {  # the project's loops at d1's recipe (the peer runs elsewhere on
     --project-steps 2 --part-timeout-s 230 --deadline-s 290 --work /tmp/pw_d1p --out "$OUT/d1p"
 }
 d1_peer() {
-  mkdir -p /tmp/peerlib_d1 && tar -xzf .gpu_d1/peerlib_d1.tar.gz -C /tmp/peerlib_d1 || return 1
+  peerlib_d1 || return 1
   python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops peer --peer-root "$PWD/.gpu_d1/peers" \
     --peer-pythonpath /tmp/peerlib_d1 --peer-port 29541 --part-timeout-s 400 --work /tmp/pw_d1peer --out "$OUT/d1peer"
 }
+sdrl_peer() {  # the StableDRL release's loop at 8 layers
+  peerlib_sdrl || return 1
+  python3 tests/benchmarks/peers/run_peers.py --loops peer --peer-root "$PWD/.gpu_sdrl/peers" \
+    --peer-pythonpath /tmp/peerlib --layers 8 --part-timeout-s 300 --work /tmp/pw_sdrl_peer --out "$OUT/sdrl_peer"
+}
 sdrl_rows() {  # the release, then the project colocated with its 32-row requests and with 64-row ones
-  mkdir -p /tmp/peerlib && tar -xzf .gpu_sdrl/peerlib.tar.gz -C /tmp/peerlib || return 1
+  peerlib_sdrl || return 1
   python3 tests/benchmarks/peers/run_peers.py --peer-root "$PWD/.gpu_sdrl/peers" --peer-pythonpath /tmp/peerlib \
     --layers 8 --loops peer,colocated,colocated_64_rows --project-steps 3 --part-timeout-s 200 --deadline-s 400 \
-    --variant "colocated_64_rows=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;rollout.prompts_per_request=4" \
+    --variant "colocated_64_rows=$COLOCATED;rollout.prompts_per_request=4" \
     --work /tmp/pw_sdrl_rows --out "$OUT/sdrl"
 }
 ipc_test_then_d1() {  # the 2-GPU ipc test, then the project at d1's recipe colocated: compiled, fast, eager
@@ -205,7 +217,7 @@ ipc_test_then_d1() {  # the 2-GPU ipc test, then the project at d1's recipe colo
 sdrl_compiled_then_naive() {  # the StableDRL loop colocated at 32- and 64-row requests; the exact sampler at 8B
   python3 tests/benchmarks/peers/run_peers.py --loops colocated,colocated_64_rows --peer-root /tmp/none --layers 8 \
     --project-steps 3 --part-timeout-s 220 --work /tmp/pw_sdrl_c --out "$OUT/sdrl_c" \
-    --variant "colocated_64_rows=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;rollout.prompts_per_request=4"
+    --variant "colocated_64_rows=$COLOCATED;rollout.prompts_per_request=4"
   local rc=$?
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES%%,*}
   mkdir -p "$OUT/naive"
@@ -218,8 +230,8 @@ sdrl_shipped() {  # the StableDRL loop colocated, the recipe as shipped
   python3 tests/benchmarks/peers/run_peers.py --loops colocated --peer-root /tmp/none --layers 8 \
     --project-steps 3 --part-timeout-s 220 --work /tmp/pw_sdrl_c --out "$OUT/sdrl_c"
 }
-D1_CKPT8="colocated_ckpt8=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;model.gradient_checkpointing=true;model.checkpointed_layers=8"
-D1_COLOCATED="cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;learner.lora.push=merged"
+D1_CKPT8="colocated_ckpt8=$COLOCATED;model.gradient_checkpointing=true;model.checkpointed_layers=8"
+D1_COLOCATED="$COLOCATED;learner.lora.push=merged"
 SAMPLER_FAST="sampler.cache=dual;sampler.threshold=0.9;sampler.compile=false"
 D1_MERGED=(--variant "colocated_merged=$D1_COLOCATED"
   --variant "colocated_fast_merged=$D1_COLOCATED;$SAMPLER_FAST"
@@ -227,8 +239,8 @@ D1_MERGED=(--variant "colocated_merged=$D1_COLOCATED"
   --variant "colocated_fast_ckpt8_merged=$D1_COLOCATED;$SAMPLER_FAST;model.gradient_checkpointing=true;model.checkpointed_layers=8"
   --variant "colocated_fast_graph_merged=$D1_COLOCATED;$SAMPLER_FAST;sampler.cuda_graph=true"
   --variant "colocated_fast_graph_ckpt8_merged=$D1_COLOCATED;$SAMPLER_FAST;sampler.cuda_graph=true;model.gradient_checkpointing=true;model.checkpointed_layers=8")
-SDRL_FAST=(--variant "colocated_fast=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;$SAMPLER_FAST"
-  --variant "colocated_fast_graph=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;$SAMPLER_FAST;sampler.cuda_graph=true")
+SDRL_FAST=(--variant "colocated_fast=$COLOCATED;$SAMPLER_FAST"
+  --variant "colocated_fast_graph=$COLOCATED;$SAMPLER_FAST;sampler.cuda_graph=true")
 sdrl_fast() {  # sdrl_fast LOOP NAME: one of StableDRL's colocated fast loops, 3 steps, into $OUT/NAME
   python3 tests/benchmarks/peers/run_peers.py --loops "$1" "${SDRL_FAST[@]}" --peer-root /tmp/none --layers 8 \
     --project-steps 3 --part-timeout-s 230 --work "/tmp/pw_$2" --out "$OUT/$2"
@@ -261,7 +273,7 @@ case "${1:-}" in
     learner8b
     if [ "$SECONDS" -lt 420 ]; then push3; else echo "push 3 ranks: skipped (${SECONDS} s used)"; fi ;;
   call2)
-    mkdir -p /tmp/peerlib_d1 && tar -xzf .gpu_d1/peerlib_d1.tar.gz -C /tmp/peerlib_d1 || exit 1
+    peerlib_d1 || exit 1
     lane d1_peer 0,1 python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops peer \
       --peer-root "$PWD/.gpu_d1/peers" --peer-pythonpath /tmp/peerlib_d1 --part-timeout-s 470 --work /tmp/pw_peer \
       --out "$OUT/d1_peer" &
@@ -283,10 +295,10 @@ case "${1:-}" in
     system "$OUT/llada" /tmp/sys_llada ckpt_llada_short,matmul,push,system_llada 540 ;;
   call5)  # 2 GPUs, carry .gpu_sdrl (the StableDRL release's code and its transformers 4.51 packages, never
           # committed): the release's loop, then the project at its sampler colocated (32- and 64-row requests)
-    mkdir -p /tmp/peerlib && tar -xzf .gpu_sdrl/peerlib.tar.gz -C /tmp/peerlib || exit 1
+    peerlib_sdrl || exit 1
     python3 tests/benchmarks/peers/run_peers.py --peer-root "$PWD/.gpu_sdrl/peers" --peer-pythonpath /tmp/peerlib \
       --layers 8 --loops peer,colocated,colocated_64_rows --part-timeout-s 240 --deadline-s 420 --work /tmp/pw_sdrl \
-      --variant "colocated_64_rows=cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0;rollout.prompts_per_request=4" \
+      --variant "colocated_64_rows=$COLOCATED;rollout.prompts_per_request=4" \
       --out "$OUT/sdrl" ;;
   call6)  # 2 GPUs, carry .gpu_d1: d1's loop, then the project at d1's recipe colocated (its sampler; the fast one)
     d1_colocated ;;
@@ -330,9 +342,7 @@ case "${1:-}" in
     lane d1p 2,3 d1_project &
     wait ;;
   call14)
-    mkdir -p /tmp/peerlib && tar -xzf .gpu_sdrl/peerlib.tar.gz -C /tmp/peerlib || exit 1
-    lane sdrl_peer 0,1 python3 tests/benchmarks/peers/run_peers.py --loops peer --peer-root "$PWD/.gpu_sdrl/peers" \
-      --peer-pythonpath /tmp/peerlib --layers 8 --part-timeout-s 300 --work /tmp/pw_sdrl_peer --out "$OUT/sdrl_peer" &
+    lane sdrl_peer 0,1 sdrl_peer &
     lane d1peer 2,3 d1_peer &
     wait ;;
   call16)
@@ -426,9 +436,7 @@ case "${1:-}" in
     lane sdrl_graph 2,3 sdrl_fast colocated_fast_graph sdrl_graph &
     wait ;;
   call38)
-    mkdir -p /tmp/peerlib && tar -xzf .gpu_sdrl/peerlib.tar.gz -C /tmp/peerlib || exit 1
-    lane sdrl_peer 0,1 python3 tests/benchmarks/peers/run_peers.py --loops peer --peer-root "$PWD/.gpu_sdrl/peers" \
-      --peer-pythonpath /tmp/peerlib --layers 8 --part-timeout-s 300 --work /tmp/pw_sdrl_peer --out "$OUT/sdrl_peer" &
+    lane sdrl_peer 0,1 sdrl_peer &
     lane sdrl_graph2 2,3 sdrl_fast colocated_fast_graph sdrl_graph2 &
     wait ;;
   call15)
