@@ -33,6 +33,15 @@ That is the gathered push (``weights.source: gather``: ``send``). The sharded on
 ``sources`` S >= 1: ranks 0..S-1 are learner ranks, the receivers follow) publishes one plan per
 version instead of per-bucket metadata and sends each learner rank's partitions from where they lie;
 its wire format and the receivers' reassembly are in common/transport/shards.py.
+
+Sharded groups. Each source broadcasts over a group of its own: the source and the receivers
+(``source_group``: S groups over the one store, under prefixes of their own). A learner rank
+belongs to its group only, so it never takes part in another source's broadcast, and a receiver
+posts round k's S broadcasts on S groups, whose streams run them at the same time: the round's
+bytes come into each receiver from S senders at once instead of one after the other. Every
+receiver posts the groups in the same order (source 0 first), and a source is a member of one
+group only, so the groups' collectives (and their communicators' set-up, on the first
+broadcast) can never wait on each other in a cycle.
 """
 from __future__ import annotations
 
@@ -70,7 +79,8 @@ class BroadcastPush:
         except Exception as e:  # torch raises DistNetworkError / RuntimeError by release
             raise TimeoutError(f"weight push: rank {rank} could not reach the store of {SENDER} at "
                                f"{self.address} within {cfg.timeout_s:.0f} s ({e})") from e
-        self.group: Optional[dist.ProcessGroup] = None
+        self.group: Optional[dist.ProcessGroup] = None  # the gathered push's group (every member)
+        self.groups: dict[int, dist.ProcessGroup] = {}  # sharded: source -> its group (``source_group``)
         self._previous: Optional[int] = None
         self._shards = _ShardBuffers()  # the sharded push's persistent buffers (kept across pushes)
         self.stats: dict[str, int] = {}  # the last send_shards: rounds, segments sent as they lie / packed
@@ -123,19 +133,15 @@ class BroadcastPush:
         bufs, works = self._shards, []
         last = None
         self.stats = {"rounds": len(rounds), "segments_as_they_lie": 0, "segments_packed": 0}
-        for k, (rnd, parts) in enumerate(segments):
-            for src in range(self.sources):
-                what = f"round {k} (learner rank {src}) of version {version}"
-                if src == self.rank:
-                    payload = segment_view(parts, rnd.dtype, self.device)
-                    if payload is None:  # not back to back, or another dtype or device: pack
-                        payload = bufs.pack(parts, rnd, self.device)
-                    self.stats["segments_packed" if bufs.lent is not None else "segments_as_they_lie"] += 1
-                else:
-                    payload = bufs.scratch(rnd, self.device)
-                last = self._post(payload, what, root=src)
-                bufs.sent(payload, last, self.backend == "gloo")
-                works.append((last, what))
+        for k, (rnd, parts) in enumerate(segments):  # this rank's segments, over its own group
+            what = f"round {k} (learner rank {self.rank}) of version {version}"
+            payload = segment_view(parts, rnd.dtype, self.device)
+            if payload is None:  # not back to back, or another dtype or device: pack
+                payload = bufs.pack(parts, rnd, self.device)
+            self.stats["segments_packed" if bufs.lent is not None else "segments_as_they_lie"] += 1
+            last = self._post(payload, what, source=self.rank)
+            bufs.sent(last)
+            works.append((last, what))
         for work, what in works[:-1] if self.backend == "gloo" else []:
             self._wait(work, what)  # gloo: every work on the host (its threads may run them out of order)
         if last is not None:
@@ -215,7 +221,7 @@ class BroadcastPush:
         pending = None  # (works, rows, round) posted and not yet put together
         for k, rnd in enumerate(rounds):
             rows = self._shards.rows(k % 2, rnd, sources, self.device)
-            works = [(self._post(rows[src], f"round {k} (learner rank {src}) of version {version}", root=src),
+            works = [(self._post(rows[src], f"round {k} (learner rank {src}) of version {version}", source=src),
                       f"round {k} (learner rank {src}) of version {version}") for src in range(sources)]
             if pending is not None:  # round k arrives while round k-1 is put together
                 self._assemble(pending, loader, block=False)
@@ -226,8 +232,8 @@ class BroadcastPush:
 
     def _assemble(self, pending: tuple, loader: LoadFn, *, block: bool) -> None:
         works, rows, rnd = pending
-        for i, (work, what) in enumerate(works):
-            self._wait(work, what, block=block and i == len(works) - 1 or self.backend == "gloo")
+        for work, what in works:  # the S groups run side by side: each is waited for
+            self._wait(work, what, block=block or self.backend == "gloo")
         assemble(rows, rnd, self.sources, loader)
 
     def _load(self, pending: tuple, loader: LoadFn, *, block: bool) -> None:
@@ -248,37 +254,50 @@ class BroadcastPush:
     def close(self) -> None:
         """Leave the group: abort its communicator (local, never waits on peers) and drop the
         store. Call it on every member before building a new group (workers added or lost)."""
-        if self.group is not None:
-            self.group.abort()
-        self.group = None
+        for group in [self.group, *self.groups.values()]:
+            if group is not None:
+                group.abort()
+        self.group, self.groups = None, {}
         self.store = None
 
     # ---- the group ------------------------------------------------------------------------
     def _connect(self) -> None:
-        """Build the process group on the first transfer, once every member is known present
-        (gloo connects all pairs at construction; NCCL on the first collective)."""
-        if self.group is not None:
+        """Build the process group(s) on the first transfer, once every member is known present
+        (gloo connects all pairs at construction; NCCL on the first collective): the gathered push's
+        one group, or the sharded push's source groups this rank belongs to (a source: its own; a
+        receiver: all S, source 0 first)."""
+        if self.group is not None or self.groups:
             return
-        store = dist.PrefixStore("weight_push_group", self.store)
         try:
-            if self.backend == "gloo":
-                self.group = dist.ProcessGroupGloo(store, self.rank, self.world_size, self.timeout)
-            else:
-                options = dist.ProcessGroupNCCL.Options()
-                options._timeout = self.timeout
-                self.group = dist.ProcessGroupNCCL(store, self.rank, self.world_size, options)
+            if not self.sources:
+                self.group = self._group("weight_push_group", self.rank, self.world_size)
+                return
+            mine = range(self.sources) if self.rank >= self.sources else [self.rank]
+            for src in mine:
+                rank, size = source_group(self.rank, src, self.sources, self.world_size)
+                self.groups[src] = self._group(f"weight_push_group/source{src}", rank, size)
         except Exception as e:
             peers = "the receivers" if self.rank < self.first else SENDER
             raise TimeoutError(f"weight push: rank {self.rank} could not form the {self.backend} group with "
                                f"{peers} at {self.address} within {self.cfg.timeout_s:.0f} s ({e})") from e
 
-    def _post(self, payload: torch.Tensor, what: str, root: int = 0):
-        """Start the broadcast of ``payload`` from ``root``; returns its work."""
+    def _group(self, prefix: str, rank: int, size: int) -> dist.ProcessGroup:
+        store = dist.PrefixStore(prefix, self.store)
+        if self.backend == "gloo":
+            return dist.ProcessGroupGloo(store, rank, size, self.timeout)
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = self.timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+
+    def _post(self, payload: torch.Tensor, what: str, source: Optional[int] = None):
+        """Start the broadcast of ``payload`` from learner rank 0 over the gathered push's group,
+        or from ``source`` over that source's group; returns its work."""
         opts = dist.BroadcastOptions()
-        opts.rootRank = root
+        opts.rootRank = 0  # rank 0 of either group is its sender
         opts.timeout = self.timeout
+        group = self.group if source is None else self.groups[source]
         try:
-            return self.group.broadcast([payload], opts)
+            return group.broadcast([payload], opts)
         except Exception as e:
             raise self._failed(what, e) from e
 
@@ -354,16 +373,14 @@ class _Packer:
 class _ShardBuffers:
     """The sharded push's persistent buffers, grown as needed and kept from push to push (no
     allocation per push): a source's two pack buffers (used only for segments that are not back
-    to back in memory) and scratch buffer (the other sources' segments, discarded), a receiver's
-    two round buffers. A pack buffer is refilled only after the broadcast that last read it."""
+    to back in memory), a receiver's two round buffers. A pack buffer is refilled only after the
+    broadcast that last read it."""
 
     def __init__(self) -> None:
         self.packs: list[Optional[torch.Tensor]] = [None, None]
         self.works: list = [None, None]
         self.next = 0
         self.lent: Optional[int] = None
-        self.spare: Optional[torch.Tensor] = None
-        self.spare_work = None  # gloo: the broadcast that last wrote the scratch buffer
         self.rounds: list[Optional[torch.Tensor]] = [None, None]
 
     @staticmethod
@@ -385,32 +402,29 @@ class _ShardBuffers:
         self.lent, self.next = k, 1 - k
         return seg
 
-    def scratch(self, rnd: Round, device: torch.device) -> torch.Tensor:
-        """Gloo runs collectives on threads of its own, and a rank that is not the root may relay
-        the bytes from its buffer: the scratch buffer is reused only after its last broadcast
-        (NCCL runs a group's collectives one after the other on its stream: no wait needed)."""
-        if self.spare_work is not None:
-            self.spare_work.wait()
-            self.spare_work = None
-        itemsize = torch.empty((), dtype=rnd.dtype).element_size()
-        self.spare = self._fit(self.spare, rnd.segment * itemsize, device)
-        return self.spare[: rnd.segment * itemsize].view(rnd.dtype)
-
-    def sent(self, payload: torch.Tensor, work, gloo: bool) -> None:
+    def sent(self, work) -> None:
         if self.lent is not None:
             self.works[self.lent] = work
             self.lent = None
-        elif gloo and self.spare is not None and payload.data_ptr() == self.spare.data_ptr():
-            self.spare_work = work
 
     def done(self) -> None:
-        self.works, self.spare_work = [None, None], None  # the transfer's last work was waited for
+        self.works = [None, None]  # the transfer's last work was waited for
 
     def rows(self, k: int, rnd: Round, sources: int, device: torch.device) -> torch.Tensor:
         itemsize = torch.empty((), dtype=rnd.dtype).element_size()
         nbytes = sources * rnd.segment * itemsize
         self.rounds[k] = self._fit(self.rounds[k], nbytes, device)
         return self.rounds[k][:nbytes].view(rnd.dtype).view(sources, rnd.segment)
+
+
+def source_group(rank: int, source: int, sources: int, world_size: int) -> tuple[int, int]:
+    """(this rank's rank, the size) in the group of ``source``: the source is rank 0, receiver
+    ranks ``sources``..world_size-1 follow as 1..N."""
+    if rank < sources:
+        if rank != source:
+            raise ValueError(f"learner rank {rank} is no member of source {source}'s group")
+        return 0, world_size - sources + 1
+    return rank - sources + 1, world_size - sources + 1
 
 
 def _unpack(payload: torch.Tensor, entries: list[tuple]) -> Iterator[tuple[str, torch.Tensor]]:

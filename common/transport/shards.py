@@ -16,16 +16,16 @@ round's parameters back to back (parameter i at element offset o_i, p_i elements
 publishes the plan once per version in the group's store as checked JSON (``encode_plan`` /
 ``decode_plan``); nothing else crosses the store during the transfer.
 
-The wire. Round k is S broadcasts, source 0 first: each source's segment goes out from the
-partitions themselves when they lie back to back in one storage (DeepSpeed keeps a rank's
-partitions in flat buffers: no copy at all), else packed into one of two persistent buffers
-(alternating, refilled only after the broadcast that last read it). Learner ranks that are not
-the root of a broadcast take part in it into a scratch buffer they discard. A receiver posts the
-S broadcasts of round k into the S rows of a round buffer [S, segment] (two persistent ones,
-alternating) and, while round k is on the wire, puts round k-1's parameters together: parameter
-i is rows[:, o_i : o_i + p_i] read row after row, cut at n_i elements; written straight into the
-loader's destination where the loader offers one (``ParameterLoader.target``), else into a
-temporary tensor handed to the loader.
+The wire. Round k is S broadcasts, one per source, each over that source's own group (the
+source and the receivers: common/transport/broadcast.py), so the S run at the same time: each
+source's segment goes out from the partitions themselves when they lie back to back in one
+storage (DeepSpeed keeps a rank's partitions in flat buffers: no copy at all), else packed into
+one of two persistent buffers (alternating, refilled only after the broadcast that last read
+it). A receiver posts the S broadcasts of round k into the S rows of a round buffer [S, segment]
+(two persistent ones, alternating) and, while round k is on the wire, puts round k-1's
+parameters together: parameter i is rows[:, o_i : o_i + p_i] read row after row, cut at n_i
+elements; written straight into the loader's destination where the loader offers one
+(``ParameterLoader.target``), else into a temporary tensor handed to the loader.
 """
 from __future__ import annotations
 

@@ -174,6 +174,57 @@ def test_gloo_sharded_push_is_bit_identical(sources, flat):
         assert torch.equal(got_fn[sources + 1][name], t), name
 
 
+def test_each_source_sends_over_its_own_group_without_waiting_for_the_others():
+    """Source 0 finishes its push while source 1 has not started: it takes no part in source 1's
+    broadcasts (each source has a group of its own with the receivers), and the receivers, which
+    belong to every source's group, still put the weights together bit for bit."""
+    cfg = WeightPushConfig(backend="gloo", timeout_s=20, bucket_mb=1.0)
+    full = [(n, t.float()) for n, t in full_weights(3)]  # one dtype, under a bucket: one round, posted at once
+    port, sources, world = free_port(), 2, 4
+    first_done = threading.Event()
+    errors: list[BaseException] = []
+    members: dict[int, list[int]] = {}
+    got: dict[int, dict[str, torch.Tensor]] = {2: {}, 3: {}}
+
+    def source(rank: int) -> None:
+        try:
+            push = setup_weight_push(cfg, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
+                                     sources=sources)
+            if rank == 1:  # in its group (gloo forms a group when every member builds it), then waits
+                push._connect()
+                assert first_done.wait(30), "source 0 never finished on its own"
+            push.send_shards(partitions(full, rank, sources, flat=True), 3)
+            assert push.stats["rounds"] == 1
+            members[rank] = sorted(push.groups)
+            if rank == 0:
+                first_done.set()
+            push.close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    def receiver(rank: int) -> None:
+        try:
+            push = setup_weight_push(cfg, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
+                                     sources=sources)
+            push.receive(WeightHandle(3, "gloo"), lambda items: got[rank].update({n: t.clone() for n, t in items}))
+            members[rank] = sorted(push.groups)
+            push.close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=source, args=(r,)) for r in range(sources)]
+    threads += [threading.Thread(target=receiver, args=(r,)) for r in range(sources, world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert members == {0: [0], 1: [1], 2: [0, 1], 3: [0, 1]}
+    for rank in (2, 3):
+        for name, t in full:
+            assert torch.equal(got[rank][name], t), (rank, name)
+
+
 def holder(weights: list[tuple[str, torch.Tensor]]) -> torch.nn.Module:
     """A module whose parameters are ``weights`` by name ("layerI.w"), zeroed."""
     module = torch.nn.Module()
