@@ -93,25 +93,13 @@ def run_denoising(
     fixed = cfg.threshold is None
     max_forwards = num_blocks * steps_per_block if fixed else canvas.gen_length
     view = HostView(lo=0, hi=0, refresh=True, forward=0)
-    # the decode after a replayed forward as a CUDA graph too (graphs.py DecodeGraphs): fixed steps only,
-    # where every row draws at every step
-    decoder = getattr(block_logits, "decoder", None) if fixed else None
-    if decoder is not None:
-        decoder.start(generators)
     while True:
         logits = block_logits(state, view)  # [B, Lb, V]
-
-        def step(logits=logits, rows=view.rows) -> None:
-            state.step(
-                logits, generators, temperature=cfg.temperature, remasking=cfg.remasking, schedule=schedule,
-                threshold=cfg.threshold, noise_dtype=cfg.noise_dtype, stop_at_eos=cfg.stop_at_eos,
-                rows=rows, fused=cfg.compile,
-            )
-
-        if decoder is not None:
-            decoder(logits, step)
-        else:
-            step()
+        state.step(
+            logits, generators, temperature=cfg.temperature, remasking=cfg.remasking, schedule=schedule,
+            threshold=cfg.threshold, noise_dtype=cfg.noise_dtype, stop_at_eos=cfg.stop_at_eos,
+            rows=view.rows, fused=cfg.compile,
+        )
         n = view.forward + 1
         if fixed:  # lockstep: every working row is in block n // steps_per_block
             if n % steps_per_block:
@@ -130,8 +118,6 @@ def run_denoising(
                     f"threshold decoding ran {n} forwards without finishing gen_length={canvas.gen_length}"
                 )
             view = HostView(lo, hi, refresh=entered, forward=n, rows=rows)
-    if decoder is not None:
-        decoder.finish()
     return _finish(state, eos_token_id, forwards=n, t0=t0)
 
 

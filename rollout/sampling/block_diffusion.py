@@ -49,7 +49,7 @@ from common.models.flex_staircase import is_sdpa
 from rollout.sampling.base import GenerationOutput, HostView, forward_block_logits, run_denoising
 from rollout.sampling.cache import SlotKVCache
 from rollout.sampling.canvas import Canvas, build_canvas
-from rollout.sampling.graphs import DecodeGraphs, StepGraphs, graph_prompt_width, graphed_generation
+from rollout.sampling.graphs import StepGraphs, graph_prompt_width, graphed_generation
 from rollout.sampling.state import DecodeState
 
 
@@ -115,7 +115,6 @@ class BlockDiffusionLogits:
             self.static_enter = self.static.companion(2 * block_size, block_size)
             self.cache, self.mask_free = self.static.cache, None  # the static step always carries its mask
             self._static_block = -1  # block start the static masks hold (this generation)
-            self.decoder = DecodeGraphs([self.static, self.static_enter], graphs)  # run_denoising's decode
 
     def __call__(self, state: DecodeState, view: HostView) -> torch.Tensor:
         c, bs = self.canvas, self.block_size

@@ -25,8 +25,7 @@ therefore also feeds the token just before the block, whose logit predicts the b
 
 With ``cfg.cuda_graph`` (dual cache only) the cached step runs from static buffers and is replayed
 as one CUDA graph (graphs.py); its shape is the same whatever the block, so it computes what the
-eager dual step computes. Refreshes stay eager; the decode after a replayed step is a graph too
-(graphs.py ``DecodeGraphs``).
+eager dual step computes. Refreshes stay eager.
 
 With ``cfg.compile`` and no cache, the full forward's decoder layers run compiled (compiled.py).
 """
@@ -44,7 +43,7 @@ from rollout.sampling.base import GenerationOutput, HostView, forward_block_logi
 from rollout.sampling.cache import SlotKVCache
 from rollout.sampling.canvas import Canvas, build_canvas
 from rollout.sampling.compiled import compiled_layers
-from rollout.sampling.graphs import DecodeGraphs, StepGraphs, graph_prompt_width, graphed_generation
+from rollout.sampling.graphs import StepGraphs, graph_prompt_width, graphed_generation
 from rollout.sampling.state import DecodeState
 
 
@@ -69,7 +68,6 @@ class FullAttentionLogits:
                                       logits_from=self.shift, block_length=block_length, compile=compile)
             self.cache = self.static.cache
             self.static.mask.copy_(canvas.valid[:, None, None, :].expand_as(self.static.mask))  # [B, 1, Lq, T]
-            self.decoder = DecodeGraphs([self.static], graphs)  # run_denoising's decode after a replay
 
     def __call__(self, state: DecodeState, view: HostView) -> torch.Tensor:
         if self.cache is None or view.refresh:

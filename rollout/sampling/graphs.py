@@ -20,19 +20,10 @@ shape for the whole generation and reads its inputs from buffers it owns:
       mask                          [B, 1, Lq, T] the padding mask; copied in once per generation
 
 The prompt prefill, the dual cache's refresh and the steps of rows that are not in lockstep
-(threshold decoding) stay eager and write into the same cache buffers. (The entering step is a
-quarter of the forwards at one token per step and block 4; graphed, it takes 26% of a
-generation's time at SDAR-8B on an H100, BENCHMARKS.md 4.)
-
-The decode step after a replayed forward (``DecodeGraphs``). With a fixed number of steps every
-row draws at every step, so the decode (each row's Gumbel draw from its own generator, the token
-choice, the commit into the canvas, the progress counters) has static shapes and no host read. At
-SDAR-8B's 128 rows it is ~130 small launches, 128 of them the rows' draws: 3.7 ms of host time a
-step against ~18 ms of replayed forward. It is captured once per generation for each static
-output buffer (in-block, entering) and replayed, with every row's generator registered with the graph (torch's
-graph-safe generator states: a replay draws from each generator where it stands and advances it
-as the eager draws would), so the tokens are the eager step's. Threshold decoding names the
-drawing rows step by step (a row that commits nothing draws nothing) and stays eager.
+(threshold decoding) stay eager and write into the same cache buffers; the decode step (token
+choice with per-row generators) stays eager. (The entering step is a quarter of the forwards at
+one token per step and block 4; graphed, it takes 26% of a generation's time at SDAR-8B on an
+H100, BENCHMARKS.md 4.)
 
 Compiled (``SamplerConfig.compile``): a replayed graph still runs every kernel the eager forward
 launches, ~2,500 per forward at SDAR-8B's 36 layers, most of them small elementwise kernels (fp32
@@ -106,75 +97,6 @@ class CapturedStep:
         return self.out
 
 
-class DecodeGraphs:
-    """The decode step that follows a replayed static forward, captured as one CUDA graph per
-    output buffer of the static steps (``steps``) and replayed (see the module docstring); eager
-    on a CPU, on a torch without graph-safe generator states, and after any other forward.
-    ``start`` binds one generation's generators and drops the graphs of the one before (they read
-    its canvas and counters); ``finish`` frees them."""
-
-    def __init__(self, steps: list["StaticStep"], counts: "StepGraphs") -> None:
-        self.steps, self.counts = steps, counts
-        self.generators: list[torch.Generator] = []
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # data_ptr of a static output -> its decode graph
-        self.pool = None  # one memory pool for the generation's decode graphs (never run at once)
-
-    def start(self, generators: list[torch.Generator]) -> None:
-        self.generators, self.graphs, self.pool = list(generators), {}, None
-
-    def finish(self) -> None:
-        self.generators, self.graphs, self.pool = [], {}, None
-
-    def __call__(self, logits: torch.Tensor, step: Callable[[], None]) -> None:
-        replayed = any(s.run.graph is not None and s.run.out is logits for s in self.steps)
-        if not (replayed and self.generators and graph_safe_generators()):
-            step()
-            return
-        graph = self.graphs.get(logits.data_ptr())
-        if graph is None:
-            graph = self._capture(step)
-            if graph is None:  # could not be captured: this generation decodes eagerly
-                self.generators = []
-                step()
-                return
-            self.graphs[logits.data_ptr()] = graph
-            self.counts.decode_captures += 1
-        graph.replay()
-        self.counts.decode_replays += 1
-
-    def _capture(self, step: Callable[[], None]) -> Optional[torch.cuda.CUDAGraph]:
-        """``step`` captured, not run: the replay that follows is the step's one execution (the eager
-        steps before it ran the same kernels at the same shapes, so nothing lazily initialised is
-        left). Captured on a side stream without ``torch.cuda.graph``'s emptying of the allocator's
-        cache (twice a generation). None, logged once, if the capture fails."""
-        graph = torch.cuda.CUDAGraph()
-        for g in self.generators:
-            graph.register_generator_state(g)
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        try:
-            with torch.cuda.stream(side):
-                graph.capture_begin(self.pool, capture_error_mode="thread_local")
-                try:
-                    step()
-                finally:
-                    graph.capture_end()
-        except Exception as e:  # noqa: BLE001 - the eager decode gives the same tokens
-            if "decode" not in _announced:
-                _announced.add("decode")
-                log.warning("the decode step could not be captured as a CUDA graph (%s); it runs eagerly", e)
-            return None
-        torch.cuda.current_stream().wait_stream(side)
-        return graph
-
-
-def graph_safe_generators() -> bool:
-    """Whether this torch registers a generator's state with a CUDA graph (torch >= 2.5)."""
-    return hasattr(torch.cuda.CUDAGraph, "register_generator_state")
-
-
 class StaticStep:
     """One cached step of fixed shape: its input buffers, the KV cache it reads and writes, and the
     captured forward. The mask buffer is the sampler's to fill (see the module docstring).
@@ -240,8 +162,6 @@ class StepGraphs:
         self.built = 0  # static steps built
         self.reuses = 0  # generations that found their static step already built
         self._retired = [0, 0, 0]  # static calls, captures and replays of the dropped steps
-        self.decode_captures = 0  # decode steps captured (DecodeGraphs; 0 on a CPU)
-        self.decode_replays = 0
 
     @property
     def calls(self) -> int:

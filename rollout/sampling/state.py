@@ -120,7 +120,7 @@ class DecodeState:
         self.block_start += finished_block * self.block_length
         self.block_step.masked_fill_(finished_block, 0)
         self._update_done(working, stop_at_eos)
-        self.entered.copy_(finished_block & ~self.done)  # every update in place: the step may be a CUDA graph
+        self.entered = finished_block & ~self.done
 
     def _update_done(self, working: torch.Tensor, stop_at_eos: bool) -> None:
         newly = working & (self.block_start >= self.canvas.gen_length)
@@ -132,7 +132,7 @@ class DecodeState:
             ar = torch.arange(completion.shape[1], device=completion.device)
             undecoded_before = (undecoded & (ar[None, :] < first_eos[:, None])).any(dim=1)
             newly |= working & (first_eos < completion.shape[1]) & ~undecoded_before
-        self.finish_step.copy_(torch.where(newly, self.row_step - 1, self.finish_step))
+        self.finish_step = torch.where(newly, self.row_step - 1, self.finish_step)
         self.done |= newly
 
     def progress(self) -> tuple[int, int, bool, bool, list[int]]:

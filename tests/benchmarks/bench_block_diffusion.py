@@ -13,21 +13,16 @@ graphed     the sampler's CUDA-graph path (``SamplerConfig.cuda_graph``, rollout
             ``StepGraphs`` pool kept across generations as ``TorchRolloutEngine`` keeps it: the
             first generation of the shape (its capture included) and the next one (replays only:
             an engine's steady state); tokens/s and speed-up over the eager run at equal steps.
-            The decode after each replayed forward is a graph too (``DecodeGraphs``); one more
-            generation with it eager (``<steps>_again_eager_decode``) gives its speed-up on the
-            same pool (``decode_graph_speedup``).
 compiled    the graphed path with ``SamplerConfig.compile`` (both static steps through torch.compile
             before their capture: the elementwise work between the matmuls fused), one token per
             step: the first generation (compiling and capturing both shapes: its seconds include
             the compile) and the next one (replays only); speed-up over eager and over the graphed
             path's steady state; token agreement with the uncompiled graphed path (temperature 0,
-            bf16: reported, rounding differs) is in exactness (fp32, 4 layers). Then one generation
-            with the decode eager, as in graphed.
+            bf16: reported, rounding differs) is in exactness (fp32, 4 layers).
 split       where a graphed generation's wall time goes (one token per step, after a generation
             that captured the shape): each call of the logits (the prefill, the entering step, the
             in-block step: a graph replay each but the prefill) and of the decode step between them
-            (token choice with per-row generators, float64 noise by default; a graph replay after
-            each replayed forward, eager after the prefill), timed one by one
+            (token choice with per-row generators, float64 noise by default), timed one by one
             with the device synchronised around each: ms per call of each kind, and the share of
             the generation's time each takes (the synchronisation adds a little to every call).
 split_compiled  the same with ``SamplerConfig.compile`` (compiled static steps, the fused token choice), after
@@ -70,8 +65,6 @@ the tokens, not the speed.
 from __future__ import annotations
 
 import argparse
-import contextlib
-from typing import Iterator
 
 import benchlib as bl
 import torch
@@ -79,7 +72,6 @@ import torch
 from common.config.sampler import SamplerConfig
 from common.models.gqa_fold import folded_attention
 from rollout.sampling import StepGraphs, generate
-from rollout.sampling import graphs as graphs_module
 
 PARTS = ("speed", "graphed", "compiled", "split", "split_compiled", "decode", "profile", "graph_profile",
          "replay_profile", "replay_profile_compiled", "exactness", "gqa_fold")
@@ -165,19 +157,10 @@ def main() -> None:
         """One generation on a kept pool of static steps: its speed, the pool's counts, and the
         speed-up over the eager run at the same steps."""
         out, secs = run(c, a.batch, graphs)
-        row = {**speed_row(out, secs, steps), "captures": graphs.captures, "replays": graphs.replays,
-               "decode_captures": graphs.decode_captures, "decode_replays": graphs.decode_replays}
+        row = {**speed_row(out, secs, steps), "captures": graphs.captures, "replays": graphs.replays}
         if steps in eager:
             row["speedup_vs_eager"] = eager[steps]["seconds"] / secs
         return row
-
-    def eager_decode_row(c: SamplerConfig, steps: int, graphs: StepGraphs, rows: dict) -> None:
-        """One more generation on the same pool with the decode eager (``eager_decode``), and the
-        decode graph's speed-up: the eager-decode generation's seconds over the steady one's."""
-        with eager_decode():
-            row = graphed_row(c, steps, graphs)
-        row["decode_graph_speedup"] = row["seconds"] / rows[f"{steps}_again"]["seconds"]
-        rows[f"{steps}_again_eager_decode"] = row
 
     if "speed" in parts:
         with res.part("speed", dev):
@@ -194,8 +177,6 @@ def main() -> None:
                 for when in ("first", "again") if i == 0 else ("again",):
                     rows[f"{steps}_{when}"] = graphed_row(cfg(steps=steps, cuda_graph=True), steps, graphs)
                     res.put("graphed", {"batch": a.batch, "block": a.block, "path": "cuda_graph", "by_run": rows})
-                eager_decode_row(cfg(steps=steps, cuda_graph=True), steps, graphs, rows)
-                res.put("graphed", {"batch": a.batch, "block": a.block, "path": "cuda_graph", "by_run": rows})
             del graphs
             _free(dev)
     if "compiled" in parts:
@@ -207,8 +188,6 @@ def main() -> None:
                     row["speedup_vs_graphed"] = graphed[f"{a.gen}_again"]["seconds"] / row["seconds"]
                 rows[f"{a.gen}_{when}"] = row
                 res.put("compiled", {"batch": a.batch, "block": a.block, "path": "cuda_graph+compile", "by_run": rows})
-            eager_decode_row(c, a.gen, graphs, rows)
-            res.put("compiled", {"batch": a.batch, "block": a.block, "path": "cuda_graph+compile", "by_run": rows})
             del graphs
             _free(dev)
     for name in ("split", "split_compiled"):
@@ -266,18 +245,6 @@ def main() -> None:
     res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
 
 
-@contextlib.contextmanager
-def eager_decode() -> Iterator[None]:
-    """The graphed sampler with its decode steps eager (``DecodeGraphs`` falls back as on a torch
-    without graph-safe generators): the decode graph's before, on the same static steps."""
-    saved = graphs_module.graph_safe_generators
-    graphs_module.graph_safe_generators = lambda: False
-    try:
-        yield
-    finally:
-        graphs_module.graph_safe_generators = saved
-
-
 def decode_times(a: argparse.Namespace, policy, dev: torch.device) -> dict:
     """ms per ``choose_tokens`` call on [batch, block, vocab] random logits, per noise dtype, eager / fused."""
     from rollout.sampling.decode import choose_tokens
@@ -302,6 +269,7 @@ def time_split(run, dev: torch.device, tokens: int) -> dict:
     import time
 
     from rollout.sampling import block_diffusion
+    from rollout.sampling.state import DecodeState
 
     spent: dict[str, list[float]] = {}
 
@@ -318,18 +286,16 @@ def time_split(run, dev: torch.device, tokens: int) -> dict:
     def logits_kind(self, state, view, *rest, **kw) -> str:
         return "prefill" if view.forward == 0 else "enter" if view.refresh else "inside"
 
-    # the decode through DecodeGraphs (a replay, or the eager step it falls back to), timed around the
-    # whole call: a capture inside it must not see the synchronisation
-    logits, decoder = block_diffusion.BlockDiffusionLogits.__call__, graphs_module.DecodeGraphs.__call__
+    logits, step = block_diffusion.BlockDiffusionLogits.__call__, DecodeState.step
     block_diffusion.BlockDiffusionLogits.__call__ = timed(logits_kind, logits)
-    graphs_module.DecodeGraphs.__call__ = timed(lambda *a, **k: "decode", decoder)
+    DecodeState.step = timed(lambda *a, **k: "decode", step)
     try:
         t0 = time.perf_counter()
         run()
         bl.sync(dev)
         wall = time.perf_counter() - t0
     finally:
-        block_diffusion.BlockDiffusionLogits.__call__, graphs_module.DecodeGraphs.__call__ = logits, decoder
+        block_diffusion.BlockDiffusionLogits.__call__, DecodeState.step = logits, step
     out = {kind: {"calls": len(v), "ms_per_call": 1e3 * sum(v) / len(v), "share_of_wall": sum(v) / wall}
            for kind, v in spent.items()}
     return {"wall_s": wall, "tokens_per_s": tokens / wall, "by_kind": out,

@@ -8,7 +8,6 @@ requests (reused, dropped when the weights move, bounded), and a bad combination
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from types import SimpleNamespace
 
@@ -194,90 +193,3 @@ def test_graphs_need_a_cached_step_of_static_shape(sdar):
             )
     assert SamplerConfig(cuda_graph=True).resolved_cache(block_diffusion=True) == "prefix"
     assert SamplerConfig().cuda_graph is False  # eager stays the default
-
-
-REAL_CAPTURE = graphs_module.DecodeGraphs._capture
-
-
-class ReplayedStep(graphs_module.CapturedStep):
-    """A CUDA graph's contract on the CPU: one output buffer, filled again at every later call."""
-
-    def __call__(self) -> torch.Tensor:
-        self.calls += 1
-        if self.graph is None:
-            self.graph, self.out = "captured", self.fn()
-        else:
-            self.out.copy_(self.fn())
-        self.replays += 1
-        return self.out
-
-
-class ReplayedDecode:
-    """The decode graph's contract: what was recorded at the capture runs again at each replay, on
-    the buffers it closed over then (nothing the host passes later reaches it)."""
-
-    def __init__(self, step) -> None:
-        self.step = step
-
-    def replay(self) -> None:
-        self.step()
-
-
-@pytest.fixture
-def replay_on_cpu(monkeypatch):
-    monkeypatch.setattr(graphs_module, "CapturedStep", ReplayedStep)
-    monkeypatch.setattr(graphs_module, "graph_safe_generators", lambda: True)
-    monkeypatch.setattr(graphs_module.DecodeGraphs, "_capture", lambda self, step: ReplayedDecode(step))
-
-
-@pytest.mark.parametrize("kw", [dict(), dict(steps=16), dict(temperature=0.0), dict(remasking="random"),
-                                dict(stop_at_eos=True)], ids=["1/step", "2/step", "greedy", "random", "eos"])
-def test_the_decode_after_a_replayed_forward_is_replayed_and_gives_the_reference_tokens(sdar, replay_on_cpu, kw):
-    """Fixed steps: the first decode after each static output buffer is recorded and every later
-    one replays it; the tokens are the reference path's, so the recorded step reads nothing the
-    host would have passed differently at a later step (block, step count, schedule position)."""
-    graphs = StepGraphs()
-    if kw.get("stop_at_eos"):
-        sdar.eos_token_id = int(generate(sdar, MIXED, SEEDS, cfg()).completion_ids[0, 9])
-    try:
-        got = generate(sdar, MIXED, SEEDS, cfg(cuda_graph=True, **kw), graphs)
-        ref = generate(sdar, MIXED, SEEDS, cfg(cache="none", **kw))
-    finally:
-        sdar.eos_token_id = build_tiny_policy("sdar", block_size=4).eos_token_id
-    assert_same(got, ref)
-    assert graphs.decode_captures == 2  # the in-block and the entering step's output buffers
-    assert graphs.decode_replays == graphs.replays == got.num_forwards - 1  # all but the prefill's
-
-
-def test_threshold_decoding_and_a_failed_capture_decode_eagerly(sdar, replay_on_cpu, monkeypatch, caplog):
-    graphs = StepGraphs()
-    got = generate(sdar, MIXED, SEEDS, cfg(cuda_graph=True, threshold=0.02), graphs)
-    assert_same(got, generate(sdar, MIXED, SEEDS, cfg(cache="none", threshold=0.02)))
-    assert graphs.replays > 0 and graphs.decode_captures == graphs.decode_replays == 0  # rows draw step by step
-
-    def fail(self, step):
-        raise RuntimeError("operation not permitted when stream is capturing")
-
-    monkeypatch.setattr(graphs_module.DecodeGraphs, "_capture", REAL_CAPTURE)  # the product's, over a failing graph
-    monkeypatch.setattr(graphs_module.torch.cuda, "CUDAGraph", lambda: SimpleNamespace(
-        register_generator_state=lambda g: None, capture_begin=fail, capture_end=lambda: None))
-    monkeypatch.setattr(graphs_module.torch.cuda, "graph_pool_handle", lambda: None)
-    monkeypatch.setattr(graphs_module.torch.cuda, "Stream", lambda: SimpleNamespace(wait_stream=lambda s: None))
-    monkeypatch.setattr(graphs_module.torch.cuda, "current_stream", lambda: None)
-    monkeypatch.setattr(graphs_module.torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(graphs_module, "_announced", set())
-    with caplog.at_level(logging.WARNING, logger="rollout.sampling.graphs"):
-        got = generate(sdar, MIXED, SEEDS, cfg(cuda_graph=True), graphs)
-    assert_same(got, generate(sdar, MIXED, SEEDS, cfg(cache="none")))
-    assert graphs.decode_captures == 0
-    assert any("could not be captured" in r.getMessage() for r in caplog.records)
-
-
-@pytest.mark.parametrize("family", ["llada", "dream"])
-def test_the_decode_after_a_replayed_dual_step_gives_the_eager_tokens(family, replay_on_cpu):
-    policy = build_tiny_policy(family)
-    c = SamplerConfig(gen_length=32, block_length=8, steps=16, temperature=0.9, stop_at_eos=False, cache="dual")
-    graphs = StepGraphs()
-    got = generate(policy, MIXED, SEEDS, c.model_copy(update={"cuda_graph": True}), graphs)
-    assert_same(got, generate(policy, MIXED, SEEDS, c))
-    assert graphs.decode_captures == 1 and graphs.decode_replays == graphs.replays == got.num_forwards - 4
