@@ -49,10 +49,12 @@ announced by one log line per process: CPU tests and CPU runs of a GPU config ta
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import logging
 from collections import OrderedDict
-from typing import Callable, ContextManager, Optional
+from typing import Callable, ContextManager, Iterator, Optional
 
 import torch
 
@@ -89,12 +91,30 @@ class CapturedStep:
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # captured on the warm-up's stream, whose lazily created state already exists
-            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+            with no_collection(), torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
                 self.out = self.fn()
             self.graph = graph
         self.graph.replay()
         self.replays += 1
         return self.out
+
+
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """Python's cyclic garbage collector run before a capture and kept off during it. A static step
+    sits in a reference cycle (its captured forward is its own bound method), so a step the pool
+    dropped, and its CUDA graph, are freed by the collector, whenever it runs; freed in the middle
+    of another capture, the graph's reset is an operation a capturing stream does not permit, and
+    the capture fails (seen on an H100: "operation not permitted when stream is capturing
+    (function reset)", then cuBLAS failing inside the capture)."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class StaticStep:

@@ -8,6 +8,7 @@ requests (reused, dropped when the weights move, bounded), and a bad combination
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from types import SimpleNamespace
 
@@ -193,3 +194,44 @@ def test_graphs_need_a_cached_step_of_static_shape(sdar):
             )
     assert SamplerConfig(cuda_graph=True).resolved_cache(block_diffusion=True) == "prefix"
     assert SamplerConfig().cuda_graph is False  # eager stays the default
+
+
+def test_a_capture_frees_dropped_graphs_first_and_never_collects_inside(monkeypatch):
+    """A dropped static step (a reference cycle) holding a CUDA graph must not be freed by the cyclic
+    collector in the middle of another capture (a graph reset invalidates a capturing stream): the
+    collector runs before the capture and stays off during it."""
+    import gc
+
+    events: list = []
+
+    class DroppedStep:  # garbage in a cycle, as a StaticStep the pool dropped
+        def __init__(self) -> None:
+            self.me = self
+
+        def __del__(self) -> None:
+            events.append("dropped graph freed")
+
+    DroppedStep()
+    stream = SimpleNamespace(wait_stream=lambda s: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: SimpleNamespace(replay=lambda: events.append("replay")))
+
+    @contextlib.contextmanager
+    def capture(graph, **kw):
+        events.append("capture begins")
+        yield
+        events.append("capture ends")
+
+    monkeypatch.setattr(torch.cuda, "graph", capture)
+
+    def forward() -> torch.Tensor:
+        events.append(("collector on", gc.isenabled()))
+        return torch.zeros(1)
+
+    graphs_module.CapturedStep(forward, capture=True)()
+    begins = events.index("capture begins")
+    assert events.index("dropped graph freed") < begins
+    assert events[begins + 1:] == [("collector on", False), "capture ends", "replay"]
+    assert gc.isenabled()
