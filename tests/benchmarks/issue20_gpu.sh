@@ -106,6 +106,16 @@
 #                          eager, GPUs 2,3 replayed as a CUDA graph
 #   call38 (the same warm host, carry .gpu_sdrl) GPUs 0,1: the StableDRL release, for the ratios; GPUs 2,3: the graphed
 #                          loop again (a second run on the host)
+#   call39 (a 4-GPU host, carry .whl) GPUs 0-3: the push from 3 ZeRO-3 ranks, each rank now over a group of its own
+#                          with the receiver; then GPUs 0,1: d1's graphed fast loop (8 layers checkpointed) and the
+#                          StableDRL graphed fast loop, each timed as before (a second host for both 5x figures);
+#                          GPU 2: the block-diffusion sampler graphed and compiled (run at e7383ac, whose decode
+#                          steps were replayed as CUDA graphs: no gain, 0.99x, reverted); GPU 3: the sampler's GPU tests
+#                          (11 files: the device returns 8, so sdrl_graph's came back from call41)
+#   call40 (the same warm host, carry .gpu_d1 and .gpu_sdrl) GPUs 0,1: d1's loop; GPUs 2,3: the StableDRL release;
+#                          for call39's ratios
+#   call41 (the same warm host, carry nothing) GPUs 2,3: the StableDRL graphed fast loop again (call39's record of it
+#                          did not come back)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -254,6 +264,12 @@ d1_third_step() {  # d1_third_step NAME LOOPS PART_TIMEOUT [RUN_PEERS ARGS...]: 
 }
 sampler_gpu_tests() {  # the sampler's CUDA-graph and fast-path GPU tests
   python3 -m pytest -q -m gpu tests/gpu/test_sampler_graph_gpu.py tests/gpu/test_sampler_fast_paths_gpu.py
+}
+d1_then_sdrl_graphed() {  # d1's graphed fast loop (8 layers checkpointed) at its third step, then StableDRL's
+  d1_third_step d1g colocated_fast_graph_ckpt8_merged 230
+  local rc=$?
+  sdrl_fast colocated_fast_graph sdrl_graph || rc=$?
+  return $rc
 }
 sdrl_then_d1() {  # sdrl_then_d1 NAME LOOP [VARIANT ARGS...]: the StableDRL loop colocated as shipped; then one of
                   # d1's colocated loops, 2 steps, into $OUT/NAME
@@ -439,8 +455,20 @@ case "${1:-}" in
     lane sdrl_peer 0,1 sdrl_peer &
     lane sdrl_graph2 2,3 sdrl_fast colocated_fast_graph sdrl_graph2 &
     wait ;;
+  call39)
+    push3
+    lane graphs2 0,1 d1_then_sdrl_graphed &
+    lane bd 2 block_diffusion graphed,compiled,split_compiled &
+    lane sampler_tests 3 sampler_gpu_tests &
+    wait ;;
+  call40)
+    lane d1peer 0,1 d1_peer &
+    lane sdrl_peer 2,3 sdrl_peer &
+    wait ;;
+  call41)
+    lane sdrl_graph 2,3 sdrl_fast colocated_fast_graph sdrl_graph ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41" >&2; exit 2 ;;
 esac
