@@ -116,6 +116,9 @@
 #                          for call39's ratios
 #   call41 (the same warm host, carry nothing) GPUs 2,3: the StableDRL graphed fast loop again (call39's record of it
 #                          did not come back)
+#   call42 (a 4-GPU host, carry .whl) the LLaDA-8B system job over 4 GPUs (3 ZeRO-3 learner ranks + 1 worker, each
+#                          rank pushing its partitions over its own group) beside the raw broadcast of the same card:
+#                          the in-job push at several ranks
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -467,8 +470,11 @@ case "${1:-}" in
     wait ;;
   call41)
     lane sdrl_graph 2,3 sdrl_fast colocated_fast_graph sdrl_graph ;;
+  call42)
+    OUT=$OUT/sys4 bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys4 --parts ckpt_llada,matmul,push,system_llada \
+      --no-profile --no-resume --steps 5 --checkpoint-at 3 --deadline-s 560 ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42" >&2; exit 2 ;;
 esac
