@@ -119,6 +119,7 @@
 #   call42 (a 4-GPU host, carry .whl) the LLaDA-8B system job over 4 GPUs (3 ZeRO-3 learner ranks + 1 worker, each
 #                          rank pushing its partitions over its own group) beside the raw broadcast of the same card:
 #                          the in-job push at several ranks
+#   call43 (1 GPU, carry .whl) the sampler's GPU tests (the capture with the collector off)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -473,8 +474,10 @@ case "${1:-}" in
   call42)
     OUT=$OUT/sys4 bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys4 --parts ckpt_llada,matmul,push,system_llada \
       --no-profile --no-resume --steps 5 --checkpoint-at 3 --deadline-s 560 ;;
+  call43)
+    sampler_gpu_tests ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43" >&2; exit 2 ;;
 esac
