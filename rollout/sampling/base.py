@@ -86,7 +86,9 @@ def run_denoising(
     ``block_sync``: rows wait for each other at block ends (state.py; the approximate caches)."""
     t0 = time.perf_counter()
     device = canvas.ids.device
-    generators = [generator(int(s), device) for s in seeds.tolist()]
+    counter = cfg.noise_source == "counter"  # the counter-based draw keyed by the seeds (decode.py), no generators
+    generators = [] if counter else [generator(int(s), device) for s in seeds.tolist()]
+    keys = seeds.to(device=device, dtype=torch.int64) if counter else None
     state = DecodeState.start(canvas, block_length, mask_token_id, eos_token_id, block_sync=block_sync)
     schedule = transfer_schedule(block_length, steps_per_block, device)
     num_blocks = canvas.gen_length // block_length
@@ -98,7 +100,7 @@ def run_denoising(
         state.step(
             logits, generators, temperature=cfg.temperature, remasking=cfg.remasking, schedule=schedule,
             threshold=cfg.threshold, noise_dtype=cfg.noise_dtype, stop_at_eos=cfg.stop_at_eos,
-            rows=view.rows, fused=cfg.compile,
+            rows=view.rows, fused=cfg.compile, seeds=keys,
         )
         n = view.forward + 1
         if fixed:  # lockstep: every working row is in block n // steps_per_block

@@ -9,7 +9,11 @@ current block:
     or k uniformly random ones (random remasking), or every one with conf > threshold and at
     least one (Fast-dLLM parallel decoding, arXiv 2505.22618).
 
-The Gumbel-max form is LLaDA's ``exp(l) / (-log u)^T`` written in log space. The confidence is
+The Gumbel-max form is LLaDA's ``exp(l) / (-log u)^T`` written in log space. The uniforms u come
+from a torch generator per row, or (``sampler.noise_source: counter``) from a counter-based draw:
+u = splitmix64(seed_b + (n_b · Lb·V + i + 1) · φ), n_b the row's own step counter and i the flat
+(position, token) index, the top 53 (float64) or 24 (float32) bits as a fraction; one elementwise
+computation for every row, fused into the choice's single pass when compiled. The confidence is
 computed in float32 from a logsumexp over the block positions only, never a float64 softmax of
 the whole canvas. The mask token is never chosen (its logit is set to -inf), so a committed
 position can never read as masked again.
@@ -43,8 +47,14 @@ def choose_tokens(
     noise_dtype: Union[torch.dtype, str] = torch.float64,
     rows: Optional[Sequence[int]] = None,
     fused: bool = False,
+    counter: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick a token per position and its confidence. Returns (x0 [B, Lb] int64, conf [B, Lb] float32).
+
+    ``counter`` = (seeds [B], steps [B]) int64 on the logits' device: the counter-based draw instead
+    of the generators (``counter_uniform``; float64 / float32 noise): row b's uniforms are a function of
+    (seeds[b], steps[b]) alone, so ``rows`` is not needed (a row that waits keeps its step, and its
+    next draw is the one it would have made).
 
     Each row draws its Gumbel noise from its own generator, so its choice does not depend on its
     batch neighbours. ``rows`` (default: all) are the rows that draw; the others leave their
@@ -59,7 +69,18 @@ def choose_tokens(
     name = noise_dtype if isinstance(noise_dtype, str) else str(noise_dtype).removeprefix("torch.")
     if name not in NOISE_DTYPES:
         raise ValueError(f"unknown noise dtype {noise_dtype!r}; valid: {', '.join(NOISE_DTYPES)}")
-    if temperature > 0 and name in _PRODUCT_FORMS:
+    if temperature > 0 and counter is not None:
+        if name in _PRODUCT_FORMS:
+            raise ValueError(f"the counter-based draw gives float64 or float32 noise, not {name}")
+        seeds, steps = counter
+        if fused:
+            return _fused("counter")(logits, seeds, steps, temperature, _COUNTER_BITS[name])
+        noise = counter_uniform(seeds, steps, tuple(logits.shape[1:]), getattr(torch, name))
+        noise.log_().neg_().clamp_(min=torch.finfo(noise.dtype).tiny).log_().neg_()
+        noise.add_(logits, alpha=1.0 / temperature)
+        x0 = noise.argmax(dim=-1)  # [B, Lb]
+        del noise
+    elif temperature > 0 and name in _PRODUCT_FORMS:
         draw, score, delta = _PRODUCT_FORMS[name]
         u = torch.empty(logits.shape, dtype=draw, device=logits.device)  # [B, Lb, V]
         _uniform_rows(u, generators, rows)
@@ -94,6 +115,7 @@ def _confidence(logits: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
 # `score` before the argmax (d1 diffu_grpo_trainer.add_gumbel_noise: bfloat16 throughout, δ = 0; the
 # StableDRL release networks/llada_svpo.add_gumbel_noise_spg: float32 with δ = 1e-9, cast to bfloat16).
 NOISE_DTYPES = ("float64", "float32", "bfloat16", "float32_then_bfloat16")
+_SCORE_SALT = 0x5DEECE66D  # random remasking's scores: a counter stream apart from the token draws'
 _PRODUCT_FORMS = {
     "bfloat16": (torch.bfloat16, torch.bfloat16, 0.0),
     "float32_then_bfloat16": (torch.float32, torch.bfloat16, 1e-9),
@@ -131,12 +153,50 @@ def _gumbel_choice(logits: torch.Tensor, u: torch.Tensor, temperature: float) ->
     return x0, _confidence(logits, x0)
 
 
+def _counter_gumbel_choice(logits: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, temperature: float,
+                           bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-space Gumbel-max form over the counter-based draw, as one function of tensors."""
+    dtype = torch.float64 if bits == 53 else torch.float32
+    return _gumbel_choice(logits, counter_uniform(seeds, steps, tuple(logits.shape[1:]), dtype), temperature)
+
+
+# The counter-based draw (``sampler.noise_source: counter``): SplitMix64 over the counter
+# seed + (step · n + i + 1) · φ, in int64 arithmetic that wraps (the constants as their two's-complement
+# values); ``_shr`` is the logical right shift (torch's ``>>`` on int64 is arithmetic).
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+_COUNTER_BITS = {"float64": 53, "float32": 24}
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def counter_uniform(seeds: torch.Tensor, steps: torch.Tensor, shape: tuple[int, ...],
+                    dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """[B, *shape] uniforms in [0, 1): element i of row b is SplitMix64(seeds[b] + (steps[b] · n + i + 1) · φ)
+    (n = prod(shape)), its top 53 bits (float64) or 24 (float32) as a fraction. A row's draws depend on
+    its seed and step counter only; distinct (step, i) give distinct counters."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    index = torch.arange(n, device=seeds.device, dtype=torch.int64).view(1, *shape)
+    count = steps.to(torch.int64).view(-1, *([1] * len(shape))) * n + index + 1
+    z = seeds.to(torch.int64).view(-1, *([1] * len(shape))) + count * _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    z = z ^ _shr(z, 31)
+    bits = 53 if dtype == torch.float64 else 24
+    return _shr(z, 64 - bits).to(dtype) * (2.0 ** -bits)
+
+
 # Fused decode. Eager, a step's choice is a dozen passes over [B, Lb, V] (at LLaDA-8B's 32 rows x 32
 # positions x 126,464: 0.5-1 GB each) besides the draws: 4.6-7.2 ms a step on an H100, against ~70 ms
 # for an 8-layer forward. Compiled, the arithmetic after the draws reads the draws and the logits
 # once. ``emulate_precision_casts`` rounds every low-precision intermediate where eager rounds it, so
 # the bf16 product form keeps eager's ties.
-_FUSED_FORMS = {"product": _product_choice, "gumbel": _gumbel_choice}
+_FUSED_FORMS = {"product": _product_choice, "gumbel": _gumbel_choice, "counter": _counter_gumbel_choice}
 
 
 def _fused(form: str):
@@ -145,9 +205,13 @@ def _fused(form: str):
 
 def random_scores(
     shape: tuple[int, int], generators: Sequence[torch.Generator], device: torch.device,
-    rows: Optional[Sequence[int]] = None,
+    rows: Optional[Sequence[int]] = None, counter: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> torch.Tensor:
-    """[B, Lb] uniform scores for random remasking, one generator per row (only ``rows`` draw)."""
+    """[B, Lb] uniform scores for random remasking, one generator per row (only ``rows`` draw), or
+    the counter-based draw of ``counter`` = (seeds, steps) on a stream of its own (the seeds salted)."""
+    if counter is not None:
+        seeds, steps = counter
+        return counter_uniform(seeds ^ _SCORE_SALT, steps, (shape[1],), torch.float32)
     scores = torch.empty(shape, dtype=torch.float32, device=device)
     _uniform_rows(scores, generators, rows)
     return scores

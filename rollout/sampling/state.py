@@ -87,22 +87,27 @@ class DecodeState:
         stop_at_eos: bool,
         rows: Optional[Sequence[int]] = None,
         fused: bool = False,
+        seeds: Optional[torch.Tensor] = None,
     ) -> None:
         """Commit this step's tokens into the canvas and advance every working row. ``rows``: the
         rows that may commit this step and so draw randomness (``progress()[4]``); None = all.
-        ``fused``: the choice's arithmetic compiled (``choose_tokens``)."""
+        ``fused``: the choice's arithmetic compiled (``choose_tokens``). ``seeds`` [B]: the
+        counter-based draw keyed by each row's seed and its own step counter (``row_step``) instead of
+        the generators (``sampler.noise_source: counter``)."""
         ids, p = self.canvas.ids, self.canvas.prompt_width
         pos = self.block_positions()  # [B, Lb]
         current = ids.gather(1, pos)  # [B, Lb]
         working = ~self.done
         masked = (current == self.mask_token_id) & working[:, None]  # [B, Lb]
         stepping = masked.any(dim=1)  # [B] working rows with something left in their block (not waiting)
+        counter = None if seeds is None else (seeds, self.row_step)
         x0, conf = choose_tokens(
             logits, temperature, generators, mask_token_id=self.mask_token_id, noise_dtype=noise_dtype, rows=rows,
-            fused=fused,
+            fused=fused, counter=counter,
         )
         scores = (
-            conf if remasking == "low_confidence" else random_scores(tuple(conf.shape), generators, conf.device, rows)
+            conf if remasking == "low_confidence"
+            else random_scores(tuple(conf.shape), generators, conf.device, rows, counter=counter)
         )
         k = schedule[self.block_step.clamp(max=schedule.numel() - 1)]  # [B]
         commit = commit_mask(scores, masked, k=k, threshold=threshold)  # [B, Lb]

@@ -18,7 +18,10 @@ compiled    the graphed path with ``SamplerConfig.compile`` (both static steps t
             step: the first generation (compiling and capturing both shapes: its seconds include
             the compile) and the next one (replays only); speed-up over eager and over the graphed
             path's steady state; token agreement with the uncompiled graphed path (temperature 0,
-            bf16: reported, rounding differs) is in exactness (fp32, 4 layers).
+            bf16: reported, rounding differs) is in exactness (fp32, 4 layers). Then the same two
+            generations with the counter-based draw (``sampler.noise_source: counter``: every row's
+            uniforms computed inside the fused token choice instead of 128 per-row generator draws)
+            on the same static steps: ``<gen>_counter_{first,again}``, speed-up over the generators'.
 split       where a graphed generation's wall time goes (one token per step, after a generation
             that captured the shape): each call of the logits (the prefill, the entering step, the
             in-block step: a graph replay each but the prefill) and of the decode step between them
@@ -27,9 +30,10 @@ split       where a graphed generation's wall time goes (one token per step, aft
             the generation's time each takes (the synchronisation adds a little to every call).
 split_compiled  the same with ``SamplerConfig.compile`` (compiled static steps, the fused token choice), after
             a generation that compiled and captured them.
+split_counter  split_compiled with the counter-based draw.
 decode      the token choice alone (``choose_tokens``) on the decode's shape [B, block, vocab] of random
             bf16 logits, per-row generators: ms per call (CUDA events) for float64 and float32 noise,
-            eager and fused (``sampler.compile``).
+            eager and fused (``sampler.compile``); and with the counter-based draw (``counter_*``).
 profile     torch.profiler over 8 forwards (2 blocks: their entering steps and in-block steps, with
             the decode steps between them) of an eager one-token-per-step generation: wall vs
             device-busy ms per forward, kernels launched, the top-20 kernels and the top host ops.
@@ -73,7 +77,8 @@ from common.config.sampler import SamplerConfig
 from common.models.gqa_fold import folded_attention
 from rollout.sampling import StepGraphs, generate
 
-PARTS = ("speed", "graphed", "compiled", "split", "split_compiled", "decode", "profile", "graph_profile",
+PARTS = ("speed", "graphed", "compiled", "split", "split_compiled", "split_counter", "decode", "profile",
+         "graph_profile",
          "replay_profile", "replay_profile_compiled", "exactness", "gqa_fold")
 QUICK_PARTS = ("speed", "graphed", "compiled", "split", "graph_profile", "exactness")
 
@@ -188,13 +193,20 @@ def main() -> None:
                     row["speedup_vs_graphed"] = graphed[f"{a.gen}_again"]["seconds"] / row["seconds"]
                 rows[f"{a.gen}_{when}"] = row
                 res.put("compiled", {"batch": a.batch, "block": a.block, "path": "cuda_graph+compile", "by_run": rows})
+            counter = c.model_copy(update={"noise_source": "counter"})
+            for when in ("first", "again"):  # the same static steps; the first compiles the counter's choice
+                row = graphed_row(counter, a.gen, graphs)
+                row["speedup_vs_generator"] = rows[f"{a.gen}_again"]["seconds"] / row["seconds"]
+                rows[f"{a.gen}_counter_{when}"] = row
+                res.put("compiled", {"batch": a.batch, "block": a.block, "path": "cuda_graph+compile", "by_run": rows})
             del graphs
             _free(dev)
-    for name in ("split", "split_compiled"):
+    for name in ("split", "split_compiled", "split_counter"):
         if name in parts:
             with res.part(name, dev):
                 graphs = StepGraphs()
-                c = cfg(steps=a.gen, cuda_graph=True, compile=name.endswith("compiled"))
+                c = cfg(steps=a.gen, cuda_graph=True, compile=name != "split",
+                        noise_source="counter" if name == "split_counter" else "generator")
                 generate(policy, prompts, seeds, c, graphs)  # captures (and compiles) this shape's steps
                 res.put(name, time_split(lambda: generate(policy, prompts, seeds, c, graphs), dev, a.batch * a.gen))
                 del graphs
@@ -253,13 +265,15 @@ def decode_times(a: argparse.Namespace, policy, dev: torch.device) -> dict:
     logits = torch.randn(a.batch, a.block, policy.vocab_size, generator=g, device=dev).to(bl.compute_dtype(dev))
     generators = [torch.Generator(device=dev).manual_seed(i) for i in range(a.batch)]
     out = {"shape": list(logits.shape)}
-    for noise in ("float64", "float32"):
-        for fused in (False, True):
-            def call() -> None:
-                choose_tokens(logits.clone(), a.temperature, generators, mask_token_id=policy.mask_token_id,
-                              noise_dtype=noise, fused=fused)
-            out[f"{noise}_{'fused' if fused else 'eager'}_ms"] = bl.median(
-                bl.event_times_ms(call, dev, warmup=3, reps=10))
+    counter = (torch.arange(a.batch, device=dev) * 7919 + 1, torch.zeros(a.batch, dtype=torch.long, device=dev))
+    for source in ("generator", "counter"):
+        for noise in ("float64", "float32"):
+            for fused in (False, True):
+                def call() -> None:
+                    choose_tokens(logits.clone(), a.temperature, generators, mask_token_id=policy.mask_token_id,
+                                  noise_dtype=noise, fused=fused, counter=counter if source == "counter" else None)
+                key = f"{'counter_' if source == 'counter' else ''}{noise}_{'fused' if fused else 'eager'}_ms"
+                out[key] = bl.median(bl.event_times_ms(call, dev, warmup=3, reps=10))
     return out
 
 

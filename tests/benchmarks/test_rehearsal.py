@@ -89,19 +89,24 @@ def test_the_d1_learner_mode_runs_its_tiny_path(tmp_path):
 
 def test_the_block_diffusion_splits_and_replay_profiles_run_their_tiny_path(tmp_path):
     """bench_block_diffusion's diagnostic parts (not in --quick, so not in run_all's rehearsal): the
-    graphed and the compiled generation split into their calls, the token choice alone, and each
-    static step replayed on its own, eager and compiled."""
+    compiled part's generations with the counter-based draw, the graphed and the compiled generation
+    split into their calls (the generators' draw and the counter's), the token choice alone, and
+    each static step replayed on its own, eager and compiled."""
     out = tmp_path / "bd.json"
     done = _run(HERE / "bench_block_diffusion.py", "--tiny", "--norms", "fused", "--parts",
-                "split,split_compiled,decode,replay_profile,replay_profile_compiled", "--replay-reps", "2",
+                "compiled,split,split_compiled,split_counter,decode,replay_profile,replay_profile_compiled",
+                "--replay-reps", "2",
                 "--out", out)
     data = json.loads(out.read_text())
     assert done.returncode == 0 and not data["errors"], (done.stdout[-3000:], data["errors"])
     parts = data["parts"]
     assert parts["norms"]["fused"] > 0
-    for split in ("split", "split_compiled"):
+    runs = parts["compiled"]["by_run"]  # the counter-based draw on the compiled pool
+    assert runs["32_counter_again"]["speedup_vs_generator"] > 0 and runs["32_counter_again"]["captures"] == 0
+    for split in ("split", "split_compiled", "split_counter"):
         assert set(parts[split]["by_kind"]) == {"prefill", "enter", "inside", "decode"}, parts[split]
-    assert {f"{n}_{m}_ms" for n in ("float64", "float32") for m in ("eager", "fused")} <= set(parts["decode"])
+    assert {f"{c}{n}_{m}_ms" for c in ("", "counter_") for n in ("float64", "float32") for m in ("eager", "fused")} \
+        <= set(parts["decode"])
     for name in ("replay_profile", "replay_profile_compiled"):
         steps = parts[name]
         assert set(steps) == {"inside", "enter_8"}, steps  # block 4: [current] and [previous | current]
