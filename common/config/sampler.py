@@ -72,8 +72,8 @@ class SamplerConfig(StrictModel):
         "step on an H100). counter: a counter-based draw, u = splitmix64(row seed + (the row's step, position, "
         "token) x golden ratio), computed inside the token choice for all rows at once (one fused kernel with "
         "sampler.compile); a row's tokens still depend only on its own seed and canvas, never on its batch "
-        "neighbours or on how long it waited, but they differ from the generator's. float64 / float32 noise only; "
-        "masked-diffusion samplers (the uniform-block sampler keeps its generators)",
+        "neighbours or on how long it waited, but they differ from the generator's. float64 / float32 noise only "
+        "(the uniform-block sampler's canvas noise keeps its generators)",
     )
     stop_at_eos: bool = Field(
         True, description="stop a row once it has an EOS with everything before it decoded; stop when all rows have"
