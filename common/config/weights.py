@@ -32,12 +32,6 @@ class WeightPushConfig(StrictModel):
         "always gather. ipc under ZeRO-3: shards = each rank copies its own partitions into its buffer and one "
         "all-gather over the learner's ranks fills every rank's buffer; gather = every rank gathers through DeepSpeed"
     )
-    stream_priority: Literal["normal", "high"] = Field(
-        "normal", description="nccl push: the priority of the push group's CUDA streams. high: a worker's receive "
-        "(which, staged, runs beside its generation on the same GPU) takes the card's free blocks ahead of the "
-        "generation's kernels, so the learner ranks, which wait for their sends, wait less; the generation is "
-        "slowed for the push's milliseconds instead"
-    )
     staging: bool = Field(
         True, description="broadcast push: each rollout worker receives the new version into a second copy of its "
         "weights while it generates and swaps it in before its next request, so a push never waits for the request "

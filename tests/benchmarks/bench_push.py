@@ -29,14 +29,8 @@ push_gather      ``weights.source: gather`` (before): every learner rank takes p
                  gathers, rank 0 packs the gathered tensors into buckets and broadcasts them
 push_shards      ``weights.source: shards`` (after): every learner rank holding partitions (ZeRO-3:
                  all L; ZeRO-1/2: rank 0) broadcasts them straight from the engine's memory to the
-                 receivers (each source over a group of its own with the receivers), which put the
-                 parameters together
-push_shards_high the same with ``weights.stream_priority: high`` (the push group's NCCL streams at
-                 high priority)
-``--busy-receivers``: every receiver keeps its GPU busy with a loop of bf16 matmuls on a stream of
-its own while the pushes are timed, as a rollout worker generates while it takes a staged push
-(``raw_busy``: the raw broadcast the same way); the receivers' timings then wait on their own
-stream only, not on the matmuls.
+                 receivers (one group of the sources and the receivers), which put the parameters
+                 together
 Each: one warm-up, then the median of ``--reps`` (the slowest rank's time, all ranks started after
 a barrier); the receivers' weights are zeroed before and checked after, bit for bit, against the
 learner's gathered weights.
@@ -71,10 +65,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--receivers", type=int, default=1, help="--engine: receivers (one GPU each)")
     ap.add_argument("--layers", type=int, default=None, help="--engine: layers (default: the model's 32)")
     ap.add_argument("--zero", type=int, default=3, choices=[1, 2, 3], help="--engine: ZeRO stage")
-    ap.add_argument("--modes", default="gather,shards", help="--engine: comma list of pushes to time "
-                    "(gather, shards, shards_high)")
-    ap.add_argument("--busy-receivers", action="store_true",
-                    help="--engine: the receivers' GPUs busy with matmuls while the pushes are timed")
+    ap.add_argument("--modes", default="gather,shards", help="--engine: comma list of pushes to time")
     ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--ports", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -85,7 +76,7 @@ def parse() -> argparse.Namespace:
 def launch(a: argparse.Namespace) -> int:
     from learner.group import free_port
 
-    n_ports = 6 if a.engine else 1 + len(a.bucket_mb.split(","))  # engine: learner, all, raw, gather, shards(_high)
+    n_ports = 5 if a.engine else 1 + len(a.bucket_mb.split(","))  # engine: learner, all, raw, gather, shards
     ports = ",".join(str(free_port()) for _ in range(n_ports))
     world = a.learners + a.receivers if a.engine else 2
     codes = bl.launch_ranks(__file__, lambda r: [*sys.argv[1:], "--rank", str(r), "--ports", ports]
@@ -228,7 +219,7 @@ def engine_main(a: argparse.Namespace) -> None:
     world, learner = learners + receivers, a.rank < a.learners
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
-    port_learn, port_all, port_raw, port_gather, port_shards, port_high = (int(p) for p in a.ports.split(","))
+    port_learn, port_all, port_raw, port_gather, port_shards = (int(p) for p in a.ports.split(","))
     if cuda:
         torch.cuda.set_device(0)
     dev = bl.device()
@@ -243,18 +234,10 @@ def engine_main(a: argparse.Namespace) -> None:
                                                    param_persistence_threshold=0 if a.tiny else 100_000))
     sources = push_sources(WeightPushConfig(backend=backend), lcfg, lora=False)
 
-    busy = Busy(dev) if a.busy_receivers and not learner else None
-
-    def mine() -> None:  # this rank's work done (a busy receiver: its own stream, not the matmuls')
-        if busy is not None and busy.running and dev.type == "cuda":
-            torch.cuda.current_stream().synchronize()
-        else:
-            bl.sync(dev)
-
     def barrier() -> None:
-        mine()
+        bl.sync(dev)
         every.allreduce([torch.zeros(1, device=dev)]).wait()
-        mine()
+        bl.sync(dev)
 
     def slowest(seconds: float) -> float:
         t = torch.tensor([seconds], dtype=torch.float64, device=dev)
@@ -267,7 +250,7 @@ def engine_main(a: argparse.Namespace) -> None:
             barrier()
             t0 = time.perf_counter()
             fn(i)
-            mine()
+            bl.sync(dev)
             secs = slowest(time.perf_counter() - t0)
             if i:
                 out.append(secs)
@@ -325,21 +308,12 @@ def engine_main(a: argparse.Namespace) -> None:
         secs = times(raw_fn)
         raw_s = bl.median(secs)
         res.put("raw", {"seconds": secs, "median_s": raw_s, "gb_per_s": total / raw_s / 1e9})
-        if a.busy_receivers:
-            with busy_while(busy):
-                secs = times(raw_fn)
-            done = torch.tensor([float(busy.count if busy is not None else 0)], device=dev)
-            every.allreduce([done], dist.ReduceOp.MAX).wait()  # a receiver's matmuls so far (the raw runs')
-            res.put("raw_busy", {"seconds": secs, "median_s": bl.median(secs), "ratio_to_raw": bl.median(secs) / raw_s,
-                                 "receiver_matmuls": int(done)})
 
-    ports = {"gather": port_gather, "shards": port_shards, "shards_high": port_high}
+    ports = {"gather": port_gather, "shards": port_shards}
     for mode in a.modes.split(","):
-        with res.part(f"push_{mode}", dev), busy_while(busy if a.busy_receivers else None):
-            cfg = WeightPushConfig(backend=backend, timeout_s=a.timeout_s, bucket_mb=bucket_mb,
-                                   source="gather" if mode == "gather" else "shards",
-                                   stream_priority="high" if mode.endswith("_high") else "normal")
-            s = sources if mode != "gather" else 0
+        with res.part(f"push_{mode}", dev):
+            cfg = WeightPushConfig(backend=backend, timeout_s=a.timeout_s, bucket_mb=bucket_mb, source=mode)
+            s = sources if mode == "shards" else 0
             first = max(s, 1)
             member = (rank < first) if learner else True
             end_rank = rank if learner else first + rank - learners
@@ -382,63 +356,6 @@ def engine_main(a: argparse.Namespace) -> None:
     res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
     if res.data["errors"]:
         raise SystemExit(f"failed: {list(res.data['errors'])}")
-
-
-class Busy:
-    """A loop of bf16 8192² matmuls on a stream of its own, run by a thread while ``running`` (at most
-    a few queued at a time): a receiver's GPU kept as busy as a generating rollout worker's."""
-
-    def __init__(self, dev: torch.device) -> None:
-        import threading
-
-        self.dev, self.running, self.count = dev, False, 0
-        self.stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
-        n = 8192 if dev.type == "cuda" else 64
-        self.a = torch.randn(n, n, device=dev, dtype=bl.compute_dtype(dev))
-        self.out = torch.empty_like(self.a)
-        self._stop = threading.Event()
-        self._thread = None
-
-    def _loop(self) -> None:
-        import contextlib
-
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            while not self._stop.is_set():
-                for _ in range(4):
-                    torch.matmul(self.a, self.a, out=self.out)
-                    self.count += 1
-                if self.stream is not None:
-                    self.stream.synchronize()
-
-    def start(self) -> None:
-        import threading
-
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        self.running = True
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.running = False
-
-
-def busy_while(busy: "Busy | None"):
-    """A context: ``busy`` running inside it (nothing when None)."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def run():
-        if busy is None:
-            yield
-            return
-        busy.start()
-        try:
-            yield
-        finally:
-            busy.stop()
-    return run()
 
 
 def main() -> None:

@@ -31,20 +31,3 @@ def test_engine_push_benchmark_runs_its_tiny_path(tmp_path):
     segments = parts["push_shards"]["rank0_segments"]
     assert segments["rounds"] > 1 and segments["segments_as_they_lie"] == segments["rounds"]
     assert segments["segments_packed"] == 0
-
-
-def test_the_busy_receiver_and_the_high_priority_push_run_their_tiny_path(tmp_path):
-    """``--busy-receivers`` (the receiver's device busy with matmuls while the pushes are timed) and
-    the push with ``weights.stream_priority: high``: both deliver the weights bit for bit."""
-    out = tmp_path / "push_busy.json"
-    done = subprocess.run([sys.executable, str(HERE / "bench_push.py"), "--engine", "--tiny", "--learners", "2",
-                           "--receivers", "1", "--reps", "1", "--bucket-mb", "0.05", "--busy-receivers",
-                           "--modes", "shards,shards_high", "--out", str(out)],
-                          cwd=HERE.parents[1], timeout=600, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    data = json.loads(out.read_text())
-    assert not data["errors"], data["errors"]
-    parts = data["parts"]
-    assert parts["raw_busy"]["receiver_matmuls"] > 0 and parts["raw_busy"]["median_s"] > 0
-    for mode in ("shards", "shards_high"):
-        assert parts[f"push_{mode}"]["weights_bit_identical"] and parts[f"push_{mode}"]["sources"] == 2

@@ -363,32 +363,3 @@ def test_a_wire_dtype_other_than_the_partitions_is_packed_and_cast():
     assert packed == [True, True]  # fp32 partitions cannot go out as bf16 where they lie
     for name, t in full_weights(2):
         assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], t.to(torch.bfloat16)), name
-
-
-@pytest.mark.parametrize("priority", ["normal", "high"])
-def test_the_push_groups_nccl_streams_take_the_configured_priority(monkeypatch, priority):
-    """``weights.stream_priority``: every NCCL group of the push (each source's, the gathered one) is
-    built with that stream priority (a fake ProcessGroupNCCL records its options: no GPU here)."""
-    import torch.distributed as dist
-
-    from common.transport import broadcast
-
-    built: list[tuple[int, int, bool]] = []
-
-    class FakeNCCL:
-        class Options:
-            def __init__(self, is_high_priority_stream: bool = False) -> None:
-                self.is_high_priority_stream = is_high_priority_stream
-
-        def __init__(self, store, rank, size, options) -> None:
-            built.append((rank, size, options.is_high_priority_stream))
-
-    monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
-    cfg = WeightPushConfig(backend="nccl", timeout_s=5, stream_priority=priority)
-    push = broadcast.BroadcastPush.__new__(broadcast.BroadcastPush)
-    push.cfg, push.backend, push.timeout, push.store = cfg, "nccl", None, object()
-    monkeypatch.setattr(dist, "PrefixStore", lambda prefix, store: prefix)
-    push.rank, push.world_size, push.sources, push.first = 4, 5, 3, 3
-    push.group, push.groups, push.address = None, {}, "test"
-    push._connect()  # a receiver: one group per source
-    assert sorted(push.groups) == [0, 1, 2] and built == [(2, 3, priority == "high")] * 3
