@@ -123,6 +123,10 @@
 #   call44 (1 GPU, carry .whl) the block-diffusion sampler at SDAR-8B compiled and graphed, with the generators' draw
 #                          and with the counter-based draw (sampler.noise_source: counter) on the same static steps; the
 #                          counter's generation split into its calls; the token choice alone, both draws
+#   call45 (2 GPUs; run at 42b68fc, which had bench_push --busy-receivers and weights.stream_priority, both reverted:
+#                          the high-priority push was slower, and the busy thread barely ran during the raw broadcast)
+#                          the push from 1 ZeRO-3 learner rank to 1 receiver, 11 layers, the receiver's GPU busy with
+#                          matmuls: the raw broadcast idle and busy, the push at normal and at high stream priority
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -481,8 +485,14 @@ case "${1:-}" in
     sampler_gpu_tests ;;
   call44)
     lane bd 0 block_diffusion compiled,split_counter,decode ;;
+  call45)  # needs 42b68fc's bench_push.py (see above)
+    for i in 1 2; do
+      python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --reps 3 --busy-receivers \
+        --modes shards,shards_high --out "$OUT/push_busy_$i.json" > "$OUT/push_busy_$i.log" 2>&1
+      echo "push busy $i: rc $?"
+    done ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45" >&2; exit 2 ;;
 esac
