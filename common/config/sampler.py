@@ -70,9 +70,11 @@ class SamplerConfig(StrictModel):
         description="where each row's Gumbel uniforms come from. generator (the default): a torch generator per row, "
         "one draw per row and step (at SDAR-8B's 128 rows x 4 positions x 151,936 tokens, 128 kernels and ~3 ms a "
         "step on an H100). counter: a counter-based draw, u = splitmix64(row seed + (the row's step, position, "
-        "token) x golden ratio), computed inside the token choice for all rows at once (one fused kernel with "
-        "sampler.compile); a row's tokens still depend only on its own seed and canvas, never on its batch "
-        "neighbours or on how long it waited, but they differ from the generator's. float64 / float32 noise only "
+        "token) x golden ratio), computed inside the token choice for all rows at once: with sampler.compile one "
+        "fused pass (0.94 against 2.94 ms a step at SDAR-8B's shape on an H100), without it a dozen integer passes "
+        "(12.7 against 5.9 ms: use it compiled); a row's tokens still depend only on its own seed and canvas, "
+        "never on its batch neighbours or on how long it waited, but they differ from the generator's. "
+        "float64 / float32 noise only "
         "(the uniform-block sampler's canvas noise keeps its generators)",
     )
     stop_at_eos: bool = Field(
