@@ -247,7 +247,9 @@ def summary(data: dict) -> str:
             f"| {name}: learner MFU (perf/mfu at the measured rate) | {_f(f.get('learner_mfu'), '{:.1%}')} | >= 40% |",
             f"| {name}: in-job push / raw broadcast of the same {_f(gib, '{:.1f}')} GiB | {_f(push_med, '{:.3f}')} s / "
             f"{_f(raw_here, '{:.3f}')} s = "
-            f"{_f(push_med / raw_here if push_med and raw_here else None, '{:.1f}')}x | <= 1.5x |",
+            f"{_f(push_med / raw_here if push_med and raw_here else None, '{:.1f}')}x"
+            # the spread: a staged push shares the worker's GPU with its generation, so steps differ
+            f"{f' (timed steps {min(push):.3f}-{max(push):.3f} s)' if len(push) > 1 else ''} | <= 1.5x |",
             f"| {name}: step after the checkpoint / plain step (wall; training) | "
             f"{_f(f.get('step_after_checkpoint_ratio'), '{:.2f}')}x; "
             f"{_f(f.get('train_after_checkpoint_ratio'), '{:.2f}')}x (against {f.get('step_plain_steps')} step(s) "

@@ -94,3 +94,16 @@ def test_the_step_after_the_save_is_compared_with_the_steps_before_it():
     # no timed step before the save: the other timed steps, as before
     g = analyse(records, [], skip=4, started_at=0.0, peak_tflops=None, checkpoint_at=4)
     assert g["step_plain_steps"] == 1 and g["step_after_checkpoint_ratio"] == 22.0 / 15.0
+
+
+def test_the_summary_gives_the_in_job_pushes_spread_beside_its_median():
+    """A staged push shares the worker's GPU with its generation, so the summary's push row gives
+    the timed steps' range beside the median (the 4-GPU LLaDA-8B record of 2026-11-28)."""
+    import json
+
+    from run_system import summary
+
+    record = Path(__file__).resolve().parent / "results" / "20261128-0159_system_llada_4gpu_push_own_groups_h100x4.json"
+    row = [line for line in summary(json.loads(record.read_text())).splitlines() if "in-job push" in line]
+    assert row == ["| system_llada: in-job push / raw broadcast of the same 14.9 GiB | 0.156 s / 0.044 s = 3.6x "
+                   "(timed steps 0.064-0.467 s) | <= 1.5x |"]
