@@ -75,11 +75,8 @@ def choose_tokens(
         seeds, steps = counter
         if fused:
             return _fused("counter")(logits, seeds, steps, temperature, _COUNTER_BITS[name])
-        noise = counter_uniform(seeds, steps, tuple(logits.shape[1:]), getattr(torch, name))
-        noise.log_().neg_().clamp_(min=torch.finfo(noise.dtype).tiny).log_().neg_()
-        noise.add_(logits, alpha=1.0 / temperature)
-        x0 = noise.argmax(dim=-1)  # [B, Lb]
-        del noise
+        x0 = _gumbel_argmax_(counter_uniform(seeds, steps, tuple(logits.shape[1:]), getattr(torch, name)), logits,
+                             temperature)
     elif temperature > 0 and name in _PRODUCT_FORMS:
         draw, score, delta = _PRODUCT_FORMS[name]
         u = torch.empty(logits.shape, dtype=draw, device=logits.device)  # [B, Lb, V]
@@ -92,14 +89,19 @@ def choose_tokens(
         _uniform_rows(noise, generators, rows)
         if fused:
             return _fused("gumbel")(logits, noise, temperature)
-        # Gumbel(0,1) = -log(-log u); the clamp keeps u -> 1 from giving an infinite winner
-        noise.log_().neg_().clamp_(min=torch.finfo(noise.dtype).tiny).log_().neg_()
-        noise.add_(logits, alpha=1.0 / temperature)
-        x0 = noise.argmax(dim=-1)  # [B, Lb]
-        del noise
+        x0 = _gumbel_argmax_(noise, logits, temperature)
     else:
         x0 = logits.argmax(dim=-1)  # [B, Lb]
     return x0, _confidence(logits, x0)
+
+
+def _gumbel_argmax_(u: torch.Tensor, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[B, Lb] argmax_v l_v / T + Gumbel(u_v), every operation in u's dtype; ``u`` [B, Lb, V] is
+    overwritten in place (one buffer for the whole eager form)."""
+    # Gumbel(0,1) = -log(-log u); the clamp keeps u -> 1 from giving an infinite winner
+    u.log_().neg_().clamp_(min=torch.finfo(u.dtype).tiny).log_().neg_()
+    u.add_(logits, alpha=1.0 / temperature)
+    return u.argmax(dim=-1)
 
 
 def _confidence(logits: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:

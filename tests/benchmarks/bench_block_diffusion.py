@@ -78,8 +78,7 @@ from common.models.gqa_fold import folded_attention
 from rollout.sampling import StepGraphs, generate
 
 PARTS = ("speed", "graphed", "compiled", "split", "split_compiled", "split_counter", "decode", "profile",
-         "graph_profile",
-         "replay_profile", "replay_profile_compiled", "exactness", "gqa_fold")
+         "graph_profile", "replay_profile", "replay_profile_compiled", "exactness", "gqa_fold")
 QUICK_PARTS = ("speed", "graphed", "compiled", "split", "graph_profile", "exactness")
 
 
