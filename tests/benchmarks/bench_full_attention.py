@@ -30,6 +30,17 @@ cuda_graph  the sampler's graphed dual-cache step (``SamplerConfig.cuda_graph``,
             and with the threshold on the scaled model: seconds, speed-ups over the eager dual
             cache and over naive, and whether the tokens equal the eager runs' (they must: the
             same kernels, LLaDA having no grouped-query heads to fold, prompt 128 no bucketing).
+graph_pool  the graphed dual-cache step as a rollout worker runs it: through the engine's own pool
+            (rollout/engine.py, ``graph_capacity`` shapes kept, prompt widths rounded up to 32) over
+            a stream of requests whose prompt lengths follow a dataset's (--prompt-lengths-from:
+            JSONL rows (or .jsonl.gz) with a "question" or "prompt", each estimated at ceil(UTF-8 bytes / 4) tokens
+            plus --template-tokens; without it a synthetic spread), --prompts-per-request prompts of
+            --group rows each (default 2 x 16, llada8b_1node's request), threshold decoding on the
+            scaled head. The same stream runs eager, then graphed at each of --pool-capacities:
+            seconds per request, static steps built (pool misses), the seconds of a request that
+            builds against one that replays, the device memory the pool keeps, tokens equal to
+            eager's; and the pool's miss rate over 2,000 requests drawn from the whole length list
+            at capacities 1, 2, 4, 8 (arithmetic: an LRU over the rounded widths).
 profile     torch.profiler over 6 in-block dual-cache steps (forward + decode step): wall vs
             device-busy ms per step, kernels launched, top-20 kernels, top host ops.
 agreement   Temperature 0, fixed prompts, gen/2 steps (--quick: gen/4), the LM head scaled as in
@@ -49,6 +60,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
+import json
+import math
+import random
+from collections import OrderedDict
+from pathlib import Path
 
 import benchlib as bl
 import torch
@@ -63,7 +80,7 @@ from rollout.sampling.full_attention import FullAttentionLogits
 from rollout.sampling.decode import choose_tokens, commit_mask
 from common.seeding import generator
 
-PARTS = ("naive", "cached", "parallel", "cuda_graph", "profile", "agreement")
+PARTS = ("naive", "cached", "parallel", "cuda_graph", "graph_pool", "profile", "agreement")
 
 
 def parse() -> argparse.Namespace:
@@ -78,6 +95,17 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--agree-batch", type=int, default=None, help="rows of the agreement runs (default 4; 2 tiny)")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {PARTS}")
     ap.add_argument("--quick", action="store_true", help="fewer and shorter runs (the GPU re-measure)")
+    ap.add_argument("--prompt-lengths-from", default=None,
+                    help="graph_pool: a JSONL of prompts ('question' or 'prompt'), e.g. GSM8K's train.jsonl; the "
+                    "file is read, never copied (default: a synthetic spread)")
+    ap.add_argument("--template-tokens", type=int, default=32,
+                    help="graph_pool: tokens the chat template and instruction add to every prompt")
+    ap.add_argument("--prompts-per-request", type=int, default=2, help="graph_pool: prompts in one worker request")
+    ap.add_argument("--group", type=int, default=None, help="graph_pool: rows per prompt (default 16; 2 with --tiny)")
+    ap.add_argument("--pool-requests", type=int, default=None,
+                    help="graph_pool: requests in the stream (default 12; 6 with --quick, 3 with --tiny)")
+    ap.add_argument("--pool-capacities", default=None,
+                    help="graph_pool: comma list of pool sizes to run (default 2,4; 2 with --quick or --tiny)")
     ap.add_argument("--peak-from", default=None, help="bench_matmul JSON of this card (the denominator)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -88,6 +116,9 @@ def parse() -> argparse.Namespace:
     a.gen = a.gen or (32 if tiny else 256)
     a.block = a.block or (8 if tiny else 32)
     a.agree_batch = a.agree_batch or (2 if tiny else 4)
+    a.group = a.group or (2 if tiny else 16)
+    a.pool_requests = a.pool_requests or (3 if tiny else 6 if a.quick else 12)
+    a.pool_capacities = [int(c) for c in (a.pool_capacities or ("2" if tiny or a.quick else "2,4")).split(",")]
     return a
 
 
@@ -345,6 +376,70 @@ class Bench:
             "tokens_equal_eager": _same(out.completion_ids, eager.get("tokens"))}
         self.res.put("cuda_graph", row)
 
+    # ---- the engine's graph pool under a spread of prompt lengths -------------------------------
+    def graph_pool(self) -> None:
+        from rollout.engine import TorchRolloutEngine
+        from rollout.sampling.graphs import PROMPT_BUCKET
+
+        a = self.a
+        lengths, source = prompt_lengths(a.prompt_lengths_from, a.template_tokens, self.a.prompt)
+        rng = random.Random(0)
+        stream = [[rng.choice(lengths) for _ in range(a.prompts_per_request)] for _ in range(a.pool_requests)]
+        g = torch.Generator().manual_seed(2)
+        requests = []
+        for i, lens in enumerate(stream):
+            prompts = [torch.randint(4, self.policy.vocab_size, (n,), generator=g) for n in lens]
+            rows = [p for p in prompts for _ in range(a.group)]
+            requests.append((rows, torch.arange(len(rows)) + 1000 * i))
+        widths = [-(-max(lens) // PROMPT_BUCKET) * PROMPT_BUCKET for lens in stream]
+        q = sorted(lengths)
+        row = {"source": source, "template_tokens": a.template_tokens, "prompts": len(lengths),
+               "prompt_tokens_min_median_max": [q[0], q[len(q) // 2], q[-1]],
+               "requests": len(requests), "rows_per_request": a.prompts_per_request * a.group,
+               "widths": widths, "simulated_miss_rate": {
+                   cap: lru_miss_rate(lengths, a.prompts_per_request, cap, PROMPT_BUCKET) for cap in (1, 2, 4, 8)}}
+        self.res.put("graph_pool", row)
+        with self.scaled_head() as (alpha, _):
+            cfg = self.cfg(cache="dual", steps=None, threshold=a.threshold, max_batch_size=64)
+            row["alpha"] = alpha
+            eager_engine = TorchRolloutEngine(self.policy)
+            eager_engine.generate(*requests[0], cfg)  # warm-up: allocator, kernels
+            eager = [bl.timed(lambda r=r: eager_engine.generate(*r, cfg), self.dev) for r in requests]
+            row["eager"] = {"seconds": [s for _, s in eager], "total_s": sum(s for _, s in eager)}
+            self.res.put("graph_pool", row)
+            for cap in a.pool_capacities:
+                row[f"graphed_capacity_{cap}"] = self.pool_stream(
+                    TorchRolloutEngine(self.policy, graph_capacity=cap), requests, cfg, eager)
+                self.res.put("graph_pool", row)
+
+    def pool_stream(self, engine, requests, cfg: SamplerConfig, eager) -> dict:
+        """One engine (its own pool) over the request stream, graphed; against the eager runs."""
+        cfg = cfg.model_copy(update={"cuda_graph": True})
+        bl.sync(self.dev)
+        before = torch.cuda.memory_allocated(self.dev) if self.dev.type == "cuda" else 0
+        seconds, built, equal = [], [], []
+        for (rows, seeds), (eager_out, _) in zip(requests, eager):
+            n = engine.graphs.built
+            out, secs = bl.timed(lambda: engine.generate(rows, seeds, cfg), self.dev)
+            seconds.append(secs)
+            built.append(engine.graphs.built - n)
+            equal.append(float((out.completion_ids == eager_out.completion_ids).float().mean()))
+        kept = (torch.cuda.memory_allocated(self.dev) - before) / 2**30 if self.dev.type == "cuda" else None
+        miss = [s for s, b in zip(seconds[1:], built[1:]) if b]  # the first request also warms the path up
+        hit = [s for s, b in zip(seconds[1:], built[1:]) if not b]
+        total = sum(seconds)
+        eager_total = sum(s for _, s in eager)
+        out = {"seconds": seconds, "static_steps_built": built, "captures": engine.graphs.captures,
+               "replays": engine.graphs.replays, "total_s": total, "speedup_vs_eager": eager_total / total,
+               "speedup_vs_eager_after_first": sum(s for _, s in eager[1:]) / max(sum(seconds[1:]), 1e-9),
+               "misses_after_first": len(miss), "building_request_s_mean": sum(miss) / len(miss) if miss else None,
+               "replaying_request_s_mean": sum(hit) / len(hit) if hit else None,
+               "pool_memory_kept_gib": kept, "tokens_equal_eager_mean": sum(equal) / len(equal)}
+        engine.graphs.clear()  # its static steps' caches and graphs handed back before the next pool
+        if self.dev.type == "cuda":
+            torch.cuda.empty_cache()
+        return out
+
     # ---- profile of the cached step -------------------------------------------------------
     def profile(self) -> None:
         a = self.a
@@ -409,6 +504,45 @@ class SameStateProbe(FullAttentionLogits):
         self.tv = tv.sum() if self.tv is None else self.tv + tv.sum()
         self.positions += masked.sum()
         return got
+
+
+def prompt_lengths(path: str | None, template_tokens: int, prompt: int) -> tuple[list[int], str]:
+    """(token lengths of a dataset's prompts, where they came from): each JSONL row's "question" or
+    "prompt" estimated at ceil(UTF-8 bytes / 4) tokens (English under a BPE vocabulary) plus the
+    template's tokens; without a file, a synthetic spread of 0.5-4x ``prompt`` (rehearsals)."""
+    if path is None:
+        rng = random.Random(1)
+        return [rng.randint(prompt // 2, 4 * prompt) for _ in range(512)], "synthetic: uniform 0.5-4x --prompt"
+    lengths = []
+    text_of = gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+    with text_of as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        if line.strip():
+            row = json.loads(line)
+            text = row.get("question", row.get("prompt"))
+            if not isinstance(text, str):
+                raise ValueError(f"{path}: a row without a 'question' or 'prompt' string: {line[:80]!r}")
+            lengths.append(math.ceil(len(text.encode()) / 4) + template_tokens)
+    if not lengths:
+        raise ValueError(f"{path}: no prompts")
+    return lengths, f"{Path(path).name}: ceil(bytes / 4) + {template_tokens} template tokens"
+
+
+def lru_miss_rate(lengths: list[int], per_request: int, capacity: int, bucket: int, requests: int = 2000) -> float:
+    """The share of ``requests`` requests (``per_request`` prompts drawn from ``lengths``) whose
+    rounded width is not among the ``capacity`` most recently used ones."""
+    rng, pool, misses = random.Random(0), OrderedDict(), 0
+    for _ in range(requests):
+        width = -(-max(rng.choice(lengths) for _ in range(per_request)) // bucket) * bucket
+        if width in pool:
+            pool.move_to_end(width)
+        else:
+            misses += 1
+            pool[width] = None
+            while len(pool) > capacity:
+                pool.popitem(last=False)
+    return misses / requests
 
 
 def probe_same_state(policy, prompts, seeds, cfg: SamplerConfig):

@@ -127,6 +127,15 @@
 #                          the high-priority push was slower, and the busy thread barely ran during the raw broadcast)
 #                          the push from 1 ZeRO-3 learner rank to 1 receiver, 11 layers, the receiver's GPU busy with
 #                          matmuls: the raw broadcast idle and busy, the push at normal and at high stream priority
+#   call46 (a 4-GPU host, carry .whl) call42's LLaDA-8B job over 4 GPUs (3 ZeRO-3 ranks + 1 worker) with
+#                          learner.compile on (the job's learner MFU; call42 ran it off on another host)
+#   call47 (the same warm host, carry .gsm8k: GSM8K's train.jsonl.gz from github openai/grade-school-math,
+#                          never committed) each lane on cores of its own (taskset): GPU 0 the engine's graph
+#                          pool over requests with GSM8K's spread of prompt lengths (bench_full_attention
+#                          graph_pool, eager and graphed at pool sizes 2 and 4); GPU 1 the block-diffusion
+#                          sampler compiled, both draws (a second machine for the counter's figure); GPUs 2,3
+#                          call15's 8B offload job with 32-row micro-batches
+#   Both bundle their records into $OUT/bundle.tgz (the device returns few files).
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -207,6 +216,10 @@ offload8b() {  # the 8B full-parameter job, optimizer offloaded, on this lane's 
                # each part's timeout: call11's 100 s stopped the job at 63 s)
   OUT=$1 bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada \
     --no-profile --no-resume --deadline-s "$2"
+}
+offload8b_mb32() {  # call15's job: the 8B offload job with 32-row micro-batches on this lane's 2 GPUs
+  OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload \
+    --parts ckpt_llada,matmul,offload_llada_mb32 --no-profile --no-resume --deadline-s 540
 }
 d1_project() {  # the project's loops at d1's recipe (the peer runs elsewhere on this host)
   python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops colocated,colocated_fast --peer-root /tmp/none \
@@ -291,6 +304,21 @@ sdrl_then_d1() {  # sdrl_then_d1 NAME LOOP [VARIANT ARGS...]: the StableDRL loop
   python3 tests/benchmarks/peers/run_peers.py --pairs d1 --loops "$loop" "$@" --peer-root /tmp/none \
     --project-steps 2 --part-timeout-s 185 --deadline-s 300 --work "/tmp/pw_$name" --out "$OUT/$name" || rc=$?
   return $rc
+}
+cores() {  # cores K N: the K-th of N equal slices of this machine's cores, as a taskset list
+  local total per
+  total=$(nproc)
+  per=$((total / $2))
+  if [ "$per" -lt 1 ]; then echo "0-$((total - 1))"; return; fi  # fewer cores than slices: all of them
+  echo "$(($1 * per))-$((($1 + 1) * per - 1))"
+}
+bundle() {  # every record under $OUT into $OUT/bundle.tgz, the summaries kept beside it
+  tar -czf /tmp/bundle.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/bundle.tgz "$OUT/"
+}
+graph_pool() {  # the engine's graph pool over GSM8K's prompt lengths, on one GPU
+  python3 tests/benchmarks/bench_matmul.py --out "$OUT/pool/matmul.json" &&
+    python3 tests/benchmarks/bench_full_attention.py --parts graph_pool --prompt-lengths-from .gsm8k/train.jsonl.gz \
+      --peak-from "$OUT/pool/matmul.json" --out "$OUT/pool/full_attention.json"
 }
 case "${1:-}" in
   call1)
@@ -491,8 +519,21 @@ case "${1:-}" in
         --modes shards,shards_high --out "$OUT/push_busy_$i.json" > "$OUT/push_busy_$i.log" 2>&1
       echo "push busy $i: rc $?"
     done ;;
+  call46)
+    OUT=$OUT/sys4c bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys4 --parts ckpt_llada,matmul,push,system_llada \
+      --no-profile --no-resume --steps 5 --checkpoint-at 3 --deadline-s 570 --job-set learner.compile=true
+    rc=$?
+    cp "$OUT/sys4c/summary.md" "$OUT/summary_sys4c.md" 2>/dev/null
+    bundle
+    exit $rc ;;
+  call47)
+    lane pool 0 taskset -c "$(cores 0 4)" bash -c "$(declare -f graph_pool); graph_pool" &
+    lane bd 1 taskset -c "$(cores 1 4)" bash -c "$(declare -f block_diffusion); block_diffusion compiled,split_counter" &
+    lane offload 2,3 taskset -c "$(cores 2 4),$(cores 3 4)" bash -c "$(declare -f offload8b_mb32); offload8b_mb32" &
+    wait
+    bundle ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call47" >&2; exit 2 ;;
 esac

@@ -42,6 +42,10 @@ def test_every_component_benchmark_runs_its_tiny_path(tmp_path):
         assert learner["zero3_gather"]["params_on_rank0"] > 0
     assert parts["learner_1gpu"]["zero2_profile"]["top_host_ops"]
     assert parts["push"] and parts["block_diffusion"] and parts["full_attention"]
+    pool = parts["full_attention"]["graph_pool"]  # the engine's pool over a spread of prompt lengths
+    graphed = pool["graphed_capacity_2"]
+    assert len(graphed["seconds"]) == len(pool["eager"]["seconds"]) == pool["requests"]
+    assert graphed["static_steps_built"][0] == 1 and graphed["tokens_equal_eager_mean"] == 1.0
     assert parts["lora_push"]["ratio"]["receiver_weights_equal"] is True
     assert parts["lora_push"]["adapters"]["learner_s"] > 0 and parts["lora_push"]["merged"]["wire_gb"] > 0
     assert {k for k in parts["async"] if k.startswith("eta")} >= {"eta0", "eta1"}, list(parts["async"])
