@@ -105,8 +105,9 @@ def write_random_checkpoint(shape_name: str, directory: Path, *, device: torch.d
     directory = Path(directory)
     if (directory / "model.safetensors.index.json").is_file() and (directory / "config.json").is_file():
         index = json.loads((directory / "model.safetensors.index.json").read_text())
+        total = index["metadata"]["total_size"]  # bytes, bf16
         return {"shape": shape_name, "layers": layers, "directory": str(directory), "reused": True,  # an earlier call
-                "parameters": index["metadata"]["total_size"] // 2}
+                "parameters": total // 2, "gib": total / 2**30}  # gib: what run_system sets the in-job push against
     directory.mkdir(parents=True, exist_ok=True)
     family = bl.SHAPES[shape_name]["family"]
     release = not shape_name.startswith("tiny") if release is None else release

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_system import DEFAULT_PARTS, DEFAULT_PARTS_2GPU, SHORT_LAYERS, plan  # noqa: E402
 
@@ -107,3 +109,16 @@ def test_the_summary_gives_the_in_job_pushes_spread_beside_its_median():
     row = [line for line in summary(json.loads(record.read_text())).splitlines() if "in-job push" in line]
     assert row == ["| system_llada: in-job push / raw broadcast of the same 14.9 GiB | 0.156 s / 0.044 s = 3.6x "
                    "(timed steps 0.064-0.467 s) | <= 1.5x |"]
+
+
+def test_a_reused_checkpoint_still_gives_the_bytes_the_in_job_push_is_set_against(tmp_path):
+    """A warm host keeps the checkpoint of an earlier call: its record must still carry the size
+    (the summary's push row divides the raw broadcast by it; the 4 x H200 eager run read n/a)."""
+    import torch
+
+    from random_checkpoint import write_random_checkpoint
+
+    written = write_random_checkpoint("tiny-llada", tmp_path / "ckpt", device=torch.device("cpu"))
+    reused = write_random_checkpoint("tiny-llada", tmp_path / "ckpt", device=torch.device("cpu"))
+    assert reused["reused"] is True and "reused" not in written
+    assert reused["gib"] == pytest.approx(written["gib"]) and reused["parameters"] == written["parameters"]
