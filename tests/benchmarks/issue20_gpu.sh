@@ -129,6 +129,8 @@
 #                          matmuls: the raw broadcast idle and busy, the push at normal and at high stream priority
 #   call46 (a 4-GPU host, carry .whl) call42's LLaDA-8B job over 4 GPUs (3 ZeRO-3 ranks + 1 worker) with
 #                          learner.compile on (the job's learner MFU; call42 ran it off on another host)
+#   call46e (the same warm host, carry .whl) call46 with learner.compile off (the config until then): the same-host
+#                          baseline of call46's MFU
 #   call47 (the same warm host, carry .gsm8k: GSM8K's train.jsonl.gz from github openai/grade-school-math,
 #                          never committed) each lane on cores of its own (taskset): GPU 0 the engine's graph
 #                          pool over requests with GSM8K's spread of prompt lengths (bench_full_attention
@@ -526,6 +528,13 @@ case "${1:-}" in
     cp "$OUT/sys4c/summary.md" "$OUT/summary_sys4c.md" 2>/dev/null
     bundle
     exit $rc ;;
+  call46e)
+    OUT=$OUT/sys4e bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys4 --parts ckpt_llada,matmul,push,system_llada \
+      --no-profile --no-resume --steps 5 --checkpoint-at 3 --deadline-s 570 --job-set learner.compile=false
+    rc=$?
+    cp "$OUT/sys4e/summary.md" "$OUT/summary_sys4e.md" 2>/dev/null
+    bundle
+    exit $rc ;;
   call47)
     lane pool 0 taskset -c "$(cores 0 4)" bash -c "$(declare -f graph_pool); graph_pool" &
     lane bd 1 taskset -c "$(cores 1 4)" bash -c "$(declare -f block_diffusion); block_diffusion compiled,split_counter" &
@@ -535,5 +544,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call47" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47" >&2; exit 2 ;;
 esac
