@@ -362,9 +362,7 @@ def main() -> None:
     a = parse()
     if a.rank is None:
         sys.exit(launch(a))
-    if a.engine:
-        return engine_main(a)
-    rank_main(a)
+    engine_main(a) if a.engine else rank_main(a)
     bl.finish_rank()
 
 
