@@ -322,6 +322,14 @@ graph_pool() {  # the engine's graph pool over GSM8K's prompt lengths, on one GP
     python3 tests/benchmarks/bench_full_attention.py --parts graph_pool --prompt-lengths-from .gsm8k/train.jsonl.gz \
       --peak-from "$OUT/pool/matmul.json" --out "$OUT/pool/full_attention.json"
 }
+system4() {  # system4 NAME COMPILE: call42's 4-GPU LLaDA-8B job with learner.compile=COMPILE into $OUT/NAME, bundled
+  OUT=$OUT/$1 bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys4 --parts ckpt_llada,matmul,push,system_llada \
+    --no-profile --no-resume --steps 5 --checkpoint-at 3 --deadline-s 570 --job-set "learner.compile=$2"
+  local rc=$?
+  cp "$OUT/$1/summary.md" "$OUT/summary_$1.md" 2>/dev/null
+  bundle
+  return $rc
+}
 case "${1:-}" in
   call1)
     lane llada 0,1 system "$OUT/llada" /tmp/sys_llada ckpt_llada_short,matmul,push,system_llada 420 &
@@ -522,19 +530,9 @@ case "${1:-}" in
       echo "push busy $i: rc $?"
     done ;;
   call46)
-    OUT=$OUT/sys4c bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys4 --parts ckpt_llada,matmul,push,system_llada \
-      --no-profile --no-resume --steps 5 --checkpoint-at 3 --deadline-s 570 --job-set learner.compile=true
-    rc=$?
-    cp "$OUT/sys4c/summary.md" "$OUT/summary_sys4c.md" 2>/dev/null
-    bundle
-    exit $rc ;;
+    system4 sys4c true ;;
   call46e)
-    OUT=$OUT/sys4e bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys4 --parts ckpt_llada,matmul,push,system_llada \
-      --no-profile --no-resume --steps 5 --checkpoint-at 3 --deadline-s 570 --job-set learner.compile=false
-    rc=$?
-    cp "$OUT/sys4e/summary.md" "$OUT/summary_sys4e.md" 2>/dev/null
-    bundle
-    exit $rc ;;
+    system4 sys4e false ;;
   call47)
     lane pool 0 taskset -c "$(cores 0 4)" bash -c "$(declare -f graph_pool); graph_pool" &
     lane bd 1 taskset -c "$(cores 1 4)" bash -c "$(declare -f block_diffusion); block_diffusion compiled,split_counter" &
