@@ -123,7 +123,7 @@ class Driver:
         sync = WeightSync(weights, actors, c.start_timeout_s, partial=lora is not None,
                           keep_order=cfg.algorithm.in_order,
                           lora_scale=lora.alpha / lora.rank if lora is not None and lora.push == "adapters" else None,
-                          sources=push_sources(weights, cfg.learner, lora is not None))
+                          sources=push_sources(weights, cfg.learner))
         self.runtime = RayRuntime(actors, sync, control=self.control,
                                   output_dir=cfg.run.output_dir, config=self.config_json(),
                                   start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale,

@@ -57,14 +57,17 @@ def push_calls(backend: str, learners: Sequence[Any], workers: Sequence[Any], ve
     return sends, [w.receive_weights.remote(handle) for w in workers]
 
 
-def push_sources(cfg: WeightPushConfig, learner: Any, lora: bool) -> int:
+def push_sources(cfg: WeightPushConfig, learner: Any) -> int:
     """The learner ranks that send their partitions (``weights.source: shards``; 0: rank 0
     gathers and sends, the earlier path). A collective push: every rank under ZeRO-3 (each holds a
     partition), rank 0 alone under ZeRO-1/2 (it holds every parameter whole). ipc: every rank under
     ZeRO-3 with several ranks (one all-gather fills each rank's buffer, common/transport/ipc.py), else 0
-    (each rank's parameters are whole: it copies them as they lie). LoRA jobs gather (their push merges
-    or picks adapters: learner/lora.py)."""
-    if cfg.source != "shards" or lora:
+    (each rank's parameters are whole: it copies them as they lie). A LoRA job that pushes its
+    adapters over a collective backend sends their partitions the same way (the workers merge what
+    they put together); one that pushes merged matrices, or over ipc, gathers (a merged matrix is
+    W + s·B·A of gathered parameters: learner/lora.py)."""
+    lora = getattr(learner, "lora", None)
+    if cfg.source != "shards" or (lora is not None and (lora.push != "adapters" or cfg.backend == "ipc")):
         return 0
     zero3 = learner.deepspeed.zero_stage == 3
     if cfg.backend == "ipc":

@@ -44,6 +44,7 @@ from torch import nn
 from common.checkpoint_files import load_torch, read_latest, restricted_unpickling, verify_tag
 from common.config.learner import LearnerConfig
 from common.seeding import derive_seed
+from common.transport.adapters import adapter_names
 from common.transport.shards import partition_numel
 from learner.async_checkpoint import BackgroundWriter, marker_name, write_file
 from learner.group import local_device
@@ -210,14 +211,21 @@ class LearnerEngine:
     def partitions_for_push(self, sources: int) -> Iterator[tuple[str, tuple[int, ...], torch.Tensor]]:
         """This rank's part of every parameter for the sharded push (common/transport/shards.py):
         (name, full shape, flat partition) in the module's order, read where it lies, no gather,
-        no copy. ZeRO-3 (``sources`` = the learner's ranks): the rank's ``ds_tensor``, ceil(n / S)
+        no copy; with LoRA adapters pushed (``learner.lora.push: adapters``), of every adapted
+        module's A and B only, named as ``named_parameters_for_push`` names them (the workers
+        merge them). ZeRO-3 (``sources`` = the learner's ranks): the rank's ``ds_tensor``, ceil(n / S)
         elements of the flat parameter from element rank·ceil(n / S) on, padded at the end;
         ZeRO-1/2 (``sources`` 1, rank 0 only): the full parameter. Not collective."""
         zero3 = self.cfg.deepspeed.zero_stage == 3
         if sources != (self.world_size if zero3 else 1):
             raise ValueError(f"a sharded push from this learner has {self.world_size if zero3 else 1} sources "
                              f"(ZeRO-{self.cfg.deepspeed.zero_stage}, {self.world_size} ranks), not {sources}")
-        for name, p in self.engine.module.named_parameters():
+        if self.adapted and self.cfg.lora.push != "adapters":
+            raise ValueError("a sharded push carries every parameter or the LoRA adapters; a merged LoRA push "
+                             "(learner.lora.push: merged) gathers")
+        named = ([(name, p) for a in self.adapted for name, p in zip(adapter_names(a.path), (a.lora_A, a.lora_B))]
+                 if self.adapted else self.engine.module.named_parameters())
+        for name, p in named:
             if not zero3:
                 yield name, tuple(p.shape), p.detach().reshape(-1)
                 continue

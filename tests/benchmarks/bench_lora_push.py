@@ -23,8 +23,10 @@ measurement of issue 20): a ``LearnerEngine`` (1 rank, ZeRO-3) with LoRA at LLaD
 ``named_parameters_for_push``: the ZeRO-3 gathers, and for merged the merges), the bytes it
 yields, and the receiver's seconds to load them (a ParameterLoader; for adapters through the
 worker's AdapterMerger, which merges into its unmerged copy), median of ``--reps`` after a
-warm-up; the receiver ends with the same bits either way. The wire time is not included (the
-bytes set it: bench_push.py measures the broadcast).
+warm-up; the receiver ends with the same bits either way. Then ``adapters_shards``: the adapters
+through the sharded push's learner end (``weights.source: shards``: every rank's partitions of A
+and B, no gather, packed into the rounds' segments) and the worker's assembly and merge. The wire
+time is not included (the bytes set it: bench_push.py measures the broadcast).
 
     python tests/benchmarks/bench_lora_push.py --engine --out lora_push.json            # 1 GPU
     python tests/benchmarks/bench_lora_push.py --engine --tiny --reps 1 --out x.json    # CPU
@@ -47,6 +49,49 @@ from learner.lora import add_adapters, merged_weight
 
 SMALL = dict(num_hidden_layers=4, hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
              num_key_value_heads=16, vocab_size=4096)
+
+
+def adapters_sharded(engine, receiver, merger, a: argparse.Namespace, dev: torch.device, res, held: dict) -> None:
+    """``adapters_shards``: the learner's end of the sharded push (``weights.source: shards``) of the
+    adapters, without the wire: this rank's partitions of every A and B (no gather), the plan's
+    rounds (512 MB), each round's segment as it lies or packed; the worker puts each round
+    together and merges (``shards.assemble`` into the AdapterMerger)."""
+    from common.transport.broadcast import _ShardBuffers
+    from common.transport.shards import assemble, iter_segments, plan_rounds, segment_view
+
+    bufs = _ShardBuffers()
+
+    def segments():
+        partitions = list(engine.partitions_for_push(1))
+        rounds = plan_rounds([(n, tuple(shape), t.dtype) for n, shape, t in partitions], 1, 512 << 20)
+        for rnd, parts in iter_segments(rounds, iter(partitions), 1):
+            payload = segment_view(parts, rnd.dtype, dev)
+            yield rnd, bufs.pack(parts, rnd, dev) if payload is None else payload
+            bufs.sent(None)
+
+    def learner_only() -> int:
+        return sum(payload.numel() * payload.element_size() for _, payload in segments())
+
+    def learner_and_worker() -> None:
+        loader = ParameterLoader(receiver, partial=True)
+        for rnd, payload in segments():
+            assemble(payload.view(1, -1), rnd, 1, merger.wrap(loader))
+        loader.finish()
+
+    targets = dict(receiver.named_parameters())
+    with torch.no_grad():  # the merged weights the earlier parts left are wiped: this push must bring them back
+        for m in engine.adapted:
+            targets[m.weight_name].zero_()
+    wire = learner_only()  # warm-up
+    learner_and_worker()
+    learner_s = [bl.timed(learner_only, dev)[1] for _ in range(a.reps)]
+    both_s = [bl.timed(learner_and_worker, dev)[1] for _ in range(a.reps)]
+    held["adapters_shards"] = {n: p.detach().clone().cpu() for n, p in receiver.named_parameters()
+                               if any(n == m.weight_name for m in engine.adapted)} if a.tiny else None
+    res.put("adapters_shards", {"wire_gb": wire / 1e9, "learner_s": statistics.median(learner_s),
+                                "learner_s_all": learner_s, "learner_and_worker_s": statistics.median(both_s),
+                                "worker_s": max(0.0, statistics.median(both_s) - statistics.median(learner_s)),
+                                "peak_memory_gib": bl.peak_memory_gib(dev)})
 
 
 def parse() -> argparse.Namespace:
@@ -112,14 +157,21 @@ def engine_push(a: argparse.Namespace) -> None:
                            "worker_s": max(0.0, statistics.median(both_s) - statistics.median(learner_s)),
                            "worker_extra_gb": sum(t.numel() * t.element_size() for t in merger.base.values()) / 1e9,
                            "peak_memory_gib": bl.peak_memory_gib(dev)})
+    with res.part("adapters_shards", dev):  # the adapters again, through the sharded push's learner end
+        engine.cfg = engine.cfg.model_copy(update={"lora": lora.model_copy(update={"push": "adapters"})})
+        adapters_sharded(engine, receiver, merger, a, dev, res, held)
     parts = res.data["parts"]
     if "merged" in parts and "adapters" in parts:
         m, d = parts["merged"], parts["adapters"]
         same = None if held.get("merged") is None else all(torch.equal(held["merged"][n], held["adapters"][n])
                                                             for n in held["merged"])
+        sh = parts.get("adapters_shards") or {}
+        same_shards = None if held.get("adapters_shards") is None else all(
+            torch.equal(held["merged"][n], held["adapters_shards"][n]) for n in held["merged"])
         res.put("ratio", {"bytes_merged_over_adapters": m["wire_gb"] / d["wire_gb"],
                           "learner_s_merged_over_adapters": m["learner_s"] / d["learner_s"],
-                          "receiver_weights_equal": same})
+                          "learner_s_merged_over_adapters_shards": m["learner_s"] / sh["learner_s"] if sh else None,
+                          "receiver_weights_equal": same, "receiver_weights_equal_shards": same_shards})
     if res.data["errors"]:
         raise SystemExit(f"failed: {list(res.data['errors'])}")
 

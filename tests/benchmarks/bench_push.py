@@ -232,7 +232,7 @@ def engine_main(a: argparse.Namespace) -> None:
     lcfg = LearnerConfig(num_ranks=learners, optimizer=OptimizerConfig(lr=1e-6),
                          deepspeed=DeepSpeedConfig(zero_stage=a.zero, dtype="bf16" if cuda else "fp32",
                                                    param_persistence_threshold=0 if a.tiny else 100_000))
-    sources = push_sources(WeightPushConfig(backend=backend), lcfg, lora=False)
+    sources = push_sources(WeightPushConfig(backend=backend), lcfg)
 
     def barrier() -> None:
         bl.sync(dev)

@@ -138,6 +138,8 @@
 #                          sampler compiled, both draws (a second machine for the counter's figure); GPUs 2,3
 #                          call15's 8B offload job with 32-row micro-batches
 #   Both bundle their records into $OUT/bundle.tgz (the device returns few files).
+#   call48 (1 GPU, carry .whl) the LoRA push at LLaDA-8B (r 128, ZeRO-3, 1 rank): merged, the adapters gathered,
+#                          and the adapters through the sharded push's learner end (bench_lora_push --engine)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -539,8 +541,10 @@ case "${1:-}" in
     lane offload 2,3 taskset -c "$(cores 2 4),$(cores 3 4)" bash -c "$(declare -f offload8b_mb32); offload8b_mb32" &
     wait
     bundle ;;
+  call48)
+    python3 tests/benchmarks/bench_lora_push.py --engine --out "$OUT/lora_push.json" ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48" >&2; exit 2 ;;
 esac

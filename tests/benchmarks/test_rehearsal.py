@@ -47,6 +47,7 @@ def test_every_component_benchmark_runs_its_tiny_path(tmp_path):
     assert len(graphed["seconds"]) == len(pool["eager"]["seconds"]) == pool["requests"]
     assert graphed["static_steps_built"][0] == 1 and graphed["tokens_equal_eager_mean"] == 1.0
     assert parts["lora_push"]["ratio"]["receiver_weights_equal"] is True
+    assert parts["lora_push"]["ratio"]["receiver_weights_equal_shards"] is True  # the sharded adapter push
     assert parts["lora_push"]["adapters"]["learner_s"] > 0 and parts["lora_push"]["merged"]["wire_gb"] > 0
     assert {k for k in parts["async"] if k.startswith("eta")} >= {"eta0", "eta1"}, list(parts["async"])
     table = (tmp_path / "table.md").read_text()

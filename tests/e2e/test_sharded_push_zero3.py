@@ -115,7 +115,7 @@ def test_three_zero3_ranks_push_their_partitions_and_the_receiver_holds_the_gath
     assert all(ray.get([a.tied.remote() for a in learners]))
     learner_cfg = LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3))
     cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=0.05)  # several rounds
-    sources = push_sources(cfg, learner_cfg, lora=False)
+    sources = push_sources(cfg, learner_cfg)
     assert sources == RANKS
     setup(cluster, cfg, sources)
     before = ray.get(receiver.weights.remote())[1]
@@ -142,7 +142,7 @@ def test_three_zero3_ranks_push_their_partitions_and_the_receiver_holds_the_gath
 def test_the_gather_path_stays_selectable(cluster):
     learners, receiver = cluster
     cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=0.05, source="gather")
-    sources = push_sources(cfg, LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3)), lora=False)
+    sources = push_sources(cfg, LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3)))
     assert sources == 0
     setup(cluster, cfg, sources)
     ray.get([a.train_once.remote(4) for a in learners])

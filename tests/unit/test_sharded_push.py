@@ -268,25 +268,29 @@ def test_gloo_sharded_push_into_a_staging_copy():
 
 
 def test_push_sources_and_the_group_the_driver_builds(monkeypatch):
-    from common.config.learner import DeepSpeedConfig, LearnerConfig
+    from common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig
     from coordinator import weight_sync
     from coordinator.actors import Actors
 
-    def learner(stage: int, ranks: int = 3) -> LearnerConfig:
-        return LearnerConfig(num_ranks=ranks, deepspeed=DeepSpeedConfig(zero_stage=stage))
+    def learner(stage: int, ranks: int = 3, lora_push: str | None = None) -> LearnerConfig:
+        lora = None if lora_push is None else LoraConfig(rank=8, alpha=16, push=lora_push)
+        return LearnerConfig(num_ranks=ranks, deepspeed=DeepSpeedConfig(zero_stage=stage), lora=lora)
 
     nccl = WeightPushConfig(backend="nccl")
-    assert weight_sync.push_sources(nccl, learner(3), lora=False) == 3  # every ZeRO-3 rank holds a partition
-    assert weight_sync.push_sources(nccl, learner(2), lora=False) == 1  # ZeRO-1/2: rank 0 holds it all
-    assert weight_sync.push_sources(nccl, learner(3), lora=True) == 0  # LoRA pushes gather
-    assert weight_sync.push_sources(nccl.model_copy(update={"source": "gather"}), learner(3), lora=False) == 0
-    assert weight_sync.push_sources(WeightPushConfig(backend="object_store"), learner(3), lora=False) == 0
+    assert weight_sync.push_sources(nccl, learner(3)) == 3  # every ZeRO-3 rank holds a partition
+    assert weight_sync.push_sources(nccl, learner(2)) == 1  # ZeRO-1/2: rank 0 holds it all
+    assert weight_sync.push_sources(nccl, learner(3, lora_push="merged")) == 0  # merged LoRA pushes gather
+    assert weight_sync.push_sources(nccl, learner(3, lora_push="adapters")) == 3  # the adapters' partitions
+    assert weight_sync.push_sources(nccl.model_copy(update={"source": "gather"}), learner(3)) == 0
+    assert weight_sync.push_sources(WeightPushConfig(backend="object_store"), learner(3)) == 0
     ipc = WeightPushConfig(backend="ipc")  # every ZeRO-3 rank fills its own buffer through one all-gather
-    assert weight_sync.push_sources(ipc, learner(3), lora=False) == 3
-    assert weight_sync.push_sources(ipc, learner(3, ranks=1), lora=False) == 0  # one rank: whole parameters
-    assert weight_sync.push_sources(ipc, learner(2), lora=False) == 0
-    assert weight_sync.push_sources(ipc, learner(3), lora=True) == 0
-    assert weight_sync.push_sources(ipc.model_copy(update={"source": "gather"}), learner(3), lora=False) == 0
+    assert weight_sync.push_sources(ipc, learner(3)) == 3
+    assert weight_sync.push_sources(ipc, learner(3, ranks=1)) == 0  # one rank: whole parameters
+    assert weight_sync.push_sources(ipc, learner(2)) == 0
+    assert weight_sync.push_sources(ipc, learner(3, lora_push="merged")) == 0
+    assert weight_sync.push_sources(ipc, learner(3, lora_push="adapters")) == 0  # ipc: LoRA pushes gather
+    assert weight_sync.push_sources(nccl, learner(2, lora_push="adapters")) == 1  # ZeRO-2: rank 0's whole A, B
+    assert weight_sync.push_sources(ipc.model_copy(update={"source": "gather"}), learner(3)) == 0
 
     calls: list = []
 

@@ -1,0 +1,125 @@
+"""The sharded push of a LoRA job's adapters (``learner.lora.push: adapters`` with ``weights.source:
+shards``): 2 learner ranks of a real DeepSpeed ZeRO-3 engine with LoRA (CPU, gloo) each broadcast
+their own partitions of every adapted module's A and B, nothing gathered, to a receiver that puts
+each pair together and merges it into its own copy of the frozen base (common/transport/adapters.py)
+through its rollout engine. What it holds equals the learner's merged weights (the export), bit for
+bit, after two trained pushes and one staged beside a running request."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig, OptimizerConfig  # noqa: E402
+from common.models.presets import build_tiny_policy  # noqa: E402
+from common.transport.weights import WeightHandle, WeightPushConfig  # noqa: E402
+from coordinator.weight_sync import push_calls, push_sources  # noqa: E402
+from learner.worker import LearnerWorker  # noqa: E402
+import harness  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+VOCAB, RANKS = 97, 2
+LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "up_proj"], push="adapters")
+
+
+def ce_loss(model, mb: dict):
+    logits = model(mb["input_ids"]).logits
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), mb["input_ids"].flatten(), reduction="sum")
+    return loss / mb["denominator"], {}
+
+
+def base_policy():
+    return build_tiny_policy("llada", vocab_size=VOCAB, seed=0)
+
+
+@ray.remote(num_cpus=0.25)
+class LoraLearnerRank(LearnerWorker):
+    """``LearnerWorker``'s weight-push methods over a LoRA engine of the tiny policy."""
+
+    def __init__(self, rank: int, world: int) -> None:  # not super().__init__: it needs a whole job's configs
+        from common.actor_time import ActorClock
+
+        torch.set_num_threads(1)
+        self.rank, self.world_size = rank, world
+        self.push, self.push_sources, self.clock, self.share_gpu = None, 0, ActorClock(), False
+
+    def start(self, addr: str, port: int) -> None:
+        from learner.engine import LearnerEngine
+        from learner.group import init_learner_group
+
+        init_learner_group(addr, port, self.rank, self.world_size, backend="gloo", timeout_s=60)
+        ds = DeepSpeedConfig(zero_stage=3, dtype="fp32", param_persistence_threshold=0)
+        self.cfg = LearnerConfig(num_ranks=self.world_size, optimizer=OptimizerConfig(lr=5e-2, eps=1e-3),
+                                 deepspeed=ds, lora=LORA)
+        self.engine = LearnerEngine(base_policy(), self.cfg)
+
+    def train_once(self, seed: int) -> None:
+        ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(seed * 10 + self.rank))
+        self.engine.train_step([{"input_ids": ids, "denominator": 48.0}], ce_loss)
+
+    def merged(self) -> dict:
+        return self.engine.state_dict_for_export(all_ranks=True)
+
+    def partitioned(self) -> list[bool]:
+        """Whether each adapter partition this rank would send is a part, not the whole matrix."""
+        return [part.numel() < torch.Size(shape).numel() for _, shape, part in self.engine.partitions_for_push(RANKS)]
+
+
+def merged(learners) -> dict:
+    """The learner's plain weights, adapters merged (collective: every rank takes part)."""
+    return ray.get([a.merged.remote() for a in learners], timeout=60)[0]
+
+
+class AdapterReceiver(harness.PushReceiver):
+    """A worker's end of an adapter push: the merger over its own base, partial pushes."""
+
+    def setup_push(self, cfg, scale: float, **kwargs) -> None:
+        super().setup_push(cfg, **kwargs)
+        self.engine.merge_adapters(scale)
+
+    def receive_weights(self, handle) -> int:
+        return self.engine.update_weights(self.push_end, handle, partial=True)
+
+    def stage_and_apply(self, handle) -> int:
+        self.engine.stage_weights(self.push_end, handle, partial=True, keep_order=False, timeout_s=60)
+        return self.engine.update_weights(self.push_end, handle, partial=True)
+
+
+def test_lora_ranks_push_their_adapter_partitions_and_the_worker_holds_the_merged_weights():
+    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=0.01)  # several rounds
+    learner_cfg = LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3), lora=LORA)
+    sources = push_sources(cfg, learner_cfg)
+    assert sources == RANKS
+    with harness.local_ray(__name__):
+        learners = [LoraLearnerRank.remote(r, RANKS) for r in range(RANKS)]
+        receiver = ray.remote(num_cpus=0.25)(AdapterReceiver).remote(base_policy)
+        addr, port = ray.get(learners[0].rendezvous_address.remote())
+        ray.get([a.start.remote(addr, port) for a in learners])
+        assert all(all(ray.get(a.partitioned.remote())) for a in learners)  # nothing is sent whole
+        world = RANKS + 1
+        addr, port = ray.get(learners[0].rendezvous_address.remote())  # the push's own store, not the learner's
+        ray.get([a.setup_weight_push.remote(cfg, rank=0, world_size=world, master_addr=addr, master_port=port,
+                                            peer_names=["rollout-0"], sources=sources) for a in learners]
+                + [receiver.setup_push.remote(cfg, LORA.alpha / LORA.rank, rank=RANKS, world_size=world,
+                                              master_addr=addr, master_port=port, sources=sources)])
+        before = ray.get(receiver.weights.remote())[1]
+        for version in (1, 2):
+            ray.get([a.train_once.remote(version) for a in learners])
+            t0 = time.perf_counter()
+            sends, receives = push_calls("gloo", learners, [receiver], version)
+            assert ray.get(receives, timeout=120) == [version]
+            assert all(h.version == version for h in ray.get(sends, timeout=120))
+            print(f"push {version}: {time.perf_counter() - t0:.2f} s")
+            harness.assert_received(ray.get(receiver.weights.remote()), merged(learners), version)
+        after = ray.get(receiver.weights.remote())[1]
+        changed = {n for n in before if not torch.equal(before[n], after[n])}
+        assert changed and all(n.endswith(("q_proj.weight", "up_proj.weight")) for n in changed), sorted(changed)
+        ray.get([a.train_once.remote(3) for a in learners])  # staged beside a running request, then swapped in
+        sends = [a.push_weights.remote(3) for a in learners]
+        assert ray.get(receiver.stage_and_apply.remote(WeightHandle(3, "gloo")), timeout=120) == 3
+        ray.get(sends, timeout=120)
+        harness.assert_received(ray.get(receiver.weights.remote()), merged(learners), 3)
