@@ -36,6 +36,7 @@ from typing import Any, Optional, Sequence
 
 import ray
 
+from common.config.learner import LearnerConfig
 from common.transport import WeightHandle, WeightPushConfig
 from coordinator.actors import Actors, wait
 
@@ -57,7 +58,7 @@ def push_calls(backend: str, learners: Sequence[Any], workers: Sequence[Any], ve
     return sends, [w.receive_weights.remote(handle) for w in workers]
 
 
-def push_sources(cfg: WeightPushConfig, learner: Any) -> int:
+def push_sources(cfg: WeightPushConfig, learner: LearnerConfig) -> int:
     """The learner ranks that send their partitions (``weights.source: shards``; 0: rank 0
     gathers and sends, the earlier path). A collective push: every rank under ZeRO-3 (each holds a
     partition), rank 0 alone under ZeRO-1/2 (it holds every parameter whole). ipc: every rank under
@@ -66,7 +67,7 @@ def push_sources(cfg: WeightPushConfig, learner: Any) -> int:
     adapters over a collective backend sends their partitions the same way (the workers merge what
     they put together); one that pushes merged matrices, or over ipc, gathers (a merged matrix is
     W + s·B·A of gathered parameters: learner/lora.py)."""
-    lora = getattr(learner, "lora", None)
+    lora = learner.lora
     if cfg.source != "shards" or (lora is not None and (lora.push != "adapters" or cfg.backend == "ipc")):
         return 0
     zero3 = learner.deepspeed.zero_stage == 3
