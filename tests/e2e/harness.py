@@ -117,6 +117,27 @@ def wait_for(path: Path, timeout_s: float = 180.0) -> None:
         time.sleep(0.05)
 
 
+class PushLearner(LearnerWorker):
+    """``LearnerWorker``'s weight-push methods over a LearnerEngine the test builds (not the
+    worker's own set-up, which needs a whole job's configs); a test subclasses it into an actor."""
+
+    def __init__(self, rank: int, world: int) -> None:  # not super().__init__
+        from common.actor_time import ActorClock
+
+        torch.set_num_threads(1)
+        self.rank, self.world_size = rank, world
+        self.push, self.push_sources, self.clock, self.share_gpu = None, 0, ActorClock(), False
+
+    def start_engine(self, addr: str, port: int, policy: Any, cfg: Any) -> None:
+        """Join the learner's gloo group at ``addr:port`` and build ``LearnerEngine(policy, cfg)``."""
+        from learner.engine import LearnerEngine
+        from learner.group import init_learner_group
+
+        init_learner_group(addr, port, self.rank, self.world_size, backend="gloo", timeout_s=60)
+        self.cfg = cfg
+        self.engine = LearnerEngine(policy, cfg)
+
+
 class PushReceiver:
     """A weight push's receiving end behind the engine a rollout worker uses, over a policy of
     other weights than the learner's (``make_policy()``); a test makes it a Ray actor."""

@@ -17,7 +17,6 @@ from common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig, Op
 from common.models.presets import build_tiny_policy  # noqa: E402
 from common.transport.weights import WeightHandle, WeightPushConfig  # noqa: E402
 from coordinator.weight_sync import push_calls, push_sources  # noqa: E402
-from learner.worker import LearnerWorker  # noqa: E402
 import harness  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -37,25 +36,14 @@ def base_policy():
 
 
 @ray.remote(num_cpus=0.25)
-class LoraLearnerRank(LearnerWorker):
+class LoraLearnerRank(harness.PushLearner):
     """``LearnerWorker``'s weight-push methods over a LoRA engine of the tiny policy."""
 
-    def __init__(self, rank: int, world: int) -> None:  # not super().__init__: it needs a whole job's configs
-        from common.actor_time import ActorClock
-
-        torch.set_num_threads(1)
-        self.rank, self.world_size = rank, world
-        self.push, self.push_sources, self.clock, self.share_gpu = None, 0, ActorClock(), False
-
     def start(self, addr: str, port: int) -> None:
-        from learner.engine import LearnerEngine
-        from learner.group import init_learner_group
-
-        init_learner_group(addr, port, self.rank, self.world_size, backend="gloo", timeout_s=60)
         ds = DeepSpeedConfig(zero_stage=3, dtype="fp32", param_persistence_threshold=0)
-        self.cfg = LearnerConfig(num_ranks=self.world_size, optimizer=OptimizerConfig(lr=5e-2, eps=1e-3),
-                                 deepspeed=ds, lora=LORA)
-        self.engine = LearnerEngine(base_policy(), self.cfg)
+        cfg = LearnerConfig(num_ranks=self.world_size, optimizer=OptimizerConfig(lr=5e-2, eps=1e-3), deepspeed=ds,
+                            lora=LORA)
+        self.start_engine(addr, port, base_policy(), cfg)
 
     def train_once(self, seed: int) -> None:
         ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(seed * 10 + self.rank))
