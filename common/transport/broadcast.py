@@ -135,9 +135,7 @@ class BroadcastPush:
         self.stats = {"rounds": len(rounds), "segments_as_they_lie": 0, "segments_packed": 0}
         for k, (rnd, parts) in enumerate(segments):  # this rank's segments, over its own group
             what = f"round {k} (learner rank {self.rank}) of version {version}"
-            payload = segment_view(parts, rnd.dtype, self.device)
-            if payload is None:  # not back to back, or another dtype or device: pack
-                payload = bufs.pack(parts, rnd, self.device)
+            payload = bufs.payload(parts, rnd, self.device)
             self.stats["segments_packed" if bufs.lent is not None else "segments_as_they_lie"] += 1
             last = self._post(payload, what, source=self.rank)
             bufs.sent(last)
@@ -388,6 +386,12 @@ class _ShardBuffers:
         if buf is None or buf.numel() < nbytes or buf.device != device:
             buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return buf
+
+    def payload(self, parts: list[torch.Tensor], rnd: Round, device: torch.device) -> torch.Tensor:
+        """A source's segment of round ``rnd``: its partitions where they already lie back to back
+        (``segment_view``), else packed into a buffer (``lent`` says which)."""
+        view = segment_view(parts, rnd.dtype, device)
+        return self.pack(parts, rnd, device) if view is None else view
 
     def pack(self, parts: list[torch.Tensor], rnd: Round, device: torch.device) -> torch.Tensor:
         k = self.next

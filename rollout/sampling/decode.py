@@ -74,7 +74,7 @@ def choose_tokens(
             raise ValueError(f"the counter-based draw gives float64 or float32 noise, not {name}")
         seeds, steps = counter
         if fused:
-            return _fused("counter")(logits, seeds, steps, temperature, _COUNTER_BITS[name])
+            return _fused("counter")(logits, seeds, steps, temperature, getattr(torch, name))
         x0 = _gumbel_argmax_(counter_uniform(seeds, steps, tuple(logits.shape[1:]), getattr(torch, name)), logits,
                              temperature)
     elif temperature > 0 and name in _PRODUCT_FORMS:
@@ -156,9 +156,8 @@ def _gumbel_choice(logits: torch.Tensor, u: torch.Tensor, temperature: float) ->
 
 
 def _counter_gumbel_choice(logits: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, temperature: float,
-                           bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+                           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The log-space Gumbel-max form over the counter-based draw, as one function of tensors."""
-    dtype = torch.float64 if bits == 53 else torch.float32
     return _gumbel_choice(logits, counter_uniform(seeds, steps, tuple(logits.shape[1:]), dtype), temperature)
 
 
@@ -168,7 +167,6 @@ def _counter_gumbel_choice(logits: torch.Tensor, seeds: torch.Tensor, steps: tor
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MIX2 = 0x94D049BB133111EB - (1 << 64)
-_COUNTER_BITS = {"float64": 53, "float32": 24}
 
 
 def _shr(x: torch.Tensor, s: int) -> torch.Tensor:

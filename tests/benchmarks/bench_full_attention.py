@@ -379,19 +379,19 @@ class Bench:
     # ---- the engine's graph pool under a spread of prompt lengths -------------------------------
     def graph_pool(self) -> None:
         from rollout.engine import TorchRolloutEngine
-        from rollout.sampling.graphs import PROMPT_BUCKET
+        from rollout.sampling.graphs import PROMPT_BUCKET, graph_prompt_width
 
         a = self.a
         lengths, source = prompt_lengths(a.prompt_lengths_from, a.template_tokens, self.a.prompt)
         rng = random.Random(0)
         stream = [[rng.choice(lengths) for _ in range(a.prompts_per_request)] for _ in range(a.pool_requests)]
         g = torch.Generator().manual_seed(2)
-        requests = []
+        requests, widths = [], []
         for i, lens in enumerate(stream):
             prompts = [torch.randint(4, self.policy.vocab_size, (n,), generator=g) for n in lens]
             rows = [p for p in prompts for _ in range(a.group)]
             requests.append((rows, torch.arange(len(rows)) + 1000 * i))
-        widths = [-(-max(lens) // PROMPT_BUCKET) * PROMPT_BUCKET for lens in stream]
+            widths.append(graph_prompt_width(prompts, 1))  # the canvas width the graphed dual-cache step keys on
         q = sorted(lengths)
         row = {"source": source, "template_tokens": a.template_tokens, "prompts": len(lengths),
                "prompt_tokens_min_median_max": [q[0], q[len(q) // 2], q[-1]],

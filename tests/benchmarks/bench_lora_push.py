@@ -51,13 +51,24 @@ SMALL = dict(num_hidden_layers=4, hidden_size=1024, intermediate_size=2816, num_
              num_key_value_heads=16, vocab_size=4096)
 
 
+def adapted_weights(receiver: torch.nn.Module, engine) -> dict[str, torch.Tensor]:
+    """CPU copies of the receiver's adapted matrices (what a LoRA push changes)."""
+    names = {m.weight_name for m in engine.adapted}
+    return {n: p.detach().clone().cpu() for n, p in receiver.named_parameters() if n in names}
+
+
+def same_weights(a: dict | None, b: dict | None) -> bool | None:
+    """Whether two snapshots hold the same bits (None: one was not taken)."""
+    return None if a is None or b is None else all(torch.equal(a[n], b[n]) for n in a)
+
+
 def adapters_sharded(engine, receiver, merger, a: argparse.Namespace, dev: torch.device, res, held: dict) -> None:
     """``adapters_shards``: the learner's end of the sharded push (``weights.source: shards``) of the
     adapters, without the wire: this rank's partitions of every A and B (no gather), the plan's
     rounds (512 MB), each round's segment as it lies or packed; the worker puts each round
     together and merges (``shards.assemble`` into the AdapterMerger)."""
     from common.transport.broadcast import _ShardBuffers
-    from common.transport.shards import assemble, iter_segments, plan_rounds, segment_view
+    from common.transport.shards import assemble, iter_segments, plan_rounds
 
     bufs = _ShardBuffers()
 
@@ -65,8 +76,7 @@ def adapters_sharded(engine, receiver, merger, a: argparse.Namespace, dev: torch
         partitions = list(engine.partitions_for_push(1))
         rounds = plan_rounds([(n, tuple(shape), t.dtype) for n, shape, t in partitions], 1, 512 << 20)
         for rnd, parts in iter_segments(rounds, iter(partitions), 1):
-            payload = segment_view(parts, rnd.dtype, dev)
-            yield rnd, bufs.pack(parts, rnd, dev) if payload is None else payload
+            yield rnd, bufs.payload(parts, rnd, dev)
             bufs.sent(None)
 
     def learner_only() -> int:
@@ -86,8 +96,7 @@ def adapters_sharded(engine, receiver, merger, a: argparse.Namespace, dev: torch
     learner_and_worker()
     learner_s = [bl.timed(learner_only, dev)[1] for _ in range(a.reps)]
     both_s = [bl.timed(learner_and_worker, dev)[1] for _ in range(a.reps)]
-    held["adapters_shards"] = {n: p.detach().clone().cpu() for n, p in receiver.named_parameters()
-                               if any(n == m.weight_name for m in engine.adapted)} if a.tiny else None
+    held["adapters_shards"] = adapted_weights(receiver, engine) if a.tiny else None
     res.put("adapters_shards", {"wire_gb": wire / 1e9, "learner_s": statistics.median(learner_s),
                                 "learner_s_all": learner_s, "learner_and_worker_s": statistics.median(both_s),
                                 "worker_s": max(0.0, statistics.median(both_s) - statistics.median(learner_s)),
@@ -150,8 +159,7 @@ def engine_push(a: argparse.Namespace) -> None:
             learner_and_worker()
             learner_s = [bl.timed(learner_only, dev)[1] for _ in range(a.reps)]
             both_s = [bl.timed(learner_and_worker, dev)[1] for _ in range(a.reps)]
-            held[push] = {n: p.detach().clone().cpu() for n, p in receiver.named_parameters() if n in merger.params and
-                          any(n == m.weight_name for m in engine.adapted)} if a.tiny else None
+            held[push] = adapted_weights(receiver, engine) if a.tiny else None
             res.put(push, {"wire_gb": wire / 1e9, "learner_s": statistics.median(learner_s),
                            "learner_s_all": learner_s, "learner_and_worker_s": statistics.median(both_s),
                            "worker_s": max(0.0, statistics.median(both_s) - statistics.median(learner_s)),
@@ -163,11 +171,8 @@ def engine_push(a: argparse.Namespace) -> None:
     parts = res.data["parts"]
     if "merged" in parts and "adapters" in parts:
         m, d = parts["merged"], parts["adapters"]
-        same = None if held.get("merged") is None else all(torch.equal(held["merged"][n], held["adapters"][n])
-                                                            for n in held["merged"])
         sh = parts.get("adapters_shards") or {}
-        same_shards = None if held.get("adapters_shards") is None else all(
-            torch.equal(held["merged"][n], held["adapters_shards"][n]) for n in held["merged"])
+        same, same_shards = (same_weights(held.get("merged"), held.get(k)) for k in ("adapters", "adapters_shards"))
         res.put("ratio", {"bytes_merged_over_adapters": m["wire_gb"] / d["wire_gb"],
                           "learner_s_merged_over_adapters": m["learner_s"] / d["learner_s"],
                           "learner_s_merged_over_adapters_shards": m["learner_s"] / sh["learner_s"] if sh else None,
