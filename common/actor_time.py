@@ -29,11 +29,16 @@ from typing import Iterable, Iterator, Optional
 import torch
 
 PREFIX = "clock/"
-# a rollout worker's staging beside its generation; a learner's background checkpoint write
-BACKGROUND = ("push_stage", "checkpoint_write", "checkpoint_snapshot")
+# a rollout worker's staging beside its generation (and the part of it spent waiting for the
+# sender before a byte moved); a learner's background checkpoint write
+BACKGROUND = ("push_stage", "push_stage_wait", "checkpoint_write", "checkpoint_snapshot")
 # the parts of a learner rank's push, timed inside "push": the GPU work the step left queued, the
-# ZeRO-3 gathers with the copies or sends (settled), the memory handed back (cluster.colocate)
-PUSH_PARTS = ("push_pending", "push_send", "push_release")
+# ZeRO-3 gathers with the copies or sends (settled), of those the wait for the receivers to join,
+# the memory handed back (cluster.colocate)
+PUSH_PARTS = ("push_pending", "push_send", "push_wait", "push_release")
+# a rollout worker's requests held at a denoising step while it staged a push (weights.stage_pause),
+# timed inside "generate"
+WORKER_PARTS = ("push_paused",)
 
 
 class ActorClock:

@@ -217,7 +217,9 @@ class LearnerWorker:
                 if self.push is None:  # ZeRO-1/2: rank 0 sends alone
                     return None
                 with self.clock.timed("push_send"):
-                    return self.push.send_shards(self.engine.partitions_for_push(self.push_sources), version)
+                    handle = self.push.send_shards(self.engine.partitions_for_push(self.push_sources), version)
+                self.clock.add("push_wait", getattr(self.push, "waited_s", 0.0))  # of push_send: the receivers joining
+                return handle
             with self.clock.timed("push_send"):  # the ZeRO-3 gathers and the copies or sends, settled
                 named = self.engine.named_parameters_for_push(all_ranks=self.push is not None)
                 handle = None
@@ -226,6 +228,7 @@ class LearnerWorker:
                         pass
                 else:
                     handle = self.push.send(named, version)
+                    self.clock.add("push_wait", getattr(self.push, "waited_s", 0.0))  # the receivers joining
                 settle_gpu(self.engine.device)
             with self.clock.timed("push_release"):
                 hand_back_gpu_memory(self.share_gpu)  # the gathered buckets

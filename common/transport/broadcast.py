@@ -45,6 +45,7 @@ broadcast) can never wait on each other in a cycle.
 """
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Iterable, Iterator, Optional, Sequence
 
@@ -83,7 +84,9 @@ class BroadcastPush:
         self.groups: dict[int, dist.ProcessGroup] = {}  # sharded: source -> its group (``source_group``)
         self._previous: Optional[int] = None
         self._shards = _ShardBuffers()  # the sharded push's persistent buffers (kept across pushes)
+        self._joined = 0.0  # a receiver: when it announced itself for the transfer under way
         self.stats: dict[str, int] = {}  # the last send_shards: rounds, segments sent as they lie / packed
+        self.waited_s = 0.0  # the last transfer: seconds waiting for the other end before a byte moved
 
     # ---- sender ---------------------------------------------------------------------------
     def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
@@ -93,7 +96,9 @@ class BroadcastPush:
             raise RuntimeError("only rank 0 (learner rank 0) sends weights")
         named_tensors = iter(named_tensors)
         try:
+            t0 = time.perf_counter()
             self._wait_for_receivers(version)
+            self.waited_s = time.perf_counter() - t0
             self._connect()
             buckets, last = 0, None
             packer = _Packer(int(self.cfg.bucket_mb * 2**20), self.device, WIRE_DTYPES.get(self.cfg.dtype))
@@ -126,7 +131,9 @@ class BroadcastPush:
         params = [(name, tuple(shape), wire or t.dtype) for name, shape, t in partitions]
         rounds = plan_rounds(params, self.sources, int(self.cfg.bucket_mb * 2**20))
         segments = list(iter_segments(rounds, iter(partitions), self.sources))  # checked before a byte moves
+        t0 = time.perf_counter()
         self._wait_for_receivers(version)  # every source: a receiver missing fails each of them, named, in time
+        self.waited_s = time.perf_counter() - t0
         if self.rank == 0:
             self.store.set(f"v{version}/plan", encode_plan(rounds, self.sources))
         self._connect()
@@ -179,6 +186,7 @@ class BroadcastPush:
             raise RuntimeError("learner ranks send; they do not receive")
         version = handle.version
         self.store.set(f"v{version}/ready/{self.rank}", b"1")
+        self._joined = time.perf_counter()
         if self.sources:
             return self._receive_shards(version, loader)
         self._connect()
@@ -187,6 +195,8 @@ class BroadcastPush:
         i = 0
         while True:
             meta = self._wait_get(f"v{version}/meta/{i}", f"bucket {i} of weights version {version}")
+            if i == 0:
+                self.waited_s = time.perf_counter() - self._joined
             if meta is None:
                 break
             entries, nbytes = meta
@@ -211,6 +221,7 @@ class BroadcastPush:
         except Exception:
             raise TimeoutError(f"weight push: rank {self.rank} waited {self.cfg.timeout_s:.0f} s for {what} "
                                f"from {SENDER} at {self.address}") from None
+        self.waited_s = time.perf_counter() - self._joined
         sources, rounds = decode_plan(self.store.get(f"v{version}/plan"),
                                       f"weight push: {what} from {SENDER} at {self.address}")
         if sources != self.sources:
@@ -283,7 +294,7 @@ class BroadcastPush:
         store = dist.PrefixStore(prefix, self.store)
         if self.backend == "gloo":
             return dist.ProcessGroupGloo(store, rank, size, self.timeout)
-        options = dist.ProcessGroupNCCL.Options()
+        options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=self.cfg.high_priority)
         options._timeout = self.timeout
         return dist.ProcessGroupNCCL(store, rank, size, options)
 

@@ -31,9 +31,22 @@ push_shards      ``weights.source: shards`` (after): every learner rank holding 
                  all L; ZeRO-1/2: rank 0) broadcasts them straight from the engine's memory to the
                  receivers (one group of the sources and the receivers), which put the parameters
                  together
+staged           the sharded push as a rollout worker takes it (``weights.staging``): into its
+                 engine's staging copy (``TorchRolloutEngine.stage_weights``), the receiver idle
+busy             the same while another thread of the receiver generates without pause, as a
+                 worker does between its requests (the job's sampler: gen 256, block 32, 128 steps,
+                 dual cache, threshold 0.9; ``--busy-rows`` rows of ``--busy-prompt-tokens``); the
+                 in-job push's condition
+busy_priority    busy, with ``weights.high_priority`` (the push's NCCL stream and the staging
+                 copies on high-priority CUDA streams)
+busy_pause       busy, with ``weights.stage_pause`` (the request waits at its next denoising step
+                 while the push is received)
+busy_priority_pause  both
 Each: one warm-up, then the median of ``--reps`` (the slowest rank's time, all ranks started after
-a barrier); the receivers' weights are zeroed before and checked after, bit for bit, against the
-learner's gathered weights.
+a barrier; a staged push's time is its stage, not the later swap); the receivers' weights are
+zeroed before and checked after, bit for bit, against the learner's gathered weights (a staged
+push's once the last version is applied). The busy modes report the requests the receiver
+finished meanwhile and their median seconds.
 
     python tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --out e.json  # 2 GPUs
     python tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --out e.json  # 4 GPUs, 8B
@@ -52,6 +65,11 @@ import benchlib as bl
 import torch
 import torch.distributed as dist
 
+# --engine's staged modes: (the receiver generates meanwhile, the weights config's options)
+STAGED = {"staged": (False, {}), "busy": (True, {}), "busy_priority": (True, {"high_priority": True}),
+          "busy_pause": (True, {"stage_pause": True}),
+          "busy_priority_pause": (True, {"high_priority": True, "stage_pause": True})}
+
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -65,7 +83,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--receivers", type=int, default=1, help="--engine: receivers (one GPU each)")
     ap.add_argument("--layers", type=int, default=None, help="--engine: layers (default: the model's 32)")
     ap.add_argument("--zero", type=int, default=3, choices=[1, 2, 3], help="--engine: ZeRO stage")
-    ap.add_argument("--modes", default="gather,shards", help="--engine: comma list of pushes to time")
+    ap.add_argument("--modes", default="gather,shards", help="--engine: comma list of pushes to time (gather, "
+                    "shards, " + ", ".join(STAGED) + ")")
+    ap.add_argument("--busy-rows", type=int, default=32, help="--engine busy modes: rows of the receiver's requests")
+    ap.add_argument("--busy-prompt-tokens", type=int, default=100, help="--engine busy modes: prompt length")
     ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--ports", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -76,7 +97,8 @@ def parse() -> argparse.Namespace:
 def launch(a: argparse.Namespace) -> int:
     from learner.group import free_port
 
-    n_ports = 5 if a.engine else 1 + len(a.bucket_mb.split(","))  # engine: learner, all, raw, gather, shards
+    # engine: learner, all, raw, then one per mode
+    n_ports = 3 + len(a.modes.split(",")) if a.engine else 1 + len(a.bucket_mb.split(","))
     ports = ",".join(str(free_port()) for _ in range(n_ports))
     world = a.learners + a.receivers if a.engine else 2
     codes = bl.launch_ranks(__file__, lambda r: [*sys.argv[1:], "--rank", str(r), "--ports", ports]
@@ -214,12 +236,17 @@ def engine_main(a: argparse.Namespace) -> None:
     from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
     from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
     from coordinator.weight_sync import push_sources
+    from rollout.engine import TorchRolloutEngine
 
     rank, learners, receivers = a.rank, a.learners, a.receivers
     world, learner = learners + receivers, a.rank < a.learners
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
-    port_learn, port_all, port_raw, port_gather, port_shards = (int(p) for p in a.ports.split(","))
+    port_learn, port_all, port_raw, *mode_ports = (int(p) for p in a.ports.split(","))
+    modes = a.modes.split(",")
+    unknown = [m for m in modes if m not in ("gather", "shards", *STAGED)]
+    if unknown:
+        raise SystemExit(f"--modes: unknown {unknown}; choose from gather, shards, {', '.join(STAGED)}")
     if cuda:
         torch.cuda.set_device(0)
     dev = bl.device()
@@ -244,13 +271,16 @@ def engine_main(a: argparse.Namespace) -> None:
         every.allreduce([t], dist.ReduceOp.MAX).wait()
         return float(t)
 
-    def times(fn) -> list[float]:
+    def times(fn, drain: bool = True) -> list[float]:
+        """``drain``: this rank's clock stops once its whole device is idle (False: ``fn`` waits for
+        what it timed itself; a staged push beside a generating thread)."""
         out = []
         for i in range(a.reps + 1):
             barrier()
             t0 = time.perf_counter()
             fn(i)
-            bl.sync(dev)
+            if drain:
+                bl.sync(dev)
             secs = slowest(time.perf_counter() - t0)
             if i:
                 out.append(secs)
@@ -309,16 +339,21 @@ def engine_main(a: argparse.Namespace) -> None:
         raw_s = bl.median(secs)
         res.put("raw", {"seconds": secs, "median_s": raw_s, "gb_per_s": total / raw_s / 1e9})
 
-    ports = {"gather": port_gather, "shards": port_shards}
-    for mode in a.modes.split(","):
+    busy = Generating(policy, a, dev) if not learner and any(STAGED.get(m, (False,))[0] for m in modes) else None
+    for mode, port in zip(modes, mode_ports):
         with res.part(f"push_{mode}", dev):
-            cfg = WeightPushConfig(backend=backend, timeout_s=a.timeout_s, bucket_mb=bucket_mb, source=mode)
-            s = sources if mode == "shards" else 0
+            generating, options = STAGED.get(mode, (False, {}))
+            source = "gather" if mode == "gather" else "shards"
+            cfg = WeightPushConfig(backend=backend, timeout_s=a.timeout_s, bucket_mb=bucket_mb, source=source,
+                                   **options)
+            s = sources if source == "shards" else 0
             first = max(s, 1)
             member = (rank < first) if learner else True
             end_rank = rank if learner else first + rank - learners
             push = setup_weight_push(cfg, rank=end_rank, world_size=first + receivers, master_addr="127.0.0.1",
-                                     master_port=ports[mode], sources=s) if member else None
+                                     master_port=port, sources=s) if member else None
+            staged = mode in STAGED and not learner
+            receiver = TorchRolloutEngine(policy) if staged else None  # the worker's engine: its staging copy
             if not learner:
                 with torch.no_grad():
                     for _, p in named:
@@ -328,7 +363,10 @@ def engine_main(a: argparse.Namespace) -> None:
             def one_push(_):
                 version["v"] += 1
                 v = version["v"]
-                if not learner:
+                if receiver is not None:
+                    receiver.stage_weights(push, WeightHandle(v, backend), keep_order=False, timeout_s=a.timeout_s,
+                                           pause=cfg.stage_pause, high_priority=cfg.high_priority)
+                elif not learner:
                     loader = ParameterLoader(policy)
                     push.receive(WeightHandle(v, backend), loader)
                     loader.finish()
@@ -340,7 +378,12 @@ def engine_main(a: argparse.Namespace) -> None:
                 else:
                     for _ in engine.named_parameters_for_push():
                         pass
-            secs = times(one_push)
+            if generating and busy is not None:
+                busy.start(receiver)
+            secs = times(one_push, drain=receiver is None)
+            requests = busy.stop() if generating and busy is not None else None
+            if receiver is not None:  # the last staged version swapped in, as the worker's next request would
+                receiver.update_weights(push, WeightHandle(version["v"], backend))
             stats = dict(getattr(push, "stats", {}) or {}) if push is not None and rank == 0 else {}
             sums = checksums()
             expected = sums.clone()
@@ -350,12 +393,61 @@ def engine_main(a: argparse.Namespace) -> None:
             if push is not None:
                 push.close()
             med = bl.median(secs)
-            res.put(f"push_{mode}", {"seconds": secs, "median_s": med, "gb_per_s": total / med / 1e9,
-                                     "ratio_to_raw": med / raw_s if raw_s else None, "sources": s,
-                                     "rank0_segments": stats, "weights_bit_identical": float(same) == 0.0})
+            out = {"seconds": secs, "median_s": med, "gb_per_s": total / med / 1e9,
+                   "ratio_to_raw": med / raw_s if raw_s else None, "sources": s, "options": options,
+                   "rank0_segments": stats, "weights_bit_identical": float(same) == 0.0}
+            if generating:  # the receiver's requests meanwhile (receiver 0's, through rank 0's record)
+                counts = torch.tensor([0.0, 0.0] if requests is None else requests, dtype=torch.float64, device=dev)
+                every.allreduce([counts], dist.ReduceOp.MAX).wait()
+                out["receiver_requests"] = {"done": int(counts[0]), "median_s": float(counts[1])}
+            res.put(f"push_{mode}", out)
     res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
     if res.data["errors"]:
         raise SystemExit(f"failed: {list(res.data['errors'])}")
+
+
+class Generating:
+    """The receiver's other thread in the busy modes: requests of the job's sampler, one after
+    another, on the receiver's policy (the default stream, as a worker's request thread), until
+    stopped; ``stop`` returns (requests finished, their median seconds)."""
+
+    def __init__(self, policy, a: argparse.Namespace, dev: torch.device) -> None:
+        from common.config.sampler import SamplerConfig
+
+        self.policy, self.dev = policy, dev
+        tiny = dev.type != "cuda"
+        self.cfg = SamplerConfig(gen_length=32 if tiny else 256, block_length=8 if tiny else 32,
+                                 steps=16 if tiny else 128, temperature=0.9, cache="dual", threshold=0.9,
+                                 max_batch_size=64)
+        self.prompts = bl.random_prompts(a.busy_rows, a.busy_prompt_tokens, policy.vocab_size, seed=0)
+        self.seeds = torch.arange(a.busy_rows)
+        self.thread, self.error = None, None
+
+    def start(self, engine) -> None:
+        import threading
+
+        self.stopping, self.seconds = threading.Event(), []
+        self.thread = threading.Thread(target=self._run, args=(engine,), daemon=True)
+        self.thread.start()
+        time.sleep(1.0)  # the first request is under way before the first push
+
+    def _run(self, engine) -> None:
+        try:
+            while not self.stopping.is_set():
+                t0 = time.perf_counter()
+                engine.generate(self.prompts, self.seeds, self.cfg)
+                if self.dev.type == "cuda":  # this thread's stream only, as a worker's request waits
+                    torch.cuda.current_stream(self.dev).synchronize()
+                self.seconds.append(time.perf_counter() - t0)
+        except BaseException as e:  # noqa: BLE001  (re-raised by stop, on the timing thread)
+            self.error = e
+
+    def stop(self) -> list[float]:
+        self.stopping.set()
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"the receiver's requests failed: {self.error!r}") from self.error
+        return [float(len(self.seconds)), bl.median(self.seconds) if self.seconds else 0.0]
 
 
 def main() -> None:

@@ -140,6 +140,12 @@
 #   Both bundle their records into $OUT/bundle.tgz (the device returns few files).
 #   call48 (1 GPU, carry .whl) the LoRA push at LLaDA-8B (r 128, ZeRO-3, 1 rank): merged, the adapters gathered,
 #                          and the adapters through the sharded push's learner end (bench_lora_push --engine)
+#   call49 (a 4-GPU host, carry .whl) the push into a worker's staging copy beside the worker's own generation:
+#                          bench_push --engine, 3 ZeRO-3 learner ranks -> 1 receiver at LLaDA-8B, then 1 rank -> 1
+#                          receiver at 11 layers; the receiver idle, then generating (the job's sampler) with neither,
+#                          each and both of weights.high_priority and weights.stage_pause
+#   call50 SET... (the same warm host, carry .whl) call46's job with 6 steps, the save after step 4 (a two-step
+#                          baseline for the step after it) and the given --job-set options (none: the config as is)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -324,11 +330,14 @@ graph_pool() {  # the engine's graph pool over GSM8K's prompt lengths, on one GP
     python3 tests/benchmarks/bench_full_attention.py --parts graph_pool --prompt-lengths-from .gsm8k/train.jsonl.gz \
       --peak-from "$OUT/pool/matmul.json" --out "$OUT/pool/full_attention.json"
 }
-system4() {  # system4 NAME COMPILE: call42's 4-GPU LLaDA-8B job with learner.compile=COMPILE into $OUT/NAME, bundled
-  OUT=$OUT/$1 bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys4 --parts ckpt_llada,matmul,push,system_llada \
-    --no-profile --no-resume --steps 5 --checkpoint-at 3 --deadline-s 570 --job-set "learner.compile=$2"
+system4() {  # system4 NAME STEPS SAVE_AT SET...: call42's 4-GPU LLaDA-8B job with --job-set SET... into $OUT/NAME, bundled
+  local name=$1 steps=$2 at=$3 sets=()
+  shift 3
+  for s in "$@"; do sets+=(--job-set "$s"); done
+  OUT=$OUT/$name bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys4 --parts ckpt_llada,matmul,push,system_llada \
+    --no-profile --no-resume --steps "$steps" --checkpoint-at "$at" --deadline-s 570 "${sets[@]}"
   local rc=$?
-  cp "$OUT/$1/summary.md" "$OUT/summary_$1.md" 2>/dev/null
+  cp "$OUT/$name/summary.md" "$OUT/summary_$name.md" 2>/dev/null
   bundle
   return $rc
 }
@@ -532,9 +541,9 @@ case "${1:-}" in
       echo "push busy $i: rc $?"
     done ;;
   call46)
-    system4 sys4c true ;;
+    system4 sys4c 5 3 learner.compile=true ;;
   call46e)
-    system4 sys4e false ;;
+    system4 sys4e 5 3 learner.compile=false ;;
   call47)
     lane pool 0 taskset -c "$(cores 0 4)" bash -c "$(declare -f graph_pool); graph_pool" &
     lane bd 1 taskset -c "$(cores 1 4)" bash -c "$(declare -f block_diffusion); block_diffusion compiled,split_counter" &
@@ -543,8 +552,21 @@ case "${1:-}" in
     bundle ;;
   call48)
     python3 tests/benchmarks/bench_lora_push.py --engine --out "$OUT/lora_push.json" ;;
+  call49)
+    modes=shards,staged,busy,busy_priority,busy_pause,busy_priority_pause
+    python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 5 --modes "$modes" \
+      --out "$OUT/push_busy_3ranks.json" > "$OUT/push_busy_3ranks.log" 2>&1
+    echo "push beside generation, 3 ranks: rc $?"
+    lane push1 0,1 python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --reps 5 \
+      --modes "$modes" --out "$OUT/push_busy_1rank.json"
+    bundle ;;
+  call50)
+    shift
+    name="$*"
+    name=${name//[=. ]/_}
+    system4 "sys4_${name:-as_is}" 6 4 "$@" ;;
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50" >&2; exit 2 ;;
 esac

@@ -1,7 +1,9 @@
 """``bench_push.py --engine``'s CPU rehearsal: 2 learner ranks of a real DeepSpeed ZeRO-3 engine
 (gloo) and a receiver, the same code that times the pushes on the GPUs: the raw broadcast, the
 gathered push (before) and the sharded push (after) run, deliver the learner's weights bit for bit,
-and the sharded push sends DeepSpeed's partitions as they lie (no packing copy)."""
+and the sharded push sends DeepSpeed's partitions as they lie (no packing copy); the staged modes
+take it into a rollout engine's staging copy, idle and beside requests the receiver generates
+(with and without ``weights.high_priority`` / ``stage_pause``), and deliver it the same."""
 from __future__ import annotations
 
 import json
@@ -13,12 +15,15 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.e2e
+STAGED = ("staged", "busy", "busy_priority", "busy_pause", "busy_priority_pause")
+MODES = ",".join(("gather", "shards", *STAGED))
 
 
 def test_engine_push_benchmark_runs_its_tiny_path(tmp_path):
     out = tmp_path / "push_engine.json"
     done = subprocess.run([sys.executable, str(HERE / "bench_push.py"), "--engine", "--tiny", "--learners", "2",
-                           "--receivers", "1", "--reps", "1", "--bucket-mb", "0.05", "--out", str(out)],
+                           "--receivers", "1", "--reps", "1", "--bucket-mb", "0.05", "--modes", MODES,
+                           "--out", str(out)],
                           cwd=HERE.parents[1], timeout=600, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -31,3 +36,9 @@ def test_engine_push_benchmark_runs_its_tiny_path(tmp_path):
     segments = parts["push_shards"]["rank0_segments"]
     assert segments["rounds"] > 1 and segments["segments_as_they_lie"] == segments["rounds"]
     assert segments["segments_packed"] == 0
+    for mode in STAGED:
+        push = parts[f"push_{mode}"]
+        assert push["weights_bit_identical"] and push["median_s"] > 0 and push["sources"] == 2, mode
+        assert ("receiver_requests" in push) == (mode != "staged"), mode
+    assert parts["push_busy_priority_pause"]["options"] == {"high_priority": True, "stage_pause": True}
+    assert all(parts[f"push_{m}"]["receiver_requests"]["done"] >= 1 for m in STAGED[1:])  # it was generating

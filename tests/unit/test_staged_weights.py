@@ -114,3 +114,42 @@ def test_a_partial_push_stages_and_applies_only_what_it_carries():
     assert staged.apply() == 1
     for n, p in params(receiver).items():
         assert torch.equal(p, pushed[n] if n in pushed else initial[n])
+
+
+def push_with_one_end_late(late: str, delay_s: float = 0.4) -> tuple[float, float]:
+    """(sender's, receiver's) ``waited_s`` of one gloo transfer whose ``late`` end joins ``delay_s`` late."""
+    cfg = WeightPushConfig(backend="gloo", timeout_s=30, bucket_mb=200 / 2**20)
+    port, weights = free_port(), versions(1)[0]
+    ends: dict[str, object] = {}
+    errors: list[BaseException] = []
+
+    def sender() -> None:
+        try:
+            push = ends["sender"] = setup_weight_push(cfg, rank=0, world_size=2, master_addr="127.0.0.1",
+                                                      master_port=port)
+            if late == "sender":
+                time.sleep(delay_s)
+            push.send(iter(weights.items()), 1)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    thread = threading.Thread(target=sender, daemon=True)
+    thread.start()
+    receiver = ends["receiver"] = setup_weight_push(cfg, rank=1, world_size=2, master_addr="127.0.0.1",
+                                                    master_port=port)
+    if late == "receiver":
+        time.sleep(delay_s)
+    staged = StagedWeights(model())
+    staged.receive(receiver, WeightHandle(1, "gloo"), keep_order=False, timeout_s=30)
+    thread.join(30)
+    assert not errors, errors
+    return ends["sender"].waited_s, ends["receiver"].waited_s
+
+
+def test_each_end_reports_how_long_it_waited_for_the_other_before_a_byte_moved():
+    """What a job's clocks show as push_wait (learner) and push_stage_wait (worker): the time an
+    end waited for the other to join, apart from the transfer."""
+    sender_waited, receiver_waited = push_with_one_end_late("receiver")
+    assert sender_waited >= 0.3 and receiver_waited < 0.3
+    sender_waited, receiver_waited = push_with_one_end_late("sender")
+    assert receiver_waited >= 0.3 and sender_waited < 0.3
