@@ -36,9 +36,6 @@ BACKGROUND = ("push_stage", "push_stage_wait", "checkpoint_write", "checkpoint_s
 # ZeRO-3 gathers with the copies or sends (settled), of those the wait for the receivers to join,
 # the memory handed back (cluster.colocate)
 PUSH_PARTS = ("push_pending", "push_send", "push_wait", "push_release")
-# a rollout worker's requests held at a denoising step while it staged a push (weights.stage_pause),
-# timed inside "generate"
-WORKER_PARTS = ("push_paused",)
 
 
 class ActorClock:

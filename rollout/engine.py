@@ -27,11 +27,8 @@ contract:
   for the request in progress); the version held does not change. The ``update_weights`` of that
   version (or an older one) then swaps the staged copy in instead of receiving, in order with the
   requests. ``keep_order``: a staged version is never replaced before it is applied (in-order runs
-  sample every request with exactly the version before it). ``pause``: the running request waits at
-  its next denoising step until the version is received (the push has the device to itself);
-  ``high_priority``: the copies into the staging weights run on a high-priority stream.
-  ``discard_staged()`` forgets a staged copy (the transport was rebuilt: what it staged is not
-  applied).
+  sample every request with exactly the version before it). ``discard_staged()`` forgets a staged
+  copy (the transport was rebuilt: what it staged is not applied).
 """
 from __future__ import annotations
 
@@ -76,7 +73,7 @@ class RolloutEngine(Protocol):
         ...
 
     def stage_weights(self, push: WeightPush, handle: WeightHandle, partial: bool = False, *, keep_order: bool,
-                      timeout_s: float, pause: bool = False, high_priority: bool = False) -> int:
+                      timeout_s: float) -> int:
         """Receive version ``handle.version`` beside the running request; returns the version staged."""
         ...
 
@@ -120,8 +117,7 @@ class TorchRolloutEngine:
         parts = []
         for start in range(0, len(by_length), cfg.max_batch_size):
             rows = by_length[start : start + cfg.max_batch_size]
-            parts.append(generate(self.policy, [prompts[i] for i in rows], seeds[rows], cfg, self.graphs,
-                                  pause=self._wait_for_stage))
+            parts.append(generate(self.policy, [prompts[i] for i in rows], seeds[rows], cfg, self.graphs))
         out = GenerationOutput.concat(parts)
         inverse = torch.empty(len(by_length), dtype=torch.long)
         inverse[torch.tensor(by_length)] = torch.arange(len(by_length))
@@ -151,24 +147,12 @@ class TorchRolloutEngine:
         return self._version
 
     def stage_weights(self, push: WeightPush, handle: WeightHandle, partial: bool = False, *, keep_order: bool,
-                      timeout_s: float, pause: bool = False, high_priority: bool = False) -> int:
+                      timeout_s: float) -> int:
         """Receive into the staging copy (common/transport/staging.py; allocated at the first push)."""
         if self.staged is None:
             self.staged = StagedWeights(self.policy)
         return self.staged.receive(push, handle, keep_order=keep_order, timeout_s=timeout_s, partial=partial,
-                                   wrap=self.adapters.wrap if self.adapters is not None else None, pause=pause,
-                                   high_priority=high_priority)
-
-    @property
-    def paused_s(self) -> float:
-        """Seconds this engine's requests waited for pushes staged with ``pause``, in all."""
-        return self.staged.paused_s if self.staged is not None else 0.0
-
-    def _wait_for_stage(self) -> None:
-        """A request's step waits here while a version is staged with ``pause``."""
-        staged = self.staged
-        if staged is not None:
-            staged.wait_turn()
+                                   wrap=self.adapters.wrap if self.adapters is not None else None)
 
     def merge_adapters(self, scale: Optional[float]) -> None:
         """Pushes carry LoRA adapters (``<module>.lora_A``, ``.lora_B``), merged with ``scale`` =

@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 import ray
 
-from common.actor_time import BACKGROUND, WORKER_PARTS, ActorClock
+from common.actor_time import BACKGROUND, ActorClock
 from common.config.estimator import EstimatorConfig
 from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
@@ -52,7 +52,7 @@ class RolloutWorker:
     ) -> None:
         t0 = time.perf_counter()
         self.share_gpu = share_gpu  # cluster.colocate: a learner rank trains on this GPU between requests
-        self.clock = ActorClock(background=BACKGROUND, within=WORKER_PARTS)
+        self.clock = ActorClock(background=BACKGROUND)
         self.index = index
         self.device = setup_actor_process()
         policy, self.tokenizer = load_policy(model, device=self.device)
@@ -79,14 +79,13 @@ class RolloutWorker:
     def generate(self, requests: Sequence[PromptRequest]) -> RolloutResult:
         """G completions per prompt, rewarded and behaviour-estimated (rollout/workflow.py), with
         this request's reward-call counts by outcome and the worker's clock."""
-        before, paused = self.scorer.stats.as_metrics(prefix=""), self.engine.paused_s
+        before = self.scorer.stats.as_metrics(prefix="")
         episodes = run_episodes(
             self.engine, requests, tokenizer=self.tokenizer, task=self.task,
             scorer=self.scorer, group_size=self.group_size, sampler=self.sampler, estimator=self.estimator,
             seed=self.seed, worker=self.index,
         )
         after = self.scorer.stats.as_metrics(prefix="")
-        self.clock.add("push_paused", self.engine.paused_s - paused)  # a part of "generate" (weights.stage_pause)
         hand_back_gpu_memory(self.share_gpu)
         if not episodes:
             return RolloutResult([])
@@ -117,11 +116,9 @@ class RolloutWorker:
         (rollout/engine.py). Returns the version staged."""
         if self.push is None:
             raise RuntimeError(f"rollout worker {self.index}: setup_weight_push was never called")
-        cfg = self.push.cfg
         with self.clock.timed("push_stage"):
             version = self.engine.stage_weights(self.push, handle, partial=self.partial_push, keep_order=keep_order,
-                                                timeout_s=cfg.timeout_s, pause=cfg.stage_pause,
-                                                high_priority=cfg.high_priority)
+                                                timeout_s=self.push.cfg.timeout_s)
         self.clock.add("push_stage_wait", getattr(self.push, "waited_s", 0.0))  # before the sender's first byte
         return version
 

@@ -38,16 +38,6 @@ class WeightPushConfig(StrictModel):
         "a worker is running (costs one more copy of the weights in the worker's memory); false: the worker "
         "receives between requests and the push waits for it"
     )
-    high_priority: bool = Field(
-        False, description="collective pushes on GPUs: every end runs the push on high-priority CUDA streams (the push "
-        "group's NCCL stream, and a worker's copies into its staging weights), so a worker that generates while it "
-        "stages a push has the GPU schedule the push's kernels ahead of its request's"
-    )
-    stage_pause: bool = Field(
-        False, description="weights.staging: while a worker receives a push into its staging copy its request waits "
-        "at the next denoising step, so the push has the worker's GPU (and its Python interpreter) to itself; the "
-        "request loses the push's seconds"
-    )
 
     @property
     def collective(self) -> bool:

@@ -294,7 +294,7 @@ class BroadcastPush:
         store = dist.PrefixStore(prefix, self.store)
         if self.backend == "gloo":
             return dist.ProcessGroupGloo(store, rank, size, self.timeout)
-        options = dist.ProcessGroupNCCL.Options(is_high_priority_stream=self.cfg.high_priority)
+        options = dist.ProcessGroupNCCL.Options()
         options._timeout = self.timeout
         return dist.ProcessGroupNCCL(store, rank, size, options)
 

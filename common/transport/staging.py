@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from typing import Callable, Optional
 
 import torch
@@ -29,11 +28,6 @@ class StagedWeights:
     before it (in-order runs). Without it a newer push replaces the staged copy: a queued request
     then runs with the newer weights, which only lowers its staleness. Memory: one more copy of
     the parameters on the device (of the pushed ones, for a partial push).
-
-    ``high_priority``: the copies run on a high-priority stream (the GPU schedules their kernels
-    ahead of the request's). ``pause``: the worker's request waits at its next denoising step while
-    a version is received (``wait_turn``, which the engine's sampler calls before each forward), so
-    the push has the device and the interpreter to itself.
     """
 
     def __init__(self, module: nn.Module) -> None:
@@ -43,21 +37,10 @@ class StagedWeights:
         self.last: Optional[int] = None  # the newest version ever staged
         self.names: set[str] = set()  # the parameters the staged version carries
         self.applied = threading.Condition()
-        self.stream, self.priority = None, 0
-        self.idle = threading.Event()  # cleared while a version is received with ``pause``
-        self.idle.set()
-        self.paused_s = 0.0  # seconds requests waited in ``wait_turn``, in all
-
-    def wait_turn(self) -> None:
-        """Return once no version is being received with ``pause`` (a request's step calls it)."""
-        if not self.idle.is_set():
-            t0 = time.perf_counter()
-            self.idle.wait()
-            self.paused_s += time.perf_counter() - t0
+        self.stream = None
 
     def receive(self, push: WeightPush, handle: WeightHandle, *, keep_order: bool, timeout_s: float,
-                partial: bool = False, wrap: Optional[Callable[[LoadFn], LoadFn]] = None, pause: bool = False,
-                high_priority: bool = False) -> int:
+                partial: bool = False, wrap: Optional[Callable[[LoadFn], LoadFn]] = None) -> int:
         """Stage ``handle.version`` (blocks while an earlier version waits to be applied, with
         ``keep_order``); returns the version staged. ``partial``: the push may carry only some
         parameters (a LoRA learner's adapted matrices); only those are applied. ``wrap``: what
@@ -69,20 +52,14 @@ class StagedWeights:
                                    f"still not applied; version {handle.version} cannot be staged over it")
             self.version = None  # a replaced copy is never applied half-written
             device = next(iter(self.params.values())).device
-            priority = -1 if high_priority else 0  # CUDA: lower is sooner
-            if device.type == "cuda" and (self.stream is None or self.priority != priority):
-                self.stream, self.priority = torch.cuda.Stream(device, priority=priority), priority
+            if device.type == "cuda" and self.stream is None:
+                self.stream = torch.cuda.Stream(device)
             loader = _StagingLoader(self, partial=partial)
-            if pause:
-                self.idle.clear()
-            try:
-                with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-                    push.receive(handle, wrap(loader) if wrap is not None else loader)
-                    loader.finish()
-                    if self.stream is not None:
-                        self.stream.synchronize()
-            finally:
-                self.idle.set()
+            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+                push.receive(handle, wrap(loader) if wrap is not None else loader)
+                loader.finish()
+                if self.stream is not None:
+                    self.stream.synchronize()
             self.names = loader.arrived
             self.version = self.last = handle.version
             return handle.version

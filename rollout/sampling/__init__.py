@@ -7,7 +7,7 @@ static cached steps replayed as CUDA graphs (``cfg.cuda_graph``).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -23,22 +23,20 @@ from rollout.sampling.graphs import StepGraphs
 
 def generate(
     policy: DiffusionPolicy, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig,
-    graphs: Optional[StepGraphs] = None, pause: Optional[Callable[[], None]] = None,
+    graphs: Optional[StepGraphs] = None,
 ) -> GenerationOutput:
     """Sample ``cfg.gen_length`` tokens after each prompt with the sampler of the policy's family.
     ``graphs``: where the static steps of ``cfg.cuda_graph`` live across calls (an engine keeps
-    one, so each shape is captured once); None = a pool for this call only. ``pause``: called
-    before every forward of the denoising loop (base.py's ``run_denoising``; d1's compatible
-    decoding has no such loop and never calls it)."""
+    one, so each shape is captured once); None = a pool for this call only."""
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds; give one seed per row")
     if cfg.compat == "d1":  # d1's eval decoding, padding and all (d1_compat.py)
         return generate_d1(policy, prompts, cfg)
     if policy.spec.noise == "uniform":  # DiffusionGemma: uniform-noise canvases (uniform_block.py)
-        return generate_uniform_block(policy, prompts, seeds, cfg, pause=pause)
+        return generate_uniform_block(policy, prompts, seeds, cfg)
     if policy.is_block_diffusion:
-        return generate_block_diffusion(policy, prompts, seeds, cfg, graphs, pause=pause)
-    return generate_full_attention(policy, prompts, seeds, cfg, graphs, pause=pause)
+        return generate_block_diffusion(policy, prompts, seeds, cfg, graphs)
+    return generate_full_attention(policy, prompts, seeds, cfg, graphs)
 
 
 __all__ = ["GenerationOutput", "StepGraphs", "generate", "generate_block_diffusion", "generate_d1",

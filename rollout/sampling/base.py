@@ -81,12 +81,9 @@ def run_denoising(
     eos_token_id: int,
     block_logits: BlockLogits,
     block_sync: bool = False,
-    pause: Optional[Callable[[], None]] = None,
 ) -> GenerationOutput:
     """Decode the canvas block by block until every row is done; see the module docstring.
-    ``block_sync``: rows wait for each other at block ends (state.py; the approximate caches).
-    ``pause``: called before every forward; it returns when the request may go on (a worker's
-    engine holds its requests there while it stages a push: ``weights.stage_pause``)."""
+    ``block_sync``: rows wait for each other at block ends (state.py; the approximate caches)."""
     t0 = time.perf_counter()
     device = canvas.ids.device
     counter = cfg.noise_source == "counter"  # the counter-based draw keyed by the seeds (decode.py), no generators
@@ -99,8 +96,6 @@ def run_denoising(
     max_forwards = num_blocks * steps_per_block if fixed else canvas.gen_length
     view = HostView(lo=0, hi=0, refresh=True, forward=0)
     while True:
-        if pause is not None:
-            pause()
         logits = block_logits(state, view)  # [B, Lb, V]
         state.step(
             logits, generators, temperature=cfg.temperature, remasking=cfg.remasking, schedule=schedule,

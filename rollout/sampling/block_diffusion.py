@@ -38,7 +38,7 @@ reference path's (fp32). ``cfg.compile`` compiles both static steps before their
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -179,7 +179,7 @@ class BlockDiffusionLogits:
 
 def generate_block_diffusion(
     policy: DiffusionPolicy, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig,
-    graphs: Optional[StepGraphs] = None, pause: Optional[Callable[[], None]] = None,
+    graphs: Optional[StepGraphs] = None,
 ) -> GenerationOutput:
     """Generate ``cfg.gen_length`` tokens after each prompt with a block-diffusion policy;
     ``cfg.cache``: "prefix"/"auto" = exact KV cache, "none" = the reference path. With
@@ -211,5 +211,4 @@ def generate_block_diffusion(
             return run_denoising(
                 canvas, seeds, cfg, block_length=block_size, steps_per_block=steps_per_block,
                 mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id, block_logits=block_logits,
-                pause=pause,
             )

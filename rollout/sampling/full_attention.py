@@ -32,7 +32,7 @@ With ``cfg.compile`` and no cache, the full forward's decoder layers run compile
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -125,7 +125,7 @@ class FullAttentionLogits:
 
 def generate_full_attention(
     policy: DiffusionPolicy, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig,
-    graphs: Optional[StepGraphs] = None, pause: Optional[Callable[[], None]] = None,
+    graphs: Optional[StepGraphs] = None,
 ) -> GenerationOutput:
     """Generate ``cfg.gen_length`` tokens after each prompt (1-D int tensors, no padding);
     ``seeds`` [B] seeds each row's own generator. With ``cfg.cuda_graph`` (dual cache) the cached
@@ -154,5 +154,5 @@ def generate_full_attention(
         return run_denoising(
             canvas, seeds, cfg, block_length=block_length, steps_per_block=steps_per_block,
             mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id,
-            block_logits=block_logits, pause=pause, block_sync=mode != "none",
+            block_logits=block_logits, block_sync=mode != "none",
         )

@@ -43,7 +43,7 @@ the canvas in one forward. It gives the same tokens and the same number of forwa
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -128,7 +128,7 @@ class UniformCanvasLogits:
 
 def generate_uniform_block(
     policy: DiffusionPolicy, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig,
-    *, self_conditioning: bool = True, pause: Optional[Callable[[], None]] = None,
+    *, self_conditioning: bool = True,
 ) -> GenerationOutput:
     """Generate ``cfg.gen_length`` tokens after each prompt with a uniform-noise block-diffusion
     policy; ``cfg.cache``: "prefix"/"auto" = the exact encoder cache, "none" = the reference path."""
@@ -151,5 +151,5 @@ def generate_uniform_block(
         return run_denoising(
             canvas, seeds, cfg, block_length=block_length, steps_per_block=steps_per_block,
             mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id, block_logits=block_logits,
-            block_sync=True, pause=pause,
+            block_sync=True,
         )

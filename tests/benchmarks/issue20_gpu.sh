@@ -142,10 +142,11 @@
 #                          and the adapters through the sharded push's learner end (bench_lora_push --engine)
 #   call49 (a 4-GPU host, carry .whl) the push into a worker's staging copy beside the worker's own generation:
 #                          bench_push --engine, 3 ZeRO-3 learner ranks -> 1 receiver at LLaDA-8B, then 1 rank -> 1
-#                          receiver at 11 layers; the receiver idle, then generating (the job's sampler) with neither,
-#                          each and both of weights.high_priority and weights.stage_pause
-#   call50 SET... (the same warm host, carry .whl) call46's job with 6 steps, the save after step 4 (a two-step
-#                          baseline for the step after it) and the given --job-set options (none: the config as is)
+#                          receiver at 11 layers; the receiver idle, then generating (the job's sampler). Run at
+#                          de86cdd, whose modes also timed weights.high_priority and weights.stage_pause (not kept)
+#   call50 SET... (a 4-GPU host, carry .whl) call46's job with 6 steps, the save after step 4 (a two-step baseline
+#                          for the step after it) and the given --job-set options (none: the config as is); run as is
+#                          and, at de86cdd, twice with weights.stage_pause=true
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -553,7 +554,7 @@ case "${1:-}" in
   call48)
     python3 tests/benchmarks/bench_lora_push.py --engine --out "$OUT/lora_push.json" ;;
   call49)
-    modes=shards,staged,busy,busy_priority,busy_pause,busy_priority_pause
+    modes=shards,staged,busy
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 5 --modes "$modes" \
       --out "$OUT/push_busy_3ranks.json" > "$OUT/push_busy_3ranks.log" 2>&1
     echo "push beside generation, 3 ranks: rc $?"

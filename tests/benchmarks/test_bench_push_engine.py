@@ -2,8 +2,8 @@
 (gloo) and a receiver, the same code that times the pushes on the GPUs: the raw broadcast, the
 gathered push (before) and the sharded push (after) run, deliver the learner's weights bit for bit,
 and the sharded push sends DeepSpeed's partitions as they lie (no packing copy); the staged modes
-take it into a rollout engine's staging copy, idle and beside requests the receiver generates
-(with and without ``weights.high_priority`` / ``stage_pause``), and deliver it the same."""
+take it into a rollout engine's staging copy, idle and beside requests the receiver generates,
+and deliver it the same."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.e2e
-STAGED = ("staged", "busy", "busy_priority", "busy_pause", "busy_priority_pause")
+STAGED = ("staged", "busy")
 MODES = ",".join(("gather", "shards", *STAGED))
 
 
@@ -40,5 +40,4 @@ def test_engine_push_benchmark_runs_its_tiny_path(tmp_path):
         push = parts[f"push_{mode}"]
         assert push["weights_bit_identical"] and push["median_s"] > 0 and push["sources"] == 2, mode
         assert ("receiver_requests" in push) == (mode != "staged"), mode
-    assert parts["push_busy_priority_pause"]["options"] == {"high_priority": True, "stage_pause": True}
-    assert all(parts[f"push_{m}"]["receiver_requests"]["done"] >= 1 for m in STAGED[1:])  # it was generating
+    assert parts["push_busy"]["receiver_requests"]["done"] >= 1  # it was generating
