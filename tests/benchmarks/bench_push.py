@@ -33,15 +33,20 @@ push_shards      ``weights.source: shards`` (after): every learner rank holding 
                  together
 staged           the sharded push as a rollout worker takes it (``weights.staging``): into its
                  engine's staging copy (``TorchRolloutEngine.stage_weights``), the receiver idle
-busy             the same while another thread of the receiver generates without pause, as a
-                 worker does between its requests (the job's sampler: gen 256, block 32, 128 steps,
-                 dual cache, threshold 0.9; ``--busy-rows`` rows of ``--busy-prompt-tokens``); the
-                 in-job push's condition
+busy             the same while another thread of the receiver generates, as a worker does
+                 between its requests: the job's sampler (gen 256, block 32, 128 steps, dual cache,
+                 threshold 0.9; ``--busy-rows`` rows of ``--busy-prompt-tokens``) on the receiver's
+                 own random weights with the LM head scaled by ``--busy-head-scale`` (the system
+                 benchmark's checkpoints: 13.5 at LLaDA-8B), so that its requests commit several
+                 tokens a forward and run the cache's refresh forwards as the job's worker does;
+                 the in-job push's condition
+A mode may name its bucket size: ``busy@2048`` (MiB; default the first ``--bucket-mb``).
 Each: one warm-up, then the median of ``--reps`` (the slowest rank's time, all ranks started after
-a barrier; a staged push's time is its stage, not the later swap); the receivers' weights are
-zeroed before and checked after, bit for bit, against the learner's gathered weights (a staged
-push's once the last version is applied). The busy modes report the requests the receiver
-finished meanwhile and their median seconds.
+a barrier; a staged push's time is its stage, not the later swap). Checked after, bit for bit,
+against the learner's gathered weights: the receivers' weights, zeroed before (a staged mode: its
+staging copy is zeroed before the last push, and the weights once the requests have stopped; the
+last version is then swapped in). The busy modes report the
+requests the receiver finished meanwhile, their median seconds and their tokens per forward.
 
     python tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --out e.json  # 2 GPUs
     python tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --out e.json  # 4 GPUs, 8B
@@ -81,6 +86,8 @@ def parse() -> argparse.Namespace:
                     "shards, " + ", ".join(STAGED) + ")")
     ap.add_argument("--busy-rows", type=int, default=32, help="--engine busy modes: rows of the receiver's requests")
     ap.add_argument("--busy-prompt-tokens", type=int, default=100, help="--engine busy modes: prompt length")
+    ap.add_argument("--busy-head-scale", type=float, default=13.5,
+                    help="--engine busy modes: the receiver's LM head scaled by this (1: as initialised)")
     ap.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--ports", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -238,7 +245,7 @@ def engine_main(a: argparse.Namespace) -> None:
     backend = "nccl" if cuda else "gloo"
     port_learn, port_all, port_raw, *mode_ports = (int(p) for p in a.ports.split(","))
     modes = a.modes.split(",")
-    unknown = [m for m in modes if m not in ("gather", "shards", *STAGED)]
+    unknown = [m for m in modes if m.split("@")[0] not in ("gather", "shards", *STAGED)]
     if unknown:
         raise SystemExit(f"--modes: unknown {unknown}; choose from gather, shards, {', '.join(STAGED)}")
     if cuda:
@@ -265,11 +272,14 @@ def engine_main(a: argparse.Namespace) -> None:
         every.allreduce([t], dist.ReduceOp.MAX).wait()
         return float(t)
 
-    def times(fn, drain: bool = True) -> list[float]:
+    def times(fn, drain: bool = True, before=None) -> list[float]:
         """``drain``: this rank's clock stops once its whole device is idle (False: ``fn`` waits for
-        what it timed itself; a staged push beside a generating thread)."""
+        what it timed itself; a staged push beside a generating thread). ``before(i)``: untimed,
+        before repetition i's barrier."""
         out = []
         for i in range(a.reps + 1):
+            if before is not None:
+                before(i)
             barrier()
             t0 = time.perf_counter()
             fn(i)
@@ -333,25 +343,34 @@ def engine_main(a: argparse.Namespace) -> None:
         raw_s = bl.median(secs)
         res.put("raw", {"seconds": secs, "median_s": raw_s, "gb_per_s": total / raw_s / 1e9})
 
-    busy = Generating(policy, a, dev) if not learner and any(STAGED.get(m, (False,))[0] for m in modes) else None
+    busy = Generating(policy, a, dev) if not learner and any(STAGED.get(m.split("@")[0], (False,))[0]
+                                                             for m in modes) else None
     for mode, port in zip(modes, mode_ports):
         with res.part(f"push_{mode}", dev):
-            generating, options = STAGED.get(mode, (False, {}))
-            source = "gather" if mode == "gather" else "shards"
-            cfg = WeightPushConfig(backend=backend, timeout_s=a.timeout_s, bucket_mb=bucket_mb, source=source,
-                                   **options)
+            base, _, mode_mb = mode.partition("@")
+            generating, options = STAGED.get(base, (False, {}))
+            source = "gather" if base == "gather" else "shards"
+            cfg = WeightPushConfig(backend=backend, timeout_s=a.timeout_s, bucket_mb=float(mode_mb or bucket_mb),
+                                   source=source, **options)
             s = sources if source == "shards" else 0
             first = max(s, 1)
             member = (rank < first) if learner else True
             end_rank = rank if learner else first + rank - learners
             push = setup_weight_push(cfg, rank=end_rank, world_size=first + receivers, master_addr="127.0.0.1",
                                      master_port=port, sources=s) if member else None
-            staged = mode in STAGED and not learner
+            staged = base in STAGED and not learner
             receiver = TorchRolloutEngine(policy) if staged else None  # the worker's engine: its staging copy
-            if not learner:
+            if not learner and not staged:
                 with torch.no_grad():
                     for _, p in named:
                         p.zero_()
+
+            def zero_staging_before_the_last(i):
+                if receiver is not None and i == a.reps:  # what the last push must bring, wiped untimed
+                    with torch.no_grad():
+                        for t in receiver.staged.tensors.values():
+                            t.zero_()
+                    bl.sync(dev)
             version = {"v": 0}
 
             def one_push(_):
@@ -373,9 +392,12 @@ def engine_main(a: argparse.Namespace) -> None:
                         pass
             if generating and busy is not None:
                 busy.start(receiver)
-            secs = times(one_push, drain=receiver is None)
+            secs = times(one_push, drain=receiver is None, before=zero_staging_before_the_last)
             requests = busy.stop() if generating and busy is not None else None
             if receiver is not None:  # the last staged version swapped in, as the worker's next request would
+                with torch.no_grad():  # onto zeros: only the swap can make the check below pass
+                    for _, p in named:
+                        p.zero_()
                 receiver.update_weights(push, WeightHandle(version["v"], backend))
             stats = dict(getattr(push, "stats", {}) or {}) if push is not None and rank == 0 else {}
             sums = checksums()
@@ -388,11 +410,13 @@ def engine_main(a: argparse.Namespace) -> None:
             med = bl.median(secs)
             out = {"seconds": secs, "median_s": med, "gb_per_s": total / med / 1e9,
                    "ratio_to_raw": med / raw_s if raw_s else None, "sources": s, "options": options,
+                   "bucket_mb": cfg.bucket_mb,
                    "rank0_segments": stats, "weights_bit_identical": float(same) == 0.0}
             if generating:  # the receiver's requests meanwhile (receiver 0's, through rank 0's record)
-                counts = torch.tensor([0.0, 0.0] if requests is None else requests, dtype=torch.float64, device=dev)
+                counts = torch.tensor([0.0] * 3 if requests is None else requests, dtype=torch.float64, device=dev)
                 every.allreduce([counts], dist.ReduceOp.MAX).wait()
-                out["receiver_requests"] = {"done": int(counts[0]), "median_s": float(counts[1])}
+                out["receiver_requests"] = {"done": int(counts[0]), "median_s": float(counts[1]),
+                                            "tokens_per_forward": float(counts[2])}
             res.put(f"push_{mode}", out)
     res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
     if res.data["errors"]:
@@ -402,12 +426,14 @@ def engine_main(a: argparse.Namespace) -> None:
 class Generating:
     """The receiver's other thread in the busy modes: requests of the job's sampler, one after
     another, on the receiver's policy (the default stream, as a worker's request thread), until
-    stopped; ``stop`` returns (requests finished, their median seconds)."""
+    stopped; ``stop`` returns (requests finished, their median seconds, tokens per forward). ``start``
+    scales the receiver's LM head by ``--busy-head-scale`` (every mode before ends with the learner's
+    weights in the receiver, whose head is not scaled; the timed pushes bring them back)."""
 
     def __init__(self, policy, a: argparse.Namespace, dev: torch.device) -> None:
         from common.config.sampler import SamplerConfig
 
-        self.policy, self.dev = policy, dev
+        self.policy, self.dev, self.head_scale = policy, dev, a.busy_head_scale
         tiny = dev.type != "cuda"
         self.cfg = SamplerConfig(gen_length=32 if tiny else 256, block_length=8 if tiny else 32,
                                  steps=16 if tiny else 128, temperature=0.9, cache="dual", threshold=0.9,
@@ -419,7 +445,9 @@ class Generating:
     def start(self, engine) -> None:
         import threading
 
-        self.stopping, self.seconds = threading.Event(), []
+        with torch.no_grad():
+            self.policy.model.get_output_embeddings().weight.mul_(self.head_scale)
+        self.stopping, self.seconds, self.tokens, self.forwards = threading.Event(), [], 0, 0
         self.thread = threading.Thread(target=self._run, args=(engine,), daemon=True)
         self.thread.start()
         time.sleep(1.0)  # the first request is under way before the first push
@@ -428,7 +456,8 @@ class Generating:
         try:
             while not self.stopping.is_set():
                 t0 = time.perf_counter()
-                engine.generate(self.prompts, self.seeds, self.cfg)
+                out = engine.generate(self.prompts, self.seeds, self.cfg)
+                self.tokens, self.forwards = self.tokens + out.tokens_generated, self.forwards + out.num_forwards
                 if self.dev.type == "cuda":  # this thread's stream only, as a worker's request waits
                     torch.cuda.current_stream(self.dev).synchronize()
                 self.seconds.append(time.perf_counter() - t0)
@@ -440,7 +469,8 @@ class Generating:
         self.thread.join()
         if self.error is not None:
             raise RuntimeError(f"the receiver's requests failed: {self.error!r}") from self.error
-        return [float(len(self.seconds)), bl.median(self.seconds) if self.seconds else 0.0]
+        return [float(len(self.seconds)), bl.median(self.seconds) if self.seconds else 0.0,
+                self.tokens / self.forwards if self.forwards else 0.0]
 
 
 def main() -> None:

@@ -147,6 +147,10 @@
 #   call50 SET... (a 4-GPU host, carry .whl) call46's job with 6 steps, the save after step 4 (a two-step baseline
 #                          for the step after it) and the given --job-set options (none: the config as is); run as is
 #                          and, at de86cdd, twice with weights.stage_pause=true
+#   call51 (a 4-GPU host, carry .whl; not yet run) call49's 3 ranks -> 1 receiver at LLaDA-8B with the receiver
+#                          generating as the job's worker does (its LM head scaled as the system benchmark's
+#                          checkpoint: several tokens a forward, the cache's refresh forwards), at 512, 2048 and
+#                          4096 MiB rounds: whether fewer broadcasts shorten the push beside generation
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -561,6 +565,11 @@ case "${1:-}" in
     lane push1 0,1 python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --reps 5 \
       --modes "$modes" --out "$OUT/push_busy_1rank.json"
     bundle ;;
+  call51)
+    python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 5 \
+      --modes staged,busy,busy@2048,busy@4096 --out "$OUT/push_busy_rounds.json" > "$OUT/push_busy_rounds.log" 2>&1
+    echo "push beside generation, round sizes: rc $?"
+    bundle ;;
   call50)
     shift
     name="$*"
@@ -569,5 +578,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51" >&2; exit 2 ;;
 esac

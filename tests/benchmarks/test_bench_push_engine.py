@@ -15,7 +15,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.e2e
-STAGED = ("staged", "busy")
+STAGED = ("staged", "busy", "busy@0.1")
 MODES = ",".join(("gather", "shards", *STAGED))
 
 
@@ -23,7 +23,7 @@ def test_engine_push_benchmark_runs_its_tiny_path(tmp_path):
     out = tmp_path / "push_engine.json"
     done = subprocess.run([sys.executable, str(HERE / "bench_push.py"), "--engine", "--tiny", "--learners", "2",
                            "--receivers", "1", "--reps", "1", "--bucket-mb", "0.05", "--modes", MODES,
-                           "--out", str(out)],
+                           "--busy-head-scale", "3000", "--out", str(out)],  # the tiny head's logits are ~1000x smaller
                           cwd=HERE.parents[1], timeout=600, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -40,4 +40,8 @@ def test_engine_push_benchmark_runs_its_tiny_path(tmp_path):
         push = parts[f"push_{mode}"]
         assert push["weights_bit_identical"] and push["median_s"] > 0 and push["sources"] == 2, mode
         assert ("receiver_requests" in push) == (mode != "staged"), mode
-    assert parts["push_busy"]["receiver_requests"]["done"] >= 1  # it was generating
+    for mode in STAGED[1:]:  # it was generating, more than one token per row a forward (the scaled head)
+        requests = parts[f"push_{mode}"]["receiver_requests"]
+        assert requests["done"] >= 1 and requests["tokens_per_forward"] > 32, (mode, requests)  # 32 rows
+    assert parts["push_busy@0.1"]["bucket_mb"] == 0.1 and parts["push_busy"]["bucket_mb"] == 0.05
+    assert parts["push_busy@0.1"]["rank0_segments"]["rounds"] < segments["rounds"]
