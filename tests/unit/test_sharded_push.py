@@ -7,6 +7,7 @@ plain function."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -367,3 +368,41 @@ def test_a_wire_dtype_other_than_the_partitions_is_packed_and_cast():
     assert packed == [True, True]  # fp32 partitions cannot go out as bf16 where they lie
     for name, t in full_weights(2):
         assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], t.to(torch.bfloat16)), name
+
+
+@pytest.mark.parametrize("late", ["receiver", "sources"])
+def test_the_sharded_ends_report_their_wait_for_the_other_end(late):
+    """``waited_s`` (the job's push_wait on a learner rank, push_stage_wait on a worker): the seconds an
+    end of a sharded transfer waited for the other to join before a byte moved, apart from the transfer."""
+    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=1500 / 2**20)
+    port, delay = free_port(), 0.4
+    errors: list[BaseException] = []
+    waited: dict[int, float] = {}
+
+    def source(rank: int) -> None:
+        try:
+            push = setup_weight_push(cfg, rank=rank, world_size=3, master_addr="127.0.0.1", master_port=port,
+                                     sources=2)
+            if late == "sources":
+                time.sleep(delay)
+            push.send_shards(partitions(full_weights(5), rank, 2, flat=True), 5)
+            waited[rank] = push.waited_s
+            push.close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=source, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    end = setup_weight_push(cfg, rank=2, world_size=3, master_addr="127.0.0.1", master_port=port, sources=2)
+    if late == "receiver":
+        time.sleep(delay)
+    StagedWeights(holder(full_weights(0))).receive(end, WeightHandle(5, "gloo"), keep_order=False, timeout_s=60)
+    end.close()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    if late == "receiver":
+        assert min(waited.values()) >= delay - 0.05 and end.waited_s < delay - 0.05
+    else:
+        assert end.waited_s >= delay - 0.05 and max(waited.values()) < delay - 0.05
