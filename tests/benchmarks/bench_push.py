@@ -40,6 +40,10 @@ busy             the same while another thread of the receiver generates, as a w
                  benchmark's checkpoints: 13.5 at LLaDA-8B), so that its requests commit several
                  tokens a forward and run the cache's refresh forwards as the job's worker does;
                  the in-job push's condition
+raw_busy         the raw broadcast again while the receivers generate as in ``busy`` (each
+                 receiver's host waits for its last broadcast, no device-wide drain): the busy
+                 modes' fair denominator, recorded as their ``ratio_to_raw_busy`` when it runs
+                 before them
 A mode may name its bucket size: ``busy@2048`` (MiB; default the first ``--bucket-mb``).
 Each: one warm-up, then the median of ``--reps`` (the slowest rank's time, all ranks started after
 a barrier; a staged push's time is its stage, not the later swap). Checked after, bit for bit,
@@ -83,7 +87,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=None, help="--engine: layers (default: the model's 32)")
     ap.add_argument("--zero", type=int, default=3, choices=[1, 2, 3], help="--engine: ZeRO stage")
     ap.add_argument("--modes", default="gather,shards", help="--engine: comma list of pushes to time (gather, "
-                    "shards, " + ", ".join(STAGED) + ")")
+                    "shards, raw_busy, " + ", ".join(STAGED) + ")")
     ap.add_argument("--busy-rows", type=int, default=32, help="--engine busy modes: rows of the receiver's requests")
     ap.add_argument("--busy-prompt-tokens", type=int, default=100, help="--engine busy modes: prompt length")
     ap.add_argument("--busy-head-scale", type=float, default=13.5,
@@ -245,9 +249,9 @@ def engine_main(a: argparse.Namespace) -> None:
     backend = "nccl" if cuda else "gloo"
     port_learn, port_all, port_raw, *mode_ports = (int(p) for p in a.ports.split(","))
     modes = a.modes.split(",")
-    unknown = [m for m in modes if m.split("@")[0] not in ("gather", "shards", *STAGED)]
+    unknown = [m for m in modes if m.split("@")[0] not in ("gather", "shards", "raw_busy", *STAGED)]
     if unknown:
-        raise SystemExit(f"--modes: unknown {unknown}; choose from gather, shards, {', '.join(STAGED)}")
+        raise SystemExit(f"--modes: unknown {unknown}; choose from gather, shards, raw_busy, {', '.join(STAGED)}")
     if cuda:
         torch.cuda.set_device(0)
     dev = bl.device()
@@ -271,6 +275,12 @@ def engine_main(a: argparse.Namespace) -> None:
         t = torch.tensor([seconds], dtype=torch.float64, device=dev)
         every.allreduce([t], dist.ReduceOp.MAX).wait()
         return float(t)
+
+    def receiver_requests(requests) -> dict:
+        """Receiver 0's requests during a busy mode, into every rank's record (rank 0 writes it)."""
+        counts = torch.tensor([0.0] * 3 if requests is None else requests, dtype=torch.float64, device=dev)
+        every.allreduce([counts], dist.ReduceOp.MAX).wait()
+        return {"done": int(counts[0]), "median_s": float(counts[1]), "tokens_per_forward": float(counts[2])}
 
     def times(fn, drain: bool = True, before=None) -> list[float]:
         """``drain``: this rank's clock stops once its whole device is idle (False: ``fn`` waits for
@@ -330,7 +340,9 @@ def engine_main(a: argparse.Namespace) -> None:
         buffer = torch.empty(bucket, dtype=torch.uint8, device=dev)
         n_full, tail = divmod(total, bucket)
 
-        def raw_fn(_):
+        def raw_fn(_, host_wait: bool = False):
+            """``host_wait``: the host waits for the last broadcast itself (beside generation: no
+            device-wide drain, which would wait for the requests' kernels too)."""
             if raw is None:
                 return
             opts = dist.BroadcastOptions()
@@ -338,14 +350,25 @@ def engine_main(a: argparse.Namespace) -> None:
             works = [raw.broadcast([buffer if i < n_full else buffer[:tail]], opts)
                      for i in range(n_full + (1 if tail else 0))]
             for work in works if backend == "gloo" else works[-1:]:
-                work.wait()
+                work.wait(timedelta(seconds=a.timeout_s)) if host_wait else work.wait()
         secs = times(raw_fn)
         raw_s = bl.median(secs)
         res.put("raw", {"seconds": secs, "median_s": raw_s, "gb_per_s": total / raw_s / 1e9})
 
-    busy = Generating(policy, a, dev) if not learner and any(STAGED.get(m.split("@")[0], (False,))[0]
-                                                             for m in modes) else None
+    generates = any(m == "raw_busy" or STAGED.get(m.split("@")[0], (False,))[0] for m in modes)
+    busy = Generating(policy, a, dev) if not learner and generates else None
+    raw_busy_s = None
     for mode, port in zip(modes, mode_ports):
+        if mode == "raw_busy":  # the raw broadcast again, the receivers generating: the push's fair denominator
+            with res.part(mode, dev):
+                if busy is not None:
+                    busy.start(TorchRolloutEngine(policy))
+                secs = times(lambda i: raw_fn(i, host_wait=busy is not None), drain=busy is None)
+                requests = busy.stop() if busy is not None else None
+                raw_busy_s = bl.median(secs)
+                res.put(mode, {"seconds": secs, "median_s": raw_busy_s, "ratio_to_raw": raw_busy_s / raw_s if raw_s
+                               else None, "receiver_requests": receiver_requests(requests)})
+            continue
         with res.part(f"push_{mode}", dev):
             base, _, mode_mb = mode.partition("@")
             generating, options = STAGED.get(base, (False, {}))
@@ -410,13 +433,11 @@ def engine_main(a: argparse.Namespace) -> None:
             med = bl.median(secs)
             out = {"seconds": secs, "median_s": med, "gb_per_s": total / med / 1e9,
                    "ratio_to_raw": med / raw_s if raw_s else None, "sources": s, "options": options,
+                   "ratio_to_raw_busy": med / raw_busy_s if raw_busy_s and generating else None,
                    "bucket_mb": cfg.bucket_mb,
                    "rank0_segments": stats, "weights_bit_identical": float(same) == 0.0}
-            if generating:  # the receiver's requests meanwhile (receiver 0's, through rank 0's record)
-                counts = torch.tensor([0.0] * 3 if requests is None else requests, dtype=torch.float64, device=dev)
-                every.allreduce([counts], dist.ReduceOp.MAX).wait()
-                out["receiver_requests"] = {"done": int(counts[0]), "median_s": float(counts[1]),
-                                            "tokens_per_forward": float(counts[2])}
+            if generating:
+                out["receiver_requests"] = receiver_requests(requests)
             res.put(f"push_{mode}", out)
     res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
     if res.data["errors"]:

@@ -150,7 +150,8 @@
 #   call51 (a 4-GPU host, carry .whl; not yet run) call49's 3 ranks -> 1 receiver at LLaDA-8B with the receiver
 #                          generating as the job's worker does (its LM head scaled as the system benchmark's
 #                          checkpoint: several tokens a forward, the cache's refresh forwards), at 512, 2048 and
-#                          4096 MiB rounds: whether fewer broadcasts shorten the push beside generation
+#                          4096 MiB rounds: whether fewer broadcasts shorten the push beside generation, and the
+#                          raw broadcast beside the same generation (raw_busy: the busy pushes' fair denominator)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -567,7 +568,7 @@ case "${1:-}" in
     bundle ;;
   call51)
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 5 \
-      --modes staged,busy,busy@2048,busy@4096 --out "$OUT/push_busy_rounds.json" > "$OUT/push_busy_rounds.log" 2>&1
+      --modes raw_busy,staged,busy,busy@2048,busy@4096 --out "$OUT/push_busy_rounds.json" > "$OUT/push_busy_rounds.log" 2>&1
     echo "push beside generation, round sizes: rc $?"
     bundle ;;
   call50)

@@ -16,7 +16,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.e2e
 STAGED = ("staged", "busy", "busy@0.1")
-MODES = ",".join(("gather", "shards", *STAGED))
+MODES = ",".join(("gather", "shards", "raw_busy", *STAGED))
 
 
 def test_engine_push_benchmark_runs_its_tiny_path(tmp_path):
@@ -44,4 +44,8 @@ def test_engine_push_benchmark_runs_its_tiny_path(tmp_path):
         requests = parts[f"push_{mode}"]["receiver_requests"]
         assert requests["done"] >= 1 and requests["tokens_per_forward"] > 32, (mode, requests)  # 32 rows
     assert parts["push_busy@0.1"]["bucket_mb"] == 0.1 and parts["push_busy"]["bucket_mb"] == 0.05
+    raw_busy = parts["raw_busy"]  # the raw broadcast beside the same requests: the busy pushes' denominator
+    assert raw_busy["median_s"] > 0 and raw_busy["receiver_requests"]["done"] >= 1
+    assert parts["push_busy"]["ratio_to_raw_busy"] == parts["push_busy"]["median_s"] / raw_busy["median_s"]
+    assert parts["push_staged"]["ratio_to_raw_busy"] is None  # idle: set against the idle raw only
     assert parts["push_busy@0.1"]["rank0_segments"]["rounds"] < segments["rounds"]
