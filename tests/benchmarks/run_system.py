@@ -257,6 +257,10 @@ def summary(data: dict) -> str:
             " | <= 1.1x |",
             f"| {name}: GPU busy per actor | {busy} | >= 70% each |",
         ]
+        joins = _join_waits(f.get("push_by_actor_s") or {})
+        if joins:  # a push's time spent before its first byte (the rest is the transfer itself)
+            lines.append(f"| {name}: of each push, waiting for the other end to join (learner ranks / workers) | "
+                         f"{joins} | - |")
         if name == "system_llada":
             rate = f.get("rollout_tokens_per_s_generating")
             lines.append(
@@ -327,6 +331,16 @@ def _dig(d, *keys):
             return None
         d = d[k]
     return d
+
+
+def _join_waits(by_actor: dict[str, float]) -> str:
+    """'max learner push_wait / max worker push_stage_wait' seconds a push, from a job's
+    push_by_actor_s; '' when the record predates those clocks."""
+    learner = [v for k, v in by_actor.items() if k.endswith("/push_wait")]
+    worker = [v for k, v in by_actor.items() if k.endswith("/push_stage_wait")]
+    if not learner and not worker:
+        return ""
+    return f"{_f(max(learner, default=None), '{:.3f}')} s / {_f(max(worker, default=None), '{:.3f}')} s"
 
 
 def _f(x, fmt: str) -> str:

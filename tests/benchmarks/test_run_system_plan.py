@@ -111,6 +111,23 @@ def test_the_summary_gives_the_in_job_pushes_spread_beside_its_median():
                    "(timed steps 0.064-0.467 s) | <= 1.5x |"]
 
 
+def test_the_summary_splits_the_in_job_push_into_the_wait_to_join_and_the_transfer():
+    """The 4-GPU job of 2026-11-28 06:57: nobody waited for the other end (0.000 s on the learner
+    ranks, 0.007 s on the worker), so its 0.23 s push is the transfer itself; a record from before
+    those clocks gives no such row."""
+    import json
+
+    from run_system import summary
+
+    results = Path(__file__).resolve().parent / "results"
+    record = json.loads((results / "20261128-0657_system_llada_4gpu_as_is_h200x4.json").read_text())
+    row = [line for line in summary(record).splitlines() if "waiting for the other end" in line]
+    assert row == ["| system_llada: of each push, waiting for the other end to join (learner ranks / workers) | "
+                   "0.000 s / 0.007 s | - |"]
+    older = json.loads((results / "20261128-0159_system_llada_4gpu_push_own_groups_h100x4.json").read_text())
+    assert not [line for line in summary(older).splitlines() if "waiting for the other end" in line]
+
+
 def test_a_reused_checkpoint_still_gives_the_bytes_the_in_job_push_is_set_against(tmp_path):
     """A warm host keeps the checkpoint of an earlier call: its record must still carry the size
     (the summary's push row divides the raw broadcast by it; the 4 x H200 eager run read n/a)."""
