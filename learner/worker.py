@@ -218,7 +218,7 @@ class LearnerWorker:
                     return None
                 with self.clock.timed("push_send"):
                     handle = self.push.send_shards(self.engine.partitions_for_push(self.push_sources), version)
-                self.clock.add("push_wait", getattr(self.push, "waited_s", 0.0))  # of push_send: the receivers joining
+                self._add_wait()
                 return handle
             with self.clock.timed("push_send"):  # the ZeRO-3 gathers and the copies or sends, settled
                 named = self.engine.named_parameters_for_push(all_ranks=self.push is not None)
@@ -228,11 +228,18 @@ class LearnerWorker:
                         pass
                 else:
                     handle = self.push.send(named, version)
-                    self.clock.add("push_wait", getattr(self.push, "waited_s", 0.0))  # the receivers joining
+                    self._add_wait()
                 settle_gpu(self.engine.device)
             with self.clock.timed("push_release"):
                 hand_back_gpu_memory(self.share_gpu)  # the gathered buckets
             return handle
+
+    def _add_wait(self) -> None:
+        """push_wait, a part of push_send: the seconds the last transfer waited for its receivers to
+        join (a collective push; the other transports do not measure it)."""
+        waited = getattr(self.push, "waited_s", None)
+        if waited is not None:
+            self.clock.add("push_wait", waited)
 
     def parameter_shapes(self) -> dict[str, list[int]]:
         """Full shape of every parameter (ZeRO-3 partitions report their unpartitioned ``ds_shape``),

@@ -119,7 +119,9 @@ class RolloutWorker:
         with self.clock.timed("push_stage"):
             version = self.engine.stage_weights(self.push, handle, partial=self.partial_push, keep_order=keep_order,
                                                 timeout_s=self.push.cfg.timeout_s)
-        self.clock.add("push_stage_wait", getattr(self.push, "waited_s", 0.0))  # before the sender's first byte
+        waited = getattr(self.push, "waited_s", None)  # a collective push's wait for the sender's first byte
+        if waited is not None:
+            self.clock.add("push_stage_wait", waited)
         return version
 
     def receive_weights(self, handle: WeightHandle) -> int:

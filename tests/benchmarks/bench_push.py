@@ -447,9 +447,9 @@ def engine_main(a: argparse.Namespace) -> None:
 class Generating:
     """The receiver's other thread in the busy modes: requests of the job's sampler, one after
     another, on the receiver's policy (the default stream, as a worker's request thread), until
-    stopped; ``stop`` returns (requests finished, their median seconds, tokens per forward). ``start``
-    scales the receiver's LM head by ``--busy-head-scale`` (every mode before ends with the learner's
-    weights in the receiver, whose head is not scaled; the timed pushes bring them back)."""
+    stopped; ``stop`` returns (requests finished, their median seconds, tokens per forward). From
+    ``start`` to ``stop`` the receiver's LM head is scaled by ``--busy-head-scale`` (``stop`` puts the
+    head it found back, so a later mode starts from the same weights)."""
 
     def __init__(self, policy, a: argparse.Namespace, dev: torch.device) -> None:
         from common.config.sampler import SamplerConfig
@@ -466,8 +466,10 @@ class Generating:
     def start(self, engine) -> None:
         import threading
 
+        head = self.policy.model.get_output_embeddings().weight
+        self.head = head.detach().clone()
         with torch.no_grad():
-            self.policy.model.get_output_embeddings().weight.mul_(self.head_scale)
+            head.mul_(self.head_scale)
         self.stopping, self.seconds, self.tokens, self.forwards = threading.Event(), [], 0, 0
         self.thread = threading.Thread(target=self._run, args=(engine,), daemon=True)
         self.thread.start()
@@ -488,6 +490,9 @@ class Generating:
     def stop(self) -> list[float]:
         self.stopping.set()
         self.thread.join()
+        with torch.no_grad():
+            self.policy.model.get_output_embeddings().weight.copy_(self.head)
+        self.head = None
         if self.error is not None:
             raise RuntimeError(f"the receiver's requests failed: {self.error!r}") from self.error
         return [float(len(self.seconds)), bl.median(self.seconds) if self.seconds else 0.0,
