@@ -236,18 +236,23 @@ def holder(weights: list[tuple[str, torch.Tensor]]) -> torch.nn.Module:
     return module
 
 
-def test_gloo_sharded_push_into_a_staging_copy():
-    module = holder(full_weights(0))
-    staged = StagedWeights(module)
+def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float = 0.0):
+    """Version 5 (``full_weights(5)``) from 2 gloo sources, threads of this process, staged into
+    ``staged`` by the receiver (rank 2); ``late``: "sources" or "receiver" join ``delay_s`` late.
+    Returns (the version staged, the receiver's end, {source rank: its end's ``waited_s``})."""
     cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=1500 / 2**20)
     port = free_port()
     errors: list[BaseException] = []
+    waited: dict[int, float] = {}
 
     def source(rank: int) -> None:
         try:
             push = setup_weight_push(cfg, rank=rank, world_size=3, master_addr="127.0.0.1", master_port=port,
                                      sources=2)
+            if late == "sources":
+                time.sleep(delay_s)
             push.send_shards(partitions(full_weights(5), rank, 2, flat=True), 5)
+            waited[rank] = push.waited_s
             push.close()
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
@@ -256,11 +261,20 @@ def test_gloo_sharded_push_into_a_staging_copy():
     for t in threads:
         t.start()
     end = setup_weight_push(cfg, rank=2, world_size=3, master_addr="127.0.0.1", master_port=port, sources=2)
-    assert staged.receive(end, WeightHandle(5, "gloo"), keep_order=False, timeout_s=60) == 5
+    if late == "receiver":
+        time.sleep(delay_s)
+    version = staged.receive(end, WeightHandle(5, "gloo"), keep_order=False, timeout_s=60)
     end.close()
     for t in threads:
         t.join(60)
     assert not errors, errors
+    return version, end, waited
+
+
+def test_gloo_sharded_push_into_a_staging_copy():
+    module = holder(full_weights(0))
+    staged = StagedWeights(module)
+    assert sharded_into_staging(staged)[0] == 5
     assert all(torch.equal(p, torch.zeros_like(p)) for p in module.parameters())  # staged, not applied yet
     assert staged.apply() == 5
     params = dict(module.named_parameters())
@@ -374,34 +388,8 @@ def test_a_wire_dtype_other_than_the_partitions_is_packed_and_cast():
 def test_the_sharded_ends_report_their_wait_for_the_other_end(late):
     """``waited_s`` (the job's push_wait on a learner rank, push_stage_wait on a worker): the seconds an
     end of a sharded transfer waited for the other to join before a byte moved, apart from the transfer."""
-    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=1500 / 2**20)
-    port, delay = free_port(), 0.4
-    errors: list[BaseException] = []
-    waited: dict[int, float] = {}
-
-    def source(rank: int) -> None:
-        try:
-            push = setup_weight_push(cfg, rank=rank, world_size=3, master_addr="127.0.0.1", master_port=port,
-                                     sources=2)
-            if late == "sources":
-                time.sleep(delay)
-            push.send_shards(partitions(full_weights(5), rank, 2, flat=True), 5)
-            waited[rank] = push.waited_s
-            push.close()
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=source, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    end = setup_weight_push(cfg, rank=2, world_size=3, master_addr="127.0.0.1", master_port=port, sources=2)
-    if late == "receiver":
-        time.sleep(delay)
-    StagedWeights(holder(full_weights(0))).receive(end, WeightHandle(5, "gloo"), keep_order=False, timeout_s=60)
-    end.close()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    delay = 0.4
+    _, end, waited = sharded_into_staging(StagedWeights(holder(full_weights(0))), late, delay)
     if late == "receiver":
         assert min(waited.values()) >= delay - 0.05 and end.waited_s < delay - 0.05
     else:
