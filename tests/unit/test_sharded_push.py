@@ -238,18 +238,22 @@ def holder(weights: list[tuple[str, torch.Tensor]]) -> torch.nn.Module:
 
 def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float = 0.0):
     """Version 5 (``full_weights(5)``) from 2 gloo sources, threads of this process, staged into
-    ``staged`` by the receiver (rank 2); ``late``: "sources" or "receiver" join ``delay_s`` late.
+    ``staged`` by the receiver (rank 2); ``late``: "sources" or "receiver" join ``delay_s`` after the
+    other end is set up and about to transfer (so a slow set-up under load cannot hide the delay).
     Returns (the version staged, the receiver's end, {source rank: its end's ``waited_s``})."""
     cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=1500 / 2**20)
     port = free_port()
     errors: list[BaseException] = []
     waited: dict[int, float] = {}
+    sources_set_up, receiving = [threading.Event(), threading.Event()], threading.Event()
 
     def source(rank: int) -> None:
         try:
             push = setup_weight_push(cfg, rank=rank, world_size=3, master_addr="127.0.0.1", master_port=port,
                                      sources=2)
+            sources_set_up[rank].set()
             if late == "sources":
+                assert receiving.wait(60)
                 time.sleep(delay_s)
             push.send_shards(partitions(full_weights(5), rank, 2, flat=True), 5)
             waited[rank] = push.waited_s
@@ -262,7 +266,9 @@ def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float =
         t.start()
     end = setup_weight_push(cfg, rank=2, world_size=3, master_addr="127.0.0.1", master_port=port, sources=2)
     if late == "receiver":
+        assert all(e.wait(60) for e in sources_set_up)
         time.sleep(delay_s)
+    receiving.set()
     version = staged.receive(end, WeightHandle(5, "gloo"), keep_order=False, timeout_s=60)
     end.close()
     for t in threads:

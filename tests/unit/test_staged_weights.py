@@ -117,18 +117,22 @@ def test_a_partial_push_stages_and_applies_only_what_it_carries():
 
 
 def push_with_one_end_late(late: str, delay_s: float = 0.4) -> tuple[float, float]:
-    """(sender's, receiver's) ``waited_s`` of one gloo transfer whose ``late`` end joins ``delay_s`` late."""
+    """(sender's, receiver's) ``waited_s`` of one gloo transfer whose ``late`` end joins ``delay_s``
+    after the other is set up and about to transfer (a slow set-up under load cannot hide the delay)."""
     cfg = WeightPushConfig(backend="gloo", timeout_s=30, bucket_mb=200 / 2**20)
     port, weights = free_port(), versions(1)[0]
     ends: dict[str, object] = {}
     errors: list[BaseException] = []
+    sending, receiving = threading.Event(), threading.Event()
 
     def sender() -> None:
         try:
             push = ends["sender"] = setup_weight_push(cfg, rank=0, world_size=2, master_addr="127.0.0.1",
                                                       master_port=port)
             if late == "sender":
+                assert receiving.wait(30)
                 time.sleep(delay_s)
+            sending.set()
             push.send(iter(weights.items()), 1)
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             errors.append(e)
@@ -138,8 +142,10 @@ def push_with_one_end_late(late: str, delay_s: float = 0.4) -> tuple[float, floa
     receiver = ends["receiver"] = setup_weight_push(cfg, rank=1, world_size=2, master_addr="127.0.0.1",
                                                     master_port=port)
     if late == "receiver":
+        assert sending.wait(30)
         time.sleep(delay_s)
     staged = StagedWeights(model())
+    receiving.set()
     staged.receive(receiver, WeightHandle(1, "gloo"), keep_order=False, timeout_s=30)
     thread.join(30)
     assert not errors, errors
