@@ -84,7 +84,7 @@ def test_a_wire_dtype_is_applied_on_the_sending_side():
 
 
 def _partition_rank(rank: int, sources: int, port: int, versions, results) -> None:
-    """Learner rank ``rank`` of ``sources`` (a forked process, gloo): sends every version's ZeRO-3
+    """Learner rank ``rank`` of ``sources`` (a spawned process, gloo): sends every version's ZeRO-3
     partitions through ``send_shards``, then reads its own buffer back as its worker would."""
     import torch.distributed as dist
 
@@ -123,7 +123,9 @@ def test_zero3_ranks_fill_every_buffer_with_one_all_gather_and_the_worker_puts_p
 
     from learner.group import free_port
 
-    ctx = multiprocessing.get_context("fork")
+    # spawned, not forked: a child forked from a test process that has run hundreds of tests (their
+    # threads inherited mid-lock) crashed once with a double free before it reported (make test, 11-28)
+    ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_partition_rank, args=(r, sources, port, (1, 2), results)) for r in range(sources)]
