@@ -84,7 +84,6 @@ class BroadcastPush:
         self.groups: dict[int, dist.ProcessGroup] = {}  # sharded: source -> its group (``source_group``)
         self._previous: Optional[int] = None
         self._shards = _ShardBuffers()  # the sharded push's persistent buffers (kept across pushes)
-        self._joined = 0.0  # a receiver: when it announced itself for the transfer under way
         self.stats: dict[str, int] = {}  # the last send_shards: rounds, segments sent as they lie / packed
         self.waited_s = 0.0  # the last transfer: seconds waiting for the other end before a byte moved
 
@@ -96,9 +95,7 @@ class BroadcastPush:
             raise RuntimeError("only rank 0 (learner rank 0) sends weights")
         named_tensors = iter(named_tensors)
         try:
-            t0 = time.perf_counter()
             self._wait_for_receivers(version)
-            self.waited_s = time.perf_counter() - t0
             self._connect()
             buckets, last = 0, None
             packer = _Packer(int(self.cfg.bucket_mb * 2**20), self.device, WIRE_DTYPES.get(self.cfg.dtype))
@@ -131,9 +128,7 @@ class BroadcastPush:
         params = [(name, tuple(shape), wire or t.dtype) for name, shape, t in partitions]
         rounds = plan_rounds(params, self.sources, int(self.cfg.bucket_mb * 2**20))
         segments = list(iter_segments(rounds, iter(partitions), self.sources))  # checked before a byte moves
-        t0 = time.perf_counter()
         self._wait_for_receivers(version)  # every source: a receiver missing fails each of them, named, in time
-        self.waited_s = time.perf_counter() - t0
         if self.rank == 0:
             self.store.set(f"v{version}/plan", encode_plan(rounds, self.sources))
         self._connect()
@@ -158,7 +153,9 @@ class BroadcastPush:
         return WeightHandle(version, self.backend)
 
     def _wait_for_receivers(self, version: int) -> None:
+        """Every receiver has joined version ``version`` (``waited_s``: how long that took)."""
         keys = [f"v{version}/ready/{r}" for r in range(self.first, self.world_size)]
+        t0 = time.perf_counter()
         try:
             self.store.wait(keys, self.timeout)
         except Exception:
@@ -167,6 +164,7 @@ class BroadcastPush:
             raise TimeoutError(f"weight push: waited {self.cfg.timeout_s:.0f} s for weights version {version}; "
                                f"receivers that never joined: {', '.join(missing) or '(none: they joined late)'}"
                                ) from None
+        self.waited_s = time.perf_counter() - t0
 
     def _forget(self, version: Optional[int]) -> None:
         """Drop a finished version's keys (all receivers have read them: they joined the next one)."""
@@ -186,9 +184,9 @@ class BroadcastPush:
             raise RuntimeError("learner ranks send; they do not receive")
         version = handle.version
         self.store.set(f"v{version}/ready/{self.rank}", b"1")
-        self._joined = time.perf_counter()
+        joined = time.perf_counter()  # ``waited_s``: from here to the sender's plan or first bucket
         if self.sources:
-            return self._receive_shards(version, loader)
+            return self._receive_shards(version, loader, joined)
         self._connect()
         buffers: list[Optional[torch.Tensor]] = [None, None]
         pending = None  # (work, payload, entries, what) posted and not yet copied into the model
@@ -196,7 +194,7 @@ class BroadcastPush:
         while True:
             meta = self._wait_get(f"v{version}/meta/{i}", f"bucket {i} of weights version {version}")
             if i == 0:
-                self.waited_s = time.perf_counter() - self._joined
+                self.waited_s = time.perf_counter() - joined
             if meta is None:
                 break
             entries, nbytes = meta
@@ -214,14 +212,14 @@ class BroadcastPush:
             self._load(pending, loader, block=True)
         return version
 
-    def _receive_shards(self, version: int, loader: LoadFn) -> int:
+    def _receive_shards(self, version: int, loader: LoadFn, joined: float) -> int:
         what = f"the plan of weights version {version}"
         try:
             self.store.wait([f"v{version}/plan"], self.timeout)
         except Exception:
             raise TimeoutError(f"weight push: rank {self.rank} waited {self.cfg.timeout_s:.0f} s for {what} "
                                f"from {SENDER} at {self.address}") from None
-        self.waited_s = time.perf_counter() - self._joined
+        self.waited_s = time.perf_counter() - joined
         sources, rounds = decode_plan(self.store.get(f"v{version}/plan"),
                                       f"weight push: {what} from {SENDER} at {self.address}")
         if sources != self.sources:

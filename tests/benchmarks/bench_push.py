@@ -69,9 +69,9 @@ import benchlib as bl
 import torch
 import torch.distributed as dist
 
-# --engine's staged modes: (the receiver generates meanwhile, the weights config's options). Two options
-# timed beside generation at de86cdd were not kept (BENCHMARKS.md): weights.high_priority, weights.stage_pause
-STAGED = {"staged": (False, {}), "busy": (True, {})}
+# --engine's staged modes: whether the receiver generates meanwhile. Two weights options timed beside
+# generation at de86cdd were not kept (BENCHMARKS.md): weights.high_priority, weights.stage_pause
+STAGED = {"staged": False, "busy": True}
 
 
 def parse() -> argparse.Namespace:
@@ -355,7 +355,7 @@ def engine_main(a: argparse.Namespace) -> None:
         raw_s = bl.median(secs)
         res.put("raw", {"seconds": secs, "median_s": raw_s, "gb_per_s": total / raw_s / 1e9})
 
-    generates = any(m == "raw_busy" or STAGED.get(m.split("@")[0], (False,))[0] for m in modes)
+    generates = any(m == "raw_busy" or STAGED.get(m.split("@")[0], False) for m in modes)
     busy = Generating(policy, a, dev) if not learner and generates else None
     raw_busy_s = None
     for mode, port in zip(modes, mode_ports):
@@ -371,10 +371,10 @@ def engine_main(a: argparse.Namespace) -> None:
             continue
         with res.part(f"push_{mode}", dev):
             base, _, mode_mb = mode.partition("@")
-            generating, options = STAGED.get(base, (False, {}))
+            generating = STAGED.get(base, False)
             source = "gather" if base == "gather" else "shards"
             cfg = WeightPushConfig(backend=backend, timeout_s=a.timeout_s, bucket_mb=float(mode_mb or bucket_mb),
-                                   source=source, **options)
+                                   source=source)
             s = sources if source == "shards" else 0
             first = max(s, 1)
             member = (rank < first) if learner else True
@@ -432,7 +432,7 @@ def engine_main(a: argparse.Namespace) -> None:
                 push.close()
             med = bl.median(secs)
             out = {"seconds": secs, "median_s": med, "gb_per_s": total / med / 1e9,
-                   "ratio_to_raw": med / raw_s if raw_s else None, "sources": s, "options": options,
+                   "ratio_to_raw": med / raw_s if raw_s else None, "sources": s,
                    "ratio_to_raw_busy": med / raw_busy_s if raw_busy_s and generating else None,
                    "bucket_mb": cfg.bucket_mb,
                    "rank0_segments": stats, "weights_bit_identical": float(same) == 0.0}
