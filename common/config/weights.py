@@ -11,13 +11,16 @@ from common.config.base import StrictModel
 class WeightPushConfig(StrictModel):
     """How weights travel from learner rank 0 to the rollout workers."""
 
-    backend: Literal["auto", "object_store", "nccl", "gloo", "ipc"] = Field(
+    backend: Literal["auto", "object_store", "nccl", "gloo", "ipc", "peer"] = Field(
         "auto",
         description="auto = the nccl broadcast when the learner ranks and rollout workers have GPUs "
         "(cluster.*.num_gpus) of their own; with cluster.colocate on GPUs, ipc where rank and worker take turns "
         "(algorithm.max_staleness 0, no workers beyond the shared GPUs), else the Ray object store; gloo = the "
         "broadcast on CPU; ipc = every worker maps its learner rank's weights on their shared device (CUDA IPC; "
-        "shared memory on CPUs) and copies them device to device (cluster.colocate only)",
+        "shared memory on CPUs) and copies them device to device (cluster.colocate only); peer = every worker reads "
+        "the learner ranks' weights from their GPUs' memory with its copy engines (CUDA IPC over NVLink, no SM of "
+        "the worker's used: a push beside its generation keeps its speed), scheduled as the broadcast is; every "
+        "rollout worker must run on the learner's host",
     )
     timeout_s: float = Field(300.0, gt=0.0, description="longest any one wait of a transfer may take")
     bucket_mb: float = Field(512.0, gt=0.0, description="broadcast bucket size in MiB (one flat byte buffer each)")
@@ -33,16 +36,17 @@ class WeightPushConfig(StrictModel):
         "all-gather over the learner's ranks fills every rank's buffer; gather = every rank gathers through DeepSpeed"
     )
     staging: bool = Field(
-        True, description="broadcast push: each rollout worker receives the new version into a second copy of its "
-        "weights while it generates and swaps it in before its next request, so a push never waits for the request "
-        "a worker is running (costs one more copy of the weights in the worker's memory); false: the worker "
-        "receives between requests and the push waits for it"
+        True, description="broadcast and peer pushes: each rollout worker receives the new version into a second "
+        "copy of its weights while it generates and swaps it in before its next request, so a push never waits for "
+        "the request a worker is running (costs one more copy of the weights in the worker's memory); false: the "
+        "worker receives between requests and the push waits for it"
     )
 
     @property
     def collective(self) -> bool:
-        """A broadcast through a process group of its own (nccl, gloo): every receiver takes part."""
-        return self.backend in ("nccl", "gloo")
+        """Every receiver takes part in every push, set up as a group: a broadcast through a process
+        group of its own (nccl, gloo) or a pull from the learner ranks' memory (peer)."""
+        return self.backend in ("nccl", "gloo", "peer")
 
     def resolve(self, actors_have_gpus: bool, colocated: bool = False, in_turns: bool = False) -> "WeightPushConfig":
         """This config with ``auto`` replaced by a transport: nccl when every learner rank and

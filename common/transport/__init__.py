@@ -24,7 +24,7 @@ def setup_weight_push(
     """Build this process's end of the push. ``cfg.backend`` must be resolved (``WeightPushConfig.resolve``).
     Object store: no arguments needed. ipc (a worker beside its learner rank, common/transport/ipc.py):
     none either, or ``rank`` and ``sources`` for a learner rank that sends its ZeRO-3 partitions.
-    Broadcast: ``rank`` 0 is learner rank 0, ranks 1..world_size-1
+    Broadcast and peer: ``rank`` 0 is learner rank 0, ranks 1..world_size-1
     the rollout workers; (master_addr, master_port) is a free address on learner rank 0's node,
     where rank 0 hosts the group's TCPStore; ``peer_names`` (rank 0 only) names receivers 1.. in errors.
     ``sources`` S >= 1: the sharded push (common/transport/shards.py): ranks 0..S-1 are the learner ranks that send
@@ -39,10 +39,14 @@ def setup_weight_push(
         from common.transport.ipc import IpcPush
 
         return IpcPush(cfg, rank=rank, sources=sources)
-    from common.transport.broadcast import BroadcastPush
-
     if master_addr is None or master_port is None:
         raise ValueError(f"the {cfg.backend} weight push needs master_addr and master_port (learner rank 0's node)")
+    if cfg.backend == "peer":  # every worker pulls from the learner ranks' memory (common/transport/peer.py)
+        from common.transport.peer import PeerPush
+
+        return PeerPush(cfg, rank, world_size, master_addr, master_port, peer_names, sources)
+    from common.transport.broadcast import BroadcastPush
+
     return BroadcastPush(cfg, cfg.backend, rank, world_size, master_addr, master_port, peer_names, sources)
 
 

@@ -89,10 +89,7 @@ class BroadcastPush:
 
     # ---- sender ---------------------------------------------------------------------------
     def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
-        if self.sources:
-            raise RuntimeError("this push group is sharded: its learner ranks call send_shards")
-        if self.rank != 0:
-            raise RuntimeError("only rank 0 (learner rank 0) sends weights")
+        self._check_gathered_sender()
         named_tensors = iter(named_tensors)
         try:
             self._wait_for_receivers(version)
@@ -151,6 +148,12 @@ class BroadcastPush:
             self._forget(self._previous)
         self._previous = version
         return WeightHandle(version, self.backend)
+
+    def _check_gathered_sender(self) -> None:
+        if self.sources:
+            raise RuntimeError("this push group is sharded: its learner ranks call send_shards")
+        if self.rank != 0:
+            raise RuntimeError("only rank 0 (learner rank 0) sends weights")
 
     def _wait_for_receivers(self, version: int) -> None:
         """Every receiver has joined version ``version`` (``waited_s``: how long that took)."""

@@ -5,12 +5,19 @@ Why. Colocated, learner rank i and rollout worker i take turns on one GPU, and N
 both as ranks of one group. Through the object store every push went GPU -> host -> object store
 -> host -> GPU: at LLaDA's width with 8 layers (5.2 GiB) 16.7 s on learner rank 0 and ~10 s on each
 worker, a third of a step that generation and training fill in 42 s (BENCHMARKS.md). Here every
-learner rank copies the push into one flat buffer of its own on its device (once allocated, kept),
-and the handle of that buffer travels instead of the bytes: CUDA IPC (``cudaIpcGetMemHandle``
-through torch's tensor reduction) on GPUs, a named POSIX shared-memory block on CPUs (how the tests
-run it). The worker maps the buffer and copies each parameter device to device into its model.
+learner rank copies the push into a buffer of its own on its device (once allocated, kept), and
+the handles of that buffer travel instead of the bytes: CUDA IPC (``cudaIpcGetMemHandle`` through
+torch's tensor reduction) on GPUs, named POSIX shared-memory blocks on CPUs (how the tests run it).
+The worker maps the buffer and copies each parameter device to device into its model.
 
-    buffer  [header: version (int64), padded to ALIGN | param 0 | param 1 | ...]  each at ALIGN bytes
+    block 0  [header: version (int64), padded to ALIGN | param 0 | param 3 | ...]
+    block 1  [param 1 | param 2 | ...]            every parameter at an ALIGN-byte offset of a block
+
+The buffer is a list of blocks (``BLOCK_BYTES`` each, or one parameter's size if larger), each
+parameter placed in the first block with room, so the first push writes every tensor straight into
+the device buffer as it arrives: the push is a stream (ZeRO-3 gathers bucket by bucket, LoRA
+merges), whose total size is known only at its end. A single flat buffer had to hold the first
+push on the host until that end: 6.8 s of a 28 s step at LLaDA-8B with LoRA merged (BENCHMARKS.md).
 
 Every learner rank sends (``all_ranks``: under ZeRO-3 every rank holds the gathered parameter
 inside the gather), and worker i receives learner rank i's handle (its shared bundle). The push
@@ -28,10 +35,13 @@ p = ceil(n / S)) into one send segment, and one all-gather over the learner's ra
 buffer of every rank at once; the worker puts each parameter together from the S rows, straight
 into its model (``shards.assemble``):
 
-    buffer  [header | round 0: S rows of its segment | round 1 | ...]  a round per wire dtype
+    block 0  [header | round 0: S rows of its segment | round 1 | ...]  a round per wire dtype
+
+(one block: the plan gives its size before any partition is copied).
 """
 from __future__ import annotations
 
+import socket
 import uuid
 from typing import Any, Iterator, Optional
 
@@ -40,80 +50,118 @@ import torch
 from common.transport.shards import Round, assemble, decode_plan, encode_plan, iter_segments, plan_rounds
 from common.transport.weights import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig
 
-ALIGN = 256  # bytes: every parameter's offset (and the header's slot) in the flat buffer
+ALIGN = 256  # bytes: every parameter's offset (and the header's slot) in its block
+BLOCK_BYTES = 1 << 30  # a block of the buffer (a parameter larger than this gets a block of its own size)
 
 
 class IpcPush:
     """One learner rank's buffer (``send``) or one worker's mapping of its rank's (``receive``)."""
 
-    def __init__(self, cfg: WeightPushConfig, rank: int = 0, sources: int = 0) -> None:
+    def __init__(self, cfg: WeightPushConfig, rank: int = 0, sources: int = 0,
+                 block_bytes: int = BLOCK_BYTES, pull: bool = False) -> None:
         self.cfg = cfg
         self.rank, self.sources = rank, sources  # a learner rank's place among the ranks that send_shards
-        self.buffer: Optional[torch.Tensor] = None  # the sender's flat uint8 buffer
-        self.layout: list[tuple[str, tuple[int, ...], torch.dtype, int]] = []  # (name, shape, dtype, offset)
-        self._exported: Optional[dict] = None  # the buffer's handle, made once
-        self._shm: Any = None  # CPU: the SharedMemory block (sender: created; receiver: opened)
-        self._mapped: Optional[tuple[Any, torch.Tensor]] = None  # receiver: (handle key, mapped buffer)
-        # send_shards: the parameters the buffer was laid out for, its rounds (each at a byte offset),
-        # the plan as the worker reads it, and this rank's send segment of each round
+        # pull (common/transport/peer.py): read by workers on other GPUs of this host, each pulling from
+        # every rank: send_shards lays out this rank's own segments only (no all-gather), and a receiver
+        # maps blocks of another device than its own
+        self.pull = pull
+        self.block_bytes = block_bytes
+        self.blocks: list[torch.Tensor] = []  # the sender's buffer: flat uint8 blocks, the header in block 0
+        self._used: list[int] = []  # bytes taken from the start of each block (first fit)
+        # (name, shape, dtype, block, offset) of every tensor of the last push, in its order
+        self.layout: list[tuple[str, tuple[int, ...], torch.dtype, int, int]] = []
+        self._exported: list[dict] = []  # each block's handle, made once
+        self._shms: list[Any] = []  # CPU: each block's SharedMemory (sender: created)
+        self._mapped: dict[str, tuple[torch.Tensor, Any]] = {}  # receiver: handle key -> (mapped block, its shm)
+        # send_shards: the parameters the buffer was laid out for, its rounds (each at a byte offset
+        # of block 0), the plan as the worker reads it, and this rank's send segment of each round
         self._params: list[tuple[str, tuple[int, ...], torch.dtype]] = []
         self._rounds: list[tuple[Round, int]] = []
         self._plan = b""
         self._segments: list[torch.Tensor] = []
 
+    @property
+    def buffer(self) -> Optional[torch.Tensor]:
+        """Block 0 (the header's), None before the first push."""
+        return self.blocks[0] if self.blocks else None
+
     # ---- learner rank ---------------------------------------------------------------------
     def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
+        """Copy every tensor into the buffer as it arrives (a parameter of another name, shape,
+        dtype or device than last time is placed anew: blocks are added, never the whole buffer
+        rebuilt), then the version into the header."""
         wire = WIRE_DTYPES.get(self.cfg.dtype)
-        # the first push (or a new layout) holds the tensors on the host until the buffer exists:
-        # a device copy would need the model's size twice on the learner's device for that moment
-        pending: list[tuple[str, torch.Tensor]] = []
-        position, device = 0, None
+        self._params = []  # the buffer no longer holds a send_shards layout
+        position = 0
         for name, tensor in named_tensors:
             tensor = tensor.detach()
             if wire is not None and tensor.dtype != wire:
                 tensor = tensor.to(wire)
-            device = tensor.device
-            if pending or not self._fits(position, name, tensor):
-                pending.append((name, tensor.to("cpu", copy=True)))
-            else:
-                self._view(position).copy_(tensor)
+            if not self._fits(position, name, tensor):
+                self._place(position, name, tensor)
+            self._view(position).copy_(tensor)
             position += 1
-        if pending or position != len(self.layout):
-            kept = position - len(pending)  # written into the old buffer before the layout changed
-            done = [(n, self._view(i).to("cpu", copy=True)) for i, (n, *_) in enumerate(self.layout[:kept])]
-            self._allocate(done + pending, device or torch.device("cpu"))
-        self.buffer[:8].view(torch.int64).fill_(version)
-        if self.buffer.is_cuda:
-            torch.cuda.synchronize(self.buffer.device)
-        return WeightHandle(version, "ipc", {"buffer": self._export(), "layout": self.layout})
+        if position != len(self.layout):
+            self._truncate(position)
+        if not self.blocks:  # nothing to send: a header alone
+            self._new_block(ALIGN, torch.device("cpu"))
+        return self._publish(version, {"layout": list(self.layout)})
+
+    def _publish(self, version: int, what: dict) -> WeightHandle:
+        self.blocks[0][:8].view(torch.int64).fill_(version)
+        if self.blocks[0].is_cuda:
+            torch.cuda.synchronize(self.blocks[0].device)
+        return WeightHandle(version, "ipc", {"blocks": self._export(), **what})
 
     def _fits(self, position: int, name: str, tensor: torch.Tensor) -> bool:
-        if self.buffer is None or position >= len(self.layout):
+        if position >= len(self.layout):
             return False
-        n, shape, dtype, _ = self.layout[position]
+        n, shape, dtype, block, _ = self.layout[position]
         return n == name and shape == tuple(tensor.shape) and dtype == tensor.dtype and \
-            self.buffer.device == tensor.device
+            self.blocks[block].device == tensor.device
 
-    def _allocate(self, tensors: list[tuple[str, torch.Tensor]], device: torch.device) -> None:
-        """A buffer on ``device`` for this layout, filled with ``tensors`` (the old one dropped)."""
-        self.close()
-        layout, offset = [], ALIGN
-        for name, t in tensors:
-            layout.append((name, tuple(t.shape), t.dtype, offset))
-            offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-        self._new_buffer(offset, device)
-        self.layout = layout
-        for i, (_, t) in enumerate(tensors):
-            self._view(i).copy_(t)
+    def _place(self, position: int, name: str, tensor: torch.Tensor) -> None:
+        """Lay out parameter ``position`` (the entries after it dropped) in the first block with
+        room, or in a new block."""
+        if self.blocks and self.blocks[0].device != tensor.device:
+            if position:
+                raise ValueError(f"weight push (ipc): {name} is on {tensor.device}, the push's earlier tensors on "
+                                 f"{self.blocks[0].device}; one push is sent from one device")
+            self.close()  # another device: nothing of the old buffer is of use
+        self._truncate(position)
+        nbytes = _aligned(tensor.numel() * tensor.element_size())
+        block = next((b for b, used in enumerate(self._used) if used + nbytes <= self.blocks[b].numel()), None)
+        if block is None:
+            block = len(self.blocks)
+            header = 0 if self.blocks else ALIGN
+            self._new_block(max(self.block_bytes, header + nbytes), tensor.device)
+        self.layout.append((name, tuple(tensor.shape), tensor.dtype, block, self._used[block]))
+        self._used[block] += nbytes
 
-    def _new_buffer(self, nbytes: int, device: torch.device) -> None:
+    def _truncate(self, kept: int) -> None:
+        """Keep the first ``kept`` entries of the layout; blocks left empty at the end are freed."""
+        self.layout = self.layout[:kept]
+        self._used = [ALIGN if b == 0 else 0 for b in range(len(self.blocks))]
+        for _, shape, dtype, block, offset in self.layout:
+            self._used[block] = max(self._used[block], offset + _aligned(torch.Size(shape).numel() * dtype.itemsize))
+        while len(self.blocks) > 1 and self._used[-1] == 0:
+            self._used.pop()
+            self.blocks.pop()
+            del self._exported[len(self.blocks):]
+            if self._shms:
+                _drop(self._shms.pop())
+
+    def _new_block(self, nbytes: int, device: torch.device) -> None:
         if device.type == "cuda":
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            block = torch.empty(nbytes, dtype=torch.uint8, device=device)
         else:
             from multiprocessing import shared_memory
 
-            self._shm = shared_memory.SharedMemory(create=True, size=nbytes)
-            self.buffer = torch.frombuffer(self._shm.buf, dtype=torch.uint8)
+            shm = shared_memory.SharedMemory(create=True, size=nbytes)
+            self._shms.append(shm)
+            block = torch.frombuffer(shm.buf, dtype=torch.uint8)
+        self.blocks.append(block)
+        self._used.append(0 if len(self.blocks) > 1 else ALIGN)
 
     def send_shards(self, partitions: Iterator[tuple[str, tuple[int, ...], torch.Tensor]], version: int,
                     group: Any = None) -> WeightHandle:
@@ -124,145 +172,161 @@ class IpcPush:
         import torch.distributed as dist
 
         rank, sources = self.rank, self.sources
-        if dist.get_rank(group) != rank or dist.get_world_size(group) != sources:
+        if not self.pull and (dist.get_rank(group) != rank or dist.get_world_size(group) != sources):
             raise ValueError(f"weight push (ipc): learner rank {rank} of {sources} sends partitions over a group where "
                              f"it is rank {dist.get_rank(group)} of {dist.get_world_size(group)}")
         wire = WIRE_DTYPES.get(self.cfg.dtype)
         parts = [(name, tuple(int(d) for d in shape), t.detach()) for name, shape, t in partitions]
         params = [(name, shape, wire or t.dtype) for name, shape, t in parts]
         device = parts[0][2].device
-        if params != self._params or self.buffer is None or self.buffer.device != device:
+        if params != self._params or not self.blocks or self.blocks[0].device != device:
             self._lay_out(params, sources, device)
         rounds = [rnd for rnd, _ in self._rounds]
         for (rnd, offset), segment, (_, mine) in zip(self._rounds, self._segments,
                                                      iter_segments(rounds, iter(parts), sources), strict=True):
             for piece, part in zip(rnd.pieces, mine, strict=True):
                 segment[piece.offset: piece.offset + part.numel()].copy_(part)
-            dist.all_gather_into_tensor(self._rows(rnd, offset, sources).view(-1), segment, group=group)
-        self.buffer[:8].view(torch.int64).fill_(version)
-        if self.buffer.is_cuda:
-            torch.cuda.synchronize(self.buffer.device)
-        return WeightHandle(version, "ipc", {"buffer": self._export(), "plan": self._plan})
+            if not self.pull:
+                dist.all_gather_into_tensor(self._rows(rnd, offset, sources).view(-1), segment, group=group)
+        return self._publish(version, {"plan": self._plan})
 
     def _lay_out(self, params: list[tuple[str, tuple[int, ...], torch.dtype]], sources: int,
                  device: torch.device) -> None:
-        """One round per run of parameters of one wire dtype, each S rows of its segment."""
+        """One block: one round per run of parameters of one wire dtype, each S rows of its segment
+        (pull: this rank's row alone, the segment written in place)."""
         self.close()
         rounds = plan_rounds(params, sources, bucket_bytes=1 << 62)
-        placed, end = _placed(rounds, sources)
-        self._new_buffer(end, device)
+        placed, end = placed_rounds(rounds, 1 if self.pull else sources)
+        self._new_block(end, device)
+        self._used[0] = end
         self._params, self._rounds, self._plan = params, placed, encode_plan(rounds, sources)
-        self._segments = [torch.zeros(rnd.segment, dtype=rnd.dtype, device=device) for rnd in rounds]
+        self._segments = [self._rows(rnd, offset, 1)[0] if self.pull else
+                          torch.zeros(rnd.segment, dtype=rnd.dtype, device=device) for rnd, offset in placed]
 
     def _rows(self, rnd: Round, offset: int, sources: int, buffer: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """[sources, segment] of round ``rnd`` in the buffer: row r is learner rank r's segment."""
-        buffer = self.buffer if buffer is None else buffer
+        """[sources, segment] of round ``rnd`` in block 0: row r is learner rank r's segment."""
+        buffer = self.blocks[0] if buffer is None else buffer
         nbytes = sources * rnd.segment * rnd.dtype.itemsize
         return buffer[offset:offset + nbytes].view(rnd.dtype).view(sources, rnd.segment)
 
-    def _view(self, i: int, buffer: Optional[torch.Tensor] = None,
+    def _view(self, i: int, blocks: Optional[list[torch.Tensor]] = None,
               layout: Optional[list] = None) -> torch.Tensor:
-        buffer = self.buffer if buffer is None else buffer
-        _, shape, dtype, offset = (self.layout if layout is None else layout)[i]
+        blocks = self.blocks if blocks is None else blocks
+        _, shape, dtype, block, offset = (self.layout if layout is None else layout)[i]
         nbytes = torch.Size(shape).numel() * dtype.itemsize
-        return buffer[offset:offset + nbytes].view(dtype).view(shape)
+        return blocks[block][offset:offset + nbytes].view(dtype).view(shape)
 
-    def _export(self) -> dict:
-        if self._exported is None:
-            if self.buffer.is_cuda:
+    def _export(self) -> list[dict]:
+        for b in range(len(self._exported), len(self.blocks)):
+            block = self.blocks[b]
+            if block.is_cuda:
                 from torch.multiprocessing.reductions import reduce_tensor
 
-                rebuild, args = reduce_tensor(self.buffer)
-                self._exported = {"kind": "cuda", "rebuild": rebuild, "args": args, "key": uuid.uuid4().hex,
-                                  "device": device_uuid(self.buffer.device)}
+                rebuild, args = reduce_tensor(block)
+                self._exported.append({"kind": "cuda", "rebuild": rebuild, "args": args, "key": uuid.uuid4().hex,
+                                       "device": device_uuid(block.device), "host": socket.gethostname()})
             else:
-                self._exported = {"kind": "shm", "name": self._shm.name, "size": self.buffer.numel(),
-                                  "key": self._shm.name}
-        return self._exported
+                self._exported.append({"kind": "shm", "name": self._shms[b].name, "size": block.numel(),
+                                       "key": self._shms[b].name})
+        return list(self._exported)
 
     # ---- rollout worker -------------------------------------------------------------------
     def receive(self, handle: WeightHandle, load: LoadFn) -> int:
         if handle.ref is None:
             raise RuntimeError(f"weight push (ipc): the handle of version {handle.version} carries no buffer; the "
                                "worker's learner rank sent nothing (is it on this worker's device?)")
-        buffer = self._map(handle.ref["buffer"])
-        self._check(buffer, handle.version, "before")
+        blocks = self.map_blocks(handle.ref["blocks"])
+        self.check_version(blocks[0], handle.version, "before")
         if "plan" in handle.ref:  # send_shards: put every parameter together from the ranks' rows
             sources, rounds = decode_plan(handle.ref["plan"], f"weight push (ipc) of version {handle.version}")
-            placed, end = _placed(rounds, sources)
-            if end > buffer.numel():
+            placed, end = placed_rounds(rounds, sources)
+            if end > blocks[0].numel():
                 raise ValueError(f"weight push (ipc) of version {handle.version}: the plan needs {end} bytes, the "
-                                 f"learner rank's buffer has {buffer.numel()}")
+                                 f"learner rank's buffer has {blocks[0].numel()}")
             for rnd, offset in placed:
-                assemble(self._rows(rnd, offset, sources, buffer), rnd, sources, load)
+                assemble(self._rows(rnd, offset, sources, blocks[0]), rnd, sources, load)
         else:
             layout = handle.ref["layout"]
-            load([(name, self._view(i, buffer, layout)) for i, (name, *_) in enumerate(layout)])
-        if buffer.is_cuda:
-            torch.cuda.synchronize(buffer.device)
-        self._check(buffer, handle.version, "while")
+            load([(name, self._view(i, blocks, layout)) for i, (name, *_) in enumerate(layout)])
+        if blocks[0].is_cuda:  # the copies were issued on this thread's stream (a staging stream beside requests)
+            torch.cuda.current_stream(blocks[0].device).synchronize()
+        self.check_version(blocks[0], handle.version, "while")
         return handle.version
 
-    def _map(self, exported: dict) -> torch.Tensor:
-        key = exported["key"]  # one per sender buffer: a mapping is kept until the buffer changes
-        if self._mapped is not None and self._mapped[0] == key:
-            return self._mapped[1]
-        self._unmap()
-        if exported["kind"] == "cuda":
-            mine = device_uuid(torch.device("cuda", torch.cuda.current_device()))
-            if mine != exported["device"]:
-                raise RuntimeError(
-                    f"weight push (ipc): this worker's GPU ({mine}) is not its learner rank's ({exported['device']}); "
-                    "the ipc push needs every worker on its learner rank's GPU (cluster.colocate, no workers added "
-                    "by scaling): set weights.backend to object_store"
-                )
-            buffer = exported["rebuild"](*exported["args"])
-        else:
-            from multiprocessing import shared_memory
+    def map_blocks(self, exported: list[dict]) -> list[torch.Tensor]:
+        """Each block of the sender's buffer, mapped once: a mapping is kept while the handle's
+        block (its key) stays in the buffer, and dropped when it leaves."""
+        keys = [e["key"] for e in exported]
+        for key in [k for k in self._mapped if k not in keys]:
+            self._unmap(key)
+        for e in exported:
+            if e["key"] in self._mapped:
+                continue
+            if e["kind"] == "cuda" and self.pull:  # another GPU of this host: its memory is read over the link
+                if e["host"] != socket.gethostname():
+                    raise RuntimeError(
+                        f"weight push (peer): this rollout worker runs on {socket.gethostname()}, its learner rank on "
+                        f"{e['host']}; the peer push reads the learner's memory and needs every worker on the "
+                        "learner's host: set weights.backend to nccl"
+                    )
+                self._mapped[e["key"]] = (e["rebuild"](*e["args"]), None)
+            elif e["kind"] == "cuda":
+                mine = device_uuid(torch.device("cuda", torch.cuda.current_device()))
+                if mine != e["device"]:
+                    raise RuntimeError(
+                        f"weight push (ipc): this worker's GPU ({mine}) is not its learner rank's ({e['device']}); the "
+                        "ipc push needs every worker on its learner rank's GPU (cluster.colocate, no workers added by "
+                        "scaling): set weights.backend to object_store"
+                    )
+                self._mapped[e["key"]] = (e["rebuild"](*e["args"]), None)
+            else:
+                from multiprocessing import shared_memory
 
-            self._shm = shared_memory.SharedMemory(name=exported["name"])
-            _untrack(self._shm)
-            buffer = torch.frombuffer(self._shm.buf, dtype=torch.uint8)[: exported["size"]]
-        self._mapped = (key, buffer)
-        return buffer
+                shm = shared_memory.SharedMemory(name=e["name"])
+                _untrack(shm)
+                self._mapped[e["key"]] = (torch.frombuffer(shm.buf, dtype=torch.uint8)[: e["size"]], shm)
+        return [self._mapped[k][0] for k in keys]
 
-    @staticmethod
-    def _check(buffer: torch.Tensor, version: int, when: str) -> None:
+    def check_version(self, buffer: torch.Tensor, version: int, when: str) -> None:
+        """The version in ``buffer``'s header is ``version`` (``when``: before or while reading)."""
         held = int(buffer[:8].view(torch.int64).item())
-        if held != version:
-            raise RuntimeError(
-                f"weight push (ipc): the learner rank's buffer holds version {held} {when} this worker read version "
-                f"{version}: rank and worker must take turns (algorithm.max_staleness 0); nothing was loaded"
-                if when == "before" else
-                f"weight push (ipc): the learner rank's buffer was overwritten with version {held} while this worker "
-                f"read version {version}: rank and worker must take turns (algorithm.max_staleness 0)"
-            )
+        if held == version:
+            return
+        fix = ("the sender rewrote its buffer before every receiver had pulled it (a fault of the push's protocol)"
+               if self.pull else "rank and worker must take turns (algorithm.max_staleness 0)")
+        raise RuntimeError(
+            f"weight push (ipc): the learner rank's buffer holds version {held} {when} this worker read version "
+            f"{version}: {fix}; nothing was loaded" if when == "before" else
+            f"weight push (ipc): the learner rank's buffer was overwritten with version {held} while this worker "
+            f"read version {version}: {fix}"
+        )
 
-    def _unmap(self) -> None:
-        self._mapped = None
-        if self._shm is not None and self.buffer is None:  # a receiver's mapping
-            _close(self._shm)
-            self._shm = None
+    def _unmap(self, key: str) -> None:
+        _, shm = self._mapped.pop(key)
+        if shm is not None:  # a receiver's opened block is the sender's to unlink
+            _close(shm)
 
     def close(self) -> None:
-        """Drop the buffer (sender: the shared block is unlinked) or the mapping (receiver)."""
-        if self.buffer is not None:
-            self.buffer, self._exported, self.layout = None, None, []
-            self._params, self._rounds, self._plan, self._segments = [], [], b"", []
-            if self._shm is not None:
-                _close(self._shm)
-                self._shm.unlink()
-                self._shm = None
-        self._unmap()
+        """Drop the buffer (sender: its shared blocks are unlinked) or the mappings (receiver)."""
+        self.blocks, self._used, self._exported, self.layout = [], [], [], []
+        self._params, self._rounds, self._plan, self._segments = [], [], b"", []
+        while self._shms:
+            _drop(self._shms.pop())
+        for key in list(self._mapped):
+            self._unmap(key)
 
 
-def _placed(rounds: list[Round], sources: int) -> tuple[list[tuple[Round, int]], int]:
-    """Each round's byte offset in the buffer (after the header, each aligned) and the buffer's size."""
+def placed_rounds(rounds: list[Round], sources: int) -> tuple[list[tuple[Round, int]], int]:
+    """Each round's byte offset in block 0 (after the header, each aligned) and the block's size."""
     placed, offset = [], ALIGN
     for rnd in rounds:
         placed.append((rnd, offset))
         offset += -(-sources * rnd.segment * rnd.dtype.itemsize // ALIGN) * ALIGN
     return placed, offset
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 def device_uuid(device: torch.device) -> str:
@@ -279,6 +343,12 @@ def _close(shm: Any) -> None:
         shm.close()
     except BufferError:
         pass
+
+
+def _drop(shm: Any) -> None:
+    """A sender's shared block: closed and unlinked."""
+    _close(shm)
+    shm.unlink()
 
 
 def _untrack(shm: Any) -> None:

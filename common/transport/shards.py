@@ -141,29 +141,38 @@ def segment_view(parts: Sequence[torch.Tensor], dtype: torch.dtype, device: torc
 Loader = Callable[[list[tuple[str, torch.Tensor]]], None]
 
 
-def assemble(rows: torch.Tensor, rnd: Round, sources: int, loader: Loader) -> None:
+def assemble(rows: torch.Tensor | Sequence[torch.Tensor], rnd: Round, sources: int, loader: Loader) -> None:
     """Put round ``rnd``'s parameters together from ``rows`` [sources, segment] (row r: source
     r's segment) and hand them to ``loader``: into its destinations where it offers them
-    (``loader.target(name, shape)``), else as new tensors."""
+    (``loader.target(name, shape)``), else as new tensors. ``rows`` may also be a list of S
+    separate rows (each source's segment in memory of its own, read where it lies: a peer pull,
+    common/transport/peer.py): each piece is then copied row by row, one contiguous copy each."""
     target = getattr(loader, "target", None)
+    separate = not isinstance(rows, torch.Tensor)
+    first = rows[0]
     loose: list[tuple[str, torch.Tensor]] = []
     for piece in rnd.pieces:
         numel, part = piece.numel, partition_numel(piece.numel, sources)
         if sources == 1:  # the parameter lies whole in the one row: a view
-            loose.append((piece.name, rows[0, piece.offset: piece.offset + numel].view(piece.shape)))
+            loose.append((piece.name, first[piece.offset: piece.offset + numel].view(piece.shape)))
             continue
         dest = target(piece.name, piece.shape) if target is not None else None
         if dest is None or not dest.is_contiguous():
-            dest, own = torch.empty(piece.shape, dtype=rows.dtype, device=rows.device), True
+            dest, own = torch.empty(piece.shape, dtype=first.dtype, device=first.device), True
         else:
             own = False
         flat = dest.view(-1)
-        cols = rows[:, piece.offset: piece.offset + part]
-        whole, rest = divmod(numel, part)
-        if whole:
-            flat[: whole * part].view(whole, part).copy_(cols[:whole])
-        if rest:
-            flat[whole * part:].copy_(cols[whole, :rest])
+        if separate:
+            for r in range(-(-numel // part)):  # the sources that hold any of it (the last may hold less)
+                n = min(part, numel - r * part)
+                flat[r * part: r * part + n].copy_(rows[r][piece.offset: piece.offset + n])
+        else:
+            cols = rows[:, piece.offset: piece.offset + part]
+            whole, rest = divmod(numel, part)
+            if whole:
+                flat[: whole * part].view(whole, part).copy_(cols[:whole])
+            if rest:
+                flat[whole * part:].copy_(cols[whole, :rest])
         if own:
             loose.append((piece.name, dest))
     if loose:

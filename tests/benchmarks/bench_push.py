@@ -44,6 +44,10 @@ raw_busy         the raw broadcast again while the receivers generate as in ``bu
                  receiver's host waits for its last broadcast, no device-wide drain): the busy
                  modes' fair denominator, recorded as their ``ratio_to_raw_busy`` when it runs
                  before them
+peer_staged      ``weights.backend: peer`` into the staging copy, the receiver idle: each learner rank
+                 copies its partitions into a buffer of its own and the receiver pulls every rank's
+                 rows with its copy engines (CUDA IPC), putting each parameter together in place
+peer_busy        the same beside the receiver's generation (as ``busy``)
 A mode may name its bucket size: ``busy@2048`` (MiB; default the first ``--bucket-mb``).
 Each: one warm-up, then the median of ``--reps`` (the slowest rank's time, all ranks started after
 a barrier; a staged push's time is its stage, not the later swap). Checked after, bit for bit,
@@ -71,7 +75,8 @@ import torch.distributed as dist
 
 # --engine's staged modes: whether the receiver generates meanwhile. Two weights options timed beside
 # generation at de86cdd were not kept (BENCHMARKS.md): weights.high_priority, weights.stage_pause
-STAGED = {"staged": False, "busy": True}
+STAGED = {"staged": False, "busy": True, "peer_staged": False, "peer_busy": True}
+PEER = ("peer_staged", "peer_busy")  # the pull push (weights.backend: peer): the receiver reads each rank's buffer
 
 
 def parse() -> argparse.Namespace:
@@ -373,8 +378,8 @@ def engine_main(a: argparse.Namespace) -> None:
             base, _, mode_mb = mode.partition("@")
             generating = STAGED.get(base, False)
             source = "gather" if base == "gather" else "shards"
-            cfg = WeightPushConfig(backend=backend, timeout_s=a.timeout_s, bucket_mb=float(mode_mb or bucket_mb),
-                                   source=source)
+            cfg = WeightPushConfig(backend="peer" if base in PEER else backend, timeout_s=a.timeout_s,
+                                   bucket_mb=float(mode_mb or bucket_mb), source=source)
             s = sources if source == "shards" else 0
             first = max(s, 1)
             member = (rank < first) if learner else True
@@ -400,10 +405,11 @@ def engine_main(a: argparse.Namespace) -> None:
                 version["v"] += 1
                 v = version["v"]
                 if receiver is not None:
-                    receiver.stage_weights(push, WeightHandle(v, backend), keep_order=False, timeout_s=a.timeout_s)
+                    receiver.stage_weights(push, WeightHandle(v, cfg.backend), keep_order=False,
+                                           timeout_s=a.timeout_s)
                 elif not learner:
                     loader = ParameterLoader(policy)
-                    push.receive(WeightHandle(v, backend), loader)
+                    push.receive(WeightHandle(v, cfg.backend), loader)
                     loader.finish()
                 elif s:
                     if push is not None:
@@ -421,7 +427,7 @@ def engine_main(a: argparse.Namespace) -> None:
                 with torch.no_grad():  # onto zeros: only the swap can make the check below pass
                     for _, p in named:
                         p.zero_()
-                receiver.update_weights(push, WeightHandle(version["v"], backend))
+                receiver.update_weights(push, WeightHandle(version["v"], cfg.backend))
             stats = dict(getattr(push, "stats", {}) or {}) if push is not None and rank == 0 else {}
             sums = checksums()
             expected = sums.clone()

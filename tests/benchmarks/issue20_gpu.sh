@@ -152,6 +152,26 @@
 #                          checkpoint: several tokens a forward, the cache's refresh forwards), at 512, 2048 and
 #                          4096 MiB rounds: whether fewer broadcasts shorten the push beside generation, and the
 #                          raw broadcast beside the same generation (raw_busy: the busy pushes' fair denominator)
+#   call52 (1 GPU, carry .whl and .before: the tree of 9cc0c9e, whose same-device push laid its buffer out
+#                          through the host at the first push, with this bench_ipc_push.py copied in; never
+#                          committed) the same-device push's GPU tests; then bench_ipc_push at LLaDA-8B with the
+#                          buffer in blocks, with the tree before, and in blocks again
+#   call53 (a 4-GPU host, carry .whl) the receiver's copy engines pulling 3 sources' shares of LLaDA-8B's bytes
+#                          beside its own generation (bench_peer_pull), then call51's push beside generation at
+#                          512, 2048 and 4096 MiB rounds (3 repetitions), on the same machine
+#   call54 (a 4-GPU host, carry .whl) call53's push beside generation with NCCL's copy-engine transfers
+#                          (NCCL_P2P_USE_CUDA_MEMCPY=1 in every rank): raw, raw_busy, busy
+#   call55 (2 GPUs, carry .whl) call53 and call54 at 1 rank -> 1 receiver, 11 layers: the copy-engine pull beside
+#                          generation; the push beside generation at 512, 2048, 4096 MiB rounds; the same with
+#                          NCCL's copy-engine transfers
+#   call59 (2 GPUs, carry .whl) the pull push (weights.backend: peer): its GPU tests and the same-device push's;
+#                          then bench_push --engine at 1 rank -> 1 receiver, 11 layers: the raw broadcast beside
+#                          generation, the broadcast into the staging copy idle and beside generation, the pull
+#                          idle and beside generation
+#   call60 (2 GPUs, carry .whl) the 11-layer LLaDA job (1 rank + 1 worker, 6 steps, the save after step 4)
+#                          with weights.backend=peer, beside the raw broadcast of the same card (its push part)
+#   call61 (a 4-GPU host, carry .whl) call59's pushes at 3 ZeRO-3 ranks -> 1 receiver, LLaDA-8B; then call50's
+#                          4-GPU job with weights.backend=peer
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -571,6 +591,58 @@ case "${1:-}" in
       --modes raw_busy,staged,busy,busy@2048,busy@4096 --out "$OUT/push_busy_rounds.json" > "$OUT/push_busy_rounds.log" 2>&1
     echo "push beside generation, round sizes: rc $?"
     bundle ;;
+  call52)
+    python3 -m pytest -q tests/gpu/test_ipc_push_gpu.py > "$OUT/ipc_gpu_tests.log" 2>&1
+    echo "ipc GPU tests: rc $?"
+    for run in blocks before blocks_again; do
+      tree=.; [ "$run" = before ] && tree=.before
+      (cd "$tree" && python3 tests/benchmarks/bench_ipc_push.py --out "$OUT/ipc_push_$run.json") > "$OUT/ipc_push_$run.log" 2>&1
+      echo "ipc push, $run: rc $?"
+    done
+    bundle ;;
+  call53)
+    python3 tests/benchmarks/bench_peer_pull.py --sources 3 --out "$OUT/peer_pull.json" > "$OUT/peer_pull.log" 2>&1
+    echo "peer pull beside generation: rc $?"
+    python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
+      --modes raw_busy,staged,busy,busy@2048,busy@4096 --out "$OUT/push_busy_rounds.json" > "$OUT/push_busy_rounds.log" 2>&1
+    echo "push beside generation, round sizes: rc $?"
+    bundle ;;
+  call54)
+    NCCL_P2P_USE_CUDA_MEMCPY=1 timeout 540 python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 \
+      --reps 3 --modes raw_busy,busy --timeout-s 60 --out "$OUT/push_busy_nccl_ce.json" > "$OUT/push_busy_nccl_ce.log" 2>&1
+    echo "push beside generation, NCCL copy engines: rc $?"
+    bundle ;;
+  call55)
+    python3 tests/benchmarks/bench_peer_pull.py --sources 1 --layers 11 --out "$OUT/peer_pull_1.json" \
+      > "$OUT/peer_pull_1.log" 2>&1
+    echo "peer pull beside generation, 1 source: rc $?"
+    python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --reps 3 \
+      --modes raw_busy,staged,busy,busy@2048,busy@4096 --out "$OUT/push_busy_rounds_1.json" > "$OUT/push_busy_rounds_1.log" 2>&1
+    echo "push beside generation, round sizes, 1 rank: rc $?"
+    NCCL_P2P_USE_CUDA_MEMCPY=1 timeout 200 python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 \
+      --layers 11 --reps 3 --modes raw_busy,busy --timeout-s 60 --out "$OUT/push_busy_nccl_ce_1.json" \
+      > "$OUT/push_busy_nccl_ce_1.log" 2>&1
+    echo "push beside generation, NCCL copy engines, 1 rank: rc $?"
+    bundle ;;
+  call59)
+    python3 -m pytest -q tests/gpu/test_peer_push_gpu.py tests/gpu/test_ipc_push_gpu.py > "$OUT/peer_gpu_tests.log" 2>&1
+    echo "peer and ipc GPU tests: rc $?"
+    python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --reps 5 \
+      --modes raw_busy,staged,busy,peer_staged,peer_busy --out "$OUT/push_peer_1rank.json" > "$OUT/push_peer_1rank.log" 2>&1
+    echo "push beside generation, broadcast and pull, 1 rank: rc $?"
+    bundle ;;
+  call60)
+    OUT=$OUT/sys_peer bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_llada \
+      --parts ckpt_llada_short,matmul,push,system_llada --no-profile --no-resume --steps 6 --checkpoint-at 4 \
+      --deadline-s 560 --job-set weights.backend=peer
+    echo "the 11-layer job with the pull push: rc $?"
+    cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
+    bundle ;;
+  call61)
+    python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
+      --modes raw_busy,busy,peer_staged,peer_busy --out "$OUT/push_peer_3ranks.json" > "$OUT/push_peer_3ranks.log" 2>&1
+    echo "push beside generation, broadcast and pull, 3 ranks: rc $?"
+    system4 sys4_peer 6 4 weights.backend=peer ;;
   call50)
     shift
     name="$*"
@@ -579,5 +651,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61" >&2; exit 2 ;;
 esac

@@ -324,6 +324,21 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
             f"{fmt(d.get('worker_extra_gb'), '.1f')} GB)",
         )
     )
+    first, later, raw = (part(data, "ipc_push", n) for n in ("first_push", "push", "raw_copy"))
+    ratio = later.get("first_over_later_total")
+    out.append(
+        (
+            "9 same-device push (ipc): first push / a later one, send + receive",
+            fmt(ratio, ".2f", "x"),
+            "-",
+            "-",
+            f"first {fmt(first.get('send_s'), '.3f')} + {fmt(first.get('receive_s'), '.3f')} s, later "
+            f"{fmt(later.get('median_send_s'), '.3f')} + {fmt(later.get('median_receive_s'), '.3f')} s (send + "
+            f"receive); the sender's raw device copy {fmt(raw.get('median_s'), '.3f')} s; bit-identical: "
+            f"{first.get('weights_bit_identical')}/{later.get('weights_bit_identical')}"
+            if later else _status(data, "ipc_push"),
+        )
+    )
     return out
 
 

@@ -7,7 +7,7 @@ tests/benchmarks/results/ at the end. Jobs write their own JSON into a scratch d
 
 Schedule on a machine with 2+ GPUs (two lanes at once, then the jobs that need both GPUs):
 
-    lane GPU 0:  matmul -> full_attention (targets 1-3)
+    lane GPU 0:  matmul -> full_attention -> ipc_push (targets 1-3, 9)
     lane GPU 1:  matmul -> block_diffusion -> lora_push -> learner_1gpu (targets 1, 4, 8, 5)
     then:        push -> async -> learner_2gpu (targets 6, 7, 5)
 
@@ -149,7 +149,8 @@ def plan(n_gpus: int, tiny: bool, work: Path, quick: bool = False, rehearsal: bo
         g0, g1 = ([0], [1]) if n_gpus else ([], [])
         both = [0, 1] if n_gpus else []
         lane0 = [job("matmul_gpu0", "bench_matmul.py", g0, 90),
-                 job("full_attention", "bench_full_attention.py", g0, 300, peak="matmul_gpu0")]
+                 job("full_attention", "bench_full_attention.py", g0, 300, peak="matmul_gpu0"),
+                 job("ipc_push", "bench_ipc_push.py", g0, 180)]
         lane1 = [job("matmul_gpu1", "bench_matmul.py", g1, 90),
                  job("block_diffusion", "bench_block_diffusion.py", g1, 180, peak="matmul_gpu1"),
                  job("lora_push", "bench_lora_push.py", g1, 240, ["--engine"]),
@@ -167,6 +168,7 @@ def plan(n_gpus: int, tiny: bool, work: Path, quick: bool = False, rehearsal: bo
                 job("full_attention", "bench_full_attention.py", [0], 300, peak="matmul_gpu0"),
                 job("block_diffusion", "bench_block_diffusion.py", [0], 180, peak="matmul_gpu0"),
                 job("lora_push", "bench_lora_push.py", [0], 240, ["--engine"]),
+                job("ipc_push", "bench_ipc_push.py", [0], 180),
                 job("learner_1gpu", "bench_learner.py", [0], 240, ["--world", "1"], peak="matmul_gpu0")]
         for name in ("learner_2gpu", "push", "async"):
             skipped[name] = "needs 2 GPUs"

@@ -3,7 +3,7 @@
 gathered push (before) and the sharded push (after) run, deliver the learner's weights bit for bit,
 and the sharded push sends DeepSpeed's partitions as they lie (no packing copy); the staged modes
 take it into a rollout engine's staging copy, idle and beside requests the receiver generates,
-and deliver it the same."""
+and deliver it the same, as does the pull push (peer modes: the receiver reads each rank's buffer)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.e2e
-STAGED = ("staged", "busy", "busy@0.1")
+STAGED = ("staged", "busy", "busy@0.1", "peer_staged", "peer_busy")
 MODES = ",".join(("gather", "shards", "raw_busy", *STAGED))
 
 
@@ -39,8 +39,8 @@ def test_engine_push_benchmark_runs_its_tiny_path(tmp_path):
     for mode in STAGED:
         push = parts[f"push_{mode}"]
         assert push["weights_bit_identical"] and push["median_s"] > 0 and push["sources"] == 2, mode
-        assert ("receiver_requests" in push) == (mode != "staged"), mode
-    for mode in STAGED[1:]:  # it was generating, more than one token per row a forward (the scaled head)
+        assert ("receiver_requests" in push) == ("busy" in mode), mode
+    for mode in (m for m in STAGED if "busy" in m):  # it was generating, more than one token per row a forward
         requests = parts[f"push_{mode}"]["receiver_requests"]
         assert requests["done"] >= 1 and requests["tokens_per_forward"] > 32, (mode, requests)  # 32 rows
     assert parts["push_busy@0.1"]["bucket_mb"] == 0.1 and parts["push_busy"]["bucket_mb"] == 0.05
@@ -48,4 +48,5 @@ def test_engine_push_benchmark_runs_its_tiny_path(tmp_path):
     assert raw_busy["median_s"] > 0 and raw_busy["receiver_requests"]["done"] >= 1
     assert parts["push_busy"]["ratio_to_raw_busy"] == parts["push_busy"]["median_s"] / raw_busy["median_s"]
     assert parts["push_staged"]["ratio_to_raw_busy"] is None  # idle: set against the idle raw only
+    assert parts["push_peer_busy"]["ratio_to_raw_busy"] == parts["push_peer_busy"]["median_s"] / raw_busy["median_s"]
     assert parts["push_busy@0.1"]["rank0_segments"]["rounds"] < segments["rounds"]

@@ -15,8 +15,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.e2e
 
-JOBS = {"matmul_gpu0", "matmul_gpu1", "full_attention", "block_diffusion", "lora_push", "learner_1gpu", "push", "async",
-        "learner_2gpu"}
+JOBS = {"matmul_gpu0", "matmul_gpu1", "full_attention", "block_diffusion", "lora_push", "ipc_push", "learner_1gpu",
+        "push", "async", "learner_2gpu"}
 
 
 def _run(*args) -> subprocess.CompletedProcess:
@@ -49,6 +49,9 @@ def test_every_component_benchmark_runs_its_tiny_path(tmp_path):
     assert parts["lora_push"]["ratio"]["receiver_weights_equal"] is True
     assert parts["lora_push"]["ratio"]["receiver_weights_equal_shards"] is True  # the sharded adapter push
     assert parts["lora_push"]["adapters"]["learner_s"] > 0 and parts["lora_push"]["merged"]["wire_gb"] > 0
+    ipc = parts["ipc_push"]  # the same-device push: first and later pushes delivered bit for bit, timed both sides
+    assert ipc["first_push"]["weights_bit_identical"] and ipc["push"]["weights_bit_identical"]
+    assert ipc["first_push"]["send_s"] > 0 and ipc["push"]["median_receive_s"] > 0 and ipc["raw_copy"]["median_s"] > 0
     assert {k for k in parts["async"] if k.startswith("eta")} >= {"eta0", "eta1"}, list(parts["async"])
     table = (tmp_path / "table.md").read_text()
     assert "| learner_2gpu | ok |" in table

@@ -16,7 +16,7 @@ def test_one_gpu_runs_one_lane_and_skips_the_two_gpu_jobs(tmp_path):
     assert [[j.name for j in lane] for lane in lanes] == [["matmul_gpu0", "block_diffusion", "learner_1gpu"]]
     assert after == [] and all(j.gpus == [0] for j in lanes[0])
     assert skipped == {"push": "needs 2 GPUs", "async": "needs 2 GPUs", "learner_2gpu": "needs 2 GPUs",
-                       "full_attention": "not in --only", "lora_push": "not in --only"}
+                       "full_attention": "not in --only", "lora_push": "not in --only", "ipc_push": "not in --only"}
     bd, learner = lanes[0][1], lanes[0][2]
     assert "--quick" in bd.args and bd.timeout_s == QUICK["block_diffusion"][0]
     assert learner.peak_from == "matmul_gpu0"
@@ -27,7 +27,7 @@ def test_one_gpu_runs_one_lane_and_skips_the_two_gpu_jobs(tmp_path):
 
 def test_two_gpus_run_two_lanes_then_the_jobs_that_need_both(tmp_path):
     lanes, after, skipped = plan(2, False, tmp_path)
-    assert [j.name for j in lanes[0]] == ["matmul_gpu0", "full_attention"]
+    assert [j.name for j in lanes[0]] == ["matmul_gpu0", "full_attention", "ipc_push"]
     assert [j.name for j in lanes[1]] == ["matmul_gpu1", "block_diffusion", "lora_push", "learner_1gpu"]
     assert [j.name for j in after] == ["push", "async", "learner_2gpu"] and not skipped
 

@@ -6,7 +6,8 @@ tiny model's sizes (64, 97·64, 64·64, 32·64, ...) most element counts do not 
 last partitions carry padding; the input and output embeddings are tied (one parameter, one name);
 parameters under 2,000 elements (the norms) stay gathered (ZeRO-3's persistent ones), the others not.
 The learner end is ``LearnerWorker``'s own set-up and push; the same group also carries the
-earlier path (rank 0 gathers: ``weights.source: gather``) for comparison."""
+earlier path (rank 0 gathers: ``weights.source: gather``) for comparison. Both run again over the
+pull push (``weights.backend: peer``): the receiver reads each rank's buffer instead."""
 from __future__ import annotations
 
 import functools
@@ -98,45 +99,50 @@ def assert_delivered(cluster, version: int) -> None:
     harness.assert_received(ray.get(receiver.weights.remote(), timeout=60), expected, version)
 
 
-def test_three_zero3_ranks_push_their_partitions_and_the_receiver_holds_the_gathered_weights(cluster):
+@pytest.mark.parametrize("backend", ["gloo", "peer"])
+def test_three_zero3_ranks_push_their_partitions_and_the_receiver_holds_the_gathered_weights(cluster, backend):
+    """gloo: each rank broadcasts its partitions; peer: the receiver pulls them from each rank's buffer."""
     learners, receiver = cluster
     assert all(ray.get([a.tied.remote() for a in learners]))
     learner_cfg = LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3))
-    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=0.05)  # several rounds
+    cfg = WeightPushConfig(backend=backend, timeout_s=60, bucket_mb=0.05)  # several rounds
     sources = push_sources(cfg, learner_cfg)
     assert sources == RANKS
     setup(cluster, cfg, sources)
     before = ray.get(receiver.weights.remote())[1]
-    for version in (1, 2):  # the group and its buffers are reused
+    base = 0 if backend == "gloo" else 10  # the receiver's versions only grow (the module's tests share it)
+    for version in (base + 1, base + 2):  # the group and its buffers are reused
         ray.get([a.train_once.remote(version) for a in learners])
         t0 = time.perf_counter()
-        sends, receives = push_calls("gloo", learners, [receiver], version)
+        sends, receives = push_calls(backend, learners, [receiver], version)
         assert ray.get(receives, timeout=120) == [version]
         assert all(h.version == version for h in ray.get(sends, timeout=120))
-        TIMES[f"push_shards_v{version}"] = time.perf_counter() - t0
+        TIMES[f"push_shards_{backend}_v{version}"] = time.perf_counter() - t0
         assert_delivered(cluster, version)
     after = ray.get(receiver.weights.remote())[1]
     assert not all(torch.equal(before[n], after[n]) for n in before)
     # staged beside a running request (weights.staging), then swapped in
-    ray.get([a.train_once.remote(3) for a in learners])
-    sends = [a.push_weights.remote(3) for a in learners]
+    ray.get([a.train_once.remote(base + 3) for a in learners])
+    sends = [a.push_weights.remote(base + 3) for a in learners]
     from common.transport.weights import WeightHandle
 
-    assert ray.get(receiver.stage_and_apply.remote(WeightHandle(3, "gloo")), timeout=120) == 3
+    assert ray.get(receiver.stage_and_apply.remote(WeightHandle(base + 3, backend)), timeout=120) == base + 3
     ray.get(sends, timeout=120)
-    assert_delivered(cluster, 3)
+    assert_delivered(cluster, base + 3)
 
 
-def test_the_gather_path_stays_selectable(cluster):
+@pytest.mark.parametrize("backend", ["gloo", "peer"])
+def test_the_gather_path_stays_selectable(cluster, backend):
     learners, receiver = cluster
-    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=0.05, source="gather")
+    cfg = WeightPushConfig(backend=backend, timeout_s=60, bucket_mb=0.05, source="gather")
     sources = push_sources(cfg, LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3)))
     assert sources == 0
     setup(cluster, cfg, sources)
-    ray.get([a.train_once.remote(4) for a in learners])
+    version = 20 if backend == "gloo" else 30
+    ray.get([a.train_once.remote(version) for a in learners])
     t0 = time.perf_counter()
-    sends, receives = push_calls("gloo", learners, [receiver], 4)
-    assert ray.get(receives, timeout=120) == [4]
+    sends, receives = push_calls(backend, learners, [receiver], version)
+    assert ray.get(receives, timeout=120) == [version]
     ray.get(sends, timeout=120)
-    TIMES["push_gather"] = time.perf_counter() - t0
-    assert_delivered(cluster, 4)
+    TIMES[f"push_gather_{backend}"] = time.perf_counter() - t0
+    assert_delivered(cluster, version)

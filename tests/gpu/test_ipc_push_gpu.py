@@ -1,6 +1,6 @@
 """The same-device weight push (common/transport/ipc.py) on CUDA: a second process maps the
-sender's device buffer through CUDA IPC and loads exactly what was sent, across two pushes of one
-layout (one mapping, the buffer rewritten in place); a handle of a version the buffer no longer
+sender's device buffer (one block, or two) through CUDA IPC and loads exactly what was sent,
+across two pushes of one layout (one mapping, the buffer rewritten in place); a handle of a version the buffer no longer
 holds is refused. With 2 GPUs: two ZeRO-3 ranks fill both buffers through one NCCL all-gather
 (``send_shards``) and the worker on each GPU loads the full weights.
 
@@ -41,17 +41,20 @@ def receiver(handles, results) -> None:
     end.close()
 
 
-def test_a_second_process_loads_the_buffer_through_cuda_ipc():
+@pytest.mark.parametrize("block_bytes", [None, 4096], ids=["one_block", "two_blocks"])
+def test_a_second_process_loads_the_buffer_through_cuda_ipc(block_bytes):
     ctx = mp.get_context("spawn")
     handles, results = ctx.Queue(), ctx.Queue()
     proc = ctx.Process(target=receiver, args=(handles, results))
     proc.start()
-    sender = IpcPush(WeightPushConfig(backend="ipc"))
+    sender = IpcPush(WeightPushConfig(backend="ipc"), **({"block_bytes": block_bytes} if block_bytes else {}))
     try:
         for version, seed in ((1, 0), (2, 1)):
             sent = weights(seed)
             handle = sender.send(iter(sent.items()), version)
-            assert handle.ref["buffer"]["kind"] == "cuda" and sender.buffer.is_cuda
+            blocks = handle.ref["blocks"]
+            assert all(b["kind"] == "cuda" for b in blocks) and all(b.is_cuda for b in sender.blocks)
+            assert len(blocks) == (2 if block_bytes else 1)  # 4096: a.weight (1 MiB) a block, b.bias the next
             handles.put(handle)
             got = results.get(timeout=120)
             assert got == {k: float(v.double().sum()) for k, v in sent.items()}

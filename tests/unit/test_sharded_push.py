@@ -340,10 +340,12 @@ def test_push_sources_and_the_group_the_driver_builds(monkeypatch):
     assert [name for name, method, _ in calls if method == "push_weights"] == ["learner0", "learner1", "learner2"]
 
 
-def test_a_missing_receiver_fails_every_source_in_time_naming_it():
+@pytest.mark.parametrize("backend", ["gloo", "peer"])
+def test_a_missing_receiver_fails_every_source_in_time_naming_it(backend):
+    """gloo: the sources' broadcast; peer: the sources offering their buffers (common/transport/peer.py)."""
     import time
 
-    cfg = WeightPushConfig(backend="gloo", timeout_s=2)
+    cfg = WeightPushConfig(backend=backend, timeout_s=2)
     port = free_port()
     errors: dict[int, BaseException] = {}
 

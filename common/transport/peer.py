@@ -1,0 +1,150 @@
+"""Weight push by pull (``weights.backend: peer``): every rollout worker reads the learner ranks'
+weights from the ranks' own GPU memory with its copy engines, for workers on other GPUs of the
+learner's host.
+
+Why. The broadcast's NCCL kernels run on the worker's SMs, which the worker's own forwards fill
+while it generates: at LLaDA-8B over 3 ZeRO-3 ranks the in-job push took 5.2x the raw broadcast of
+the same bytes (BENCHMARKS.md). A device-to-device copy of memory mapped from another GPU (CUDA
+IPC, over NVLink) is done by the copy engines and needs no SM: on 2 H200s the same pull took 1.005x
+its idle time beside the worker's generation, and the idle pull was faster than the raw broadcast
+(bench_peer_pull). CUDA IPC maps another GPU's memory even where the reader's
+``CUDA_VISIBLE_DEVICES`` shows only its own GPU (as Ray sets it for every actor).
+
+One transfer of version v, scheduled as a broadcast is (every receiver takes part; ``staging``
+takes it beside the worker's requests), in keys of the learner rank 0's store under ``v{v}/``:
+
+    learner rank r   copy what it sends into its buffer (common/transport/ipc.py: blocks on its GPU,
+                     exported once); set peer/<r> = the buffer's handles (and the plan)
+                     wait for every ready/<w> (timeout: names the receivers missing), then for
+                     every pulled/<w> (timeout: names the receivers that did not finish)
+    receiver w       set ready/<w>; wait for every peer/<r>; map each rank's blocks (kept while
+                     they are); copy every parameter, or put it together from the S ranks' rows
+                     (common/transport/shards.py), into its weights (or staging copy); set pulled/<w>
+
+Gathered (``sources`` 0): learner rank 0 copies the gathered tensors into its buffer as they arrive.
+Sharded (``sources`` S): each of the S ranks copies its own ZeRO-3 partitions into its buffer, and
+each worker reads every rank's rows (S contiguous copies per parameter: no all-gather among the
+learner ranks). The learner's buffer is not written again before every receiver has pulled (the
+sender waits for them), and the version in its header is checked before and after each read.
+Memory: one more copy of what a rank sends, on its GPU.
+"""
+from __future__ import annotations
+
+import pickle
+import time
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+from common.transport.broadcast import SENDER, BroadcastPush
+from common.transport.ipc import IpcPush, placed_rounds
+from common.transport.shards import assemble, decode_plan
+from common.transport.weights import LoadFn, NamedTensors, WeightHandle, WeightPushConfig
+
+
+class PeerPush(BroadcastPush):
+    def __init__(self, cfg: WeightPushConfig, rank: int, world_size: int, master_addr: str, master_port: int,
+                 peer_names: Optional[Sequence[str]] = None, sources: int = 0) -> None:
+        super().__init__(cfg, "nccl" if torch.cuda.is_available() else "gloo", rank, world_size, master_addr,
+                         master_port, peer_names, sources)
+        self.backend = "peer"
+        # a learner rank's buffer, or a receiver's mapping of each learner rank's (source -> end)
+        self.buffer = IpcPush(cfg, rank=rank, sources=sources, pull=True) if rank < self.first else None
+        self.maps: dict[int, IpcPush] = {}
+
+    # ---- sender ---------------------------------------------------------------------------
+    def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
+        self._check_gathered_sender()
+        named_tensors = iter(named_tensors)
+        try:
+            handle = self.buffer.send(named_tensors, version)
+        finally:
+            for _ in named_tensors:  # the learner's other ranks are gathering alongside: finish with them
+                pass
+        return self._offer(handle, version)
+
+    def send_shards(self, partitions: Iterable[tuple[str, tuple[int, ...], torch.Tensor]], version: int
+                    ) -> WeightHandle:
+        """Learner rank r < sources: this rank's partitions of every parameter (flat, in the
+        learner's order, the same on every rank), pulled by every receiver; every source calls it."""
+        if not self.sources or self.rank >= self.sources:
+            raise RuntimeError(f"rank {self.rank} is not a source of this push group ({self.sources} sources)")
+        return self._offer(self.buffer.send_shards(iter(partitions), version), version)
+
+    def _offer(self, handle: WeightHandle, version: int) -> WeightHandle:
+        """Publish this rank's buffer and wait until every receiver has read it."""
+        self.store.set(f"v{version}/peer/{self.rank}", pickle.dumps(handle.ref))
+        self._wait_for_receivers(version)
+        keys = [f"v{version}/pulled/{r}" for r in range(self.first, self.world_size)]
+        try:
+            self.store.wait(keys, self.timeout)
+        except Exception:
+            missing = [self.peer_names[r - self.first] for r, key in enumerate(keys, start=self.first)
+                       if not self.store.check([key])]
+            raise TimeoutError(f"weight push (peer): waited {self.cfg.timeout_s:.0f} s for the receivers to read "
+                               f"weights version {version} from learner rank {self.rank}; still reading: "
+                               f"{', '.join(missing) or '(none: they finished late)'}") from None
+        if self.rank == 0:
+            self._forget(self._previous)
+        self._previous = version
+        return WeightHandle(version, self.backend)
+
+    def _forget(self, version: Optional[int]) -> None:
+        if version is None:
+            return
+        super()._forget(version)
+        for key in [f"v{version}/peer/{r}" for r in range(self.first)] + \
+                [f"v{version}/pulled/{r}" for r in range(self.first, self.world_size)]:
+            self.store.delete_key(key)
+
+    # ---- receiver -------------------------------------------------------------------------
+    def receive(self, handle: WeightHandle, loader: LoadFn) -> int:
+        if self.rank < self.first:
+            raise RuntimeError("learner ranks send; they do not receive")
+        version = handle.version
+        self.store.set(f"v{version}/ready/{self.rank}", b"1")
+        joined = time.perf_counter()  # ``waited_s``: from here to every learner rank's buffer offered
+        keys = [f"v{version}/peer/{r}" for r in range(self.first)]
+        try:
+            self.store.wait(keys, self.timeout)
+        except Exception:
+            missing = [f"learner rank {r}" for r, key in enumerate(keys) if not self.store.check([key])]
+            raise TimeoutError(f"weight push (peer): rank {self.rank} waited {self.cfg.timeout_s:.0f} s for weights "
+                               f"version {version} from {', '.join(missing)} ({SENDER}'s store at {self.address})"
+                               ) from None
+        self.waited_s = time.perf_counter() - joined
+        refs = [pickle.loads(self.store.get(key)) for key in keys]
+        ends = [self.maps.setdefault(r, IpcPush(self.cfg, pull=True)) for r in range(self.first)]
+        if self.sources:
+            self._pull_shards(version, ends, refs, loader)
+        else:
+            ends[0].receive(WeightHandle(version, "ipc", refs[0]), loader)
+        self.store.set(f"v{version}/pulled/{self.rank}", b"1")
+        return version
+
+    def _pull_shards(self, version: int, ends: list[IpcPush], refs: list[dict], loader: LoadFn) -> None:
+        """Put every parameter together from the S ranks' rows, each read where it lies."""
+        what = f"weight push (peer) of version {version}"
+        sources, rounds = decode_plan(refs[0]["plan"], what)
+        if sources != self.sources:
+            raise ValueError(f"{what}: the plan has {sources} sources; this group was built with {self.sources}")
+        blocks = [end.map_blocks(ref["blocks"])[0] for end, ref in zip(ends, refs)]
+        placed, size = placed_rounds(rounds, 1)
+        for r, (end, block) in enumerate(zip(ends, blocks)):
+            if size > block.numel():
+                raise ValueError(f"{what}: the plan needs {size} bytes, learner rank {r}'s buffer has {block.numel()}")
+            end.check_version(block, version, "before")
+        for rnd, offset in placed:
+            nbytes = rnd.segment * rnd.dtype.itemsize
+            assemble([block[offset:offset + nbytes].view(rnd.dtype) for block in blocks], rnd, sources, loader)
+        if blocks[0].is_cuda:  # the copies were issued on this thread's stream (a staging stream beside requests)
+            torch.cuda.current_stream(blocks[0].device).synchronize()
+        for end, block in zip(ends, blocks):
+            end.check_version(block, version, "while")
+
+    def close(self) -> None:
+        for end in [self.buffer, *self.maps.values()]:
+            if end is not None:
+                end.close()
+        self.maps = {}
+        super().close()

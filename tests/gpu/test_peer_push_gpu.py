@@ -1,0 +1,71 @@
+"""The pull push (``weights.backend: peer``, common/transport/peer.py) across two GPUs, each process
+seeing only its own GPU (``CUDA_VISIBLE_DEVICES``, as Ray sets it for every actor): the receiver maps
+the sender's device memory through CUDA IPC and loads exactly what was sent, gathered and as the
+partitions of 2 sources, over two versions (the mappings kept).
+
+    python -m pytest -q tests/gpu/test_peer_push_gpu.py     # on a machine with 2 GPUs
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                                                  reason="needs 2 GPUs")]
+
+
+def end(gpu: int, rank: int, world: int, sources: int, port: int, results) -> None:
+    """One end on ``gpu`` alone: a source (rank < max(sources, 1)) or the receiver."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    import torch
+
+    from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+    from tests.unit.test_sharded_push import full_weights, partitions
+
+    try:
+        push = setup_weight_push(WeightPushConfig(backend="peer", timeout_s=120), rank=rank, world_size=world,
+                                 master_addr="127.0.0.1", master_port=port, sources=sources)
+        for version in (1, 2):
+            if rank >= max(sources, 1):
+                got: dict[str, torch.Tensor] = {}
+                push.receive(WeightHandle(version, "peer"),
+                             lambda named, into=got: into.update({k: v.cpu().clone() for k, v in named}))
+                wrong = [n for n, t in full_weights(version) if not torch.equal(got.get(n, torch.empty(0)), t)]
+                results.put(("received", version, wrong, str(torch.cuda.get_device_properties(0).uuid)))
+            elif sources:
+                parts = [(n, s, p.cuda()) for n, s, p in partitions(full_weights(version), rank, sources, flat=True)]
+                push.send_shards(iter(parts), version)
+                results.put(("sent", version, rank, str(torch.cuda.get_device_properties(0).uuid)))
+            else:
+                push.send(iter([(n, t.cuda()) for n, t in full_weights(version)]), version)
+                results.put(("sent", version, rank, str(torch.cuda.get_device_properties(0).uuid)))
+        push.close()
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        results.put(("error", repr(e)))
+
+
+@pytest.mark.parametrize("sources", [0, 2])
+def test_a_worker_on_another_gpu_pulls_the_ranks_weights(sources):
+    from learner.group import free_port
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port, first = free_port(), max(sources, 1)
+    # sources on GPU 0 (both, when 2: the pull reads two buffers of one GPU), the receiver on GPU 1
+    procs = [ctx.Process(target=end, args=(0, r, first + 1, sources, port, results)) for r in range(first)]
+    procs.append(ctx.Process(target=end, args=(1, first, first + 1, sources, port, results)))
+    for p in procs:
+        p.start()
+    try:
+        got = [results.get(timeout=240) for _ in range(2 * (first + 1))]
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+    assert not [g for g in got if g[0] == "error"], got
+    received = [g for g in got if g[0] == "received"]
+    assert [(v, wrong) for _, v, wrong, _ in received] == [(1, []), (2, [])]
+    sent_on = {g[3] for g in got if g[0] == "sent"}
+    assert received[0][3] not in sent_on  # the receiver's GPU is not the senders'

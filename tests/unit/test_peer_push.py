@@ -1,0 +1,152 @@
+"""The pull push (``weights.backend: peer``, common/transport/peer.py) on the CPU, each learner rank's
+buffer a set of shared-memory blocks, the ranks and the receivers threads of this process: every
+receiver loads bit for bit what the ranks sent, gathered or as ZeRO-3 partitions (padding that must
+never arrive, several dtypes, element counts not divisible by the ranks), into its parameters, a
+plain function or a staging copy; a sender returns only once every receiver has read its buffer,
+and a receiver that never finishes fails the senders in time, named (one that never joins:
+tests/unit/test_sharded_push.py, with the broadcast's). (On GPUs the
+same code maps the ranks' device memory through CUDA IPC: tests/gpu/test_ipc_push_gpu.py.)"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
+from common.transport.peer import PeerPush
+from common.transport.staging import StagedWeights
+from learner.group import free_port
+from tests.unit.test_sharded_push import full_weights, holder, partitions
+
+torch.set_num_threads(1)
+
+
+def run_peer(sources: int, receivers: int, loaders, versions=(1, 2), timeout_s: float = 60, late_loader=None,
+             names=None):
+    """``sources`` learner ranks (0: rank 0 sends the gathered weights) push ``versions`` to
+    ``receivers`` ends, all threads; ``loaders(version, rank)`` gives each receiver's loader.
+    Returns (errors by rank, each sender's return times, each receiver's finish times)."""
+    cfg = WeightPushConfig(backend="peer", timeout_s=timeout_s)
+    port, first = free_port(), max(sources, 1)
+    world = first + receivers
+    errors: dict[int, BaseException] = {}
+    sent: dict[int, list[float]] = {}
+    read: dict[int, list[float]] = {}
+
+    def source(rank: int) -> None:
+        try:
+            push = setup_weight_push(cfg, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
+                                     sources=sources, peer_names=names)
+            assert isinstance(push, PeerPush)
+            for version in versions:
+                if sources:
+                    push.send_shards(partitions(full_weights(version), rank, sources, flat=rank % 2 == 0), version)
+                else:
+                    push.send(iter(full_weights(version)), version)
+                sent.setdefault(rank, []).append(time.perf_counter())
+            push.close()
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            errors[rank] = e
+
+    def receiver(rank: int) -> None:
+        try:
+            push = setup_weight_push(cfg, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
+                                     sources=sources)
+            for version in versions:
+                loader = loaders(version, rank)
+                assert push.receive(WeightHandle(version, "peer"), loader) == version
+                getattr(loader, "finish", lambda: None)()
+                read.setdefault(rank, []).append(time.perf_counter())
+            push.close()
+        except BaseException as e:  # noqa: BLE001
+            errors[rank] = e
+
+    threads = [threading.Thread(target=source, args=(r,)) for r in range(first)]
+    threads += [threading.Thread(target=receiver, args=(first + i,)) for i in range(receivers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    return errors, sent, read
+
+
+@pytest.mark.parametrize("sources", [0, 1, 2, 3])
+def test_every_receiver_loads_exactly_what_the_ranks_sent(sources):
+    first = max(sources, 1)
+    models: dict[int, dict[str, torch.Tensor]] = {}
+    got: dict[int, dict[str, torch.Tensor]] = {}
+
+    def loaders(version, rank):
+        if rank == first:  # into its parameters
+            models.setdefault(rank, {n: torch.zeros_like(t) for n, t in full_weights(0)})
+            return ParameterLoader(models[rank])
+        got[rank] = {}  # a plain function: tensors valid while it runs
+        return lambda items: got[rank].update({n: t.clone() for n, t in items})
+
+    errors, _, _ = run_peer(sources, 2, loaders)
+    assert not errors, errors
+    for name, t in full_weights(2):
+        assert torch.equal(models[first][name], t), name
+        assert torch.equal(got[first + 1][name], t), name
+
+
+def test_into_a_staging_copy_as_a_worker_takes_it():
+    module = holder(full_weights(0))
+    staged = StagedWeights(module)
+    cfg = WeightPushConfig(backend="peer", timeout_s=60)
+    port, errors = free_port(), []
+
+    def source(rank: int) -> None:
+        try:
+            push = setup_weight_push(cfg, rank=rank, world_size=3, master_addr="127.0.0.1", master_port=port,
+                                     sources=2)
+            push.send_shards(partitions(full_weights(5), rank, 2, flat=True), 5)
+            push.close()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=source, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    end = setup_weight_push(cfg, rank=2, world_size=3, master_addr="127.0.0.1", master_port=port, sources=2)
+    assert staged.receive(end, WeightHandle(5, "peer"), keep_order=False, timeout_s=60) == 5
+    for t in threads:
+        t.join(60)
+    end.close()
+    assert not errors, errors
+    assert all(not p.any() for p in module.parameters())  # staged, not applied yet
+    assert staged.apply() == 5
+    params = dict(module.named_parameters())
+    assert all(torch.equal(params[n].detach(), t) for n, t in full_weights(5))
+
+
+def test_a_sender_returns_only_once_every_receiver_has_read_its_buffer():
+    """The buffer is written again at the next push: a sender must not return (and its learner
+    step on) while a receiver still reads it."""
+    def loaders(version, rank):
+        def slow(items):
+            time.sleep(0.5 if rank == 3 else 0.0)
+            for _ in items:
+                pass
+        return slow
+
+    errors, sent, read = run_peer(2, 2, loaders, versions=(1,))
+    assert not errors, errors
+    assert min(t for times in sent.values() for t in times) >= max(read[3]) - 0.05
+
+
+def test_a_receiver_that_never_finishes_fails_every_sender_in_time_naming_it():
+    def loaders(version, rank):
+        def broken(items):
+            raise OSError("the worker's device went away")
+        return broken
+
+    t0 = time.perf_counter()
+    errors, _, _ = run_peer(2, 1, loaders, versions=(1,), timeout_s=2, names=["rollout worker 7"])
+    assert time.perf_counter() - t0 < 20
+    assert isinstance(errors.pop(2), OSError)
+    assert set(errors) == {0, 1}
+    assert all(isinstance(e, TimeoutError) and "still reading: rollout worker 7" in str(e) for e in errors.values())
