@@ -79,6 +79,8 @@ class IpcPush:
         self._rounds: list[tuple[Round, int]] = []
         self._plan = b""
         self._segments: list[torch.Tensor] = []
+        self._in_place = False  # pull on GPUs: the partitions exported where they lie (``_offer_in_place``)
+        self._storages: dict[tuple[int, int], tuple[Any, dict]] = {}  # (address, bytes) -> (storage, its export)
 
     @property
     def buffer(self) -> Optional[torch.Tensor]:
@@ -179,7 +181,10 @@ class IpcPush:
         parts = [(name, tuple(int(d) for d in shape), t.detach()) for name, shape, t in partitions]
         params = [(name, shape, wire or t.dtype) for name, shape, t in parts]
         device = parts[0][2].device
-        if params != self._params or not self.blocks or self.blocks[0].device != device:
+        if self.pull and device.type == "cuda" and all(t.is_cuda and t.is_contiguous() and t.dtype == dtype
+                                                       for (_, _, t), (_, _, dtype) in zip(parts, params)):
+            return self._offer_in_place(parts, params, version)
+        if params != self._params or not self.blocks or self.blocks[0].device != device or self._in_place:
             self._lay_out(params, sources, device)
         rounds = [rnd for rnd, _ in self._rounds]
         for (rnd, offset), segment, (_, mine) in zip(self._rounds, self._segments,
@@ -189,6 +194,40 @@ class IpcPush:
             if not self.pull:
                 dist.all_gather_into_tensor(self._rows(rnd, offset, sources).view(-1), segment, group=group)
         return self._publish(version, {"plan": self._plan})
+
+    def _offer_in_place(self, parts: list[tuple[str, tuple[int, ...], torch.Tensor]],
+                        params: list[tuple[str, tuple[int, ...], torch.dtype]], version: int) -> WeightHandle:
+        """Pull, on GPUs: the partitions are read where they lie (no copy, no buffer beside them).
+        Each distinct storage behind them is exported once and kept (held, so its memory cannot be
+        freed and given to another tensor while a worker maps it) for as long as a push still
+        reads from it; the handle says where each partition starts in its storage, and the buffer
+        is the version's header alone. The learner does not touch its parameters until every
+        receiver has read them (common/transport/peer.py)."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        device = parts[0][2].device
+        if params != self._params or not self._in_place or self.blocks[0].device != device:
+            self.close()
+            self._new_block(ALIGN, device)
+            self._used[0] = ALIGN
+            self._params, self._in_place = params, True
+            self._plan = encode_plan(plan_rounds(params, self.sources, bucket_bytes=1 << 62), self.sources)
+        kept, self._storages = self._storages, {}
+        order: dict[tuple[int, int], int] = {}  # a storage (address, bytes) -> its place in ``exported``
+        exported, where = [], []
+        for _, _, t in parts:
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), storage.nbytes())
+            if key not in order:
+                if key not in kept:
+                    rebuild, args = reduce_tensor(torch.empty(0, dtype=torch.uint8, device=device).set_(storage))
+                    kept[key] = (storage, {"kind": "cuda", "rebuild": rebuild, "args": args, "key": uuid.uuid4().hex,
+                                           "device": device_uuid(device), "host": socket.gethostname()})
+                self._storages[key] = kept[key]
+                order[key] = len(exported)
+                exported.append(kept[key][1])
+            where.append((order[key], t.data_ptr() - key[0]))
+        return self._publish(version, {"plan": self._plan, "storages": exported, "where": where})
 
     def _lay_out(self, params: list[tuple[str, tuple[int, ...], torch.dtype]], sources: int,
                  device: torch.device) -> None:
@@ -200,6 +239,7 @@ class IpcPush:
         self._new_block(end, device)
         self._used[0] = end
         self._params, self._rounds, self._plan = params, placed, encode_plan(rounds, sources)
+        self._in_place = False
         self._segments = [self._rows(rnd, offset, 1)[0] if self.pull else
                           torch.zeros(rnd.segment, dtype=rnd.dtype, device=device) for rnd, offset in placed]
 
@@ -310,6 +350,7 @@ class IpcPush:
         """Drop the buffer (sender: its shared blocks are unlinked) or the mappings (receiver)."""
         self.blocks, self._used, self._exported, self.layout = [], [], [], []
         self._params, self._rounds, self._plan, self._segments = [], [], b"", []
+        self._in_place, self._storages = False, {}
         while self._shms:
             _drop(self._shms.pop())
         for key in list(self._mapped):

@@ -38,7 +38,7 @@ import torch
 
 from common.transport.broadcast import SENDER, BroadcastPush
 from common.transport.ipc import IpcPush, placed_rounds
-from common.transport.shards import assemble, decode_plan
+from common.transport.shards import Piece, Round, assemble, decode_plan, partition_numel
 from common.transport.weights import LoadFn, NamedTensors, WeightHandle, WeightPushConfig
 
 
@@ -123,24 +123,49 @@ class PeerPush(BroadcastPush):
         return version
 
     def _pull_shards(self, version: int, ends: list[IpcPush], refs: list[dict], loader: LoadFn) -> None:
-        """Put every parameter together from the S ranks' rows, each read where it lies."""
+        """Put every parameter together from the S ranks' partitions, each read where it lies: in
+        a rank's buffer (its rows, one a round) or, on GPUs, in the rank's own parameter storage."""
         what = f"weight push (peer) of version {version}"
         sources, rounds = decode_plan(refs[0]["plan"], what)
         if sources != self.sources:
             raise ValueError(f"{what}: the plan has {sources} sources; this group was built with {self.sources}")
-        blocks = [end.map_blocks(ref["blocks"])[0] for end, ref in zip(ends, refs)]
-        placed, size = placed_rounds(rounds, 1)
-        for r, (end, block) in enumerate(zip(ends, blocks)):
-            if size > block.numel():
-                raise ValueError(f"{what}: the plan needs {size} bytes, learner rank {r}'s buffer has {block.numel()}")
-            end.check_version(block, version, "before")
-        for rnd, offset in placed:
-            nbytes = rnd.segment * rnd.dtype.itemsize
-            assemble([block[offset:offset + nbytes].view(rnd.dtype) for block in blocks], rnd, sources, loader)
-        if blocks[0].is_cuda:  # the copies were issued on this thread's stream (a staging stream beside requests)
-            torch.cuda.current_stream(blocks[0].device).synchronize()
-        for end, block in zip(ends, blocks):
-            end.check_version(block, version, "while")
+        mapped = [end.map_blocks(ref["blocks"] + ref.get("storages", [])) for end, ref in zip(ends, refs)]
+        headers = [m[0] for m in mapped]
+        for end, header in zip(ends, headers):
+            end.check_version(header, version, "before")
+        if "storages" in refs[0]:
+            self._assemble_in_place(rounds, sources, mapped, refs, loader)
+        else:
+            placed, size = placed_rounds(rounds, 1)
+            for r, block in enumerate(headers):
+                if size > block.numel():
+                    raise ValueError(f"{what}: the plan needs {size} bytes, learner rank {r}'s buffer has "
+                                     f"{block.numel()}")
+            for rnd, offset in placed:
+                nbytes = rnd.segment * rnd.dtype.itemsize
+                assemble([block[offset:offset + nbytes].view(rnd.dtype) for block in headers], rnd, sources, loader)
+        if headers[0].is_cuda:  # the copies were issued on this thread's stream (a staging stream beside requests)
+            torch.cuda.current_stream(headers[0].device).synchronize()
+        for end, header in zip(ends, headers):
+            end.check_version(header, version, "while")
+
+    @staticmethod
+    def _assemble_in_place(rounds, sources: int, mapped: list[list[torch.Tensor]], refs: list[dict],
+                           loader: LoadFn) -> None:
+        """Each parameter from the S partitions where they lie (``where``: its storage among the
+        rank's exported ones and its byte offset there), one piece at a time."""
+        i = 0
+        for rnd in rounds:
+            for piece in rnd.pieces:
+                part = partition_numel(piece.numel, sources)
+                rows = []
+                for blocks, ref in zip(mapped, refs):
+                    storage, offset = ref["where"][i]
+                    nbytes = part * rnd.dtype.itemsize
+                    rows.append(blocks[len(ref["blocks"]) + storage][offset:offset + nbytes].view(rnd.dtype))
+                one = Round(rnd.dtype, part, (Piece(piece.name, piece.shape, 0),))
+                assemble(rows, one, sources, loader)
+                i += 1
 
     def close(self) -> None:
         for end in [self.buffer, *self.maps.values()]:

@@ -168,8 +168,12 @@
 #                          then bench_push --engine at 1 rank -> 1 receiver, 11 layers: the raw broadcast beside
 #                          generation, the broadcast into the staging copy idle and beside generation, the pull
 #                          idle and beside generation
-#   call60 (2 GPUs, carry .whl) the 11-layer LLaDA job (1 rank + 1 worker, 6 steps, the save after step 4)
+#   call60 (2 GPUs, carry .whl) the pull push's GPU tests again (call59 ran them with both ends on GPU 0: a
+#                          spawned child set its CUDA_VISIBLE_DEVICES after torch had read it); then the 11-layer LLaDA job (1 rank + 1 worker, 6 steps, the save after step 4)
 #                          with weights.backend=peer, beside the raw broadcast of the same card (its push part)
+#   call62 (2 GPUs, carry .whl) the pull push reading the ranks' partitions where they lie (no copy into a buffer
+#                          on the learner): its GPU tests, then the 11-layer job with weights.backend=peer (5 steps,
+#                          the save after step 3, no matmul part: the device budget's end)
 #   call61 (a 4-GPU host, carry .whl) call59's pushes at 3 ZeRO-3 ranks -> 1 receiver, LLaDA-8B; then call50's
 #                          4-GPU job with weights.backend=peer
 #
@@ -632,10 +636,23 @@ case "${1:-}" in
     echo "push beside generation, broadcast and pull, 1 rank: rc $?"
     bundle ;;
   call60)
+    python3 -m pytest -q tests/gpu/test_peer_push_gpu.py > "$OUT/peer_gpu_tests.log" 2>&1
+    echo "peer GPU tests: rc $?"
     OUT=$OUT/sys_peer bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_llada \
       --parts ckpt_llada_short,matmul,push,system_llada --no-profile --no-resume --steps 6 --checkpoint-at 4 \
       --deadline-s 560 --job-set weights.backend=peer
     echo "the 11-layer job with the pull push: rc $?"
+    cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
+    bundle ;;
+  call62)
+    python3 -m pytest -q tests/gpu/test_peer_push_gpu.py > "$OUT/peer_gpu_tests.log" 2>&1
+    rc=$?
+    echo "peer GPU tests: rc $rc"
+    [ $rc = 0 ] || { bundle; exit 1; }
+    OUT=$OUT/sys_peer bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_llada \
+      --parts ckpt_llada_short,push,system_llada --no-profile --no-resume --steps 5 --checkpoint-at 3 \
+      --deadline-s 320 --job-set weights.backend=peer
+    echo "the 11-layer job with the pull push in place: rc $?"
     cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
     bundle ;;
   call61)
@@ -651,5 +668,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62" >&2; exit 2 ;;
 esac

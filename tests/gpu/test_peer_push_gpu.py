@@ -1,7 +1,8 @@
 """The pull push (``weights.backend: peer``, common/transport/peer.py) across two GPUs, each process
 seeing only its own GPU (``CUDA_VISIBLE_DEVICES``, as Ray sets it for every actor): the receiver maps
-the sender's device memory through CUDA IPC and loads exactly what was sent, gathered and as the
-partitions of 2 sources, over two versions (the mappings kept).
+the sender's device memory through CUDA IPC and loads exactly what was sent, gathered (from the
+sender's buffer) and as the partitions of 2 sources (read where they lie in the sources' own
+storage), over two versions (the mappings kept).
 
     python -m pytest -q tests/gpu/test_peer_push_gpu.py     # on a machine with 2 GPUs
 """
@@ -17,9 +18,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
                                                   reason="needs 2 GPUs")]
 
 
-def end(gpu: int, rank: int, world: int, sources: int, port: int, results) -> None:
-    """One end on ``gpu`` alone: a source (rank < max(sources, 1)) or the receiver."""
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+def end(rank: int, world: int, sources: int, port: int, results) -> None:
+    """One end on the one GPU its process sees: a source (rank < max(sources, 1)) or the receiver."""
     import torch
 
     from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
@@ -35,8 +35,11 @@ def end(gpu: int, rank: int, world: int, sources: int, port: int, results) -> No
                              lambda named, into=got: into.update({k: v.cpu().clone() for k, v in named}))
                 wrong = [n for n, t in full_weights(version) if not torch.equal(got.get(n, torch.empty(0)), t)]
                 results.put(("received", version, wrong, str(torch.cuda.get_device_properties(0).uuid)))
-            elif sources:
-                parts = [(n, s, p.cuda()) for n, s, p in partitions(full_weights(version), rank, sources, flat=True)]
+            elif sources:  # partitions back to back in one device buffer per dtype, as DeepSpeed keeps them: read
+                full = full_weights(version)  # where they lie, each at its offset in that buffer's storage
+                with torch.device("cuda"):
+                    parts = partitions(full, rank, sources, flat=True)
+                assert len({p.untyped_storage().data_ptr() for _, _, p in parts}) < len(parts)
                 push.send_shards(iter(parts), version)
                 results.put(("sent", version, rank, str(torch.cuda.get_device_properties(0).uuid)))
             else:
@@ -54,11 +57,19 @@ def test_a_worker_on_another_gpu_pulls_the_ranks_weights(sources):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port, first = free_port(), max(sources, 1)
-    # sources on GPU 0 (both, when 2: the pull reads two buffers of one GPU), the receiver on GPU 1
-    procs = [ctx.Process(target=end, args=(0, r, first + 1, sources, port, results)) for r in range(first)]
-    procs.append(ctx.Process(target=end, args=(1, first, first + 1, sources, port, results)))
-    for p in procs:
-        p.start()
+    # sources on GPU 0 (both, when 2: the pull reads two buffers of one GPU), the receiver on GPU 1, each
+    # process seeing its GPU alone from its start (a spawned child takes the environment it starts with)
+    procs = [ctx.Process(target=end, args=(r, first + 1, sources, port, results)) for r in range(first + 1)]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        for r, p in enumerate(procs):
+            os.environ["CUDA_VISIBLE_DEVICES"] = "1" if r == first else "0"
+            p.start()
+    finally:
+        if visible is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
     try:
         got = [results.get(timeout=240) for _ in range(2 * (first + 1))]
     finally:
