@@ -18,8 +18,8 @@ With one GPU the lanes run one after the other and the 2-GPU jobs are skipped; o
 per job (full_attention/block_diffusion ``--quick``: block diffusion eager and with the sampler's
 CUDA graphs; learner_1gpu: ZeRO-2 as the project runs it (fused AdamW on CUDA) and with overlap_comm
 (2t), checkpointing off, micro-batches of 2, 3 and 4 groups (32/48/64 rows), 2 timed steps, one
-profiled step of 2t, on GPU 0 after full_attention; push: 2 repetitions). Combine with ``--only``
-to run the changed jobs alone; on one GPU:
+profiled step of 2t, on GPU 0 after full_attention; push: 2 repetitions; ipc_push: 4 layers, 2
+repetitions). Combine with ``--only`` to run the changed jobs alone; on one GPU:
 
     source .whl/install.sh &&
         DEADLINE_S=210 bash tests/benchmarks/run_gpu.sh --quick --only block_diffusion,learner_1gpu
@@ -88,6 +88,7 @@ QUICK = {
         ],
     ),
     "push": (45, ["--reps", "2"]),
+    "ipc_push": (60, ["--layers", "4", "--reps", "2"]),
 }
 
 

@@ -42,3 +42,11 @@ def test_a_part_gets_the_devices_its_indices_name_within_the_runners_own():
     assert device_list([0], "GPU-5f2e,GPU-77aa") == "GPU-5f2e"
     with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES=2,3 shows 2"):
         device_list([0, 1, 2], "2,3")
+
+
+def test_the_quick_run_times_the_same_device_push_at_a_few_layers(tmp_path):
+    lanes, _, _ = plan(2, False, tmp_path, quick=True)
+    job = next(j for lane in lanes for j in lane if j.name == "ipc_push")
+    assert job.args[job.args.index("--layers") + 1] == "4" and job.timeout_s == QUICK["ipc_push"][0]
+    full = next(j for lane in plan(2, False, tmp_path)[0] for j in lane if j.name == "ipc_push")
+    assert "--layers" not in full.args  # the full run: all of LLaDA-8B's layers
