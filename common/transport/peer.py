@@ -13,8 +13,10 @@ its idle time beside the worker's generation, and the idle pull was faster than 
 One transfer of version v, scheduled as a broadcast is (every receiver takes part; ``staging``
 takes it beside the worker's requests), in keys of the learner rank 0's store under ``v{v}/``:
 
-    learner rank r   copy what it sends into its buffer (common/transport/ipc.py: blocks on its GPU,
-                     exported once); set peer/<r> = the buffer's handles (and the plan)
+    learner rank r   offer what it sends: its ZeRO-3 partitions where they lie on its GPU (each
+                     storage behind them exported once), else a copy in its buffer
+                     (common/transport/ipc.py: blocks, exported once); set peer/<r> = the handles
+                     (and the plan, and where each partition starts)
                      wait for every ready/<w> (timeout: names the receivers missing), then for
                      every pulled/<w> (timeout: names the receivers that did not finish)
     receiver w       set ready/<w>; wait for every peer/<r>; map each rank's blocks (kept while
@@ -22,11 +24,13 @@ takes it beside the worker's requests), in keys of the learner rank 0's store un
                      (common/transport/shards.py), into its weights (or staging copy); set pulled/<w>
 
 Gathered (``sources`` 0): learner rank 0 copies the gathered tensors into its buffer as they arrive.
-Sharded (``sources`` S): each of the S ranks copies its own ZeRO-3 partitions into its buffer, and
-each worker reads every rank's rows (S contiguous copies per parameter: no all-gather among the
-learner ranks). The learner's buffer is not written again before every receiver has pulled (the
-sender waits for them), and the version in its header is checked before and after each read.
-Memory: one more copy of what a rank sends, on its GPU.
+Sharded (``sources`` S): each of the S ranks offers its own ZeRO-3 partitions, on GPUs where they
+lie (on CPUs, and for another wire dtype, copied into its buffer), and each worker reads every
+rank's (S contiguous copies per parameter: no all-gather among the learner ranks). Nothing a
+receiver reads is written again before every receiver has pulled (the sender waits for them, and
+the learner steps only after its push returns), and the version in each rank's header is checked
+before and after each read. Memory: nothing more on a sharded push's GPUs; a gathered push keeps
+one more copy of the weights on learner rank 0's GPU.
 """
 from __future__ import annotations
 

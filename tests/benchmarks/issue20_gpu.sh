@@ -174,6 +174,9 @@
 #   call62 (2 GPUs, carry .whl) the pull push reading the ranks' partitions where they lie (no copy into a buffer
 #                          on the learner): its GPU tests, then the 11-layer job with weights.backend=peer (5 steps,
 #                          the save after step 3, no matmul part: the device budget's end)
+#   call63 (a 4-GPU host, carry .whl) the pushes beside generation at 3 ZeRO-3 ranks -> 1 receiver, LLaDA-8B,
+#                          reading the partitions where they lie: raw_busy, busy, peer_staged, peer_busy (3 repetitions)
+#   call64 (2 GPUs, carry .whl) the same at 1 rank -> 1 receiver, 11 layers (5 repetitions)
 #   call61 (a 4-GPU host, carry .whl) call59's pushes at 3 ZeRO-3 ranks -> 1 receiver, LLaDA-8B; then call50's
 #                          4-GPU job with weights.backend=peer
 #
@@ -655,6 +658,16 @@ case "${1:-}" in
     echo "the 11-layer job with the pull push in place: rc $?"
     cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
     bundle ;;
+  call63)
+    timeout 280 python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
+      --modes raw_busy,busy,peer_staged,peer_busy --out "$OUT/push_peer_3ranks.json" > "$OUT/push_peer_3ranks.log" 2>&1
+    echo "push beside generation, broadcast and pull in place, 3 ranks: rc $?"
+    bundle ;;
+  call64)
+    timeout 200 python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --reps 5 \
+      --modes raw_busy,staged,busy,peer_staged,peer_busy --out "$OUT/push_peer_1rank.json" > "$OUT/push_peer_1rank.log" 2>&1
+    echo "push beside generation, broadcast and pull in place, 1 rank: rc $?"
+    bundle ;;
   call61)
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
       --modes raw_busy,busy,peer_staged,peer_busy --out "$OUT/push_peer_3ranks.json" > "$OUT/push_peer_3ranks.log" 2>&1
@@ -668,5 +681,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64" >&2; exit 2 ;;
 esac
