@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -157,17 +157,22 @@ class BroadcastPush:
 
     def _wait_for_receivers(self, version: int) -> None:
         """Every receiver has joined version ``version`` (``waited_s``: how long that took)."""
-        keys = [f"v{version}/ready/{r}" for r in range(self.first, self.world_size)]
         t0 = time.perf_counter()
+        self._wait_for_each_receiver(version, "ready", lambda missing: (
+            f"weight push: waited {self.cfg.timeout_s:.0f} s for weights version {version}; "
+            f"receivers that never joined: {missing or '(none: they joined late)'}"))
+        self.waited_s = time.perf_counter() - t0
+
+    def _wait_for_each_receiver(self, version: int, key: str, failure: Callable[[str], str]) -> None:
+        """Every receiver has set ``v{version}/{key}/<its rank>``, within the timeout; else a
+        TimeoutError with ``failure`` of the names of those that have not (comma separated)."""
+        keys = [f"v{version}/{key}/{r}" for r in range(self.first, self.world_size)]
         try:
             self.store.wait(keys, self.timeout)
         except Exception:
             missing = [self.peer_names[r - self.first] for r, key in enumerate(keys, start=self.first)
                        if not self.store.check([key])]
-            raise TimeoutError(f"weight push: waited {self.cfg.timeout_s:.0f} s for weights version {version}; "
-                               f"receivers that never joined: {', '.join(missing) or '(none: they joined late)'}"
-                               ) from None
-        self.waited_s = time.perf_counter() - t0
+            raise TimeoutError(failure(", ".join(missing))) from None
 
     def _forget(self, version: Optional[int]) -> None:
         """Drop a finished version's keys (all receivers have read them: they joined the next one)."""

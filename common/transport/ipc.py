@@ -82,11 +82,6 @@ class IpcPush:
         self._in_place = False  # pull on GPUs: the partitions exported where they lie (``_offer_in_place``)
         self._storages: dict[tuple[int, int], tuple[Any, dict]] = {}  # (address, bytes) -> (storage, its export)
 
-    @property
-    def buffer(self) -> Optional[torch.Tensor]:
-        """Block 0 (the header's), None before the first push."""
-        return self.blocks[0] if self.blocks else None
-
     # ---- learner rank ---------------------------------------------------------------------
     def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
         """Copy every tensor into the buffer as it arrives (a parameter of another name, shape,

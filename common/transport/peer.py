@@ -79,15 +79,9 @@ class PeerPush(BroadcastPush):
         """Publish this rank's buffer and wait until every receiver has read it."""
         self.store.set(f"v{version}/peer/{self.rank}", pickle.dumps(handle.ref))
         self._wait_for_receivers(version)
-        keys = [f"v{version}/pulled/{r}" for r in range(self.first, self.world_size)]
-        try:
-            self.store.wait(keys, self.timeout)
-        except Exception:
-            missing = [self.peer_names[r - self.first] for r, key in enumerate(keys, start=self.first)
-                       if not self.store.check([key])]
-            raise TimeoutError(f"weight push (peer): waited {self.cfg.timeout_s:.0f} s for the receivers to read "
-                               f"weights version {version} from learner rank {self.rank}; still reading: "
-                               f"{', '.join(missing) or '(none: they finished late)'}") from None
+        self._wait_for_each_receiver(version, "pulled", lambda missing: (
+            f"weight push (peer): waited {self.cfg.timeout_s:.0f} s for the receivers to read weights version "
+            f"{version} from learner rank {self.rank}; still reading: {missing or '(none: they finished late)'}"))
         if self.rank == 0:
             self._forget(self._previous)
         self._previous = version
@@ -118,7 +112,9 @@ class PeerPush(BroadcastPush):
                                ) from None
         self.waited_s = time.perf_counter() - joined
         refs = [pickle.loads(self.store.get(key)) for key in keys]
-        ends = [self.maps.setdefault(r, IpcPush(self.cfg, pull=True)) for r in range(self.first)]
+        if not self.maps:  # a mapping of each learner rank's buffer, kept across pushes
+            self.maps = {r: IpcPush(self.cfg, pull=True) for r in range(self.first)}
+        ends = [self.maps[r] for r in range(self.first)]
         if self.sources:
             self._pull_shards(version, ends, refs, loader)
         else:

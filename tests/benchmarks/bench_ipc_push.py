@@ -23,6 +23,7 @@ import time
 
 import benchlib as bl
 import torch
+from bench_push import checksums
 
 
 def parse() -> argparse.Namespace:
@@ -39,10 +40,6 @@ def parse() -> argparse.Namespace:
 
 def layers(a: argparse.Namespace) -> dict:
     return {} if a.layers is None else {"num_hidden_layers": a.layers}
-
-
-def checksums(named) -> list[float]:
-    return [float(t.detach().double().sum() + t.detach().double().square().sum()) for _, t in named]
 
 
 def receiver(a: argparse.Namespace, handles, results) -> None:
@@ -69,7 +66,8 @@ def receiver(a: argparse.Namespace, handles, results) -> None:
                 loader.finish()
                 bl.sync(dev)
                 seconds = time.perf_counter() - t0
-            results.put(("received", (seconds, checksums(policy.named_parameters()) if check else None)))
+            results.put(("received", (seconds, checksums(list(policy.named_parameters())).tolist() if check
+                                         else None)))
         end.close()
     except BaseException as e:  # noqa: BLE001 - reported to the sender, which fails the part
         results.put(("error", repr(e)))
@@ -88,7 +86,7 @@ def main() -> None:
     g = torch.Generator(dev).manual_seed(0)
     named = [(n, torch.empty(s, dtype=dtype, device=dev).normal_(generator=g)) for n, s in shapes]
     total = sum(t.numel() * t.element_size() for _, t in named)
-    expected = checksums(named)
+    expected = checksums(named).tolist()
     res.put("weights", {"shape": a.shape, "tensors": len(named), "gib": total / 2**30, "dtype": str(dtype)})
 
     with res.part("raw_copy", dev), torch.no_grad():

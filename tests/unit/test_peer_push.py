@@ -18,59 +18,24 @@ from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, se
 from common.transport.peer import PeerPush
 from common.transport.staging import StagedWeights
 from learner.group import free_port
-from tests.unit.test_sharded_push import full_weights, holder, partitions
+from tests.unit.test_sharded_push import full_weights, holder, partitions, run_ends
 
 torch.set_num_threads(1)
 
 
-def run_peer(sources: int, receivers: int, loaders, versions=(1, 2), timeout_s: float = 60, late_loader=None,
-             names=None):
-    """``sources`` learner ranks (0: rank 0 sends the gathered weights) push ``versions`` to
-    ``receivers`` ends, all threads; ``loaders(version, rank)`` gives each receiver's loader.
-    Returns (errors by rank, each sender's return times, each receiver's finish times)."""
-    cfg = WeightPushConfig(backend="peer", timeout_s=timeout_s)
-    port, first = free_port(), max(sources, 1)
-    world = first + receivers
-    errors: dict[int, BaseException] = {}
-    sent: dict[int, list[float]] = {}
-    read: dict[int, list[float]] = {}
+def run_peer(sources: int, receivers: int, loaders, versions=(1, 2), timeout_s: float = 60, names=None):
+    """``run_ends`` over the pull push: ``sources`` learner ranks (0: rank 0 sends the gathered
+    weights; the sources' partitions alternately back to back and scattered) push ``versions`` to
+    ``receivers`` ends. Returns (errors by rank, each sender's return times)."""
+    def send(push, rank: int, version: int) -> None:
+        assert isinstance(push, PeerPush)
+        if sources:
+            push.send_shards(partitions(full_weights(version), rank, sources, flat=rank % 2 == 0), version)
+        else:
+            push.send(iter(full_weights(version)), version)
 
-    def source(rank: int) -> None:
-        try:
-            push = setup_weight_push(cfg, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
-                                     sources=sources, peer_names=names)
-            assert isinstance(push, PeerPush)
-            for version in versions:
-                if sources:
-                    push.send_shards(partitions(full_weights(version), rank, sources, flat=rank % 2 == 0), version)
-                else:
-                    push.send(iter(full_weights(version)), version)
-                sent.setdefault(rank, []).append(time.perf_counter())
-            push.close()
-        except BaseException as e:  # noqa: BLE001 - reported to the test
-            errors[rank] = e
-
-    def receiver(rank: int) -> None:
-        try:
-            push = setup_weight_push(cfg, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
-                                     sources=sources)
-            for version in versions:
-                loader = loaders(version, rank)
-                assert push.receive(WeightHandle(version, "peer"), loader) == version
-                getattr(loader, "finish", lambda: None)()
-                read.setdefault(rank, []).append(time.perf_counter())
-            push.close()
-        except BaseException as e:  # noqa: BLE001
-            errors[rank] = e
-
-    threads = [threading.Thread(target=source, args=(r,)) for r in range(first)]
-    threads += [threading.Thread(target=receiver, args=(first + i,)) for i in range(receivers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads)
-    return errors, sent, read
+    return run_ends(WeightPushConfig(backend="peer", timeout_s=timeout_s), sources, receivers, send, loaders,
+                    versions, names)
 
 
 @pytest.mark.parametrize("sources", [0, 1, 2, 3])
@@ -86,7 +51,7 @@ def test_every_receiver_loads_exactly_what_the_ranks_sent(sources):
         got[rank] = {}  # a plain function: tensors valid while it runs
         return lambda items: got[rank].update({n: t.clone() for n, t in items})
 
-    errors, _, _ = run_peer(sources, 2, loaders)
+    errors, _ = run_peer(sources, 2, loaders)
     assert not errors, errors
     for name, t in full_weights(2):
         assert torch.equal(models[first][name], t), name
@@ -136,7 +101,7 @@ def test_a_sender_returns_only_once_every_receiver_has_read_its_buffer():
             finished[rank] = time.perf_counter()  # this receiver's last read of the buffer
         return slow
 
-    errors, sent, _ = run_peer(2, 2, loaders, versions=(1,))
+    errors, sent = run_peer(2, 2, loaders, versions=(1,))
     assert not errors, errors
     assert min(t for times in sent.values() for t in times) >= finished[3]
 
@@ -148,7 +113,7 @@ def test_a_receiver_that_never_finishes_fails_every_sender_in_time_naming_it():
         return broken
 
     t0 = time.perf_counter()
-    errors, _, _ = run_peer(2, 1, loaders, versions=(1,), timeout_s=2, names=["rollout worker 7"])
+    errors, _ = run_peer(2, 1, loaders, versions=(1,), timeout_s=2, names=["rollout worker 7"])
     assert time.perf_counter() - t0 < 20
     assert isinstance(errors.pop(2), OSError)
     assert set(errors) == {0, 1}

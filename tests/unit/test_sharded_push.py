@@ -111,25 +111,26 @@ def test_assemble_puts_every_parameter_together(sources):
         assert loader.loaded == {p.name for p in rnd.pieces}
 
 
-def run_sharded(sources: int, receivers: int, flat: bool, bucket_bytes: int, loaders, versions=(1, 2),
-                dtype: str = "keep"):
-    """``sources`` learner ranks (threads) push ``versions`` (other weights each time) to
-    ``receivers`` ends built here; ``loaders(version)`` gives each receiver's loader."""
-    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=bucket_bytes / 2**20, dtype=dtype)
-    port, world = free_port(), sources + receivers
-    errors: list[BaseException] = []
-    packed: list[bool] = []
+def run_ends(cfg: WeightPushConfig, sources: int, receivers: int, send, loaders, versions=(1, 2), names=None):
+    """``max(sources, 1)`` learner ranks (threads; ``sources`` 0: rank 0 sends gathered weights)
+    push ``versions`` to ``receivers`` ends built here, each sender through ``send(push, rank,
+    version)``; ``loaders(version, rank)`` gives each receiver's loader. Returns (the errors by
+    rank, in the order they happened; each sender's times when its sends returned)."""
+    port, first = free_port(), max(sources, 1)
+    world = first + receivers
+    errors: dict[int, BaseException] = {}
+    sent: dict[int, list[float]] = {}
 
     def source(rank: int) -> None:
         try:
             push = setup_weight_push(cfg, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
-                                     sources=sources)
+                                     sources=sources, peer_names=names)
             for version in versions:
-                push.send_shards(partitions(full_weights(version), rank, sources, flat), version)
-            packed.append(any(b is not None for b in push._shards.packs))
+                send(push, rank, version)
+                sent.setdefault(rank, []).append(time.perf_counter())
             push.close()
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
+            errors[rank] = e
 
     def receiver(rank: int) -> None:
         try:
@@ -137,21 +138,38 @@ def run_sharded(sources: int, receivers: int, flat: bool, bucket_bytes: int, loa
                                      sources=sources)
             for version in versions:
                 loader = loaders(version, rank)
-                assert push.receive(WeightHandle(version, "gloo"), loader) == version
+                assert push.receive(WeightHandle(version, cfg.backend), loader) == version
                 getattr(loader, "finish", lambda: None)()
             push.close()
         except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+            errors[rank] = e
 
-    threads = [threading.Thread(target=source, args=(r,)) for r in range(sources)]
-    threads += [threading.Thread(target=receiver, args=(sources + i,)) for i in range(receivers)]
+    threads = [threading.Thread(target=source, args=(r,)) for r in range(first)]
+    threads += [threading.Thread(target=receiver, args=(first + i,)) for i in range(receivers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     assert not any(t.is_alive() for t in threads)
+    return errors, sent
+
+
+def run_sharded(sources: int, receivers: int, flat: bool, bucket_bytes: int, loaders, versions=(1, 2),
+                dtype: str = "keep"):
+    """``sources`` learner ranks (threads) push ``versions`` (other weights each time) over gloo to
+    ``receivers`` ends built here; ``loaders(version)`` gives each receiver's loader. Returns
+    whether each source packed its partitions (instead of sending them as they lie)."""
+    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=bucket_bytes / 2**20, dtype=dtype)
+    packed: list[bool] = []
+
+    def send(push, rank: int, version: int) -> None:
+        push.send_shards(partitions(full_weights(version), rank, sources, flat), version)
+        if version == versions[-1]:
+            packed.append(any(b is not None for b in push._shards.packs))
+
+    errors, _ = run_ends(cfg, sources, receivers, send, loaders, versions)
     if errors:
-        raise errors[0]
+        raise next(iter(errors.values()))
     return packed
 
 
