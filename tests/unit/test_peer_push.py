@@ -1,24 +1,21 @@
 """The pull push (``weights.backend: peer``, common/transport/peer.py) on the CPU, each learner rank's
 buffer a set of shared-memory blocks, the ranks and the receivers threads of this process: every
 receiver loads bit for bit what the ranks sent, gathered or as ZeRO-3 partitions (padding that must
-never arrive, several dtypes, element counts not divisible by the ranks), into its parameters, a
-plain function or a staging copy; a sender returns only once every receiver has read its buffer,
-and a receiver that never finishes fails the senders in time, named (one that never joins:
-tests/unit/test_sharded_push.py, with the broadcast's). (On GPUs the
+never arrive, several dtypes, element counts not divisible by the ranks), into its parameters or a
+plain function; a sender returns only once every receiver has read its buffer,
+and a receiver that never finishes fails the senders in time, named (one that never joins, and the
+pull into a staging copy: tests/unit/test_sharded_push.py, with the broadcast's). (On GPUs the
 same code maps the ranks' device memory through CUDA IPC: tests/gpu/test_ipc_push_gpu.py.)"""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 import torch
 
-from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
+from common.transport import ParameterLoader, WeightPushConfig
 from common.transport.peer import PeerPush
-from common.transport.staging import StagedWeights
-from learner.group import free_port
-from tests.unit.test_sharded_push import full_weights, holder, partitions, run_ends
+from tests.unit.test_sharded_push import full_weights, partitions, run_ends
 
 torch.set_num_threads(1)
 
@@ -56,36 +53,6 @@ def test_every_receiver_loads_exactly_what_the_ranks_sent(sources):
     for name, t in full_weights(2):
         assert torch.equal(models[first][name], t), name
         assert torch.equal(got[first + 1][name], t), name
-
-
-def test_into_a_staging_copy_as_a_worker_takes_it():
-    module = holder(full_weights(0))
-    staged = StagedWeights(module)
-    cfg = WeightPushConfig(backend="peer", timeout_s=60)
-    port, errors = free_port(), []
-
-    def source(rank: int) -> None:
-        try:
-            push = setup_weight_push(cfg, rank=rank, world_size=3, master_addr="127.0.0.1", master_port=port,
-                                     sources=2)
-            push.send_shards(partitions(full_weights(5), rank, 2, flat=True), 5)
-            push.close()
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=source, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    end = setup_weight_push(cfg, rank=2, world_size=3, master_addr="127.0.0.1", master_port=port, sources=2)
-    assert staged.receive(end, WeightHandle(5, "peer"), keep_order=False, timeout_s=60) == 5
-    for t in threads:
-        t.join(60)
-    end.close()
-    assert not errors, errors
-    assert all(not p.any() for p in module.parameters())  # staged, not applied yet
-    assert staged.apply() == 5
-    params = dict(module.named_parameters())
-    assert all(torch.equal(params[n].detach(), t) for n, t in full_weights(5))
 
 
 def test_a_sender_returns_only_once_every_receiver_has_read_its_buffer():

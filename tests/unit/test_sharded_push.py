@@ -254,12 +254,12 @@ def holder(weights: list[tuple[str, torch.Tensor]]) -> torch.nn.Module:
     return module
 
 
-def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float = 0.0):
-    """Version 5 (``full_weights(5)``) from 2 gloo sources, threads of this process, staged into
+def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float = 0.0, backend: str = "gloo"):
+    """Version 5 (``full_weights(5)``) from 2 sources (``backend``), threads of this process, staged into
     ``staged`` by the receiver (rank 2); ``late``: "sources" or "receiver" join ``delay_s`` after the
     other end is set up and about to transfer (so a slow set-up under load cannot hide the delay).
     Returns (the version staged, the receiver's end, {source rank: its end's ``waited_s``})."""
-    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=1500 / 2**20)
+    cfg = WeightPushConfig(backend=backend, timeout_s=60, bucket_mb=1500 / 2**20)
     port = free_port()
     errors: list[BaseException] = []
     waited: dict[int, float] = {}
@@ -287,7 +287,7 @@ def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float =
         assert all(e.wait(60) for e in sources_set_up)
         time.sleep(delay_s)
     receiving.set()
-    version = staged.receive(end, WeightHandle(5, "gloo"), keep_order=False, timeout_s=60)
+    version = staged.receive(end, WeightHandle(5, backend), keep_order=False, timeout_s=60)
     end.close()
     for t in threads:
         t.join(60)
@@ -295,10 +295,12 @@ def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float =
     return version, end, waited
 
 
-def test_gloo_sharded_push_into_a_staging_copy():
+@pytest.mark.parametrize("backend", ["gloo", "peer"])
+def test_sharded_push_into_a_staging_copy(backend):
+    """gloo: the sources' broadcast; peer: the receiver pulls both sources' partitions, as a worker takes it."""
     module = holder(full_weights(0))
     staged = StagedWeights(module)
-    assert sharded_into_staging(staged)[0] == 5
+    assert sharded_into_staging(staged, backend=backend)[0] == 5
     assert all(torch.equal(p, torch.zeros_like(p)) for p in module.parameters())  # staged, not applied yet
     assert staged.apply() == 5
     params = dict(module.named_parameters())
