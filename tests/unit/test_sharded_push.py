@@ -121,14 +121,16 @@ def run_ends(cfg: WeightPushConfig, sources: int, receivers: int, send, loaders,
     errors: dict[int, BaseException] = {}
     sent: dict[int, list[float]] = {}
 
+    ends = []  # closed once every thread is done, failed ones too: no store stays listening in this process
+
     def source(rank: int) -> None:
         try:
             push = setup_weight_push(cfg, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
                                      sources=sources, peer_names=names)
+            ends.append(push)
             for version in versions:
                 send(push, rank, version)
                 sent.setdefault(rank, []).append(time.perf_counter())
-            push.close()
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             errors[rank] = e
 
@@ -136,11 +138,11 @@ def run_ends(cfg: WeightPushConfig, sources: int, receivers: int, send, loaders,
         try:
             push = setup_weight_push(cfg, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
                                      sources=sources)
+            ends.append(push)
             for version in versions:
                 loader = loaders(version, rank)
                 assert push.receive(WeightHandle(version, cfg.backend), loader) == version
                 getattr(loader, "finish", lambda: None)()
-            push.close()
         except BaseException as e:  # noqa: BLE001
             errors[rank] = e
 
@@ -151,6 +153,8 @@ def run_ends(cfg: WeightPushConfig, sources: int, receivers: int, send, loaders,
     for t in threads:
         t.join(120)
     assert not any(t.is_alive() for t in threads)
+    for push in ends:
+        push.close()
     return errors, sent
 
 
@@ -369,9 +373,12 @@ def test_a_missing_receiver_fails_every_source_in_time_naming_it(backend):
     port = free_port()
     errors: dict[int, BaseException] = {}
 
+    ends = []
+
     def source(rank: int) -> None:
         push = setup_weight_push(cfg, rank=rank, world_size=3, master_addr="127.0.0.1", master_port=port, sources=2,
                                  peer_names=["rollout worker 7"])
+        ends.append(push)
         try:
             push.send_shards(partitions(full_weights(1), rank, 2, flat=True), 1)
         except BaseException as e:  # noqa: BLE001
@@ -383,6 +390,8 @@ def test_a_missing_receiver_fails_every_source_in_time_naming_it(backend):
         t.start()
     for t in threads:
         t.join(30)
+    for push in ends:  # after both: no store stays listening in this process (test_store_binding)
+        push.close()
     assert time.perf_counter() - t0 < 15
     assert set(errors) == {0, 1}
     assert all(isinstance(e, TimeoutError) and "never joined: rollout worker 7" in str(e) for e in errors.values())
