@@ -26,6 +26,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from common.actor_time import BACKGROUND, PUSH_PARTS, ActorClock
+from common.gil import prompt_gil
 from common.config.estimator import EstimatorConfig
 from common.config.learner import LearnerConfig
 from common.config.loss import LossConfig
@@ -210,7 +211,7 @@ class LearnerWorker:
     def push_weights(self, version: int) -> Optional[WeightHandle]:
         """Send the full weights as ``version`` (rank 0; every rank joins the ZeRO-3 gathers), or,
         sharded, this rank's partitions."""
-        with self.clock.timed("push"):
+        with self.clock.timed("push"), prompt_gil():  # beside a checkpoint's writer thread (common/gil.py)
             with self.clock.timed("push_pending"):  # GPU work the step left queued, so it is not billed below
                 settle_gpu(self.engine.device)
             if self.push_sources:

@@ -124,7 +124,10 @@ class PeerPush(BroadcastPush):
 
     def _pull_shards(self, version: int, ends: list[IpcPush], refs: list[dict], loader: LoadFn) -> None:
         """Put every parameter together from the S ranks' partitions, each read where it lies: in
-        a rank's buffer (its rows, one a round) or, on GPUs, in the rank's own parameter storage."""
+        a rank's buffer (its rows, one a round) or, on GPUs, in the rank's own parameter storage.
+        A loader that defers (``mirror`` and ``defer``: a staging copy, common/transport/staging.py)
+        gets each rank's spans copied whole into memory of its own, a few copies in all, and puts
+        the parameters together from there when it applies them (see ``_mirror``)."""
         what = f"weight push (peer) of version {version}"
         sources, rounds = decode_plan(refs[0]["plan"], what)
         if sources != self.sources:
@@ -134,38 +137,73 @@ class PeerPush(BroadcastPush):
         for end, header in zip(ends, headers):
             end.check_version(header, version, "before")
         if "storages" in refs[0]:
-            self._assemble_in_place(rounds, sources, mapped, refs, loader)
+            pieces = self._pieces_in_place(rounds, sources, refs)
         else:
             placed, size = placed_rounds(rounds, 1)
             for r, block in enumerate(headers):
                 if size > block.numel():
                     raise ValueError(f"{what}: the plan needs {size} bytes, learner rank {r}'s buffer has "
                                      f"{block.numel()}")
-            for rnd, offset in placed:
-                nbytes = rnd.segment * rnd.dtype.itemsize
-                assemble([block[offset:offset + nbytes].view(rnd.dtype) for block in headers], rnd, sources, loader)
+            pieces = [(rnd, [(0, offset, rnd.segment * rnd.dtype.itemsize)] * sources) for rnd, offset in placed]
+        if not self._mirror(pieces, mapped, loader):
+            for rnd, where in pieces:
+                rows = [mapped[r][i][offset:offset + nbytes].view(rnd.dtype)
+                        for r, (i, offset, nbytes) in enumerate(where)]
+                assemble(rows, rnd, sources, loader)
         if headers[0].is_cuda:  # the copies were issued on this thread's stream (a staging stream beside requests)
             torch.cuda.current_stream(headers[0].device).synchronize()
         for end, header in zip(ends, headers):
             end.check_version(header, version, "while")
 
     @staticmethod
-    def _assemble_in_place(rounds, sources: int, mapped: list[list[torch.Tensor]], refs: list[dict],
-                           loader: LoadFn) -> None:
-        """Each parameter from the S partitions where they lie (``where``: its storage among the
-        rank's exported ones and its byte offset there), one piece at a time."""
-        i = 0
+    def _pieces_in_place(rounds, sources: int, refs: list[dict]) -> list[tuple[Round, list[tuple[int, int, int]]]]:
+        """Each parameter as a round of its own, with where each rank's partition of it lies: (its
+        mapping's index: the rank's blocks, then its exported storages; byte offset; bytes)."""
+        pieces, i = [], 0
         for rnd in rounds:
             for piece in rnd.pieces:
-                part = partition_numel(piece.numel, sources)
-                rows = []
-                for blocks, ref in zip(mapped, refs):
-                    storage, offset = ref["where"][i]
-                    nbytes = part * rnd.dtype.itemsize
-                    rows.append(blocks[len(ref["blocks"]) + storage][offset:offset + nbytes].view(rnd.dtype))
-                one = Round(rnd.dtype, part, (Piece(piece.name, piece.shape, 0),))
-                assemble(rows, one, sources, loader)
+                nbytes = partition_numel(piece.numel, sources) * rnd.dtype.itemsize
+                where = [(len(ref["blocks"]) + ref["where"][i][0], ref["where"][i][1], nbytes) for ref in refs]
+                pieces.append((Round(rnd.dtype, nbytes // rnd.dtype.itemsize, (Piece(piece.name, piece.shape, 0),)),
+                               where))
                 i += 1
+        return pieces
+
+    def _mirror(self, pieces: list[tuple[Round, list[tuple[int, int, int]]]], mapped: list[list[torch.Tensor]],
+                loader: LoadFn) -> bool:
+        """Where the loader defers: copy each rank's span of each mapping it reads (from its first
+        row to its last) into the loader's memory (``loader.mirror(key, nbytes, device)``), a few
+        large copies, and hand the loader every parameter's rows there (``loader.defer``), to be
+        put together when the loader applies them, on its own thread.
+
+        Why: each copy a thread issues releases Python's GIL and must take it back, and the worker's
+        request thread holds it between its own calls; a copy per row (S per parameter) beside a
+        worker busy in Python waits for a switch each (5 ms by default), which a few copies do not.
+        False (the rows are read one by one instead): the loader does not defer, or the spans would
+        hold a quarter more bytes than the rows themselves."""
+        mirror, defer = getattr(loader, "mirror", None), getattr(loader, "defer", None)
+        if mirror is None or defer is None:
+            return False
+        spans: dict[tuple[int, int], list[int]] = {}
+        needed = 0
+        for _, where in pieces:
+            for r, (i, offset, nbytes) in enumerate(where):
+                span = spans.setdefault((r, i), [offset, offset + nbytes])
+                span[0], span[1] = min(span[0], offset), max(span[1], offset + nbytes)
+                needed += nbytes
+        for span in spans.values():  # aligned down: each row keeps its alignment in the copy
+            span[0] -= span[0] % 64
+        if sum(hi - lo for lo, hi in spans.values()) > 1.25 * needed + (1 << 20):
+            return False
+        local = {}
+        for (r, i), (lo, hi) in spans.items():
+            source = mapped[r][i][lo:hi]
+            local[r, i] = mirror((r, i), hi - lo, source.device)
+            local[r, i].copy_(source)
+        for rnd, where in pieces:
+            defer([local[r, i][offset - spans[r, i][0]: offset - spans[r, i][0] + nbytes].view(rnd.dtype)
+                   for r, (i, offset, nbytes) in enumerate(where)], rnd, self.sources)
+        return True
 
     def close(self) -> None:
         for end in [self.buffer, *self.maps.values()]:

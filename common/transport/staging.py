@@ -10,6 +10,8 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from common.gil import prompt_gil
+from common.transport.shards import Round, assemble
 from common.transport.weights import LoadFn, ParameterLoader, WeightHandle, WeightPush
 
 
@@ -28,16 +30,28 @@ class StagedWeights:
     before it (in-order runs). Without it a newer push replaces the staged copy: a queued request
     then runs with the newer weights, which only lowers its staleness. Memory: one more copy of
     the parameters on the device (of the pushed ones, for a partial push).
+
+    A peer push (common/transport/peer.py) may defer instead: it copies each learner rank's
+    partitions whole into this copy's ``mirrors`` (a few copies on the receiving thread, which has
+    to take Python's GIL back after each) and leaves putting every parameter together from them to
+    ``apply``, on the request thread, in place of the copy from the staging tensors (the same bytes
+    either way).
     """
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, defer: bool = True, prompt: bool = True) -> None:
         self.params = dict(module.named_parameters())
+        # False: a peer push writes the staging tensors row by row; the receive keeps Python's switch
+        # interval (common/gil.py); both as before 2026-11-28 (bench_push's ``_rows`` modes)
+        self.defer, self.prompt = defer, prompt
         self.tensors: dict[str, torch.Tensor] = {}  # the staging copy, allocated as parameters first arrive
         self.version: Optional[int] = None  # staged and not yet applied
         self.last: Optional[int] = None  # the newest version ever staged
         self.names: set[str] = set()  # the parameters the staged version carries
         self.applied = threading.Condition()
         self.stream = None
+        # a deferring push's copy: each source's spans, and the rows of every parameter in them
+        self.mirrors: dict[object, torch.Tensor] = {}
+        self.pending: list[tuple[list[torch.Tensor], Round, int]] = []
 
     def receive(self, push: WeightPush, handle: WeightHandle, *, keep_order: bool, timeout_s: float,
                 partial: bool = False, wrap: Optional[Callable[[LoadFn], LoadFn]] = None) -> int:
@@ -51,15 +65,21 @@ class StagedWeights:
                 raise TimeoutError(f"weight push: version {self.version} was staged {timeout_s:.0f} s ago and is "
                                    f"still not applied; version {handle.version} cannot be staged over it")
             self.version = None  # a replaced copy is never applied half-written
+            self.pending = []
             device = next(iter(self.params.values())).device
             if device.type == "cuda" and self.stream is None:
                 self.stream = torch.cuda.Stream(device)
-            loader = _StagingLoader(self, partial=partial)
-            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            loader = (_DeferringLoader if self.defer else _StagingLoader)(self, partial=partial)
+            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext(), \
+                    (prompt_gil() if self.prompt else contextlib.nullcontext()):
                 push.receive(handle, wrap(loader) if wrap is not None else loader)
                 loader.finish()
                 if self.stream is not None:
                     self.stream.synchronize()
+            if self.pending:  # only the mirrors hold this version
+                self.tensors = {}
+            else:
+                self.mirrors = {}
             self.names = loader.arrived
             self.version = self.last = handle.version
             return handle.version
@@ -70,8 +90,13 @@ class StagedWeights:
             if self.version is None:
                 return None
             with torch.no_grad():
-                for name in self.names:
-                    self.params[name].copy_(self.tensors[name])
+                if self.pending:
+                    into = ParameterLoader(self.params)
+                    for rows, rnd, sources in self.pending:
+                        assemble(rows, rnd, sources, into)
+                else:
+                    for name in self.names:
+                        self.params[name].copy_(self.tensors[name])
             if self.stream is not None:  # the copies are done before the staging copy is written again
                 torch.cuda.current_stream().synchronize()
             version, self.version = self.version, None
@@ -95,3 +120,21 @@ class _StagingLoader(ParameterLoader):
     def finish(self) -> None:
         self.arrived = set(self.loaded)
         super().finish()
+
+
+class _DeferringLoader(_StagingLoader):
+    """A staging loader that a peer push may defer to (``StagedWeights``: the mirrors)."""
+
+    def mirror(self, key: object, nbytes: int, device: torch.device) -> torch.Tensor:
+        """Bytes of this copy for a deferring push's span ``key`` (kept across pushes of one layout)."""
+        held = self.staged.mirrors.get(key)
+        if held is None or held.numel() != nbytes or held.device != device:
+            self.staged.mirrors[key] = held = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return held
+
+    def defer(self, rows: list[torch.Tensor], rnd: Round, sources: int) -> None:
+        """Round ``rnd``'s parameters are to be put together from ``rows`` (in this copy's mirrors)
+        when the copy is applied; their names and shapes are checked now."""
+        for piece in rnd.pieces:
+            self.check(piece.name, piece.shape)
+        self.staged.pending.append((rows, rnd, sources))

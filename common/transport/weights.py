@@ -80,13 +80,17 @@ class ParameterLoader:
     def target(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """Where the received ``name`` of ``shape`` is to be written, counted as arrived: the
         sharded push puts each parameter together straight into it (common/transport/shards.py)."""
+        return self.destination(name, self.check(name, shape)).detach()
+
+    def check(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The receiving model's parameter ``name``, whose shape must be ``shape``, counted as arrived."""
         param = self.params.get(name)
         if param is None:
             raise KeyError(f"weight push: received {name!r}, which the receiving model does not have")
         if tuple(param.shape) != tuple(shape):
             raise ValueError(f"weight push: {name} has shape {tuple(shape)}, the model {tuple(param.shape)}")
         self.loaded.add(name)
-        return self.destination(name, param).detach()
+        return param
 
     def destination(self, name: str, param: torch.Tensor) -> torch.Tensor:
         """Where the received ``name`` is written: the parameter itself."""

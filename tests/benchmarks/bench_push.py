@@ -48,6 +48,13 @@ peer_staged      ``weights.backend: peer`` into the staging copy, the receiver i
                  copies its partitions into a buffer of its own and the receiver pulls every rank's
                  rows with its copy engines (CUDA IPC), putting each parameter together in place
 peer_busy        the same beside the receiver's generation (as ``busy``)
+peer_python      the same beside a receiver thread that runs Python alone (no GPU work: what a worker
+                 does grading rewards, decoding, answering calls): each copy the pulling thread issues
+                 gives up Python's GIL and has to take it back from that thread
+peer_busy_rows,  ``peer_busy`` and ``peer_python`` as the pull was before: written row by row into the
+peer_python_rows staging tensors (a copy per row on the pulling thread) at Python's own switch interval
+                 (``StagedWeights(defer=False, prompt=False)``), instead of copied whole per rank
+                 span, put together when applied, under a short switch interval (common/gil.py)
 A mode may name its bucket size: ``busy@2048`` (MiB; default the first ``--bucket-mb``).
 Each: one warm-up, then the median of ``--reps`` (the slowest rank's time, all ranks started after
 a barrier; a staged push's time is its stage, not the later swap). Checked after, bit for bit,
@@ -75,8 +82,12 @@ import torch.distributed as dist
 
 # --engine's staged modes: whether the receiver generates meanwhile. Two weights options timed beside
 # generation at de86cdd were not kept (BENCHMARKS.md): weights.high_priority, weights.stage_pause
-STAGED = {"staged": False, "busy": True, "peer_staged": False, "peer_busy": True}
-PEER = ("peer_staged", "peer_busy")  # the pull push (weights.backend: peer): the receiver reads each rank's buffer
+STAGED = {"staged": False, "busy": True, "peer_staged": False, "peer_busy": True, "peer_python": True,
+          "peer_busy_rows": True, "peer_python_rows": True}
+# the pull push (weights.backend: peer): the receiver reads each rank's buffer
+PEER = ("peer_staged", "peer_busy", "peer_python", "peer_busy_rows", "peer_python_rows")
+PYTHON = ("peer_python", "peer_python_rows")  # the receiver's other thread runs Python, not requests
+ROWS = ("peer_busy_rows", "peer_python_rows")  # the pull row by row into the staging tensors
 
 
 def parse() -> argparse.Namespace:
@@ -246,6 +257,7 @@ def engine_main(a: argparse.Namespace) -> None:
     from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
     from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
     from coordinator.weight_sync import push_sources
+    from common.transport.staging import StagedWeights
     from rollout.engine import TorchRolloutEngine
 
     rank, learners, receivers = a.rank, a.learners, a.receivers
@@ -360,7 +372,8 @@ def engine_main(a: argparse.Namespace) -> None:
         raw_s = bl.median(secs)
         res.put("raw", {"seconds": secs, "median_s": raw_s, "gb_per_s": total / raw_s / 1e9})
 
-    generates = any(m == "raw_busy" or STAGED.get(m.split("@")[0], False) for m in modes)
+    generates = any(m == "raw_busy" or (STAGED.get(m.split("@")[0], False) and m.split("@")[0] not in PYTHON)
+                    for m in modes)
     busy = Generating(policy, a, dev) if not learner and generates else None
     raw_busy_s = None
     for mode, port in zip(modes, mode_ports):
@@ -388,6 +401,9 @@ def engine_main(a: argparse.Namespace) -> None:
                                      master_port=port, sources=s) if member else None
             staged = base in STAGED and not learner
             receiver = TorchRolloutEngine(policy) if staged else None  # the worker's engine: its staging copy
+            if receiver is not None:
+                receiver.staged = StagedWeights(policy, defer=base not in ROWS, prompt=base not in ROWS)
+            other = (PythonBusy() if base in PYTHON else busy) if generating and not learner else None
             if not learner and not staged:
                 with torch.no_grad():
                     for _, p in named:
@@ -396,7 +412,7 @@ def engine_main(a: argparse.Namespace) -> None:
             def zero_staging_before_the_last(i):
                 if receiver is not None and i == a.reps:  # what the last push must bring, wiped untimed
                     with torch.no_grad():
-                        for t in receiver.staged.tensors.values():
+                        for t in [*receiver.staged.tensors.values(), *receiver.staged.mirrors.values()]:
                             t.zero_()
                     bl.sync(dev)
             version = {"v": 0}
@@ -419,10 +435,10 @@ def engine_main(a: argparse.Namespace) -> None:
                 else:
                     for _ in engine.named_parameters_for_push():
                         pass
-            if generating and busy is not None:
-                busy.start(receiver)
+            if other is not None:
+                other.start(receiver)
             secs = times(one_push, drain=receiver is None, before=zero_staging_before_the_last)
-            requests = busy.stop() if generating and busy is not None else None
+            requests = other.stop() if other is not None else None
             if receiver is not None:  # the last staged version swapped in, as the worker's next request would
                 with torch.no_grad():  # onto zeros: only the swap can make the check below pass
                     for _, p in named:
@@ -443,11 +459,36 @@ def engine_main(a: argparse.Namespace) -> None:
                    "bucket_mb": cfg.bucket_mb,
                    "rank0_segments": stats, "weights_bit_identical": float(same) == 0.0}
             if generating:
-                out["receiver_requests"] = receiver_requests(requests)
+                out["receiver_python_loops" if base in PYTHON else "receiver_requests"] = receiver_requests(requests)
             res.put(f"push_{mode}", out)
     res.put("memory", {"peak_gib": bl.peak_memory_gib(dev)})
     if res.data["errors"]:
         raise SystemExit(f"failed: {list(res.data['errors'])}")
+
+
+class PythonBusy:
+    """The receiver's other thread in the ``peer_python`` modes: Python alone (integer arithmetic,
+    no GPU work, no call that gives the GIL up), until stopped; ``stop`` returns (loops done, 0, 0)."""
+
+    def start(self, engine) -> None:
+        import threading
+
+        self.stopping, self.loops = threading.Event(), 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        time.sleep(0.1)
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            x = 0
+            for i in range(10_000):
+                x += i * i
+            self.loops += 1
+
+    def stop(self) -> list[float]:
+        self.stopping.set()
+        self.thread.join()
+        return [float(self.loops), 0.0, 0.0]
 
 
 class Generating:

@@ -179,6 +179,11 @@
 #   call64 (2 GPUs, carry .whl) the same at 1 rank -> 1 receiver, 11 layers (5 repetitions)
 #   call61 (a 4-GPU host, carry .whl) call59's pushes at 3 ZeRO-3 ranks -> 1 receiver, LLaDA-8B; then call50's
 #                          4-GPU job with weights.backend=peer
+#   call65 (2 GPUs, carry .whl) the pull copied whole per rank span into the worker's staging copy and put
+#                          together when applied, the receive under a short switch interval (common/gil.py): the
+#                          GPU tests (also into a staging copy); bench_push at 1 rank, 11 layers, beside generation
+#                          and beside a thread running Python, against the pull as before (_rows modes); the
+#                          11-layer job over peer (5 steps, the save after step 3; each step's push clocks per actor)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -668,6 +673,21 @@ case "${1:-}" in
       --modes raw_busy,staged,busy,peer_staged,peer_busy --out "$OUT/push_peer_1rank.json" > "$OUT/push_peer_1rank.log" 2>&1
     echo "push beside generation, broadcast and pull in place, 1 rank: rc $?"
     bundle ;;
+  call65)  # the pull copied whole per rank span and put together when applied, under a short switch interval
+    python3 -m pytest -q tests/gpu/test_peer_push_gpu.py > "$OUT/peer_gpu_tests.log" 2>&1
+    rc=$?
+    echo "peer GPU tests: rc $rc"
+    [ $rc = 0 ] || { bundle; exit 1; }
+    timeout 220 python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --reps 5 \
+      --modes raw_busy,peer_busy,peer_busy_rows,peer_python,peer_python_rows --out "$OUT/push_peer_defer_1rank.json" \
+      > "$OUT/push_peer_defer_1rank.log" 2>&1
+    echo "the pull beside generation and beside Python, deferred and row by row, 1 rank: rc $?"
+    OUT=$OUT/sys_peer bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_llada \
+      --parts ckpt_llada_short,push,system_llada --no-profile --no-resume --steps 5 --checkpoint-at 3 \
+      --deadline-s 300 --job-set weights.backend=peer
+    echo "the 11-layer job with the deferred pull: rc $?"
+    cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
+    bundle ;;
   call61)
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
       --modes raw_busy,busy,peer_staged,peer_busy --out "$OUT/push_peer_3ranks.json" > "$OUT/push_peer_3ranks.log" 2>&1
@@ -681,5 +701,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65" >&2; exit 2 ;;
 esac

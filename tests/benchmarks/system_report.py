@@ -65,7 +65,12 @@ def analyse(records: list[dict], gpu_samples: list[tuple[float, int, float, floa
                       if k in steps[0]},
         "per_step": [{k: r.get(k) for k in ("step", "time/step", "time/train", "time/weight_push", "time/generate",
                                              "perf/mfu", "perf/samples_per_s", "rollout/tokens", "rollout/forwards",
-                                             "learner/samples")} for r in steps],
+                                             "learner/samples")}
+                     # each actor's push clocks in this step (a slow push: which end, and what part of it)
+                     | {"push_by_actor_s": {k.removeprefix("time/"): v for k, v in sorted(r.items())
+                                            if k.startswith("time/") and k.count("/") == 2
+                                            and k.split("/")[2].startswith("push")}}
+                     for r in steps],
     }
     sum_of = lambda key: sum(r.get(key, 0.0) for r in timed)  # noqa: E731
     wall = sum_of("time/step")

@@ -3,7 +3,8 @@
 gathered push (before) and the sharded push (after) run, deliver the learner's weights bit for bit,
 and the sharded push sends DeepSpeed's partitions as they lie (no packing copy); the staged modes
 take it into a rollout engine's staging copy, idle and beside requests the receiver generates,
-and deliver it the same, as does the pull push (peer modes: the receiver reads each rank's buffer)."""
+and deliver it the same, as does the pull push (peer modes: the receiver reads each rank's buffer;
+beside a thread of the receiver that runs Python; and as it was before, row by row)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.e2e
-STAGED = ("staged", "busy", "busy@0.1", "peer_staged", "peer_busy")
+STAGED = ("staged", "busy", "busy@0.1", "peer_staged", "peer_busy", "peer_busy_rows", "peer_python", "peer_python_rows")
 MODES = ",".join(("gather", "shards", "raw_busy", *STAGED))
 
 
@@ -40,6 +41,7 @@ def test_engine_push_benchmark_runs_its_tiny_path(tmp_path):
         push = parts[f"push_{mode}"]
         assert push["weights_bit_identical"] and push["median_s"] > 0 and push["sources"] == 2, mode
         assert ("receiver_requests" in push) == ("busy" in mode), mode
+        assert ("receiver_python_loops" in push) == ("python" in mode), mode
     for mode in (m for m in STAGED if "busy" in m):  # it was generating, more than one token per row a forward
         requests = parts[f"push_{mode}"]["receiver_requests"]
         assert requests["done"] >= 1 and requests["tokens_per_forward"] > 32, (mode, requests)  # 32 rows

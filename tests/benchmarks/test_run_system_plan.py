@@ -98,6 +98,19 @@ def test_the_step_after_the_save_is_compared_with_the_steps_before_it():
     assert g["step_plain_steps"] == 1 and g["step_after_checkpoint_ratio"] == 22.0 / 15.0
 
 
+def test_each_step_keeps_every_actors_push_clocks():
+    """A slow push in one step is told apart by its ends: each step's record keeps every actor's
+    push clocks of that step (and nothing else of the actors)."""
+    from system_report import analyse
+
+    records = [{"step": k, "time": 10.0 * k, "time/step": 10.0, "time/train": 5.0, "time/weight_push": 0.03 * k,
+                "time/learner0/push_send": 0.02 * k, "time/learner0/train": 5.0,
+                "time/rollout0/push_stage": 0.01 * k, "time/rollout0/generate": 9.0} for k in (1, 2, 3)]
+    f = analyse(records, [], skip=1, started_at=0.0, peak_tflops=None)
+    assert [s["push_by_actor_s"] for s in f["per_step"]] == [
+        {"learner0/push_send": 0.02 * k, "rollout0/push_stage": 0.01 * k} for k in (1, 2, 3)]
+
+
 def test_the_summary_gives_the_in_job_pushes_spread_beside_its_median():
     """A staged push shares the worker's GPU with its generation, so the summary's push row gives
     the timed steps' range beside the median (the 4-GPU LLaDA-8B record of 2026-11-28)."""

@@ -2,7 +2,7 @@
 seeing only its own GPU (``CUDA_VISIBLE_DEVICES``, as Ray sets it for every actor): the receiver maps
 the sender's device memory through CUDA IPC and loads exactly what was sent, gathered (from the
 sender's buffer) and as the partitions of 2 sources (read where they lie in the sources' own
-storage), over two versions (the mappings kept).
+storage), over two versions (the mappings kept); and as a worker takes them, into its staging copy.
 
 With one GPU every end runs on it (the same code, the copies then within the device).
 
@@ -20,18 +20,29 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def end(rank: int, world: int, sources: int, port: int, results) -> None:
-    """One end on the one GPU its process sees: a source (rank < max(sources, 1)) or the receiver."""
+def end(rank: int, world: int, sources: int, port: int, results, staged: bool = False) -> None:
+    """One end on the one GPU its process sees: a source (rank < max(sources, 1)) or the receiver
+    (``staged``: into a worker's staging copy, copied whole per source span and applied after)."""
     import torch
 
     from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
-    from tests.unit.test_sharded_push import full_weights, partitions
+    from common.transport.staging import StagedWeights
+    from tests.unit.test_sharded_push import full_weights, holder, partitions
 
     try:
         push = setup_weight_push(WeightPushConfig(backend="peer", timeout_s=120), rank=rank, world_size=world,
                                  master_addr="127.0.0.1", master_port=port, sources=sources)
         for version in (1, 2):
-            if rank >= max(sources, 1):
+            if rank >= max(sources, 1) and staged:
+                module = holder(full_weights(0)).cuda()
+                copy = StagedWeights(module)
+                copy.receive(push, WeightHandle(version, "peer"), keep_order=False, timeout_s=120)
+                assert copy.mirrors and not copy.tensors, (len(copy.mirrors), len(copy.tensors))
+                copy.apply()
+                got = {n: p.detach().cpu() for n, p in module.named_parameters()}
+                wrong = [n for n, t in full_weights(version) if not torch.equal(got.get(n, torch.empty(0)), t)]
+                results.put(("received", version, wrong, str(torch.cuda.get_device_properties(0).uuid)))
+            elif rank >= max(sources, 1):
                 got: dict[str, torch.Tensor] = {}
                 push.receive(WeightHandle(version, "peer"),
                              lambda named, into=got: into.update({k: v.cpu().clone() for k, v in named}))
@@ -52,8 +63,8 @@ def end(rank: int, world: int, sources: int, port: int, results) -> None:
         results.put(("error", repr(e)))
 
 
-@pytest.mark.parametrize("sources", [0, 2])
-def test_a_worker_on_another_gpu_pulls_the_ranks_weights(sources):
+@pytest.mark.parametrize("sources,staged", [(0, False), (2, False), (2, True)])
+def test_a_worker_on_another_gpu_pulls_the_ranks_weights(sources, staged):
     from learner.group import free_port
 
     ctx = mp.get_context("spawn")
@@ -61,7 +72,7 @@ def test_a_worker_on_another_gpu_pulls_the_ranks_weights(sources):
     port, first = free_port(), max(sources, 1)
     # sources on GPU 0 (both, when 2: the pull reads two buffers of one GPU), the receiver on GPU 1, each
     # process seeing its GPU alone from its start (a spawned child takes the environment it starts with)
-    procs = [ctx.Process(target=end, args=(r, first + 1, sources, port, results)) for r in range(first + 1)]
+    procs = [ctx.Process(target=end, args=(r, first + 1, sources, port, results, staged)) for r in range(first + 1)]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
         for r, p in enumerate(procs):

@@ -299,17 +299,46 @@ def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float =
     return version, end, waited
 
 
-@pytest.mark.parametrize("backend", ["gloo", "peer"])
-def test_sharded_push_into_a_staging_copy(backend):
-    """gloo: the sources' broadcast; peer: the receiver pulls both sources' partitions, as a worker takes it."""
+@pytest.mark.parametrize("backend,defer", [("gloo", True), ("peer", True), ("peer", False)])
+def test_sharded_push_into_a_staging_copy(backend, defer):
+    """gloo: the sources' broadcast; peer: the receiver pulls both sources' partitions, as a worker
+    takes it: copied whole into the staged copy's mirrors, one span per source, and put together
+    when applied (``defer``), or row by row into the staging tensors."""
     module = holder(full_weights(0))
-    staged = StagedWeights(module)
+    staged = StagedWeights(module, defer=defer)
     assert sharded_into_staging(staged, backend=backend)[0] == 5
     assert all(torch.equal(p, torch.zeros_like(p)) for p in module.parameters())  # staged, not applied yet
+    mirrored = backend == "peer" and defer
+    assert (len(staged.mirrors), len(staged.tensors)) == ((2, 0) if mirrored else (0, len(full_weights(5))))
     assert staged.apply() == 5
     params = dict(module.named_parameters())
     for name, t in full_weights(5):
         assert torch.equal(params[name].detach(), t), name
+
+
+@pytest.mark.parametrize("defer", [True, False])
+def test_the_pull_into_a_staging_copy_issues_a_copy_per_source_span_not_per_row(monkeypatch, defer):
+    """Each copy the receiving thread issues gives Python's GIL up and takes it back, which beside a
+    worker busy in Python costs a switch interval each: the deferred pull issues one copy per
+    source (its span), the parameters are put together by ``apply`` on the applying thread."""
+    module = holder(full_weights(0))
+    staged = StagedWeights(module, defer=defer)
+    receiving, copies = threading.get_ident(), {"receiving": 0, "applying": 0}
+    real = torch.Tensor.copy_
+
+    def counted(self, *args, **kwargs):
+        if threading.get_ident() == receiving:
+            copies["applying" if applying else "receiving"] += 1
+        return real(self, *args, **kwargs)
+
+    applying = False
+    monkeypatch.setattr(torch.Tensor, "copy_", counted)
+    sharded_into_staging(staged, backend="peer")
+    applying = True
+    staged.apply()
+    rows = sum(-(-t.numel() // -(-t.numel() // 2)) for _, t in full_weights(5))  # the rows that hold any of it
+    assert copies == ({"receiving": 2, "applying": rows} if defer else
+                      {"receiving": rows, "applying": len(full_weights(5))})
 
 
 def test_push_sources_and_the_group_the_driver_builds(monkeypatch):

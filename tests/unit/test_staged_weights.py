@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 import torch
 from torch import nn
 
@@ -159,3 +160,49 @@ def test_each_end_reports_how_long_it_waited_for_the_other_before_a_byte_moved()
     assert sender_waited >= 0.3 and receiver_waited < 0.3
     sender_waited, receiver_waited = push_with_one_end_late("sender")
     assert receiver_waited >= 0.3 and sender_waited < 0.3
+
+
+def test_a_staged_receive_runs_with_a_short_switch_interval_and_puts_the_interval_back():
+    """Each call of the receiving thread that gives Python's GIL up waits to take it back until the
+    request thread gives it up or the switch interval forces it (common/gil.py): the receive runs
+    with the interval at most SWITCH_S, and the interval found is back after it."""
+    import sys
+
+    from common.gil import SWITCH_S
+
+    seen = []
+
+    class Push:
+        def receive(self, handle, loader):
+            seen.append(sys.getswitchinterval())
+            loader([(name, torch.full_like(p, 7.0)) for name, p in model().named_parameters()])
+
+    before = sys.getswitchinterval()
+    staged = StagedWeights(model())
+    assert staged.receive(Push(), WeightHandle(3, "peer"), keep_order=False, timeout_s=5) == 3
+    assert seen == [pytest.approx(min(before, SWITCH_S))] and sys.getswitchinterval() == pytest.approx(before)
+
+
+def test_overlapping_prompt_gil_blocks_on_two_threads_put_back_the_first_ones_interval():
+    """The first block out must not restore the interval while another still runs, and the last
+    must restore what the first found, whatever their order."""
+    import sys
+
+    from common.gil import prompt_gil
+
+    before = sys.getswitchinterval()
+    inside, release = threading.Event(), threading.Event()
+
+    def other():
+        with prompt_gil(1e-4):
+            inside.set()
+            assert release.wait(10)
+
+    t = threading.Thread(target=other)
+    with prompt_gil(3e-4):
+        t.start()
+        assert inside.wait(10)
+    assert sys.getswitchinterval() == pytest.approx(1e-4)  # the other block still runs
+    release.set()
+    t.join(10)
+    assert sys.getswitchinterval() == pytest.approx(before)
