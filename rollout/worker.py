@@ -122,6 +122,8 @@ class RolloutWorker:
         waited = getattr(self.push, "waited_s", None)  # a collective push's wait for the sender's first byte
         if waited is not None:
             self.clock.add("push_stage_wait", waited)
+        for part, seconds in (getattr(self.push, "parts_s", None) or {}).items():  # a pull's parts
+            self.clock.add(f"push_stage_{part}", seconds)
         return version
 
     def receive_weights(self, handle: WeightHandle) -> int:

@@ -55,6 +55,7 @@ class PeerPush(BroadcastPush):
         # a learner rank's buffer, or a receiver's mapping of each learner rank's (source -> end)
         self.buffer = IpcPush(cfg, rank=rank, sources=sources, pull=True) if rank < self.first else None
         self.maps: dict[int, IpcPush] = {}
+        self.parts_s: dict[str, float] = {}  # the last sharded pull's parts (``_pull_shards``)
 
     # ---- sender ---------------------------------------------------------------------------
     def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
@@ -111,6 +112,7 @@ class PeerPush(BroadcastPush):
                                f"version {version} from {', '.join(missing)} ({SENDER}'s store at {self.address})"
                                ) from None
         self.waited_s = time.perf_counter() - joined
+        self.parts_s = {}
         refs = [pickle.loads(self.store.get(key)) for key in keys]
         if not self.maps:  # a mapping of each learner rank's buffer, kept across pushes
             self.maps = {r: IpcPush(self.cfg, pull=True) for r in range(self.first)}
@@ -132,10 +134,12 @@ class PeerPush(BroadcastPush):
         sources, rounds = decode_plan(refs[0]["plan"], what)
         if sources != self.sources:
             raise ValueError(f"{what}: the plan has {sources} sources; this group was built with {self.sources}")
+        t0 = time.perf_counter()
         mapped = [end.map_blocks(ref["blocks"] + ref.get("storages", [])) for end, ref in zip(ends, refs)]
         headers = [m[0] for m in mapped]
         for end, header in zip(ends, headers):
             end.check_version(header, version, "before")
+        t1 = time.perf_counter()
         if "storages" in refs[0]:
             pieces = self._pieces_in_place(rounds, sources, refs)
         else:
@@ -150,10 +154,14 @@ class PeerPush(BroadcastPush):
                 rows = [mapped[r][i][offset:offset + nbytes].view(rnd.dtype)
                         for r, (i, offset, nbytes) in enumerate(where)]
                 assemble(rows, rnd, sources, loader)
+        t2 = time.perf_counter()
         if headers[0].is_cuda:  # the copies were issued on this thread's stream (a staging stream beside requests)
             torch.cuda.current_stream(headers[0].device).synchronize()
         for end, header in zip(ends, headers):
             end.check_version(header, version, "while")
+        # where a pull's time went (a worker's push_stage_<part> clocks): mapping what is new and
+        # the first version check, issuing the copies, waiting for them and the second check
+        self.parts_s = {"map": t1 - t0, "issue": t2 - t1, "copy": time.perf_counter() - t2}
 
     @staticmethod
     def _pieces_in_place(rounds, sources: int, refs: list[dict]) -> list[tuple[Round, list[tuple[int, int, int]]]]:

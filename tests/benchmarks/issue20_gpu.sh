@@ -184,6 +184,8 @@
 #                          GPU tests (also into a staging copy); bench_push at 1 rank, 11 layers, beside generation
 #                          and beside a thread running Python, against the pull as before (_rows modes); the
 #                          11-layer job over peer (5 steps, the save after step 3; each step's push clocks per actor)
+#   call66 (2 GPUs, carry .whl) call65's job with 8 steps (the save after step 3), the worker's pull clocked in
+#                          parts (push_stage_map, _issue, _copy) per step
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -688,6 +690,13 @@ case "${1:-}" in
     echo "the 11-layer job with the deferred pull: rc $?"
     cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
     bundle ;;
+  call66)  # call65's job again, longer, with the pull's parts clocked per step
+    OUT=$OUT/sys_peer bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_llada \
+      --parts ckpt_llada_short,push,system_llada --no-profile --no-resume --steps 8 --checkpoint-at 3 \
+      --deadline-s 360 --job-set weights.backend=peer
+    echo "the 11-layer job with the deferred pull, 8 steps: rc $?"
+    cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
+    bundle ;;
   call61)
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
       --modes raw_busy,busy,peer_staged,peer_busy --out "$OUT/push_peer_3ranks.json" > "$OUT/push_peer_3ranks.log" 2>&1
@@ -701,5 +710,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66" >&2; exit 2 ;;
 esac
