@@ -310,7 +310,7 @@ def test_sharded_push_into_a_staging_copy(backend, defer):
     assert version == 5
     assert all(torch.equal(p, torch.zeros_like(p)) for p in module.parameters())  # staged, not applied yet
     if backend == "peer":  # where the pull's time went: a worker's push_stage_<part> clocks
-        assert set(end.parts_s) == {"map", "issue", "copy"} and min(end.parts_s.values()) >= 0
+        assert set(end.parts_s) == {"map", "check", "issue", "copy"} and min(end.parts_s.values()) >= 0
     mirrored = backend == "peer" and defer
     assert (len(staged.mirrors), len(staged.tensors)) == ((2, 0) if mirrored else (0, len(full_weights(5))))
     assert staged.apply() == 5
