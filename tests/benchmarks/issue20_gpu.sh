@@ -370,6 +370,19 @@ graph_pool() {  # the engine's graph pool over GSM8K's prompt lengths, on one GP
     python3 tests/benchmarks/bench_full_attention.py --parts graph_pool --prompt-lengths-from .gsm8k/train.jsonl.gz \
       --peak-from "$OUT/pool/matmul.json" --out "$OUT/pool/full_attention.json"
 }
+peer_gpu_tests() {  # the pull push's GPU tests into $OUT/peer_gpu_tests.log; their rc
+  python3 -m pytest -q tests/gpu/test_peer_push_gpu.py > "$OUT/peer_gpu_tests.log" 2>&1
+  local rc=$?
+  echo "peer GPU tests: rc $rc"
+  return $rc
+}
+peer_job() {  # peer_job STEPS SAVE_AT DEADLINE_S WHAT: the 11-layer LLaDA job (1 rank + 1 worker) over peer into $OUT/sys_peer
+  OUT=$OUT/sys_peer bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_llada \
+    --parts ckpt_llada_short,push,system_llada --no-profile --no-resume --steps "$1" --checkpoint-at "$2" \
+    --deadline-s "$3" --job-set weights.backend=peer
+  echo "the 11-layer job $4: rc $?"
+  cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
+}
 system4() {  # system4 NAME STEPS SAVE_AT SET...: call42's 4-GPU LLaDA-8B job with --job-set SET... into $OUT/NAME, bundled
   local name=$1 steps=$2 at=$3 sets=()
   shift 3
@@ -655,15 +668,8 @@ case "${1:-}" in
     cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
     bundle ;;
   call62)
-    python3 -m pytest -q tests/gpu/test_peer_push_gpu.py > "$OUT/peer_gpu_tests.log" 2>&1
-    rc=$?
-    echo "peer GPU tests: rc $rc"
-    [ $rc = 0 ] || { bundle; exit 1; }
-    OUT=$OUT/sys_peer bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_llada \
-      --parts ckpt_llada_short,push,system_llada --no-profile --no-resume --steps 5 --checkpoint-at 3 \
-      --deadline-s 320 --job-set weights.backend=peer
-    echo "the 11-layer job with the pull push in place: rc $?"
-    cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
+    peer_gpu_tests || { bundle; exit 1; }
+    peer_job 5 3 320 "with the pull push in place"
     bundle ;;
   call63)
     timeout 280 python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
@@ -676,26 +682,15 @@ case "${1:-}" in
     echo "push beside generation, broadcast and pull in place, 1 rank: rc $?"
     bundle ;;
   call65)  # the pull copied whole per rank span and put together when applied, under a short switch interval
-    python3 -m pytest -q tests/gpu/test_peer_push_gpu.py > "$OUT/peer_gpu_tests.log" 2>&1
-    rc=$?
-    echo "peer GPU tests: rc $rc"
-    [ $rc = 0 ] || { bundle; exit 1; }
+    peer_gpu_tests || { bundle; exit 1; }
     timeout 220 python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --reps 5 \
       --modes raw_busy,peer_busy,peer_busy_rows,peer_python,peer_python_rows --out "$OUT/push_peer_defer_1rank.json" \
       > "$OUT/push_peer_defer_1rank.log" 2>&1
     echo "the pull beside generation and beside Python, deferred and row by row, 1 rank: rc $?"
-    OUT=$OUT/sys_peer bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_llada \
-      --parts ckpt_llada_short,push,system_llada --no-profile --no-resume --steps 5 --checkpoint-at 3 \
-      --deadline-s 300 --job-set weights.backend=peer
-    echo "the 11-layer job with the deferred pull: rc $?"
-    cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
+    peer_job 5 3 300 "with the deferred pull"
     bundle ;;
   call66)  # call65's job again, longer, with the pull's parts clocked per step
-    OUT=$OUT/sys_peer bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_llada \
-      --parts ckpt_llada_short,push,system_llada --no-profile --no-resume --steps 8 --checkpoint-at 3 \
-      --deadline-s 360 --job-set weights.backend=peer
-    echo "the 11-layer job with the deferred pull, 8 steps: rc $?"
-    cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
+    peer_job 8 3 360 "with the deferred pull, 8 steps"
     bundle ;;
   call61)
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
