@@ -21,7 +21,9 @@ takes it beside the worker's requests), in keys of the learner rank 0's store un
                      every pulled/<w> (timeout: names the receivers that did not finish)
     receiver w       set ready/<w>; wait for every peer/<r>; map each rank's blocks (kept while
                      they are); copy every parameter, or put it together from the S ranks' rows
-                     (common/transport/shards.py), into its weights (or staging copy); set pulled/<w>
+                     (common/transport/shards.py), into its weights; into a staging copy, copy each
+                     rank's span whole, a few copies, and leave putting the parameters together
+                     to the copy's swap (``_mirror``); set pulled/<w>
 
 Gathered (``sources`` 0): learner rank 0 copies the gathered tensors into its buffer as they arrive.
 Sharded (``sources`` S): each of the S ranks offers its own ZeRO-3 partitions, on GPUs where they
@@ -189,7 +191,8 @@ class PeerPush(BroadcastPush):
 
         Why: each copy a thread issues releases Python's GIL and must take it back, and the worker's
         request thread holds it between its own calls; a copy per row (S per parameter) beside a
-        worker busy in Python waits for a switch each (5 ms by default), which a few copies do not.
+        worker busy in Python waits for a switch each (5 ms by default; the staging copy's receive
+        shortens it, common/gil.py), which a few copies do not.
         False (the rows are read one by one instead): the loader does not defer, or the spans would
         hold a quarter more bytes than the rows themselves."""
         mirror, defer = getattr(loader, "mirror", None), getattr(loader, "defer", None)
