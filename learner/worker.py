@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from common.actor_time import BACKGROUND, PUSH_PARTS, ActorClock
-from common.gil import prompt_gil
+from common.gil import prompt_gil, settle_heap
 from common.config.estimator import EstimatorConfig
 from common.config.learner import LearnerConfig
 from common.config.loss import LossConfig
@@ -98,6 +98,7 @@ class LearnerWorker:
             self.engine.expect_background_saves()
         if self.reference is not None:
             self.reference.to(device=self.engine.device, dtype=self.engine.dtype)
+        settle_heap()  # a full collection later walks only what came after (common/gil.py)
         self.clock.add("load", time.perf_counter() - t0)
         return {"rank": self.rank, "device": str(self.engine.device), "dtype": str(self.engine.dtype),
                 "start_s": time.perf_counter() - t0}

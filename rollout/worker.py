@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence
 import ray
 
 from common.actor_time import BACKGROUND, ActorClock
+from common.gil import settle_heap
 from common.config.estimator import EstimatorConfig
 from common.config.model import ModelConfig
 from common.config.sampler import SamplerConfig
@@ -63,6 +64,7 @@ class RolloutWorker:
         inline = task.reward.resolved_isolation == "inline"
         self.scorer = RewardScorer(task, self.task) if inline else RewardScorer(task)
         self.push, self.partial_push = None, False
+        settle_heap()  # a full collection later walks only what came after (common/gil.py)
         self.start_s = time.perf_counter() - t0
         self.clock.add("load", self.start_s)
 

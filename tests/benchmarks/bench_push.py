@@ -52,9 +52,11 @@ peer_python      the same beside a receiver thread that runs Python alone (no GP
                  does grading rewards, decoding, answering calls): each copy the pulling thread issues
                  gives up Python's GIL and has to take it back from that thread
 peer_busy_rows,  ``peer_busy`` and ``peer_python`` as the pull was before: written row by row into the
-peer_python_rows staging tensors (a copy per row on the pulling thread) at Python's own switch interval
-                 (``StagedWeights(defer=False, prompt=False)``), instead of copied whole per rank
-                 span, put together when applied, under a short switch interval (common/gil.py)
+peer_python_rows staging tensors (a copy per row on the pulling thread) at Python's own switch interval,
+                 the collector free to start and the whole heap in it (``StagedWeights(defer=False,
+                 prompt=False)``, ``gc.unfreeze``), instead of copied whole per rank span, put together
+                 when applied, under a short switch interval with no collection starting and the
+                 set-up's heap frozen (common/gil.py)
 A mode may name its bucket size: ``busy@2048`` (MiB; default the first ``--bucket-mb``).
 Each: one warm-up, then the median of ``--reps`` (the slowest rank's time, all ranks started after
 a barrier; a staged push's time is its stage, not the later swap). Checked after, bit for bit,
@@ -70,6 +72,7 @@ requests the receiver finished meanwhile, their median seconds and their tokens 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -257,6 +260,7 @@ def engine_main(a: argparse.Namespace) -> None:
     from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
     from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
     from coordinator.weight_sync import push_sources
+    from common.gil import settle_heap
     from common.transport.staging import StagedWeights
     from rollout.engine import TorchRolloutEngine
 
@@ -403,6 +407,10 @@ def engine_main(a: argparse.Namespace) -> None:
             receiver = TorchRolloutEngine(policy) if staged else None  # the worker's engine: its staging copy
             if receiver is not None:
                 receiver.staged = StagedWeights(policy, defer=base not in ROWS, prompt=base not in ROWS)
+                if base in ROWS:  # as before: every object in the collections
+                    gc.unfreeze()
+                else:  # as a worker after its set-up (common/gil.py)
+                    settle_heap(actors_only=False)
             other = (PythonBusy() if base in PYTHON else busy) if generating and not learner else None
             if not learner and not staged:
                 with torch.no_grad():
@@ -468,7 +476,9 @@ def engine_main(a: argparse.Namespace) -> None:
 
 class PythonBusy:
     """The receiver's other thread in the ``peer_python`` modes: Python alone (integer arithmetic,
-    no GPU work, no call that gives the GIL up), until stopped; ``stop`` returns (loops done, 0, 0)."""
+    no GPU work, no call that gives the GIL up) that keeps the last 20,000 small containers it made
+    alive, as a worker's requests leave results about (so the cyclic collector runs, now and then
+    over the whole heap), until stopped; ``stop`` returns (loops done, 0, 0)."""
 
     def start(self, engine) -> None:
         import threading
@@ -479,10 +489,15 @@ class PythonBusy:
         time.sleep(0.1)
 
     def _run(self) -> None:
+        import collections
+
+        kept = collections.deque(maxlen=20_000)
         while not self.stopping.is_set():
             x = 0
-            for i in range(10_000):
+            for i in range(1_000):
                 x += i * i
+                if i % 10 == 0:
+                    kept.append([x, {"i": i}])
             self.loops += 1
 
     def stop(self) -> list[float]:

@@ -186,6 +186,8 @@
 #                          11-layer job over peer (5 steps, the save after step 3; each step's push clocks per actor)
 #   call66 (2 GPUs, carry .whl) call65's job with 8 steps (the save after step 3), the worker's pull clocked in
 #                          parts (push_stage_map, _issue, _copy) per step
+#   call67 (2 GPUs, carry .whl) call65's bench_push modes again, the Python thread keeping objects alive (the
+#                          collector runs), the set-up's heap frozen and no collection during a push (common/gil.py)
 #
 #     bash tests/benchmarks/issue20_gpu.sh call1     # on the device, from the repository root; writes $OUT
 #
@@ -692,6 +694,12 @@ case "${1:-}" in
   call66)  # call65's job again, longer, with the pull's parts clocked per step
     peer_job 8 3 360 "with the deferred pull, 8 steps"
     bundle ;;
+  call67)  # call65's component again with the collector's share (common/gil.py), no tests, no job
+    timeout 150 python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --reps 5 \
+      --modes raw_busy,peer_busy,peer_busy_rows,peer_python,peer_python_rows --out "$OUT/push_peer_gc_1rank.json" \
+      > "$OUT/push_peer_gc_1rank.log" 2>&1
+    echo "the pull beside generation and beside Python that keeps objects, now and as before, 1 rank: rc $?"
+    bundle ;;
   call61)
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
       --modes raw_busy,busy,peer_staged,peer_busy --out "$OUT/push_peer_3ranks.json" > "$OUT/push_peer_3ranks.log" 2>&1
@@ -705,5 +713,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67" >&2; exit 2 ;;
 esac

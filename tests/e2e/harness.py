@@ -177,9 +177,13 @@ def assert_received(received: tuple[int, dict], expected: dict, version: int) ->
 
 
 def placement() -> dict:
-    """Where this actor runs: its placement group, the resources Ray gave it, whether it shares its GPU."""
+    """Where this actor runs: its placement group, the resources Ray gave it, whether it shares its
+    GPU; and the objects it left out of Python's collections after its set-up (common/gil.py)."""
+    import gc
+
     context = ray.get_runtime_context()
-    return {"group": context.get_placement_group_id(), "resources": context.get_assigned_resources()}
+    return {"group": context.get_placement_group_id(), "resources": context.get_assigned_resources(),
+            "frozen_objects": gc.get_freeze_count()}
 
 
 class InspectedLearner(LearnerWorker):

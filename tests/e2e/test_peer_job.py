@@ -29,6 +29,8 @@ def test_workers_pulling_from_zero3_ranks_train_exactly_as_the_broadcast(cluster
     broadcast = run(config(tmp_path / "gloo", False, "gloo", **job), harness.InspectedRollout)
     pulled = run(config(tmp_path / "peer", False, "peer", **job), harness.InspectedRollout)
     assert [p["push_sources"] for p in pulled["before"][0]] == [2, 2]  # both ranks offer their partitions
+    # every actor froze its set-up's heap, so a collection during a push is short (common/gil.py)
+    assert all(p["frozen_objects"] > 10_000 for p in pulled["before"][0] + pulled["before"][1]), pulled["before"]
     staged = [r for r in pulled["driver"].history if r.get("time/rollout0/push_stage", 0) > 0 or
               r.get("time/rollout1/push_stage", 0) > 0]
     assert staged, "the workers staged the pulls beside their requests"

@@ -182,27 +182,3 @@ def test_a_staged_receive_runs_with_a_short_switch_interval_and_puts_the_interva
     assert staged.receive(Push(), WeightHandle(3, "peer"), keep_order=False, timeout_s=5) == 3
     assert seen == [pytest.approx(min(before, SWITCH_S))] and sys.getswitchinterval() == pytest.approx(before)
 
-
-def test_overlapping_prompt_gil_blocks_on_two_threads_put_back_the_first_ones_interval():
-    """The first block out must not restore the interval while another still runs, and the last
-    must restore what the first found, whatever their order."""
-    import sys
-
-    from common.gil import prompt_gil
-
-    before = sys.getswitchinterval()
-    inside, release = threading.Event(), threading.Event()
-
-    def other():
-        with prompt_gil(1e-4):
-            inside.set()
-            assert release.wait(10)
-
-    t = threading.Thread(target=other)
-    with prompt_gil(3e-4):
-        t.start()
-        assert inside.wait(10)
-    assert sys.getswitchinterval() == pytest.approx(1e-4)  # the other block still runs
-    release.set()
-    t.join(10)
-    assert sys.getswitchinterval() == pytest.approx(before)
