@@ -41,7 +41,8 @@ class StagedWeights:
     def __init__(self, module: nn.Module, defer: bool = True, prompt: bool = True) -> None:
         self.params = dict(module.named_parameters())
         # False: a peer push writes the staging tensors row by row; the receive keeps Python's switch
-        # interval (common/gil.py); both as before 2026-11-28 (bench_push's ``_rows`` modes)
+        # interval and lets the collector start (common/gil.py); both as before 2026-11-28
+        # (bench_push's ``_rows`` modes)
         self.defer, self.prompt = defer, prompt
         self.tensors: dict[str, torch.Tensor] = {}  # the staging copy, allocated as parameters first arrive
         self.version: Optional[int] = None  # staged and not yet applied
@@ -76,8 +77,9 @@ class StagedWeights:
                 loader.finish()
                 if self.stream is not None:
                     self.stream.synchronize()
-            if self.pending:  # only the mirrors hold this version
+            if self.pending:  # only the mirrors hold this version (those this push wrote)
                 self.tensors = {}
+                self.mirrors = {key: self.mirrors[key] for key in loader.used}
             else:
                 self.mirrors = {}
             self.names = loader.arrived
@@ -125,8 +127,13 @@ class _StagingLoader(ParameterLoader):
 class _DeferringLoader(_StagingLoader):
     """A staging loader that a peer push may defer to (``StagedWeights``: the mirrors)."""
 
+    def __init__(self, staged: StagedWeights, partial: bool) -> None:
+        super().__init__(staged, partial)
+        self.used: set = set()  # the mirrors this push wrote
+
     def mirror(self, key: object, nbytes: int, device: torch.device) -> torch.Tensor:
         """Bytes of this copy for a deferring push's span ``key`` (kept across pushes of one layout)."""
+        self.used.add(key)
         held = self.staged.mirrors.get(key)
         if held is None or held.numel() != nbytes or held.device != device:
             self.staged.mirrors[key] = held = torch.empty(nbytes, dtype=torch.uint8, device=device)

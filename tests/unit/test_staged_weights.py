@@ -182,3 +182,40 @@ def test_a_staged_receive_runs_with_a_short_switch_interval_and_puts_the_interva
     assert staged.receive(Push(), WeightHandle(3, "peer"), keep_order=False, timeout_s=5) == 3
     assert seen == [pytest.approx(min(before, SWITCH_S))] and sys.getswitchinterval() == pytest.approx(before)
 
+
+
+def test_a_deferring_push_keeps_only_the_mirrors_it_wrote_and_apply_puts_the_parameters_together():
+    """A push that defers (as the peer pull does) copies spans into the staged copy's mirrors and
+    hands over each parameter's rows there; ``apply`` puts them together into the model. A later
+    push that needs fewer spans leaves only its own mirrors held."""
+    from common.transport.shards import Piece, Round
+
+    net = model()
+    names = [(n, tuple(p.shape)) for n, p in net.named_parameters()]
+
+    class Push:
+        def __init__(self, value: float, keys):
+            self.value, self.keys = value, keys
+
+        def receive(self, handle, loader):
+            for key in self.keys:  # a span each; the first holds every parameter, whole (one source)
+                span = loader.mirror(key, 4 * sum(torch.Size(s).numel() for _, s in names), torch.device("cpu"))
+                span.view(torch.float32).fill_(self.value)
+            flat = loader.mirror(self.keys[0], span.numel(), torch.device("cpu")).view(torch.float32)
+            offset = 0
+            for name, shape in names:
+                n = torch.Size(shape).numel()
+                loader.defer([flat[offset:offset + n]], Round(torch.float32, n, (Piece(name, shape, 0),)), 1)
+                offset += n
+
+    staged = StagedWeights(net)
+    before = [p.detach().clone() for p in net.parameters()]
+    staged.receive(Push(3.0, ["a", "b"]), WeightHandle(1, "peer"), keep_order=False, timeout_s=5)
+    assert set(staged.mirrors) == {"a", "b"} and not staged.tensors
+    assert all(torch.equal(p.detach(), b) for p, b in zip(net.parameters(), before))  # staged, not applied
+    assert staged.apply() == 1
+    assert all(torch.equal(p.detach(), torch.full_like(p, 3.0)) for p in net.parameters())
+    staged.receive(Push(5.0, ["a"]), WeightHandle(2, "peer"), keep_order=False, timeout_s=5)
+    assert set(staged.mirrors) == {"a"}
+    assert staged.apply() == 2
+    assert all(torch.equal(p.detach(), torch.full_like(p, 5.0)) for p in net.parameters())
