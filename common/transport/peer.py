@@ -136,13 +136,13 @@ class PeerPush(BroadcastPush):
         sources, rounds = decode_plan(refs[0]["plan"], what)
         if sources != self.sources:
             raise ValueError(f"{what}: the plan has {sources} sources; this group was built with {self.sources}")
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         mapped = [end.map_blocks(ref["blocks"] + ref.get("storages", [])) for end, ref in zip(ends, refs)]
         headers = [m[0] for m in mapped]
-        t_mapped = time.perf_counter()
+        mapped_at = time.perf_counter()
         for end, header in zip(ends, headers):
             end.check_version(header, version, "before")
-        t1 = time.perf_counter()
+        checked_at = time.perf_counter()
         if "storages" in refs[0]:
             pieces = self._pieces_in_place(rounds, sources, refs)
         else:
@@ -157,7 +157,7 @@ class PeerPush(BroadcastPush):
                 rows = [mapped[r][i][offset:offset + nbytes].view(rnd.dtype)
                         for r, (i, offset, nbytes) in enumerate(where)]
                 assemble(rows, rnd, sources, loader)
-        t2 = time.perf_counter()
+        issued_at = time.perf_counter()
         if headers[0].is_cuda:  # the copies were issued on this thread's stream (a staging stream beside requests)
             torch.cuda.current_stream(headers[0].device).synchronize()
         for end, header in zip(ends, headers):
@@ -165,8 +165,8 @@ class PeerPush(BroadcastPush):
         # where a pull's time went (a worker's push_stage_<part> clocks): mapping what is new (and
         # dropping what left), the first version check (a read of each rank's header), issuing the
         # copies, waiting for them and the second check
-        self.parts_s = {"map": t_mapped - t0, "check": t1 - t_mapped, "issue": t2 - t1,
-                        "copy": time.perf_counter() - t2}
+        self.parts_s = {"map": mapped_at - started, "check": checked_at - mapped_at, "issue": issued_at - checked_at,
+                        "copy": time.perf_counter() - issued_at}
 
     @staticmethod
     def _pieces_in_place(rounds, sources: int, refs: list[dict]) -> list[tuple[Round, list[tuple[int, int, int]]]]:

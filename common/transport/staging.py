@@ -66,7 +66,6 @@ class StagedWeights:
                 raise TimeoutError(f"weight push: version {self.version} was staged {timeout_s:.0f} s ago and is "
                                    f"still not applied; version {handle.version} cannot be staged over it")
             self.version = None  # a replaced copy is never applied half-written
-            self.pending = []
             device = next(iter(self.params.values())).device
             if device.type == "cuda" and self.stream is None:
                 self.stream = torch.cuda.Stream(device)
@@ -77,6 +76,7 @@ class StagedWeights:
                 loader.finish()
                 if self.stream is not None:
                     self.stream.synchronize()
+            self.pending = getattr(loader, "pending", [])
             if self.pending:  # only the mirrors hold this version (those this push wrote)
                 self.tensors = {}
                 self.mirrors = {key: self.mirrors[key] for key in loader.used}
@@ -130,6 +130,7 @@ class _DeferringLoader(_StagingLoader):
     def __init__(self, staged: StagedWeights, partial: bool) -> None:
         super().__init__(staged, partial)
         self.used: set = set()  # the mirrors this push wrote
+        self.pending: list[tuple[list[torch.Tensor], Round, int]] = []  # what ``apply`` puts together
 
     def mirror(self, key: object, nbytes: int, device: torch.device) -> torch.Tensor:
         """Bytes of this copy for a deferring push's span ``key`` (kept across pushes of one layout)."""
@@ -144,4 +145,4 @@ class _DeferringLoader(_StagingLoader):
         when the copy is applied; their names and shapes are checked now."""
         for piece in rnd.pieces:
             self.check(piece.name, piece.shape)
-        self.staged.pending.append((rows, rnd, sources))
+        self.pending.append((rows, rnd, sources))
