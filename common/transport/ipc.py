@@ -324,7 +324,10 @@ class IpcPush:
 
     def check_version(self, buffer: torch.Tensor, version: int, when: str) -> None:
         """The version in ``buffer``'s header is ``version`` (``when``: before or while reading)."""
-        held = int(buffer[:8].view(torch.int64).item())
+        self.check_held(int(buffer[:8].view(torch.int64).item()), version, when)
+
+    def check_held(self, held: int, version: int, when: str) -> None:
+        """``held``, read from the sender's header, is ``version`` (``when``: before or while reading)."""
         if held == version:
             return
         fix = ("the sender rewrote its buffer before every receiver had pulled it (a fault of the push's protocol)"

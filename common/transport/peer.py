@@ -58,6 +58,7 @@ class PeerPush(BroadcastPush):
         self.buffer = IpcPush(cfg, rank=rank, sources=sources, pull=True) if rank < self.first else None
         self.maps: dict[int, IpcPush] = {}
         self.parts_s: dict[str, float] = {}  # the last sharded pull's parts (``_pull_shards``)
+        self._versions: Optional[torch.Tensor] = None  # pinned: each rank's header, before and after a pull
 
     # ---- sender ---------------------------------------------------------------------------
     def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
@@ -136,13 +137,10 @@ class PeerPush(BroadcastPush):
         sources, rounds = decode_plan(refs[0]["plan"], what)
         if sources != self.sources:
             raise ValueError(f"{what}: the plan has {sources} sources; this group was built with {self.sources}")
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         mapped = [end.map_blocks(ref["blocks"] + ref.get("storages", [])) for end, ref in zip(ends, refs)]
         headers = [m[0] for m in mapped]
         mapped_at = time.perf_counter()
-        for end, header in zip(ends, headers):
-            end.check_version(header, version, "before")
-        checked_at = time.perf_counter()
         if "storages" in refs[0]:
             pieces = self._pieces_in_place(rounds, sources, refs)
         else:
@@ -152,21 +150,52 @@ class PeerPush(BroadcastPush):
                     raise ValueError(f"{what}: the plan needs {size} bytes, learner rank {r}'s buffer has "
                                      f"{block.numel()}")
             pieces = [(rnd, [(0, offset, rnd.segment * rnd.dtype.itemsize)] * sources) for rnd, offset in placed]
-        if not self._mirror(pieces, mapped, loader):
+        spans = self._spans(pieces, loader)
+        before = self._read_versions(headers, 0)
+        if spans is None:  # the rows go to the loader as they are read: the versions must be right first
+            if headers[0].is_cuda:
+                torch.cuda.current_stream(headers[0].device).synchronize()
+            self._check_versions(ends, before, version, "before")
+        checked_at = time.perf_counter()
+        if spans is None:
             for rnd, where in pieces:
                 rows = [mapped[r][i][offset:offset + nbytes].view(rnd.dtype)
                         for r, (i, offset, nbytes) in enumerate(where)]
                 assemble(rows, rnd, sources, loader)
+        else:
+            self._mirror(pieces, spans, mapped, loader)
+        after = self._read_versions(headers, 1)
         issued_at = time.perf_counter()
         if headers[0].is_cuda:  # the copies were issued on this thread's stream (a staging stream beside requests)
             torch.cuda.current_stream(headers[0].device).synchronize()
-        for end, header in zip(ends, headers):
-            end.check_version(header, version, "while")
+        if spans is not None:  # only the loader's own memory was written: nothing is used before it is applied
+            self._check_versions(ends, before, version, "before")
+        self._check_versions(ends, after, version, "while")
         # where a pull's time went (a worker's push_stage_<part> clocks): mapping what is new (and
-        # dropping what left), the first version check (a read of each rank's header), issuing the
-        # copies, waiting for them and the second check
+        # dropping what left); reading each rank's header (row by row: waiting for the read; deferred:
+        # issuing it, the read then ordered before the copies on the same stream); issuing the
+        # copies; waiting for them; and the receiving thread's own CPU time over the whole pull (a
+        # CUDA driver's spin-wait counts, a wait for Python's GIL does not)
         self.parts_s = {"map": mapped_at - started, "check": checked_at - mapped_at, "issue": issued_at - checked_at,
-                        "copy": time.perf_counter() - issued_at}
+                        "copy": time.perf_counter() - issued_at, "cpu": time.thread_time() - cpu_started}
+
+    def _read_versions(self, headers: list[torch.Tensor], slot: int) -> "torch.Tensor | list[int]":
+        """The version in each learner rank's header: on GPUs copied into pinned host memory on this
+        thread's stream without waiting (valid once the stream is synchronised), on CPUs read now."""
+        if not headers[0].is_cuda:
+            return [int(h[:8].view(torch.int64).item()) for h in headers]
+        if self._versions is None or self._versions.shape[1] != len(headers):
+            self._versions = torch.zeros(2, len(headers), dtype=torch.int64, pin_memory=True)
+        into = self._versions[slot]
+        for r, header in enumerate(headers):
+            into[r:r + 1].copy_(header[:8].view(torch.int64), non_blocking=True)
+        return into
+
+    @staticmethod
+    def _check_versions(ends: list[IpcPush], held: "torch.Tensor | list[int]", version: int, when: str) -> None:
+        """``held`` (``_read_versions``, its stream synchronised since) against ``version``."""
+        for end, value in zip(ends, held.tolist() if isinstance(held, torch.Tensor) else held):
+            end.check_held(int(value), version, when)
 
     @staticmethod
     def _pieces_in_place(rounds, sources: int, refs: list[dict]) -> list[tuple[Round, list[tuple[int, int, int]]]]:
@@ -182,22 +211,16 @@ class PeerPush(BroadcastPush):
                 i += 1
         return pieces
 
-    def _mirror(self, pieces: list[tuple[Round, list[tuple[int, int, int]]]], mapped: list[list[torch.Tensor]],
-                loader: LoadFn) -> bool:
-        """Where the loader defers: copy each rank's span of each mapping it reads (from its first
-        row to its last) into the loader's memory (``loader.mirror(key, nbytes, device)``), a few
-        large copies, and hand the loader every parameter's rows there (``loader.defer``), to be
-        put together when the loader applies them, on its own thread.
-
-        Why: each copy a thread issues releases Python's GIL and must take it back, and the worker's
-        request thread holds it between its own calls; a copy per row (S per parameter) beside a
-        worker busy in Python waits for a switch each (5 ms by default; the staging copy's receive
-        shortens it, common/gil.py), which a few copies do not.
-        False (the rows are read one by one instead): the loader does not defer, or the spans would
-        hold a quarter more bytes than the rows themselves."""
-        mirror, defer = getattr(loader, "mirror", None), getattr(loader, "defer", None)
-        if mirror is None or defer is None:
-            return False
+    @staticmethod
+    def _spans(pieces: list[tuple[Round, list[tuple[int, int, int]]]], loader: LoadFn
+               ) -> Optional[dict[tuple[int, int], list[int]]]:
+        """Where the loader defers (``mirror`` and ``defer``: a staging copy,
+        common/transport/staging.py): each rank's span of each mapping the pieces read, from its
+        first row to its last, aligned down to 64 bytes, keyed (rank, mapping). None (the rows are
+        read one by one instead): the loader does not defer, or the spans would hold a quarter
+        more bytes than the rows themselves."""
+        if getattr(loader, "mirror", None) is None or getattr(loader, "defer", None) is None:
+            return None
         spans: dict[tuple[int, int], list[int]] = {}
         needed = 0
         for _, where in pieces:
@@ -208,16 +231,25 @@ class PeerPush(BroadcastPush):
         for span in spans.values():  # aligned down: each row keeps its alignment in the copy
             span[0] -= span[0] % 64
         if sum(hi - lo for lo, hi in spans.values()) > 1.25 * needed + (1 << 20):
-            return False
-        local = {}
+            return None
+        return spans
+
+    def _mirror(self, pieces: list[tuple[Round, list[tuple[int, int, int]]]], spans: dict[tuple[int, int], list[int]],
+                mapped: list[list[torch.Tensor]], loader: LoadFn) -> None:
+        """Copy each span (``_spans``) whole into the loader's memory (``loader.mirror(key, nbytes,
+        device)``), a few large copies, and tell the loader where every parameter's rows lie there
+        (``loader.defer``: (key, byte offset, bytes) per rank), to be put together when the loader
+        applies them, on its own thread.
+
+        Why: each call into torch on this thread (a copy, and even a view) gives Python's GIL up
+        and must take it back, and the worker's request thread holds it between its own calls; a
+        call per row (S per parameter) beside a worker busy in Python waits for a switch each (5 ms
+        by default; the staging copy's receive shortens it, common/gil.py), which a few do not."""
         for (r, i), (lo, hi) in spans.items():
-            source = mapped[r][i][lo:hi]
-            local[r, i] = mirror((r, i), hi - lo, source.device)
-            local[r, i].copy_(source)
+            loader.mirror((r, i), hi - lo, mapped[r][i].device).copy_(mapped[r][i][lo:hi])
         for rnd, where in pieces:
-            defer([local[r, i][offset - spans[r, i][0]: offset - spans[r, i][0] + nbytes].view(rnd.dtype)
-                   for r, (i, offset, nbytes) in enumerate(where)], rnd, self.sources)
-        return True
+            loader.defer([((r, i), offset - spans[r, i][0], nbytes) for r, (i, offset, nbytes) in enumerate(where)],
+                         rnd, self.sources)
 
     def close(self) -> None:
         for end in [self.buffer, *self.maps.values()]:

@@ -52,7 +52,7 @@ class StagedWeights:
         self.stream = None
         # a deferring push's copy: each source's spans, and the rows of every parameter in them
         self.mirrors: dict[object, torch.Tensor] = {}
-        self.pending: list[tuple[list[torch.Tensor], Round, int]] = []
+        self.pending: list[tuple[list[tuple[object, int, int]], Round, int]] = []
 
     def receive(self, push: WeightPush, handle: WeightHandle, *, keep_order: bool, timeout_s: float,
                 partial: bool = False, wrap: Optional[Callable[[LoadFn], LoadFn]] = None) -> int:
@@ -95,7 +95,8 @@ class StagedWeights:
                 if self.pending:
                     into = ParameterLoader(self.params)
                     for rows, rnd, sources in self.pending:
-                        assemble(rows, rnd, sources, into)
+                        assemble([self.mirrors[key][offset:offset + nbytes].view(rnd.dtype)
+                                  for key, offset, nbytes in rows], rnd, sources, into)
                 else:
                     for name in self.names:
                         self.params[name].copy_(self.tensors[name])
@@ -130,7 +131,7 @@ class _DeferringLoader(_StagingLoader):
     def __init__(self, staged: StagedWeights, partial: bool) -> None:
         super().__init__(staged, partial)
         self.used: set = set()  # the mirrors this push wrote
-        self.pending: list[tuple[list[torch.Tensor], Round, int]] = []  # what ``apply`` puts together
+        self.pending: list[tuple[list[tuple[object, int, int]], Round, int]] = []  # what ``apply`` puts together
 
     def mirror(self, key: object, nbytes: int, device: torch.device) -> torch.Tensor:
         """Bytes of this copy for a deferring push's span ``key`` (kept across pushes of one layout)."""
@@ -140,9 +141,11 @@ class _DeferringLoader(_StagingLoader):
             self.staged.mirrors[key] = held = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return held
 
-    def defer(self, rows: list[torch.Tensor], rnd: Round, sources: int) -> None:
-        """Round ``rnd``'s parameters are to be put together from ``rows`` (in this copy's mirrors)
-        when the copy is applied; their names and shapes are checked now."""
+    def defer(self, rows: list[tuple[object, int, int]], rnd: Round, sources: int) -> None:
+        """Round ``rnd``'s parameters are to be put together from ``rows``, each (a mirror's key,
+        byte offset, bytes) in this copy's mirrors, when the copy is applied; their names and shapes
+        are checked now. No tensor is made here: each call into torch on the receiving thread would
+        wait to take Python's GIL back (common/transport/peer.py, ``_mirror``)."""
         for piece in rnd.pieces:
             self.check(piece.name, piece.shape)
         self.pending.append((rows, rnd, sources))

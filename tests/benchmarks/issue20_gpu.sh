@@ -700,6 +700,20 @@ case "${1:-}" in
       > "$OUT/push_peer_gc_1rank.log" 2>&1
     echo "the pull beside generation and beside Python that keeps objects, now and as before, 1 rank: rc $?"
     bundle ;;
+  call68)  # call67's component, then call66's job, on one machine: the collector frozen and paused, measured on a GPU
+    timeout 140 python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --reps 5 \
+      --modes raw_busy,peer_busy,peer_python,peer_python_rows --out "$OUT/push_peer_gc_1rank.json" \
+      > "$OUT/push_peer_gc_1rank.log" 2>&1
+    echo "the pull beside generation and beside Python that keeps objects, now and as before, 1 rank: rc $?"
+    peer_job 8 3 360 "with the collector frozen and paused, 8 steps"
+    bundle ;;
+  call69)  # the header read ordered before the copies (no wait of its own), the rows' views made at apply; call68 again
+    peer_gpu_tests || { bundle; exit 1; }
+    timeout 110 python3 tests/benchmarks/bench_push.py --engine --learners 1 --receivers 1 --layers 11 --reps 5 \
+      --modes raw_busy,peer_busy,peer_python --out "$OUT/push_peer_views_1rank.json" > "$OUT/push_peer_views_1rank.log" 2>&1
+    echo "the pull beside generation and beside Python, 1 rank: rc $?"
+    peer_job 8 3 360 "with the header read ordered before the copies, 8 steps"
+    bundle ;;
   call61)
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
       --modes raw_busy,busy,peer_staged,peer_busy --out "$OUT/push_peer_3ranks.json" > "$OUT/push_peer_3ranks.log" 2>&1
@@ -713,5 +727,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67|call68|call69" >&2; exit 2 ;;
 esac

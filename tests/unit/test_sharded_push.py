@@ -310,7 +310,7 @@ def test_sharded_push_into_a_staging_copy(backend, defer):
     assert version == 5
     assert all(torch.equal(p, torch.zeros_like(p)) for p in module.parameters())  # staged, not applied yet
     if backend == "peer":  # where the pull's time went: a worker's push_stage_<part> clocks
-        assert set(end.parts_s) == {"map", "check", "issue", "copy"} and min(end.parts_s.values()) >= 0
+        assert set(end.parts_s) == {"map", "check", "issue", "copy", "cpu"} and min(end.parts_s.values()) >= 0
     mirrored = backend == "peer" and defer
     assert (len(staged.mirrors), len(staged.tensors)) == ((2, 0) if mirrored else (0, len(full_weights(5))))
     assert staged.apply() == 5
@@ -342,6 +342,34 @@ def test_the_pull_into_a_staging_copy_issues_a_copy_per_source_span_not_per_row(
     rows = sum(-(-t.numel() // -(-t.numel() // 2)) for _, t in full_weights(5))  # the rows that hold any of it
     assert copies == ({"receiving": 2, "applying": rows} if defer else
                       {"receiving": rows, "applying": len(full_weights(5))})
+
+
+@pytest.mark.parametrize("defer", [True, False])
+def test_the_deferred_pull_calls_into_torch_a_few_times_per_source_whatever_the_parameters(defer):
+    """Every call into torch on the receiving thread (a view as much as a copy) gives Python's GIL
+    up and waits to take it back beside a busy request thread: the deferred pull's calls there are
+    a handful per source (its header, its span), however many parameters it carries; read row by
+    row, they grow with the parameters."""
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Count.calls += getattr(func, "__name__", "") != "__get__"  # a property (a shape) keeps the GIL
+            return func(*args, **(kwargs or {}))
+
+    module = holder(full_weights(0))
+    staged = StagedWeights(module, defer=defer)
+    with Count():  # modes are per thread: the receive runs on this one, the sources on their own
+        sharded_into_staging(staged, backend="peer")
+    staged.apply()
+    params = dict(module.named_parameters())
+    assert all(torch.equal(params[name].detach(), t) for name, t in full_weights(5))
+    if defer:
+        assert Count.calls <= 16 * 2, Count.calls  # 2 sources
+    else:
+        assert Count.calls >= 2 * 2 * len(full_weights(5)), Count.calls
 
 
 def test_push_sources_and_the_group_the_driver_builds(monkeypatch):

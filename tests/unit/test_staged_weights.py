@@ -201,11 +201,10 @@ def test_a_deferring_push_keeps_only_the_mirrors_it_wrote_and_apply_puts_the_par
             for key in self.keys:  # a span each; the first holds every parameter, whole (one source)
                 span = loader.mirror(key, 4 * sum(torch.Size(s).numel() for _, s in names), torch.device("cpu"))
                 span.view(torch.float32).fill_(self.value)
-            flat = loader.mirror(self.keys[0], span.numel(), torch.device("cpu")).view(torch.float32)
             offset = 0
             for name, shape in names:
                 n = torch.Size(shape).numel()
-                loader.defer([flat[offset:offset + n]], Round(torch.float32, n, (Piece(name, shape, 0),)), 1)
+                loader.defer([(self.keys[0], 4 * offset, 4 * n)], Round(torch.float32, n, (Piece(name, shape, 0),)), 1)
                 offset += n
 
     staged = StagedWeights(net)
