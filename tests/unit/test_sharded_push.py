@@ -258,28 +258,30 @@ def holder(weights: list[tuple[str, torch.Tensor]]) -> torch.nn.Module:
     return module
 
 
-def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float = 0.0, backend: str = "gloo"):
+def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float = 0.0, backend: str = "gloo",
+                         timeout_s: float = 60.0):
     """Version 5 (``full_weights(5)``) from 2 sources (``backend``), threads of this process, staged into
     ``staged`` by the receiver (rank 2); ``late``: "sources" or "receiver" join ``delay_s`` after the
     other end is set up and about to transfer (so a slow set-up under load cannot hide the delay).
     Returns (the version staged, the receiver's end, {source rank: its end's ``waited_s``})."""
-    cfg = WeightPushConfig(backend=backend, timeout_s=60, bucket_mb=1500 / 2**20)
+    cfg = WeightPushConfig(backend=backend, timeout_s=timeout_s, bucket_mb=1500 / 2**20)
     port = free_port()
     errors: list[BaseException] = []
     waited: dict[int, float] = {}
     sources_set_up, receiving = [threading.Event(), threading.Event()], threading.Event()
+    pushes = []  # closed once every end is done: rank 0 holds the store the others still poll
 
     def source(rank: int) -> None:
         try:
             push = setup_weight_push(cfg, rank=rank, world_size=3, master_addr="127.0.0.1", master_port=port,
                                      sources=2)
+            pushes.append(push)
             sources_set_up[rank].set()
             if late == "sources":
                 assert receiving.wait(60)
                 time.sleep(delay_s)
             push.send_shards(partitions(full_weights(5), rank, 2, flat=True), 5)
             waited[rank] = push.waited_s
-            push.close()
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
@@ -291,10 +293,13 @@ def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float =
         assert all(e.wait(60) for e in sources_set_up)
         time.sleep(delay_s)
     receiving.set()
-    version = staged.receive(end, WeightHandle(5, backend), keep_order=False, timeout_s=60)
-    end.close()
-    for t in threads:
-        t.join(60)
+    try:
+        version = staged.receive(end, WeightHandle(5, backend), keep_order=False, timeout_s=60)
+    finally:  # a failed receive: the sources give up waiting for it within their timeout
+        for t in threads:
+            t.join(timeout_s + 30)
+        for push in [end, *sorted(pushes, key=lambda p: -p.rank)]:
+            push.close()
     assert not errors, errors
     return version, end, waited
 
@@ -342,6 +347,31 @@ def test_the_pull_into_a_staging_copy_issues_a_copy_per_source_span_not_per_row(
     rows = sum(-(-t.numel() // -(-t.numel() // 2)) for _, t in full_weights(5))  # the rows that hold any of it
     assert copies == ({"receiving": 2, "applying": rows} if defer else
                       {"receiving": rows, "applying": len(full_weights(5))})
+
+
+@pytest.mark.parametrize("defer,when", [(True, "before"), (False, "before"), (True, "while")])
+def test_a_pull_whose_header_holds_another_version_fails_and_stages_nothing(monkeypatch, defer, when):
+    """The deferred pull reads each rank's header before and after its copies and checks both once
+    they are done (only the staging copy's own memory was written); the row-by-row pull checks
+    first. Either way a header that holds another version fails the receive, names both versions,
+    and nothing is staged or applied."""
+    from common.transport.peer import PeerPush
+
+    real = PeerPush._read_versions
+    slot_of = {"before": 0, "while": 1}[when]
+
+    def stale(self, headers, slot):
+        held = real(self, headers, slot)
+        return [v + 1 for v in held] if slot == slot_of else held
+
+    monkeypatch.setattr(PeerPush, "_read_versions", stale)
+    module = holder(full_weights(0))
+    staged = StagedWeights(module, defer=defer)
+    with pytest.raises(Exception) as failed:
+        sharded_into_staging(staged, backend="peer", timeout_s=2)
+    assert "version 6" in str(failed.value) and "version 5" in str(failed.value), failed.value
+    assert staged.apply() is None
+    assert all(torch.equal(p, torch.zeros_like(p)) for p in module.parameters())
 
 
 @pytest.mark.parametrize("defer", [True, False])
