@@ -30,11 +30,11 @@ import torch
 
 PREFIX = "clock/"
 # a rollout worker's staging beside its generation (and its parts: waiting for the sender before a
-# byte moved; a pull's mapping, version check, issuing its copies, waiting for them, and the
-# receiving thread's own CPU time over the pull: common/transport/peer.py); a learner's background
-# checkpoint write
-BACKGROUND = ("push_stage", "push_stage_wait", "push_stage_map", "push_stage_check", "push_stage_issue",
-              "push_stage_copy", "push_stage_cpu", "checkpoint_write", "checkpoint_snapshot")
+# byte moved; a pull's mapping, a yield of the GIL, version check, issuing its copies, waiting for
+# them, and the receiving thread's own CPU time over the pull: common/transport/peer.py); a
+# learner's background checkpoint write
+BACKGROUND = ("push_stage", "push_stage_wait", "push_stage_map", "push_stage_gil", "push_stage_check",
+              "push_stage_issue", "push_stage_copy", "push_stage_cpu", "checkpoint_write", "checkpoint_snapshot")
 # the parts of a learner rank's push, timed inside "push": the GPU work the step left queued, the
 # ZeRO-3 gathers with the copies or sends (settled), of those the wait for the receivers to join,
 # the memory handed back (cluster.colocate)

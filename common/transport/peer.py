@@ -140,7 +140,6 @@ class PeerPush(BroadcastPush):
         started, cpu_started = time.perf_counter(), time.thread_time()
         mapped = [end.map_blocks(ref["blocks"] + ref.get("storages", [])) for end, ref in zip(ends, refs)]
         headers = [m[0] for m in mapped]
-        mapped_at = time.perf_counter()
         if "storages" in refs[0]:
             pieces = self._pieces_in_place(rounds, sources, refs)
         else:
@@ -151,6 +150,9 @@ class PeerPush(BroadcastPush):
                                      f"{block.numel()}")
             pieces = [(rnd, [(0, offset, rnd.segment * rnd.dtype.itemsize)] * sources) for rnd, offset in placed]
         spans = self._spans(pieces, loader)
+        mapped_at = time.perf_counter()
+        time.sleep(1e-4)  # gives Python's GIL up long enough for a waiting thread to take it: then waits out its hold
+        yielded_at = time.perf_counter()
         before = self._read_versions(headers, 0)
         if spans is None:  # the rows go to the loader as they are read: the versions must be right first
             if headers[0].is_cuda:
@@ -172,12 +174,14 @@ class PeerPush(BroadcastPush):
             self._check_versions(ends, before, version, "before")
         self._check_versions(ends, after, version, "while")
         # where a pull's time went (a worker's push_stage_<part> clocks): mapping what is new (and
-        # dropping what left); reading each rank's header (row by row: waiting for the read; deferred:
-        # issuing it, the read then ordered before the copies on the same stream); issuing the
-        # copies; waiting for them; and the receiving thread's own CPU time over the whole pull (a
-        # CUDA driver's spin-wait counts, a wait for Python's GIL does not)
-        self.parts_s = {"map": mapped_at - started, "check": checked_at - mapped_at, "issue": issued_at - checked_at,
-                        "copy": time.perf_counter() - issued_at, "cpu": time.thread_time() - cpu_started}
+        # dropping what left) and planning the copies; giving the GIL up once and taking it back (a
+        # probe: another thread's hold shows here); reading each rank's header (row by row: waiting
+        # for the read; deferred: issuing it, the read then ordered before the copies on the same
+        # stream); issuing the copies; waiting for them; and the receiving thread's own CPU time
+        # over the whole pull (a CUDA driver's spin-wait counts, a wait for the GIL or a lock does not)
+        self.parts_s = {"map": mapped_at - started, "gil": yielded_at - mapped_at, "check": checked_at - yielded_at,
+                        "issue": issued_at - checked_at, "copy": time.perf_counter() - issued_at,
+                        "cpu": time.thread_time() - cpu_started}
 
     def _read_versions(self, headers: list[torch.Tensor], slot: int) -> "torch.Tensor | list[int]":
         """The version in each learner rank's header: on GPUs copied into pinned host memory on this

@@ -716,6 +716,9 @@ case "${1:-}" in
     bundle ;;
   call70)  # the 4-GPU LLaDA-8B job (3 ZeRO-3 ranks + 1 worker) over peer with call69's pull, 7 steps
     system4 sys4_peer 7 4 weights.backend=peer ;;
+  call71)  # call69's job again with the GIL probe (push_stage_gil): the slow push near the save, GIL or lock?
+    peer_job 8 3 360 "with the GIL probe, 8 steps"
+    bundle ;;
   call61)
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
       --modes raw_busy,busy,peer_staged,peer_busy --out "$OUT/push_peer_3ranks.json" > "$OUT/push_peer_3ranks.log" 2>&1
@@ -729,5 +732,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67|call68|call69|call70" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67|call68|call69|call70|call71" >&2; exit 2 ;;
 esac

@@ -315,7 +315,7 @@ def test_sharded_push_into_a_staging_copy(backend, defer):
     assert version == 5
     assert all(torch.equal(p, torch.zeros_like(p)) for p in module.parameters())  # staged, not applied yet
     if backend == "peer":  # where the pull's time went: a worker's push_stage_<part> clocks
-        assert set(end.parts_s) == {"map", "check", "issue", "copy", "cpu"} and min(end.parts_s.values()) >= 0
+        assert set(end.parts_s) == {"map", "gil", "check", "issue", "copy", "cpu"} and min(end.parts_s.values()) >= 0
     mirrored = backend == "peer" and defer
     assert (len(staged.mirrors), len(staged.tensors)) == ((2, 0) if mirrored else (0, len(full_weights(5))))
     assert staged.apply() == 5
@@ -372,6 +372,31 @@ def test_a_pull_whose_header_holds_another_version_fails_and_stages_nothing(monk
     assert "version 6" in str(failed.value) and "version 5" in str(failed.value), failed.value
     assert staged.apply() is None
     assert all(torch.equal(p, torch.zeros_like(p)) for p in module.parameters())
+
+
+def test_the_pulls_gil_probe_shows_a_thread_that_holds_the_gil():
+    """``push_stage_gil``: the pull gives Python's GIL up once before its first read; a thread of
+    the worker inside one long C call (here ``sum`` over ~10^6 numbers, tens of ms) makes it wait
+    for the call's end, which a wait for the GPU or for a lock would not. Without another thread it
+    takes its 0.1 ms sleep."""
+    stop = threading.Event()
+
+    def hold() -> None:
+        while not stop.is_set():
+            sum(range(2 * 10**6))  # one C call: the GIL is not given up inside it
+
+    busy = threading.Thread(target=hold, daemon=True)
+    busy.start()
+    waits = []
+    try:
+        # a probe: a busy machine may not run the holder while the pull sleeps; up to 5 pulls
+        while len(waits) < 5 and max(waits, default=0.0) < 0.003:
+            _, end, _ = sharded_into_staging(StagedWeights(holder(full_weights(0))), backend="peer")
+            waits.append(end.parts_s["gil"])
+    finally:
+        stop.set()
+        busy.join(30)
+    assert max(waits) >= 0.003, waits
 
 
 @pytest.mark.parametrize("defer", [True, False])
