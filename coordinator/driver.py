@@ -38,7 +38,7 @@ from coordinator.job_setup import NO_STAGES, Stages, config_json, load_checkpoin
 from coordinator.progress import Progress
 from coordinator.runtime import RayRuntime
 from coordinator.scheduler import Scheduler
-from coordinator.weight_sync import WeightSync, push_sources
+from coordinator.weight_sync import WeightSync, peer_hint, push_sources
 from learner.worker import LearnerWorker
 from rollout.worker import RolloutWorker
 
@@ -119,6 +119,9 @@ class Driver:
                                    collective_push=weights.collective)
         self.control = start_control(cfg.run.job_name, cfg.rollout.min_workers, cfg.rollout.worker_limit)
         actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls, log=self.log)
+        hint = peer_hint(cfg.weights, weights, actors.info["learners"], actors.info["rollouts"])
+        if hint is not None:
+            self.log(hint)
         lora = cfg.learner.lora
         sync = WeightSync(weights, actors, c.start_timeout_s, partial=lora is not None,
                           keep_order=cfg.algorithm.in_order,

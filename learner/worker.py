@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import ray
 import torch
 
 from common.actor_time import BACKGROUND, PUSH_PARTS, ActorClock
@@ -101,7 +102,8 @@ class LearnerWorker:
         settle_heap()  # a full collection later walks only what came after (common/gil.py)
         self.clock.add("load", time.perf_counter() - t0)
         return {"rank": self.rank, "device": str(self.engine.device), "dtype": str(self.engine.dtype),
-                "start_s": time.perf_counter() - t0}
+                "start_s": time.perf_counter() - t0,
+                "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None}
 
     # ---- one RL step ----------------------------------------------------------------------
     def train(self, groups: Sequence[Group], version: int, group_offset: int) -> StepResult:

@@ -65,6 +65,21 @@ def test_the_auto_weight_push_follows_the_actors_gpus_not_this_process():
         setup_weight_push(auto)
 
 
+def test_a_job_on_one_host_that_auto_sends_over_nccl_is_told_of_the_peer_push():
+    """``auto`` keeps the broadcast (a worker added later may start on another host); where every
+    learner rank and rollout worker started on one host, the job's log names the peer push."""
+    from common.transport.weights import WeightPushConfig
+    from coordinator.weight_sync import peer_hint
+
+    auto, nccl = WeightPushConfig(), WeightPushConfig(backend="nccl")
+    one_host = ([{"node_id": "a"}] * 3, [{"node_id": "a"}])
+    assert "weights.backend=peer" in peer_hint(auto, nccl, *one_host)
+    assert peer_hint(nccl, nccl, *one_host) is None  # chosen, not resolved
+    assert peer_hint(auto, WeightPushConfig(backend="object_store"), *one_host) is None
+    assert peer_hint(auto, nccl, [{"node_id": "a"}] * 3, [{"node_id": "b"}]) is None
+    assert peer_hint(auto, nccl, [{"node_id": None}], [{"node_id": None}]) is None  # not under Ray
+
+
 @pytest.mark.parametrize(
     "overrides, field",
     [
