@@ -105,7 +105,7 @@ class IpcPush:
         return self._publish(version, {"layout": list(self.layout)})
 
     def _publish(self, version: int, what: dict) -> WeightHandle:
-        self.blocks[0][:8].view(torch.int64).fill_(version)
+        header(self.blocks[0]).fill_(version)
         if self.blocks[0].is_cuda:
             torch.cuda.synchronize(self.blocks[0].device)
         return WeightHandle(version, "ipc", {"blocks": self._export(), **what})
@@ -130,8 +130,8 @@ class IpcPush:
         block = next((b for b, used in enumerate(self._used) if used + nbytes <= self.blocks[b].numel()), None)
         if block is None:
             block = len(self.blocks)
-            header = 0 if self.blocks else ALIGN
-            self._new_block(max(self.block_bytes, header + nbytes), tensor.device)
+            slot = 0 if self.blocks else ALIGN  # block 0 starts with the header's slot
+            self._new_block(max(self.block_bytes, slot + nbytes), tensor.device)
         self.layout.append((name, tuple(tensor.shape), tensor.dtype, block, self._used[block]))
         self._used[block] += nbytes
 
@@ -324,7 +324,7 @@ class IpcPush:
 
     def check_version(self, buffer: torch.Tensor, version: int, when: str) -> None:
         """The version in ``buffer``'s header is ``version`` (``when``: before or while reading)."""
-        self.check_held(int(buffer[:8].view(torch.int64).item()), version, when)
+        self.check_held(int(header(buffer).item()), version, when)
 
     def check_held(self, held: int, version: int, when: str) -> None:
         """``held``, read from the sender's header, is ``version`` (``when``: before or while reading)."""
@@ -353,6 +353,11 @@ class IpcPush:
             _drop(self._shms.pop())
         for key in list(self._mapped):
             self._unmap(key)
+
+
+def header(block: torch.Tensor) -> torch.Tensor:
+    """The version slot at the start of a sender's first block (one int64), as a view."""
+    return block[:8].view(torch.int64)
 
 
 def placed_rounds(rounds: list[Round], sources: int) -> tuple[list[tuple[Round, int]], int]:

@@ -43,7 +43,7 @@ from typing import Iterable, Optional, Sequence
 import torch
 
 from common.transport.broadcast import SENDER, BroadcastPush
-from common.transport.ipc import IpcPush, placed_rounds
+from common.transport.ipc import IpcPush, header, placed_rounds
 from common.transport.shards import Piece, Round, assemble, decode_plan, partition_numel
 from common.transport.weights import LoadFn, NamedTensors, WeightHandle, WeightPushConfig
 
@@ -187,12 +187,12 @@ class PeerPush(BroadcastPush):
         """The version in each learner rank's header: on GPUs copied into pinned host memory on this
         thread's stream without waiting (valid once the stream is synchronised), on CPUs read now."""
         if not headers[0].is_cuda:
-            return [int(h[:8].view(torch.int64).item()) for h in headers]
+            return [int(header(block).item()) for block in headers]
         if self._versions is None or self._versions.shape[1] != len(headers):
             self._versions = torch.zeros(2, len(headers), dtype=torch.int64, pin_memory=True)
         into = self._versions[slot]
-        for r, header in enumerate(headers):
-            into[r:r + 1].copy_(header[:8].view(torch.int64), non_blocking=True)
+        for r, block in enumerate(headers):
+            into[r:r + 1].copy_(header(block), non_blocking=True)
         return into
 
     @staticmethod
