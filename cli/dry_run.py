@@ -149,14 +149,23 @@ def _fetch_hint(message: str) -> str:
 WEIGHT_PATHS = {"nccl": "an NCCL broadcast from the learner to the workers",
                 "gloo": "a gloo broadcast from the learner to the workers",
                 "object_store": "Ray's object store (learner rank 0 puts, every worker fetches)",
-                "ipc": "each learner rank's GPU buffer, mapped by the worker on the same GPU (CUDA IPC)"}
+                "ipc": "each learner rank's GPU buffer, mapped by the worker on the same GPU (CUDA IPC)",
+                "peer": ("each worker's read of the learner ranks' GPU memory with its copy engines (CUDA IPC, one "
+                         "host)")}
 
 
 def weights_line(cfg: JobConfig) -> str:
-    """The weight push the driver will set up (``weights.backend`` resolved as it resolves it)."""
-    resolved = cfg.resolved_weights().backend
+    """The weight push the driver will set up (``weights.backend`` resolved as it resolves it; where
+    ``auto`` builds each push group by where its members run, both transports)."""
+    from coordinator.weight_sync import one_host_transport, push_sources  # imports Ray: only for a plan
+
+    resolved = cfg.resolved_weights()
     how = "" if cfg.weights.backend != "auto" else " (weights.backend auto)"
-    return f"weights: pushed through {WEIGHT_PATHS[resolved]}{how}"
+    one_host = one_host_transport(cfg.weights, resolved, cfg.learner, push_sources(resolved, cfg.learner))
+    if one_host is not None:
+        return (f"weights: pushed through {WEIGHT_PATHS[one_host.backend]} while every learner rank and rollout "
+                f"worker runs on one host, else through {WEIGHT_PATHS[resolved.backend]}{how}")
+    return f"weights: pushed through {WEIGHT_PATHS[resolved.backend]}{how}"
 
 
 def plan_lines(cfg: JobConfig) -> list[str]:

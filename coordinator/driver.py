@@ -38,7 +38,7 @@ from coordinator.job_setup import NO_STAGES, Stages, config_json, load_checkpoin
 from coordinator.progress import Progress
 from coordinator.runtime import RayRuntime
 from coordinator.scheduler import Scheduler
-from coordinator.weight_sync import WeightSync, peer_hint, push_sources
+from coordinator.weight_sync import WeightSync, one_host_transport, push_sources
 from learner.worker import LearnerWorker
 from rollout.worker import RolloutWorker
 
@@ -119,14 +119,12 @@ class Driver:
                                    collective_push=weights.collective)
         self.control = start_control(cfg.run.job_name, cfg.rollout.min_workers, cfg.rollout.worker_limit)
         actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls, log=self.log)
-        hint = peer_hint(cfg.weights, weights, actors.info["learners"], actors.info["rollouts"])
-        if hint is not None:
-            self.log(hint)
-        lora = cfg.learner.lora
+        lora, sources = cfg.learner.lora, push_sources(weights, cfg.learner)
         sync = WeightSync(weights, actors, c.start_timeout_s, partial=lora is not None,
                           keep_order=cfg.algorithm.in_order,
                           lora_scale=lora.alpha / lora.rank if lora is not None and lora.push == "adapters" else None,
-                          sources=push_sources(weights, cfg.learner))
+                          sources=sources, one_host=one_host_transport(cfg.weights, weights, cfg.learner, sources),
+                          log=self.log)
         self.runtime = RayRuntime(actors, sync, control=self.control,
                                   output_dir=cfg.run.output_dir, config=self.config_json(),
                                   start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale,

@@ -111,7 +111,7 @@ class RayRuntime:
             case ev.Push(version, receivers, barrier, timeout_s):
                 if barrier and not receivers:  # a broadcast to nobody: nothing to send
                     return [ev.PushDone(version, 0.0, at=time.perf_counter())]
-                learner_calls, worker_calls, staged = self.sync.push(version, receivers)
+                learner_calls, worker_calls, staged = self.sync.push(version, receivers, self.nodes)
                 names = {ref: f"learner rank {r}" for r, ref in learner_calls}
                 names.update({ref: f"rollout worker {i}" for i, ref in worker_calls})
                 self._group(CallGroup("push", names, {ref: i for i, ref in worker_calls}, timeout_s, version=version,

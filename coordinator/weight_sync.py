@@ -32,7 +32,7 @@ end is set up to accept a push that carries only some of its parameters (and sta
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ray
 
@@ -78,28 +78,32 @@ def push_sources(cfg: WeightPushConfig, learner: LearnerConfig) -> int:
     return learner.num_ranks if zero3 else 1
 
 
-def peer_hint(requested: WeightPushConfig, resolved: WeightPushConfig, learners: Sequence[dict],
-              workers: Sequence[dict]) -> Optional[str]:
-    """A line for the job's log where ``auto`` chose the NCCL broadcast and every learner rank and
-    rollout worker (their start-up reports' ``node_id``) runs on one host: the peer push would serve
-    them, and ``auto`` does not pick it because a worker added later may start on another host."""
-    if requested.backend != "auto" or resolved.backend != "nccl":
+def one_host_transport(requested: WeightPushConfig, resolved: WeightPushConfig, learner: LearnerConfig,
+                       sources: int) -> Optional[WeightPushConfig]:
+    """The transport ``auto`` gives a push group whose learner ranks and rollout workers all run on
+    one host, where it differs from ``resolved``: the peer pull (each worker reads the ranks'
+    weights with its copy engines; the broadcast's kernels take the SMs of a worker that is
+    generating: BENCHMARKS.md). Only where it needs no memory the broadcast does not: a sharded
+    push (``sources`` >= 1, the partitions read where they lie) in the learner's dtype; a gathered
+    push would keep a whole copy on learner rank 0's GPU. Not for LoRA jobs (their partial pushes
+    over peer have not run on GPUs). None: every group uses ``resolved``."""
+    if requested.backend != "auto" or resolved.backend != "nccl" or not sources or resolved.dtype != "keep" \
+            or learner.lora is not None:
         return None
-    nodes = {info.get("node_id") for info in [*learners, *workers]}
-    if len(nodes) != 1 or None in nodes:
-        return None
-    return ("weights: every learner rank and rollout worker runs on one host, where weights.backend=peer has the "
-            "workers read the ranks' weights over NVLink with their copy engines, no SM of theirs (in the measured "
-            "jobs 1.3-1.4x the raw broadcast, against 1.7-5.2x over nccl: BENCHMARKS.md); auto keeps nccl, since a "
-            "worker added by scaling may start on another host")
+    return resolved.model_copy(update={"backend": "peer"})
 
 
 class WeightSync:
     def __init__(self, cfg: WeightPushConfig, actors: Actors, timeout_s: float, partial: bool = False,
-                 keep_order: bool = False, lora_scale: Optional[float] = None, sources: int = 0) -> None:
+                 keep_order: bool = False, lora_scale: Optional[float] = None, sources: int = 0,
+                 one_host: Optional[WeightPushConfig] = None, log: Callable[[str], None] = lambda line: None) -> None:
         if cfg.backend == "auto":
             raise ValueError("WeightSync needs a resolved weights config (WeightPushConfig.resolve)")
         self.cfg, self.actors, self.timeout_s, self.partial = cfg, actors, timeout_s, partial
+        # collective: ``cfg`` as given, and ``one_host`` (``one_host_transport``) for a group on one host;
+        # ``cfg`` is then the transport of the group as built
+        self.spread, self.one_host, self.log = cfg, one_host, log
+        self.learner_nodes = {info.get("node_id") for info in actors.info.get("learners", [])}
         # the workers' end: partial pushes, and LoRA adapters merged with this scale
         self.receiving = {"partial": partial, "lora_scale": lora_scale}
         self.collective = cfg.collective
@@ -107,6 +111,7 @@ class WeightSync:
         self.sources = sources if self.collective or cfg.backend == "ipc" else 0
         self.staging, self.keep_order = self.collective and cfg.staging, keep_order
         self.members: Optional[tuple[int, ...]] = None  # the collective group as built, in rank order
+        self.built: Optional[str] = None  # the transport of the last group built
         # object store: version -> [rank 0's handle]; ipc: every rank's (the newest version only)
         self.handles: dict[int, list[ray.ObjectRef]] = {}
 
@@ -119,36 +124,51 @@ class WeightSync:
             wait(refs, self.timeout_s, "weight push set-up on every learner rank and rollout worker")
             return
         members = tuple(sorted(self.actors.pool.processes))
-        wait(self._setup_group(members), self.timeout_s, "weight push set-up on every learner rank and rollout worker")
+        nodes = {i: info.get("node_id") for i, info in enumerate(self.actors.info.get("rollouts", []))}
+        wait(self._setup_group(members, nodes), self.timeout_s,
+             "weight push set-up on every learner rank and rollout worker")
 
-    def _setup_group(self, members: tuple[int, ...]) -> list[ray.ObjectRef]:
+    def transport(self, members: Sequence[int], nodes: Mapping[int, Optional[str]]) -> WeightPushConfig:
+        """The transport of a group of ``members`` (worker index -> Ray node in ``nodes``):
+        ``one_host`` where every learner rank and member runs on one known node, else the one given."""
+        hosts = self.learner_nodes | {nodes.get(i) for i in members}
+        return self.one_host if self.one_host is not None and len(hosts) == 1 and None not in hosts else self.spread
+
+    def _setup_group(self, members: tuple[int, ...], nodes: Mapping[int, Optional[str]]) -> list[ray.ObjectRef]:
         """Every member's ``setup_weight_push`` for a group of the sending learner ranks (rank 0,
         or sharded ranks 0..sources-1) and ``members`` (the learner ranks' calls first, one each,
-        then the workers' in ``members`` order)."""
+        then the workers' in ``members`` order), over ``transport``."""
+        cfg = self.transport(members, nodes)
+        if self.one_host is not None and cfg.backend != self.built:
+            where = ("every learner rank and rollout worker runs on one host" if cfg is self.one_host else
+                     "the learner ranks and rollout workers run on more than one host")
+            self.log(f"weights: the push group of rollout workers {list(members)} is built over {cfg.backend} "
+                     f"(auto: {where})")
+        self.cfg, self.built = cfg, cfg.backend
         learners, pool = self.actors.learners, self.actors.pool
         addr, port = wait([learners[0].rendezvous_address.remote()], self.timeout_s, "learner rank 0 (address)")[0]
         first = max(self.sources, 1)  # the first worker's rank in the group
         world = first + len(members)
-        refs = self.actors.call_learners("setup_weight_push", self.cfg, rank=0, world_size=world, master_addr=addr,
+        refs = self.actors.call_learners("setup_weight_push", cfg, rank=0, world_size=world, master_addr=addr,
                                          master_port=port, peer_names=[f"rollout worker {i}" for i in members],
                                          sources=self.sources)
-        refs += [pool[index].setup_weight_push.remote(self.cfg, rank=first + r, world_size=world, master_addr=addr,
+        refs += [pool[index].setup_weight_push.remote(cfg, rank=first + r, world_size=world, master_addr=addr,
                                                       master_port=port, sources=self.sources, **self.receiving)
                  for r, index in enumerate(members)]
         self.members = members
         return refs
 
-    def push(self, version: int, receivers: Sequence[int]) -> tuple[list[tuple[int, ray.ObjectRef]],
-                                                                        list[tuple[int, ray.ObjectRef]], bool]:
+    def push(self, version: int, receivers: Sequence[int], nodes: Optional[Mapping[int, Optional[str]]] = None
+             ) -> tuple[list[tuple[int, ray.ObjectRef]], list[tuple[int, ray.ObjectRef]], bool]:
         """The calls of one push: ([(learner rank, call)], [(worker index, call)], staged): a rebuilt
         group's set-up calls, then the sends and the receives; ``staged``: the receivers staged it
-        (each applies it with ``load``)."""
+        (each applies it with ``load``). ``nodes``: each worker's Ray node (a rebuilt group's transport)."""
         pool, m = self.actors.pool, len(self.actors.learners)
         learner_calls: list[tuple[int, ray.ObjectRef]] = []
         worker_calls: list[tuple[int, ray.ObjectRef]] = []
         staged = self.staging
         if self.collective and tuple(receivers) != self.members:
-            setup = self._setup_group(tuple(receivers))
+            setup = self._setup_group(tuple(receivers), nodes or {})
             learner_calls += list(enumerate(setup[:m]))
             worker_calls += list(zip(receivers, setup[m:]))
             staged = False  # the set-up runs in order with the requests; the stage would not wait for it

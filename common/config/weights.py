@@ -13,8 +13,11 @@ class WeightPushConfig(StrictModel):
 
     backend: Literal["auto", "object_store", "nccl", "gloo", "ipc", "peer"] = Field(
         "auto",
-        description="auto = the nccl broadcast when the learner ranks and rollout workers have GPUs "
-        "(cluster.*.num_gpus) of their own; with cluster.colocate on GPUs, ipc where rank and worker take turns "
+        description="auto = when the learner ranks and rollout workers have GPUs (cluster.*.num_gpus) of their "
+        "own: peer for a push group whose members all run on the learner's host, where the push sends each rank's "
+        "own partitions in the learner's dtype (weights.source shards, dtype keep; not LoRA), the nccl broadcast "
+        "otherwise, chosen again each time the group is rebuilt (a worker added on another host); with "
+        "cluster.colocate on GPUs, ipc where rank and worker take turns "
         "(algorithm.max_staleness 0, no workers beyond the shared GPUs), else the Ray object store; gloo = the "
         "broadcast on CPU; ipc = every worker maps its learner rank's weights on their shared device (CUDA IPC; "
         "shared memory on CPUs) and copies them device to device (cluster.colocate only); peer = every worker reads "
@@ -49,12 +52,14 @@ class WeightPushConfig(StrictModel):
         return self.backend in ("nccl", "gloo", "peer")
 
     def resolve(self, actors_have_gpus: bool, colocated: bool = False, in_turns: bool = False) -> "WeightPushConfig":
-        """This config with ``auto`` replaced by a transport: nccl when every learner rank and
-        rollout worker holds a GPU (``cluster.*.num_gpus``: the actors' resources, not this
-        process's devices) of its own; ``colocated`` (workers share their learner ranks' GPUs, where
-        NCCL cannot hold both): ipc on GPUs when rank and worker take turns (``in_turns``: no
-        staleness, no workers beyond the shared GPUs), else the object store. The driver resolves
-        once and passes the result to every actor, so all ends of a push agree."""
+        """This config with ``auto`` replaced by a transport: nccl when every learner rank and rollout worker
+        holds a GPU (``cluster.*.num_gpus``: the actors' resources, not this process's devices) of
+        its own (the driver builds a group on one host over peer instead, where
+        coordinator/weight_sync.py's ``one_host_transport`` allows); ``colocated`` (workers share
+        their learner ranks' GPUs, where NCCL cannot hold both): ipc on GPUs when rank and worker
+        take turns (``in_turns``: no staleness, no workers beyond the shared GPUs), else the object
+        store. The driver resolves once and passes the result to every actor, so all ends of a push
+        agree."""
         if self.backend != "auto":
             return self
         if colocated:

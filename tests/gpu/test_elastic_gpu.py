@@ -1,15 +1,19 @@
-"""Elasticity and faults with the NCCL weight push (the CPU tests run the same code over gloo).
+"""Elasticity and faults with the NCCL weight push, and with ``auto`` on one host (every group pulled
+over peer: rank 0's ZeRO-2 parameters read where they lie); the CPU tests run the same code over
+gloo.
 
     python -m pytest -q -m gpu tests/gpu/test_elastic_gpu.py      # needs 4 GPUs: 1 rank + up to 3 workers
 
-One learner rank (ZeRO-2, bf16) and 2 GPU rollout workers, η = 1 with in-order batches. After
-step 1 the job is scaled to 3 workers (`coordinator.control.scale`, what `stabledrl scale` does):
-the new worker joins the NCCL group at the next push, which rebuilds it. Worker 0 then SIGKILLs
-itself in the middle of a request: its prompts are re-queued, a replacement starts and joins the
-group at the following push. Checks: every step trains on exactly its in-order prompts, each once,
-sampled at version max(0, b - 1) (the fault re-samples lost prompts at the version current when
-they are re-admitted, so that one is allowed to be newer); after the last push every worker holds
-rank 0's weights bit for bit under the final version; the counters say what happened.
+One learner rank (ZeRO-2, bf16) and 2 GPU rollout workers, η = 1 with in-order batches. After step
+1 the job is scaled to 3 workers (`coordinator.control.scale`, what `stabledrl scale` does): the
+new worker joins the NCCL group at the next push, which rebuilds it. Worker 0 then SIGKILLs itself
+in the middle of a request: its prompts are re-queued, a replacement starts and joins the group at
+the following push (the workers hold their requests after the kill until both new workers have
+started: on a fast card the 12 steps would end first). Checks: every step trains on exactly its
+in-order prompts, each once, sampled at version max(0, b - 1) (the fault re-samples lost prompts at
+the version current when they are re-admitted, so that one is allowed to be newer); after the last
+push every worker holds rank 0's weights bit for bit under the final version; the counters say what
+happened.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ pytestmark = pytest.mark.gpu
 NAME = "gpu-elastic"
 
 
-def dying_rollout(marker: str) -> type:
+def dying_rollout(marker: str, joined: str) -> type:
     class DyingRollout(InspectedRollout):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
@@ -48,12 +52,17 @@ def dying_rollout(marker: str) -> type:
             if self.index == 0 and self.calls == 6 and not os.path.exists(marker):
                 open(marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
+            # after the kill, hold the requests until the added worker and the replacement have started: on a fast
+            # card the job's 12 steps would otherwise end before they join a push
+            deadline = time.monotonic() + 120
+            while os.path.exists(marker) and not os.path.exists(joined) and time.monotonic() < deadline:
+                time.sleep(0.05)
             return super().generate(requests)
 
     return DyingRollout
 
 
-def job_config(output_dir) -> JobConfig:
+def job_config(output_dir, backend: str = "nccl") -> JobConfig:
     gpu = {"num_cpus": 1, "num_gpus": 1}
     return validate(JobConfig, {
         "model": {"preset": "tiny-llada", "dtype": "bfloat16",
@@ -69,7 +78,7 @@ def job_config(output_dir) -> JobConfig:
         "learner": {"num_ranks": 1, "dist_timeout_s": 300, "optimizer": {"lr": 1e-4},
                     "deepspeed": {"zero_stage": 2, "dtype": "bf16"}},
         "cluster": {"learner": gpu, "rollout": gpu, "start_timeout_s": 600},
-        "weights": {"backend": "nccl", "timeout_s": 300, "bucket_mb": 1},
+        "weights": {"backend": backend, "timeout_s": 300, "bucket_mb": 1},
         "run": {"steps": 12, "seed": 0, "output_dir": str(output_dir), "progress": False, "tensorboard": False,
                 "save_final_checkpoint": False, "export_final": False, "name": NAME},
     })
@@ -87,10 +96,21 @@ def gpu_cluster():
     ray.shutdown()
 
 
-def test_nccl_group_follows_scale_out_and_a_killed_worker(gpu_cluster, tmp_path):
-    cfg = job_config(tmp_path)
-    driver = Driver(cfg, rollout_cls=dying_rollout(str(tmp_path / "died")), learner_cls=InspectedLearner,
-                    record_batches=True)
+@pytest.mark.parametrize("backend", ["nccl", "auto"])
+def test_the_push_group_follows_scale_out_and_a_killed_worker(gpu_cluster, tmp_path, backend):
+    cfg = job_config(tmp_path, backend)
+    lines: list[str] = []
+    joined = tmp_path / "joined"
+
+    def log(line: str) -> None:
+        lines.append(line)
+        print(line)
+        started = {w for w in (0, 2) if any(x.startswith(f"rollout worker {w} started on node") for x in lines)}
+        if started == {0, 2}:  # the added worker and worker 0's replacement
+            joined.touch()
+
+    driver = Driver(cfg, rollout_cls=dying_rollout(str(tmp_path / "died"), str(joined)), learner_cls=InspectedLearner,
+                    record_batches=True, log=log)
     driver.setup()
     events = {}
 
@@ -121,5 +141,10 @@ def test_nccl_group_follows_scale_out_and_a_killed_worker(gpu_cluster, tmp_path)
     assert len(held) >= 2 and all(version == steps for version, _ in held)  # a replacement may still be syncing
     for _, weights in held:
         assert all(torch.equal(weights[n], learner[n].cpu()) for n in learner)
+    chosen = [line for line in lines if line.startswith("weights: the push group")]
+    # auto: one line, the first group's; the groups rebuilt for the added worker and the replacement (one
+    # host) are pulled over peer as well
+    assert chosen == (["weights: the push group of rollout workers [0, 1] is built over peer (auto: every learner "
+                       "rank and rollout worker runs on one host)"] if backend == "auto" else []), lines
     print("\nworkers per step:", [int(r["rollout/workers"]) for r in driver.history],
           "push (s):", [round(r["time/weight_push"], 3) for r in driver.history])

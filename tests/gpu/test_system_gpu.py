@@ -1,10 +1,12 @@
 """The whole system on GPUs: learner ranks (DeepSpeed ZeRO-3, bf16, NCCL) and rollout workers (a
-full bf16 copy each), weights pushed by NCCL broadcast after every step, η = 1.
+full bf16 copy each), weights pushed after every step, η = 1: by NCCL broadcast, or as ``auto``
+chooses on one host (every worker pulls the ranks' partitions over peer).
 
     python -m pytest -q -m gpu tests/gpu/test_system_gpu.py      # 2 GPUs: 1 rank + 1 worker
                                                                  # 4 GPUs: also 2 ranks + 2 workers
 Checks: every step trains on samples within η; after the last push every worker holds exactly
-rank 0's weights (bit for bit, bf16) under the final version; the learner ran in bf16 on CUDA.
+rank 0's weights (bit for bit, bf16) under the final version; the learner ran in bf16 on CUDA;
+``auto``: the job's log names the transport chosen and the workers' clocks show their pulls.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from harness import InspectedLearner, InspectedRollout  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def job_config(output_dir, ranks: int, workers: int) -> JobConfig:
+def job_config(output_dir, ranks: int, workers: int, backend: str = "nccl") -> JobConfig:
     gpu = {"num_cpus": 1, "num_gpus": 1}
     return validate(
         JobConfig,
@@ -61,7 +63,7 @@ def job_config(output_dir, ranks: int, workers: int) -> JobConfig:
                 "deepspeed": {"zero_stage": 3, "dtype": "bf16", "param_persistence_threshold": 0},
             },
             "cluster": {"learner": gpu, "rollout": gpu, "start_timeout_s": 600},
-            "weights": {"backend": "nccl", "timeout_s": 300, "bucket_mb": 1},  # 1 MiB: several buckets per push
+            "weights": {"backend": backend, "timeout_s": 300, "bucket_mb": 1},  # 1 MiB: several buckets per push
             "eval": {"num_prompts": 32},
             "run": {
                 "steps": 4,
@@ -87,12 +89,14 @@ def gpu_cluster():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("ranks, workers", [(1, 1), (2, 2)])
-def test_nccl_system_run(gpu_cluster, tmp_path, ranks, workers):
+@pytest.mark.parametrize("ranks, workers, backend", [(1, 1, "nccl"), (2, 2, "nccl"), (1, 1, "auto"), (2, 2, "auto")])
+def test_system_run(gpu_cluster, tmp_path, ranks, workers, backend):
     if gpu_cluster < ranks + workers:
         pytest.skip(f"needs {ranks + workers} GPUs")
-    cfg = job_config(tmp_path, ranks, workers)
-    driver = Driver(cfg, rollout_cls=InspectedRollout, learner_cls=InspectedLearner, record_batches=True)
+    cfg = job_config(tmp_path, ranks, workers, backend)
+    lines: list[str] = []
+    driver = Driver(cfg, rollout_cls=InspectedRollout, learner_cls=InspectedLearner, record_batches=True,
+                    log=lambda line: (lines.append(line), print(line)))
     driver.setup()
     try:
         assert driver.actors.info["learners"][0]["dtype"] == "torch.bfloat16"
@@ -110,5 +114,13 @@ def test_nccl_system_run(gpu_cluster, tmp_path, ranks, workers):
     for version, weights in held:
         assert version == steps
         assert all(torch.equal(weights[n], learner[n].cpu()) for n in learner)
+    chosen = [line for line in lines if line.startswith("weights: the push group")]
+    pulled = [r for r in driver.history if any(k.endswith("/push_stage_map") for k in r)]
+    if backend == "auto":  # one host (a local Ray node): the workers pull the ZeRO-3 partitions
+        assert chosen == [f"weights: the push group of rollout workers {list(range(workers))} is built over peer "
+                          "(auto: every learner rank and rollout worker runs on one host)"], lines
+        assert pulled, "the workers' clocks show their pulls (push_stage_map)"
+    else:
+        assert not chosen and not pulled
     print("\nstep times (s):", [round(r["time/step"], 3) for r in driver.history],
           "push (s):", [round(r["time/weight_push"], 3) for r in driver.history])

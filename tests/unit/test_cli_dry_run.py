@@ -75,6 +75,13 @@ def test_dry_run_plan_of_the_d1_recipe(capsys, empty_caches):
     _, _, store = dry_run(capsys, "cluster.colocate=true", "weights.backend=auto", "algorithm.max_staleness=1")
     assert "weights: pushed through Ray's object store (learner rank 0 puts, every worker fetches) (weights.backend " \
         "auto)" in "\n".join(store)
+    # auto apart from the learner without LoRA: the pull on one host, the broadcast across hosts
+    _, _, full = dry_run(capsys, "weights.backend=auto", "learner.lora=null")
+    assert "weights: pushed through each worker's read of the learner ranks' GPU memory with its copy engines (CUDA " \
+        "IPC, one host) while every learner rank and rollout worker runs on one host, else through an NCCL broadcast " \
+        "from the learner to the workers (weights.backend auto)" in "\n".join(full)
+    _, _, peer = dry_run(capsys, "weights.backend=peer")  # a transport named outright
+    assert "weights: pushed through each worker's read of the learner ranks' GPU memory" in "\n".join(peer)
 
 
 def test_dry_run_with_everything_present_finds_it(capsys, tmp_path, monkeypatch):

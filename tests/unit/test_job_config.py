@@ -65,19 +65,24 @@ def test_the_auto_weight_push_follows_the_actors_gpus_not_this_process():
         setup_weight_push(auto)
 
 
-def test_a_job_on_one_host_that_auto_sends_over_nccl_is_told_of_the_peer_push():
-    """``auto`` keeps the broadcast (a worker added later may start on another host); where every
-    learner rank and rollout worker started on one host, the job's log names the peer push."""
+def test_auto_offers_the_peer_pull_for_groups_on_one_host_only_where_it_costs_no_memory():
+    """``auto`` on GPUs (resolved nccl): a group whose members all share the learner's host is
+    pulled over peer, where the push is sharded (the partitions read where they lie) in the
+    learner's dtype and not a LoRA job's; a choice the user made is kept."""
+    from common.config.learner import LearnerConfig
     from common.transport.weights import WeightPushConfig
-    from coordinator.weight_sync import peer_hint
+    from coordinator.weight_sync import one_host_transport
 
-    auto, nccl = WeightPushConfig(), WeightPushConfig(backend="nccl")
-    one_host = ([{"node_id": "a"}] * 3, [{"node_id": "a"}])
-    assert "weights.backend=peer" in peer_hint(auto, nccl, *one_host)
-    assert peer_hint(nccl, nccl, *one_host) is None  # chosen, not resolved
-    assert peer_hint(auto, WeightPushConfig(backend="object_store"), *one_host) is None
-    assert peer_hint(auto, nccl, [{"node_id": "a"}] * 3, [{"node_id": "b"}]) is None
-    assert peer_hint(auto, nccl, [{"node_id": None}], [{"node_id": None}]) is None  # not under Ray
+    auto, nccl, learner = WeightPushConfig(), WeightPushConfig(backend="nccl"), LearnerConfig()
+    assert one_host_transport(auto, nccl, learner, sources=3).backend == "peer"
+    assert one_host_transport(auto, nccl, learner, sources=3).staging == nccl.staging
+    assert one_host_transport(nccl, nccl, learner, sources=3) is None  # chosen, not resolved
+    assert one_host_transport(auto, WeightPushConfig(backend="object_store"), learner, sources=3) is None
+    assert one_host_transport(auto, nccl, learner, sources=0) is None  # gathered: a whole copy on rank 0's GPU
+    bf16 = WeightPushConfig(dtype="bf16")
+    assert one_host_transport(bf16, bf16.model_copy(update={"backend": "nccl"}), learner, sources=3) is None
+    lora = LearnerConfig(lora={"rank": 8, "push": "adapters"})
+    assert one_host_transport(auto, nccl, lora, sources=3) is None
 
 
 @pytest.mark.parametrize(

@@ -87,3 +87,56 @@ def test_an_object_store_load_takes_the_handle_of_the_version_it_names_and_refus
     assert calls[-1] == ("worker0", "receive_weights", (learner_calls[0][1],))  # rank 0's handle of version 4
     with pytest.raises(ValueError, match="weights version 3 was not pushed"):
         sync.load(0, 3)
+
+
+def test_an_auto_group_on_one_host_is_pulled_over_peer_and_one_that_spans_hosts_is_broadcast(monkeypatch):
+    """The transport is chosen at each build of the group: peer while every learner rank and
+    member runs on the learner's node, nccl once a member runs elsewhere (a worker added by
+    scaling), peer again when it has left; every member's end and the load's handle follow it,
+    and the job's log says which, once per change."""
+    from common.transport import WeightHandle, WeightPushConfig
+    from coordinator import weight_sync
+    from coordinator.actors import Actors
+
+    monkeypatch.setattr(weight_sync, "wait", lambda refs, timeout_s, what: [("127.0.0.1", 29500)])
+    calls: list = []
+    actors = Actors([_Actor("learner0", calls), _Actor("learner1", calls)],
+                    [_Actor("worker0", calls), _Actor("worker1", calls)],
+                    info={"learners": [{"node_id": "a"}] * 2, "rollouts": [{"node_id": "a"}] * 2})
+    nccl, lines = WeightPushConfig(backend="nccl"), []
+    sync = weight_sync.WeightSync(nccl, actors, 5.0, sources=2, one_host=nccl.model_copy(update={"backend": "peer"}),
+                                  log=lines.append)
+
+    def built(receivers, nodes):
+        calls.clear()
+        sync.push(1, receivers, nodes)
+        setups = {c[0]: c[2][0].backend for c in calls if c[1] == "setup_weight_push"}
+        assert setups.keys() == {"learner0", "learner1", *(f"worker{i}" for i in receivers)}
+        assert len(set(setups.values())) == 1, setups  # every end of the group over one transport
+        return setups["learner0"]
+
+    assert built([0], {0: "a"}) == "peer"
+    assert lines[-1] == "weights: the push group of rollout workers [0] is built over peer (auto: every learner rank " \
+                        "and rollout worker runs on one host)"
+    sync.load(0, 10)
+    assert calls[-1] == ("worker0", "receive_weights", (WeightHandle(10, "peer"),))
+    assert built([0, 1], {0: "a", 1: "b"}) == "nccl"  # worker 1 started on another host
+    assert "built over nccl (auto: the learner ranks and rollout workers run on more than one host)" in lines[-1]
+    sync.load(1, 11)
+    assert calls[-1] == ("worker1", "receive_weights", (WeightHandle(11, "nccl"),))
+    calls.clear()
+    sync.push(12, [0, 1], {0: "a", 1: "a"})  # the same members: the group stands, whatever the nodes say now
+    assert not [c for c in calls if c[1] == "setup_weight_push"]
+    sync.failed()  # a failed push: rebuilt
+    assert built([0, 1], {0: "a", 1: None}) == "nccl"  # a node not known is not the learner's
+    assert built([0], {0: "a"}) == "peer"
+    assert len(lines) == 3  # one line per change of transport (the rebuild after the failure: none)
+    # a group built with the members of the job's start (the driver's setup): their start-up reports' nodes
+    sync.members, calls[:] = None, []
+    sync.setup()
+    assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"peer"}
+    # nothing offered for one host (the user chose nccl, or auto would not pull): always the one given
+    plain = weight_sync.WeightSync(nccl, actors, 5.0, sources=2, log=lines.append)
+    calls.clear()
+    plain.push(1, [0], {0: "a"})
+    assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"nccl"} and len(lines) == 3
