@@ -132,7 +132,8 @@ class WeightSync:
         """The transport of a group of ``members`` (worker index -> Ray node in ``nodes``):
         ``one_host`` where every learner rank and member runs on one known node, else the one given."""
         hosts = self.learner_nodes | {nodes.get(i) for i in members}
-        return self.one_host if self.one_host is not None and len(hosts) == 1 and None not in hosts else self.spread
+        known = bool(self.learner_nodes) and None not in hosts  # every learner rank reported its node
+        return self.one_host if self.one_host is not None and known and len(hosts) == 1 else self.spread
 
     def _setup_group(self, members: tuple[int, ...], nodes: Mapping[int, Optional[str]]) -> list[ray.ObjectRef]:
         """Every member's ``setup_weight_push`` for a group of the sending learner ranks (rank 0,

@@ -135,6 +135,10 @@ def test_an_auto_group_on_one_host_is_pulled_over_peer_and_one_that_spans_hosts_
     sync.members, calls[:] = None, []
     sync.setup()
     assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"peer"}
+    # the learner ranks' nodes not reported (actors started elsewhere): never assumed to be the workers'
+    blind = weight_sync.WeightSync(nccl, Actors(actors.learners, [_Actor("worker0", calls)]), 5.0, sources=2,
+                                   one_host=nccl.model_copy(update={"backend": "peer"}))
+    assert blind.transport([0], {0: "a"}).backend == "nccl"
     # nothing offered for one host (the user chose nccl, or auto would not pull): always the one given
     plain = weight_sync.WeightSync(nccl, actors, 5.0, sources=2, log=lines.append)
     calls.clear()
