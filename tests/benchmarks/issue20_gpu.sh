@@ -385,11 +385,16 @@ peer_job() {  # peer_job STEPS SAVE_AT DEADLINE_S WHAT: the 11-layer LLaDA job (
   echo "the 11-layer job $4: rc $?"
   cp "$OUT/sys_peer/summary.md" "$OUT/summary_sys_peer.md" 2>/dev/null
 }
-auto_job() {  # auto_job STEPS SAVE_AT DEADLINE_S: the 11-layer LLaDA job (1 rank + 1 worker) as shipped (weights.backend auto) into $OUT/sys_auto
-  OUT=$OUT/sys_auto bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_llada \
-    --parts ckpt_llada_short,push,system_llada --no-profile --no-resume --steps "$1" --checkpoint-at "$2" --deadline-s "$3"
-  echo "the 11-layer job as shipped (auto): rc $?"
-  cp "$OUT/sys_auto/summary.md" "$OUT/summary_sys_auto.md" 2>/dev/null
+auto_job() {  # auto_job STEPS SAVE_AT DEADLINE_S [NAME SET...]: the 11-layer LLaDA job (1 rank + 1 worker) as shipped
+              # (weights.backend auto), or with --job-set SET..., into $OUT/NAME (default sys_auto)
+  local steps=$1 at=$2 deadline=$3 name=${4:-sys_auto} sets=()
+  shift $(( $# < 4 ? $# : 4 ))
+  for s in "$@"; do sets+=(--job-set "$s"); done
+  OUT=$OUT/$name bash tests/benchmarks/run_system_gpu.sh --work "/tmp/$name" \
+    --parts ckpt_llada_short,push,system_llada --no-profile --no-resume --steps "$steps" --checkpoint-at "$at" \
+    --deadline-s "$deadline" "${sets[@]}"
+  echo "the 11-layer job ($name ${*:-as shipped}): rc $?"
+  cp "$OUT/$name/summary.md" "$OUT/summary_$name.md" 2>/dev/null
 }
 system4() {  # system4 NAME STEPS SAVE_AT SET...: call42's 4-GPU LLaDA-8B job with --job-set SET... into $OUT/NAME, bundled
   local name=$1 steps=$2 at=$3 sets=()
@@ -744,6 +749,13 @@ case "${1:-}" in
   call75)  # the 11-layer job as shipped (auto), 1 rank + 1 worker, with the GIL probe, on GPUs 0,1 of any host
     CUDA_VISIBLE_DEVICES=0,1 auto_job 7 3 320
     bundle ;;
+  call76)  # the slow pushes of call75 fell in the two steps after the first update, while the checkpoint region is
+           # reserved (faulted in, page-locked): the same job with the region reserved at the first save instead,
+           # beside the job as shipped; a 4-GPU host, one job on GPUs 0,1 and one on 2,3
+    lane reserve_at_save 0,1 auto_job 7 3 330 sys_reserve_at_save learner.checkpoint.reserve=false &
+    lane as_shipped 2,3 auto_job 7 3 330 sys_as_shipped &
+    wait
+    bundle ;;
   call61)
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
       --modes raw_busy,busy,peer_staged,peer_busy --out "$OUT/push_peer_3ranks.json" > "$OUT/push_peer_3ranks.log" 2>&1
@@ -757,5 +769,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67|call68|call69|call70|call71|call72|call73|call74|call75" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67|call68|call69|call70|call71|call72|call73|call74|call75|call76" >&2; exit 2 ;;
 esac
