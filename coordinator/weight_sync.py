@@ -14,6 +14,11 @@ requests until it is over). The group is built with its members; a push to anoth
 members, or after a failed push (a broken communicator cannot be trusted), builds it again, in
 the same order of calls on each actor, so nothing blocks but the rendezvous address.
 
+``auto`` on GPUs (``one_host``): each build of the group chooses its transport by where its members
+run, peer while every learner rank and member is on one Ray node (the start-up reports' and each
+started worker's ``node_id``), NCCL once one runs elsewhere; every end of a group is set up over the
+same one, and the job's log says which, once per change.
+
 Sharded (``weights.source: shards``, ``sources`` learner ranks): the group's ranks 0..S-1 are the
 learner ranks that hold partitions (``push_sources``: every ZeRO-3 rank, or rank 0), each calling
 ``send_shards`` from its ``push_weights``; the workers are ranks S.. .

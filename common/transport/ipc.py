@@ -304,7 +304,14 @@ class IpcPush:
                         f"{e['host']}; the peer push reads the learner's memory and needs every worker on the "
                         "learner's host: set weights.backend to nccl"
                     )
-                self._mapped[e["key"]] = (e["rebuild"](*e["args"]), None)
+                try:
+                    self._mapped[e["key"]] = (e["rebuild"](*e["args"]), None)
+                except RuntimeError as err:  # CUDA IPC refused (containers apart, no peer access between the GPUs)
+                    raise RuntimeError(
+                        f"weight push (peer): this rollout worker could not map its learner rank's GPU memory on "
+                        f"{e['host']} (CUDA IPC: {str(err).splitlines()[0] if str(err) else type(err).__name__}); "
+                        "set weights.backend to nccl"
+                    ) from err
             elif e["kind"] == "cuda":
                 mine = device_uuid(torch.device("cuda", torch.cuda.current_device()))
                 if mine != e["device"]:

@@ -85,3 +85,21 @@ def test_a_receiver_that_never_finishes_fails_every_sender_in_time_naming_it():
     assert isinstance(errors.pop(2), OSError)
     assert set(errors) == {0, 1}
     assert all(isinstance(e, TimeoutError) and "still reading: rollout worker 7" in str(e) for e in errors.values())
+
+
+def test_a_worker_that_cannot_map_the_ranks_gpu_memory_says_so_and_names_nccl():
+    """CUDA IPC refused between the worker and its learner rank (processes in containers apart, GPUs
+    without peer access): the pull fails naming the host and the way out, not with the bare CUDA error."""
+    import socket
+
+    from common.transport.ipc import IpcPush
+
+    def refused(*args):
+        raise RuntimeError("CUDA error: invalid device context\nCUDA kernel errors might be reported ...")
+
+    end = IpcPush(WeightPushConfig(backend="peer"), pull=True)
+    block = {"key": 7, "kind": "cuda", "host": socket.gethostname(), "rebuild": refused, "args": ()}
+    with pytest.raises(RuntimeError, match=r"could not map its learner rank's GPU memory on .*\(CUDA IPC: CUDA "
+                                           r"error: invalid device context\); set weights.backend to nccl") as err:
+        end.map_blocks([block])
+    assert "kernel errors" not in str(err.value) and isinstance(err.value.__cause__, RuntimeError)
