@@ -151,11 +151,14 @@ class PushDone:
 
 @dataclass(frozen=True)
 class PushFailed:
-    """A collective push failed: ``died`` names the receivers whose processes died during it."""
+    """A collective push failed: ``died`` names the receivers whose processes died during it;
+    ``retry``: the next group is built over another transport (``auto``'s peer pull failed: the
+    broadcast from now on), so the push is made again."""
 
     version: int
     died: tuple[int, ...]
     detail: str
+    retry: bool = False
 
 
 @dataclass(frozen=True)

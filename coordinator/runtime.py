@@ -29,6 +29,7 @@ connection (``gcs_alive``, coordinator/pool.py); if it does not, the job stops w
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Optional
 
@@ -285,8 +286,9 @@ class RayRuntime:
         if isinstance(event, ev.StepDone):  # each rank's clock rides on its StepResult
             for rank, ref in enumerate(group.names):
                 self.times.update(f"learner{rank}", group.results[ref].clock)
-        elif isinstance(event, ev.PushFailed):
-            self.sync.failed()  # a broken communicator cannot be trusted: the group is rebuilt
+        elif isinstance(event, ev.PushFailed):  # a broken group cannot be trusted: it is rebuilt
+            if self.sync.failed(event.detail):  # auto's pull failed: the broadcast takes over, the push again
+                event = dataclasses.replace(event, retry=True)
         return [event]
 
     # ---- the end --------------------------------------------------------------------------------

@@ -253,9 +253,9 @@ class Scheduler:
         push, died = self.weights.failed(event)
         for worker in died:
             self._lost(worker, "died", "died during a weight push", node_alive=True)
-        if self.stopped is None and not event.died:
+        if self.stopped is None and not event.died and not event.retry:
             self._emit([ev.Stop(f"weights version {event.version}: {event.detail}")])
-        elif self.stopped is None:  # the group is rebuilt without them: each retry has fewer receivers
+        elif self.stopped is None:  # the group is rebuilt (without the dead; over the broadcast): pushed again
             self._emit(self.weights.start(event.version, push.task))
 
     def _on_learner_failed(self, event: ev.LearnerFailed) -> None:

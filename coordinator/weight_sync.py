@@ -17,7 +17,8 @@ the same order of calls on each actor, so nothing blocks but the rendezvous addr
 ``auto`` on GPUs (``one_host``): each build of the group chooses its transport by where its members
 run, peer while every learner rank and member is on one Ray node (the start-up reports' and each
 started worker's ``node_id``), NCCL once one runs elsewhere; every end of a group is set up over the
-same one, and the job's log says which, once per change.
+same one, and the job's log says which, once per change. A push over such a peer group that fails
+falls back (``failed``): every later group is broadcast, and the push is made again.
 
 Sharded (``weights.source: shards``, ``sources`` learner ranks): the group's ranks 0..S-1 are the
 learner ranks that hold partitions (``push_sources``: every ZeRO-3 rank, or rank 0), each calling
@@ -194,9 +195,18 @@ class WeightSync:
                                "worker added beyond cluster.colocate's shared GPUs); use weights.backend object_store")
         return placement.bundle
 
-    def failed(self) -> None:
-        """A collective push failed: the group is rebuilt before the next one."""
+    def failed(self, detail: str = "") -> bool:
+        """A collective push failed: the group is rebuilt before the next one. A group that ``auto``
+        built over peer: every later group is built over the broadcast (CUDA IPC may be refused
+        between these processes or GPUs); True: it falls back now, and the push is made again."""
         self.members = None
+        if self.one_host is None or self.built != self.one_host.backend:
+            return False
+        self.one_host = None
+        short = detail if len(detail) <= 300 else detail[:300].rsplit(" ", 1)[0] + " …"  # every member's error
+        self.log(f"weights: the push over peer failed ({short}); auto builds every push group over "
+                 f"{self.spread.backend} from now on")
+        return True
 
     def setup_worker(self, index: int) -> ray.ObjectRef:
         """Object store: a worker that started later sets up its end (before its first load)."""

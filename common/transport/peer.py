@@ -18,12 +18,13 @@ takes it beside the worker's requests), in keys of the learner rank 0's store un
                      (common/transport/ipc.py: blocks, exported once); set peer/<r> = the handles
                      (and the plan, and where each partition starts)
                      wait for every ready/<w> (timeout: names the receivers missing), then for
-                     every pulled/<w> (timeout: names the receivers that did not finish)
+                     every pulled/<w> (timeout: names the receivers that did not finish; a
+                     receiver whose read failed wrote its error there: raise with it)
     receiver w       set ready/<w>; wait for every peer/<r>; map each rank's blocks (kept while
                      they are); copy every parameter, or put it together from the S ranks' rows
                      (common/transport/shards.py), into its weights; into a staging copy, copy each
                      rank's span whole, a few copies, and leave putting the parameters together
-                     to the copy's swap (``_mirror``); set pulled/<w>
+                     to the copy's swap (``_mirror``); set pulled/<w> (or, the read failed, its error)
 
 Gathered (``sources`` 0): learner rank 0 copies the gathered tensors into its buffer as they arrive.
 Sharded (``sources`` S): each of the S ranks offers its own ZeRO-3 partitions, on GPUs where they
@@ -46,6 +47,15 @@ from common.transport.broadcast import SENDER, BroadcastPush
 from common.transport.ipc import IpcPush, header, placed_rounds
 from common.transport.shards import Piece, Round, assemble, decode_plan, partition_numel
 from common.transport.weights import LoadFn, NamedTensors, WeightHandle, WeightPushConfig
+
+
+FAILED = b"failed: "  # a receiver's pulled/<rank> when its read failed, then the error's first line
+
+
+def _error_line(error: BaseException) -> str:
+    """``Type: message``'s first line (the part a sender's error quotes)."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 class PeerPush(BroadcastPush):
@@ -86,6 +96,12 @@ class PeerPush(BroadcastPush):
         self._wait_for_each_receiver(version, "pulled", lambda missing: (
             f"weight push (peer): waited {self.cfg.timeout_s:.0f} s for the receivers to read weights version "
             f"{version} from learner rank {self.rank}; still reading: {missing or '(none: they finished late)'}"))
+        failed = [(self.peer_names[r - self.first], answer[len(FAILED):].decode(errors="replace"))
+                  for r in range(self.first, self.world_size)
+                  if (answer := self.store.get(f"v{version}/pulled/{r}")).startswith(FAILED)]
+        if failed:
+            raise RuntimeError(f"weight push (peer) of version {version} from learner rank {self.rank}: "
+                               + "; ".join(f"{name} failed: {why}" for name, why in failed))
         if self.rank == 0:
             self._forget(self._previous)
         self._previous = version
@@ -120,10 +136,14 @@ class PeerPush(BroadcastPush):
         if not self.maps:  # a mapping of each learner rank's buffer, kept across pushes
             self.maps = {r: IpcPush(self.cfg, pull=True) for r in range(self.first)}
         ends = [self.maps[r] for r in range(self.first)]
-        if self.sources:
-            self._pull_shards(version, ends, refs, loader)
-        else:
-            ends[0].receive(WeightHandle(version, "ipc", refs[0]), loader)
+        try:
+            if self.sources:
+                self._pull_shards(version, ends, refs, loader)
+            else:
+                ends[0].receive(WeightHandle(version, "ipc", refs[0]), loader)
+        except BaseException as e:  # the senders fail at once, naming this receiver and why, not at their timeout
+            self.store.set(f"v{version}/pulled/{self.rank}", FAILED + _error_line(e).encode())
+            raise
         self.store.set(f"v{version}/pulled/{self.rank}", b"1")
         return version
 

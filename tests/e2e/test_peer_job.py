@@ -6,6 +6,8 @@ batches (a run that is a function of config and seed, whatever the timing) and t
 beside the workers' requests. Same metrics at every step, same final weights, bit for bit."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -22,12 +24,30 @@ def cluster():
         yield
 
 
-def test_workers_pulling_from_zero3_ranks_train_exactly_as_the_broadcast(cluster, tmp_path):
-    job = {"learner": {"num_ranks": 2, "dist_timeout_s": 120, "optimizer": {"lr": 1e-2},
-                       "deepspeed": {"zero_stage": 3}},
-           "rollout": {"num_workers": 2}, "algorithm": {"max_staleness": 1, "in_order": True}}
-    broadcast = run(config(tmp_path / "gloo", False, "gloo", **job), harness.InspectedRollout)
-    pulled = run(config(tmp_path / "peer", False, "peer", **job), harness.InspectedRollout)
+JOB = {"learner": {"num_ranks": 2, "dist_timeout_s": 120, "optimizer": {"lr": 1e-2}, "deepspeed": {"zero_stage": 3}},
+       "rollout": {"num_workers": 2}, "algorithm": {"max_staleness": 1, "in_order": True}}
+
+
+@pytest.fixture(scope="module")
+def broadcast(cluster, tmp_path_factory):
+    return run(config(tmp_path_factory.mktemp("gloo"), False, "gloo", **JOB), harness.InspectedRollout)
+
+
+class RefusingRollout(harness.InspectedRollout):
+    """A worker whose pull is refused, as CUDA IPC can be between processes in containers apart or
+    GPUs without peer access."""
+
+    def setup_weight_push(self, cfg, **kwargs):
+        super().setup_weight_push(cfg, **kwargs)
+        if cfg.backend == "peer":
+            def refused(*args, **kwargs):
+                raise RuntimeError("weight push (peer): could not map its learner rank's GPU memory (CUDA IPC: "
+                                   "refused); set weights.backend to nccl")
+            self.push._pull_shards = refused
+
+
+def test_workers_pulling_from_zero3_ranks_train_exactly_as_the_broadcast(broadcast, tmp_path):
+    pulled = run(config(tmp_path / "peer", False, "peer", **JOB), harness.InspectedRollout)
     assert [p["push_sources"] for p in pulled["before"][0]] == [2, 2]  # both ranks offer their partitions
     # every actor froze its set-up's heap, so a collection during a push is short (common/gil.py)
     assert all(p["frozen_objects"] > 10_000 for p in pulled["before"][0] + pulled["before"][1]), pulled["before"]
@@ -35,3 +55,26 @@ def test_workers_pulling_from_zero3_ranks_train_exactly_as_the_broadcast(cluster
               r.get("time/rollout1/push_stage", 0) > 0]
     assert staged, "the workers staged the pulls beside their requests"
     assert_trained_alike(pulled, broadcast)
+
+
+def test_a_pull_that_auto_chose_and_the_workers_cannot_map_falls_back_to_the_broadcast(broadcast, tmp_path,
+                                                                                     monkeypatch):
+    """``auto`` builds the group over peer (here: the job's broadcast offered peer for one host, as
+    auto does on GPUs); the workers' pulls are refused. The senders fail at once (not at their
+    timeout), the push is made again over the broadcast, and the job trains exactly as the
+    broadcast job, every later group broadcast too."""
+    from coordinator import driver
+
+    monkeypatch.setattr(driver, "one_host_transport",
+                        lambda requested, resolved, learner, sources: resolved.model_copy(update={"backend": "peer"}))
+    lines: list[str] = []
+    t0 = time.perf_counter()
+    fell_back = run(config(tmp_path / "fallback", False, "gloo", **JOB), RefusingRollout, log=lines.append)
+    assert time.perf_counter() - t0 < 150  # the senders did not wait out weights.timeout_s (300 s)
+    chosen = [line for line in lines if line.startswith("weights: ")]
+    assert chosen[0] == ("weights: the push group of rollout workers [0, 1] is built over peer (auto: every learner "
+                         "rank and rollout worker runs on one host)"), lines
+    assert chosen[1].startswith("weights: the push over peer failed (") and "could not map" in chosen[1], chosen
+    assert chosen[1].endswith(" …); auto builds every push group over gloo from now on"), chosen[1]  # cut short
+    assert len(chosen) == 2, chosen  # nothing after it: every later group is broadcast
+    assert_trained_alike(fell_back, broadcast)

@@ -73,16 +73,35 @@ def test_a_sender_returns_only_once_every_receiver_has_read_its_buffer():
     assert min(t for times in sent.values() for t in times) >= finished[3]
 
 
-def test_a_receiver_that_never_finishes_fails_every_sender_in_time_naming_it():
+def test_a_receiver_whose_read_fails_fails_every_sender_at_once_naming_it_and_why():
+    """Not at the senders' timeout: the receiver's failure is in the store, and each sender raises
+    with its name and error once every receiver has answered."""
     def loaders(version, rank):
         def broken(items):
-            raise OSError("the worker's device went away")
+            raise OSError("the worker's device went away\nmore detail")
         return broken
+
+    t0 = time.perf_counter()
+    errors, _ = run_peer(2, 1, loaders, versions=(1,), timeout_s=60, names=["rollout worker 7"])
+    assert time.perf_counter() - t0 < 30  # far from the 60 s timeout
+    assert isinstance(errors.pop(2), OSError)
+    assert set(errors) == {0, 1}
+    assert all(isinstance(e, RuntimeError) and str(e).endswith(
+        "rollout worker 7 failed: OSError: the worker's device went away") for e in errors.values()), errors
+
+
+def test_a_receiver_that_never_finishes_fails_every_sender_in_time_naming_it():
+    def loaders(version, rank):
+        slept = []
+
+        def stuck(items):  # called once a round: the first call outlasts the senders' timeout
+            if not slept:
+                slept.append(time.sleep(6))
+        return stuck
 
     t0 = time.perf_counter()
     errors, _ = run_peer(2, 1, loaders, versions=(1,), timeout_s=2, names=["rollout worker 7"])
     assert time.perf_counter() - t0 < 20
-    assert isinstance(errors.pop(2), OSError)
     assert set(errors) == {0, 1}
     assert all(isinstance(e, TimeoutError) and "still reading: rollout worker 7" in str(e) for e in errors.values())
 

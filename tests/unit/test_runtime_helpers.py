@@ -144,3 +144,32 @@ def test_an_auto_group_on_one_host_is_pulled_over_peer_and_one_that_spans_hosts_
     calls.clear()
     plain.push(1, [0], {0: "a"})
     assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"nccl"} and len(lines) == 3
+
+
+def test_a_failed_pull_of_a_group_auto_built_over_peer_falls_back_to_the_broadcast_once(monkeypatch):
+    """CUDA IPC refused (containers apart, GPUs without peer access): the push fails, ``failed``
+    says to push again, and every later group is broadcast, on one host too; a failure over the
+    broadcast after that, or of a group the user's own choice built, is not retried this way."""
+    from common.transport import WeightPushConfig
+    from coordinator import weight_sync
+    from coordinator.actors import Actors
+
+    monkeypatch.setattr(weight_sync, "wait", lambda refs, timeout_s, what: [("127.0.0.1", 29500)])
+    calls: list = []
+    actors = Actors([_Actor("learner0", calls)], [_Actor("worker0", calls)],
+                    info={"learners": [{"node_id": "a"}], "rollouts": [{"node_id": "a"}]})
+    nccl, lines = WeightPushConfig(backend="nccl"), []
+    sync = weight_sync.WeightSync(nccl, actors, 5.0, sources=1, one_host=nccl.model_copy(update={"backend": "peer"}),
+                                  log=lines.append)
+    sync.push(1, [0], {0: "a"})
+    assert sync.cfg.backend == "peer"
+    assert sync.failed("rollout worker 0 raised: RuntimeError: weight push (peer): could not map ...")
+    assert lines[-1] == ("weights: the push over peer failed (rollout worker 0 raised: RuntimeError: weight push "
+                         "(peer): could not map ...); auto builds every push group over nccl from now on")
+    calls.clear()
+    sync.push(1, [0], {0: "a"})  # the push again: rebuilt over the broadcast, on one host as it is
+    assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"nccl"}
+    assert not sync.failed("learner rank 0 raised: timed out")  # over the broadcast: the job stops (the scheduler)
+    chosen = weight_sync.WeightSync(WeightPushConfig(backend="peer"), actors, 5.0, sources=1)
+    chosen.push(1, [0], {0: "a"})
+    assert not chosen.failed("refused") and chosen.members is None  # named outright: rebuilt, not replaced

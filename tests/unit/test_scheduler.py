@@ -233,6 +233,17 @@ def test_a_receiver_that_dies_during_a_collective_push_is_replaced_and_the_push_
     failed_twice.take(ev.Push)
     failed_twice.send(ev.PushFailed(1, (), "learner rank 0 raised: weight push timed out"))
     assert failed_twice.stop() == "weights version 1: learner rank 0 raised: weight push timed out"
+    # a failure after which the group is built over another transport (auto's peer pull fell back): pushed again,
+    # to the same receivers; the same failure without it stops the job (above)
+    fell_back = Sim(job(), collective=True)
+    fell_back.begin("train")
+    fell_back.finish_rollouts()
+    fell_back.step_done()
+    (first,) = fell_back.take(ev.Push)
+    commands = fell_back.send(ev.PushFailed(1, (), "rollout worker 0 raised: CUDA IPC refused", retry=True))
+    again = [c for c in commands if isinstance(c, ev.Push)]
+    assert [(c.version, c.receivers) for c in again] == [(1, first.receivers)]
+    assert not any(isinstance(c, ev.Stop) for c in commands)
 
 
 def test_a_worker_lost_during_evaluation_is_replaced_and_its_part_runs_again():
