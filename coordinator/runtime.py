@@ -287,7 +287,7 @@ class RayRuntime:
             for rank, ref in enumerate(group.names):
                 self.times.update(f"learner{rank}", group.results[ref].clock)
         elif isinstance(event, ev.PushFailed):  # a broken group cannot be trusted: it is rebuilt
-            if self.sync.failed(event.detail):  # auto's pull failed: the broadcast takes over, the push again
+            if self.sync.failed(event.detail, bool(event.died)):  # auto's pull failed: broadcast, and again
                 event = dataclasses.replace(event, retry=True)
         return [event]
 

@@ -195,12 +195,13 @@ class WeightSync:
                                "worker added beyond cluster.colocate's shared GPUs); use weights.backend object_store")
         return placement.bundle
 
-    def failed(self, detail: str = "") -> bool:
+    def failed(self, detail: str = "", died: bool = False) -> bool:
         """A collective push failed: the group is rebuilt before the next one. A group that ``auto``
-        built over peer: every later group is built over the broadcast (CUDA IPC may be refused
-        between these processes or GPUs); True: it falls back now, and the push is made again."""
+        built over peer, where no member died (a death is retried without the dead, over the same
+        transport): every later group is built over the broadcast (CUDA IPC may be refused between
+        these processes or GPUs); True: it falls back now, and the push is made again."""
         self.members = None
-        if self.one_host is None or self.built != self.one_host.backend:
+        if died or self.one_host is None or self.built != self.one_host.backend:
             return False
         self.one_host = None
         short = detail if len(detail) <= 300 else detail[:300].rsplit(" ", 1)[0] + " …"  # every member's error

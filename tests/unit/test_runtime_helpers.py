@@ -163,6 +163,10 @@ def test_a_failed_pull_of_a_group_auto_built_over_peer_falls_back_to_the_broadca
                                   log=lines.append)
     sync.push(1, [0], {0: "a"})
     assert sync.cfg.backend == "peer"
+    assert not sync.failed("rollout worker 0 died", died=True)  # a death: retried without it, still over peer
+    calls.clear()
+    sync.push(1, [0], {0: "a"})
+    assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"peer"} and not lines[1:]
     assert sync.failed("rollout worker 0 raised: RuntimeError: weight push (peer): could not map ...")
     assert lines[-1] == ("weights: the push over peer failed (rollout worker 0 raised: RuntimeError: weight push "
                          "(peer): could not map ...); auto builds every push group over nccl from now on")
