@@ -24,6 +24,8 @@ def cluster():
         yield
 
 
+# η = 1: how many rollouts had been scored when a step was recorded depends on how far the workers ran ahead
+SCORED = ("rollout/reward_calls/calls", "rollout/reward_calls/failed")
 JOB = {"learner": {"num_ranks": 2, "dist_timeout_s": 120, "optimizer": {"lr": 1e-2}, "deepspeed": {"zero_stage": 3}},
        "rollout": {"num_workers": 2}, "algorithm": {"max_staleness": 1, "in_order": True}}
 
@@ -54,7 +56,7 @@ def test_workers_pulling_from_zero3_ranks_train_exactly_as_the_broadcast(broadca
     staged = [r for r in pulled["driver"].history if r.get("time/rollout0/push_stage", 0) > 0 or
               r.get("time/rollout1/push_stage", 0) > 0]
     assert staged, "the workers staged the pulls beside their requests"
-    assert_trained_alike(pulled, broadcast)
+    assert_trained_alike(pulled, broadcast, timed=SCORED)
 
 
 def test_a_pull_that_auto_chose_and_the_workers_cannot_map_falls_back_to_the_broadcast(broadcast, tmp_path,
@@ -77,4 +79,4 @@ def test_a_pull_that_auto_chose_and_the_workers_cannot_map_falls_back_to_the_bro
     assert chosen[1].startswith("weights: the push over peer failed (") and "could not map" in chosen[1], chosen
     assert chosen[1].endswith(" …); auto builds every push group over gloo from now on"), chosen[1]  # cut short
     assert len(chosen) == 2, chosen  # nothing after it: every later group is broadcast
-    assert_trained_alike(fell_back, broadcast)
+    assert_trained_alike(fell_back, broadcast, timed=SCORED)
