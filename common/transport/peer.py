@@ -37,6 +37,7 @@ one more copy of the weights on learner rank 0's GPU.
 """
 from __future__ import annotations
 
+import contextlib
 import pickle
 import time
 from typing import Iterable, Optional, Sequence
@@ -142,7 +143,8 @@ class PeerPush(BroadcastPush):
             else:
                 ends[0].receive(WeightHandle(version, "ipc", refs[0]), loader)
         except BaseException as e:  # the senders fail at once, naming this receiver and why, not at their timeout
-            self.store.set(f"v{version}/pulled/{self.rank}", FAILED + _error_line(e).encode())
+            with contextlib.suppress(Exception):  # a store already gone: the error raised here is the one to see
+                self.store.set(f"v{version}/pulled/{self.rank}", FAILED + _error_line(e).encode())
             raise
         self.store.set(f"v{version}/pulled/{self.rank}", b"1")
         return version
