@@ -130,7 +130,7 @@ class Driver:
                                   start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale,
                                   protocol=self.stages.protocol_eval(cfg) if cfg.eval.protocol is not None else None,
                                   async_checkpoint=cfg.run.async_checkpoint)
-        self.runtime.sync.setup()
+        self.runtime.sync.setup(self.runtime.nodes)
         workers = dict(enumerate(actors.info["rollouts"]))
         self.scheduler.handle(ev.JobStarted(workers, len(actors.learners)))
         if resume is not None:

@@ -121,8 +121,9 @@ class WeightSync:
         # object store: version -> [rank 0's handle]; ipc: every rank's (the newest version only)
         self.handles: dict[int, list[ray.ObjectRef]] = {}
 
-    def setup(self) -> None:
-        """Set up every learner rank and every worker of the job's start (blocking, named timeouts)."""
+    def setup(self, nodes: Mapping[int, Optional[str]]) -> None:
+        """Set up every learner rank and every worker of the job's start (blocking, named timeouts);
+        ``nodes``: each worker's Ray node (the runtime's, from their start-up reports)."""
         if not self.collective:
             pool = self.actors.pool
             refs = self.actors.call_learners("setup_weight_push", self.cfg, sources=self.sources)
@@ -130,7 +131,6 @@ class WeightSync:
             wait(refs, self.timeout_s, "weight push set-up on every learner rank and rollout worker")
             return
         members = tuple(sorted(self.actors.pool.processes))
-        nodes = {i: info.get("node_id") for i, info in enumerate(self.actors.info.get("rollouts", []))}
         wait(self._setup_group(members, nodes), self.timeout_s,
              "weight push set-up on every learner rank and rollout worker")
 

@@ -97,9 +97,9 @@ class PeerPush(BroadcastPush):
         self._wait_for_each_receiver(version, "pulled", lambda missing: (
             f"weight push (peer): waited {self.cfg.timeout_s:.0f} s for the receivers to read weights version "
             f"{version} from learner rank {self.rank}; still reading: {missing or '(none: they finished late)'}"))
-        failed = [(self.peer_names[r - self.first], answer[len(FAILED):].decode(errors="replace"))
-                  for r in range(self.first, self.world_size)
-                  if (answer := self.store.get(f"v{version}/pulled/{r}")).startswith(FAILED)]
+        answers = self.store.multi_get([f"v{version}/pulled/{r}" for r in range(self.first, self.world_size)])
+        failed = [(name, answer[len(FAILED):].decode(errors="replace"))
+                  for name, answer in zip(self.peer_names, answers) if answer.startswith(FAILED)]
         if failed:
             raise RuntimeError(f"weight push (peer) of version {version} from learner rank {self.rank}: "
                                + "; ".join(f"{name} failed: {why}" for name, why in failed))

@@ -131,9 +131,9 @@ def test_an_auto_group_on_one_host_is_pulled_over_peer_and_one_that_spans_hosts_
     assert built([0, 1], {0: "a", 1: None}) == "nccl"  # a node not known is not the learner's
     assert built([0], {0: "a"}) == "peer"
     assert len(lines) == 3  # one line per change of transport (the rebuild after the failure: none)
-    # a group built with the members of the job's start (the driver's setup): their start-up reports' nodes
+    # a group built with the members of the job's start (the driver's setup, with the runtime's nodes)
     sync.members, calls[:] = None, []
-    sync.setup()
+    sync.setup({0: "a", 1: "a"})
     assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"peer"}
     # the learner ranks' nodes not reported (actors started elsewhere): never assumed to be the workers'
     blind = weight_sync.WeightSync(nccl, Actors(actors.learners, [_Actor("worker0", calls)]), 5.0, sources=2,
