@@ -756,6 +756,16 @@ case "${1:-}" in
     lane as_shipped 2,3 auto_job 7 3 330 sys_as_shipped &
     wait
     bundle ;;
+  call77)  # the peer sender's one-round-trip read of the answers (store.multi_get) on this torch: the peer tests and the
+           # auto system tests first; then call76's two lanes (the checkpoint region reserved at the first save, as shipped)
+    timeout 200 python3 -m pytest -q -s tests/gpu/test_peer_push_gpu.py tests/gpu/test_system_gpu.py -k "peer or auto" \
+      > "$OUT/gpu_tests_multi_get.log" 2>&1
+    echo "peer and auto system GPU tests: rc $?"
+    tail -n 3 "$OUT/gpu_tests_multi_get.log"
+    lane reserve_at_save 0,1 auto_job 7 3 330 sys_reserve_at_save learner.checkpoint.reserve=false &
+    lane as_shipped 2,3 auto_job 7 3 330 sys_as_shipped &
+    wait
+    bundle ;;
   call61)
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
       --modes raw_busy,busy,peer_staged,peer_busy --out "$OUT/push_peer_3ranks.json" > "$OUT/push_peer_3ranks.log" 2>&1
@@ -769,5 +779,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67|call68|call69|call70|call71|call72|call73|call74|call75|call76" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67|call68|call69|call70|call71|call72|call73|call74|call75|call76|call77" >&2; exit 2 ;;
 esac
