@@ -16,7 +16,8 @@ takes it beside the worker's requests), in keys of the learner rank 0's store un
     learner rank r   offer what it sends: its ZeRO-3 partitions where they lie on its GPU (each
                      storage behind them exported once), else a copy in its buffer
                      (common/transport/ipc.py: blocks, exported once); set peer/<r> = the handles
-                     (and the plan, and where each partition starts)
+                     (and the plan, and where each partition starts; its filling or export failed:
+                     its error, which fails every receiver at once, naming the rank)
                      wait for every ready/<w> (timeout: names the receivers missing), then for
                      every pulled/<w> (timeout: names the receivers that did not finish; a
                      receiver whose read failed wrote its error there: raise with it)
@@ -76,7 +77,8 @@ class PeerPush(BroadcastPush):
         self._check_gathered_sender()
         named_tensors = iter(named_tensors)
         try:
-            handle = self.buffer.send(named_tensors, version)
+            with self._offering(version):
+                handle = self.buffer.send(named_tensors, version)
         finally:
             for _ in named_tensors:  # the learner's other ranks are gathering alongside: finish with them
                 pass
@@ -88,7 +90,21 @@ class PeerPush(BroadcastPush):
         learner's order, the same on every rank), pulled by every receiver; every source calls it."""
         if not self.sources or self.rank >= self.sources:
             raise RuntimeError(f"rank {self.rank} is not a source of this push group ({self.sources} sources)")
-        return self._offer(self.buffer.send_shards(iter(partitions), version), version)
+        with self._offering(version):
+            handle = self.buffer.send_shards(iter(partitions), version)
+        return self._offer(handle, version)
+
+    @contextlib.contextmanager
+    def _offering(self, version: int):
+        """Filling this rank's buffer (or exporting its partitions): a failure is written where the
+        receivers wait for this rank's offer, so they fail at once, naming this rank and its error,
+        not at their timeout."""
+        try:
+            yield
+        except BaseException as e:
+            with contextlib.suppress(Exception):  # a store already gone: the error raised here is the one to see
+                self.store.set(f"v{version}/peer/{self.rank}", FAILED + _error_line(e).encode())
+            raise
 
     def _offer(self, handle: WeightHandle, version: int) -> WeightHandle:
         """Publish this rank's buffer and wait until every receiver has read it."""
@@ -133,11 +149,16 @@ class PeerPush(BroadcastPush):
                                ) from None
         self.waited_s = time.perf_counter() - joined
         self.parts_s = {}
-        refs = [pickle.loads(self.store.get(key)) for key in keys]
-        if not self.maps:  # a mapping of each learner rank's buffer, kept across pushes
-            self.maps = {r: IpcPush(self.cfg, pull=True) for r in range(self.first)}
-        ends = [self.maps[r] for r in range(self.first)]
         try:
+            offers = self.store.multi_get(keys)
+            failed = [f"learner rank {r} failed: {offer[len(FAILED):].decode(errors='replace')}"
+                      for r, offer in enumerate(offers) if offer.startswith(FAILED)]
+            if failed:  # told to the other learner ranks too (they wait for this receiver's answer)
+                raise RuntimeError(f"weight push (peer) of version {version}: " + "; ".join(failed))
+            refs = [pickle.loads(offer) for offer in offers]
+            if not self.maps:  # a mapping of each learner rank's buffer, kept across pushes
+                self.maps = {r: IpcPush(self.cfg, pull=True) for r in range(self.first)}
+            ends = [self.maps[r] for r in range(self.first)]
             if self.sources:
                 self._pull_shards(version, ends, refs, loader)
             else:

@@ -90,6 +90,38 @@ def test_a_receiver_whose_read_fails_fails_every_sender_at_once_naming_it_and_wh
         "rollout worker 7 failed: OSError: the worker's device went away") for e in errors.values()), errors
 
 
+@pytest.mark.parametrize("sources", [0, 2])
+def test_a_rank_that_cannot_offer_its_weights_fails_every_receiver_and_rank_at_once(sources):
+    """A learner rank whose buffer cannot be filled or exported (its gather or its CUDA IPC export
+    failed) writes its error where the receivers wait for its offer: each receiver fails naming the
+    rank and why, and tells the other ranks, which fail naming the receiver; none waits out the 60 s
+    timeout."""
+    failing = max(sources, 1) - 1
+
+    def send(push, rank: int, version: int) -> None:
+        if rank == failing:
+            def broken(*args):
+                raise OSError("cannot export the partition\nmore detail")
+            push.buffer.send = push.buffer.send_shards = broken
+        if sources:
+            push.send_shards(partitions(full_weights(version), rank, sources, flat=True), version)
+        else:
+            push.send(iter(full_weights(version)), version)
+
+    t0 = time.perf_counter()
+    errors, _ = run_ends(WeightPushConfig(backend="peer", timeout_s=60), sources, 2, send,
+                         lambda version, rank: lambda items: None, (1,), ["rollout worker 7", "rollout worker 8"])
+    assert time.perf_counter() - t0 < 30
+    assert isinstance(errors.pop(failing), OSError)
+    first = max(sources, 1)
+    for rank in (first, first + 1):
+        assert isinstance(errors[rank], RuntimeError) and str(errors.pop(rank)) == (
+            f"weight push (peer) of version 1: learner rank {failing} failed: OSError: cannot export the partition")
+    assert set(errors) == set(range(failing)), errors  # the other ranks: named receivers, their error quoted
+    assert all("rollout worker 7 failed: RuntimeError: weight push (peer) of version 1: learner rank 1 failed: "
+               "OSError" in str(e) for e in errors.values()), errors
+
+
 def test_a_receiver_that_never_finishes_fails_every_sender_in_time_naming_it():
     def loaders(version, rank):
         slept = []
