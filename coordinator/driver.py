@@ -123,7 +123,7 @@ class Driver:
         sync = WeightSync(weights, actors, c.start_timeout_s, partial=lora is not None,
                           keep_order=cfg.algorithm.in_order,
                           lora_scale=lora.alpha / lora.rank if lora is not None and lora.push == "adapters" else None,
-                          sources=sources, one_host=one_host_transport(cfg.weights, weights, cfg.learner, sources),
+                          sources=sources, one_host=one_host_transport(cfg.weights, weights, sources),
                           log=self.log)
         self.runtime = RayRuntime(actors, sync, control=self.control,
                                   output_dir=cfg.run.output_dir, config=self.config_json(),

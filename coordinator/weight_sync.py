@@ -84,17 +84,17 @@ def push_sources(cfg: WeightPushConfig, learner: LearnerConfig) -> int:
     return learner.num_ranks if zero3 else 1
 
 
-def one_host_transport(requested: WeightPushConfig, resolved: WeightPushConfig, learner: LearnerConfig,
-                       sources: int) -> Optional[WeightPushConfig]:
+def one_host_transport(requested: WeightPushConfig, resolved: WeightPushConfig, sources: int
+                       ) -> Optional[WeightPushConfig]:
     """The transport ``auto`` gives a push group whose learner ranks and rollout workers all run on
     one host, where it differs from ``resolved``: the peer pull (each worker reads the ranks'
     weights with its copy engines; the broadcast's kernels take the SMs of a worker that is
     generating: BENCHMARKS.md). Only where it needs no memory the broadcast does not: a sharded
     push (``sources`` >= 1, the partitions read where they lie) in the learner's dtype; a gathered
-    push would keep a whole copy on learner rank 0's GPU. Not for LoRA jobs (their partial pushes
-    over peer have not run on GPUs). None: every group uses ``resolved``."""
-    if requested.backend != "auto" or resolved.backend != "nccl" or not sources or resolved.dtype != "keep" \
-            or learner.lora is not None:
+    push would keep a whole copy on learner rank 0's GPU. A LoRA job's adapter push is sharded
+    (each rank's partitions of A and B; the workers merge them); its merged push gathers, so it
+    stays on ``resolved``. None: every group uses ``resolved``."""
+    if requested.backend != "auto" or resolved.backend != "nccl" or not sources or resolved.dtype != "keep":
         return None
     return resolved.model_copy(update={"backend": "peer"})
 

@@ -396,6 +396,17 @@ auto_job() {  # auto_job STEPS SAVE_AT DEADLINE_S [NAME SET...]: the 11-layer LL
   echo "the 11-layer job ($name ${*:-as shipped}): rc $?"
   cp "$OUT/$name/summary.md" "$OUT/summary_$name.md" 2>/dev/null
 }
+trado_job() {  # trado_job STEPS SAVE_AT DEADLINE_S NAME [SET...]: the 11-layer TraDo job (1 rank + 1 worker) as shipped
+               # (weights.backend auto), or with --job-set SET..., into $OUT/NAME
+  local steps=$1 at=$2 deadline=$3 name=$4 sets=()
+  shift 4
+  for s in "$@"; do sets+=(--job-set "$s"); done
+  OUT=$OUT/$name bash tests/benchmarks/run_system_gpu.sh --work "/tmp/$name" \
+    --parts ckpt_sdar_short,matmul,push,system_trado --no-profile --no-resume --steps "$steps" --checkpoint-at "$at" \
+    --deadline-s "$deadline" "${sets[@]}"
+  echo "the 11-layer TraDo job ($name ${*:-as shipped}): rc $?"
+  cp "$OUT/$name/summary.md" "$OUT/summary_$name.md" 2>/dev/null
+}
 system4() {  # system4 NAME STEPS SAVE_AT SET...: call42's 4-GPU LLaDA-8B job with --job-set SET... into $OUT/NAME, bundled
   local name=$1 steps=$2 at=$3 sets=()
   shift 3
@@ -766,6 +777,15 @@ case "${1:-}" in
     lane as_shipped 2,3 auto_job 7 3 330 sys_as_shipped &
     wait
     bundle ;;
+  call78)  # a LoRA job's adapter partitions pulled over peer (the GPU system test's LoRA case: 2 ZeRO-3 ranks + 1 worker,
+           # auto), then TraDo's 11-layer job as shipped (auto: peer) beside the same over nccl; a 4-GPU host
+    timeout 150 python3 -m pytest -q -s tests/gpu/test_system_gpu.py -k "True" > "$OUT/gpu_tests_lora_peer.log" 2>&1
+    echo "the LoRA system GPU test over auto: rc $?"
+    tail -n 3 "$OUT/gpu_tests_lora_peer.log"
+    lane trado_auto 0,1 trado_job 6 3 380 sys_trado_auto &
+    lane trado_nccl 2,3 trado_job 6 3 380 sys_trado_nccl weights.backend=nccl &
+    wait
+    bundle ;;
   call61)
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
       --modes raw_busy,busy,peer_staged,peer_busy --out "$OUT/push_peer_3ranks.json" > "$OUT/push_peer_3ranks.log" 2>&1
@@ -779,5 +799,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67|call68|call69|call70|call71|call72|call73|call74|call75|call76|call77" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67|call68|call69|call70|call71|call72|call73|call74|call75|call76|call77|call78" >&2; exit 2 ;;
 esac

@@ -190,6 +190,9 @@ class InspectedLearner(LearnerWorker):
     def weights(self):
         return self.engine.state_dict_for_push()  # rank 0's full weights (collective)
 
+    def exported(self):
+        return self.engine.state_dict_for_export()  # rank 0's plain policy, adapters merged (collective)
+
     def placement(self):
         return {**placement(), "share_gpu": self.share_gpu, "push_sources": self.push_sources}
 

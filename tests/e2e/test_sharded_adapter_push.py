@@ -77,8 +77,9 @@ class AdapterReceiver(harness.PushReceiver):
         return self.engine.update_weights(self.push_end, handle, partial=True)
 
 
-def test_lora_ranks_push_their_adapter_partitions_and_the_worker_holds_the_merged_weights():
-    cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=0.01)  # several rounds
+@pytest.mark.parametrize("backend", ["gloo", "peer"])
+def test_lora_ranks_push_their_adapter_partitions_and_the_worker_holds_the_merged_weights(backend):
+    cfg = WeightPushConfig(backend=backend, timeout_s=60, bucket_mb=0.01)  # several rounds
     learner_cfg = LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3), lora=LORA)
     sources = push_sources(cfg, learner_cfg)
     assert sources == RANKS
@@ -98,7 +99,7 @@ def test_lora_ranks_push_their_adapter_partitions_and_the_worker_holds_the_merge
         for version in (1, 2):
             ray.get([a.train_once.remote(version) for a in learners])
             t0 = time.perf_counter()
-            sends, receives = push_calls("gloo", learners, [receiver], version)
+            sends, receives = push_calls(backend, learners, [receiver], version)
             assert ray.get(receives, timeout=120) == [version]
             assert all(h.version == version for h in ray.get(sends, timeout=120))
             print(f"push {version}: {time.perf_counter() - t0:.2f} s")
@@ -108,6 +109,6 @@ def test_lora_ranks_push_their_adapter_partitions_and_the_worker_holds_the_merge
         assert changed and all(n.endswith(("q_proj.weight", "up_proj.weight")) for n in changed), sorted(changed)
         ray.get([a.train_once.remote(3) for a in learners])  # staged beside a running request, then swapped in
         sends = [a.push_weights.remote(3) for a in learners]
-        assert ray.get(receiver.stage_and_apply.remote(WeightHandle(3, "gloo")), timeout=120) == 3
+        assert ray.get(receiver.stage_and_apply.remote(WeightHandle(3, backend)), timeout=120) == 3
         ray.get(sends, timeout=120)
         harness.assert_received(ray.get(receiver.weights.remote()), merged(learners), 3)

@@ -29,8 +29,10 @@ from harness import InspectedLearner, InspectedRollout  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def job_config(output_dir, ranks: int, workers: int, backend: str = "nccl") -> JobConfig:
+def job_config(output_dir, ranks: int, workers: int, backend: str = "nccl", lora: bool = False) -> JobConfig:
     gpu = {"num_cpus": 1, "num_gpus": 1}
+    # LoRA: the ranks push their partitions of the adapters, each worker merges them into its base
+    adapters = {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "up_proj"], "push": "adapters"}
     return validate(
         JobConfig,
         {
@@ -61,6 +63,7 @@ def job_config(output_dir, ranks: int, workers: int, backend: str = "nccl") -> J
                 "dist_timeout_s": 300,
                 "optimizer": {"lr": 1e-4},
                 "deepspeed": {"zero_stage": 3, "dtype": "bf16", "param_persistence_threshold": 0},
+                **({"lora": adapters} if lora else {}),
             },
             "cluster": {"learner": gpu, "rollout": gpu, "start_timeout_s": 600},
             "weights": {"backend": backend, "timeout_s": 300, "bucket_mb": 1},  # 1 MiB: several buckets per push
@@ -89,11 +92,13 @@ def gpu_cluster():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("ranks, workers, backend", [(1, 1, "nccl"), (2, 2, "nccl"), (1, 1, "auto"), (2, 2, "auto")])
-def test_system_run(gpu_cluster, tmp_path, ranks, workers, backend):
+@pytest.mark.parametrize("ranks, workers, backend, lora", [(1, 1, "nccl", False), (2, 2, "nccl", False),
+                                                           (1, 1, "auto", False), (2, 2, "auto", False),
+                                                           (2, 1, "auto", True)], ids=str)
+def test_system_run(gpu_cluster, tmp_path, ranks, workers, backend, lora):
     if gpu_cluster < ranks + workers:
         pytest.skip(f"needs {ranks + workers} GPUs")
-    cfg = job_config(tmp_path, ranks, workers, backend)
+    cfg = job_config(tmp_path, ranks, workers, backend, lora)
     lines: list[str] = []
     driver = Driver(cfg, rollout_cls=InspectedRollout, learner_cls=InspectedLearner, record_batches=True,
                     log=lambda line: (lines.append(line), print(line)))
@@ -103,7 +108,10 @@ def test_system_run(gpu_cluster, tmp_path, ranks, workers, backend):
         assert driver.actors.info["rollouts"][0]["device"].startswith("cuda")
         driver.train()
         driver.drain()
-        learner = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=300)[0]
+        # LoRA: the plain policy with the adapters merged (what the workers put together and merge)
+        learner = ray.get([(a.exported if lora else a.weights).remote() for a in driver.actors.learners],
+                          timeout=300)[0]
+        pushed = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=300)[0]
         held = ray.get([w.weights.remote() for w in driver.active_rollouts()], timeout=300)
     finally:
         driver.close()
@@ -113,7 +121,12 @@ def test_system_run(gpu_cluster, tmp_path, ranks, workers, backend):
     assert driver.worker_versions == [steps] * workers
     for version, weights in held:
         assert version == steps
-        assert all(torch.equal(weights[n], learner[n].cpu()) for n in learner)
+        assert weights.keys() == learner.keys()
+        assert all(torch.equal(weights[n], learner[n].cpu()) for n in learner), \
+            [n for n in learner if not torch.equal(weights[n], learner[n].cpu())]
+    if lora:  # what the ranks push is the adapters, trained away from B = 0: the merged matrices moved off the base
+        assert pushed and all(n.endswith((".lora_A", ".lora_B")) for n in pushed), sorted(pushed)
+        assert any(t.abs().max() > 0 for n, t in pushed.items() if n.endswith(".lora_B"))
     chosen = [line for line in lines if line.startswith("weights: the push group")]
     pulled = [r for r in driver.history if any(k.endswith("/push_stage_map") for k in r)]
     if backend == "auto":  # one host (a local Ray node): the workers pull the ZeRO-3 partitions

@@ -68,21 +68,25 @@ def test_the_auto_weight_push_follows_the_actors_gpus_not_this_process():
 def test_auto_offers_the_peer_pull_for_groups_on_one_host_only_where_it_costs_no_memory():
     """``auto`` on GPUs (resolved nccl): a group whose members all share the learner's host is
     pulled over peer, where the push is sharded (the partitions read where they lie) in the
-    learner's dtype and not a LoRA job's; a choice the user made is kept."""
+    learner's dtype (a LoRA job's adapters too; its merged push gathers); a choice the user made
+    is kept."""
     from common.config.learner import LearnerConfig
     from common.transport.weights import WeightPushConfig
-    from coordinator.weight_sync import one_host_transport
+    from coordinator.weight_sync import one_host_transport, push_sources
 
-    auto, nccl, learner = WeightPushConfig(), WeightPushConfig(backend="nccl"), LearnerConfig()
-    assert one_host_transport(auto, nccl, learner, sources=3).backend == "peer"
-    assert one_host_transport(auto, nccl, learner, sources=3).staging == nccl.staging
-    assert one_host_transport(nccl, nccl, learner, sources=3) is None  # chosen, not resolved
-    assert one_host_transport(auto, WeightPushConfig(backend="object_store"), learner, sources=3) is None
-    assert one_host_transport(auto, nccl, learner, sources=0) is None  # gathered: a whole copy on rank 0's GPU
+    auto, nccl = WeightPushConfig(), WeightPushConfig(backend="nccl")
+    assert one_host_transport(auto, nccl, sources=3).backend == "peer"
+    assert one_host_transport(auto, nccl, sources=3).staging == nccl.staging
+    assert one_host_transport(nccl, nccl, sources=3) is None  # chosen, not resolved
+    assert one_host_transport(auto, WeightPushConfig(backend="object_store"), sources=3) is None
+    assert one_host_transport(auto, nccl, sources=0) is None  # gathered: a whole copy on rank 0's GPU
     bf16 = WeightPushConfig(dtype="bf16")
-    assert one_host_transport(bf16, bf16.model_copy(update={"backend": "nccl"}), learner, sources=3) is None
-    lora = LearnerConfig(lora={"rank": 8, "push": "adapters"})
-    assert one_host_transport(auto, nccl, lora, sources=3) is None
+    assert one_host_transport(bf16, bf16.model_copy(update={"backend": "nccl"}), sources=3) is None
+    # LoRA under ZeRO-3: the adapters' partitions are pulled as well; the merged push gathers (stays)
+    for push, backend in (("adapters", "peer"), ("merged", None)):
+        lora = LearnerConfig(num_ranks=2, lora={"rank": 8, "push": push})
+        chosen = one_host_transport(auto, nccl, sources=push_sources(nccl, lora))
+        assert (chosen and chosen.backend) == backend, push
 
 
 @pytest.mark.parametrize(
