@@ -407,6 +407,16 @@ trado_job() {  # trado_job STEPS SAVE_AT DEADLINE_S NAME [SET...]: the 11-layer 
   echo "the 11-layer TraDo job ($name ${*:-as shipped}): rc $?"
   cp "$OUT/$name/summary.md" "$OUT/summary_$name.md" 2>/dev/null
 }
+lora_job() {  # lora_job DEADLINE_S NAME [SET...]: LLaDA-8B's LoRA job (r 128, all 32 layers, 1 rank + 1 worker, 2 steps)
+              # as shipped (weights.backend auto), or with --short-set SET..., into $OUT/NAME
+  local deadline=$1 name=$2 sets=()
+  shift 2
+  for s in "$@"; do sets+=(--short-set "$s"); done
+  OUT=$OUT/$name bash tests/benchmarks/run_system_gpu.sh --work "/tmp/$name" --parts ckpt_llada,push,lora_llada \
+    --no-profile --no-resume --deadline-s "$deadline" "${sets[@]}"
+  echo "the LoRA job ($name ${*:-as shipped}): rc $?"
+  cp "$OUT/$name/summary.md" "$OUT/summary_$name.md" 2>/dev/null
+}
 system4() {  # system4 NAME STEPS SAVE_AT SET...: call42's 4-GPU LLaDA-8B job with --job-set SET... into $OUT/NAME, bundled
   local name=$1 steps=$2 at=$3 sets=()
   shift 3
@@ -786,6 +796,15 @@ case "${1:-}" in
     lane trado_nccl 2,3 trado_job 6 3 380 sys_trado_nccl weights.backend=nccl &
     wait
     bundle ;;
+  call79)  # call78's LoRA GPU test again, its adapters trained away from B = 0 (a reward with spread, lr 1e-2); then
+           # LLaDA-8B's LoRA job (adapters pushed) as shipped (auto: peer) beside the same over nccl; a 4-GPU host
+    timeout 120 python3 -m pytest -q -s tests/gpu/test_system_gpu.py -k "True" > "$OUT/gpu_tests_lora_peer.log" 2>&1
+    echo "the LoRA system GPU test over auto: rc $?"
+    tail -n 3 "$OUT/gpu_tests_lora_peer.log"
+    lane lora_auto 0,1 lora_job 400 sys_lora_auto &
+    lane lora_nccl 2,3 lora_job 400 sys_lora_nccl weights.backend=nccl &
+    wait
+    bundle ;;
   call61)
     python3 tests/benchmarks/bench_push.py --engine --learners 3 --receivers 1 --reps 3 \
       --modes raw_busy,busy,peer_staged,peer_busy --out "$OUT/push_peer_3ranks.json" > "$OUT/push_peer_3ranks.log" 2>&1
@@ -799,5 +818,5 @@ case "${1:-}" in
   call15)
     OUT=$OUT/offload bash tests/benchmarks/run_system_gpu.sh --work /tmp/sys_offload --parts ckpt_llada,matmul,offload_llada_mb32 \
       --no-profile --no-resume --deadline-s 520 ;;
-  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67|call68|call69|call70|call71|call72|call73|call74|call75|call76|call77|call78" >&2; exit 2 ;;
+  *) echo "usage: $0 call1|call2|call2b|call3|call4|call5|call6|call56|call7|call8|call9|call10|call11|call12|call13|call14|call15|call16|call17|call18|call19|call20|call21|call22|call23|call24|call25|call26|call27|call28|call29|call30|call31|call32|call31x2|call33|call34|call35|call36|call37|call38|call39|call40|call41|call42|call43|call44|call45|call46|call46e|call47|call48|call49|call50|call51|call52|call53|call54|call55|call59|call60|call61|call62|call63|call64|call65|call66|call67|call68|call69|call70|call71|call72|call73|call74|call75|call76|call77|call78|call79" >&2; exit 2 ;;
 esac

@@ -85,11 +85,12 @@ class Part(run_all.Job):
 def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
          release_tokenizer: bool = False, devices: bool = True, checkpoint_at: int = 3, profile: bool = True,
          system_timeout_s: float = 450, steps: int = 5, resume: bool = True,
-         job_set: tuple[str, ...] = ()) -> tuple[list[list[Part]], list[Part]]:
+         job_set: tuple[str, ...] = (), short_set: tuple[str, ...] = ()) -> tuple[list[list[Part]], list[Part]]:
     """(parallel lanes, then the parts that take every GPU), in the order of ``parts``, for
     ``n_gpus`` (4, or 2: one after another; see the module docstring); checkpoints and runs go
     under ``work``, each part's JSON record under ``records``. ``devices``: the parts get GPU
-    indices (False: a CPU rehearsal of the plan)."""
+    indices (False: a CPU rehearsal of the plan). ``job_set``: overrides for the full jobs,
+    ``short_set`` for the short ones (lora_llada, the offload jobs, the variants)."""
     if n_gpus not in (0, 2) and n_gpus < 4:
         raise SystemExit(f"the system benchmark plans for 4 or more GPUs or for 2, not {n_gpus}")
     two = n_gpus == 2
@@ -131,7 +132,7 @@ def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
     # the save after step 3 leaves steps 4 and 5 for its background write before the run ends
     full = ["--checkpoint-at", str(checkpoint_at), *(["--resume-check"] if resume else []),
             *(["--profile-step", "2"] if profile else []), "--eval-prompts", "16", *(f"--set={o}" for o in job_set)]
-    short = ["--eval-prompts", "0", "--skip", "1"]
+    short = ["--eval-prompts", "0", "--skip", "1", *(f"--set={o}" for o in short_set)]
     tok = ["--release-tokenizer"] if release_tokenizer else []  # real shapes always take the released tokenizer
     known = {
         **{p.name: p for p in (checkpoint(f, s) for f in ("llada", "sdar") for s in (False, True))},
@@ -364,6 +365,9 @@ def main() -> None:
     ap.add_argument("--no-resume", action="store_true", help="the full jobs without their `train --resume` check")
     ap.add_argument("--job-set", action="append", default=[],
                     help="an override key=value for the full jobs (repeatable), e.g. learner.checkpoint.writer=thread")
+    ap.add_argument("--short-set", action="append", default=[],
+                    help="an override key=value for the short jobs (lora_llada, offload_llada*, the variants), "
+                         "e.g. weights.backend=nccl")
     ap.add_argument("--no-profile", action="store_true", help="the full jobs run without the profiled step")
     ap.add_argument("--system-timeout-s", type=float, default=450.0, help="each full job's limit (job + resume)")
     a = ap.parse_args()
@@ -385,7 +389,7 @@ def main() -> None:
     lanes, after = plan([p for p in parts.split(",") if p], a.tiny, work, runner.work, plan_gpus, a.release_tokenizer,
                         devices=n_gpus > 0, checkpoint_at=a.checkpoint_at, profile=not a.no_profile,
                         system_timeout_s=a.system_timeout_s, steps=a.steps, resume=not a.no_resume,
-                        job_set=tuple(a.job_set))
+                        job_set=tuple(a.job_set), short_set=tuple(a.short_set))
     for part in [p for lane in lanes for p in lane] + after:
         runner.ended[part.name] = threading.Event()
     runner.say(f"system benchmark: {n_gpus} GPU(s), planned for {plan_gpus}, torch {torch.__version__}, "

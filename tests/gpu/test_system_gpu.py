@@ -47,7 +47,10 @@ def job_config(output_dir, ranks: int, workers: int, backend: str = "nccl", lora
                     "num_key_value_heads": 8,
                 },
             },
-            "task": {"name": "arithmetic", "held_out": 32, "source": {"kind": "generated", "n": 2000}},
+            "task": {"name": "arithmetic", "held_out": 32, "source": {"kind": "generated", "n": 2000},
+                     # LoRA: a reward with spread on a random model, so the adapters train away from B = 0
+                     **({"reward": {"custom": harness.REWARD, "isolation": "inline", "format_weight": 0.0}}
+                        if lora else {})},
             "sampler": {"gen_length": 8, "block_length": 8, "steps": 8, "temperature": 1.0},
             "estimator": {"name": "block_random", "block_length": 8, "num_draws": 2},
             "loss": {"name": "stabledrl"},
@@ -61,7 +64,7 @@ def job_config(output_dir, ranks: int, workers: int, backend: str = "nccl", lora
             "learner": {
                 "num_ranks": ranks,
                 "dist_timeout_s": 300,
-                "optimizer": {"lr": 1e-4},
+                "optimizer": {"lr": 1e-2 if lora else 1e-4},  # LoRA: merges that move the bf16 base
                 "deepspeed": {"zero_stage": 3, "dtype": "bf16", "param_persistence_threshold": 0},
                 **({"lora": adapters} if lora else {}),
             },
