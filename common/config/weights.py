@@ -15,7 +15,8 @@ class WeightPushConfig(StrictModel):
         "auto",
         description="auto = when the learner ranks and rollout workers have GPUs (cluster.*.num_gpus) of their "
         "own: peer for a push group whose members all run on the learner's host, where the push sends each rank's "
-        "own partitions in the learner's dtype (weights.source shards, dtype keep; not LoRA), the nccl broadcast "
+        "own partitions in the learner's dtype (weights.source shards, dtype keep; a LoRA job's adapters too, not "
+        "its merged push), the nccl broadcast "
         "otherwise, chosen again each time the group is rebuilt (a worker added on another host; a pull that "
         "fails makes the push again over nccl, and nccl from then on); with "
         "cluster.colocate on GPUs, ipc where rank and worker take turns "
