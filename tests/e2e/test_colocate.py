@@ -44,10 +44,10 @@ def placements(driver: Driver) -> tuple[list[dict], list[dict], dict]:
     return learners, workers, groups
 
 
-def run(cfg, rollout_cls: type, log=lambda s: None) -> dict:
+def run(cfg, rollout_cls: type, log=lambda s: None, learner_cls: type = InspectedLearner) -> dict:
     """The job to its end, with where its actors ran before and after training, worker i's bundle
     index, and learner rank 0's final weights."""
-    driver = Driver(cfg, rollout_cls=rollout_cls, learner_cls=InspectedLearner, log=log, record_batches=True)
+    driver = Driver(cfg, rollout_cls=rollout_cls, learner_cls=learner_cls, log=log, record_batches=True)
     driver.setup()
     try:
         before = placements(driver)

@@ -48,6 +48,17 @@ class RefusingRollout(harness.InspectedRollout):
             self.push._pull_shards = refused
 
 
+class RefusingLearner(harness.InspectedLearner):
+    """A learner rank that cannot export its partitions for the pull (CUDA IPC refused on its side)."""
+
+    def setup_weight_push(self, cfg, **kwargs):
+        super().setup_weight_push(cfg, **kwargs)
+        if cfg.backend == "peer" and self.rank == 1 and self.push is not None:
+            def refused(*args, **kwargs):
+                raise RuntimeError("CUDA IPC: cannot export this rank's partitions")
+            self.push.buffer.send_shards = refused
+
+
 def test_workers_pulling_from_zero3_ranks_train_exactly_as_the_broadcast(broadcast, tmp_path):
     pulled = run(config(tmp_path / "peer", False, "peer", **JOB), harness.InspectedRollout)
     assert [p["push_sources"] for p in pulled["before"][0]] == [2, 2]  # both ranks offer their partitions
@@ -59,24 +70,28 @@ def test_workers_pulling_from_zero3_ranks_train_exactly_as_the_broadcast(broadca
     assert_trained_alike(pulled, broadcast, timed=SCORED)
 
 
-def test_a_pull_that_auto_chose_and_the_workers_cannot_map_falls_back_to_the_broadcast(broadcast, tmp_path,
-                                                                                     monkeypatch):
+@pytest.mark.parametrize("refusing", ["worker", "rank"])
+def test_a_pull_that_auto_chose_and_that_fails_falls_back_to_the_broadcast(broadcast, tmp_path, monkeypatch,
+                                                                           refusing):
     """``auto`` builds the group over peer (here: the job's broadcast offered peer for one host, as
-    auto does on GPUs); the workers' pulls are refused. The senders fail at once (not at their
-    timeout), the push is made again over the broadcast, and the job trains exactly as the
-    broadcast job, every later group broadcast too."""
+    auto does on GPUs); the workers' pulls are refused, or a learner rank cannot export its
+    partitions. Every end fails at once (not at its timeout), the push is made again over the
+    broadcast, and the job trains exactly as the broadcast job, every later group broadcast too."""
     from coordinator import driver
 
     monkeypatch.setattr(driver, "one_host_transport",
-                        lambda requested, resolved, learner, sources: resolved.model_copy(update={"backend": "peer"}))
+                        lambda requested, resolved, sources: resolved.model_copy(update={"backend": "peer"}))
     lines: list[str] = []
     t0 = time.perf_counter()
-    fell_back = run(config(tmp_path / "fallback", False, "gloo", **JOB), RefusingRollout, log=lines.append)
+    fell_back = run(config(tmp_path / "fallback", False, "gloo", **JOB),
+                    RefusingRollout if refusing == "worker" else harness.InspectedRollout, log=lines.append,
+                    learner_cls=RefusingLearner if refusing == "rank" else harness.InspectedLearner)
     assert time.perf_counter() - t0 < 150  # the senders did not wait out weights.timeout_s (300 s)
     chosen = [line for line in lines if line.startswith("weights: ")]
     assert chosen[0] == ("weights: the push group of rollout workers [0, 1] is built over peer (auto: every learner "
                          "rank and rollout worker runs on one host)"), lines
-    assert chosen[1].startswith("weights: the push over peer failed (") and "could not map" in chosen[1], chosen
+    why = "could not map" if refusing == "worker" else "cannot export"
+    assert chosen[1].startswith("weights: the push over peer failed (") and why in chosen[1], chosen
     assert chosen[1].endswith(" …); auto builds every push group over gloo from now on"), chosen[1]  # cut short
     assert len(chosen) == 2, chosen  # nothing after it: every later group is broadcast
     assert_trained_alike(fell_back, broadcast, timed=SCORED)
