@@ -161,7 +161,7 @@ def weights_line(cfg: JobConfig) -> str:
 
     resolved = cfg.resolved_weights()
     how = "" if cfg.weights.backend != "auto" else " (weights.backend auto)"
-    one_host = one_host_transport(cfg.weights, resolved, cfg.learner, push_sources(resolved, cfg.learner))
+    one_host = one_host_transport(cfg.weights, resolved, push_sources(resolved, cfg.learner))
     if one_host is not None:
         return (f"weights: pushed through {WEIGHT_PATHS[one_host.backend]} while every learner rank and rollout "
                 f"worker runs on one host, else through {WEIGHT_PATHS[resolved.backend]}{how}")
