@@ -51,7 +51,13 @@ from common.transport.shards import Piece, Round, assemble, decode_plan, partiti
 from common.transport.weights import LoadFn, NamedTensors, WeightHandle, WeightPushConfig
 
 
-FAILED = b"failed: "  # a receiver's pulled/<rank> when its read failed, then the error's first line
+FAILED = b"failed: "  # a rank's offer or a receiver's answer when it failed, then the error's first line
+
+
+def _failures(names: Iterable[str], answers: Sequence[bytes]) -> list[str]:
+    """``<name> failed: <error>`` for each end whose answer is a failure, in order."""
+    return [f"{name} failed: {answer[len(FAILED):].decode(errors='replace')}"
+            for name, answer in zip(names, answers) if answer.startswith(FAILED)]
 
 
 def _error_line(error: BaseException) -> str:
@@ -77,7 +83,7 @@ class PeerPush(BroadcastPush):
         self._check_gathered_sender()
         named_tensors = iter(named_tensors)
         try:
-            with self._offering(version):
+            with self._reported_at(f"v{version}/peer/{self.rank}"):
                 handle = self.buffer.send(named_tensors, version)
         finally:
             for _ in named_tensors:  # the learner's other ranks are gathering alongside: finish with them
@@ -90,20 +96,20 @@ class PeerPush(BroadcastPush):
         learner's order, the same on every rank), pulled by every receiver; every source calls it."""
         if not self.sources or self.rank >= self.sources:
             raise RuntimeError(f"rank {self.rank} is not a source of this push group ({self.sources} sources)")
-        with self._offering(version):
+        with self._reported_at(f"v{version}/peer/{self.rank}"):
             handle = self.buffer.send_shards(iter(partitions), version)
         return self._offer(handle, version)
 
     @contextlib.contextmanager
-    def _offering(self, version: int):
-        """Filling this rank's buffer (or exporting its partitions): a failure is written where the
-        receivers wait for this rank's offer, so they fail at once, naming this rank and its error,
-        not at their timeout."""
+    def _reported_at(self, key: str):
+        """A failure inside is written under ``key``, where the other ends wait for this one (a
+        rank's offer, a receiver's answer), so they fail at once, naming this end and its error, not
+        at their timeout."""
         try:
             yield
         except BaseException as e:
             with contextlib.suppress(Exception):  # a store already gone: the error raised here is the one to see
-                self.store.set(f"v{version}/peer/{self.rank}", FAILED + _error_line(e).encode())
+                self.store.set(key, FAILED + _error_line(e).encode())
             raise
 
     def _offer(self, handle: WeightHandle, version: int) -> WeightHandle:
@@ -114,11 +120,10 @@ class PeerPush(BroadcastPush):
             f"weight push (peer): waited {self.cfg.timeout_s:.0f} s for the receivers to read weights version "
             f"{version} from learner rank {self.rank}; still reading: {missing or '(none: they finished late)'}"))
         answers = self.store.multi_get([f"v{version}/pulled/{r}" for r in range(self.first, self.world_size)])
-        failed = [(name, answer[len(FAILED):].decode(errors="replace"))
-                  for name, answer in zip(self.peer_names, answers) if answer.startswith(FAILED)]
+        failed = _failures(self.peer_names, answers)
         if failed:
             raise RuntimeError(f"weight push (peer) of version {version} from learner rank {self.rank}: "
-                               + "; ".join(f"{name} failed: {why}" for name, why in failed))
+                               + "; ".join(failed))
         if self.rank == 0:
             self._forget(self._previous)
         self._previous = version
@@ -149,10 +154,9 @@ class PeerPush(BroadcastPush):
                                ) from None
         self.waited_s = time.perf_counter() - joined
         self.parts_s = {}
-        try:
+        with self._reported_at(f"v{version}/pulled/{self.rank}"):
             offers = self.store.multi_get(keys)
-            failed = [f"learner rank {r} failed: {offer[len(FAILED):].decode(errors='replace')}"
-                      for r, offer in enumerate(offers) if offer.startswith(FAILED)]
+            failed = _failures([f"learner rank {r}" for r in range(self.first)], offers)
             if failed:  # told to the other learner ranks too (they wait for this receiver's answer)
                 raise RuntimeError(f"weight push (peer) of version {version}: " + "; ".join(failed))
             refs = [pickle.loads(offer) for offer in offers]
@@ -163,10 +167,6 @@ class PeerPush(BroadcastPush):
                 self._pull_shards(version, ends, refs, loader)
             else:
                 ends[0].receive(WeightHandle(version, "ipc", refs[0]), loader)
-        except BaseException as e:  # the senders fail at once, naming this receiver and why, not at their timeout
-            with contextlib.suppress(Exception):  # a store already gone: the error raised here is the one to see
-                self.store.set(f"v{version}/pulled/{self.rank}", FAILED + _error_line(e).encode())
-            raise
         self.store.set(f"v{version}/pulled/{self.rank}", b"1")
         return version
 
