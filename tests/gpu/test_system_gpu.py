@@ -114,7 +114,7 @@ def test_system_run(gpu_cluster, tmp_path, ranks, workers, backend, lora):
         # LoRA: the plain policy with the adapters merged (what the workers put together and merge)
         learner = ray.get([(a.exported if lora else a.weights).remote() for a in driver.actors.learners],
                           timeout=300)[0]
-        pushed = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=300)[0]
+        pushed = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=300)[0] if lora else None
         held = ray.get([w.weights.remote() for w in driver.active_rollouts()], timeout=300)
     finally:
         driver.close()
