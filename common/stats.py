@@ -10,7 +10,7 @@
 
 ``replicated``: the value is already the same on every learner rank (the engine all-reduced it),
 so over ranks rank 0's value is taken. One reducer, ``combine``, merges the records of the inner
-iterations of a step (learner/worker.py) and of the learner ranks (coordinator/step_metrics.py);
+iterations of a step (learner/worker.py) and of the learner ranks (coordinator/decisions/step_metrics.py);
 inside an update the engine sums and all-reduces the same reductions as tensors
 (learner/engine.py). No torch here: the control plane reads these.
 """

@@ -21,8 +21,8 @@ from jaxtyping import Bool, Float, Int
 if TYPE_CHECKING:  # torch is imported where tensors are made, so the control plane's types load without it
     import torch
 
-    from common.stats import Stat
-    from common.tasks.base import Row
+    from stabledrl.common.stats import Stat
+    from stabledrl.common.tasks.base import Row
 
 
 @dataclass

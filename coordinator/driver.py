@@ -7,13 +7,13 @@
 the checkpoint to resume from, the data: coordinator/job_setup.py), then starts the actors and the
 weight transport. The
 warm start and the in-training protocol evaluation are recipes: the command layer passes them in
-(``stages``, recipes/stages.py), so nothing here imports upward.
-Every phase after it is a goal of the scheduler (coordinator/scheduler.py), reached by one loop,
-``_drive``: carry out the scheduler's commands (coordinator/runtime.py turns them into Ray calls),
+(``stages``, stabledrl/recipes/stages.py), so nothing here imports upward.
+Every phase after it is a goal of the scheduler (coordinator/decisions/scheduler.py), reached by one loop,
+``_drive``: carry out the scheduler's commands (coordinator/runtime/executor.py turns them into Ray calls),
 wait for what they started, hand each event back to the scheduler, until the goal is reached.
 How far rollouts run ahead of the learner is the staleness bound (η = 0: synchronous RL; η >= 1:
 the next batch is sampled while the learner trains on this one). ``stabledrl train --resume
-RUN_DIR`` continues from the last checkpoint (coordinator/checkpoint.py).
+RUN_DIR`` continues from the last checkpoint (coordinator/runtime/checkpoint.py).
 """
 from __future__ import annotations
 
@@ -24,23 +24,25 @@ from typing import Any, Callable, Optional
 
 import ray
 
-from common.config.job import JobConfig
-from common.metrics import MetricsLogger
-from common.tasks import PromptStream
-from common.types import Episode
-from coordinator import checkpoint
-from coordinator import events as ev
-from coordinator import held_out
-from coordinator.actors import start_actors
-from coordinator.control import start_control
-from coordinator.held_out import HeldOutResult
-from coordinator.job_setup import NO_STAGES, Stages, config_json, load_checkpoint, log_data, prepare, write_config
-from coordinator.progress import Progress
-from coordinator.runtime import RayRuntime
-from coordinator.scheduler import Scheduler
-from coordinator.weight_sync import WeightSync, one_host_transport, push_sources
-from learner.worker import LearnerWorker
-from rollout.worker import RolloutWorker
+from stabledrl.common.config.job import JobConfig
+from stabledrl.common.metrics import MetricsLogger
+from stabledrl.common.tasks import PromptStream
+from stabledrl.common.types import Episode
+from stabledrl.coordinator.runtime import checkpoint
+from stabledrl.coordinator.decisions import events as ev
+from stabledrl.coordinator.decisions import held_out
+from stabledrl.coordinator.runtime.actors import start_actors
+from stabledrl.coordinator.runtime.control import start_control
+from stabledrl.coordinator.decisions.held_out import HeldOutResult
+from stabledrl.coordinator.job_setup import (
+    NO_STAGES, Stages, config_json, load_checkpoint, log_data, prepare, write_config,
+)
+from stabledrl.coordinator.progress import Progress
+from stabledrl.coordinator.runtime.executor import RayRuntime
+from stabledrl.coordinator.decisions.scheduler import Scheduler
+from stabledrl.coordinator.runtime.weight_sync import WeightSync, one_host_transport, push_sources
+from stabledrl.learner.worker import LearnerWorker
+from stabledrl.rollout.worker import RolloutWorker
 
 
 @dataclass

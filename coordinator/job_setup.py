@@ -16,23 +16,23 @@ from typing import Any, Callable, Optional
 
 import ray
 
-from common.config.base import ConfigError
-from common.config.job import JobConfig, check_resources
-from common.metrics import MetricsLogger, restore_metrics
-from common.models.loading import check_model_files, load_model_tokenizer
-from common.tasks import Row, TaskData, load_task_data
-from coordinator import checkpoint
-from coordinator import events as ev
-from coordinator.actors import wait
-from coordinator.held_out import held_out_rows
-from coordinator.step_metrics import data_metrics
+from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.job import JobConfig, check_resources
+from stabledrl.common.metrics import MetricsLogger, restore_metrics
+from stabledrl.common.models.loading import check_model_files, load_model_tokenizer
+from stabledrl.common.tasks import Row, TaskData, load_task_data
+from stabledrl.coordinator.runtime import checkpoint
+from stabledrl.coordinator.decisions import events as ev
+from stabledrl.coordinator.runtime.actors import wait
+from stabledrl.coordinator.decisions.held_out import held_out_rows
+from stabledrl.coordinator.decisions.step_metrics import data_metrics
 
 
 @dataclass(frozen=True)
 class Stages:
-    """What the command layer wires into a job as plain callables (recipes/stages.py has
+    """What the command layer wires into a job as plain callables (stabledrl/recipes/stages.py has
     `stabledrl train`'s): the warm start, ``(cfg, log) -> the SFT model's directory``, and the
-    in-training protocol evaluation, ``cfg -> ProtocolRunner`` (coordinator/commands.py)."""
+    in-training protocol evaluation, ``cfg -> ProtocolRunner`` (coordinator/decisions/commands.py)."""
 
     warm_start: Optional[Callable[..., Any]] = None
     protocol_eval: Optional[Callable[[JobConfig], ev.ProtocolRunner]] = None
@@ -43,7 +43,7 @@ class Stages:
                                      ("eval.protocol", cfg.eval.protocol is not None, self.protocol_eval)):
             if needed and stage is None:
                 raise ConfigError(f"{field} is set, but this driver was built without that stage (pass "
-                                  "stages=recipes.stages.JOB_STAGES, as `stabledrl train` does)")
+                                  "stages=stabledrl.recipes.stages.JOB_STAGES, as `stabledrl train` does)")
 
 
 NO_STAGES = Stages()  # a driver built without the command layer's stages
@@ -99,10 +99,10 @@ def config_json(job_cfg: JobConfig) -> dict[str, Any]:
 
 def write_config(cfg: JobConfig, config: dict[str, Any]) -> None:
     """output_dir/config.yaml: the resolved config, which `stabledrl train --resume` reads back,
-    sealed under this user's key (common/run_seal.py)."""
+    sealed under this user's key (common/trust/seal.py)."""
     import yaml
 
-    from common.run_seal import sealed_text
+    from stabledrl.common.trust.seal import sealed_text
 
     directory = cfg.run.output_dir
     directory.mkdir(parents=True, exist_ok=True)

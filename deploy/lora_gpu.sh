@@ -46,8 +46,8 @@ else
 import sys, time
 sys.path.insert(0, "tests/benchmarks")
 import benchlib as bl, torch
-from common.models import export_hf
-from common.tokenizer import build_char_tokenizer
+from stabledrl.common.models import export_hf
+from stabledrl.common.tokenizer import build_char_tokenizer
 t0 = time.perf_counter()
 policy = bl.build_policy("llada-8b", torch.device("cuda", 0), torch.bfloat16)
 export_hf(policy, build_char_tokenizer(), sys.argv[1])

@@ -23,7 +23,7 @@ python3 - "$OUT" "$HIDDEN" <<'PY'
 import json, sys
 from pathlib import Path
 
-from common.models.release_tokenizers import write_tiny_release_checkpoint
+from stabledrl.common.models.release_tokenizers import write_tiny_release_checkpoint
 
 out, hidden = Path(sys.argv[1]), int(sys.argv[2])
 write_tiny_release_checkpoint("llada", out / "model", hidden_size=hidden, intermediate_size=2 * hidden,
@@ -53,7 +53,7 @@ else
 fi
 for run in first rerun; do
   start=$(date +%s%N)
-  timeout 600 python3 -m cli eval --config deploy/configs/recipe_stabledrl_llada8b_gsm8k.yaml "${flags[@]}" "${overrides[@]}"
+  timeout 600 python3 -m stabledrl eval --config deploy/configs/recipe_stabledrl_llada8b_gsm8k.yaml "${flags[@]}" "${overrides[@]}"
   echo "== $run run: $(( ($(date +%s%N) - start) / 1000000 )) ms wall"
 done
 echo "== results.jsonl lines: $(wc -l < "$OUT/eval/results.jsonl") (expected 4 x $PROMPTS x the number of lengths)"

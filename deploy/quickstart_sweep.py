@@ -6,7 +6,7 @@
 A warm start is a set of ``warmstart.*`` overrides (``seed=1,steps=200,threads=1``); the default
 grid has seven, whose held-out accuracy BEFORE RL spans 35-71% on the 2-core development machine.
 Every warm start is built first (in parallel, cached under .cache/warmstart as `make run` caches
-its own), then every (warm start, RL seed) pair runs ``python -m coordinator train`` with the
+its own), then every (warm start, RL seed) pair runs ``python -m stabledrl train`` with the
 quickstart config, ``run.seed`` = the RL seed, and any ``--set`` overrides. Each run gets
 ``--cores-per-run`` cores of its own (CPU affinity, inherited by its Ray processes;
 ``cluster.local_num_cpus`` matches) when the machine has enough, else the runs share the machine's
@@ -152,7 +152,8 @@ def stop(proc: subprocess.Popen) -> None:
             pass
 
 
-BUILD = ("import sys; from common.config.job import load_job_config; from recipes.warmstart import warm_start; "
+BUILD = ("import sys; from stabledrl.common.config.job import load_job_config; "
+         "from stabledrl.recipes.warmstart import warm_start; "
          "warm_start(load_job_config(sys.argv[1], sys.argv[2:]))")
 
 
@@ -205,7 +206,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
             argv = [
                 args.python,
                 "-m",
-                "coordinator",
+                "stabledrl",
                 "train",
                 "--overwrite",
                 "--config",

@@ -30,7 +30,7 @@ print('matplotlib:', 'yes' if u.find_spec('matplotlib') else 'missing; draw the 
 # stopping, Ray's shutdown and the report. The timeout is the last resort (then `stabledrl study
 # --report` redraws the table from the metrics already in $OUT/study); STUDY_TIMEOUT_S sets it, e.g.
 # to check that path on CPU.
-timeout -k 5 "${STUDY_TIMEOUT_S:-530}" python3 -m cli study --config deploy/configs/study_gpu.yaml \
+timeout -k 5 "${STUDY_TIMEOUT_S:-530}" python3 -m stabledrl study --config deploy/configs/study_gpu.yaml \
   output_dir="$OUT/study" "$@" 2>&1 | tee "$OUT/study.log"
 status=${PIPESTATUS[0]}
 # the per-run directories as one plain file: the device tool returns neither a name with '+'

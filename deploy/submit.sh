@@ -24,4 +24,4 @@ RAY="${RAY:-ray}"
 # shellcheck disable=SC2086  # RAY_SUBMIT_FLAGS is a list of flags
 exec "$RAY" job submit --address "$ADDRESS" --working-dir "$ROOT" ${RAY_SUBMIT_FLAGS:-} \
   --runtime-env-json '{"excludes": [".git", ".venv", "runs", ".cache", "**/__pycache__"]}' \
-  -- python -m cli train --config "$CONFIG" "$@"
+  -- python -m stabledrl train --config "$CONFIG" "$@"

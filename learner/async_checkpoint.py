@@ -16,7 +16,7 @@ Training goes on during both steps: the forward and backward of the next step ne
 saved tensors (parameters, fp32 master weights and Adam moments change only in the optimizer
 step). A file appears under its final name only once it is complete and durable; the coordinator
 writes the checkpoint's ``coordinator.json`` and ``latest`` only once the marker of every rank is
-there (coordinator/checkpoint.py), so a run killed during the write resumes from the previous
+there (coordinator/runtime/checkpoint.py), so a run killed during the write resumes from the previous
 complete checkpoint. Host memory: one copy of this rank's checkpoint while it is written.
 """
 from __future__ import annotations

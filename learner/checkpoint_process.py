@@ -9,7 +9,7 @@ process, not the learner, turns it into files.
                 allocation; kept for the run and reused by every save (it grows if a save needs more)
     snapshot    the writer thread copies every tensor of the state into the region (CUDA: on a
                 stream of its own, after the update that produced it); storage sharing kept
-    write       the child process (``python -m learner.checkpoint_process``) maps the same
+    write       the child process (``python -m stabledrl.learner.checkpoint_process``) maps the same
                 region, rebuilds the state around it and writes each file durably, then the
                 marker (learner/async_checkpoint.py: write_file, write_marker)
 
@@ -44,7 +44,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from learner.async_checkpoint import BackgroundWriter, CheckpointWriteError, write_file, write_marker
+from stabledrl.learner.async_checkpoint import BackgroundWriter, CheckpointWriteError, write_file, write_marker
 
 ALIGN = 4096  # each storage starts on a page: the DMA and the child's views stay aligned
 CHUNK = 64 << 20  # bytes per device-to-host copy when the region could not be page-locked
@@ -259,8 +259,8 @@ class ProcessWriter(BackgroundWriter):
         ours, theirs = socket.socketpair()
         # no GPU in the child: it only reads host memory (a CUDA context would take the learner's GPU memory)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "CUDA_VISIBLE_DEVICES": ""}
-        self.child = subprocess.Popen([sys.executable, "-m", "learner.checkpoint_process", str(theirs.fileno()),
-                                       str(os.getpid())], pass_fds=[theirs.fileno()], env=env, close_fds=True)
+        command = [sys.executable, "-m", "stabledrl.learner.checkpoint_process", str(theirs.fileno()), str(os.getpid())]
+        self.child = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=env, close_fds=True)
         theirs.close()
         self.conn = Connection(ours.detach())
         return True

@@ -41,19 +41,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from common.checkpoint_files import load_torch, read_latest, restricted_unpickling, verify_tag
-from common.config.learner import LearnerConfig
-from common.seeding import derive_seed
-from common.transport.adapters import adapter_names
-from common.transport.shards import partition_numel
-from learner.async_checkpoint import BackgroundWriter, marker_name, write_file
-from learner.group import local_device
-from learner.fused import fuse_elementwise
-from learner.lora import adapter_named_parameters, add_adapters, plain_named_parameters
-from common.stats import Reduce, Stat
-from learner.losses.metrics import Metric
-from learner.reshard import Layout, saved_layout
-from learner.zero import (
+from stabledrl.common.trust.checkpoint_files import load_torch, read_latest, restricted_unpickling, verify_tag
+from stabledrl.common.config.learner import LearnerConfig
+from stabledrl.common.seeding import derive_seed
+from stabledrl.common.transport.adapters import adapter_names
+from stabledrl.common.transport.shards import partition_numel
+from stabledrl.learner.async_checkpoint import BackgroundWriter, marker_name, write_file
+from stabledrl.learner.group import local_device
+from stabledrl.learner.fused import fuse_elementwise
+from stabledrl.learner.lora import adapter_named_parameters, add_adapters, plain_named_parameters
+from stabledrl.common.stats import Reduce, Stat
+from stabledrl.learner.losses.statistics import Metric
+from stabledrl.learner.reshard import Layout, saved_layout
+from stabledrl.learner.zero import (
     build_optimizer,
     deepspeed_config,
     enable_gradient_checkpointing,
@@ -69,7 +69,7 @@ LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, Metric]]]
 
 class LearnerEngine:
     """A model wrapped in DeepSpeed ZeRO on one learner rank (the learner group must exist:
-    ``learner.group.init_learner_group``). Every method is collective: call it on all ranks."""
+    ``stabledrl.learner.group.init_learner_group``). Every method is collective: call it on all ranks."""
 
     def __init__(self, model: nn.Module, cfg: LearnerConfig) -> None:
         import deepspeed
@@ -108,7 +108,7 @@ class LearnerEngine:
         ``loss_fn(model, micro_batch) -> (loss, metrics)``: ``model`` is the DeepSpeed engine (it
         forwards calls and attribute reads to the wrapped module); ``loss`` is this micro-batch's
         share of the global loss (already ÷ the global denominator); ``metrics`` map names to
-        ``Metric``s (learner/losses/metrics.py): a ``share`` (or a bare 0-d tensor) is summed over
+        ``Metric``s (learner/losses/statistics.py): a ``share`` (or a bare 0-d tensor) is summed over
         micro-batches and ranks like the loss, so make it a globally normalised contribution too;
         a ``max`` / ``min`` is reduced by max / min. Every rank must produce the same keys.
 
@@ -305,7 +305,7 @@ class LearnerEngine:
         """Restore weights, optimizer state, the lr schedule position and this rank's RNG states;
         returns the ``client_state`` given to ``save_checkpoint``. ``tag=None``: the latest.
 
-        The tag is verified first (``common.checkpoint_files.verify_tag``: manifest, sizes, no
+        The tag is verified first (``stabledrl.common.trust.checkpoint_files.verify_tag``: manifest, sizes, no
         foreign pickles) and DeepSpeed reads it under torch's restricted unpickler. A checkpoint
         written at another number of ranks or another ZeRO stage is re-sharded
         (learner/reshard.py); at another rank count its RNG states are then
@@ -334,7 +334,7 @@ class LearnerEngine:
         rank r of the new shape seeds its generators from (seed, step, r) instead, so the streams
         are defined by the new shape alone (``rank_rng_seed``); with the same count (only the ZeRO
         stage changed) each rank restores its own."""
-        from learner.reshard import model_states, place, read_shards
+        from stabledrl.learner.reshard import model_states, place, read_shards
 
         state = model_states(tag_dir)
         params, adam_step = read_shards(tag_dir)
@@ -390,7 +390,7 @@ class LearnerEngine:
         if self.writer is None:
             zipfile = bool(getattr(self.engine.checkpoint_engine, "zipfile_serialization", True))
             if self.cfg.checkpoint.writer == "process":
-                from learner.checkpoint_process import ProcessWriter
+                from stabledrl.learner.checkpoint_process import ProcessWriter
 
                 self.writer = ProcessWriter(zipfile)
             else:
@@ -400,7 +400,7 @@ class LearnerEngine:
     def _reserve_checkpoint_memory(self) -> None:
         """Have the process writer reserve host memory for this rank's state (in the background):
         the distinct storages of what DeepSpeed's save collects, the optimizer's and the module's."""
-        from learner.checkpoint_process import storages_nbytes
+        from stabledrl.learner.checkpoint_process import storages_nbytes
 
         try:
             nbytes = storages_nbytes([self.engine.optimizer.state_dict(),

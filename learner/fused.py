@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.compiling import compiled_once
+from stabledrl.common.compiling import compiled_once
 
 # the transformers classes whose forward is exactly the arithmetic below
 RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")

@@ -21,7 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from common.transport.store import open_store, reserve_address
+from stabledrl.common.transport.store import open_store, reserve_address
 
 
 def node_ip() -> str:

@@ -28,8 +28,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from common.config.learner import LoraConfig
-from common.transport.adapters import adapter_names, merged_weight
+from stabledrl.common.config.learner import LoraConfig
+from stabledrl.common.transport.adapters import adapter_names, merged_weight
 
 ADAPTER = "default"  # peft's adapter name
 INIT_SEED = 0  # A is drawn from this seed on every rank, so that all ranks start from the same adapters
@@ -130,7 +130,7 @@ def plain_named_parameters(policy: nn.Module, adapted: list[Adapted], *, zero_st
                            receive: bool, only_adapted: bool) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` in the plain policy's names: every adapted module's merged weight, and
     (unless ``only_adapted``) every other parameter as it is. Collective under ZeRO-3 like
-    ``learner.zero.gathered_named_parameters``: every rank iterates to the end, ``receive`` says
+    ``stabledrl.learner.zero.gathered_named_parameters``: every rank iterates to the end, ``receive`` says
     where the tensors are yielded, parameters are gathered ``bucket_bytes`` at a time, and a
     yielded tensor is valid until the next item is requested."""
     units: list[tuple[str, list[nn.Parameter], Adapted | None]] = [(a.weight_name, a.parameters(), a) for a in adapted]
@@ -159,7 +159,7 @@ def _gathered(params: list[nn.Parameter], zero_stage: int):
 
 
 def _buckets(units: list, bucket_bytes: int) -> Iterator[list]:
-    from learner.zero import zero3_numel
+    from stabledrl.learner.zero import zero3_numel
 
     bucket, size = [], 0
     for unit in units:

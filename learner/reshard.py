@@ -33,7 +33,7 @@ from typing import Any, Iterator, NamedTuple
 
 import torch
 
-from common.checkpoint_files import DEEPSPEED_GLOBALS, CheckpointError, load_torch
+from stabledrl.common.trust.checkpoint_files import DEEPSPEED_GLOBALS, CheckpointError, load_torch
 
 KEYS = ("fp32", "exp_avg", "exp_avg_sq")
 # DeepSpeed prefixes the optimizer-state files with "bf16_" when the engine trains in bf16

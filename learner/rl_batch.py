@@ -16,9 +16,9 @@ import torch.distributed as dist
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from common.estimators import learner_seeds
-from common.types import Group, SequenceBatch, collate_samples
-from learner.losses import group_advantages, local_counts
+from stabledrl.common.estimators import learner_seeds
+from stabledrl.common.types import Group, SequenceBatch, collate_samples
+from stabledrl.learner.losses import group_advantages, local_counts
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ maximises a bound on the likelihood of the reference completions; tests/unit/tes
 expectation against an enumeration of every mask.
 
 Block-diffusion families (SDAR / TraDo) are scored through the staircase layout of
-``common.estimators.scoring.build_inputs``: the noisy copy of block b sees the clean blocks before
+``stabledrl.common.estimators.scoring.build_inputs``: the noisy copy of block b sees the clean blocks before
 it, so the same loss trains every block's conditional at once.
 """
 from __future__ import annotations
@@ -24,13 +24,13 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from common.config.warmstart import WarmStartConfig
-from common.estimators.scoring import build_inputs, token_logp
-from common.models.base import DiffusionPolicy
-from common.seeding import derive_seed, generator
-from common.tasks.base import Row, Task
-from common.tasks.prompts import prompt_ids
-from common.types import SequenceBatch, left_pad
+from stabledrl.common.config.warmstart import WarmStartConfig
+from stabledrl.common.estimators.scoring import build_inputs, token_logp
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.seeding import derive_seed, generator
+from stabledrl.common.tasks.base import Row, Task
+from stabledrl.common.tasks.prompts import prompt_ids
+from stabledrl.common.types import SequenceBatch, left_pad
 
 Log = Callable[[str], None]
 
@@ -40,7 +40,7 @@ def encode_pairs(
 ) -> SequenceBatch:
     """[prompt left-padded | reference completion + EOS, EOS-filled to gen_length] for every row.
 
-    Prompts are encoded exactly as the rollout side encodes them (``common.tasks.prompts``: through the
+    Prompts are encoded exactly as the rollout side encodes them (``stabledrl.common.tasks.prompts``: through the
     chat template when the tokenizer has one), so the reference answer follows the opening of the
     assistant turn; a reference longer than ``gen_length`` tokens is an error naming its row.
     """

@@ -26,22 +26,22 @@ from typing import Any, Optional, Sequence
 import ray
 import torch
 
-from common.actor_time import BACKGROUND, PUSH_PARTS, ActorClock
-from common.gil import prompt_gil, settle_heap
-from common.config.estimator import EstimatorConfig
-from common.config.learner import LearnerConfig
-from common.config.loss import LossConfig
-from common.config.model import ModelConfig
-from common.estimators import estimate
-from common.models import export_hf, load_policy
-from common.actor_setup import hand_back_gpu_memory, settle_gpu, setup_actor_process
-from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
-from common.stats import Reduce, Stat, combine
-from common.types import Group, StepResult
-from learner.lora import adapters_off
-from learner.losses import LossInputs, Metric, compute_loss, needs_whole_groups
-from learner.profile import profiled_step
-from learner.rl_batch import MicroBatch, global_counts, micro_batches
+from stabledrl.common.actor_time import BACKGROUND, PUSH_PARTS, ActorClock
+from stabledrl.common.gil import prompt_gil, settle_heap
+from stabledrl.common.config.estimator import EstimatorConfig
+from stabledrl.common.config.learner import LearnerConfig
+from stabledrl.common.config.loss import LossConfig
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.estimators import estimate
+from stabledrl.common.models import export_hf, load_policy
+from stabledrl.common.actor_setup import hand_back_gpu_memory, settle_gpu, setup_actor_process
+from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+from stabledrl.common.stats import Reduce, Stat, combine
+from stabledrl.common.types import Group, StepResult
+from stabledrl.learner.lora import adapters_off
+from stabledrl.learner.losses import LossInputs, Metric, compute_loss, needs_whole_groups
+from stabledrl.learner.profile import profiled_step
+from stabledrl.learner.rl_batch import MicroBatch, global_counts, micro_batches
 
 
 class LearnerWorker:
@@ -74,14 +74,14 @@ class LearnerWorker:
         self.clock = ActorClock(background=BACKGROUND, within=PUSH_PARTS)
 
     def rendezvous_address(self) -> tuple[str, int]:
-        from learner.group import rendezvous_address
+        from stabledrl.learner.group import rendezvous_address
 
         return rendezvous_address()
 
     def start(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the learner group and build the ZeRO engine (collective)."""
-        from learner.engine import LearnerEngine
-        from learner.group import init_learner_group
+        from stabledrl.learner.engine import LearnerEngine
+        from stabledrl.learner.group import init_learner_group
 
         t0 = time.perf_counter()
         init_learner_group(master_addr, master_port, self.rank, self.world_size, backend=self.cfg.backend,
@@ -256,7 +256,7 @@ class LearnerWorker:
         """DeepSpeed checkpoint of this rank (collective). ``background``: its files are written by
         a thread of this rank while training goes on, which leaves a marker file once they are
         durable (learner/async_checkpoint.py)."""
-        from learner.async_checkpoint import disk_cause
+        from stabledrl.learner.async_checkpoint import disk_cause
 
         with self.clock.timed("checkpoint"):
             try:

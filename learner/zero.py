@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO plumbing behind ``learner.engine.LearnerEngine``: the DeepSpeed config, the
+"""DeepSpeed ZeRO plumbing behind ``stabledrl.learner.engine.LearnerEngine``: the DeepSpeed config, the
 guarded AdamW that can refuse a step, parameter groups, activation checkpointing, and the one
 place where ZeRO-3 shards are gathered into full tensors (``gathered_named_parameters``).
 """
@@ -10,7 +10,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import nn
 
-from common.config.learner import DeepSpeedConfig, OptimizerConfig
+from stabledrl.common.config.learner import DeepSpeedConfig, OptimizerConfig
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -14,7 +14,7 @@ contract:
   at which each token was committed (trajectory estimators read it; a backend that cannot record
   it must say so rather than invent one); the output carries the engine's ``policy_version``.
 - ``score(batch, seeds, estimator)``: the behaviour log-likelihood estimate of each row under the
-  weights that sampled it, with the row's mask seed (``common.estimators.estimate``'s contract):
+  weights that sampled it, with the row's mask seed (``stabledrl.common.estimators.estimate``'s contract):
   the learner redraws the same masks from the same seeds.
 - ``update_weights(push, handle, partial=False)``: receive version ``handle.version`` through this
   worker's end of the weight transport (common/transport) and load it; the engine owns the
@@ -37,15 +37,15 @@ from typing import Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from common.config.estimator import EstimatorConfig
-from common.config.sampler import SamplerConfig
-from common.estimators import LogLikelihood, estimate
-from common.models.base import DiffusionPolicy
-from common.transport.adapters import AdapterMerger
-from common.transport.staging import StagedWeights
-from common.transport.weights import ParameterLoader, WeightHandle, WeightPush
-from common.types import SequenceBatch
-from rollout.sampling import GenerationOutput, StepGraphs, generate
+from stabledrl.common.config.estimator import EstimatorConfig
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.estimators import LogLikelihood, estimate
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.transport.adapters import AdapterMerger
+from stabledrl.common.transport.staging import StagedWeights
+from stabledrl.common.transport.base import ParameterLoader, WeightHandle, WeightPush
+from stabledrl.common.types import SequenceBatch
+from stabledrl.rollout.sampling import GenerationOutput, StepGraphs, generate
 
 
 @runtime_checkable

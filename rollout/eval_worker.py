@@ -3,13 +3,13 @@
     worker = EvalWorker(0, model_cfg)                    # the runner makes it a Ray actor, one per GPU
     texts = worker.complete(prompt_ids, seeds, sampler)  # decoded completions, in prompt order
 
-It samples with the rollout engine (``rollout.engine.TorchRolloutEngine``: the samplers of
-``rollout.sampling``, as rollouts and held-out evaluation do) and decodes as evaluation does
-(``rollout.workflow.decode_completion``: up to the first EOS, special tokens removed). Grading stays
+It samples with the rollout engine (``stabledrl.rollout.engine.TorchRolloutEngine``: the samplers of
+``stabledrl.rollout.sampling``, as rollouts and held-out evaluation do) and decodes as evaluation does
+(``stabledrl.rollout.workflow.decode_completion``: up to the first EOS, special tokens removed). Grading stays
 with the caller, so the actor needs no task and no reward code.
 
 ``loader`` builds (policy, tokenizer) from the model section (default ``load_policy``); the policy
-goes to the actor's device (``common.actor_setup.setup_actor_process``: ``cuda:0`` of the GPU Ray gave it).
+goes to the actor's device (``stabledrl.common.actor_setup.setup_actor_process``: ``cuda:0`` of the GPU Ray gave it).
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from common.config.model import ModelConfig
-from common.config.sampler import SamplerConfig
-from common.actor_setup import setup_actor_process
-from rollout.engine import TorchRolloutEngine
-from rollout.workflow import decode_completion
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.actor_setup import setup_actor_process
+from stabledrl.rollout.engine import TorchRolloutEngine
+from stabledrl.rollout.workflow import decode_completion
 
 Loader = Callable[[ModelConfig], tuple[Any, Any]]
 
@@ -47,7 +47,7 @@ class EvalWorker:
         self.index = index
         self.device = setup_actor_process()
         if loader is None:
-            from common.models import load_policy
+            from stabledrl.common.models import load_policy
 
             policy, self.tokenizer = load_policy(model)
         else:

@@ -24,14 +24,14 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from common.config.sampler import SamplerConfig
-from common.metrics import pass_at_k
-from common.seeding import derive_seed
-from common.tasks.base import Row, Task
-from common.tasks.sandbox import RewardScorer
-from common.types import EvalResult
-from rollout.engine import RolloutEngine
-from rollout.workflow import decode_completion, encode_prompt  # the rollouts' own encoding and decoding
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.metrics import pass_at_k
+from stabledrl.common.seeding import derive_seed
+from stabledrl.common.tasks.base import Row, Task
+from stabledrl.common.sandbox.scorer import RewardScorer
+from stabledrl.common.types import EvalResult
+from stabledrl.rollout.engine import RolloutEngine
+from stabledrl.rollout.workflow import decode_completion, encode_prompt  # the rollouts' own encoding and decoding
 
 
 def evaluate(

@@ -22,20 +22,21 @@ from typing import Any, Optional, Sequence
 
 import ray
 
-from common.actor_time import BACKGROUND, ActorClock
-from common.gil import settle_heap
-from common.config.estimator import EstimatorConfig
-from common.config.model import ModelConfig
-from common.config.sampler import SamplerConfig
-from common.config.task import AnyTaskConfig
-from common.models import load_policy
-from common.actor_setup import hand_back_gpu_memory, setup_actor_process
-from common.tasks import RewardScorer, Row, build_task
-from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
-from common.types import EvalResult, PromptRequest, RolloutResult, WorkerInfo
-from rollout.engine import TorchRolloutEngine
-from rollout.evaluate import evaluate
-from rollout.workflow import behaviour_estimator, run_episodes
+from stabledrl.common.actor_time import BACKGROUND, ActorClock
+from stabledrl.common.gil import settle_heap
+from stabledrl.common.config.estimator import EstimatorConfig
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.config.task import AnyTaskConfig
+from stabledrl.common.models import load_policy
+from stabledrl.common.actor_setup import hand_back_gpu_memory, setup_actor_process
+from stabledrl.common.sandbox.scorer import RewardScorer
+from stabledrl.common.tasks import Row, build_task
+from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+from stabledrl.common.types import EvalResult, PromptRequest, RolloutResult, WorkerInfo
+from stabledrl.rollout.engine import TorchRolloutEngine
+from stabledrl.rollout.evaluate import evaluate
+from stabledrl.rollout.workflow import behaviour_estimator, run_episodes
 
 
 class RolloutWorker:
@@ -151,8 +152,9 @@ class RolloutWorker:
 
     def complete(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], sampler: SamplerConfig) -> list[str]:
         """Decoded completions of token-id prompts under the current weights (a published evaluation
-        protocol during training: recipes/protocol_eval.py; the same call as rollout.eval_worker's)."""
-        from rollout.eval_worker import complete
+        protocol during training: stabledrl/evaluation/protocol.py; the same call as
+        rollout/eval_worker.py's)."""
+        from stabledrl.rollout.eval_worker import complete
 
         return complete(self.engine, self.tokenizer, prompts, seeds, sampler, self.engine.eos_token_id)
 

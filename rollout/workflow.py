@@ -21,18 +21,19 @@ from typing import Any, Sequence
 
 import torch
 
-from common.config.estimator import BlockRandomConfig, EstimatorConfig, SPGSandwichConfig
-from common.config.sampler import SamplerConfig
-from common.seeding import derive_seed
-from common.tasks import RewardScorer, Row, Task
-from common.tasks.prompts import prompt_ids
-from common.types import Episode, Group, PromptRequest, Sample, collate_samples
-from rollout.engine import RolloutEngine
+from stabledrl.common.config.estimator import BlockRandomConfig, EstimatorConfig, SPGSandwichConfig
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.seeding import derive_seed
+from stabledrl.common.sandbox.scorer import RewardScorer
+from stabledrl.common.tasks import Row, Task
+from stabledrl.common.tasks.prompts import prompt_ids
+from stabledrl.common.types import Episode, Group, PromptRequest, Sample, collate_samples
+from stabledrl.rollout.engine import RolloutEngine
 
 
 def encode_prompt(tokenizer: Any, task: Task, row: Row) -> torch.Tensor:
     """[Lp] int64 ids of the prompt as the model reads it (chat-templated when the tokenizer has a
-    template, ``common.tasks.prompts``): the one encoding rollouts, evaluation (rollout/evaluate.py),
+    template, ``stabledrl.common.tasks.prompts``): the one encoding rollouts, evaluation (rollout/evaluate.py),
     the warm start (learner/sft.py) and ``max_prompt_tokens`` share. The learner never re-encodes:
     it trains on the ``prompt_ids`` carried by the samples."""
     return torch.tensor(prompt_ids(tokenizer, task, row), dtype=torch.long)

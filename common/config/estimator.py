@@ -3,7 +3,7 @@
 estimator comes from; the docstring of each field names its source.
 
 ``masks`` fixes how the learner's seed follows from a sample's ``mask_seed``
-(``common.estimators.learner_seeds``): ``shared`` re-uses the behaviour estimate's masks (common
+(``stabledrl.common.estimators.learner_seeds``): ``shared`` re-uses the behaviour estimate's masks (common
 random numbers: d1, coupled-GRPO, FPO), ``independent`` draws fresh, still deterministic, masks for
 every inner iteration (the released StableDRL / SPG code).
 """
@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
-from common.config.base import StrictModel
+from stabledrl.common.config.base import StrictModel
 
 Masks = Literal["shared", "independent"]
 Weighting = Literal["weighted", "mean"]

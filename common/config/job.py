@@ -15,15 +15,15 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from common.config.base import ConfigError, StrictModel, apply_overrides, load_yaml, validate
-from common.config.estimator import UNIFORM_NOISE_ESTIMATORS, EstimatorConfig
-from common.config.learner import LearnerConfig
-from common.config.loss import LossConfig
-from common.config.model import ModelConfig
-from common.config.sampler import SamplerConfig
-from common.config.task import TaskConfig
-from common.config.warmstart import EvalConfig, WarmStartConfig
-from common.config.weights import WeightPushConfig
+from stabledrl.common.config.base import ConfigError, StrictModel, apply_overrides, load_yaml, validate
+from stabledrl.common.config.estimator import UNIFORM_NOISE_ESTIMATORS, EstimatorConfig
+from stabledrl.common.config.learner import LearnerConfig
+from stabledrl.common.config.loss import LossConfig
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.config.task import TaskConfig
+from stabledrl.common.config.warmstart import EvalConfig, WarmStartConfig
+from stabledrl.common.config.weights import WeightPushConfig
 
 TOKEN_ESTIMATORS = ("mean_field", "coupled", "trajectory")  # estimators that define per-token values
 
@@ -317,14 +317,14 @@ def check_sampler_layout(cfg: JobConfig) -> None:
     (and ``learner.compile``) against its family, read from the preset or the checkpoint's
     config.json without loading weights
     (ConfigError naming the field)."""
-    from common.models.families import FAMILIES, CheckpointError, checkpoint_block_size, detect_family
-    from common.models.presets import PRESETS, TINY_CANVAS
+    from stabledrl.common.models.families import FAMILIES, CheckpointError, checkpoint_block_size, detect_family
+    from stabledrl.common.models.presets import PRESETS, TINY_CANVAS
 
     if cfg.model.preset is not None:
         family = PRESETS[cfg.model.preset]
         raw = {"canvas_length": TINY_CANVAS} if family == "diffusion_gemma" else {}
     else:
-        from common.models.model_dir import read_json_file, resolve_model_dir
+        from stabledrl.common.models.model_dir import read_json_file, resolve_model_dir
 
         try:  # a hub id resolves from the local cache here, before any actor starts
             config_file = resolve_model_dir(cfg.model.path, cfg.model.revision) / "config.json"

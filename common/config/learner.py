@@ -17,12 +17,12 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from common.config.base import StrictModel
+from stabledrl.common.config.base import StrictModel
 
 
 class OptimizerConfig(StrictModel):
     """AdamW with a linear warm-up, then a constant, linearly or cosine-decaying learning rate
-    (``learner.zero.lr_at`` has the formulas)."""
+    (``stabledrl.learner.zero.lr_at`` has the formulas)."""
 
     lr: float = Field(1e-6, gt=0.0, description="peak learning rate, reached after warmup_steps applied updates")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (β1, β2); StableDRL releases (0.9, 0.99)")
@@ -190,7 +190,7 @@ class LoraConfig(StrictModel):
     @model_validator(mode="after")
     def _llada_names_exist(self) -> "LoraConfig":
         if self.module_names == "llada":
-            from common.models.convert import LLADA_LINEAR_NAMES
+            from stabledrl.common.models.convert import LLADA_LINEAR_NAMES
 
             unknown = [t for t in self.target_modules if t not in LLADA_LINEAR_NAMES]
             if unknown:
@@ -203,7 +203,7 @@ class LoraConfig(StrictModel):
     def resolved_targets(self) -> list[str]:
         """target_modules in the project's module names."""
         if self.module_names == "llada":
-            from common.models.convert import llada_linear_targets
+            from stabledrl.common.models.convert import llada_linear_targets
 
             return llada_linear_targets(self.target_modules)
         return list(self.target_modules)

@@ -1,7 +1,7 @@
 """Loss configs: one StrictModel per registered loss, a discriminated union on ``name``.
 
 Every field carries the released default of the method it configures (docs/algorithms.md §3). The
-learner receives this section only; ``learner.losses.get_loss(cfg.name)`` finds the function.
+learner receives this section only; ``stabledrl.learner.losses.get_loss(cfg.name)`` finds the function.
 
     loss: {name: stabledrl, clip_max: 5.0}
     loss: {name: dipod, beta: 0.05, base: {name: spg}}
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import Field, model_validator
 
-from common.config.base import StrictModel, validate
+from stabledrl.common.config.base import StrictModel, validate
 
 # "auto": per-token values where the estimator gives them (mean_field, coupled, trajectory),
 # the sequence form otherwise. "token" fails loudly when the estimator gives none.

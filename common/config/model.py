@@ -1,4 +1,4 @@
-"""The model section: which dLLM to load and how (``common.models.load_policy`` reads it).
+"""The model section: which dLLM to load and how (``stabledrl.common.models.load_policy`` reads it).
 
     model: {path: /ckpt/LLaDA-8B-Instruct, dtype: bfloat16}
     model: {preset: tiny-sdar, dtype: float32, preset_shape: {hidden_size: 32}}
@@ -16,7 +16,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from common.config.base import StrictModel
+from stabledrl.common.config.base import StrictModel
 
 Family = Literal["llada", "dream", "sdar", "diffusion_gemma"]
 Preset = Literal["tiny-llada", "tiny-dream", "tiny-sdar", "tiny-diffusion-gemma"]

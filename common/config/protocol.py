@@ -7,7 +7,7 @@
         gen_lengths: [128, 256, 512]
         benchmarks: {gsm8k: {}, math500: {num_prompts: 100}}
 
-The protocol (``common.tasks.protocols``) fixes the prompts, the answer format and the graders of
+The protocol (``stabledrl.common.tasks.protocols``) fixes the prompts, the answer format and the graders of
 every benchmark; this section picks the benchmarks, where their data lies, and the decoding
 (d1: greedy, block 32, steps = length / 2, one column per generation length).
 """
@@ -17,8 +17,8 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from common.config.base import StrictModel
-from common.config.task import DataSource
+from stabledrl.common.config.base import StrictModel
+from stabledrl.common.config.task import DataSource
 
 BenchmarkName = Literal["gsm8k", "math500", "countdown", "sudoku"]
 
@@ -101,7 +101,7 @@ class ProtocolConfig(StrictModel):
     @field_validator("math_graders")
     @classmethod
     def _graders_run_here(cls, v: list[str]) -> list[str]:
-        from common.tasks.graders import check_math_grader
+        from stabledrl.common.tasks.graders import check_math_grader
 
         if len(set(v)) != len(v):
             raise ValueError("math_graders: each grader once")

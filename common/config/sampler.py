@@ -15,7 +15,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from common.config.base import ConfigError, StrictModel
+from stabledrl.common.config.base import ConfigError, StrictModel
 
 
 class SamplerConfig(StrictModel):

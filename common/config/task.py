@@ -36,7 +36,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from common.config.base import StrictModel, validate
+from stabledrl.common.config.base import StrictModel, validate
 
 _CUSTOM_SPEC = re.compile(r"^[^:\s][^:]*:[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -133,10 +133,10 @@ class RewardConfig(StrictModel):
     custom: Optional[str] = Field(
         None,
         description="'path/to/file.py:function' or 'package.module:function' replacing the task's checker; "
-        "signature fn(completion: str, row: common.tasks.Row) -> float; row.record is the whole data record (every "
-        "column, nested fields included). A relative file path is relative to the working directory the config is "
-        "loaded in, made absolute then (so the run's config.yaml names the file absolutely); a module of Python's "
-        "standard library (os:system) is refused unless allowed_modules names it",
+        "signature fn(completion: str, row: stabledrl.common.tasks.Row) -> float; row.record is the whole data "
+        "record (every column, nested fields included). A relative file path is relative to the working directory "
+        "the config is loaded in, made absolute then (so the run's config.yaml names the file absolutely); a module of "
+        "Python's standard library (os:system) is refused unless allowed_modules names it",
     )
     allowed_roots: list[str] = Field(
         default_factory=list, description="directories the custom reward file must lie in (resolved, symlinks "

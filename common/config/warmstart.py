@@ -4,7 +4,7 @@
     eval: {num_prompts: 200, samples_per_prompt: 1, seed: 1234}
 
 The warm start is LLaDA's masked-diffusion SFT (``learner/sft.py``) on the task's training rows and
-their reference completions; ``recipes/warmstart.py`` caches the result under ``cache_dir`` by
+their reference completions; ``stabledrl/recipes/warmstart.py`` caches the result under ``cache_dir`` by
 a hash of everything that determines it. Evaluation (``rollout/evaluate.py``) samples the held-out
 rows with the run's own sampler settings.
 """
@@ -15,8 +15,8 @@ from typing import Any, Optional
 
 from pydantic import Field
 
-from common.config.base import StrictModel
-from common.config.protocol import ProtocolConfig
+from stabledrl.common.config.base import StrictModel
+from stabledrl.common.config.protocol import ProtocolConfig
 
 
 class WarmStartConfig(StrictModel):

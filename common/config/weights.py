@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from common.config.base import StrictModel
+from stabledrl.common.config.base import StrictModel
 
 
 class WeightPushConfig(StrictModel):
@@ -57,7 +57,7 @@ class WeightPushConfig(StrictModel):
         """This config with ``auto`` replaced by a transport: nccl when every learner rank and rollout worker
         holds a GPU (``cluster.*.num_gpus``: the actors' resources, not this process's devices) of
         its own (the driver builds a group on one host over peer instead, where
-        coordinator/weight_sync.py's ``one_host_transport`` allows); ``colocated`` (workers share
+        coordinator/runtime/weight_sync.py's ``one_host_transport`` allows); ``colocated`` (workers share
         their learner ranks' GPUs, where NCCL cannot hold both): ipc on GPUs when rank and worker
         take turns (``in_turns``: no staleness, no workers beyond the shared GPUs), else the object
         store. The driver resolves once and passes the result to every actor, so all ends of a push

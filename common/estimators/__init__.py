@@ -1,7 +1,7 @@
 """Likelihood estimators for masked-diffusion LMs (docs/algorithms.md §2, §5), one registry.
 
-    from common.estimators import estimate, learner_seeds
-    ll = estimate(policy, batch, seeds, cfg)          # cfg: common.config.estimator.EstimatorConfig
+    from stabledrl.common.estimators import estimate, learner_seeds
+    ll = estimate(policy, batch, seeds, cfg)          # cfg: stabledrl.common.config.estimator.EstimatorConfig
 
 | name         | forwards per estimate      | ``token`` (per-token value)                               |
 |--------------|----------------------------|-----------------------------------------------------------|
@@ -18,11 +18,11 @@ Block-diffusion families score every estimator through the staircase layout (sco
 uniform-noise family (DiffusionGemma) takes only the estimators in ``UNIFORM_NOISE_ESTIMATORS``:
 the others corrupt with the [MASK] token, which such a model never saw.
 """
-from common.estimators import block_random, coupled, elbo, mean_field, staircase, trajectory, uniform  # noqa: F401  (registration)
-from common.estimators.base import (
+from stabledrl.common.estimators import block_random, coupled, elbo, mean_field, staircase, trajectory, uniform  # noqa: F401  (registration)
+from stabledrl.common.estimators.base import (
     ESTIMATORS, UNIFORM_NOISE_ESTIMATORS, LogLikelihood, estimate, get_estimator, learner_seeds,
 )
-from common.estimators.scoring import build_inputs, score_views
+from stabledrl.common.estimators.scoring import build_inputs, score_views
 
 __all__ = [
     "ESTIMATORS",

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Sequence
 
 import torch
 
-from common.config.estimator import UNIFORM_NOISE_ESTIMATORS
-from common.registry import Registry
-from common.seeding import derive_seed
+from stabledrl.common.config.estimator import UNIFORM_NOISE_ESTIMATORS
+from stabledrl.common.registry import Registry
+from stabledrl.common.seeding import derive_seed
 
 if TYPE_CHECKING:
-    from common.models.base import DiffusionPolicy
-    from common.types import SequenceBatch
+    from stabledrl.common.models.base import DiffusionPolicy
+    from stabledrl.common.types import SequenceBatch
 
 
 @dataclass

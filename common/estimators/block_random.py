@@ -26,10 +26,10 @@ import math
 
 import torch
 
-from common.config.estimator import BlockRandomConfig, SPGSandwichConfig
-from common.estimators.base import ESTIMATORS, LogLikelihood
-from common.estimators.elbo import elbo_values
-from common.estimators.masking import (
+from stabledrl.common.config.estimator import BlockRandomConfig, SPGSandwichConfig
+from stabledrl.common.estimators.base import ESTIMATORS, LogLikelihood
+from stabledrl.common.estimators.elbo import elbo_values
+from stabledrl.common.estimators.masking import (
     Views,
     draw_bernoulli,
     draw_count,
@@ -38,9 +38,9 @@ from common.estimators.masking import (
     row_infos,
     sample_generators,
 )
-from common.estimators.scoring import score_views
-from common.models.base import DiffusionPolicy
-from common.types import SequenceBatch
+from stabledrl.common.estimators.scoring import score_views
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.types import SequenceBatch
 
 
 def block_random_views(batch: SequenceBatch, seeds: torch.Tensor, cfg: BlockRandomConfig) -> tuple[Views, torch.Tensor]:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import torch
 
-from common.config.estimator import CoupledConfig
-from common.estimators.base import ESTIMATORS, LogLikelihood
-from common.estimators.masking import Views, row_infos, sample_generators
-from common.estimators.scoring import score_views
-from common.models.base import DiffusionPolicy
-from common.types import SequenceBatch
+from stabledrl.common.config.estimator import CoupledConfig
+from stabledrl.common.estimators.base import ESTIMATORS, LogLikelihood
+from stabledrl.common.estimators.masking import Views, row_infos, sample_generators
+from stabledrl.common.estimators.scoring import score_views
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.types import SequenceBatch
 
 
 def coupled_views(batch: SequenceBatch, seeds: torch.Tensor, cfg: CoupledConfig) -> tuple[Views, torch.Tensor]:

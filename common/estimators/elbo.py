@@ -20,12 +20,14 @@ from typing import Any, Optional
 
 import torch
 
-from common.config.estimator import ElboMCConfig
-from common.estimators.base import ESTIMATORS, LogLikelihood
-from common.estimators.masking import Views, draw_count, draw_subset, mask_prompt, row_infos, sample_generators
-from common.estimators.scoring import score_views
-from common.models.base import DiffusionPolicy
-from common.types import SequenceBatch
+from stabledrl.common.config.estimator import ElboMCConfig
+from stabledrl.common.estimators.base import ESTIMATORS, LogLikelihood
+from stabledrl.common.estimators.masking import (
+    Views, draw_count, draw_subset, mask_prompt, row_infos, sample_generators,
+)
+from stabledrl.common.estimators.scoring import score_views
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.types import SequenceBatch
 
 
 def elbo_values(logp: torch.Tensor, score: torch.Tensor, weight: torch.Tensor, weighting: str) -> torch.Tensor:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from common.seeding import generator
-from common.types import SequenceBatch
+from stabledrl.common.seeding import generator
+from stabledrl.common.types import SequenceBatch
 
 
 @dataclass

@@ -17,11 +17,11 @@ from typing import Any, Optional
 
 import torch
 
-from common.attention import full_mask, staircase_mask
-from common.estimators.masking import Views
-from common.models.base import DiffusionPolicy
-from common.models.flex_staircase import staircase_block_mask, uses_flex_staircase
-from common.types import SequenceBatch
+from stabledrl.common.attention import full_mask, staircase_mask
+from stabledrl.common.estimators.masking import Views
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.models.flex_staircase import staircase_block_mask, uses_flex_staircase
+from stabledrl.common.types import SequenceBatch
 
 
 def build_inputs(

@@ -9,7 +9,7 @@ block b (``policy.block_size`` tokens, n_b of them real): m_b ~ U{lo .. hi} with
     mean:      ELBO_j = mean over all masked k of log p_theta(o_k | ...)
 
 The forward is ``[prompt | clean completion | noisy completion]`` with the staircase mask
-(common.attention.staircase_mask), both completion copies at the same position ids; logits are read
+(stabledrl.common.attention.staircase_mask), both completion copies at the same position ids; logits are read
 at the noisy copy. It equals the per-block multi-pass value to float tolerance. The canvas after the
 first EOS is masked in the noisy copy and never scored. Forwards: ``num_draws`` (each of length
 P + 2C). Only for block-diffusion families; no per-token value.
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from common.config.estimator import StaircaseConfig
-from common.estimators.base import ESTIMATORS, LogLikelihood
-from common.estimators.elbo import block_views, elbo_values
-from common.estimators.masking import Views
-from common.estimators.scoring import score_views
-from common.models.base import DiffusionPolicy
-from common.types import SequenceBatch
+from stabledrl.common.config.estimator import StaircaseConfig
+from stabledrl.common.estimators.base import ESTIMATORS, LogLikelihood
+from stabledrl.common.estimators.elbo import block_views, elbo_values
+from stabledrl.common.estimators.masking import Views
+from stabledrl.common.estimators.scoring import score_views
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.types import SequenceBatch
 
 
 def staircase_views(

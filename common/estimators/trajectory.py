@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from common.config.estimator import TrajectoryConfig
-from common.estimators.base import ESTIMATORS, LogLikelihood
-from common.estimators.masking import Views
-from common.estimators.scoring import score_views
-from common.models.base import DiffusionPolicy
-from common.types import SequenceBatch
+from stabledrl.common.config.estimator import TrajectoryConfig
+from stabledrl.common.estimators.base import ESTIMATORS, LogLikelihood
+from stabledrl.common.estimators.masking import Views
+from stabledrl.common.estimators.scoring import score_views
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.types import SequenceBatch
 
 
 def collapse_steps(steps: torch.Tensor, shrink: int) -> torch.Tensor:

@@ -48,13 +48,13 @@ from dataclasses import dataclass
 
 import torch
 
-from common.config.estimator import UniformStaircaseConfig
-from common.estimators.base import ESTIMATORS, LogLikelihood
-from common.estimators.elbo import elbo_values
-from common.estimators.masking import row_infos, sample_generators
-from common.estimators.scoring import build_inputs, token_logp
-from common.models.base import DiffusionPolicy
-from common.types import SequenceBatch
+from stabledrl.common.config.estimator import UniformStaircaseConfig
+from stabledrl.common.estimators.base import ESTIMATORS, LogLikelihood
+from stabledrl.common.estimators.elbo import elbo_values
+from stabledrl.common.estimators.masking import row_infos, sample_generators
+from stabledrl.common.estimators.scoring import build_inputs, token_logp
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.types import SequenceBatch
 
 T_CLAMP = 1e-4
 

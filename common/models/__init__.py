@@ -1,11 +1,11 @@
 """Model families behind one policy interface (see base.py; the families in families.py)."""
-from common.models.base import DiffusionPolicy, FamilySpec, PolicyOutput
-from common.models.export import export_hf, save_original_checkpoint, write_preset
-from common.models.diffusion_gemma import ContextCache, DiffusionGemmaPolicy
-from common.models.families import FAMILIES, CheckpointError, detect_family
-from common.models.loading import load_policy, read_state_dict, resolve_token_ids
-from common.models.tokenizer_files import load_tokenizer
-from common.models.presets import PRESETS, build_tiny_policy
+from stabledrl.common.models.base import DiffusionPolicy, FamilySpec, PolicyOutput
+from stabledrl.common.models.export import export_hf, save_original_checkpoint, write_preset
+from stabledrl.common.models.diffusion_gemma import ContextCache, DiffusionGemmaPolicy
+from stabledrl.common.models.families import FAMILIES, CheckpointError, detect_family
+from stabledrl.common.models.loading import load_policy, read_state_dict, resolve_token_ids
+from stabledrl.common.models.tokenizer_files import load_tokenizer
+from stabledrl.common.models.presets import PRESETS, build_tiny_policy
 
 __all__ = [
     "DiffusionPolicy",

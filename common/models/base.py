@@ -15,7 +15,7 @@ from typing import Any, Literal, Optional
 import torch
 from torch import nn
 
-from common.models.masks import backend_mask
+from stabledrl.common.models.masks import backend_mask
 
 
 @dataclass(frozen=True)

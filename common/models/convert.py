@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
-from common.models.families import FAMILY_KEY, CheckpointError
+from stabledrl.common.models.families import FAMILY_KEY, CheckpointError
 
 State = dict[str, torch.Tensor]
 

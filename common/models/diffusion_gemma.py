@@ -43,8 +43,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from common.models.base import DiffusionPolicy, PolicyOutput
-from common.models.masks import backend_mask
+from stabledrl.common.models.base import DiffusionPolicy, PolicyOutput
+from stabledrl.common.models.masks import backend_mask
 
 
 def require_diffusion_gemma() -> Any:

@@ -17,10 +17,10 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 
-from common.config.model import ModelConfig
-from common.models.base import DiffusionPolicy
-from common.models.convert import hf_to_original
-from common.models.families import FAMILY_KEY, CheckpointError
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.models.convert import hf_to_original
+from stabledrl.common.models.families import FAMILY_KEY, CheckpointError
 
 
 def save_original_checkpoint(
@@ -89,7 +89,7 @@ def export_hf(policy: DiffusionPolicy, tokenizer: Any, directory: Union[str, Pat
 def write_preset(cfg: ModelConfig, directory: Union[str, Path], fmt: Literal["original", "hf"] = "original") -> Path:
     """Materialise the tiny preset of ``cfg`` (``cfg.preset`` set) to ``directory``; afterwards
     ``ModelConfig(path=directory)`` loads the same weights."""
-    from common.models.loading import load_policy
+    from stabledrl.common.models.loading import load_policy
 
     if cfg.preset is None:
         raise ValueError("write_preset needs a ModelConfig with preset set")

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from common.checkpoint_files import CheckpointError  # a model directory that cannot be loaded, and why
-from common.models.base import DiffusionPolicy, FamilySpec
-from common.models.diffusion_gemma import DiffusionGemmaPolicy
+from stabledrl.common.trust.checkpoint_files import CheckpointError  # a model directory that cannot be loaded, and why
+from stabledrl.common.models.base import DiffusionPolicy, FamilySpec
+from stabledrl.common.models.diffusion_gemma import DiffusionGemmaPolicy
 
 FAMILIES: dict[str, FamilySpec] = {
     "llada": FamilySpec("llada", attention="full", shifted_logits=False, default_block_size=32),

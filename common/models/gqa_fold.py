@@ -29,7 +29,7 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.nn.functional as F
 
-from common.models.flex_staircase import is_sdpa
+from stabledrl.common.models.flex_staircase import is_sdpa
 
 NAME = "sdpa_gqa_fold"
 

@@ -1,11 +1,11 @@
 """``load_policy``: a ModelConfig -> (DiffusionPolicy, tokenizer), from a checkpoint directory or a preset.
 
 ``model.path`` is a local directory or a hub id resolved from the local Hugging Face cache
-(``common.models.model_dir``). Safety and reproducibility rules: nothing is downloaded
+(``stabledrl.common.models.model_dir``). Safety and reproducibility rules: nothing is downloaded
 (``local_files_only``), no code shipped with
 a checkpoint runs (``trust_remote_code=False``; released LLaDA / Dream / SDAR directories carry
 their own modeling code, which is replaced by the conversions in ``convert.py``), and weights are read
-only with safetensors or ``torch.load(weights_only=True)`` after ``common.checkpoint_files`` has
+only with safetensors or ``torch.load(weights_only=True)`` after ``stabledrl.common.trust.checkpoint_files`` has
 checked every ``pytorch_model*.bin`` of the directory (refused, naming the file, if its pickle names
 anything but tensors).
 
@@ -21,15 +21,17 @@ from typing import Any, Iterator, Optional, Union
 
 import torch
 
-from common.checkpoint_files import check_weight_files, load_torch
-from common.config.model import ModelConfig
-from common.models.base import DiffusionPolicy
-from common.models.convert import State, original_to_hf
-from common.models.families import FAMILIES, CheckpointError, checkpoint_block_size, detect_family, make_policy
-from common.models.flex_staircase import use_flex_staircase
-from common.models.model_dir import read_json_file, resolve_model_dir
-from common.models.presets import PRESETS, build_tiny_policy
-from common.models.tokenizer_files import load_tokenizer
+from stabledrl.common.trust.checkpoint_files import check_weight_files, load_torch
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.models.convert import State, original_to_hf
+from stabledrl.common.models.families import (
+    FAMILIES, CheckpointError, checkpoint_block_size, detect_family, make_policy,
+)
+from stabledrl.common.models.flex_staircase import use_flex_staircase
+from stabledrl.common.models.model_dir import read_json_file, resolve_model_dir
+from stabledrl.common.models.presets import PRESETS, build_tiny_policy
+from stabledrl.common.models.tokenizer_files import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CAUSAL_LM_CLASSES = {"llada": "LlamaForCausalLM", "dream": "Qwen2ForCausalLM", "sdar": "Qwen3ForCausalLM"}
@@ -104,7 +106,7 @@ def checkpoint_first_layers(model: torch.nn.Module, n: int) -> int:
 
 
 def _load_preset(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPolicy, Any]:
-    from common.tokenizer import build_char_tokenizer
+    from stabledrl.common.tokenizer import build_char_tokenizer
 
     family = PRESETS[cfg.preset]
     _check_attention(family, cfg.attn_implementation)
@@ -127,7 +129,7 @@ def _load_preset(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPolicy,
 
 
 def _default_shape() -> Any:
-    from common.config.model import PresetShape
+    from stabledrl.common.config.model import PresetShape
 
     return PresetShape()
 
@@ -144,7 +146,7 @@ def load_model_tokenizer(cfg: ModelConfig) -> Any:
     """The tokenizer ``load_policy(cfg)`` returns, without the weights (the driver counts prompt
     tokens with it before any actor starts)."""
     if cfg.preset is not None:
-        from common.tokenizer import build_char_tokenizer
+        from stabledrl.common.tokenizer import build_char_tokenizer
 
         return build_char_tokenizer()
     return load_tokenizer(resolve_model_dir(cfg.path, cfg.revision))
@@ -252,7 +254,7 @@ def _from_pretrained_exported(family: str, path: Path, dtype: torch.dtype, attn_
 
 
 def _from_pretrained_native(path: Path, dtype: torch.dtype, attn_implementation: str) -> torch.nn.Module:
-    from common.models.diffusion_gemma import require_diffusion_gemma
+    from stabledrl.common.models.diffusion_gemma import require_diffusion_gemma
 
     cls = require_diffusion_gemma().DiffusionGemmaForBlockDiffusion
     with readable_weights(path):

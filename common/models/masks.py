@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from common.models.flex_staircase import FLEX_STAIRCASE
+from stabledrl.common.models.flex_staircase import FLEX_STAIRCASE
 
 
 def backend_mask(mask: Optional[torch.Tensor], attn_implementation: str) -> Any:

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from common.models.families import CheckpointError
+from stabledrl.common.models.families import CheckpointError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

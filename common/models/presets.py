@@ -2,7 +2,7 @@
 
 Each preset is the family's real transformers class at a toy shape (two layers, hidden size 64), so
 tests exercise exactly the code paths a released checkpoint uses, in milliseconds on a CPU. The
-default vocabulary and special ids fit ``common.tokenizer.build_char_tokenizer()``.
+default vocabulary and special ids fit ``stabledrl.common.tokenizer.build_char_tokenizer()``.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Optional
 
 import torch
 
-from common.models.base import DiffusionPolicy
-from common.models.families import FAMILIES, make_policy
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.models.families import FAMILIES, make_policy
 
 TINY_SHAPE = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
@@ -48,7 +48,7 @@ def build_tiny_policy(
     torch.manual_seed(seed)
     ids = dict(pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=bos_token_id)
     if family == "diffusion_gemma":
-        from common.models.diffusion_gemma import require_diffusion_gemma, tiny_config
+        from stabledrl.common.models.diffusion_gemma import require_diffusion_gemma, tiny_config
 
         block_size = block_size or TINY_CANVAS
         config = tiny_config(

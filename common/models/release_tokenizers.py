@@ -207,9 +207,9 @@ def write_tiny_release_checkpoint(family: str, directory: Union[str, Path], seed
     """A randomly initialised tiny model of ``family`` at the released vocabulary, written in the
     family's released format next to these tokenizer files (chat template included): a stand-in for
     the released checkpoint where a test points ``model.path`` (``shape`` overrides the tiny width)."""
-    from common.models.export import save_original_checkpoint
-    from common.models.presets import build_tiny_policy
-    from common.models.tokenizer_files import load_tokenizer
+    from stabledrl.common.models.export import save_original_checkpoint
+    from stabledrl.common.models.presets import build_tiny_policy
+    from stabledrl.common.models.tokenizer_files import load_tokenizer
 
     directory = Path(directory)
     spec = write_release_tokenizer(family, directory)

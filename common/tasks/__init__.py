@@ -1,7 +1,8 @@
 """Tasks, rewards and data: what the rollout worker rewards and the coordinator streams.
 
-    from common.config.task import parse_task_config
-    from common.tasks import PromptStream, RewardScorer, load_task_data
+    from stabledrl.common.config.task import parse_task_config
+    from stabledrl.common.sandbox.scorer import RewardScorer
+    from stabledrl.common.tasks import PromptStream, load_task_data
 
     cfg = parse_task_config({"name": "arithmetic", "held_out": 200})
     data = load_task_data(cfg)                      # TaskData(task, train, held_out, reports)
@@ -13,10 +14,10 @@
 
 Importing this package registers every task in ``TASKS``; it does not import torch.
 """
-from common.tasks import arithmetic, countdown, gsm8k, hendrycks_math, sudoku  # noqa: F401  (registration)
-from common.tasks.base import TASKS, BadRow, NonNumericReward, RewardResult, Row, Task, stable_hash
-from common.tasks.build import build_task, load_reward_function
-from common.tasks.data import (
+from stabledrl.common.tasks import arithmetic, countdown, gsm8k, hendrycks_math, sudoku  # noqa: F401  (registration)
+from stabledrl.common.tasks.base import TASKS, BadRow, NonNumericReward, RewardResult, Row, Task, stable_hash
+from stabledrl.common.tasks.build import build_task, load_reward_function
+from stabledrl.common.tasks.data import (
     DataError,
     LoadReport,
     TaskData,
@@ -27,8 +28,7 @@ from common.tasks.data import (
     rows_from_records,
     split_rows,
 )
-from common.tasks.sandbox import RewardScorer, RewardStats
-from common.tasks.stream import DataCursor, PromptStream
+from stabledrl.common.tasks.stream import DataCursor, PromptStream
 
 __all__ = [
     "TASKS",
@@ -39,8 +39,6 @@ __all__ = [
     "NonNumericReward",
     "PromptStream",
     "RewardResult",
-    "RewardScorer",
-    "RewardStats",
     "Row",
     "Task",
     "TaskData",

@@ -2,7 +2,7 @@
 
 Prompt ``"23+41="``, answer ``"64"``, reference completion ``"64"`` (the worker appends EOS).
 With the defaults (2 digits, + and -, 2 terms) prompts are at most 6 characters and answers at
-most 3, all inside ``common.tokenizer.DEFAULT_ALPHABET``, so a ~1M-parameter character-level
+most 3, all inside ``stabledrl.common.tokenizer.DEFAULT_ALPHABET``, so a ~1M-parameter character-level
 diffusion model learns the task in minutes on a CPU.
 
 correctness = 1 iff the stripped completion is exactly an integer (ASCII digits, optional '-')
@@ -14,7 +14,7 @@ import random
 import re
 from typing import Any, Mapping
 
-from common.tasks.base import (
+from stabledrl.common.tasks.base import (
     MAX_NUMBER_CHARS,
     TASKS,
     BadRow,
@@ -25,7 +25,7 @@ from common.tasks.base import (
     record_text,
     configured_task,
 )
-from common.tasks.expression import ExpressionError, evaluate
+from stabledrl.common.tasks.expression import ExpressionError, evaluate
 
 NAME = "arithmetic"
 DEFAULT_TEMPLATE = "{prompt}"

@@ -15,7 +15,7 @@ same right-minus-formatted gap of 1.0.
 
 Contract for ``completion`` arguments: the decoded completion up to (not including) the first
 EOS, special tokens removed. Reward functions never raise on any string (empty, huge, non-ASCII);
-the sandbox (``common.tasks.sandbox``) still guards them.
+the sandbox (``stabledrl.common.sandbox.scorer``) still guards them.
 
 This package does not import torch: the reward sandbox starts child processes that import it.
 """
@@ -26,8 +26,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
-from common.registry import Registry
-from common.tasks.anti_short import anti_short_boxed
+from stabledrl.common.registry import Registry
+from stabledrl.common.tasks.anti_short import anti_short_boxed
 
 PROMPT_SLOT = "{prompt}"
 MAX_NUMBER_CHARS = 64  # longer digit runs are not numbers a task can mean (and int() caps at 4300)
@@ -96,7 +96,7 @@ class Task:
     format_weight: float = 0.0
     anti_short_weight: float = 0.0  # the StableDRL release's anti-short term (common/tasks/anti_short.py)
     correctness_name: str = "correctness"  # "custom" when a user function replaced the checker
-    chat_template: str = "auto"  # "auto" | "on" | "off": how common.tasks.prompts encodes prompts
+    chat_template: str = "auto"  # "auto" | "on" | "off": how stabledrl.common.tasks.prompts encodes prompts
     response_prefix: str = ""  # text the answer starts with, put after the prompt (d1's evaluation: "<reasoning>")
 
     def render_prompt(self, row: Row) -> str:

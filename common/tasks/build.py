@@ -6,14 +6,14 @@ A user reward replaces the task's checker (the format part still applies with it
       reward: {custom: "rewards/length_penalty.py:score"}      # a file, relative to the working directory
       reward: {custom: "my_package.rewards:score"}             # or an importable module
 
-    def score(completion: str, row: common.tasks.Row) -> float:
+    def score(completion: str, row: stabledrl.common.tasks.Row) -> float:
         '''completion: decoded text up to the first EOS; row.answer / row.meta: the reference;
         row.record: the whole data record (every column, nested fields included: a verl file's
         row.record["extra_info"], row.record["data_source"]); empty for generated tasks.'''
 
 Any real number is accepted (bool and numpy scalars included). The function is imported lazily,
 on its first call, so a worker that only renders prompts never runs user code; the reward
-sandbox (``common.tasks.sandbox``) imports it at start-up to fail fast, and isolates its calls.
+sandbox (``stabledrl.common.sandbox.scorer``) imports it at start-up to fail fast, and isolates its calls.
 There each call runs in a fresh fork of the process that imported the file once: import what the
 function needs at the top of the file, not inside the function (that import would be paid again
 on every call).
@@ -46,8 +46,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from common.config.base import ConfigError
-from common.tasks.base import TASKS, Row, Task, stable_hash
+from stabledrl.common.config.base import ConfigError
+from stabledrl.common.tasks.base import TASKS, Row, Task, stable_hash
 
 CustomFn = Callable[[str, Row], Any]
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """``countdown``: reach a target with the given numbers and + - * / (TinyZero; d1, arXiv 2504.12216).
 
 The completion puts an expression in ``<answer>...</answer>`` (the last such tag counts).
-correctness = 1 iff the expression parses (``common.tasks.expression``: no eval), uses the given
+correctness = 1 iff the expression parses (``stabledrl.common.tasks.expression``: no eval), uses the given
 numbers by the configured rule, and its exact value equals the target. format = 1 iff the last
 answer tag holds an expression that parses.
 
@@ -25,8 +25,10 @@ from __future__ import annotations
 import random
 from typing import Any, Mapping
 
-from common.tasks.base import TASKS, BadRow, Row, Task, content_id, last_answer_tag, record_id, configured_task
-from common.tasks.expression import ExpressionError, evaluate, solve_countdown, uses_numbers
+from stabledrl.common.tasks.base import (
+    TASKS, BadRow, Row, Task, content_id, last_answer_tag, record_id, configured_task,
+)
+from stabledrl.common.tasks.expression import ExpressionError, evaluate, solve_countdown, uses_numbers
 
 NAME = "countdown"
 DEFAULT_TEMPLATE = (

@@ -27,7 +27,7 @@ otherwise the record, 1-based) when ``on_bad_row: error``, or is skipped and cou
 
 Prompt length: with the model's tokenizer (``load_task_data(..., tokenizer=...)``, what the driver
 passes), the number of tokens of the prompt exactly as the model reads it
-(``common.tasks.prompts.prompt_ids``, chat template included); without one, ``count_tokens`` of the
+(``stabledrl.common.tasks.prompts.prompt_ids``, chat template included); without one, ``count_tokens`` of the
 rendered text (default: characters, exact for the character tokenizer).
 
 Train / held-out split: row r is held out by ``stable_hash("split", split_seed, r.prompt_id)``.
@@ -38,9 +38,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
-from common.tasks.base import BadRow, Row, Task, stable_hash
-from common.tasks.prompts import ChatTemplateError, PromptError, prompt_ids, prompt_text, uses_chat_template
-from common.tasks.sources import MISSING, DataError, Records, chat_messages, column_present, column_value, read_file
+from stabledrl.common.tasks.base import BadRow, Row, Task, stable_hash
+from stabledrl.common.tasks.prompts import ChatTemplateError, PromptError, prompt_ids, prompt_text, uses_chat_template
+from stabledrl.common.tasks.sources import (
+    MISSING, DataError, Records, chat_messages, column_present, column_value, read_file,
+)
 
 CountTokens = Callable[[str], int]
 PromptLength = Callable[[Row], int]
@@ -262,8 +264,8 @@ def load_task_data(
 
     ``tokenizer``: the model's, so that ``max_prompt_tokens`` counts the tokens the model reads
     (module docstring); without it prompt lengths are ``count_tokens`` of the text (characters)."""
-    from common.tasks.build import build_task
-    from common.tasks.sources import read_source
+    from stabledrl.common.tasks.build import build_task
+    from stabledrl.common.tasks.sources import read_source
 
     task = task or build_task(cfg)
     length = prompt_length(task, tokenizer, count_tokens, limit=cfg.max_prompt_tokens)

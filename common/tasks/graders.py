@@ -22,7 +22,7 @@ They read the text d1 reads: the whole generated window decoded with the special
   last ``\\boxed`` with braces matched, its content (a ``\\fbox{...}`` or ``\\boxedX{...}`` is kept
   whole, wrapper and all); a box that never closes or is empty: the first answer tag's content; no
   box and no tag: the whole completion. Compared with MATH's ``is_equiv``
-  (``common.tasks.latex.math_is_equiv``): string equality after MATH's normalisation, which does
+  (``stabledrl.common.tasks.latex.math_is_equiv``): string equality after MATH's normalisation, which does
   not reduce fractions (``\\frac{3}{24}`` is not ``\\frac{1}{8}``), strip ``\\text{east}`` or a unit
   written ``12 cm``, drop thousands commas or compare decimals (``0.50`` is not ``\\frac{1}{2}``,
   ``0.5`` is); where the normalisation fails (a ``/`` between non-integers, a second ``\\text{ ``, a
@@ -39,7 +39,7 @@ They read the text d1 reads: the whole generated window decoded with the special
   cells that match the solution, ``total`` the empty cells.
 
 Other MATH graders are separate, named choices (``MATH_GRADERS``), reported in their own rows of
-the table, never mixed into d1's number: ``latex`` (``common.tasks.latex.equivalent``: exact
+the table, never mixed into d1's number: ``latex`` (``stabledrl.common.tasks.latex.equivalent``: exact
 numbers, fractions reduced, ``\\text{}`` and units stripped, tuples) and ``math-verify``
 (Math-Verify's symbolic comparison; needs the ``math-verify`` package, else ``GraderUnavailable``).
 """
@@ -53,8 +53,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from common.tasks.base import Row
-from common.tasks.latex import equivalent, math_is_equiv
+from stabledrl.common.tasks.base import Row
+from stabledrl.common.tasks.latex import equivalent, math_is_equiv
 
 _NUMBER = re.compile(r"-?\d+\.?\d*")
 _GSM_BOXES = re.compile(r"\\boxed{(.*?)}")
@@ -243,7 +243,7 @@ def grade_math_with(name: str) -> Grader:
 
 def protocol_graders(math_graders: Sequence[str] = ()) -> dict[str, str]:
     """Which grader decides each row of a d1 table (the results record it)."""
-    d1 = "d1's parse_and_get_acc.py reading (common.tasks.graders)"
+    d1 = "d1's parse_and_get_acc.py reading (stabledrl.common.tasks.graders)"
     out = {"gsm8k": d1, "math500": f"{d1}; {MATH_GRADERS['d1'][1]}", "countdown": d1, "sudoku": d1}
     for name in math_graders:
         out[f"math500[{name}]"] = f"d1's reading; {MATH_GRADERS[name][1]}"

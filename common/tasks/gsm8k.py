@@ -18,7 +18,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping, Optional
 
-from common.tasks.base import (
+from stabledrl.common.tasks.base import (
     MAX_NUMBER_CHARS,
     TASKS,
     BadRow,

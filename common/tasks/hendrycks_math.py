@@ -4,7 +4,7 @@ The answer of a completion is the content of its last ``\\boxed{...}`` / ``\\fbo
 first, by config), read with brace matching: nested braces are kept, ``\\{`` / ``\\}`` are
 literal, and a box whose braces never close is ignored. ``\\boxed 5`` (no braces) is read up to
 the next space or ``$``. correctness = 1 iff that answer is equivalent to the reference after
-normalisation (``common.tasks.latex``); format = 1 iff a complete box exists.
+normalisation (``stabledrl.common.tasks.latex``); format = 1 iff a complete box exists.
 
 File records: ``prompt`` (the problem), ``answer`` (the final answer, or a worked solution with a
 ``\\boxed{}``: its last box is the answer and the text is the reference reasoning); optional
@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator, Mapping, Optional
 
-from common.tasks.base import TASKS, BadRow, Row, Task, record_id, record_text, configured_task
-from common.tasks.latex import equivalent
+from stabledrl.common.tasks.base import TASKS, BadRow, Row, Task, record_id, record_text, configured_task
+from stabledrl.common.tasks.latex import equivalent
 
 NAME = "math"
 DEFAULT_TEMPLATE = "{prompt}\nReason step by step and put your final answer in \\boxed{}."

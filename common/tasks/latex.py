@@ -18,7 +18,7 @@ import re
 from fractions import Fraction
 from typing import Optional
 
-from common.tasks.base import MAX_NUMBER_CHARS
+from stabledrl.common.tasks.base import MAX_NUMBER_CHARS
 
 _WRAPPERS = re.compile(r"\\(?:text|textbf|textrm|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _TRAILING_UNIT = re.compile(r"^(.+?)\s*\\(?:text|mathrm|mbox)\s*\{\s*[A-Za-z][A-Za-z ]*\}(?:\^\{?[0-9]\}?)?$")

@@ -1,6 +1,6 @@
 """A task's prompt as the model reads it: through the tokenizer's chat template when it has one.
 
-    ids = prompt_ids(tokenizer, task, row)      # list[int]; rollout.workflow.encode_prompt wraps it
+    ids = prompt_ids(tokenizer, task, row)      # list[int]; stabledrl.rollout.workflow.encode_prompt wraps it
 
 Instruct checkpoints were tuned on conversations, so with ``task.chat_template: auto`` (the
 default) and a tokenizer that carries a template, the row becomes messages (``Task.messages``: the
@@ -18,14 +18,14 @@ evaluation and ``max_prompt_tokens`` all count and encode through this one funct
 Content that already holds one of the tokenizer's special tokens (a prompt templated upstream) is
 refused when a template is applied: templating it again would nest one conversation in another.
 
-This module does not import torch (the data loader and the reward sandbox import ``common.tasks``).
+This module does not import torch (the data loader and the reward sandbox import ``stabledrl.common.tasks``).
 """
 from __future__ import annotations
 
 import weakref
 from typing import Any
 
-from common.tasks.base import Row, Task
+from stabledrl.common.tasks.base import Row, Task
 
 
 class PromptError(ValueError):

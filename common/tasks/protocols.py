@@ -7,21 +7,21 @@
 
 **d1** (arXiv 2504.12216; SPG and the StableDRL paper report with it on LLaDA-8B-Instruct): the
 user turn is the benchmark's instruction, a blank line, then the question; it goes through the
-model's chat template (``common.tasks.prompts``) and the answer is started for the model with
+model's chat template (``stabledrl.common.tasks.prompts``) and the answer is started for the model with
 ``<reasoning>`` (d1 writes it after the template for every model). Decoding is greedy with
 low-confidence remasking, block 32, steps = length / 2, at lengths 128, 256 and 512
-(``common.config.protocol``). The rows: the GSM8K test split (1319) and MATH500 (500) whole; 256
+(``stabledrl.common.config.protocol``). The rows: the GSM8K test split (1319) and MATH500 (500) whole; 256
 Countdown puzzles of d1's ``countdown_cd3_test.jsonl`` and 256 Sudoku puzzles of d1's
 ``4x4_test_sudoku.csv``, drawn as d1 draws them (numpy ``RandomState(42).choice(N, 256,
 replace=False)``; Countdown's file holds 256 rows, so all of them). The graders decide as d1's
-``parse_and_get_acc.py`` decides (``common.tasks.graders``; MATH by MATH's ``is_equiv``).
+``parse_and_get_acc.py`` decides (``stabledrl.common.tasks.graders``; MATH by MATH's ``is_equiv``).
 
 The instruction texts are d1's, character for character (the stray ``"`` at the end of MATH500's
 is d1's too); the question lines follow d1's datasets. By default (``generation: stabledrl``) this
 differs from d1's scripts in the decoding: the prompt is encoded once, without the second BOS that
 d1's ``tokenizer(prompt)`` adds in front of a LLaDA template that already holds one; each prompt is
 decoded as if alone (padding hidden); completions are read up to the first EOS. ``generation: d1``
-does all three as d1 does (``d1_prompt_ids``, ``d1_batches``, ``rollout.sampling.d1_compat``).
+does all three as d1 does (``d1_prompt_ids``, ``d1_batches``, ``stabledrl.rollout.sampling.d1_compat``).
 
 SPG's release evaluates the same way (its GSM8K reader also accepts an answer tag that never
 closes, and its Sudoku set is another split with three worked examples in the prompt); the
@@ -37,8 +37,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from common.tasks.base import Row, Task
-from common.tasks.graders import GRADERS, Grader
+from stabledrl.common.tasks.base import Row, Task
+from stabledrl.common.tasks.graders import GRADERS, Grader
 
 _FORMAT = ("Respond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n<answer>\n"
            "\\boxed{...}\n</answer>")
@@ -77,7 +77,7 @@ class Benchmark:
     """One row of a protocol's table."""
 
     title: str  # as the papers' tables name it
-    task: str  # the task (common.tasks) whose records and checker fields the rows use
+    task: str  # the task (stabledrl.common.tasks) whose records and checker fields the rows use
     instruction: str  # text of the user turn before the question (a blank line between)
     question: Callable[[Row], str]  # the question line of a row
     source: dict[str, Any]  # the default data source (a task.source mapping)
@@ -164,7 +164,7 @@ def d1_batches(n_rows: int, world_size: int, batch_size: int) -> list[list[int]]
 def d1_prompt_ids(tokenizer: Any, task: Task, row: Row) -> list[int]:
     """The prompt as d1 encodes it: the same text, through ``tokenizer(text)`` with the tokenizer's
     special tokens added (LLaDA's: a second BOS in front of the template's own)."""
-    from common.tasks.prompts import prompt_text
+    from stabledrl.common.tasks.prompts import prompt_text
 
     return [int(i) for i in tokenizer(prompt_text(tokenizer, task, row))["input_ids"]]
 
@@ -172,8 +172,8 @@ def d1_prompt_ids(tokenizer: Any, task: Task, row: Row) -> list[int]:
 def benchmark_task(protocol: Protocol, name: str, max_prompt_tokens: int = 4096) -> Task:
     """The benchmark's task with the protocol's prompt: instruction + blank line + question, then
     the response prefix. Rows it reads carry the question as their prompt."""
-    from common.config.task import parse_task_config
-    from common.tasks.build import build_task
+    from stabledrl.common.config.task import parse_task_config
+    from stabledrl.common.tasks.build import build_task
 
     bench = protocol.benchmarks[name]
     section: dict[str, Any] = {"name": bench.task, "template": bench.instruction + "\n\n{prompt}",
@@ -193,9 +193,9 @@ def load_benchmark(protocol: Protocol, name: str, cfg: Any, tokenizer: Any = Non
     """The rows of benchmark ``name`` (``cfg``: its ``BenchmarkConfig``). Row i of the source gets
     the id ``<name>-<i>``, so results are keyed by position and duplicates in the data are kept.
     A row that cannot be read or is too long stops loading, naming it (DataError)."""
-    from common.config.task import parse_task_config
-    from common.tasks.data import prompt_length, rows_from_records
-    from common.tasks.sources import DataError, read_source
+    from stabledrl.common.config.task import parse_task_config
+    from stabledrl.common.tasks.data import prompt_length, rows_from_records
+    from stabledrl.common.tasks.sources import DataError, read_source
 
     bench = protocol.benchmarks[name]
     task = benchmark_task(protocol, name, max_prompt_tokens)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from common.tasks.base import BadRow
+from stabledrl.common.tasks.base import BadRow
 
 MISSING = object()
 ROLES = ("system", "user", "assistant")

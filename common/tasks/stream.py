@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from common.tasks.base import Row, stable_hash
+from stabledrl.common.tasks.base import Row, stable_hash
 
 
 @dataclass(frozen=True)

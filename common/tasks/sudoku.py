@@ -20,7 +20,9 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from common.tasks.base import TASKS, BadRow, Row, Task, content_id, last_answer_tag, record_id, configured_task
+from stabledrl.common.tasks.base import (
+    TASKS, BadRow, Row, Task, content_id, last_answer_tag, record_id, configured_task,
+)
 
 NAME = "sudoku4"
 DEFAULT_TEMPLATE = "{prompt} Write the 16 digits of the solved grid, row by row, in <answer> </answer>."

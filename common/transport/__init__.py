@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from common.transport.weights import ParameterLoader, WeightHandle, WeightPush, WeightPushConfig
+from stabledrl.common.transport.base import ParameterLoader, WeightHandle, WeightPush, WeightPushConfig
 
 
 def setup_weight_push(
@@ -32,20 +32,20 @@ def setup_weight_push(
     if cfg.backend == "auto":
         raise ValueError("weights.backend 'auto' must be resolved against the cluster first (WeightPushConfig.resolve)")
     if cfg.backend == "object_store":
-        from common.transport.object_store import ObjectStorePush
+        from stabledrl.common.transport.object_store import ObjectStorePush
 
         return ObjectStorePush(cfg)
     if cfg.backend == "ipc":
-        from common.transport.ipc import IpcPush
+        from stabledrl.common.transport.ipc import IpcPush
 
         return IpcPush(cfg, rank=rank, sources=sources)
     if master_addr is None or master_port is None:
         raise ValueError(f"the {cfg.backend} weight push needs master_addr and master_port (learner rank 0's node)")
     if cfg.backend == "peer":  # every worker pulls from the learner ranks' memory (common/transport/peer.py)
-        from common.transport.peer import PeerPush
+        from stabledrl.common.transport.peer import PeerPush
 
         return PeerPush(cfg, rank, world_size, master_addr, master_port, peer_names, sources)
-    from common.transport.broadcast import BroadcastPush
+    from stabledrl.common.transport.broadcast import BroadcastPush
 
     return BroadcastPush(cfg, cfg.backend, rank, world_size, master_addr, master_port, peer_names, sources)
 

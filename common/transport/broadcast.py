@@ -52,9 +52,11 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from common.transport.shards import Round, assemble, decode_plan, encode_plan, iter_segments, plan_rounds, segment_view
-from common.transport.store import decode_meta, encode_meta, open_store
-from common.transport.weights import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig
+from stabledrl.common.transport.shards import (
+    Round, assemble, decode_plan, encode_plan, iter_segments, plan_rounds, segment_view,
+)
+from stabledrl.common.transport.store import decode_meta, encode_meta, open_store
+from stabledrl.common.transport.base import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig
 
 ALIGN = 16  # byte alignment of each tensor inside a bucket (any dtype can be viewed in place)
 SENDER = "learner rank 0"

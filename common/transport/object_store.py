@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from common.transport.weights import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig
+from stabledrl.common.transport.base import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig
 
 
 class ObjectStorePush:

@@ -45,10 +45,10 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-from common.transport.broadcast import SENDER, BroadcastPush
-from common.transport.ipc import IpcPush, header, placed_rounds
-from common.transport.shards import Piece, Round, assemble, decode_plan, partition_numel
-from common.transport.weights import LoadFn, NamedTensors, WeightHandle, WeightPushConfig
+from stabledrl.common.transport.broadcast import SENDER, BroadcastPush
+from stabledrl.common.transport.ipc import IpcPush, header, placed_rounds
+from stabledrl.common.transport.shards import Piece, Round, assemble, decode_plan, partition_numel
+from stabledrl.common.transport.base import LoadFn, NamedTensors, WeightHandle, WeightPushConfig
 
 
 FAILED = b"failed: "  # a rank's offer or a receiver's answer when it failed, then the error's first line

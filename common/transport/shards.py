@@ -35,7 +35,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
-from common.transport.store import DTYPES, MAX_META_BYTES
+from stabledrl.common.transport.store import DTYPES, MAX_META_BYTES
 
 
 def partition_numel(numel: int, sources: int) -> int:

@@ -10,9 +10,9 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from common.gil import prompt_gil
-from common.transport.shards import Round, assemble
-from common.transport.weights import LoadFn, ParameterLoader, WeightHandle, WeightPush
+from stabledrl.common.gil import prompt_gil
+from stabledrl.common.transport.shards import Round, assemble
+from stabledrl.common.transport.base import LoadFn, ParameterLoader, WeightHandle, WeightPush
 
 
 class StagedWeights:

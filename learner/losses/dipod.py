@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 
-from common.config.loss import DipodLossConfig
-from learner.losses.inputs import LossInputs
-from learner.losses.metrics import LossOutput, Metric
-from learner.losses.registry import get_loss, register_loss
+from stabledrl.common.config.loss import DipodLossConfig
+from stabledrl.learner.losses.inputs import LossInputs
+from stabledrl.learner.losses.statistics import LossOutput, Metric
+from stabledrl.learner.losses.registry import get_loss, register_loss
 
 
 @register_loss("dipod", group_coupled=False, wraps_base=True)

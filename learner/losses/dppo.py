@@ -4,10 +4,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from common.config.loss import DppoLossConfig
-from learner.losses.inputs import LossInputs, units
-from learner.losses.metrics import LossOutput, Metric, advantage_metrics, masked_mean, ratio_from_log, ratio_metrics
-from learner.losses.registry import register_loss
+from stabledrl.common.config.loss import DppoLossConfig
+from stabledrl.learner.losses.inputs import LossInputs, units
+from stabledrl.learner.losses.statistics import (
+    LossOutput, Metric, advantage_metrics, masked_mean, ratio_from_log, ratio_metrics,
+)
+from stabledrl.learner.losses.registry import register_loss
 
 
 def binary_kl(p: Tensor, mu: Tensor, eps: float = 1e-8) -> Tensor:

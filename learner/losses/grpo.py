@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from common.config.loss import GrpoLossConfig
-from learner.losses.inputs import LossInputs, units
-from learner.losses.metrics import LossOutput, Metric, advantage_metrics, masked_mean, ratio_from_log, ratio_metrics
-from learner.losses.registry import register_loss
+from stabledrl.common.config.loss import GrpoLossConfig
+from stabledrl.learner.losses.inputs import LossInputs, units
+from stabledrl.learner.losses.statistics import (
+    LossOutput, Metric, advantage_metrics, masked_mean, ratio_from_log, ratio_metrics,
+)
+from stabledrl.learner.losses.registry import register_loss
 
 
 @register_loss("grpo", group_coupled=False)

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from common.registry import Registry
-from learner.losses.inputs import LossInputs
-from learner.losses.metrics import LossOutput
+from stabledrl.common.registry import Registry
+from stabledrl.learner.losses.inputs import LossInputs
+from stabledrl.learner.losses.statistics import LossOutput
 
 LossFn = Callable[[LossInputs, Any], LossOutput]
 

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 
-from common.config.loss import SpgLossConfig
-from learner.losses.inputs import LossInputs
-from learner.losses.metrics import LossOutput, Metric, advantage_metrics
-from learner.losses.registry import register_loss
+from stabledrl.common.config.loss import SpgLossConfig
+from stabledrl.learner.losses.inputs import LossInputs
+from stabledrl.learner.losses.statistics import LossOutput, Metric, advantage_metrics
+from stabledrl.learner.losses.registry import register_loss
 
 
 @register_loss("spg", group_coupled=False)

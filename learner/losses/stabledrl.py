@@ -5,11 +5,13 @@ import math
 
 import torch
 
-from common.config.loss import StableDrlLossConfig
-from learner.losses.advantages import group_softmax, same_group
-from learner.losses.inputs import LossInputs
-from learner.losses.metrics import LossOutput, Metric, advantage_metrics, ess_metrics, masked_mean, ratio_metrics
-from learner.losses.registry import register_loss
+from stabledrl.common.config.loss import StableDrlLossConfig
+from stabledrl.learner.losses.advantages import group_softmax, same_group
+from stabledrl.learner.losses.inputs import LossInputs
+from stabledrl.learner.losses.statistics import (
+    LossOutput, Metric, advantage_metrics, ess_metrics, masked_mean, ratio_metrics,
+)
+from stabledrl.learner.losses.registry import register_loss
 
 
 @register_loss("stabledrl", group_coupled=True)

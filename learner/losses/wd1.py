@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 
-from common.config.loss import Wd1LossConfig
-from learner.losses.advantages import group_softmax, same_group
-from learner.losses.inputs import LossInputs
-from learner.losses.metrics import LossOutput, Metric, advantage_metrics, ess_metrics
-from learner.losses.registry import register_loss
+from stabledrl.common.config.loss import Wd1LossConfig
+from stabledrl.learner.losses.advantages import group_softmax, same_group
+from stabledrl.learner.losses.inputs import LossInputs
+from stabledrl.learner.losses.statistics import LossOutput, Metric, advantage_metrics, ess_metrics
+from stabledrl.learner.losses.registry import register_loss
 
 
 @register_loss("wd1", group_coupled=True)

@@ -11,14 +11,14 @@ from typing import Optional, Sequence
 
 import torch
 
-from common.config.sampler import SamplerConfig
-from common.models.base import DiffusionPolicy
-from rollout.sampling.base import GenerationOutput
-from rollout.sampling.block_diffusion import generate_block_diffusion
-from rollout.sampling.d1_compat import generate_d1
-from rollout.sampling.full_attention import generate_full_attention
-from rollout.sampling.uniform_block import generate_uniform_block
-from rollout.sampling.graphs import StepGraphs
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.rollout.sampling.base import GenerationOutput
+from stabledrl.rollout.sampling.block_diffusion import generate_block_diffusion
+from stabledrl.rollout.sampling.d1_compat import generate_d1
+from stabledrl.rollout.sampling.full_attention import generate_full_attention
+from stabledrl.rollout.sampling.uniform_block import generate_uniform_block
+from stabledrl.rollout.sampling.graphs import StepGraphs
 
 
 def generate(

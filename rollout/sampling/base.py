@@ -16,11 +16,11 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from common.config.sampler import SamplerConfig
-from common.seeding import generator
-from rollout.sampling.canvas import Canvas
-from rollout.sampling.decode import transfer_schedule
-from rollout.sampling.state import DecodeState
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.seeding import generator
+from stabledrl.rollout.sampling.canvas import Canvas
+from stabledrl.rollout.sampling.decode import transfer_schedule
+from stabledrl.rollout.sampling.state import DecodeState
 
 
 @dataclass

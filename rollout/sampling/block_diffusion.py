@@ -42,15 +42,15 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
-from common.attention import block_causal_mask, block_ids
-from common.config.sampler import SamplerConfig
-from common.models.base import DiffusionPolicy
-from common.models.flex_staircase import is_sdpa
-from rollout.sampling.base import GenerationOutput, HostView, forward_block_logits, run_denoising
-from rollout.sampling.cache import SlotKVCache
-from rollout.sampling.canvas import Canvas, build_canvas
-from rollout.sampling.graphs import StepGraphs, graph_prompt_width, graphed_generation
-from rollout.sampling.state import DecodeState
+from stabledrl.common.attention import block_causal_mask, block_ids
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.models.flex_staircase import is_sdpa
+from stabledrl.rollout.sampling.base import GenerationOutput, HostView, forward_block_logits, run_denoising
+from stabledrl.rollout.sampling.cache import SlotKVCache
+from stabledrl.rollout.sampling.canvas import Canvas, build_canvas
+from stabledrl.rollout.sampling.graphs import StepGraphs, graph_prompt_width, graphed_generation
+from stabledrl.rollout.sampling.state import DecodeState
 
 
 def chunk_block_mask(blocks: torch.Tensor, valid: torch.Tensor, query: torch.Tensor, visible: int) -> torch.Tensor:

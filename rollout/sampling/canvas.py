@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from common.types import left_pad
+from stabledrl.common.types import left_pad
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from common.compiling import raise_recompile_limit
+from stabledrl.common.compiling import raise_recompile_limit
 
 _ATTR = "_sampler_compiled_forward"  # where a decoder layer keeps its compiled forward
 log = logging.getLogger(__name__)

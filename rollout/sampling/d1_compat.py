@@ -19,7 +19,7 @@ ways that can flip greedy outputs, and this sampler reproduces each of them:
   decodes it with the special tokens).
 
 d1's eval is greedy (temperature 0); its sampled mode draws from the global RNG, which per-row seeds
-cannot reproduce, so ``compat: d1`` requires temperature 0 (``common.config.sampler``).
+cannot reproduce, so ``compat: d1`` requires temperature 0 (``stabledrl.common.config.sampler``).
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from typing import Sequence
 
 import torch
 
-from common.config.sampler import SamplerConfig
-from common.models.base import DiffusionPolicy
-from rollout.sampling.base import GenerationOutput
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.rollout.sampling.base import GenerationOutput
 
 
 def generate_d1(policy: DiffusionPolicy, prompts: Sequence[torch.Tensor], cfg: SamplerConfig) -> GenerationOutput:

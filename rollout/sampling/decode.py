@@ -24,7 +24,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from common.compiling import compiled_once
+from stabledrl.common.compiling import compiled_once
 
 NEG_INF = float("-inf")
 

@@ -36,15 +36,15 @@ from typing import Optional, Sequence
 
 import torch
 
-from common.attention import full_mask
-from common.config.sampler import SamplerConfig
-from common.models.base import DiffusionPolicy
-from rollout.sampling.base import GenerationOutput, HostView, forward_block_logits, run_denoising
-from rollout.sampling.cache import SlotKVCache
-from rollout.sampling.canvas import Canvas, build_canvas
-from rollout.sampling.compiled import compiled_layers
-from rollout.sampling.graphs import StepGraphs, graph_prompt_width, graphed_generation
-from rollout.sampling.state import DecodeState
+from stabledrl.common.attention import full_mask
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.rollout.sampling.base import GenerationOutput, HostView, forward_block_logits, run_denoising
+from stabledrl.rollout.sampling.cache import SlotKVCache
+from stabledrl.rollout.sampling.canvas import Canvas, build_canvas
+from stabledrl.rollout.sampling.compiled import compiled_layers
+from stabledrl.rollout.sampling.graphs import StepGraphs, graph_prompt_width, graphed_generation
+from stabledrl.rollout.sampling.state import DecodeState
 
 
 class FullAttentionLogits:

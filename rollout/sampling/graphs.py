@@ -58,10 +58,10 @@ from typing import Callable, ContextManager, Iterator, Optional
 
 import torch
 
-from common.models.gqa_fold import folded_attention
-from rollout.sampling.base import forward_block_logits
-from rollout.sampling.cache import SlotKVCache
-from rollout.sampling.compiled import compiled
+from stabledrl.common.models.gqa_fold import folded_attention
+from stabledrl.rollout.sampling.base import forward_block_logits
+from stabledrl.rollout.sampling.cache import SlotKVCache
+from stabledrl.rollout.sampling.compiled import compiled
 
 PROMPT_BUCKET = 32  # graphed canvases round the prompt width up to a multiple of this
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from rollout.sampling.canvas import Canvas
-from rollout.sampling.decode import choose_tokens, commit_mask, random_scores
+from stabledrl.rollout.sampling.canvas import Canvas
+from stabledrl.rollout.sampling.decode import choose_tokens, commit_mask, random_scores
 
 
 @dataclass

@@ -47,14 +47,14 @@ from typing import Optional, Sequence
 
 import torch
 
-from common.attention import full_mask
-from common.config.base import ConfigError
-from common.config.sampler import SamplerConfig
-from common.models.base import DiffusionPolicy
-from common.seeding import derive_seed, generator
-from rollout.sampling.base import GenerationOutput, HostView, run_denoising
-from rollout.sampling.canvas import Canvas, build_canvas
-from rollout.sampling.state import DecodeState
+from stabledrl.common.attention import full_mask
+from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models.base import DiffusionPolicy
+from stabledrl.common.seeding import derive_seed, generator
+from stabledrl.rollout.sampling.base import GenerationOutput, HostView, run_denoising
+from stabledrl.rollout.sampling.canvas import Canvas, build_canvas
+from stabledrl.rollout.sampling.state import DecodeState
 
 
 class UniformCanvasLogits:

@@ -37,8 +37,8 @@ def parse() -> argparse.Namespace:
 
 
 def job_config(a: argparse.Namespace, eta: int, output_dir: str, gpus: bool):
-    from common.config.base import validate
-    from common.config.job import JobConfig
+    from stabledrl.common.config.base import validate
+    from stabledrl.common.config.job import JobConfig
 
     shape = ({"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16, "num_attention_heads": 16,
               "num_key_value_heads": 16} if not a.tiny else {})
@@ -65,7 +65,7 @@ def job_config(a: argparse.Namespace, eta: int, output_dir: str, gpus: bool):
 
 
 def run(a: argparse.Namespace, eta: int, gpus: bool) -> dict:
-    from coordinator.driver import Driver
+    from stabledrl.coordinator.driver import Driver
 
     with tempfile.TemporaryDirectory(prefix=f"bench_async_eta{eta}_") as out_dir:
         driver = Driver(job_config(a, eta, out_dir, gpus), log=bl.log)

@@ -1,7 +1,7 @@
 """Benchmark 4: block-diffusion sampling (SDAR-8B ~ Qwen3-8B shape, random weights, bf16) with the
 exact KV cache: batch 128, block 4, prompt 128, gen 256 (target >= 3,000 tokens/s on one H100).
 
-Whole generations through the real engine (``rollout.sampling.generate``, cache "prefix" = the
+Whole generations through the real engine (``stabledrl.rollout.sampling.generate``, cache "prefix" = the
 exact cache), ``stop_at_eos=False`` so every row decodes all 256 positions:
 
 speed       the eager sampler (the default), steps = 256 (one token per step: 4 steps per block)
@@ -73,9 +73,9 @@ import argparse
 import benchlib as bl
 import torch
 
-from common.config.sampler import SamplerConfig
-from common.models.gqa_fold import folded_attention
-from rollout.sampling import StepGraphs, generate
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models.gqa_fold import folded_attention
+from stabledrl.rollout.sampling import StepGraphs, generate
 
 PARTS = ("speed", "graphed", "compiled", "split", "split_compiled", "split_counter", "decode", "profile",
          "graph_profile", "replay_profile", "replay_profile_compiled", "exactness", "gqa_fold")
@@ -258,7 +258,7 @@ def main() -> None:
 
 def decode_times(a: argparse.Namespace, policy, dev: torch.device) -> dict:
     """ms per ``choose_tokens`` call on [batch, block, vocab] random logits, per noise dtype, eager / fused."""
-    from rollout.sampling.decode import choose_tokens
+    from stabledrl.rollout.sampling.decode import choose_tokens
 
     g = torch.Generator(device=dev).manual_seed(0)
     logits = torch.randn(a.batch, a.block, policy.vocab_size, generator=g, device=dev).to(bl.compute_dtype(dev))
@@ -281,8 +281,8 @@ def time_split(run, dev: torch.device, tokens: int) -> dict:
     the device synchronised before and after each: {kind: calls, ms per call, share of the wall}."""
     import time
 
-    from rollout.sampling import block_diffusion
-    from rollout.sampling.state import DecodeState
+    from stabledrl.rollout.sampling import block_diffusion
+    from stabledrl.rollout.sampling.state import DecodeState
 
     spent: dict[str, list[float]] = {}
 

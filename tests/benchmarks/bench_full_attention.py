@@ -1,7 +1,7 @@
 """Benchmarks 2 and 3: full-attention sampling (LLaDA-8B shape, random weights, bf16).
 
 Canvas [prompt 128 | gen 256], blocks of 32, a batch of B rows (default 32: 12,288 tokens per
-naive forward, compute-bound). Every part runs the real engine (``rollout.sampling.generate``)
+naive forward, compute-bound). Every part runs the real engine (``stabledrl.rollout.sampling.generate``)
 with ``stop_at_eos=False``, so every row decodes all 256 positions and the work is fixed.
 
 naive       The exact sampler (cache none). Every step is the same forward over the whole canvas
@@ -70,15 +70,15 @@ from pathlib import Path
 import benchlib as bl
 import torch
 
-from common.attention import full_mask
-from common.config.sampler import SamplerConfig
-from rollout.sampling import generate
-from rollout.sampling.base import forward_block_logits, run_denoising
-from rollout.sampling.canvas import build_canvas
-from rollout.sampling.compiled import compiled_layers
-from rollout.sampling.full_attention import FullAttentionLogits
-from rollout.sampling.decode import choose_tokens, commit_mask
-from common.seeding import generator
+from stabledrl.common.attention import full_mask
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.rollout.sampling import generate
+from stabledrl.rollout.sampling.base import forward_block_logits, run_denoising
+from stabledrl.rollout.sampling.canvas import build_canvas
+from stabledrl.rollout.sampling.compiled import compiled_layers
+from stabledrl.rollout.sampling.full_attention import FullAttentionLogits
+from stabledrl.rollout.sampling.decode import choose_tokens, commit_mask
+from stabledrl.common.seeding import generator
 
 PARTS = ("naive", "cached", "parallel", "cuda_graph", "graph_pool", "profile", "agreement")
 
@@ -348,7 +348,7 @@ class Bench:
 
     # ---- the sampler's graphed dual-cache step ------------------------------------------------
     def cuda_graph(self) -> None:
-        from rollout.sampling import StepGraphs
+        from stabledrl.rollout.sampling import StepGraphs
 
         a, row, graphs = self.a, {}, StepGraphs()
 
@@ -378,8 +378,8 @@ class Bench:
 
     # ---- the engine's graph pool under a spread of prompt lengths -------------------------------
     def graph_pool(self) -> None:
-        from rollout.engine import TorchRolloutEngine
-        from rollout.sampling.graphs import PROMPT_BUCKET, graph_prompt_width
+        from stabledrl.rollout.engine import TorchRolloutEngine
+        from stabledrl.rollout.sampling.graphs import PROMPT_BUCKET, graph_prompt_width
 
         a = self.a
         lengths, source = prompt_lengths(a.prompt_lengths_from, a.template_tokens, self.a.prompt)

@@ -45,8 +45,8 @@ def layers(a: argparse.Namespace) -> dict:
 def receiver(a: argparse.Namespace, handles, results) -> None:
     """The rollout side: a policy of the shape, loaded from each handle; reports its seconds and,
     when asked, its weights' checksums."""
-    from common.transport import ParameterLoader, WeightPushConfig
-    from common.transport.ipc import IpcPush
+    from stabledrl.common.transport import ParameterLoader, WeightPushConfig
+    from stabledrl.common.transport.ipc import IpcPush
 
     try:
         dev = bl.device()
@@ -74,8 +74,8 @@ def receiver(a: argparse.Namespace, handles, results) -> None:
 
 
 def main() -> None:
-    from common.transport import WeightPushConfig
-    from common.transport.ipc import IpcPush
+    from stabledrl.common.transport import WeightPushConfig
+    from stabledrl.common.transport.ipc import IpcPush
 
     a = parse()
     dev = bl.device()

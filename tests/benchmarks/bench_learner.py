@@ -2,7 +2,7 @@
 family: bidirectional Qwen2 with an untied head, 1.78B parameters; ``--shape llada-8b`` for LLaDA-8B,
 ``--layers`` to keep fewer), DeepSpeed ZeRO-2 and ZeRO-3,
 bf16, sdpa, activation checkpointing on and off, on 1 or more GPUs (one process per GPU, the
-project's ``LearnerEngine`` over ``learner.group.init_learner_group``).
+project's ``LearnerEngine`` over ``stabledrl.learner.group.init_learner_group``).
 
 One step = ``groups_per_step`` groups of G samples per rank [prompt 128 | completion 256], in
 micro-batches of ``--micro-batch-groups`` k groups (k = 1: 4 micro-batches of G; k = 2: 2 of 2G;
@@ -125,7 +125,7 @@ def parse() -> argparse.Namespace:
 def launch(a: argparse.Namespace) -> int:
     """Each stage runs in processes of its own: a DeepSpeed engine is never torn down and rebuilt
     in one process (whatever it leaves behind cannot inflate the next stage's memory)."""
-    from learner.group import free_port
+    from stabledrl.learner.group import free_port
 
     res = bl.Result(f"learner_{a.world}gpu", a.out, vars(a), echo=False, probe=False)
     worst = 0
@@ -156,7 +156,7 @@ def launch(a: argparse.Namespace) -> int:
 def micro_batches(a: argparse.Namespace, rank: int, vocab: int, groups: int | None = None) -> list[dict]:
     """``groups`` (default ``groups_per_step``) groups of G random (prompt, completion) pairs per
     rank, with behaviour estimates and advantages; the step's global counts are attached to each."""
-    from common.types import SequenceBatch
+    from stabledrl.common.types import SequenceBatch
 
     groups = groups or a.groups_per_step
     g = torch.Generator().manual_seed(1000 + rank)
@@ -185,7 +185,7 @@ def micro_batches(a: argparse.Namespace, rank: int, vocab: int, groups: int | No
 
 def merge(mbs: list[dict], k: int) -> list[dict]:
     """Micro-batches of ``k`` groups each (rows concatenated; the step's global counts unchanged)."""
-    from common.types import SequenceBatch
+    from stabledrl.common.types import SequenceBatch
 
     out = []
     for i in range(0, len(mbs), k):
@@ -208,11 +208,11 @@ def rows_per_group(a: argparse.Namespace) -> int:
 
 def tuned_zero3(cfg):
     """(LearnerConfig, deepspeed_config wrapper) of stage ``3t`` (see the module docstring)."""
-    import learner.engine
+    import stabledrl.learner.engine
 
     cfg = cfg.model_copy(update={"deepspeed": cfg.deepspeed.model_copy(update={
         "prefetch_bucket_size": 200_000_000, "param_persistence_threshold": 1_000_000})})
-    base = learner.engine.deepspeed_config
+    base = stabledrl.learner.engine.deepspeed_config
 
     def config(*args, **kwargs) -> dict:
         out = base(*args, **kwargs)
@@ -224,10 +224,10 @@ def tuned_zero3(cfg):
 
 
 def overlap_comm_zero2():
-    """learner.engine.deepspeed_config of stage ``2t``: the project's, plus ZeRO's overlap_comm."""
-    import learner.engine
+    """stabledrl.learner.engine.deepspeed_config of stage ``2t``: the project's, plus ZeRO's overlap_comm."""
+    import stabledrl.learner.engine
 
-    base_config = learner.engine.deepspeed_config
+    base_config = stabledrl.learner.engine.deepspeed_config
 
     def config(*args, **kwargs) -> dict:
         out = base_config(*args, **kwargs)
@@ -238,8 +238,8 @@ def overlap_comm_zero2():
 
 
 def stabledrl_loss_fn(est_cfg, loss_cfg):
-    from common.estimators import estimate
-    from learner.losses import LossInputs, compute_loss
+    from stabledrl.common.estimators import estimate
+    from stabledrl.learner.losses import LossInputs, compute_loss
 
     def loss_fn(model, mb: dict):
         ll = estimate(model, mb["batch"], mb["seeds"], est_cfg)  # [G] differentiable, 2 masks in one forward
@@ -260,8 +260,8 @@ def stabledrl_loss_fn(est_cfg, loss_cfg):
 def grpo_loss_fn(est_cfg, loss_cfg):
     """d1's learner loss: GRPO over the mean-field token log-likelihoods, against behaviour values
     near them (the first of d1's μ iterations has ratios near 1; the cost does not depend on it)."""
-    from common.estimators import estimate
-    from learner.losses import LossInputs, compute_loss
+    from stabledrl.common.estimators import estimate
+    from stabledrl.learner.losses import LossInputs, compute_loss
 
     def loss_fn(model, mb: dict):
         ll = estimate(model, mb["batch"], mb["seeds"], est_cfg)
@@ -282,7 +282,7 @@ def grpo_loss_fn(est_cfg, loss_cfg):
 
 def set_checkpointing(module: torch.nn.Module, setting: str) -> None:
     """on / off, or N: the first N decoder layers checkpointed (model.checkpointed_layers)."""
-    from common.models.loading import checkpoint_first_layers
+    from stabledrl.common.models.loading import checkpoint_first_layers
 
     for m in module.modules():
         if hasattr(m, "gradient_checkpointing_enable"):
@@ -313,7 +313,7 @@ def timed_step(engine, mbs, loss_fn, dev, metrics: dict) -> float:
 
 def rank_main(a: argparse.Namespace) -> None:
     """One rank of one ZeRO stage (``a.stages`` holds a single stage here)."""
-    from learner.group import init_learner_group, local_device
+    from stabledrl.learner.group import init_learner_group, local_device
 
     rank, stage = a.rank, a.stages
     res = bl.Result(f"learner_{a.world}gpu", a.out if rank == 0 else None, vars(a), echo=rank == 0)
@@ -331,10 +331,10 @@ def rank_main(a: argparse.Namespace) -> None:
 
 
 def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str, dev: torch.device) -> None:
-    from common.config.estimator import ElboMCConfig, MeanFieldConfig, StaircaseConfig
-    from common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig, OptimizerConfig
-    from common.config.loss import GrpoLossConfig, StableDrlLossConfig
-    from learner.engine import LearnerEngine
+    from stabledrl.common.config.estimator import ElboMCConfig, MeanFieldConfig, StaircaseConfig
+    from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig, OptimizerConfig
+    from stabledrl.common.config.loss import GrpoLossConfig, StableDrlLossConfig
+    from stabledrl.learner.engine import LearnerEngine
 
     peak = bl.read_peak_tflops(a.peak_from)
     staircase = a.estimator == "staircase"
@@ -359,13 +359,13 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
     cfg = LearnerConfig(num_ranks=a.world, optimizer=OptimizerConfig(lr=1e-6), lora=lora,
                         deepspeed=DeepSpeedConfig(zero_stage=stage, gradient_checkpointing=False, **offload))
     if stage_name == "3t":
-        import learner.engine
+        import stabledrl.learner.engine
 
-        cfg, learner.engine.deepspeed_config = tuned_zero3(cfg)
+        cfg, stabledrl.learner.engine.deepspeed_config = tuned_zero3(cfg)
     elif stage_name == "2t":
-        import learner.engine
+        import stabledrl.learner.engine
 
-        learner.engine.deepspeed_config = overlap_comm_zero2()
+        stabledrl.learner.engine.deepspeed_config = overlap_comm_zero2()
     engine, init_s = bl.timed(lambda: LearnerEngine(policy, cfg), dev)
     # the LM head runs at the scored (masked) positions only (common/estimators/scoring.py): half the
     # completion in expectation, the masking level being uniform
@@ -390,7 +390,7 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
     fused = False  # learner.compile applied to the engine's module (in place, once)
     for comp, ckpt, kernel in settings:
         if comp == "on" and not fused:
-            from learner.fused import fuse_elementwise
+            from stabledrl.learner.fused import fuse_elementwise
 
             fused = bool(fuse_elementwise(engine.module))
         set_staircase_attention(policy, kernel)
@@ -477,7 +477,7 @@ def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, f
 def set_staircase_attention(policy, kernel) -> None:
     """model.staircase_attention on a live policy: flex installs the flex staircase path, sdpa
     puts the stock sdpa back (the same engine and weights run both)."""
-    from common.models.flex_staircase import use_flex_staircase
+    from stabledrl.common.models.flex_staircase import use_flex_staircase
 
     if kernel == "flex":
         use_flex_staircase(policy)
@@ -488,7 +488,7 @@ def set_staircase_attention(policy, kernel) -> None:
 
 
 def job_formula_mfu(a, mbs, sc, values: dict, peak) -> dict:
-    """perf/mfu as the job logs it (coordinator/step_metrics.py): 6 x parameters x the real prompt
+    """perf/mfu as the job logs it (coordinator/decisions/step_metrics.py): 6 x parameters x the real prompt
     and completion tokens, per staircase draw (one here), over the step time; and the note."""
     tokens = sum(int(m["batch"].prompt_mask.sum()) + int(m["batch"].completion_mask.sum()) for m in mbs) * a.world
     per_card = 6.0 * sc.total * tokens / values["step_s_median"] / a.world / 1e12

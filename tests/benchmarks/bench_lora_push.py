@@ -1,6 +1,6 @@
 """What a LoRA learner should push: the merged adapted matrices, or the adapters themselves?
 
-Both through the project's broadcast push (``common.transport``, gloo on CPU: sender and receiver
+Both through the project's broadcast push (``stabledrl.common.transport``, gloo on CPU: sender and receiver
 are two threads of this process), for a LLaDA-family policy with LoRA on the seven default
 targets (learner/lora.py), timed per push (median of ``--reps`` after one warm-up):
 
@@ -42,10 +42,10 @@ import time
 import benchlib as bl
 import torch
 
-from common.config.learner import LoraConfig
-from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
-from learner.group import free_port
-from learner.lora import add_adapters, merged_weight
+from stabledrl.common.config.learner import LoraConfig
+from stabledrl.common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
+from stabledrl.learner.group import free_port
+from stabledrl.learner.lora import add_adapters, merged_weight
 
 SMALL = dict(num_hidden_layers=4, hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
              num_key_value_heads=16, vocab_size=4096)
@@ -67,8 +67,8 @@ def adapters_sharded(engine, receiver, merger, a: argparse.Namespace, dev: torch
     adapters, without the wire: this rank's partitions of every A and B (no gather), the plan's
     rounds (512 MB), each round's segment as it lies or packed; the worker puts each round
     together and merges (``shards.assemble`` into the AdapterMerger)."""
-    from common.transport.broadcast import _ShardBuffers
-    from common.transport.shards import assemble, iter_segments, plan_rounds
+    from stabledrl.common.transport.broadcast import _ShardBuffers
+    from stabledrl.common.transport.shards import assemble, iter_segments, plan_rounds
 
     bufs = _ShardBuffers()
 
@@ -116,10 +116,10 @@ def parse() -> argparse.Namespace:
 
 def engine_push(a: argparse.Namespace) -> None:
     """``--engine`` (the module docstring)."""
-    from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
-    from common.transport.adapters import AdapterMerger
-    from learner.engine import LearnerEngine
-    from learner.group import init_learner_group
+    from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
+    from stabledrl.common.transport.adapters import AdapterMerger
+    from stabledrl.learner.engine import LearnerEngine
+    from stabledrl.learner.group import init_learner_group
 
     dev = bl.device()
     dtype = bl.compute_dtype(dev)

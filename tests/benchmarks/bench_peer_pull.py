@@ -46,7 +46,7 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     from bench_push import Generating
 
-    from rollout.engine import TorchRolloutEngine
+    from stabledrl.rollout.engine import TorchRolloutEngine
 
     a = parse()
     cuda = torch.cuda.is_available()

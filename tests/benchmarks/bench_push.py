@@ -1,5 +1,5 @@
 """Benchmark 6: weight push of LLaDA-8B bf16 weights (16 GB, 291 tensors) from GPU 0 to GPU 1 over
-the project's NCCL push (``common.transport``: a group of its own, flat byte buckets, versioned,
+the project's NCCL push (``stabledrl.common.transport``: a group of its own, flat byte buckets, versioned,
 every wait bounded), timed against raw ``torch.distributed`` broadcasts of the same bytes in the
 same run (target: push <= 2x raw).
 
@@ -119,7 +119,7 @@ def parse() -> argparse.Namespace:
 
 
 def launch(a: argparse.Namespace) -> int:
-    from learner.group import free_port
+    from stabledrl.learner.group import free_port
 
     # engine: learner, all, raw, then one per mode
     n_ports = 3 + len(a.modes.split(",")) if a.engine else 1 + len(a.bucket_mb.split(","))
@@ -160,7 +160,7 @@ def checksums(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
 
 
 def rank_main(a: argparse.Namespace) -> None:
-    from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
+    from stabledrl.common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
 
     rank = a.rank
     cuda = torch.cuda.is_available()
@@ -257,12 +257,12 @@ def group(backend: str, port: int, rank: int, world: int, timeout_s: float) -> d
 
 def engine_main(a: argparse.Namespace) -> None:
     """``--engine`` (the module docstring): this process is learner rank r < L or receiver r - L."""
-    from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
-    from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
-    from coordinator.weight_sync import push_sources
-    from common.gil import settle_heap
-    from common.transport.staging import StagedWeights
-    from rollout.engine import TorchRolloutEngine
+    from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
+    from stabledrl.common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
+    from stabledrl.coordinator.runtime.weight_sync import push_sources
+    from stabledrl.common.gil import settle_heap
+    from stabledrl.common.transport.staging import StagedWeights
+    from stabledrl.rollout.engine import TorchRolloutEngine
 
     rank, learners, receivers = a.rank, a.learners, a.receivers
     world, learner = learners + receivers, a.rank < a.learners
@@ -324,8 +324,8 @@ def engine_main(a: argparse.Namespace) -> None:
     engine = policy = None
     t0 = time.perf_counter()
     if learner:
-        from learner.engine import LearnerEngine
-        from learner.group import init_learner_group
+        from stabledrl.learner.engine import LearnerEngine
+        from stabledrl.learner.group import init_learner_group
 
         init_learner_group("127.0.0.1", port_learn, rank, learners, backend=backend, timeout_s=a.timeout_s)
         engine = LearnerEngine(bl.build_policy(shape, dev, dtype, **layers), lcfg)
@@ -514,7 +514,7 @@ class Generating:
     head it found back, so a later mode starts from the same weights)."""
 
     def __init__(self, policy, a: argparse.Namespace, dev: torch.device) -> None:
-        from common.config.sampler import SamplerConfig
+        from stabledrl.common.config.sampler import SamplerConfig
 
         self.policy, self.dev, self.head_scale = policy, dev, a.busy_head_scale
         tiny = dev.type != "cuda"

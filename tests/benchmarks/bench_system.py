@@ -1,4 +1,4 @@
-"""The system benchmark: the real job (``python -m coordinator train`` = ``stabledrl train``, a
+"""The system benchmark: the real job (``python -m stabledrl train`` = ``stabledrl train``, a
 shipped config plus overrides) on random weights at the family's real shape, measured from
 outside and from inside.
 
@@ -210,7 +210,7 @@ def job_overrides(a: argparse.Namespace, family: str, model_dir: Path, data: dic
 # ---- the job ----------------------------------------------------------------------------------
 def run_and_report(a: argparse.Namespace, res: bl.Result, args: list[str], run_dir: Path, part: str,
                    timeout_s: float, resumed: bool = False) -> dict:
-    """Run ``python -m coordinator *args`` with the GPUs sampled; put ``part`` (its exit, wall,
+    """Run ``python -m stabledrl *args`` with the GPUs sampled; put ``part`` (its exit, wall,
     the report's figures) and return the figures. A SIGTERM stops the job and still reports."""
     log = run_dir.parent / f"{part}.log"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(bl.REPO), os.environ.get("PYTHONPATH")])),
@@ -221,7 +221,7 @@ def run_and_report(a: argparse.Namespace, res: bl.Result, args: list[str], run_d
     started = time.time()
     record: dict = {"command": " ".join(["stabledrl", *args])}
     with GpuSampler(samples):
-        rc, stopped = run_logged([sys.executable, "-m", "coordinator", *args], env, log, timeout_s)
+        rc, stopped = run_logged([sys.executable, "-m", "stabledrl", *args], env, log, timeout_s)
     record.update(rc=rc, stopped=stopped, wall_s=time.time() - started)
     records = [r for r in _read_jsonl(run_dir / "metrics.jsonl") if not resumed or r.get("time", 0) >= started]
     figures = report.analyse(records, report.read_gpu_samples(str(samples)), skip=0 if resumed else a.skip,
@@ -312,11 +312,11 @@ def engine_reference(a: argparse.Namespace, overrides: list[str]) -> dict:
     CUDA graphs) then one timed."""
     import torch
 
-    from common.config.job import load_job_config
-    from common.models import load_policy
-    from common.tasks import build_task, load_task_data
-    from rollout.engine import TorchRolloutEngine
-    from rollout.workflow import encode_prompt
+    from stabledrl.common.config.job import load_job_config
+    from stabledrl.common.models import load_policy
+    from stabledrl.common.tasks import build_task, load_task_data
+    from stabledrl.rollout.engine import TorchRolloutEngine
+    from stabledrl.rollout.workflow import encode_prompt
 
     cfg = load_job_config(a.config, overrides)
     dev = bl.device()

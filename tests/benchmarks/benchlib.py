@@ -175,7 +175,7 @@ def build_policy(
     its dims, e.g. ``num_hidden_layers``), created on ``dev`` in ``dtype``: parameters are allocated
     and initialised there (transformers' own init, run on the device), so an 8B model costs
     seconds on a GPU instead of minutes of CPU init."""
-    from common.models.presets import build_tiny_policy
+    from stabledrl.common.models.presets import build_tiny_policy
 
     shape = {**SHAPES[shape_name], **overrides}
     family = shape.pop("family")

@@ -7,8 +7,8 @@ from typing import Sequence
 
 import torch
 
-from common.config.sampler import SamplerConfig
-from rollout.sampling import GenerationOutput, StepGraphs, generate
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.rollout.sampling import GenerationOutput, StepGraphs, generate
 
 
 def generate_graphed(policy, prompts: Sequence[torch.Tensor], seeds: torch.Tensor, cfg: SamplerConfig,

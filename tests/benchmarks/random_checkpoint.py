@@ -45,19 +45,19 @@ def write_tokenizer(family: str, directory: Path, release: bool) -> int:
     tokenizer (ids 0-3, no template: the CPU rehearsal's tiny shapes, whose 512-row vocabulary keeps
     them fast); returns the embedding rows it needs."""
     if not release:
-        from common.tokenizer import build_char_tokenizer
+        from stabledrl.common.tokenizer import build_char_tokenizer
 
         build_char_tokenizer().save_pretrained(directory)
         return 0
-    from common.models.release_tokenizers import write_release_tokenizer
+    from stabledrl.common.models.release_tokenizers import write_release_tokenizer
 
     return write_release_tokenizer(family, directory).vocab_size
 
 
 def token_ids(directory: Path) -> dict[str, int]:
     """mask / eos / pad / bos ids of the tokenizer just written (the loader's own rules)."""
-    from common.models.loading import resolve_token_ids
-    from common.models.tokenizer_files import load_tokenizer
+    from stabledrl.common.models.loading import resolve_token_ids
+    from stabledrl.common.models.tokenizer_files import load_tokenizer
 
     tokenizer = load_tokenizer(directory)
     mask, eos, pad = resolve_token_ids({}, tokenizer)
@@ -74,8 +74,8 @@ def released_layout(shape_name: str, ids: dict[str, int], vocab_size: int,
                     layers: Optional[int] = None) -> tuple[str, dict, dict[str, torch.Size]]:
     """(family, config.json dict, released parameter name -> shape) without allocating the model;
     ``layers``: that many layers instead of the shape's."""
-    from common.models.convert import hf_to_original
-    from common.models.presets import build_tiny_policy
+    from stabledrl.common.models.convert import hf_to_original
+    from stabledrl.common.models.presets import build_tiny_policy
 
     shape = {**bl.SHAPES[shape_name], "vocab_size": vocab_size}
     if layers is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for a script run from anywhere
-from common.actor_time import BACKGROUND, PUSH_PARTS  # noqa: E402
+from stabledrl.common.actor_time import BACKGROUND, PUSH_PARTS  # noqa: E402
 
 
 def read_gpu_samples(path: str) -> list[tuple[float, int, float, float]]:

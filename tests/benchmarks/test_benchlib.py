@@ -19,9 +19,9 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchlib as bl  # noqa: E402
-from common.attention import full_mask  # noqa: E402
-from common.config.sampler import SamplerConfig  # noqa: E402
-from rollout.sampling import generate  # noqa: E402
+from stabledrl.common.attention import full_mask  # noqa: E402
+from stabledrl.common.config.sampler import SamplerConfig  # noqa: E402
+from stabledrl.rollout.sampling import generate  # noqa: E402
 
 
 def counted(fn) -> int:
@@ -84,8 +84,8 @@ def head_rows(policy):
 
 def test_learner_step_is_three_forwards_of_both_masks():
     import bench_learner as bln
-    from common.config.estimator import ElboMCConfig
-    from common.config.loss import StableDrlLossConfig
+    from stabledrl.common.config.estimator import ElboMCConfig
+    from stabledrl.common.config.loss import StableDrlLossConfig
 
     p = bl.build_policy("tiny-qwen2", torch.device("cpu"), torch.float32).train()
     sc = no_attention(bl.count_shape(p))
@@ -114,10 +114,10 @@ def test_d1_learner_step_with_lora_is_two_forwards_and_the_adapters():
     forward and the input gradients (the 2F the benchmark counts, the head over the whole masked
     completion) plus the adapters' forward and backward (3 x 2·T·r·(in + out) per adapted Linear)."""
     import bench_learner as bln
-    from common.config.estimator import MeanFieldConfig
-    from common.config.learner import LoraConfig
-    from common.config.loss import GrpoLossConfig
-    from learner.lora import add_adapters
+    from stabledrl.common.config.estimator import MeanFieldConfig
+    from stabledrl.common.config.learner import LoraConfig
+    from stabledrl.common.config.loss import GrpoLossConfig
+    from stabledrl.learner.lora import add_adapters
 
     p = bl.build_policy("tiny-llada", torch.device("cpu"), torch.float32)
     adapted = add_adapters(p, LoraConfig(rank=2, alpha=4.0, module_names="llada",
@@ -148,9 +148,9 @@ def test_staircase_learner_step_is_three_forwards_over_prompt_and_both_copies(ke
     """--estimator staircase: one forward of G rows over P + 2C tokens (left-padded prompts), under
     either --staircase-attention setting; the job-formula MFU counts only the real tokens."""
     import bench_learner as bln
-    from common.config.estimator import StaircaseConfig
-    from common.config.loss import StableDrlLossConfig
-    from common.models.flex_staircase import uses_flex_staircase
+    from stabledrl.common.config.estimator import StaircaseConfig
+    from stabledrl.common.config.loss import StableDrlLossConfig
+    from stabledrl.common.models.flex_staircase import uses_flex_staircase
 
     p = bl.build_policy("tiny-sdar", torch.device("cpu"), torch.float32, block_size=4).train()
     bln.set_staircase_attention(p, kernel)

@@ -20,11 +20,11 @@ from typing import Any, Callable, Iterator, Optional
 import ray
 import torch
 
-from common.config.base import validate
-from common.config.job import JobConfig
-from coordinator.driver import Driver
-from learner.worker import LearnerWorker
-from rollout.worker import RolloutWorker
+from stabledrl.common.config.base import validate
+from stabledrl.common.config.job import JobConfig
+from stabledrl.coordinator.driver import Driver
+from stabledrl.learner.worker import LearnerWorker
+from stabledrl.rollout.worker import RolloutWorker
 
 REWARD = f"{Path(__file__).with_name('rewards.py')}:digit_fraction"
 
@@ -122,7 +122,7 @@ class PushLearner(LearnerWorker):
     worker's own set-up, which needs a whole job's configs); a test subclasses it into an actor."""
 
     def __init__(self, rank: int, world: int) -> None:  # not super().__init__
-        from common.actor_time import ActorClock
+        from stabledrl.common.actor_time import ActorClock
 
         torch.set_num_threads(1)
         self.rank, self.world_size = rank, world
@@ -130,8 +130,8 @@ class PushLearner(LearnerWorker):
 
     def start_engine(self, addr: str, port: int, policy: Any, cfg: Any) -> None:
         """Join the learner's gloo group at ``addr:port`` and build ``LearnerEngine(policy, cfg)``."""
-        from learner.engine import LearnerEngine
-        from learner.group import init_learner_group
+        from stabledrl.learner.engine import LearnerEngine
+        from stabledrl.learner.group import init_learner_group
 
         init_learner_group(addr, port, self.rank, self.world_size, backend="gloo", timeout_s=60)
         self.cfg = cfg
@@ -143,14 +143,14 @@ class PushReceiver:
     other weights than the learner's (``make_policy()``); a test makes it a Ray actor."""
 
     def __init__(self, make_policy: Callable[[], Any]) -> None:
-        from rollout.engine import TorchRolloutEngine
+        from stabledrl.rollout.engine import TorchRolloutEngine
 
         torch.set_num_threads(1)
         self.engine = TorchRolloutEngine(make_policy(), policy_version=-1)
         self.push_end = None
 
     def setup_push(self, cfg, **kwargs) -> None:
-        from common.transport import setup_weight_push
+        from stabledrl.common.transport import setup_weight_push
 
         if self.push_end is not None:
             self.push_end.close()

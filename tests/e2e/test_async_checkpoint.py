@@ -10,11 +10,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from common.metrics import read_metrics  # noqa: E402
-from coordinator import checkpoint  # noqa: E402
-from coordinator.driver import Driver  # noqa: E402
-from learner.async_checkpoint import marker_name  # noqa: E402
-from learner.worker import LearnerWorker  # noqa: E402
+from stabledrl.common.metrics import read_metrics  # noqa: E402
+from stabledrl.coordinator.runtime import checkpoint  # noqa: E402
+from stabledrl.coordinator.driver import Driver  # noqa: E402
+from stabledrl.learner.async_checkpoint import marker_name  # noqa: E402
+from stabledrl.learner.worker import LearnerWorker  # noqa: E402
 import harness  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +26,7 @@ class SlowWriterLearner(LearnerWorker):
 
     def start(self, *args, **kwargs):
         out = super().start(*args, **kwargs)
-        from learner.async_checkpoint import BackgroundWriter, write_file
+        from stabledrl.learner.async_checkpoint import BackgroundWriter, write_file
 
         def slow(state, path, zipfile_serialization):
             if "step1" not in path:

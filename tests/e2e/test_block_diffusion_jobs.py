@@ -15,9 +15,9 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from common.config.base import validate  # noqa: E402
-from common.config.job import JobConfig  # noqa: E402
-from common.models import load_policy  # noqa: E402
+from stabledrl.common.config.base import validate  # noqa: E402
+from stabledrl.common.config.job import JobConfig  # noqa: E402
+from stabledrl.common.models import load_policy  # noqa: E402
 import harness  # noqa: E402
 from harness import run_driver  # noqa: E402
 

@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray")
 
 from ray.util.placement_group import placement_group_table  # noqa: E402
 
-from coordinator.driver import Driver  # noqa: E402
+from stabledrl.coordinator.driver import Driver  # noqa: E402
 import harness  # noqa: E402
 from harness import DETERMINISTIC, InspectedLearner, job_config, read_records, recording_rollout  # noqa: E402
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.watchdog import descendants
+from stabledrl.coordinator.runtime.watchdog import descendants
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
-STABLEDRL = [sys.executable, "-m", "coordinator"]
+STABLEDRL = [sys.executable, "-m", "stabledrl"]
 WILDCARD = re.compile(r"^(0\.0\.0\.0|\*|\[::\]|::):\d+$")
 
 
@@ -137,15 +137,15 @@ def test_train_resume_refuses_a_malicious_checkpoint_before_any_actor_starts(tmp
     from malicious_pickles import armed, write
     from test_checkpoint_loading import SHARD, job_tag
 
-    from common.checkpoint_files import STATE_FILE
-    from common.run_seal import sealed_text
-    from coordinator.checkpoint import write_state
+    from stabledrl.common.trust.checkpoint_files import STATE_FILE
+    from stabledrl.common.trust.seal import sealed_text
+    from stabledrl.coordinator.runtime.checkpoint import write_state
 
     run, marker = tmp_path / "run", tmp_path / "PWNED"
     config = yaml.safe_load((ROOT / "tests/e2e/tiny_job.yaml").read_text())
     config["run"]["output_dir"] = str(run)
     tag = job_tag(run)  # run/checkpoints/step1 with its manifest
-    (run / "config.yaml").write_text(sealed_text(yaml.safe_dump(config)))  # as the job writes it (common/run_seal.py)
+    (run / "config.yaml").write_text(sealed_text(yaml.safe_dump(config)))  # as the job writes it (common/trust/seal.py)
     assert armed(write(tag / SHARD, "zip_os_system", marker), marker)
     write_state(tag, json.loads((tag / STATE_FILE).read_text()))  # the sizes match again
     proc = subprocess.run([*STABLEDRL, "train", "--resume", str(run)], cwd=ROOT, capture_output=True, text=True,

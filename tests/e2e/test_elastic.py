@@ -17,7 +17,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import harness  # noqa: E402
-from coordinator.driver import Driver  # noqa: E402
+from stabledrl.coordinator.driver import Driver  # noqa: E402
 from harness import job_config, read_records, recording_learner, recording_rollout, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -111,9 +111,9 @@ def test_a_custom_resource_pins_a_role_to_its_nodes_and_a_node_that_left_holds_n
 
     from ray.util.placement_group import placement_group_table, remove_placement_group
 
-    from common.config.job import ActorResources
-    from coordinator.placement import bundle, reserve
-    from coordinator.pool import can_hold
+    from stabledrl.common.config.job import ActorResources
+    from stabledrl.coordinator.runtime.placement import bundle, reserve
+    from stabledrl.coordinator.runtime.pool import can_hold
 
     pinned = cluster.add_node(num_cpus=1, resources={"learner_node": 2})
     other = cluster.add_node(num_cpus=1)

@@ -33,11 +33,11 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-import cli.main as cli  # noqa: E402
-from common.config.job import load_job_config  # noqa: E402
-from common.metrics import read_metrics  # noqa: E402
-from coordinator.actors import ActorFailure  # noqa: E402
-from coordinator.driver import Driver  # noqa: E402
+import stabledrl.cli.main as cli  # noqa: E402
+from stabledrl.common.config.job import load_job_config  # noqa: E402
+from stabledrl.common.metrics import read_metrics  # noqa: E402
+from stabledrl.coordinator.runtime.actors import ActorFailure  # noqa: E402
+from stabledrl.coordinator.driver import Driver  # noqa: E402
 import harness  # noqa: E402
 from harness import DETERMINISTIC, job_config, read_records, recording_learner, recording_rollout, run_driver  # noqa: E402
 
@@ -232,7 +232,7 @@ def test_bad_rows_and_failing_rewards_are_counted_in_the_metrics(reference):
 def test_the_export_loads_with_transformers_and_gives_the_learners_logits(reference):
     from transformers import AutoModelForCausalLM
 
-    from common.models import load_policy
+    from stabledrl.common.models import load_policy
 
     driver, weights, _, out = reference
     exported = AutoModelForCausalLM.from_pretrained(out / "final_model")
@@ -308,9 +308,9 @@ def test_a_worker_that_keeps_dying_fails_the_job_naming_it(cluster, tmp_path):
 
 
 def test_a_stalled_learner_rank_makes_its_peers_time_out_naming_it(cluster, tmp_path):
-    from common.types import Group, Sample
-    from coordinator.actors import wait
-    from learner.worker import LearnerWorker
+    from stabledrl.common.types import Group, Sample
+    from stabledrl.coordinator.runtime.actors import wait
+    from stabledrl.learner.worker import LearnerWorker
 
     class StallingLearner(LearnerWorker):
         def train(self, groups, version, group_offset):

@@ -17,9 +17,9 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import harness  # noqa: E402
-from common.metrics import read_metrics  # noqa: E402
-from coordinator.driver import Driver  # noqa: E402
-from recipes.stages import JOB_STAGES  # noqa: E402
+from stabledrl.common.metrics import read_metrics  # noqa: E402
+from stabledrl.coordinator.driver import Driver  # noqa: E402
+from stabledrl.recipes.stages import JOB_STAGES  # noqa: E402
 from harness import append, job_config, read_records  # noqa: E402
 
 pytestmark = pytest.mark.e2e

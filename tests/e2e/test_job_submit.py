@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from common.config.model import ModelConfig
-from common.models import load_policy
-from learner.group import free_port
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.models import load_policy
+from stabledrl.learner.group import free_port
 
 pytestmark = pytest.mark.e2e
 

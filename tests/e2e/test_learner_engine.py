@@ -16,11 +16,11 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from common.checkpoint_files import FORMAT  # noqa: E402
-from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
-from common.models.presets import build_tiny_policy  # noqa: E402
-from coordinator.checkpoint import write_state  # noqa: E402
-from learner.losses.metrics import Metric  # noqa: E402
+from stabledrl.common.trust.checkpoint_files import FORMAT  # noqa: E402
+from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
+from stabledrl.common.models.presets import build_tiny_policy  # noqa: E402
+from stabledrl.coordinator.runtime.checkpoint import write_state  # noqa: E402
+from stabledrl.learner.losses.statistics import Metric  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -72,19 +72,19 @@ class LearnerRank:
         self.engine = None
 
     def rendezvous_address(self):
-        from learner.group import rendezvous_address
+        from stabledrl.learner.group import rendezvous_address
 
         return rendezvous_address()
 
     def init_group(self, addr: str, port: int, rank: int, world: int) -> float:
-        from learner.group import init_learner_group
+        from stabledrl.learner.group import init_learner_group
 
         t0 = time.perf_counter()
         init_learner_group(addr, port, rank, world, backend="gloo", timeout_s=60)
         return time.perf_counter() - t0
 
     def build(self, cfg: LearnerConfig, seed: int = 0) -> float:
-        from learner.engine import LearnerEngine
+        from stabledrl.learner.engine import LearnerEngine
 
         t0 = time.perf_counter()
         self.engine = LearnerEngine(build_tiny_policy("llada", vocab_size=VOCAB, seed=seed), cfg)
@@ -170,7 +170,7 @@ class Reference:
     with the engine's parameter groups and warm-up."""
 
     def __init__(self, opt: OptimizerConfig, seed: int = 0) -> None:
-        from learner.zero import build_optimizer
+        from stabledrl.learner.zero import build_optimizer
 
         self.opt = opt
         self.model = build_tiny_policy("llada", vocab_size=VOCAB, seed=seed).train()
@@ -178,7 +178,7 @@ class Reference:
         self.applied = 0
 
     def step(self, mbs: list[list[dict]]) -> tuple[float, float]:
-        from learner.zero import lr_at
+        from stabledrl.learner.zero import lr_at
 
         self.optimizer.zero_grad()
         outs = [token_loss(self.model, mb) for rank in mbs for mb in rank]
@@ -292,8 +292,8 @@ def test_a_checkpoint_resumes_at_another_rank_count_and_zero_stage(ranks, solo, 
     weights, fp32 masters and Adam moments bit for bit, the schedule position, the client state.
     The update after it equals the uninterrupted 2-rank run to fp32 rounding, not bit for bit: the
     rank count changes the order of the gradient and grad-norm sums (and of nothing else)."""
-    from learner.engine import rank_rng_seed
-    from learner.reshard import read_shards
+    from stabledrl.learner.engine import rank_rng_seed
+    from stabledrl.learner.reshard import read_shards
 
     cfg2 = config(2, clip=1.0)
     build(ranks, cfg2)

@@ -15,13 +15,13 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig, OptimizerConfig  # noqa: E402
-from common.models import load_policy  # noqa: E402
-from common.models.presets import build_tiny_policy  # noqa: E402
-from common.checkpoint_files import FORMAT  # noqa: E402
-from coordinator.checkpoint import write_state  # noqa: E402
+from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig, OptimizerConfig  # noqa: E402
+from stabledrl.common.models import load_policy  # noqa: E402
+from stabledrl.common.models.presets import build_tiny_policy  # noqa: E402
+from stabledrl.common.trust.checkpoint_files import FORMAT  # noqa: E402
+from stabledrl.coordinator.runtime.checkpoint import write_state  # noqa: E402
 import harness  # noqa: E402
-from learner.worker import LearnerWorker  # noqa: E402
+from stabledrl.learner.worker import LearnerWorker  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -49,17 +49,17 @@ class LearnerRank:
         self.rank, self.engine = rank, None
 
     def rendezvous_address(self):
-        from learner.group import rendezvous_address
+        from stabledrl.learner.group import rendezvous_address
 
         return rendezvous_address()
 
     def init_group(self, addr: str, port: int) -> None:
-        from learner.group import init_learner_group
+        from stabledrl.learner.group import init_learner_group
 
         init_learner_group(addr, port, self.rank, 2, backend="gloo", timeout_s=60)
 
     def build(self, cfg: LearnerConfig, family: str = "llada", seed: int = 0) -> None:
-        from learner.engine import LearnerEngine
+        from stabledrl.learner.engine import LearnerEngine
 
         self.engine = LearnerEngine(build_tiny_policy(family, vocab_size=VOCAB, seed=seed), cfg)
 
@@ -68,7 +68,7 @@ class LearnerRank:
 
     def raw_weights(self) -> dict:
         """Every parameter under its name in the engine (adapters and frozen bases apart), gathered."""
-        from learner.zero import gathered_named_parameters
+        from stabledrl.learner.zero import gathered_named_parameters
 
         named = gathered_named_parameters(self.engine.module, self.engine.cfg.deepspeed.zero_stage, 1 << 20, True)
         return {n: t.to("cpu", copy=True) for n, t in named}
@@ -134,7 +134,7 @@ def test_the_updates_use_the_scheduled_lr(ranks):
                         deepspeed=DeepSpeedConfig(zero_stage=2, dtype="fp32"))
     build(ranks, cfg)
     reference = build_tiny_policy("llada", vocab_size=VOCAB, seed=0).train()
-    from learner.zero import build_optimizer
+    from stabledrl.learner.zero import build_optimizer
 
     adam = build_optimizer(reference, cfg.optimizer)
     for k, lr in enumerate([1e-2, 1e-2, 7.5e-3, 5e-3]):  # k=0 warm-up end, then 1 - (k-1)/4
@@ -164,7 +164,7 @@ def test_cpu_offload_trains_as_adamw_does(ranks, stage, params):
     offloaded = ray.get(ranks[0].offload.remote())
     assert offloaded == {"optimizer": True, "params": params == "cpu"}
     reference = build_tiny_policy("llada", vocab_size=VOCAB, seed=0).train()
-    from learner.zero import build_optimizer
+    from stabledrl.learner.zero import build_optimizer
 
     adam = build_optimizer(reference, cfg.optimizer)
     for k in range(3):
@@ -256,7 +256,7 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
         learner={"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0},
                  "lora": {**LORA.model_dump(), "push": push}},
         weights={"backend": backend}, run={"steps": 2})
-    from coordinator.driver import Driver
+    from stabledrl.coordinator.driver import Driver
 
     driver = Driver(cfg, rollout_cls=LoraRollout, learner_cls=LoraLearner, log=lambda s: None)
     driver.setup()
@@ -275,7 +275,7 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
     finally:
         driver.close()
     # its final checkpoint passes a resume's checks, and only with the same adapters
-    from coordinator import checkpoint
+    from stabledrl.coordinator.runtime import checkpoint
 
     config = driver.config_json()
     assert checkpoint.verify(checkpoint.checkpoint_dir(tmp_path), config, log=lambda s: None).tag == "step2"
@@ -356,8 +356,8 @@ def test_a_d1_shaped_lora_job_forwards_two_micro_batches_at_once_to_the_same_upd
     its KL to the frozen base (the adapters off, no second model), micro_batch normalisation, 2
     micro-batches of 4 rows a rank, μ = 2. Forwarding the two together (learner.micro_batches_per_forward
     2) gives the losses, the KL and the weights of one forward each."""
-    from common.config.base import validate
-    from common.config.job import JobConfig
+    from stabledrl.common.config.base import validate
+    from stabledrl.common.config.job import JobConfig
 
     def config(out, per_forward):
         cfg = harness.job_config(

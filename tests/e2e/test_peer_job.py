@@ -77,7 +77,7 @@ def test_a_pull_that_auto_chose_and_that_fails_falls_back_to_the_broadcast(broad
     auto does on GPUs); the workers' pulls are refused, or a learner rank cannot export its
     partitions. Every end fails at once (not at its timeout), the push is made again over the
     broadcast, and the job trains exactly as the broadcast job, every later group broadcast too."""
-    from coordinator import driver
+    from stabledrl.coordinator import driver
 
     monkeypatch.setattr(driver, "one_host_transport",
                         lambda requested, resolved, sources: resolved.model_copy(update={"backend": "peer"}))

@@ -1,4 +1,5 @@
-"""`stabledrl eval --protocol d1` through Ray actors on CPU (cli/protocol_eval.py, recipes/protocol_eval.py).
+"""`stabledrl eval --protocol d1` through Ray actors on CPU (stabledrl/evaluation/protocol_command.py,
+stabledrl/evaluation/protocol.py).
 
 A policy double whose answer is forced per (prompt, generation length) goes through the real
 sampler on two EvalWorker actors: the table must equal the hand-computed accuracies, every
@@ -16,12 +17,12 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from common.config.base import validate
-from common.config.job import JobConfig
-from common.config.protocol import ProtocolConfig
-from common.models.base import DiffusionPolicy, FamilySpec
-from common.tokenizer import build_char_tokenizer
-from recipes.protocol_eval import pending_units, prepare, run_units
+from stabledrl.common.config.base import validate
+from stabledrl.common.config.job import JobConfig
+from stabledrl.common.config.protocol import ProtocolConfig
+from stabledrl.common.models.base import DiffusionPolicy, FamilySpec
+from stabledrl.common.tokenizer import build_char_tokenizer
+from stabledrl.evaluation.protocol import pending_units, prepare, run_units
 from harness import local_ray  # noqa: E402  (tests/e2e on sys.path: pytest rootdir-relative import)
 
 pytestmark = pytest.mark.e2e
@@ -126,7 +127,7 @@ def table_values(table: dict) -> dict:
 
 
 def test_pass_at_1_is_the_hand_computed_value_and_a_rerun_skips_what_is_graded(tmp_path, capsys):
-    from cli.protocol_eval import protocol_command
+    from stabledrl.evaluation.protocol_command import protocol_command
 
     cfg = job(tmp_path, gen_lengths=[64, 128], batch_size=2)
     answers = forced_answers(cfg.eval.protocol)
@@ -180,7 +181,7 @@ def test_units_are_dealt_over_the_workers_and_each_prompt_runs_once(tmp_path):
 def test_the_command_prints_one_column_per_generation_length(tmp_path, capsys):
     import yaml
 
-    from cli.main import main
+    from stabledrl.cli.main import main
 
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(job(tmp_path).model_dump(mode="json")))  # d1's defaults: 128, 256, 512

@@ -19,10 +19,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from common.config.job import load_job_config  # noqa: E402
-from common.metrics import read_metrics  # noqa: E402
-from coordinator.driver import Driver  # noqa: E402
-from recipes.stages import JOB_STAGES  # noqa: E402
+from stabledrl.common.config.job import load_job_config  # noqa: E402
+from stabledrl.common.metrics import read_metrics  # noqa: E402
+from stabledrl.coordinator.driver import Driver  # noqa: E402
+from stabledrl.recipes.stages import JOB_STAGES  # noqa: E402
 
 from tests.e2e.harness import local_ray  # noqa: E402
 

@@ -14,11 +14,11 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import harness  # noqa: E402
-from common.config.job import load_job_config  # noqa: E402
-from common.models import load_tokenizer  # noqa: E402
-from common.models.release_tokenizers import write_tiny_release_checkpoint  # noqa: E402
-from coordinator.driver import Driver  # noqa: E402
-from recipes.stages import JOB_STAGES  # noqa: E402
+from stabledrl.common.config.job import load_job_config  # noqa: E402
+from stabledrl.common.models import load_tokenizer  # noqa: E402
+from stabledrl.common.models.release_tokenizers import write_tiny_release_checkpoint  # noqa: E402
+from stabledrl.coordinator.driver import Driver  # noqa: E402
+from stabledrl.recipes.stages import JOB_STAGES  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,9 +26,9 @@ import torch
 ray = pytest.importorskip("ray")
 
 import harness  # noqa: E402
-from cli.scale import scale  # noqa: E402
-from coordinator.control import start_control  # noqa: E402
-from coordinator.driver import Driver  # noqa: E402
+from stabledrl.cli.scale import scale  # noqa: E402
+from stabledrl.coordinator.runtime.control import start_control  # noqa: E402
+from stabledrl.coordinator.driver import Driver  # noqa: E402
 from harness import DETERMINISTIC, job_config, recording_learner, recording_rollout, run_driver, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -134,7 +134,7 @@ def test_stabledrl_scale_asks_a_running_job_and_refuses_what_it_cannot_do(cluste
     gcs = ray.get_runtime_context().gcs_address
 
     def stabledrl_scale(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "cli", "scale", "--address", gcs, *args], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "stabledrl", "scale", "--address", gcs, *args], cwd=ROOT,
                               capture_output=True, text=True, timeout=180, env=dict(os.environ))
 
     ok = stabledrl_scale("--job", "cli-test", "--workers", "3")

@@ -13,10 +13,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig, OptimizerConfig  # noqa: E402
-from common.models.presets import build_tiny_policy  # noqa: E402
-from common.transport.weights import WeightHandle, WeightPushConfig  # noqa: E402
-from coordinator.weight_sync import push_calls, push_sources  # noqa: E402
+from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig, OptimizerConfig  # noqa: E402
+from stabledrl.common.models.presets import build_tiny_policy  # noqa: E402
+from stabledrl.common.transport.base import WeightHandle, WeightPushConfig  # noqa: E402
+from stabledrl.coordinator.runtime.weight_sync import push_calls, push_sources  # noqa: E402
 import harness  # noqa: E402
 
 pytestmark = pytest.mark.e2e

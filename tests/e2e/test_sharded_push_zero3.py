@@ -18,10 +18,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
-from common.models.presets import build_tiny_policy  # noqa: E402
-from common.transport.weights import WeightPushConfig  # noqa: E402
-from coordinator.weight_sync import push_calls, push_sources  # noqa: E402
+from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
+from stabledrl.common.models.presets import build_tiny_policy  # noqa: E402
+from stabledrl.common.transport.base import WeightPushConfig  # noqa: E402
+from stabledrl.coordinator.runtime.weight_sync import push_calls, push_sources  # noqa: E402
 import harness  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -83,7 +83,7 @@ def cluster():
 
 
 def setup(cluster, cfg: WeightPushConfig, sources: int) -> None:
-    """The driver's set-up (coordinator/weight_sync.py): every learner rank gets the same call."""
+    """The driver's set-up (coordinator/runtime/weight_sync.py): every learner rank gets the same call."""
     learners, receiver = cluster
     addr, port = ray.get(learners[0].rendezvous_address.remote())
     world = max(sources, 1) + 1
@@ -124,7 +124,7 @@ def test_three_zero3_ranks_push_their_partitions_and_the_receiver_holds_the_gath
     # staged beside a running request (weights.staging), then swapped in
     ray.get([a.train_once.remote(base + 3) for a in learners])
     sends = [a.push_weights.remote(base + 3) for a in learners]
-    from common.transport.weights import WeightHandle
+    from stabledrl.common.transport.base import WeightHandle
 
     assert ray.get(receiver.stage_and_apply.remote(WeightHandle(base + 3, backend)), timeout=120) == base + 3
     ray.get(sends, timeout=120)

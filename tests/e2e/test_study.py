@@ -21,13 +21,13 @@ import yaml
 
 ray = pytest.importorskip("ray")
 
-import cli.main as cli  # noqa: E402
-from common.metrics import read_metrics  # noqa: E402
-from common.models import load_policy  # noqa: E402
-from coordinator.driver import Driver  # noqa: E402
-from recipes.stages import JOB_STAGES  # noqa: E402
-from cli.offline_eval import checkpoint_weights  # noqa: E402
-from recipes.study import StudyConfig, run_config, run_study, write_report  # noqa: E402
+import stabledrl.cli.main as cli  # noqa: E402
+from stabledrl.common.metrics import read_metrics  # noqa: E402
+from stabledrl.common.models import load_policy  # noqa: E402
+from stabledrl.coordinator.driver import Driver  # noqa: E402
+from stabledrl.recipes.stages import JOB_STAGES  # noqa: E402
+from stabledrl.evaluation.offline import checkpoint_weights  # noqa: E402
+from stabledrl.recipes.study import StudyConfig, run_config, run_study, write_report  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

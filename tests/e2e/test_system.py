@@ -26,13 +26,13 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from common.config.job import JobConfig  # noqa: E402
-from common.estimators import estimate, learner_seeds  # noqa: E402
-from common.metrics import read_metrics  # noqa: E402
-from common.models import load_policy  # noqa: E402
-from common.types import collate_samples  # noqa: E402
-from coordinator.driver import Driver  # noqa: E402
-from learner.losses import LossInputs, compute_loss, group_advantages, local_counts  # noqa: E402
+from stabledrl.common.config.job import JobConfig  # noqa: E402
+from stabledrl.common.estimators import estimate, learner_seeds  # noqa: E402
+from stabledrl.common.metrics import read_metrics  # noqa: E402
+from stabledrl.common.models import load_policy  # noqa: E402
+from stabledrl.common.types import collate_samples  # noqa: E402
+from stabledrl.coordinator.driver import Driver  # noqa: E402
+from stabledrl.learner.losses import LossInputs, compute_loss, group_advantages, local_counts  # noqa: E402
 import harness  # noqa: E402
 from harness import InspectedRollout  # noqa: E402
 
@@ -157,7 +157,7 @@ def test_slow_worker_groups_older_than_eta_are_dropped(cluster, tmp_path):
 
 
 def test_a_wait_that_times_out_names_what_it_waited_for(cluster):
-    from coordinator.actors import ActorFailure, wait
+    from stabledrl.coordinator.runtime.actors import ActorFailure, wait
 
     @ray.remote(num_cpus=0)
     def stuck(seconds: float) -> float:
@@ -174,8 +174,8 @@ def test_a_wait_that_times_out_names_what_it_waited_for(cluster):
 
 
 def test_resources_the_cluster_lacks_fail_in_time_naming_the_role(cluster, tmp_path):
-    from common.config.base import ConfigError
-    from coordinator.actors import ActorFailure
+    from stabledrl.common.config.base import ConfigError
+    from stabledrl.coordinator.runtime.actors import ActorFailure
 
     # more than the cluster has at all: refused before any actor starts, naming the sizing fields
     cfg = job_config(tmp_path, cluster={"learner": {"num_cpus": 0.5, "num_gpus": 1}, "start_timeout_s": 2})

@@ -1,7 +1,7 @@
 """Weight push end to end on real Ray actors: a 2-rank ZeRO-3 learner (DeepSpeed on CPU) streams
 its gathered parameters from rank 0 to 2 receiver actors, through the Ray object store and through
 the collective broadcast group (gloo: the code path NCCL takes on GPU). The calls are the driver's
-own (coordinator.weight_sync.push_calls) and each receiver loads through its rollout engine
+own (stabledrl.coordinator.runtime.weight_sync.push_calls) and each receiver loads through its rollout engine
 (TorchRolloutEngine.update_weights), as a rollout worker does."""
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
-from common.models.presets import build_tiny_policy  # noqa: E402
-from common.transport.weights import WeightPushConfig  # noqa: E402
-from coordinator.weight_sync import push_calls  # noqa: E402
+from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
+from stabledrl.common.models.presets import build_tiny_policy  # noqa: E402
+from stabledrl.common.transport.base import WeightPushConfig  # noqa: E402
+from stabledrl.coordinator.runtime.weight_sync import push_calls  # noqa: E402
 import harness  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -39,13 +39,13 @@ class LearnerRank:
         self.push_end = None
 
     def rendezvous_address(self):
-        from learner.group import rendezvous_address
+        from stabledrl.learner.group import rendezvous_address
 
         return rendezvous_address()
 
     def start(self, addr: str, port: int, world: int) -> None:
-        from learner.engine import LearnerEngine
-        from learner.group import init_learner_group
+        from stabledrl.learner.engine import LearnerEngine
+        from stabledrl.learner.group import init_learner_group
 
         init_learner_group(addr, port, self.rank, world, backend="gloo", timeout_s=60)
         cfg = LearnerConfig(num_ranks=world, optimizer=OptimizerConfig(lr=1e-2, eps=1e-3),
@@ -57,7 +57,7 @@ class LearnerRank:
         self.engine.train_step([{"input_ids": ids, "denominator": 32.0}], ce_loss)
 
     def setup_push(self, cfg: WeightPushConfig, **kwargs) -> None:
-        from common.transport import setup_weight_push
+        from stabledrl.common.transport import setup_weight_push
 
         if getattr(self, "push_end", None) is not None:
             self.push_end.close()
@@ -157,7 +157,7 @@ def test_missing_receiver_fails_the_sender_in_time_and_names_it(cluster):
     learners, receivers = cluster
     cfg = WeightPushConfig(backend="gloo", timeout_s=4)
     setup_broadcast(cluster, cfg, ["rollout-0", "rollout-1", "rollout-ghost"])  # the ghost never joins
-    from common.transport.weights import WeightHandle
+    from stabledrl.common.transport.base import WeightHandle
 
     t0 = time.perf_counter()
     sends = [a.push_weights.remote(4) for a in learners]

@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
-from common.transport.staging import StagedWeights
-from learner.async_checkpoint import BackgroundWriter, HostBounce, marker_name, snapshot
-from learner.group import free_port
+from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+from stabledrl.common.transport.staging import StagedWeights
+from stabledrl.learner.async_checkpoint import BackgroundWriter, HostBounce, marker_name, snapshot
+from stabledrl.learner.group import free_port
 
 pytestmark = pytest.mark.gpu
 
@@ -60,7 +60,7 @@ def test_the_process_writer_snapshots_a_device_state_at_the_save_and_at_the_link
     (the double-buffered bounce); the copy is exact, taken after the update that produced the state
     and before the next one changes it; its speed is printed (the step after a save waits for it
     if it outlasts the next forward and backward)."""
-    from learner.checkpoint_process import ProcessWriter, storages_nbytes
+    from stabledrl.learner.checkpoint_process import ProcessWriter, storages_nbytes
 
     dev = torch.device("cuda", 0)
     g = torch.Generator(device=dev).manual_seed(0)

@@ -5,7 +5,7 @@ gloo.
     python -m pytest -q -m gpu tests/gpu/test_elastic_gpu.py      # needs 4 GPUs: 1 rank + up to 3 workers
 
 One learner rank (ZeRO-2, bf16) and 2 GPU rollout workers, η = 1 with in-order batches. After step
-1 the job is scaled to 3 workers (`coordinator.control.scale`, what `stabledrl scale` does): the
+1 the job is scaled to 3 workers (`stabledrl.coordinator.runtime.control.scale`, what `stabledrl scale` does): the
 new worker joins the NCCL group at the next push, which rebuilds it. Worker 0 then SIGKILLs itself
 in the middle of a request: its prompts are re-queued, a replacement starts and joins the group at
 the following push (the workers hold their requests after the kill until both new workers have
@@ -29,10 +29,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from common.config.base import validate  # noqa: E402
-from common.config.job import JobConfig  # noqa: E402
-from cli.scale import scale  # noqa: E402
-from coordinator.driver import Driver  # noqa: E402
+from stabledrl.common.config.base import validate  # noqa: E402
+from stabledrl.common.config.job import JobConfig  # noqa: E402
+from stabledrl.cli.scale import scale  # noqa: E402
+from stabledrl.coordinator.driver import Driver  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import harness  # noqa: E402  (the test workers the e2e tests share)
 from harness import InspectedLearner, InspectedRollout  # noqa: E402

@@ -13,8 +13,8 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from common.transport import WeightPushConfig
-from common.transport.ipc import IpcPush
+from stabledrl.common.transport import WeightPushConfig
+from stabledrl.common.transport.ipc import IpcPush
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -109,7 +109,7 @@ def partition_receiver(rank: int, handles, acks, results) -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_zero3_ranks_fill_both_buffers_through_nccl_and_each_worker_loads_the_full_weights():
-    from learner.group import free_port
+    from stabledrl.learner.group import free_port
 
     ctx = mp.get_context("spawn")
     handles, acks, results = [ctx.Queue(), ctx.Queue()], [ctx.Queue(), ctx.Queue()], ctx.Queue()

@@ -17,10 +17,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
-from common.models.presets import build_tiny_policy  # noqa: E402
-from common.transport.weights import WeightHandle, WeightPushConfig  # noqa: E402
-from coordinator.weight_sync import push_calls  # noqa: E402
+from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
+from stabledrl.common.models.presets import build_tiny_policy  # noqa: E402
+from stabledrl.common.transport.base import WeightHandle, WeightPushConfig  # noqa: E402
+from stabledrl.coordinator.runtime.weight_sync import push_calls  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -52,17 +52,17 @@ class GpuRank:
         self.push_end = None
 
     def address(self):
-        from learner.group import rendezvous_address
+        from stabledrl.learner.group import rendezvous_address
 
         return rendezvous_address()
 
     def start(self, addr: str, port: int, world: int) -> None:
-        from learner.group import init_learner_group
+        from stabledrl.learner.group import init_learner_group
 
         init_learner_group(addr, port, self.rank, world, timeout_s=120)  # auto: nccl
 
     def build(self, stage: int) -> str:
-        from learner.engine import LearnerEngine
+        from stabledrl.learner.engine import LearnerEngine
 
         cfg = LearnerConfig(optimizer=OptimizerConfig(lr=1e-3, grad_clip=1e9),
                             deepspeed=DeepSpeedConfig(zero_stage=stage, param_persistence_threshold=0,
@@ -80,7 +80,7 @@ class GpuRank:
         return self.engine.state_dict_for_push(all_ranks=True)
 
     def setup_push(self, cfg, **kwargs) -> None:
-        from common.transport import setup_weight_push
+        from stabledrl.common.transport import setup_weight_push
 
         if getattr(self, "push_end", None) is not None:
             self.push_end.close()
@@ -102,14 +102,14 @@ class GpuRank:
 @ray.remote(num_gpus=1, num_cpus=1)
 class GpuReceiver:
     def __init__(self) -> None:
-        from rollout.engine import TorchRolloutEngine
+        from stabledrl.rollout.engine import TorchRolloutEngine
 
         self.engine = TorchRolloutEngine(
             build_tiny_policy("llada", vocab_size=VOCAB, seed=1, dtype=torch.bfloat16).cuda()
         )
 
     def setup_push(self, cfg, **kwargs) -> None:
-        from common.transport import setup_weight_push
+        from stabledrl.common.transport import setup_weight_push
 
         if getattr(self, "push_end", None) is not None:
             self.push_end.close()

@@ -25,8 +25,8 @@ def end(rank: int, world: int, sources: int, port: int, results, staged: bool = 
     (``staged``: into a worker's staging copy, copied whole per source span and applied after)."""
     import torch
 
-    from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
-    from common.transport.staging import StagedWeights
+    from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+    from stabledrl.common.transport.staging import StagedWeights
     from tests.unit.test_sharded_push import full_weights, holder, partitions
 
     try:
@@ -65,7 +65,7 @@ def end(rank: int, world: int, sources: int, port: int, results, staged: bool = 
 
 @pytest.mark.parametrize("sources,staged", [(0, False), (2, False), (2, True)])
 def test_a_worker_on_another_gpu_pulls_the_ranks_weights(sources, staged):
-    from learner.group import free_port
+    from stabledrl.learner.group import free_port
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

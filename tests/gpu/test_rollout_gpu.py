@@ -19,9 +19,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import benchlib as bl  # noqa: E402
-from common.attention import full_mask  # noqa: E402
-from common.config.sampler import SamplerConfig  # noqa: E402
-from rollout.sampling import generate  # noqa: E402
+from stabledrl.common.attention import full_mask  # noqa: E402
+from stabledrl.common.config.sampler import SamplerConfig  # noqa: E402
+from stabledrl.rollout.sampling import generate  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA = torch.device("cuda", 0)
@@ -29,7 +29,7 @@ SHAPE = dict(vocab_size=512, hidden_size=128, num_hidden_layers=3, num_attention
 
 
 def policy(family: str, dtype: torch.dtype, **kw):
-    from common.models.presets import build_tiny_policy
+    from stabledrl.common.models.presets import build_tiny_policy
 
     return build_tiny_policy(family, dtype=dtype, num_key_value_heads=2, **SHAPE, **kw).to(CUDA)
 

@@ -16,8 +16,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import benchlib as bl  # noqa: E402
-from common.config.sampler import SamplerConfig  # noqa: E402
-from rollout.sampling import generate  # noqa: E402
+from stabledrl.common.config.sampler import SamplerConfig  # noqa: E402
+from stabledrl.rollout.sampling import generate  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA = torch.device("cuda", 0)

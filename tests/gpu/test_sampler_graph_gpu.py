@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.config.sampler import SamplerConfig
-from common.models import build_tiny_policy
-from common.transport.weights import WeightHandle
-from rollout.engine import TorchRolloutEngine
-from rollout.sampling import StepGraphs, generate
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.transport.base import WeightHandle
+from stabledrl.rollout.engine import TorchRolloutEngine
+from stabledrl.rollout.sampling import StepGraphs, generate
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA = torch.device("cuda", 0)

@@ -15,8 +15,8 @@ import torch
 
 pytest.importorskip("ray")
 
-from common.metrics import read_metrics  # noqa: E402
-from recipes.study import StudyConfig, run_study, save_study_config, write_report  # noqa: E402
+from stabledrl.common.metrics import read_metrics  # noqa: E402
+from stabledrl.recipes.study import StudyConfig, run_study, save_study_config, write_report  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -19,9 +19,9 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from common.config.base import validate  # noqa: E402
-from common.config.job import JobConfig  # noqa: E402
-from coordinator.driver import Driver  # noqa: E402
+from stabledrl.common.config.base import validate  # noqa: E402
+from stabledrl.common.config.job import JobConfig  # noqa: E402
+from stabledrl.coordinator.driver import Driver  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import harness  # noqa: E402  (the test workers the e2e tests share)
 from harness import InspectedLearner, InspectedRollout  # noqa: E402

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.config.estimator import UniformStaircaseConfig
-from common.config.sampler import SamplerConfig
-from common.estimators import estimate
-from common.models import build_tiny_policy
-from common.types import SequenceBatch, left_pad
-from rollout.sampling import generate
+from stabledrl.common.config.estimator import UniformStaircaseConfig
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.estimators import estimate
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.types import SequenceBatch, left_pad
+from stabledrl.rollout.sampling import generate
 
 pytest.importorskip("transformers.models.diffusion_gemma")
 pytestmark = pytest.mark.gpu

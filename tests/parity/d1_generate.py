@@ -2,12 +2,12 @@
 
     python tests/parity/d1_generate.py --d1 ~/d1 --llada DIR_WITH_modeling_llada.py [--rows 3 --gen 16]
 
-A tiny random LLaDA is written in LLaDA's released layout (``common.models.convert``'s export of a
+A tiny random LLaDA is written in LLaDA's released layout (``stabledrl.common.models.convert``'s export of a
 deterministic project model: config.json with LLaDA's keys, ``model.transformer.*`` weights), then
 loaded twice: by LLaDA's own model code (``modeling_llada.py`` / ``configuration_llada.py`` from
 DIR, as d1 loads the checkpoint) and by this project's loader (the conversion to a Llama block).
 A left-padded batch of prompts of different lengths (padding visible, as d1's collate pads it) is
-decoded greedily in fp32 by d1's ``eval/generate.py::generate`` and by ``rollout.sampling`` with
+decoded greedily in fp32 by d1's ``eval/generate.py::generate`` and by ``stabledrl.rollout.sampling`` with
 ``compat: d1``; the completions must be token-identical. Exits 1 naming the first difference.
 
 ``tiny_case()`` is the deterministic model and batch; ``tests/unit/test_d1_compat.py`` pins the
@@ -34,8 +34,8 @@ def tiny_case(rows: int = 4, gen_length: int = 32, block_length: int = 8, mask_t
     whose every weight is drawn from its own seeded generator (independent of init schemes).
     ``mask_tie``: the [MASK] row of the output head equals a frequent token's, so [MASK] wins some
     argmaxes (the lower id wins a tie), which d1 lets happen."""
-    from common.config.sampler import SamplerConfig
-    from common.models.presets import build_tiny_policy
+    from stabledrl.common.config.sampler import SamplerConfig
+    from stabledrl.common.models.presets import build_tiny_policy
 
     policy = build_tiny_policy("llada", vocab_size=VOCAB, mask_token_id=MASK, eos_token_id=EOS, pad_token_id=PAD,
                                bos_token_id=BOS, seed=0, **SHAPE)
@@ -60,7 +60,7 @@ def tiny_case(rows: int = 4, gen_length: int = 32, block_length: int = 8, mask_t
 
 
 def project_tokens(policy, prompts: torch.Tensor, cfg) -> torch.Tensor:
-    from rollout.sampling import generate
+    from stabledrl.rollout.sampling import generate
 
     out = generate(policy, list(prompts), torch.zeros(len(prompts), dtype=torch.long), cfg)
     return out.completion_ids.cpu()
@@ -70,7 +70,7 @@ def write_released(policy, directory: Path, llada_dir: Path) -> None:
     """The policy in LLaDA's released layout, with LLaDA's model code beside it."""
     from safetensors.torch import save_file
 
-    from common.models.convert import hf_to_original
+    from stabledrl.common.models.convert import hf_to_original
 
     raw, state = hf_to_original("llada", policy.model.config, {k: v.contiguous() for k, v in
                                                                policy.model.state_dict().items()})

@@ -7,13 +7,13 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from common.config.base import validate
-from common.config.job import JobConfig
-from common.stats import Reduce, Stat
-from common.tasks import PromptStream, Row
-from common.types import Episode, EvalResult, Group, Sample
-from coordinator import events as ev
-from coordinator.scheduler import Scheduler
+from stabledrl.common.config.base import validate
+from stabledrl.common.config.job import JobConfig
+from stabledrl.common.stats import Reduce, Stat
+from stabledrl.common.tasks import PromptStream, Row
+from stabledrl.common.types import Episode, EvalResult, Group, Sample
+from stabledrl.coordinator.decisions import events as ev
+from stabledrl.coordinator.decisions.scheduler import Scheduler
 
 ROWS = [Row(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(64)]
 

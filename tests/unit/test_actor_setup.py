@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from common.actor_setup import hand_back_gpu_memory
+from stabledrl.common.actor_setup import hand_back_gpu_memory
 
 
 def test_a_colocated_actor_empties_its_allocators_cache_and_a_lone_one_keeps_it(monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.actor_time import ActorClock, ActorTimes
+from stabledrl.common.actor_time import ActorClock, ActorTimes
 
 
 class FakeClock(ActorClock):

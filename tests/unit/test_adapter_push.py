@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from common.transport.adapters import AdapterMerger, merged_weight
-from common.transport.staging import StagedWeights
-from common.transport.weights import ParameterLoader, WeightHandle
+from stabledrl.common.transport.adapters import AdapterMerger, merged_weight
+from stabledrl.common.transport.staging import StagedWeights
+from stabledrl.common.transport.base import ParameterLoader, WeightHandle
 
 
 class Net(nn.Module):
@@ -89,9 +89,9 @@ def test_adapters_of_a_module_the_receiver_does_not_have_or_of_the_wrong_shape_f
 
 
 def test_the_learner_sends_a_and_b_of_every_target_and_no_frozen_weight():
-    from common.config.learner import LoraConfig
-    from common.models.presets import build_tiny_policy
-    from learner.lora import add_adapters, adapter_named_parameters
+    from stabledrl.common.config.learner import LoraConfig
+    from stabledrl.common.models.presets import build_tiny_policy
+    from stabledrl.learner.lora import add_adapters, adapter_named_parameters
 
     policy = build_tiny_policy("llada", vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                num_key_value_heads=2, intermediate_size=48, mask_token_id=2, eos_token_id=1,

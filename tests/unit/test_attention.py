@@ -1,8 +1,8 @@
 import torch
 
-from common.attention import PAD_BLOCK, block_causal_mask, block_ids, full_mask
-from common.models import build_tiny_policy
-from common.types import left_pad
+from stabledrl.common.attention import PAD_BLOCK, block_causal_mask, block_ids, full_mask
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.types import left_pad
 
 
 def test_block_ids_align_to_response_start_whatever_the_padding():

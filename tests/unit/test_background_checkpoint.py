@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from learner.async_checkpoint import BackgroundWriter, HostBounce, marker_name, snapshot
+from stabledrl.learner.async_checkpoint import BackgroundWriter, HostBounce, marker_name, snapshot
 
 torch.set_num_threads(1)
 
@@ -87,10 +87,10 @@ def test_a_failed_write_leaves_an_error_marker_and_raises(tmp_path):
 
 # ---- a real ZeRO-3 engine (one gloo rank, in a process of its own) ----------------------------
 def _engine_run(directory: str, delay_s: float, out) -> None:
-    from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
-    from common.models.presets import build_tiny_policy
-    from learner.engine import LearnerEngine
-    from learner.group import free_port, init_learner_group
+    from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
+    from stabledrl.common.models.presets import build_tiny_policy
+    from stabledrl.learner.engine import LearnerEngine
+    from stabledrl.learner.group import free_port, init_learner_group
 
     torch.set_num_threads(1)
     init_learner_group("127.0.0.1", free_port(), 0, 1, backend="gloo", timeout_s=60)
@@ -120,7 +120,9 @@ def _engine_run(directory: str, delay_s: float, out) -> None:
     marker_during = (Path(directory) / "step2" / marker_name(0)).exists()
     written = engine.checkpoint_written(timeout_s=None)
     changed = any(not torch.equal(t, saved[n]) for n, t in engine.state_dict_for_push().items())
-    from coordinator.checkpoint import FORMAT, write_state  # what the coordinator adds once the marker is there
+    from stabledrl.coordinator.runtime.checkpoint import ( # what the coordinator adds once the marker is there
+        FORMAT, write_state,
+    )
 
     write_state(Path(directory) / "step2", {"format": FORMAT, "step": 2, "config": {}, "parameter_shapes": {}})
     client = engine.load_checkpoint(directory, tag="step2")

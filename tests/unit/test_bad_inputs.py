@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cli.main as cli
+import stabledrl.cli.main as cli
 from test_config_mistakes import JOB
 
 GOOD = '{"prompt": "1+2=", "answer": "3"}\n'
@@ -49,7 +49,7 @@ CASES = ["missing file", "empty jsonl", "non-utf-8", "broken line", "wrong colum
 @pytest.fixture
 def no_cluster(monkeypatch):
     """The driver up to its first actor, without Ray: the cluster offers plenty, no actor may start."""
-    import coordinator.driver as driver
+    import stabledrl.coordinator.driver as driver
 
     monkeypatch.setattr(cli, "_start_ray", lambda cfg: None)
     monkeypatch.setattr(driver.ray, "cluster_resources", lambda: {"CPU": 64.0})

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from common.types import Episode, Group, Sample
-from coordinator.buffer import GroupBuffer
-from coordinator.staleness import StalenessController
+from stabledrl.common.types import Episode, Group, Sample
+from stabledrl.coordinator.decisions.buffer import GroupBuffer
+from stabledrl.coordinator.decisions.staleness import StalenessController
 
 
 def episode(uid: int, version: int, samples: int = 2) -> Episode:

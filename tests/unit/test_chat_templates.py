@@ -6,20 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.config.estimator import BlockRandomConfig
-from common.config.model import ModelConfig
-from common.config.sampler import SamplerConfig
-from common.config.task import parse_task_config
-from common.models import build_tiny_policy, load_policy, load_tokenizer, resolve_token_ids, save_original_checkpoint
-from common.models.release_tokenizers import RELEASES, write_release_tokenizer
-from common.tasks import RewardScorer, Row, build_task
-from common.tasks.prompts import PromptError, prompt_ids, prompt_text
-from common.tokenizer import build_char_tokenizer
-from learner.sft import encode_pairs
-from rollout.engine import TorchRolloutEngine
-from rollout.evaluate import evaluate
-from common.types import PromptRequest
-from rollout.workflow import encode_prompt, run_episodes
+from stabledrl.common.config.estimator import BlockRandomConfig
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.models import (
+    build_tiny_policy, load_policy, load_tokenizer, resolve_token_ids, save_original_checkpoint,
+)
+from stabledrl.common.models.release_tokenizers import RELEASES, write_release_tokenizer
+from stabledrl.common.sandbox.scorer import RewardScorer
+from stabledrl.common.tasks import Row, build_task
+from stabledrl.common.tasks.prompts import PromptError, prompt_ids, prompt_text
+from stabledrl.common.tokenizer import build_char_tokenizer
+from stabledrl.learner.sft import encode_pairs
+from stabledrl.rollout.engine import TorchRolloutEngine
+from stabledrl.rollout.evaluate import evaluate
+from stabledrl.common.types import PromptRequest
+from stabledrl.rollout.workflow import encode_prompt, run_episodes
 
 ROW = Row(prompt_id="q1", prompt="What is 2+3?", answer="5")
 SAMPLER = SamplerConfig(gen_length=4, block_length=4, steps=4, temperature=1.0)
@@ -133,7 +136,7 @@ class RecordingEngine:
         self.eos, self.prompts = eos, []
 
     def generate(self, prompts, seeds, sampler_cfg):
-        from rollout.sampling import GenerationOutput
+        from stabledrl.rollout.sampling import GenerationOutput
 
         self.prompts += [p.tolist() for p in prompts]
         n = len(prompts)

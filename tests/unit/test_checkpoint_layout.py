@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from common.checkpoint_files import CheckpointError, check_weight_files, read_latest, verify_tag
-from coordinator.checkpoint import verify
+from stabledrl.common.trust.checkpoint_files import CheckpointError, check_weight_files, read_latest, verify_tag
+from stabledrl.coordinator.runtime.checkpoint import verify
 from malicious_pickles import write
 from test_checkpoint_loading import SHARD, job_tag
 
@@ -92,8 +92,8 @@ def test_a_weight_file_an_index_names_is_scanned_whatever_its_name(tmp_path, mar
 
 
 def test_the_model_loader_scans_an_indexed_weight_file_before_loading(tmp_path, marker):
-    from common.config.model import ModelConfig
-    from common.models import load_policy
+    from stabledrl.common.config.model import ModelConfig
+    from stabledrl.common.models import load_policy
     from test_checkpoint_loading import model_dir
 
     directory = model_dir(tmp_path / "model")
@@ -106,8 +106,8 @@ def test_the_model_loader_scans_an_indexed_weight_file_before_loading(tmp_path, 
 
 
 def test_episodes_json_with_an_extra_field_is_refused_naming_it(tmp_path):
-    from common.checkpoint_files import STATE_FILE
-    from coordinator.checkpoint import write_state
+    from stabledrl.common.trust.checkpoint_files import STATE_FILE
+    from stabledrl.coordinator.runtime.checkpoint import write_state
     from test_checkpoint_verify import CONFIG, make_checkpoint
 
     tag = make_checkpoint(tmp_path)
@@ -123,10 +123,10 @@ def test_episodes_json_with_an_extra_field_is_refused_naming_it(tmp_path):
 def test_warm_start_weights_swapped_with_their_hashes_rewritten_are_refused(tmp_path, monkeypatch, marker):
     import yaml
 
-    from common.config.base import validate
-    from common.config.job import JobConfig
-    from common.run_seal import seal_json
-    from recipes.warmstart import MANIFEST, file_hashes, warm_start, warmstart_dir
+    from stabledrl.common.config.base import validate
+    from stabledrl.common.config.job import JobConfig
+    from stabledrl.common.trust.seal import seal_json
+    from stabledrl.recipes.warmstart import MANIFEST, file_hashes, warm_start, warmstart_dir
     from test_checkpoint_loading import eval_config, model_dir
 
     monkeypatch.setenv("STABLEDRL_KEY_FILE", str(tmp_path / "key"))

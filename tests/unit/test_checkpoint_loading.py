@@ -18,8 +18,10 @@ import pytest
 import torch
 import yaml
 
-from common.checkpoint_files import FORMAT, STATE_FILE, CheckpointError, restricted_unpickling, verify_tag
-from coordinator.checkpoint import verify, write_state
+from stabledrl.common.trust.checkpoint_files import (
+    FORMAT, STATE_FILE, CheckpointError, restricted_unpickling, verify_tag,
+)
+from stabledrl.coordinator.runtime.checkpoint import verify, write_state
 from malicious_pickles import VARIANTS, armed, write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +105,7 @@ def eval_config(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("variant", ["zip_os_system", "legacy_torch"])
 def test_eval_checkpoint_refuses_a_malicious_shard_with_exit_2(tmp_path, marker, capsys, variant):
-    from cli.main import main
+    from stabledrl.cli.main import main
 
     tag = job_tag(tmp_path)
     file = tamper(tag, variant, marker)
@@ -114,18 +116,18 @@ def test_eval_checkpoint_refuses_a_malicious_shard_with_exit_2(tmp_path, marker,
 
 def model_dir(directory: Path) -> Path:
     """The tiny LLaDA preset exported as a transformers directory (what ``--model`` takes)."""
-    from common.config.model import ModelConfig
-    from common.models import export_hf, load_policy
+    from stabledrl.common.config.model import ModelConfig
+    from stabledrl.common.models import export_hf, load_policy
 
     policy, tokenizer = load_policy(ModelConfig(preset="tiny-llada"))
     return Path(export_hf(policy, tokenizer, directory))
 
 
 def test_a_model_directory_with_a_malicious_bin_is_refused(tmp_path, marker, capsys):
-    from common.config.model import ModelConfig
-    from common.models import load_policy
-    from common.models.loading import read_state_dict
-    from cli.main import main
+    from stabledrl.common.config.model import ModelConfig
+    from stabledrl.common.models import load_policy
+    from stabledrl.common.models.loading import read_state_dict
+    from stabledrl.cli.main import main
 
     directory = model_dir(tmp_path / "model")
     for f in directory.glob("*.safetensors"):
@@ -140,10 +142,10 @@ def test_a_model_directory_with_a_malicious_bin_is_refused(tmp_path, marker, cap
 
 
 def test_the_warm_start_cache_is_checked_against_its_hashes(tmp_path, marker):
-    from common.config.base import validate
-    from common.config.job import JobConfig
-    from common.run_seal import seal_json
-    from recipes.warmstart import MANIFEST, file_hashes, warm_start, warmstart_dir
+    from stabledrl.common.config.base import validate
+    from stabledrl.common.config.job import JobConfig
+    from stabledrl.common.trust.seal import seal_json
+    from stabledrl.recipes.warmstart import MANIFEST, file_hashes, warm_start, warmstart_dir
 
     data = yaml.safe_load(eval_config(tmp_path).read_text())
     cfg = validate(JobConfig, {**data, "warmstart": {"steps": 1, "cache_dir": str(tmp_path / "cache")}})
@@ -166,12 +168,12 @@ LEARNER_SCRIPT = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     sys.path.insert(0, {tests!r})
-    from common.checkpoint_files import FORMAT, CheckpointError
-    from common.config.learner import LearnerConfig
-    from common.models.presets import build_tiny_policy
-    from coordinator.checkpoint import write_state
-    from learner.engine import LearnerEngine
-    from learner.group import free_port, init_learner_group
+    from stabledrl.common.trust.checkpoint_files import FORMAT, CheckpointError
+    from stabledrl.common.config.learner import LearnerConfig
+    from stabledrl.common.models.presets import build_tiny_policy
+    from stabledrl.coordinator.runtime.checkpoint import write_state
+    from stabledrl.learner.engine import LearnerEngine
+    from stabledrl.learner.group import free_port, init_learner_group
     from malicious_pickles import write
 
     directory, marker = Path(sys.argv[1]), Path(sys.argv[2])

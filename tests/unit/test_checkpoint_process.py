@@ -21,10 +21,10 @@ import pytest
 import torch
 import yaml
 
-from common.config.base import ConfigError
-from common.config.job import load_job_config
-from learner.async_checkpoint import CheckpointWriteError, marker_name
-from learner.checkpoint_process import ProcessWriter, storages_nbytes
+from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.job import load_job_config
+from stabledrl.learner.async_checkpoint import CheckpointWriteError, marker_name
+from stabledrl.learner.checkpoint_process import ProcessWriter, storages_nbytes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,12 +147,12 @@ def test_a_child_killed_during_a_write_fails_that_save_and_the_next_save_starts_
 
 def test_the_child_dies_with_its_learner_and_leaves_no_marker(tmp_path):
     """A learner killed during the write: its child ends too, so the tag stays incomplete and a
-    resume takes the checkpoint before (coordinator/checkpoint.py; tests/e2e/test_async_checkpoint.py)."""
+    resume takes the checkpoint before (coordinator/runtime/checkpoint.py; tests/e2e/test_async_checkpoint.py)."""
     path = tmp_path / "model_states.pt"
     os.mkfifo(f"{path}.tmp")  # the child blocks in the write until it is killed
     script = textwrap.dedent(f"""
         import os, sys, torch
-        from learner.checkpoint_process import ProcessWriter
+        from stabledrl.learner.checkpoint_process import ProcessWriter
         w = ProcessWriter(True)
         w.save({{"w": torch.ones(1000)}}, {str(path)!r})
         w.start({str(tmp_path / marker_name(0))!r})
@@ -194,10 +194,10 @@ def test_an_unknown_writer_is_refused_naming_the_field(tmp_path):
 
 # ---- a real ZeRO-3 engine (one gloo rank, in a process of its own) ----------------------------
 def _engine_run(directory: str, out) -> None:
-    from common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
-    from common.models.presets import build_tiny_policy
-    from learner.engine import LearnerEngine
-    from learner.group import free_port, init_learner_group
+    from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
+    from stabledrl.common.models.presets import build_tiny_policy
+    from stabledrl.learner.engine import LearnerEngine
+    from stabledrl.learner.group import free_port, init_learner_group
 
     torch.set_num_threads(1)
     init_learner_group("127.0.0.1", free_port(), 0, 1, backend="gloo", timeout_s=60)
@@ -219,7 +219,7 @@ def _engine_run(directory: str, out) -> None:
     engine.train_step(batch, loss_fn)  # changes the weights while the files are written
     written = engine.checkpoint_written(timeout_s=None)
     changed = any(not torch.equal(t, saved[n]) for n, t in engine.state_dict_for_push().items())
-    from coordinator.checkpoint import FORMAT, write_state
+    from stabledrl.coordinator.runtime.checkpoint import FORMAT, write_state
 
     write_state(Path(directory) / "step1", {"format": FORMAT, "step": 1, "config": {}, "parameter_shapes": {}})
     client = engine.load_checkpoint(directory, tag="step1")

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.types import Group, Sample
-from coordinator import checkpoint
-from common.metrics import restore_metrics
-from coordinator.checkpoint import CheckpointError, check_shapes, verify, write_state
-from coordinator.episode_io import load_episodes, save_episodes
-from common.types import Episode
+from stabledrl.common.types import Group, Sample
+from stabledrl.coordinator.runtime import checkpoint
+from stabledrl.common.metrics import restore_metrics
+from stabledrl.coordinator.runtime.checkpoint import CheckpointError, check_shapes, verify, write_state
+from stabledrl.coordinator.runtime.episode_io import load_episodes, save_episodes
+from stabledrl.common.types import Episode
 
 CONFIG = {
     "model": {"preset": "tiny-llada", "gradient_checkpointing": False},
@@ -171,7 +171,7 @@ def test_a_checkpoint_directory_without_write_permission_is_named_as_such(tmp_pa
     import os
     import tempfile
 
-    from coordinator.checkpoint import ensure_writable
+    from stabledrl.coordinator.runtime.checkpoint import ensure_writable
 
     ensure_writable(tmp_path / "checkpoints" / "step1")  # creates it
     assert (tmp_path / "checkpoints" / "step1").is_dir() and not list((tmp_path / "checkpoints" / "step1").iterdir())

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cli.main as cli
+import stabledrl.cli.main as cli
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "quickstart.yaml"
 
@@ -47,7 +47,7 @@ def test_python_dash_m_cli_is_the_same_command():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "cli", "train", "--config", str(QUICKSTART), "--dry-run"],
+    out = subprocess.run([sys.executable, "-m", "stabledrl", "train", "--config", str(QUICKSTART), "--dry-run"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert yaml.safe_load(out.stdout)["model"]["preset"] == "tiny-llada"
@@ -60,7 +60,7 @@ def test_without_config_the_quickstart_is_the_default(capsys, no_training):
 
 
 def test_scale_sends_the_token_without_ray_auth_mode_set_by_hand(tmp_path, monkeypatch):
-    from cli.scale import auth_env
+    from stabledrl.cli.scale import auth_env
 
     token = tmp_path / "token"
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token

@@ -1,12 +1,12 @@
 """`stabledrl train --dry-run` without the model or the data: what is missing and how to get it, and
-the run's plan (cli/dry_run.py)."""
+the run's plan (stabledrl/cli/dry_run.py)."""
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from cli import main as cli
-from common.models.model_dir import fetch_command
+from stabledrl.cli import main as cli
+from stabledrl.common.models.model_dir import fetch_command
 
 D1_RECIPE = "deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml"
 

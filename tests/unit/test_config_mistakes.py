@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cli.main as cli
-from common.config.base import ConfigError
-from common.config.job import check_resources, load_job_config
+import stabledrl.cli.main as cli
+from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.job import check_resources, load_job_config
 
 JOB = {
     "model": {"preset": "tiny-llada"},

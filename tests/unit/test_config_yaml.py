@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.config.base import ConfigError, load_yaml
-from common.config.job import load_job_config
+from stabledrl.common.config.base import ConfigError, load_yaml
+from stabledrl.common.config.job import load_job_config
 
 QUICKSTART = open("deploy/configs/quickstart.yaml").read()
 

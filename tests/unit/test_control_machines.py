@@ -1,19 +1,19 @@
-"""Each of the scheduler's state machines alone (coordinator/admission.py, weights.py, evaluation.py,
+"""Each of the scheduler's state machines alone (coordinator/decisions/admission.py, weights.py, evaluation.py,
 fleet_policy.py), fed its own events: no scheduler, no Ray, no model; and the one metric type
 (common/stats.py) they and the learner share. Milliseconds each."""
 from __future__ import annotations
 
 import pickle
 
-from common.stats import Reduce, Stat, combine
-from common.tasks import PromptStream
-from common.types import EvalResult
-from coordinator import events as ev
-from coordinator.admission import Admission
-from coordinator.evaluation import Evaluation
-from coordinator.fleet import Fleet
-from coordinator.fleet_policy import FleetPolicy
-from coordinator.weights import WeightVersions
+from stabledrl.common.stats import Reduce, Stat, combine
+from stabledrl.common.tasks import PromptStream
+from stabledrl.common.types import EvalResult
+from stabledrl.coordinator.decisions import events as ev
+from stabledrl.coordinator.decisions.admission import Admission
+from stabledrl.coordinator.decisions.evaluation import Evaluation
+from stabledrl.coordinator.decisions.fleet import Fleet
+from stabledrl.coordinator.decisions.fleet_policy import FleetPolicy
+from stabledrl.coordinator.decisions.versions import WeightVersions
 from scheduler_sim import ROWS, episode, job
 
 

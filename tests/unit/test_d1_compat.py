@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.config.sampler import SamplerConfig
-from rollout.sampling import generate
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.rollout.sampling import generate
 
 _spec = importlib.util.spec_from_file_location("d1_generate_parity",
                                                Path(__file__).resolve().parents[1] / "parity" / "d1_generate.py")

@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.checkpoint_files import FORMAT, STATE_FILE, CheckpointError, clear_incomplete
-from coordinator import checkpoint
-from common.metrics import restore_metrics
-from coordinator.checkpoint import PendingSave, write_state
-from coordinator.episode_io import save_episodes
-from learner.async_checkpoint import BackgroundWriter, CheckpointWriteError, disk_cause, marker_name, write_file
+from stabledrl.common.trust.checkpoint_files import FORMAT, STATE_FILE, CheckpointError, clear_incomplete
+from stabledrl.coordinator.runtime import checkpoint
+from stabledrl.common.metrics import restore_metrics
+from stabledrl.coordinator.runtime.checkpoint import PendingSave, write_state
+from stabledrl.coordinator.runtime.episode_io import save_episodes
+from stabledrl.learner.async_checkpoint import (
+    BackgroundWriter, CheckpointWriteError, disk_cause, marker_name, write_file,
+)
 
 STATE = {"w": torch.randn(64, 64), "b": torch.randn(64)}
 
@@ -139,7 +141,7 @@ def test_resuming_on_a_full_disk_leaves_the_metrics_as_they_were(tmp_path, monke
 
 
 def test_a_write_torch_reports_without_a_cause_is_explained_by_probing_the_disk(tmp_path, monkeypatch):
-    import learner.async_checkpoint as ac
+    import stabledrl.learner.async_checkpoint as ac
 
     error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 6144 vs 6038")
     assert disk_cause(str(tmp_path), error) is error  # the disk takes a probe: the error stays as it was

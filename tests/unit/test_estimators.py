@@ -4,7 +4,7 @@ import pytest
 import torch
 from pydantic import TypeAdapter, ValidationError
 
-from common.config.estimator import (
+from stabledrl.common.config.estimator import (
     BlockRandomConfig,
     CoupledConfig,
     ElboMCConfig,
@@ -14,9 +14,9 @@ from common.config.estimator import (
     StaircaseConfig,
     TrajectoryConfig,
 )
-from common.estimators import ESTIMATORS, estimate, get_estimator, learner_seeds
-from common.models import build_tiny_policy
-from common.types import SequenceBatch, left_pad
+from stabledrl.common.estimators import ESTIMATORS, estimate, get_estimator, learner_seeds
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.types import SequenceBatch, left_pad
 
 C = 8
 PROMPTS = [torch.tensor([5, 6, 7, 8, 9, 10, 11]), torch.tensor([12, 13]), torch.tensor([14, 15, 16, 17])]

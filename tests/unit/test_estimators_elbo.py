@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from common.config.estimator import ElboMCConfig
-from common.estimators import estimate
-from common.estimators.elbo import elbo_views
-from common.models import build_tiny_policy
-from common.types import SequenceBatch
+from stabledrl.common.config.estimator import ElboMCConfig
+from stabledrl.common.estimators import estimate
+from stabledrl.common.estimators.elbo import elbo_views
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.types import SequenceBatch
 
 PROMPT = torch.tensor([5, 6, 3])
 COMPLETION = torch.tensor([4, 7, 5, 1, 1])  # |o| = 4 (up to and including the first EOS), one position after it

@@ -5,14 +5,14 @@ import math
 import pytest
 import torch
 
-from common.attention import block_causal_mask, block_ids
-from common.config.estimator import BlockRandomConfig, CoupledConfig, SPGSandwichConfig, TrajectoryConfig
-from common.estimators import estimate, score_views
-from common.estimators.block_random import block_random_views
-from common.estimators.coupled import coupled_views
-from common.estimators.trajectory import collapse_steps, trajectory_rounds
-from common.models import build_tiny_policy
-from common.types import SequenceBatch, left_pad
+from stabledrl.common.attention import block_causal_mask, block_ids
+from stabledrl.common.config.estimator import BlockRandomConfig, CoupledConfig, SPGSandwichConfig, TrajectoryConfig
+from stabledrl.common.estimators import estimate, score_views
+from stabledrl.common.estimators.block_random import block_random_views
+from stabledrl.common.estimators.coupled import coupled_views
+from stabledrl.common.estimators.trajectory import collapse_steps, trajectory_rounds
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.types import SequenceBatch, left_pad
 
 C = 16
 
@@ -215,9 +215,9 @@ _D1_PROMPT_MASKS = {0: [2, 3, 12, 27, 35], 1: [4, 28, 33, 34], 7: [17, 19, 29], 
 
 @pytest.mark.parametrize("seed", sorted(_D1_PROMPT_MASKS))
 def test_mean_field_masks_are_d1s_for_one_row(seed):
-    from common.config.estimator import MeanFieldConfig
-    from common.estimators.mean_field import mean_field_views
-    from common.types import Sample, collate_samples
+    from stabledrl.common.config.estimator import MeanFieldConfig
+    from stabledrl.common.estimators.mean_field import mean_field_views
+    from stabledrl.common.types import Sample, collate_samples
 
     sample = Sample(sample_id="p/0", prompt_id="p", index=0, prompt_ids=torch.arange(1, 41),
                     completion_ids=torch.arange(41, 49), completion_length=8, reward=0.0)

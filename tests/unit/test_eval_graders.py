@@ -9,9 +9,9 @@ import builtins
 
 import pytest
 
-from common.tasks import graders
-from common.tasks.base import Row
-from common.tasks.graders import (
+from stabledrl.common.tasks import graders
+from stabledrl.common.tasks.base import Row
+from stabledrl.common.tasks.graders import (
     NO_BOX,
     GraderUnavailable,
     as_d1_text,
@@ -27,7 +27,7 @@ from common.tasks.graders import (
     gsm8k_reference,
     sudoku_answer,
 )
-from common.tasks.latex import math_is_equiv
+from stabledrl.common.tasks.latex import math_is_equiv
 
 PUZZLE, SOLUTION = "3102200002100320", "3142243142131324"  # 8 empty cells
 SUDOKU = Row("s", "Solve ...", SOLUTION, meta={"puzzle": PUZZLE, "solution": SOLUTION})

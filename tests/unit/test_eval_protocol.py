@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from common.config.base import ConfigError, validate
-from common.config.protocol import BenchmarkConfig, ProtocolConfig
-from common.config.task import FileSource
-from common.models import load_tokenizer
-from common.models.release_tokenizers import write_release_tokenizer
-from common.tasks import DataError
-from common.tasks.prompts import prompt_ids, prompt_text
-from common.tasks.protocols import D1, load_benchmark, subsample
+from stabledrl.common.config.base import ConfigError, validate
+from stabledrl.common.config.protocol import BenchmarkConfig, ProtocolConfig
+from stabledrl.common.config.task import FileSource
+from stabledrl.common.models import load_tokenizer
+from stabledrl.common.models.release_tokenizers import write_release_tokenizer
+from stabledrl.common.tasks import DataError
+from stabledrl.common.tasks.prompts import prompt_ids, prompt_text
+from stabledrl.common.tasks.protocols import D1, load_benchmark, subsample
 
 LLADA_USER = "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n"
 LLADA_ASSISTANT = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
@@ -121,8 +121,8 @@ def test_protocol_settings_are_checked_naming_the_field():
 
 
 def test_generation_d1_batches_pads_and_encodes_as_d1(files, llada_tokenizer, monkeypatch):
-    from common.tasks.protocols import d1_batches
-    from recipes.protocol_eval import pending_units, prepare, unit_request
+    from stabledrl.common.tasks.protocols import d1_batches
+    from stabledrl.evaluation.protocol import pending_units, prepare, unit_request
 
     # d1's DistributedSampler: rank r takes rows r, r + W, ...; then batches of its own rows
     assert d1_batches(10, 3, 2) == [[0, 3], [6, 9], [1, 4], [7], [2, 5], [8]]

@@ -10,15 +10,15 @@ from typing import Callable, Sequence
 import pytest
 import torch
 
-from common.config.sampler import SamplerConfig
-from common.config.task import parse_task_config
-from common.models import build_tiny_policy
-from common.seeding import derive_seed
-from common.tasks import Row, load_task_data
-from common.tokenizer import build_char_tokenizer
-from rollout.engine import RolloutEngine, TorchRolloutEngine
-from rollout.evaluate import decode_completion, encode_prompt, evaluate, pass_at_k
-from rollout.sampling import GenerationOutput
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.seeding import derive_seed
+from stabledrl.common.tasks import Row, load_task_data
+from stabledrl.common.tokenizer import build_char_tokenizer
+from stabledrl.rollout.engine import RolloutEngine, TorchRolloutEngine
+from stabledrl.rollout.evaluate import decode_completion, encode_prompt, evaluate, pass_at_k
+from stabledrl.rollout.sampling import GenerationOutput
 
 torch.set_num_threads(1)
 TOK = build_char_tokenizer()
@@ -158,7 +158,7 @@ def test_a_real_policy_gives_the_same_result_for_any_row_order_and_batch_size():
 
 
 def test_an_evaluation_temperature_of_0_is_greedy_and_independent_of_the_seed():
-    from common.config.warmstart import EvalConfig
+    from stabledrl.common.config.warmstart import EvalConfig
 
     data = arithmetic(12)
     engine = TorchRolloutEngine(build_tiny_policy("llada", vocab_size=len(TOK)))

@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-import common.models.flex_staircase as fs
-from common.attention import block_causal_mask, block_ids, staircase_mask
-from common.config.base import ConfigError, validate
-from common.config.estimator import StaircaseConfig
-from common.config.model import ModelConfig
-from common.estimators import build_inputs, estimate
-from common.models import build_tiny_policy, load_policy
-from common.models.gqa_fold import foldable
-from common.types import SequenceBatch, left_pad
+import stabledrl.common.models.flex_staircase as fs
+from stabledrl.common.attention import block_causal_mask, block_ids, staircase_mask
+from stabledrl.common.config.base import ConfigError, validate
+from stabledrl.common.config.estimator import StaircaseConfig
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.estimators import build_inputs, estimate
+from stabledrl.common.models import build_tiny_policy, load_policy
+from stabledrl.common.models.gqa_fold import foldable
+from stabledrl.common.types import SequenceBatch, left_pad
 
 torch.set_num_threads(1)
 # (prompt lengths, completion width, block size): one row unpadded, the others left-padded; the
@@ -148,7 +148,7 @@ def test_config_selects_the_flex_staircase():
 
 def test_flex_staircase_refused_for_diffusion_gemma():
     pytest.importorskip("transformers.models.diffusion_gemma")
-    from common.models import CheckpointError
+    from stabledrl.common.models import CheckpointError
 
     with pytest.raises(CheckpointError, match="diffusion_gemma"):
         load_policy(ModelConfig(preset="tiny-diffusion-gemma", staircase_attention="flex"))
@@ -176,8 +176,8 @@ def test_cuda_compiled_flex_equals_sdpa_value_and_gradient():
 @pytest.mark.parametrize("cache,graph", [("prefix", False), ("none", False), ("prefix", True)])
 def test_sampling_is_unchanged_on_the_flex_staircase_policy(cache, graph):
     """The sampler's forwards (tensor masks, the mask-free and the folded-GQA steps) stay on sdpa."""
-    from common.config.sampler import SamplerConfig
-    from rollout.sampling import generate
+    from stabledrl.common.config.sampler import SamplerConfig
+    from stabledrl.rollout.sampling import generate
 
     prompts, seeds = [torch.tensor([5, 6, 7, 8, 9]), torch.tensor([10, 11])], torch.tensor([11, 22])
     cfg = SamplerConfig(gen_length=12, block_length=None, steps=6, temperature=0.9, cache=cache, cuda_graph=graph)

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from common.gil import SWITCH_S, prompt_gil, settle_heap
+from stabledrl.common.gil import SWITCH_S, prompt_gil, settle_heap
 
 
 def test_no_collection_starts_and_the_interval_is_short_inside_and_both_come_back_after():

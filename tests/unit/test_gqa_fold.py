@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from common.attention import block_causal_mask, block_ids
-from common.config.sampler import SamplerConfig
-from common.models import build_tiny_policy
-from common.models.gqa_fold import NAME, foldable, folded_attention, sdpa_gqa_fold
-from common.types import left_pad
-from rollout.sampling import generate
+from stabledrl.common.attention import block_causal_mask, block_ids
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.models.gqa_fold import NAME, foldable, folded_attention, sdpa_gqa_fold
+from stabledrl.common.types import left_pad
+from stabledrl.rollout.sampling import generate
 
 torch.set_num_threads(1)
 

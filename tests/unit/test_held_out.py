@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from common.tasks import Row
-from coordinator.driver import Driver
-from coordinator.held_out import HeldOutResult, HeldOutRun, held_out_rows
-from common.metrics import pass_at_k
-from common.types import EvalResult
+from stabledrl.common.tasks import Row
+from stabledrl.coordinator.driver import Driver
+from stabledrl.coordinator.decisions.held_out import HeldOutResult, HeldOutRun, held_out_rows
+from stabledrl.common.metrics import pass_at_k
+from stabledrl.common.types import EvalResult
 from scheduler_sim import job
 
 ROWS = [Row(f"p{i}", f"{i}+1=", str(i + 1)) for i in range(7)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 
-from coordinator.held_out import HeldOutResult
+from stabledrl.coordinator.decisions.held_out import HeldOutResult
 
 
 def result(p: float, n: int) -> HeldOutResult:
@@ -29,8 +29,8 @@ def test_stderr_matches_the_spread_of_pass_at_1_over_resampled_prompt_sets():
 
 
 def test_the_final_line_gives_the_mean_of_the_last_evaluations_after_before():
-    from common.config.job import load_job_config
-    from coordinator.driver import Driver
+    from stabledrl.common.config.job import load_job_config
+    from stabledrl.coordinator.driver import Driver
 
     cfg = load_job_config("deploy/configs/quickstart.yaml", ["eval.final_window=3"])
     driver = Driver(cfg, log=lambda line: None)

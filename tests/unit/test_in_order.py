@@ -11,10 +11,10 @@ import random
 import pytest
 import torch
 
-from common.types import Group, Sample
-from common.types import Episode
-from coordinator.buffer import GroupBuffer
-from coordinator.staleness import StalenessController
+from stabledrl.common.types import Group, Sample
+from stabledrl.common.types import Episode
+from stabledrl.coordinator.decisions.buffer import GroupBuffer
+from stabledrl.coordinator.decisions.staleness import StalenessController
 
 
 def finished(uid: int, version: int) -> Episode:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.transport import WeightPushConfig, setup_weight_push
-from common.transport.ipc import ALIGN, IpcPush
-from common.transport.weights import ParameterLoader
+from stabledrl.common.transport import WeightPushConfig, setup_weight_push
+from stabledrl.common.transport.ipc import ALIGN, IpcPush
+from stabledrl.common.transport.base import ParameterLoader
 
 
 def weights(seed: int, extra: bool = False) -> dict[str, torch.Tensor]:
@@ -194,7 +194,7 @@ def test_zero3_ranks_fill_every_buffer_with_one_all_gather_and_the_worker_puts_p
     worker beside each rank loads exactly the full weights, at every version."""
     import multiprocessing
 
-    from learner.group import free_port
+    from stabledrl.learner.group import free_port
 
     # spawned, not forked: a child forked from a test process that has run hundreds of tests (their
     # threads inherited mid-lock) crashed once with a double free before it reported (make test, 11-28)
@@ -211,8 +211,8 @@ def test_zero3_ranks_fill_every_buffer_with_one_all_gather_and_the_worker_puts_p
 
 
 def test_a_plan_larger_than_the_buffer_is_refused_before_anything_is_loaded():
-    from common.transport.shards import encode_plan, plan_rounds
-    from common.transport.weights import WeightHandle
+    from stabledrl.common.transport.shards import encode_plan, plan_rounds
+    from stabledrl.common.transport.base import WeightHandle
 
     sender, receiver = IpcPush(WeightPushConfig(backend="ipc")), IpcPush(WeightPushConfig(backend="ipc"))
     try:

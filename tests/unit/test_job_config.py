@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.config.base import ConfigError
-from common.config.job import check_sampler_layout, load_job_config
+from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.job import check_sampler_layout, load_job_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(p for p in (ROOT / "deploy" / "configs").glob("*.yaml") if not p.name.startswith("study_"))
@@ -39,7 +39,7 @@ def test_deploy_configs_exist_and_parse():
 
 
 def test_deploy_study_configs_parse_as_studies():
-    from recipes.study.config import load_study_config
+    from stabledrl.recipes.study.config import load_study_config
 
     assert {p.name for p in STUDY_CONFIGS} >= {"study_cpu.yaml", "study_gpu.yaml"}
     for path in STUDY_CONFIGS:
@@ -54,8 +54,8 @@ def test_a_good_config_and_its_overrides(tmp_path):
 
 
 def test_the_auto_weight_push_follows_the_actors_gpus_not_this_process():
-    from common.transport import setup_weight_push
-    from common.transport.weights import WeightPushConfig
+    from stabledrl.common.transport import setup_weight_push
+    from stabledrl.common.transport.base import WeightPushConfig
 
     auto = WeightPushConfig()
     assert auto.resolve(actors_have_gpus=False).backend == "object_store"
@@ -70,9 +70,9 @@ def test_auto_offers_the_peer_pull_for_groups_on_one_host_only_where_it_costs_no
     pulled over peer, where the push is sharded (the partitions read where they lie) in the
     learner's dtype (a LoRA job's adapters too; its merged push gathers); a choice the user made
     is kept."""
-    from common.config.learner import LearnerConfig
-    from common.transport.weights import WeightPushConfig
-    from coordinator.weight_sync import one_host_transport, push_sources
+    from stabledrl.common.config.learner import LearnerConfig
+    from stabledrl.common.transport.base import WeightPushConfig
+    from stabledrl.coordinator.runtime.weight_sync import one_host_transport, push_sources
 
     auto, nccl = WeightPushConfig(), WeightPushConfig(backend="nccl")
     assert one_host_transport(auto, nccl, sources=3).backend == "peer"
@@ -137,7 +137,7 @@ def test_a_missing_file_and_a_malformed_override_are_config_errors(tmp_path):
 def test_colocation_needs_a_worker_per_rank_the_same_gpu_and_no_nccl(tmp_path):
     """cluster.colocate: worker i shares rank i's GPU; a config that cannot do that fails naming
     the field, and auto pushes through the object store (NCCL holds one rank of a group per GPU)."""
-    from common.config.job import check_resources
+    from stabledrl.common.config.job import check_resources
 
     path = write(tmp_path, GOOD)
     gpus = ["cluster.learner.num_gpus=1", "cluster.rollout.num_gpus=1"]

@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.config.estimator import BlockRandomConfig, SPGSandwichConfig
-from common.config.learner import LearnerConfig
-from common.config.loss import StableDrlLossConfig
-from common.config.model import ModelConfig
-from common.stats import Stat
-from common.estimators import estimate
-from common.models import load_policy
-from common.types import Group, Sample, collate_samples
-from learner.losses import Metric, Reduce
-from learner.rl_batch import _cuts, global_counts, micro_batches
-from learner.worker import LearnerWorker, _engine_metrics, step_stats
+from stabledrl.common.config.estimator import BlockRandomConfig, SPGSandwichConfig
+from stabledrl.common.config.learner import LearnerConfig
+from stabledrl.common.config.loss import StableDrlLossConfig
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.stats import Stat
+from stabledrl.common.estimators import estimate
+from stabledrl.common.models import load_policy
+from stabledrl.common.types import Group, Sample, collate_samples
+from stabledrl.learner.losses import Metric, Reduce
+from stabledrl.learner.rl_batch import _cuts, global_counts, micro_batches
+from stabledrl.learner.worker import LearnerWorker, _engine_metrics, step_stats
 
 
 def groups(sizes, seed=0):
@@ -107,7 +107,7 @@ def test_sandwich_ratios_compare_elbos_while_the_loss_reads_the_sandwich():
 
 
 def test_micro_batches_take_groups_by_prompt_length_and_need_no_mask_then():
-    from common.estimators import build_inputs
+    from stabledrl.common.estimators import build_inputs
 
     gs = groups([4, 4, 4, 4], seed=3)  # prompt lengths 2, 3, 4, 2 (k % 3)
     counts = global_counts(gs)
@@ -132,8 +132,8 @@ def test_micro_batches_take_groups_by_prompt_length_and_need_no_mask_then():
 
 
 def test_an_unpadded_forward_without_mask_scores_as_with_the_full_mask():
-    from common.attention import full_mask
-    from common.estimators import build_inputs
+    from stabledrl.common.attention import full_mask
+    from stabledrl.common.estimators import build_inputs
 
     for preset in ("tiny-llada", "tiny-dream"):
         policy, _ = load_policy(ModelConfig(preset=preset))
@@ -169,8 +169,8 @@ def _token_logp(theta, mb, width=256):
 
 
 def _project_grad(theta, ranks, normalisation):
-    from common.config.loss import GrpoLossConfig
-    from learner.losses import LossInputs, compute_loss
+    from stabledrl.common.config.loss import GrpoLossConfig
+    from stabledrl.learner.losses import LossInputs, compute_loss
 
     total = 0.0
     for rank_groups in ranks:
@@ -234,8 +234,8 @@ def test_the_reference_runs_once_a_step_when_every_iteration_shares_its_masks(ma
     over the μ iterations (d1's recipe) it is the same value every time: 2 micro-batches x μ = 3
     iterations run the reference twice, not 6 times; with fresh masks per iteration, 6 times. Either
     way each iteration's loss equals the one computed with the reference run afresh."""
-    from common.config.estimator import MeanFieldConfig
-    from common.config.loss import GrpoLossConfig
+    from stabledrl.common.config.estimator import MeanFieldConfig
+    from stabledrl.common.config.loss import GrpoLossConfig
 
     model = ModelConfig(preset="tiny-llada")
     estimator = MeanFieldConfig(masks=masks)
@@ -274,9 +274,9 @@ def test_micro_batches_forwarded_together_give_the_separate_forwards_update(norm
     """learner.micro_batches_per_forward = 2: the rows of two micro-batches (prompts of different
     lengths: left padding) in one forward, each micro-batch's loss with its own counts. The loss,
     the gradient and the metrics the engine receives are those of the two forwards apart."""
-    from common.config.estimator import MeanFieldConfig
-    from common.config.loss import GrpoLossConfig
-    from learner.worker import _add_metrics
+    from stabledrl.common.config.estimator import MeanFieldConfig
+    from stabledrl.common.config.loss import GrpoLossConfig
+    from stabledrl.learner.worker import _add_metrics
 
     model = ModelConfig(preset="tiny-llada", dtype="float32")
     estimator = MeanFieldConfig(masks="shared")
@@ -312,10 +312,10 @@ def test_lora_reference_is_the_frozen_base_with_its_adapters_off():
     """With LoRA the KL reference is the policy's own base (no second copy of the model): after the
     adapters moved, the estimate with them off equals the initial model's, gradients still reach
     the adapters afterwards, and the worker loads no reference model."""
-    from common.config.estimator import MeanFieldConfig
-    from common.config.learner import LoraConfig
-    from common.config.loss import GrpoLossConfig
-    from learner.lora import adapters_off, add_adapters
+    from stabledrl.common.config.estimator import MeanFieldConfig
+    from stabledrl.common.config.learner import LoraConfig
+    from stabledrl.common.config.loss import GrpoLossConfig
+    from stabledrl.learner.lora import adapters_off, add_adapters
 
     model = ModelConfig(preset="tiny-llada", dtype="float32")
     policy, _ = load_policy(model)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from common.models import build_tiny_policy
-from learner.fused import fuse_elementwise
-from learner.zero import enable_gradient_checkpointing
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.learner.fused import fuse_elementwise
+from stabledrl.learner.zero import enable_gradient_checkpointing
 
 torch.set_num_threads(1)
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from common.config.loss import (
+from stabledrl.common.config.loss import (
     DipodLossConfig,
     DppoLossConfig,
     DrpoLossConfig,
@@ -13,9 +13,9 @@ from common.config.loss import (
     StableDrlLossConfig,
     Wd1LossConfig,
 )
-from learner.losses import LOSSES, LossInputs, get_loss, group_advantages, needs_whole_groups
-from learner.losses.advantages import group_softmax, same_group
-from learner.losses.dppo import binary_kl
+from stabledrl.learner.losses import LOSSES, LossInputs, get_loss, group_advantages, needs_whole_groups
+from stabledrl.learner.losses.advantages import group_softmax, same_group
+from stabledrl.learner.losses.dppo import binary_kl
 
 
 def seq_inputs(logp, behaviour_logp, advantages, group_index=None, length=None, **extra):

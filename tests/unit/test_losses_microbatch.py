@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.config.base import ConfigError
-from common.config.loss import (
+from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.loss import (
     DipodLossConfig,
     DppoLossConfig,
     DrpoLossConfig,
@@ -17,7 +17,9 @@ from common.config.loss import (
     Wd1LossConfig,
     parse_loss_config,
 )
-from learner.losses import LOSSES, LossInputs, compute_loss, group_advantages, local_counts, needs_whole_groups
+from stabledrl.learner.losses import (
+    LOSSES, LossInputs, compute_loss, group_advantages, local_counts, needs_whole_groups,
+)
 
 B, G, T, D = 8, 4, 6, 5
 

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from common.metrics import MetricsLogger, read_metrics
+from stabledrl.common.metrics import MetricsLogger, read_metrics
 
 
 def test_jsonl_records_numbers_and_tensorboard_writes_events(tmp_path):

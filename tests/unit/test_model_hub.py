@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.config.base import ConfigError, apply_overrides, load_yaml, validate
-from common.config.job import JobConfig, check_sampler_layout
-from common.config.model import ModelConfig
-from common.models import CheckpointError, build_tiny_policy, export_hf, load_policy, save_original_checkpoint
-from common.models.model_dir import fetch_command, resolve_model_dir
-from common.tokenizer import build_char_tokenizer
+from stabledrl.common.config.base import ConfigError, apply_overrides, load_yaml, validate
+from stabledrl.common.config.job import JobConfig, check_sampler_layout
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.models import CheckpointError, build_tiny_policy, export_hf, load_policy, save_original_checkpoint
+from stabledrl.common.models.model_dir import fetch_command, resolve_model_dir
+from stabledrl.common.tokenizer import build_char_tokenizer
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -74,7 +74,7 @@ def test_a_missing_hub_model_is_refused_with_the_fetch_command(hub_cache):
 
 
 def test_train_refuses_a_missing_hub_model_before_any_actor_starts(hub_cache, tmp_path, capsys):
-    from cli.main import main
+    from stabledrl.cli.main import main
 
     code = main(["train", "--config", "deploy/configs/quickstart.yaml",
                  "model.preset=null", "model.preset_shape=null", "model.path=acme/absent-model"])

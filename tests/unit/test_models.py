@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.attention import block_causal_mask, block_ids, full_mask
-from common.config.base import ConfigError, validate
-from common.config.model import ModelConfig
-from common.models import (
+from stabledrl.common.attention import block_causal_mask, block_ids, full_mask
+from stabledrl.common.config.base import ConfigError, validate
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.models import (
     CheckpointError,
     build_tiny_policy,
     export_hf,
@@ -21,8 +21,8 @@ from common.models import (
     save_original_checkpoint,
     write_preset,
 )
-from common.tokenizer import build_char_tokenizer
-from common.types import left_pad
+from stabledrl.common.tokenizer import build_char_tokenizer
+from stabledrl.common.types import left_pad
 
 torch.set_num_threads(1)
 FAMILIES3 = ["llada", "dream", "sdar"]
@@ -257,7 +257,7 @@ def test_cuda_attention_backends_obey_our_masks(family, attn, tokenizer, tmp_pat
 
 
 def test_flash_attention_refuses_a_4d_mask():
-    from common.models.masks import backend_mask
+    from stabledrl.common.models.masks import backend_mask
 
     mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
     assert backend_mask(mask, "sdpa") is mask and backend_mask(None, "flash_attention_2") is None
@@ -346,7 +346,7 @@ def _byte_level_alphabet() -> list[str]:
 def test_dream_style_tokenizer_loads_without_its_shipped_code(tmp_path):
     """vocab.json + merges.txt, a custom tokenizer_class behind auto_map, and the special tokens
     declared only in added_tokens_decoder: rebuilt as a Qwen2 tokenizer at the declared ids."""
-    from common.models import load_tokenizer
+    from stabledrl.common.models import load_tokenizer
 
     alphabet = _byte_level_alphabet()
     vocab = {c: i for i, c in enumerate(alphabet)}
@@ -372,7 +372,7 @@ def test_dream_style_tokenizer_loads_without_its_shipped_code(tmp_path):
 def test_checkpointed_layers_recompute_only_the_first_layers_and_keep_the_gradients():
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    from learner.zero import enable_gradient_checkpointing
+    from stabledrl.learner.zero import enable_gradient_checkpointing
 
     grads = []
     for cfg in ({}, {"gradient_checkpointing": True, "checkpointed_layers": 1}):

@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 
-from common.config.model import ModelConfig
-from common.models import build_tiny_policy, export_hf, load_policy, save_original_checkpoint
-from common.models.diffusion_gemma import cache_kwarg
-from common.tokenizer import build_char_tokenizer
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.models import build_tiny_policy, export_hf, load_policy, save_original_checkpoint
+from stabledrl.common.models.diffusion_gemma import cache_kwarg
+from stabledrl.common.tokenizer import build_char_tokenizer
 
 pytest.importorskip("transformers.models.diffusion_gemma")
 torch.set_num_threads(1)
@@ -170,7 +170,7 @@ def test_checkpoint_round_trip(policy, writer, tmp_path):
 
 
 def test_missing_module_names_the_transformers_release(monkeypatch):
-    from common.models.diffusion_gemma import require_diffusion_gemma
+    from stabledrl.common.models.diffusion_gemma import require_diffusion_gemma
 
     monkeypatch.setitem(sys.modules, "transformers.models.diffusion_gemma", None)
     with pytest.raises(ImportError, match="transformers release that ships transformers.models.diffusion_gemma"):

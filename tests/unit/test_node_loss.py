@@ -1,10 +1,10 @@
-"""A rollout node that leaves the cluster takes every worker on it at once (coordinator/fleet.py):
+"""A rollout node that leaves the cluster takes every worker on it at once (coordinator/decisions/fleet.py):
 the scheduler handles them together when the first loss is reported, counts only the workers
 still on live nodes, and stops at once, saying why, when a worker must be replaced and no node
 left could hold one (instead of waiting cluster.start_timeout_s for a placement that cannot come)."""
 from __future__ import annotations
 
-from coordinator import events as ev
+from stabledrl.coordinator.decisions import events as ev
 from scheduler_sim import Sim, job
 
 
@@ -64,8 +64,8 @@ def test_a_node_that_left_with_room_elsewhere_gets_one_replacement_and_the_rest_
 def test_a_custom_resource_the_cluster_lacks_is_refused_before_any_actor_starts():
     import pytest
 
-    from common.config.base import ConfigError
-    from common.config.job import check_resources
+    from stabledrl.common.config.base import ConfigError
+    from stabledrl.common.config.job import check_resources
 
     cfg = job(cluster={"learner": {"num_cpus": 0.5, "resources": {"learner_node": 1}}})
     check_resources(cfg, {"CPU": 4, "learner_node": 2})

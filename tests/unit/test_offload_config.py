@@ -5,8 +5,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from common.config.learner import DeepSpeedConfig, OptimizerConfig
-from learner.zero import deepspeed_config
+from stabledrl.common.config.learner import DeepSpeedConfig, OptimizerConfig
+from stabledrl.learner.zero import deepspeed_config
 
 
 def test_offload_reaches_the_deepspeed_config():

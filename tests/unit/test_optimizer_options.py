@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from common.config.base import ConfigError, validate
-from common.config.job import load_job_config
-from common.config.learner import LearnerConfig, LoraConfig, OptimizerConfig
-from common.models.presets import build_tiny_policy
-from learner.zero import build_optimizer, decay_groups, lr_at
+from stabledrl.common.config.base import ConfigError, validate
+from stabledrl.common.config.job import load_job_config
+from stabledrl.common.config.learner import LearnerConfig, LoraConfig, OptimizerConfig
+from stabledrl.common.models.presets import build_tiny_policy
+from stabledrl.learner.zero import build_optimizer, decay_groups, lr_at
 
 QUICKSTART = "deploy/configs/quickstart.yaml"
 LR, FLOOR, WARMUP, TOTAL = 1e-3, 1e-4, 4, 24  # decay over updates 4..23, reaching the floor at 24
@@ -112,7 +112,7 @@ def test_weight_decay_scope_decides_the_groups(family):
 
 @pytest.mark.parametrize("family", ["llada", "dream", "sdar", "diffusion_gemma"])
 def test_lora_trains_only_the_adapters_of_the_target_modules(family):
-    from learner.lora import add_adapters
+    from stabledrl.learner.lora import add_adapters
 
     policy = build_tiny_policy(family)
     logits = policy(torch.arange(3, 11)[None], logits_from=4).logits
@@ -131,7 +131,7 @@ def test_lora_trains_only_the_adapters_of_the_target_modules(family):
 
 
 def test_lora_adapters_start_equal_on_every_rank_and_unknown_targets_are_named():
-    from learner.lora import add_adapters
+    from stabledrl.learner.lora import add_adapters
 
     a, b = build_tiny_policy("llada"), build_tiny_policy("llada")
     torch.manual_seed(1)
@@ -144,7 +144,7 @@ def test_lora_adapters_start_equal_on_every_rank_and_unknown_targets_are_named()
 
 
 def test_merged_weight_is_w_plus_scaled_b_a():
-    from learner.lora import merged_weight
+    from stabledrl.learner.lora import merged_weight
 
     g = torch.Generator().manual_seed(0)
     w, a, b = (torch.randn(shape, generator=g) for shape in ((6, 5), (2, 5), (6, 2)))
@@ -171,7 +171,7 @@ def test_default_weight_decay_scope_is_the_stabledrl_releases():
 
 
 def test_lora_on_llada_names_adapts_d1s_effective_set():
-    from learner.lora import add_adapters
+    from stabledrl.learner.lora import add_adapters
 
     d1_list = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"]
     with pytest.raises(ValueError, match=r"\['o_proj', 'down_proj', 'gate_proj'\]: LLaDA has no such module"):

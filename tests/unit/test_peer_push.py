@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from common.transport import ParameterLoader, WeightPushConfig
-from common.transport.peer import PeerPush
+from stabledrl.common.transport import ParameterLoader, WeightPushConfig
+from stabledrl.common.transport.peer import PeerPush
 from tests.unit.test_sharded_push import full_weights, partitions, run_ends
 
 torch.set_num_threads(1)
@@ -143,7 +143,7 @@ def test_a_worker_that_cannot_map_the_ranks_gpu_memory_says_so_and_names_nccl():
     without peer access): the pull fails naming the host and the way out, not with the bare CUDA error."""
     import socket
 
-    from common.transport.ipc import IpcPush
+    from stabledrl.common.transport.ipc import IpcPush
 
     def refused(*args):
         raise RuntimeError("CUDA error: invalid device context\nCUDA kernel errors might be reported ...")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import cli.main as cli
-from recipes.plot import PANELS, RunCurves, ema, load_run, load_runs, mean_series, plot_runs, run_names
+import stabledrl.cli.main as cli
+from stabledrl.recipes.plot import PANELS, RunCurves, ema, load_run, load_runs, mean_series, plot_runs, run_names
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

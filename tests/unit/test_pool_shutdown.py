@@ -3,8 +3,8 @@ within 15 s: closing the pool waited grace_s for each busy worker's close, then 
 its exit. A worker whose close does not answer is killed at once."""
 from __future__ import annotations
 
-import coordinator.pool as pool_module
-from coordinator.pool import Process, RolloutPool
+import stabledrl.coordinator.runtime.pool as pool_module
+from stabledrl.coordinator.runtime.pool import Process, RolloutPool
 
 
 class _Method:

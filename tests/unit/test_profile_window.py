@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from learner.profile import profiled_step
+from stabledrl.learner.profile import profiled_step
 
 
 class Slow(torch.nn.Module):

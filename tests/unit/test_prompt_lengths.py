@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from common.config.base import apply_overrides, load_yaml, validate
-from common.config.job import JobConfig
-from common.config.model import ModelConfig
-from common.config.task import parse_task_config
-from common.models.loading import load_model_tokenizer
-from common.models.release_tokenizers import write_release_tokenizer
-from common.tasks import DataError, load_task_data
-from common.tasks.prompts import prompt_ids
+from stabledrl.common.config.base import apply_overrides, load_yaml, validate
+from stabledrl.common.config.job import JobConfig
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.models.loading import load_model_tokenizer
+from stabledrl.common.models.release_tokenizers import write_release_tokenizer
+from stabledrl.common.tasks import DataError, load_task_data
+from stabledrl.common.tasks.prompts import prompt_ids
 
 QUESTIONS = ["What is 12 + 30 + 45?", "Tom has 3 cats and 4 dogs. How many pets?", "Is 7 prime?"]
 
@@ -67,7 +67,7 @@ class _Stop(Exception):
 
 def test_the_driver_counts_prompt_tokens_with_the_models_tokenizer(tmp_path, llada_dir, monkeypatch):
     """Driver.setup (up to the first actor) keeps exactly the rows whose templated prompt fits."""
-    import coordinator.driver as driver
+    import stabledrl.coordinator.driver as driver
 
     path = write_data(tmp_path / "d.jsonl")
     tok = load_model_tokenizer(ModelConfig(path=llada_dir))

@@ -1,4 +1,4 @@
-"""A protocol evaluation's bookkeeping (recipes/protocol_eval.py, recipes/protocol_results.py): the
+"""A protocol evaluation's bookkeeping (stabledrl/evaluation/protocol.py, stabledrl/evaluation/results.py): the
 work units cover every (benchmark, length, row) once, results append per prompt and survive a kill,
 a rerun with other settings is refused, the table is Σ correct / Σ total per cell, and a checkpoint
 is verified before DeepSpeed reads it."""
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.config.protocol import ProtocolConfig
-from common.tasks.graders import Grade
-from common.tokenizer import build_char_tokenizer
-from recipes.protocol_eval import Unit, grade_unit, pending_units, prepare, unit_request
-from recipes.protocol_results import ResultLog, ResultsMismatch, protocol_table, record, table_markdown
+from stabledrl.common.config.protocol import ProtocolConfig
+from stabledrl.common.tasks.graders import Grade
+from stabledrl.common.tokenizer import build_char_tokenizer
+from stabledrl.evaluation.protocol import Unit, grade_unit, pending_units, prepare, unit_request
+from stabledrl.evaluation.results import ResultLog, ResultsMismatch, protocol_table, record, table_markdown
 
 TOK = build_char_tokenizer()
 SOLUTION = "3142243142131324"  # of puzzle 3102200002100320: 8 empty cells
@@ -122,9 +122,9 @@ def test_grade_unit_grades_each_completion_against_its_own_row(tmp_path):
 
 
 def test_a_checkpoint_is_verified_before_deepspeed_reads_it(tmp_path):
-    from cli.offline_eval import checkpoint_weights
-    from common.checkpoint_files import CheckpointError
-    from coordinator.checkpoint import write_state
+    from stabledrl.evaluation.offline import checkpoint_weights
+    from stabledrl.common.trust.checkpoint_files import CheckpointError
+    from stabledrl.coordinator.runtime.checkpoint import write_state
 
     tag = tmp_path / "checkpoints" / "step2"
     tag.mkdir(parents=True)
@@ -140,9 +140,9 @@ def test_a_checkpoint_is_verified_before_deepspeed_reads_it(tmp_path):
 
 
 def test_a_lora_jobs_checkpoint_points_to_the_merged_export():
-    from cli.offline_eval import load_eval_policy
-    from common.config.job import load_job_config
-    from common.checkpoint_files import CheckpointError
+    from stabledrl.evaluation.offline import load_eval_policy
+    from stabledrl.common.config.job import load_job_config
+    from stabledrl.common.trust.checkpoint_files import CheckpointError
 
     cfg = load_job_config(
         Path(__file__).resolve().parents[2] / "deploy" / "configs" / "recipe_d1_llada8b_gsm8k_lora.yaml"

@@ -7,9 +7,9 @@ import threading
 
 import torch
 
-from common.transport.broadcast import _Packer, _unpack
-from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
-from learner.group import free_port
+from stabledrl.common.transport.broadcast import _Packer, _unpack
+from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+from stabledrl.learner.group import free_port
 
 torch.set_num_threads(1)
 

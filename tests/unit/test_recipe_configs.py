@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.main import main
-from common.config.job import load_job_config
-from common.models.release_tokenizers import write_tiny_release_checkpoint
+from stabledrl.cli.main import main
+from stabledrl.common.config.job import load_job_config
+from stabledrl.common.models.release_tokenizers import write_tiny_release_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = {  # config -> model family
@@ -80,8 +80,8 @@ def test_the_readme_table_gives_the_configs_values(name):
 
 
 def test_d1s_gsm8k_reward_sums_its_five_terms():
-    from common.tasks.base import Row
-    from recipes.d1_rewards import gsm8k
+    from stabledrl.common.tasks.base import Row
+    from stabledrl.recipes.d1_rewards import gsm8k
 
     row = Row("g", "What is 2 plus 3?", "5")
     # correctness 2 + integer 0.5 + strict 0.5 + XML 4 x 0.125; the soft pattern spans no newline, as in d1

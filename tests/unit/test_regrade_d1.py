@@ -1,4 +1,4 @@
-"""`stabledrl eval --regrade-d1 PATH` (cli/regrade_d1.py): d1's generation files graded by this
+"""`stabledrl eval --regrade-d1 PATH` (stabledrl/evaluation/regrade_d1.py): d1's generation files graded by this
 project's d1 graders and summed as d1's parse_and_get_acc.py sums them (every rank's file of a
 setup together; Sudoku over empty cells). The files here are hand-made in d1's format."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from cli.main import main
-from cli.regrade_d1 import regrade, generation_files
-from common.config.base import ConfigError
+from stabledrl.cli.main import main
+from stabledrl.evaluation.regrade_d1 import regrade, generation_files
+from stabledrl.common.config.base import ConfigError
 
 SUDOKU_Q = "Solve the following Sudoku puzzle: 3102200002100320\n"
 

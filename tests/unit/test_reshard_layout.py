@@ -3,8 +3,8 @@ fp32 engines write ``zero_pp_rank_R_..._optim_states.pt``, bf16 engines the same
 ``bf16_``; a bf16 run's tag must not read as one with no optimizer state."""
 import pytest
 
-from common.checkpoint_files import CheckpointError
-from learner.reshard import Layout, optim_file, saved_layout
+from stabledrl.common.trust.checkpoint_files import CheckpointError
+from stabledrl.learner.reshard import Layout, optim_file, saved_layout
 
 
 @pytest.mark.parametrize("prefix", ["", "bf16_"])

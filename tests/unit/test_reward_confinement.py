@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from common.config.base import ConfigError
-from common.config.task import parse_task_config
-from common.tasks import RewardResult, RewardScorer, Row, build_task
-from common.tasks.build import check_custom_reward
-from common.tasks.confine import landlock_abi
-from common.tasks.sandbox import RewardFailureRate, check_failure_rate
+from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.sandbox.scorer import RewardScorer
+from stabledrl.common.tasks import RewardResult, Row, build_task
+from stabledrl.common.tasks.build import check_custom_reward
+from stabledrl.common.sandbox.confine import landlock_abi
+from stabledrl.common.sandbox.scorer import RewardFailureRate, check_failure_rate
 
 ROW = Row("p", "1+1=", "2")
 OK = RewardResult(total=1.0, parts={"custom": 1.0})
@@ -363,9 +364,9 @@ def test_a_run_whose_reward_fails_too_often_stops_naming_it():
 
 
 def test_held_out_evaluation_scores_through_the_same_sandbox(tmp_path):
-    """rollout.evaluate with the worker's scorer: rewards that exit or allocate 20 GB count as wrong
+    """stabledrl.rollout.evaluate with the worker's scorer: rewards that exit or allocate 20 GB count as wrong
     and as scoring failures; the evaluation finishes and the sandbox survives."""
-    from rollout.evaluate import evaluate
+    from stabledrl.rollout.evaluate import evaluate
     from test_evaluate import SAMPLER, TOK, OracleEngine, arithmetic
 
     reward = tmp_path / "eval_reward.py"
@@ -545,7 +546,7 @@ def test_directories_of_killed_jobs_are_removed_at_the_next_start(tmp_path):
     """Finding: SIGKILL of the job left /tmp/stabledrl-reward-* behind."""
     import subprocess
 
-    from common.tasks.sandbox import WORKDIR_PREFIX, remove_stale_workdirs
+    from stabledrl.common.sandbox.scorer import WORKDIR_PREFIX, remove_stale_workdirs
 
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -1,11 +1,11 @@
 """Rewards of arithmetic, countdown and sudoku4 on right, wrong, malformed and adversarial output."""
 import pytest
 
-from common.config.task import parse_task_config
-from common.tasks import Row, build_task
-from common.tasks.countdown import from_record as countdown_row
-from common.tasks.expression import ExpressionError, evaluate
-from common.tasks.sudoku import all_grids, from_record as sudoku_row, solutions
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.tasks import Row, build_task
+from stabledrl.common.tasks.countdown import from_record as countdown_row
+from stabledrl.common.tasks.expression import ExpressionError, evaluate
+from stabledrl.common.tasks.sudoku import all_grids, from_record as sudoku_row, solutions
 
 HUGE = "9" * 5000
 ADVERSARIAL = ["", " ", "\n\n", HUGE, "٦٤", "６４", "\x00", "<answer>", "</answer><answer>", "{" * 300, "😀" * 50]

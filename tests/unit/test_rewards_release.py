@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.config.task import parse_task_config
-from common.tasks import build_task
-from common.tasks.anti_short import anti_short_boxed
-from common.tasks.base import Row
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.tasks import build_task
+from stabledrl.common.tasks.anti_short import anti_short_boxed
+from stabledrl.common.tasks.base import Row
 
 SRC = {"kind": "file", "path": "unused.jsonl"}
 
@@ -83,8 +83,8 @@ D1_TOTALS = {
 
 @pytest.mark.parametrize("version", ["original", "dotall"])
 def test_d1_gsm8k_reward_is_d1s(version):
-    from common.tasks.gsm8k import from_record
-    from recipes import d1_rewards
+    from stabledrl.common.tasks.gsm8k import from_record
+    from stabledrl.recipes import d1_rewards
 
     fn = {"original": d1_rewards.gsm8k, "dotall": d1_rewards.gsm8k_dotall}[version]
     for (completion, raw), want in zip(D1_CASES, D1_TOTALS[version]):

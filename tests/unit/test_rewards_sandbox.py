@@ -4,9 +4,10 @@ import textwrap
 
 import pytest
 
-from common.config.base import ConfigError
-from common.config.task import parse_task_config
-from common.tasks import RewardResult, RewardScorer, RewardStats, Row, build_task
+from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.sandbox.scorer import RewardScorer, RewardStats
+from stabledrl.common.tasks import RewardResult, Row, build_task
 
 ROW = Row("p", "1+1=", "2")
 USER_REWARD = textwrap.dedent(
@@ -108,7 +109,8 @@ def test_bad_custom_spec_fails_at_start(reward_file, spec, isolation):
 
 def test_custom_module_path_spec_and_lazy_import():
     cfg = parse_task_config(
-        {"name": "arithmetic", "reward": {"custom": "common.tasks.arithmetic:format_score", "isolation": "inline"}}
+        {"name": "arithmetic",
+         "reward": {"custom": "stabledrl.common.tasks.arithmetic:format_score", "isolation": "inline"}}
     )
     task = build_task(cfg)  # building the task imports nothing yet
     assert task.correctness._fn is None

@@ -1,11 +1,11 @@
 """gsm8k (final number) and math (\\boxed{} + LaTeX equivalence) rewards, adversarial formats included."""
 import pytest
 
-from common.config.task import parse_task_config
-from common.tasks import build_task
-from common.tasks.gsm8k import from_record as gsm8k_row
-from common.tasks.hendrycks_math import find_box, from_record as math_row
-from common.tasks.latex import equivalent
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.tasks import build_task
+from stabledrl.common.tasks.gsm8k import from_record as gsm8k_row
+from stabledrl.common.tasks.hendrycks_math import find_box, from_record as math_row
+from stabledrl.common.tasks.latex import equivalent
 
 SRC = {"kind": "file", "path": "unused.jsonl"}
 GSM = build_task(parse_task_config({"name": "gsm8k", "source": SRC}))

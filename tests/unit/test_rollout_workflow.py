@@ -5,17 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.config.estimator import BlockRandomConfig, SPGSandwichConfig
-from common.config.model import ModelConfig
-from common.config.sampler import SamplerConfig
-from common.config.task import parse_task_config
-from common.estimators import estimate
-from common.models import load_policy
-from common.seeding import derive_seed
-from common.tasks import RewardScorer, build_task, load_task_data
-from common.types import PromptRequest, collate_samples
-from rollout.engine import TorchRolloutEngine
-from rollout.workflow import behaviour_estimator, run_episodes
+from stabledrl.common.config.estimator import BlockRandomConfig, SPGSandwichConfig
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.estimators import estimate
+from stabledrl.common.models import load_policy
+from stabledrl.common.seeding import derive_seed
+from stabledrl.common.sandbox.scorer import RewardScorer
+from stabledrl.common.tasks import build_task, load_task_data
+from stabledrl.common.types import PromptRequest, collate_samples
+from stabledrl.rollout.engine import TorchRolloutEngine
+from stabledrl.rollout.workflow import behaviour_estimator, run_episodes
 
 G, SEED = 4, 11
 SAMPLER = SamplerConfig(gen_length=4, block_length=4, steps=4, temperature=1.0)
@@ -113,7 +114,7 @@ def test_the_behaviour_estimate_is_the_completions_elbo_whatever_sampler_decoded
 
 
 def test_behaviour_estimates_are_chunked_by_their_logits_and_unchanged(setup, monkeypatch):
-    import rollout.workflow as workflow
+    import stabledrl.rollout.workflow as workflow
 
     policy, _, _, rows = setup
     requests = [PromptRequest(20, rows[7]), PromptRequest(21, rows[8])]

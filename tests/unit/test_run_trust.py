@@ -1,4 +1,4 @@
-"""A run directory is the user's data (common/run_seal.py, cli/run_dir.py): a run's config that
+"""A run directory is the user's data (common/trust/seal.py, common/trust/run_dir.py): a run's config that
 names reward code is used only as the run wrote it, a resume or an evaluation never loosens the
 reward sandbox unless the user says so, and run.output_dir is checked before Ray starts. Every
 refusal exits 2 with one line naming the file or field and what to do; no actor starts."""
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cli.main as cli
-from common.checkpoint_files import FORMAT
-from common.run_seal import SEAL_LINE, sealed_text, text_is_sealed
-from coordinator.checkpoint import write_state
+import stabledrl.cli.main as cli
+from stabledrl.common.trust.checkpoint_files import FORMAT
+from stabledrl.common.trust.seal import SEAL_LINE, sealed_text, text_is_sealed
+from stabledrl.coordinator.runtime.checkpoint import write_state
 from test_config_mistakes import JOB
 
 REWARD = "def score(completion, row):\n    open({marker!r}, 'w').write('ran')\n    return 1.0\n"
@@ -31,7 +31,7 @@ def started(monkeypatch):
     seen: list = []
     monkeypatch.setattr(cli, "train_job", lambda cfg: seen.append(cfg) or 0)
     # the reward's own dry import in its sandbox is test_reward_confinement's; here only the run's trust
-    monkeypatch.setattr("common.tasks.sandbox.check_reward", lambda task: None)
+    monkeypatch.setattr("stabledrl.common.sandbox.scorer.check_reward", lambda task: None)
     return seen
 
 
@@ -117,7 +117,7 @@ def test_a_built_in_reward_needs_no_seal(tmp_path, started):
 def test_a_weaker_sandbox_than_the_runs_needs_the_flag(
     tmp_path, capsys, started, monkeypatch, override, field, command
 ):
-    import cli.offline_eval as offline_eval
+    import stabledrl.evaluation.offline as offline_eval
 
     monkeypatch.setattr(offline_eval, "eval_command", lambda cfg, **kw: started.append(cfg))
     run = make_run(tmp_path, {"custom": f"{tmp_path / 'r.py'}:score"})
@@ -188,7 +188,7 @@ def test_a_full_disk_or_a_quota_is_named_before_ray_starts(tmp_path, capsys, sta
 def test_a_baseline_lowered_in_an_unsealed_manifest_does_not_count(tmp_path, capsys, monkeypatch):
     """The attacker lowers the sandbox in coordinator.json so that a weaker eval looks unchanged:
     the manifest fails its seal, so the baseline is the default sandbox, and the eval is refused."""
-    import cli.offline_eval as offline_eval
+    import stabledrl.evaluation.offline as offline_eval
 
     monkeypatch.setattr(offline_eval, "eval_command", lambda cfg, **kw: None)
     run = make_run(tmp_path, {"custom": f"{tmp_path / 'r.py'}:score"})

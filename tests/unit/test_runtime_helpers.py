@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from coordinator.actors import first_line
-from coordinator.pool import gcs_alive
+from stabledrl.coordinator.runtime.actors import first_line
+from stabledrl.coordinator.runtime.pool import gcs_alive
 
 
 def test_an_error_becomes_its_first_line_cut_between_words():
@@ -48,9 +48,9 @@ class _Actor:
 
 
 def test_a_collective_push_is_staged_unless_it_rebuilds_the_group_and_the_load_applies_that_version(monkeypatch):
-    from common.transport import WeightHandle, WeightPushConfig
-    from coordinator import weight_sync
-    from coordinator.actors import Actors
+    from stabledrl.common.transport import WeightHandle, WeightPushConfig
+    from stabledrl.coordinator.runtime import weight_sync
+    from stabledrl.coordinator.runtime.actors import Actors
 
     monkeypatch.setattr(weight_sync, "wait", lambda refs, timeout_s, what: [("127.0.0.1", 29500)])
     calls: list = []
@@ -75,9 +75,9 @@ def test_a_collective_push_is_staged_unless_it_rebuilds_the_group_and_the_load_a
 def test_an_object_store_load_takes_the_handle_of_the_version_it_names_and_refuses_another():
     import pytest
 
-    from common.transport import WeightPushConfig
-    from coordinator import weight_sync
-    from coordinator.actors import Actors
+    from stabledrl.common.transport import WeightPushConfig
+    from stabledrl.coordinator.runtime import weight_sync
+    from stabledrl.coordinator.runtime.actors import Actors
 
     calls: list = []
     actors = Actors([_Actor("learner0", calls)], [_Actor("worker0", calls)])
@@ -94,9 +94,9 @@ def test_an_auto_group_on_one_host_is_pulled_over_peer_and_one_that_spans_hosts_
     member runs on the learner's node, nccl once a member runs elsewhere (a worker added by
     scaling), peer again when it has left; every member's end and the load's handle follow it,
     and the job's log says which, once per change."""
-    from common.transport import WeightHandle, WeightPushConfig
-    from coordinator import weight_sync
-    from coordinator.actors import Actors
+    from stabledrl.common.transport import WeightHandle, WeightPushConfig
+    from stabledrl.coordinator.runtime import weight_sync
+    from stabledrl.coordinator.runtime.actors import Actors
 
     monkeypatch.setattr(weight_sync, "wait", lambda refs, timeout_s, what: [("127.0.0.1", 29500)])
     calls: list = []
@@ -150,9 +150,9 @@ def test_a_failed_pull_of_a_group_auto_built_over_peer_falls_back_to_the_broadca
     """CUDA IPC refused (containers apart, GPUs without peer access): the push fails, ``failed``
     says to push again, and every later group is broadcast, on one host too; a failure over the
     broadcast after that, or of a group the user's own choice built, is not retried this way."""
-    from common.transport import WeightPushConfig
-    from coordinator import weight_sync
-    from coordinator.actors import Actors
+    from stabledrl.common.transport import WeightPushConfig
+    from stabledrl.coordinator.runtime import weight_sync
+    from stabledrl.coordinator.runtime.actors import Actors
 
     monkeypatch.setattr(weight_sync, "wait", lambda refs, timeout_s, what: [("127.0.0.1", 29500)])
     calls: list = []

@@ -4,13 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.attention import block_causal_mask, block_ids
-from common.config.base import ConfigError
-from common.config.sampler import SamplerConfig
-from common.models import build_tiny_policy
-from common.types import left_pad
-from rollout.sampling import generate
-from rollout.sampling.block_diffusion import chunk_block_mask
+from stabledrl.common.attention import block_causal_mask, block_ids
+from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.types import left_pad
+from stabledrl.rollout.sampling import generate
+from stabledrl.rollout.sampling.block_diffusion import chunk_block_mask
 
 torch.set_num_threads(1)
 PROMPTS = [torch.tensor([5, 6, 7, 8, 9]), torch.tensor([10, 11]), torch.tensor([12, 13, 14, 15, 16, 17, 18, 19])]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.config.sampler import SamplerConfig
-from common.models import build_tiny_policy
-from rollout.sampling import generate
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.rollout.sampling import generate
 
 torch.set_num_threads(1)
 SAME_LENGTH = [

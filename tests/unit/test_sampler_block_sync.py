@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.config.sampler import SamplerConfig
-from common.models import build_tiny_policy
-from rollout.sampling import generate
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.rollout.sampling import generate
 
 torch.set_num_threads(1)
 PROMPTS = [torch.tensor([5, 6, 7, 8, 9]), torch.tensor([10, 11]), torch.tensor([12, 13, 14, 15, 16, 17, 18])]

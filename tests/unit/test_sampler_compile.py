@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from common.config.sampler import SamplerConfig
-from common.models import build_tiny_policy
-from rollout.sampling import generate
-from rollout.sampling.compiled import compiled_layers, decoder_layers
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.rollout.sampling import generate
+from stabledrl.rollout.sampling.compiled import compiled_layers, decoder_layers
 
 torch.set_num_threads(1)
 MIXED = [torch.arange(5, 10), torch.arange(20, 22), torch.arange(40, 48)]
@@ -76,8 +76,8 @@ def test_fused_choice_picks_the_eager_tokens(noise):
     """The compiled token choice (``choose_tokens(fused=True)``) does the eager arithmetic in one pass:
     on bf16 logits (the sampler's) the same draws pick the same tokens at the same confidence,
     rows that do not draw included (their generators stay untouched)."""
-    from common import compiling
-    from rollout.sampling import decode
+    from stabledrl.common import compiling
+    from stabledrl.rollout.sampling import decode
 
     logits = (torch.randn(3, 8, 3000, generator=torch.Generator().manual_seed(1)) * 4).bfloat16()
     out = []
@@ -101,7 +101,7 @@ def test_a_compiled_cache_write_goes_into_the_buffer_in_place():
     every layer and step; the write must land in the buffer itself, with the same values."""
     from torch._inductor.utils import run_and_get_code
 
-    from rollout.sampling.cache import SlotKVCache
+    from stabledrl.rollout.sampling.cache import SlotKVCache
 
     cache = SlotKVCache(num_slots=12)
     g = torch.Generator().manual_seed(0)

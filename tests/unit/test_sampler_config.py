@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from common.config.base import ConfigError, validate
-from common.config.sampler import SamplerConfig
+from stabledrl.common.config.base import ConfigError, validate
+from stabledrl.common.config.sampler import SamplerConfig
 
 
 def test_defaults_are_the_released_llada_rollout_settings():

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.config.base import ConfigError, validate
-from common.config.sampler import SamplerConfig
-from common.models import build_tiny_policy
-from rollout.sampling import StepGraphs, generate
-from rollout.sampling.decode import choose_tokens, counter_uniform
+from stabledrl.common.config.base import ConfigError, validate
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.rollout.sampling import StepGraphs, generate
+from stabledrl.rollout.sampling.decode import choose_tokens, counter_uniform
 
 torch.set_num_threads(1)
 M64 = (1 << 64) - 1
@@ -110,8 +110,8 @@ def test_the_cached_and_graphed_paths_give_the_reference_tokens():
 def test_the_compiled_choice_draws_the_same_bits(noise):
     """The fused (compiled) choice computes the counter's integers inside its single pass: on the same
     logits it picks the eager tokens at the eager confidence."""
-    from common import compiling
-    from rollout.sampling import decode
+    from stabledrl.common import compiling
+    from stabledrl.rollout.sampling import decode
 
     logits = (torch.randn(3, 8, 3000, generator=torch.Generator().manual_seed(1)) * 4).bfloat16()
     counter = (torch.tensor([5, 6, 7]), torch.tensor([0, 3, 9]))
@@ -133,7 +133,7 @@ def test_a_releases_low_precision_noise_is_refused_with_the_counter():
 
 def test_each_step_draws_at_the_rows_own_step_counter(monkeypatch):
     """Fixed steps: a row's k-th step draws at counter step k (never one draw reused)."""
-    from rollout.sampling import decode
+    from stabledrl.rollout.sampling import decode
 
     seen: list[list[int]] = []
     real = decode.counter_uniform

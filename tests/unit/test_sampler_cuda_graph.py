@@ -15,12 +15,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.config.base import ConfigError, validate
-from common.config.sampler import SamplerConfig
-from common.models import build_tiny_policy
-from common.transport.weights import WeightHandle
-from rollout.engine import TorchRolloutEngine
-from rollout.sampling import StepGraphs, generate, graphs as graphs_module
+from stabledrl.common.config.base import ConfigError, validate
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.transport.base import WeightHandle
+from stabledrl.rollout.engine import TorchRolloutEngine
+from stabledrl.rollout.sampling import StepGraphs, generate, graphs as graphs_module
 
 torch.set_num_threads(1)
 SAME = [torch.arange(5, 11), torch.arange(20, 26), torch.arange(40, 46)]
@@ -175,10 +175,10 @@ def test_static_steps_are_bounded_least_recently_used_first(sdar):
 
 def test_without_cuda_one_log_line_says_nothing_is_captured(sdar, caplog, monkeypatch):
     monkeypatch.setattr(graphs_module, "_announced", set())
-    with caplog.at_level(logging.WARNING, logger="rollout.sampling.graphs"):
+    with caplog.at_level(logging.WARNING, logger="stabledrl.rollout.sampling.graphs"):
         for _ in range(2):
             generate(sdar, SAME, SEEDS, cfg(cuda_graph=True, gen_length=8, steps=4))
-    lines = [r.getMessage() for r in caplog.records if r.name == "rollout.sampling.graphs"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "stabledrl.rollout.sampling.graphs"]
     assert len(lines) == 1 and "without CUDA graph capture" in lines[0]
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.seeding import generator
-from rollout.sampling.decode import choose_tokens, commit_mask, transfer_schedule
+from stabledrl.common.seeding import generator
+from stabledrl.rollout.sampling.decode import choose_tokens, commit_mask, transfer_schedule
 
 torch.set_num_threads(1)
 
@@ -110,8 +110,8 @@ def test_low_precision_noise_picks_what_the_releases_pick(noise_dtype, expected)
 
 
 def test_noise_dtype_is_a_sampler_setting():
-    from common.config.base import ConfigError
-    from common.config.sampler import SamplerConfig
+    from stabledrl.common.config.base import ConfigError
+    from stabledrl.common.config.sampler import SamplerConfig
 
     assert SamplerConfig().noise_dtype == "float64"
     assert SamplerConfig(noise_dtype="float32_then_bfloat16").noise_dtype == "float32_then_bfloat16"

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.config.estimator import BlockRandomConfig
-from common.config.sampler import SamplerConfig
-from common.estimators import estimate
-from common.models import build_tiny_policy
-from common.transport.weights import WeightHandle
-from common.types import collate_samples
-from rollout.engine import RolloutEngine, TorchRolloutEngine
-from rollout.sampling import generate
+from stabledrl.common.config.estimator import BlockRandomConfig
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.estimators import estimate
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.transport.base import WeightHandle
+from stabledrl.common.types import collate_samples
+from stabledrl.rollout.engine import RolloutEngine, TorchRolloutEngine
+from stabledrl.rollout.sampling import generate
 
 torch.set_num_threads(1)
 
@@ -73,7 +73,7 @@ def test_score_is_the_behaviour_estimate_under_the_engines_weights():
     engine = TorchRolloutEngine(policy)
     cfg = SamplerConfig(gen_length=8, block_length=8, steps=8, temperature=1.0)
     out = engine.generate(prompts_of([4, 6]), torch.tensor([3, 4]), cfg)
-    from common.types import Sample
+    from stabledrl.common.types import Sample
 
     samples = [
         Sample(

@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.attention import full_mask
-from common.config.sampler import SamplerConfig
-from common.models import FAMILIES, build_tiny_policy
-from rollout.sampling import generate
-from rollout.sampling.canvas import build_canvas
-from rollout.sampling.decode import transfer_schedule
+from stabledrl.common.attention import full_mask
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models import FAMILIES, build_tiny_policy
+from stabledrl.rollout.sampling import generate
+from stabledrl.rollout.sampling.canvas import build_canvas
+from stabledrl.rollout.sampling.decode import transfer_schedule
 
 torch.set_num_threads(1)
 PROMPTS = [torch.tensor([5, 6, 7, 8, 9]), torch.tensor([10, 11]), torch.tensor([12, 13, 14, 15, 16, 17, 18])]

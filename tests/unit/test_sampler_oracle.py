@@ -14,9 +14,9 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from common.config.sampler import SamplerConfig
-from common.models.base import DiffusionPolicy, FamilySpec
-from rollout.sampling import generate
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models.base import DiffusionPolicy, FamilySpec
+from stabledrl.rollout.sampling import generate
 
 VOCAB, EOS, MASK, PAD = 97, 1, 2, 0
 torch.set_num_threads(1)

@@ -3,40 +3,47 @@ no model, milliseconds each. Each test scripts what the runtime would report and
 commands that come back and the accounting of prompt uids."""
 from __future__ import annotations
 
-from coordinator import events as ev
+from stabledrl.coordinator.decisions import events as ev
 from scheduler_sim import ROWS, Sim, job, result
 
 
 def test_the_scheduler_imports_no_ray_anywhere_in_its_import_graph():
-    """Every module of this repository that coordinator.scheduler reaches, through any import (also
-    one inside a function), and every outside package they name: no ray."""
+    """Every module of stabledrl that stabledrl.coordinator.decisions.scheduler reaches, through any
+    import (also one inside a function), and every outside package they name: no ray."""
     import ast
+    import importlib.util
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    seen, todo, outside = set(), ["coordinator.scheduler"], {}
+    def module_file(name: str):
+        """(module, its file) for the longest prefix of ``name`` that is a stabledrl module."""
+        parts = name.split(".")
+        while parts:
+            try:
+                spec = importlib.util.find_spec(".".join(parts))
+            except ModuleNotFoundError:
+                spec = None
+            if spec is not None and spec.origin:
+                return ".".join(parts), Path(spec.origin)
+            parts.pop()
+        raise AssertionError(f"{name} is not a module of stabledrl")
+
+    seen, todo, outside = set(), ["stabledrl.coordinator.decisions.scheduler"], {}
     while todo:
-        module = todo.pop()
+        module, path = module_file(todo.pop())
         if module in seen:
             continue
         seen.add(module)
-        path = root / (module.replace(".", "/") + ".py")
-        path = path if path.is_file() else root / module.replace(".", "/") / "__init__.py"
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module] + [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) \
                 and node.module else []
             for name in names:
-                if (root / name.split(".")[0]).is_dir() and name.split(".")[0] in ("common", "rollout", "learner",
-                                                                                     "coordinator"):
-                    parts = name.split(".")
-                    while parts and not ((root / "/".join(parts)).with_suffix(".py").is_file()
-                                         or (root / "/".join(parts) / "__init__.py").is_file()):
-                        parts.pop()
-                    todo.append(".".join(parts))
+                if name.split(".")[0] == "stabledrl":
+                    todo.append(name)
                 else:
                     outside.setdefault(name.split(".")[0], module)
-    assert "coordinator.events" in seen and "common.tasks.stream" in seen  # the walk reached the scheduler's parts
+    # the walk reached the scheduler's parts
+    assert "stabledrl.coordinator.decisions.events" in seen and "stabledrl.common.tasks.stream" in seen
     assert "ray" not in outside, f"{outside.get('ray')} imports ray"
 
 

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from coordinator import events as ev
+from stabledrl.coordinator.decisions import events as ev
 from scheduler_sim import Sim, job
 
 

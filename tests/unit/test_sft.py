@@ -13,15 +13,15 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from common.config.task import parse_task_config
-from common.config.warmstart import WarmStartConfig
-from common.estimators.scoring import build_inputs, token_logp
-from common.models import DiffusionPolicy, FamilySpec, build_tiny_policy
-from common.seeding import generator
-from common.tasks import load_task_data
-from common.tokenizer import build_char_tokenizer
-from common.types import SequenceBatch
-from learner.sft import draw_masks, encode_pairs, run_sft, sft_loss
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.config.warmstart import WarmStartConfig
+from stabledrl.common.estimators.scoring import build_inputs, token_logp
+from stabledrl.common.models import DiffusionPolicy, FamilySpec, build_tiny_policy
+from stabledrl.common.seeding import generator
+from stabledrl.common.tasks import load_task_data
+from stabledrl.common.tokenizer import build_char_tokenizer
+from stabledrl.common.types import SequenceBatch
+from stabledrl.learner.sft import draw_masks, encode_pairs, run_sft, sft_loss
 
 torch.set_num_threads(1)
 TOK = build_char_tokenizer()
@@ -198,8 +198,8 @@ def test_run_sft_is_deterministic_given_the_seed_and_reduces_the_loss():
 
 
 def job(tmp_path, **over):
-    from common.config.base import apply_overrides
-    from common.config.job import JobConfig
+    from stabledrl.common.config.base import apply_overrides
+    from stabledrl.common.config.job import JobConfig
 
     data = {
         "model": {"preset": "tiny-llada", "preset_shape": {"hidden_size": 32, "intermediate_size": 64}},
@@ -219,9 +219,9 @@ def job(tmp_path, **over):
 
 
 def test_warm_start_trains_once_caches_by_content_and_loads_back(tmp_path):
-    from common.config.model import ModelConfig
-    from common.models import load_policy
-    from recipes.warmstart import MANIFEST, warm_start
+    from stabledrl.common.config.model import ModelConfig
+    from stabledrl.common.models import load_policy
+    from stabledrl.recipes.warmstart import MANIFEST, warm_start
 
     lines: list[str] = []
     path = warm_start(job(tmp_path), log=lines.append)

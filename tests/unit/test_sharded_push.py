@@ -12,11 +12,11 @@ import time
 import pytest
 import torch
 
-from common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
-from common.transport.shards import (assemble, decode_plan, encode_plan, partition_numel, plan_rounds,
+from stabledrl.common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
+from stabledrl.common.transport.shards import (assemble, decode_plan, encode_plan, partition_numel, plan_rounds,
                                      segment_view)
-from common.transport.staging import StagedWeights
-from learner.group import free_port
+from stabledrl.common.transport.staging import StagedWeights
+from stabledrl.learner.group import free_port
 
 torch.set_num_threads(1)
 
@@ -355,7 +355,7 @@ def test_a_pull_whose_header_holds_another_version_fails_and_stages_nothing(monk
     they are done (only the staging copy's own memory was written); the row-by-row pull checks
     first. Either way a header that holds another version fails the receive, names both versions,
     and nothing is staged or applied."""
-    from common.transport.peer import PeerPush
+    from stabledrl.common.transport.peer import PeerPush
 
     real = PeerPush._read_versions
     slot_of = {"before": 0, "while": 1}[when]
@@ -428,9 +428,9 @@ def test_the_deferred_pull_calls_into_torch_a_few_times_per_source_whatever_the_
 
 
 def test_push_sources_and_the_group_the_driver_builds(monkeypatch):
-    from common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig
-    from coordinator import weight_sync
-    from coordinator.actors import Actors
+    from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig
+    from stabledrl.coordinator.runtime import weight_sync
+    from stabledrl.coordinator.runtime.actors import Actors
 
     def learner(stage: int, ranks: int = 3, lora_push: str | None = None) -> LearnerConfig:
         lora = None if lora_push is None else LoraConfig(rank=8, alpha=16, push=lora_push)
@@ -513,7 +513,7 @@ def test_a_missing_receiver_fails_every_source_in_time_naming_it(backend):
 
 
 def test_a_partition_that_does_not_match_the_plan_is_refused_before_anything_is_sent():
-    from common.transport.shards import iter_segments
+    from stabledrl.common.transport.shards import iter_segments
 
     full = full_weights(0)
     rounds = plan_rounds([(n, tuple(t.shape), t.dtype) for n, t in full], 2, 1 << 20)

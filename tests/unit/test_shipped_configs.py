@@ -1,13 +1,13 @@
 """Every shipped job config checkpoints periodically: a run stopped part-way (Ctrl-C, a lost node)
 can be resumed from a checkpoint at most ``checkpoint_every`` steps back. Study configs run many
-short runs that keep metrics only (recipes/study/config.py) and are re-run, not resumed."""
+short runs that keep metrics only (stabledrl/recipes/study/config.py) and are re-run, not resumed."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from common.config.job import load_job_config
+from stabledrl.common.config.job import load_job_config
 
 CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[2] / "deploy" / "configs").glob("*.yaml")
                  if not p.name.startswith("study_"))

@@ -3,8 +3,8 @@ started from, exit 0, nothing in the log. A skipped update is now said in the lo
 MAX_SKIPPED_IN_A_ROW of them in a row stop the job naming the likely causes."""
 from __future__ import annotations
 
-from coordinator import events as ev
-from coordinator.skipped_updates import MAX_IN_A_ROW as MAX_SKIPPED_IN_A_ROW
+from stabledrl.coordinator.decisions import events as ev
+from stabledrl.coordinator.decisions.skipped_updates import MAX_IN_A_ROW as MAX_SKIPPED_IN_A_ROW
 from scheduler_sim import Sim, job
 
 

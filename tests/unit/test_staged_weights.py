@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
-from common.transport.staging import StagedWeights
-from learner.group import free_port
+from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+from stabledrl.common.transport.staging import StagedWeights
+from stabledrl.learner.group import free_port
 
 torch.set_num_threads(1)
 
@@ -168,7 +168,7 @@ def test_a_staged_receive_runs_with_a_short_switch_interval_and_puts_the_interva
     with the interval at most SWITCH_S, and the interval found is back after it."""
     import sys
 
-    from common.gil import SWITCH_S
+    from stabledrl.common.gil import SWITCH_S
 
     seen = []
 
@@ -188,7 +188,7 @@ def test_a_deferring_push_keeps_only_the_mirrors_it_wrote_and_apply_puts_the_par
     """A push that defers (as the peer pull does) copies spans into the staged copy's mirrors and
     hands over each parameter's rows there; ``apply`` puts them together into the model. A later
     push that needs fewer spans leaves only its own mirrors held."""
-    from common.transport.shards import Piece, Round
+    from stabledrl.common.transport.shards import Piece, Round
 
     net = model()
     names = [(n, tuple(p.shape)) for n, p in net.named_parameters()]

@@ -3,13 +3,13 @@ value, and no label leaks from a block's clean copy into its own noisy rows."""
 import pytest
 import torch
 
-from common.attention import block_causal_mask, block_ids, staircase_mask
-from common.config.estimator import StaircaseConfig
-from common.estimators import build_inputs, estimate
-from common.estimators.elbo import elbo_values
-from common.estimators.staircase import staircase_views
-from common.models import build_tiny_policy
-from common.types import SequenceBatch, left_pad
+from stabledrl.common.attention import block_causal_mask, block_ids, staircase_mask
+from stabledrl.common.config.estimator import StaircaseConfig
+from stabledrl.common.estimators import build_inputs, estimate
+from stabledrl.common.estimators.elbo import elbo_values
+from stabledrl.common.estimators.staircase import staircase_views
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.types import SequenceBatch, left_pad
 
 BLOCK = 4
 C = 12  # three blocks

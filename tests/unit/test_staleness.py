@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from coordinator.staleness import StalenessController
+from stabledrl.coordinator.decisions.staleness import StalenessController
 
 
 def test_admission_bound_is_eta_plus_version_plus_one_batches():

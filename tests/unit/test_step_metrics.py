@@ -1,8 +1,8 @@
 """The learner ranks' results merge into one step record, each key by its declared reduction."""
 from __future__ import annotations
 
-from common.stats import Reduce, Stat
-from coordinator.step_metrics import merge_ranks
+from stabledrl.common.stats import Reduce, Stat
+from stabledrl.coordinator.decisions.step_metrics import merge_ranks
 
 
 def rank(r: int, **values: float) -> dict[str, Stat]:
@@ -26,8 +26,8 @@ def test_rank_local_values_combine_by_their_reduction_and_global_ones_come_from_
 def test_mfu_counts_the_tokens_each_estimate_feeds():
     """6·N per token the estimates' forwards take in: two ELBO draws feed the row twice; the staircase's
     one forward feeds prompt + noisy completion + clean completion; coupled feeds 1 + 2 per pair."""
-    from common.config.estimator import CoupledConfig, ElboMCConfig, StaircaseConfig
-    from coordinator.step_metrics import estimate_forward_tokens, perf_metrics
+    from stabledrl.common.config.estimator import CoupledConfig, ElboMCConfig, StaircaseConfig
+    from stabledrl.coordinator.decisions.step_metrics import estimate_forward_tokens, perf_metrics
 
     assert estimate_forward_tokens(ElboMCConfig(num_draws=2), 100, 256) == 2 * 356
     assert estimate_forward_tokens(StaircaseConfig(), 100, 256) == 100 + 2 * 256

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import torch
 
-from common.transport.store import decode_meta, encode_meta, open_store, reserve_address
+from stabledrl.common.transport.store import decode_meta, encode_meta, open_store, reserve_address
 
 WILDCARD = re.compile(r"^(0\.0\.0\.0|\*|\[::\]|::):\d+$")
 
@@ -32,8 +32,8 @@ def listeners(pids: set[int]) -> list[str]:
 def member(rank: int, addresses, up, done) -> None:
     """Rank ``rank`` of a 2-rank learner group (gloo) and of a 2-member broadcast push."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    from common.transport import WeightHandle, WeightPushConfig, setup_weight_push
-    from learner.group import init_learner_group, rendezvous_address
+    from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+    from stabledrl.learner.group import init_learner_group, rendezvous_address
 
     if rank == 0:
         group, push = rendezvous_address(), rendezvous_address()

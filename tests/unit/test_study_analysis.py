@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from recipes.study.analysis import (
+from stabledrl.recipes.study.analysis import (
     find_collapse,
     grad_spike,
     method_table,
@@ -13,7 +13,7 @@ from recipes.study.analysis import (
     summarize_methods,
     summarize_run,
 )
-from recipes.study.config import CollapseRule
+from stabledrl.recipes.study.config import CollapseRule
 
 RULE = CollapseRule(ema=0.9, fraction=0.5, min_peak=0.1, hold=10)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes.study import load_study_dir, write_report
-from recipes.study.report import section_pattern
+from stabledrl.recipes.study import load_study_dir, write_report
+from stabledrl.recipes.study.report import section_pattern
 
 REPO = Path(__file__).resolve().parents[2]
 ARCHIVES = sorted((REPO / "docs" / "study" / "gpu_runs").glob("*.tar.xz"))

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-import cli.main as cli
-from common.config.base import ConfigError
-from recipes.study import load_study_config, load_study_dir, run_config, save_study_config, write_report
-from recipes.study.config import merge
-from recipes.study.report import publish
+import stabledrl.cli.main as cli
+from stabledrl.common.config.base import ConfigError
+from stabledrl.recipes.study import load_study_config, load_study_dir, run_config, save_study_config, write_report
+from stabledrl.recipes.study.config import merge
+from stabledrl.recipes.study.report import publish
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY_CPU = REPO / "deploy" / "configs" / "study_cpu.yaml"
@@ -48,7 +48,7 @@ def test_runs_are_seed_major_and_each_has_its_own_directory_and_no_checkpoint(tm
 
 
 def test_settings_line_says_per_method_for_what_a_method_overrides():
-    from recipes.study.report import settings_line
+    from stabledrl.recipes.study.report import settings_line
 
     shared = settings_line(load_study_config(STUDY_CPU))
     assert "μ = 4" in shared and "per method" not in shared

@@ -11,11 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.config.task import parse_task_config
-from common.models import load_tokenizer
-from common.models.release_tokenizers import write_release_tokenizer
-from common.tasks import DataError, RewardScorer, load_task_data
-from common.tasks.prompts import prompt_text
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.models import load_tokenizer
+from stabledrl.common.models.release_tokenizers import write_release_tokenizer
+from stabledrl.common.sandbox.scorer import RewardScorer
+from stabledrl.common.tasks import DataError, load_task_data
+from stabledrl.common.tasks.prompts import prompt_text
 
 QUESTIONS = [f"Sam has {i} apples and buys {i} more. How many apples?" for i in range(1, 9)]
 VERL = [

@@ -5,8 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from common.config.task import parse_task_config
-from common.tasks import (
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.tasks import (
     DataCursor,
     DataError,
     PromptStream,

@@ -1,12 +1,12 @@
 """Generated tasks: solvable puzzles, references the checkers accept, short quickstart prompts, config."""
 import pytest
 
-from common.config.base import ConfigError
-from common.config.task import parse_task_config
-from common.tasks import TASKS, DataError, build_task, generate_rows
-from common.tasks.expression import evaluate, solve_countdown, uses_numbers
-from common.tasks.sudoku import consistent, is_valid_solution, solutions
-from common.tokenizer import DEFAULT_ALPHABET
+from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.tasks import TASKS, DataError, build_task, generate_rows
+from stabledrl.common.tasks.expression import evaluate, solve_countdown, uses_numbers
+from stabledrl.common.tasks.sudoku import consistent, is_valid_solution, solutions
+from stabledrl.common.tokenizer import DEFAULT_ALPHABET
 
 
 def rows(name, n=300, seed=0, **kw):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.config.base import ConfigError, validate
-from common.config.job import JobConfig, check_sampler_layout
+from stabledrl.common.config.base import ConfigError, validate
+from stabledrl.common.config.job import JobConfig, check_sampler_layout
 
 GEMMA = {
     "model": {"preset": "tiny-diffusion-gemma"},

@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.config.estimator import StaircaseConfig, UniformStaircaseConfig
-from common.estimators import estimate, learner_seeds
-from common.estimators.elbo import elbo_values
-from common.estimators.scoring import token_logp
-from common.estimators.uniform import udlm_elbo_terms, uniform_views
-from common.models import build_tiny_policy
-from common.types import SequenceBatch, left_pad
+from stabledrl.common.config.estimator import StaircaseConfig, UniformStaircaseConfig
+from stabledrl.common.estimators import estimate, learner_seeds
+from stabledrl.common.estimators.elbo import elbo_values
+from stabledrl.common.estimators.scoring import token_logp
+from stabledrl.common.estimators.uniform import udlm_elbo_terms, uniform_views
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.types import SequenceBatch, left_pad
 
 pytest.importorskip("transformers.models.diffusion_gemma")
 torch.set_num_threads(1)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.config.sampler import SamplerConfig
-from common.models import build_tiny_policy
-from common.models.base import PolicyOutput
-from common.models.diffusion_gemma import DiffusionGemmaPolicy
-from rollout.sampling import generate
+from stabledrl.common.config.sampler import SamplerConfig
+from stabledrl.common.models import build_tiny_policy
+from stabledrl.common.models.base import PolicyOutput
+from stabledrl.common.models.diffusion_gemma import DiffusionGemmaPolicy
+from stabledrl.rollout.sampling import generate
 
 pytest.importorskip("transformers.models.diffusion_gemma")
 torch.set_num_threads(1)

@@ -136,7 +136,7 @@ def test_merge_takes_only_a_run_on_the_same_card():
 
 def test_project_config_reads_files_and_skips_the_protocol(tmp_path):
     path = run_peers.project_config("deploy/configs/recipe_stabledrl_llada8b_gsm8k.yaml", tmp_path)
-    from common.config.job import load_job_config
+    from stabledrl.common.config.job import load_job_config
 
     cfg = load_job_config(str(path), [f"task.source.path={tmp_path / 'rows.jsonl'}"])
     assert cfg.task.source.kind == "file" and cfg.eval.protocol is None

@@ -1,0 +1,103 @@
+"""Weight push from the learner to the rollout workers: the interface both transports fill.
+
+- ``object_store`` (common/transport/object_store.py, CPU): learner rank 0 puts the full
+  parameters in the Ray object store once; every rollout worker fetches that one object.
+- ``nccl`` / ``gloo`` (common/transport/broadcast.py, collective broadcast): a process group of
+  its own between learner rank 0 (rank 0) and the rollout workers (ranks 1..N), apart from the
+  learner's default group; the weights go out as flat byte buckets, loaded bucket by bucket.
+  NCCL on GPU; gloo runs the same code on CPU (that is how the tests exercise it). Sharded
+  (``weights.source: shards``, common/transport/shards.py): the group's first ranks are the learner
+  ranks that hold partitions (every ZeRO-3 rank; ZeRO-1/2: rank 0), each broadcasting its own
+  (``send_shards``), and the workers put the parameters together.
+
+Every transfer carries the policy version and every wait has a timeout whose error names who or
+what it waited for. Roles: the learner side calls ``send`` on rank 0 (other learner ranks drain
+``LearnerEngine.named_parameters_for_push()`` alongside: the ZeRO-3 gathers are collective); each
+rollout worker's engine calls ``receive`` with a loader that copies each bucket into its model
+and checks, once the transfer is over, that every parameter arrived (``ParameterLoader``).
+``stabledrl.common.transport.setup_weight_push`` builds either end from a resolved config.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol, Union
+
+import torch
+from torch import nn
+
+from stabledrl.common.config.weights import WeightPushConfig  # noqa: F401  (its config; re-exported)
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
+LoadFn = Callable[[list[tuple[str, torch.Tensor]]], None]
+
+WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class WeightHandle:
+    """What a receiver needs to fetch one version: the version, and for the object store the
+    reference of the object (None for a broadcast, whose data arrives through the group)."""
+
+    version: int
+    backend: str
+    ref: Any = None
+
+
+class WeightPush(Protocol):
+    def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
+        """Learner rank 0. Consumes ``named_tensors`` to the end, also when it fails."""
+
+    def receive(self, handle: WeightHandle, load: LoadFn) -> int:
+        """Rollout worker. Hands every tensor to ``load`` (bucket by bucket); returns the version
+        received. Checking that every parameter arrived is the caller's (``ParameterLoader.finish``)."""
+
+    def close(self) -> None:
+        """Release the transport (before a new one replaces it)."""
+
+
+class ParameterLoader:
+    """Copies received tensors into a module's parameters by name (casting dtype and device),
+    bucket by bucket, and checks at the end that every parameter arrived once (``partial``: that
+    some did; a LoRA learner pushes only the matrices it adapts). A dictionary of named tensors (a
+    staging copy) takes the place of a module the same way."""
+
+    def __init__(self, module: Union[nn.Module, dict[str, torch.Tensor]], partial: bool = False) -> None:
+        self.params = dict(module) if isinstance(module, dict) else dict(module.named_parameters())
+        self.partial = partial
+        self.loaded: set[str] = set()
+
+    @torch.no_grad()
+    def __call__(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named_tensors:
+            param = self.params.get(name)
+            if param is None:
+                raise KeyError(f"weight push: received {name!r}, which the receiving model does not have")
+            if param.shape != tensor.shape:
+                raise ValueError(f"weight push: {name} has shape {tuple(tensor.shape)}, the model {tuple(param.shape)}")
+            self.destination(name, param).copy_(tensor)
+            self.loaded.add(name)
+
+    def target(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """Where the received ``name`` of ``shape`` is to be written, counted as arrived: the
+        sharded push puts each parameter together straight into it (common/transport/shards.py)."""
+        return self.destination(name, self.check(name, shape)).detach()
+
+    def check(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The receiving model's parameter ``name``, whose shape must be ``shape``, counted as arrived."""
+        param = self.params.get(name)
+        if param is None:
+            raise KeyError(f"weight push: received {name!r}, which the receiving model does not have")
+        if tuple(param.shape) != tuple(shape):
+            raise ValueError(f"weight push: {name} has shape {tuple(shape)}, the model {tuple(param.shape)}")
+        self.loaded.add(name)
+        return param
+
+    def destination(self, name: str, param: torch.Tensor) -> torch.Tensor:
+        """Where the received ``name`` is written: the parameter itself."""
+        return param
+
+    def finish(self) -> None:
+        missing = sorted(set(self.params) - self.loaded)
+        if missing and not (self.partial and self.loaded):
+            raise RuntimeError(f"weight push: {len(missing)} parameters never arrived, e.g. {missing[:3]}")
+        self.loaded.clear()

@@ -1,0 +1,227 @@
+"""The driver's end of the weight push: the transport set up on every learner rank and rollout
+worker, and one push carried out as the Ray calls of one transfer (common/transport does the
+transfer itself).
+
+Object store: learner rank 0's ``push_weights`` returns a handle to the object it put; each
+worker's ``receive_weights`` is called with the *reference* to that handle, so it is queued at
+once behind the worker's earlier requests and runs as soon as the object exists; the driver never
+waits for the put. A worker that starts later sets up its end and loads the newest handle before
+its first request.
+
+Collective (nccl / gloo): every receiver must take part in every broadcast, so a push is a
+barrier across its receivers, explicit in the Push command (the scheduler sends them no new
+requests until it is over). The group is built with its members; a push to another set of
+members, or after a failed push (a broken communicator cannot be trusted), builds it again, in
+the same order of calls on each actor, so nothing blocks but the rendezvous address.
+
+``auto`` on GPUs (``one_host``): each build of the group chooses its transport by where its members
+run, peer while every learner rank and member is on one Ray node (the start-up reports' and each
+started worker's ``node_id``), NCCL once one runs elsewhere; every end of a group is set up over the
+same one, and the job's log says which, once per change. A push over such a peer group that fails
+falls back (``failed``): every later group is broadcast, and the push is made again.
+
+Sharded (``weights.source: shards``, ``sources`` learner ranks): the group's ranks 0..S-1 are the
+learner ranks that hold partitions (``push_sources``: every ZeRO-3 rank, or rank 0), each calling
+``send_shards`` from its ``push_weights``; the workers are ranks S.. .
+
+Staging (``weights.staging``, collective pushes): each receiver takes the push with
+``stage_weights``, in its "weights" concurrency group, into a second copy of its weights while it
+generates, so the push does not wait for the request it is running; a later ``receive_weights``
+of that version (a LoadWeights) swaps the copy in, in order with its requests. With
+``keep_order`` (in-order runs) a staged version is never replaced before it is applied. A push
+that rebuilds the group is not staged: the members' set-up runs in order with their requests, and
+a stage on the other thread could start before it.
+
+LoRA (``partial``): the learner pushes only the matrices it adapts, merged, or (``lora_scale``)
+their adapters A and B, which every worker merges (common/transport/adapters.py); every worker's
+end is set up to accept a push that carries only some of its parameters (and stages only those).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import ray
+
+from stabledrl.common.config.learner import LearnerConfig
+from stabledrl.common.transport import WeightHandle, WeightPushConfig
+from stabledrl.coordinator.runtime.actors import Actors, wait
+
+
+def push_calls(backend: str, learners: Sequence[Any], workers: Sequence[Any], version: int,
+               stage: Optional[bool] = None, partners: Optional[Sequence[int]] = None
+               ) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
+    """(every learner rank's ``push_weights``, every worker's ``receive_weights``) of one push.
+    Object store: the receivers get the reference of rank 0's handle; ipc: worker j the reference
+    of the handle of the learner rank on its device (``partners[j]``); collective: a handle naming
+    the version, the data arriving through the group. ``stage`` (collective; its value is
+    ``keep_order``): the workers' ``stage_weights`` instead."""
+    sends = [a.push_weights.remote(version) for a in learners]
+    if backend == "ipc":
+        return sends, [w.receive_weights.remote(sends[p]) for w, p in zip(workers, partners)]
+    handle = sends[0] if backend == "object_store" else WeightHandle(version, backend)
+    if stage is not None:
+        return sends, [w.stage_weights.remote(handle, stage) for w in workers]
+    return sends, [w.receive_weights.remote(handle) for w in workers]
+
+
+def push_sources(cfg: WeightPushConfig, learner: LearnerConfig) -> int:
+    """The learner ranks that send their partitions (``weights.source: shards``; 0: rank 0
+    gathers and sends, the earlier path). A collective push: every rank under ZeRO-3 (each holds a
+    partition), rank 0 alone under ZeRO-1/2 (it holds every parameter whole). ipc: every rank under
+    ZeRO-3 with several ranks (one all-gather fills each rank's buffer, common/transport/ipc.py), else 0
+    (each rank's parameters are whole: it copies them as they lie). A LoRA job that pushes its
+    adapters over a collective backend sends their partitions the same way (the workers merge what
+    they put together); one that pushes merged matrices, or over ipc, gathers (a merged matrix is
+    W + s·B·A of gathered parameters: learner/lora.py)."""
+    lora = learner.lora
+    if cfg.source != "shards" or (lora is not None and (lora.push != "adapters" or cfg.backend == "ipc")):
+        return 0
+    zero3 = learner.deepspeed.zero_stage == 3
+    if cfg.backend == "ipc":
+        return learner.num_ranks if zero3 and learner.num_ranks > 1 else 0
+    if not cfg.collective:
+        return 0
+    return learner.num_ranks if zero3 else 1
+
+
+def one_host_transport(requested: WeightPushConfig, resolved: WeightPushConfig, sources: int
+                       ) -> Optional[WeightPushConfig]:
+    """The transport ``auto`` gives a push group whose learner ranks and rollout workers all run on
+    one host, where it differs from ``resolved``: the peer pull (each worker reads the ranks'
+    weights with its copy engines; the broadcast's kernels take the SMs of a worker that is
+    generating: BENCHMARKS.md). Only where it needs no memory the broadcast does not: a sharded
+    push (``sources`` >= 1, the partitions read where they lie) in the learner's dtype; a gathered
+    push would keep a whole copy on learner rank 0's GPU. A LoRA job's adapter push is sharded
+    (each rank's partitions of A and B; the workers merge them); its merged push gathers, so it
+    stays on ``resolved``. None: every group uses ``resolved``."""
+    if requested.backend != "auto" or resolved.backend != "nccl" or not sources or resolved.dtype != "keep":
+        return None
+    return resolved.model_copy(update={"backend": "peer"})
+
+
+class WeightSync:
+    def __init__(self, cfg: WeightPushConfig, actors: Actors, timeout_s: float, partial: bool = False,
+                 keep_order: bool = False, lora_scale: Optional[float] = None, sources: int = 0,
+                 one_host: Optional[WeightPushConfig] = None, log: Callable[[str], None] = lambda line: None) -> None:
+        if cfg.backend == "auto":
+            raise ValueError("WeightSync needs a resolved weights config (WeightPushConfig.resolve)")
+        self.cfg, self.actors, self.timeout_s, self.partial = cfg, actors, timeout_s, partial
+        # collective: ``cfg`` as given, and ``one_host`` (``one_host_transport``) for a group on one host;
+        # ``cfg`` is then the transport of the group as built
+        self.spread, self.one_host, self.log = cfg, one_host, log
+        self.learner_nodes = {info.get("node_id") for info in actors.info.get("learners", [])}
+        # the workers' end: partial pushes, and LoRA adapters merged with this scale
+        self.receiving = {"partial": partial, "lora_scale": lora_scale}
+        self.collective = cfg.collective
+        # sharded (collective, or ipc): learner ranks 0..sources-1 each send their partitions (``push_sources``)
+        self.sources = sources if self.collective or cfg.backend == "ipc" else 0
+        self.staging, self.keep_order = self.collective and cfg.staging, keep_order
+        self.members: Optional[tuple[int, ...]] = None  # the collective group as built, in rank order
+        self.built: Optional[str] = None  # the transport of the last group built
+        # object store: version -> [rank 0's handle]; ipc: every rank's (the newest version only)
+        self.handles: dict[int, list[ray.ObjectRef]] = {}
+
+    def setup(self, nodes: Mapping[int, Optional[str]]) -> None:
+        """Set up every learner rank and every worker of the job's start (blocking, named timeouts);
+        ``nodes``: each worker's Ray node (the runtime's, from their start-up reports)."""
+        if not self.collective:
+            pool = self.actors.pool
+            refs = self.actors.call_learners("setup_weight_push", self.cfg, sources=self.sources)
+            refs += [pool[i].setup_weight_push.remote(self.cfg, **self.receiving) for i in sorted(pool.processes)]
+            wait(refs, self.timeout_s, "weight push set-up on every learner rank and rollout worker")
+            return
+        members = tuple(sorted(self.actors.pool.processes))
+        wait(self._setup_group(members, nodes), self.timeout_s,
+             "weight push set-up on every learner rank and rollout worker")
+
+    def transport(self, members: Sequence[int], nodes: Mapping[int, Optional[str]]) -> WeightPushConfig:
+        """The transport of a group of ``members`` (worker index -> Ray node in ``nodes``):
+        ``one_host`` where every learner rank and member runs on one known node, else the one given."""
+        hosts = self.learner_nodes | {nodes.get(i) for i in members}
+        known = bool(self.learner_nodes) and None not in hosts  # every learner rank reported its node
+        return self.one_host if self.one_host is not None and known and len(hosts) == 1 else self.spread
+
+    def _setup_group(self, members: tuple[int, ...], nodes: Mapping[int, Optional[str]]) -> list[ray.ObjectRef]:
+        """Every member's ``setup_weight_push`` for a group of the sending learner ranks (rank 0,
+        or sharded ranks 0..sources-1) and ``members`` (the learner ranks' calls first, one each,
+        then the workers' in ``members`` order), over ``transport``."""
+        cfg = self.transport(members, nodes)
+        if self.one_host is not None and cfg.backend != self.built:
+            where = ("every learner rank and rollout worker runs on one host" if cfg is self.one_host else
+                     "the learner ranks and rollout workers run on more than one host")
+            self.log(f"weights: the push group of rollout workers {list(members)} is built over {cfg.backend} "
+                     f"(auto: {where})")
+        self.cfg, self.built = cfg, cfg.backend
+        learners, pool = self.actors.learners, self.actors.pool
+        addr, port = wait([learners[0].rendezvous_address.remote()], self.timeout_s, "learner rank 0 (address)")[0]
+        first = max(self.sources, 1)  # the first worker's rank in the group
+        world = first + len(members)
+        refs = self.actors.call_learners("setup_weight_push", cfg, rank=0, world_size=world, master_addr=addr,
+                                         master_port=port, peer_names=[f"rollout worker {i}" for i in members],
+                                         sources=self.sources)
+        refs += [pool[index].setup_weight_push.remote(cfg, rank=first + r, world_size=world, master_addr=addr,
+                                                      master_port=port, sources=self.sources, **self.receiving)
+                 for r, index in enumerate(members)]
+        self.members = members
+        return refs
+
+    def push(self, version: int, receivers: Sequence[int], nodes: Optional[Mapping[int, Optional[str]]] = None
+             ) -> tuple[list[tuple[int, ray.ObjectRef]], list[tuple[int, ray.ObjectRef]], bool]:
+        """The calls of one push: ([(learner rank, call)], [(worker index, call)], staged): a rebuilt
+        group's set-up calls, then the sends and the receives; ``staged``: the receivers staged it
+        (each applies it with ``load``). ``nodes``: each worker's Ray node (a rebuilt group's transport)."""
+        pool, m = self.actors.pool, len(self.actors.learners)
+        learner_calls: list[tuple[int, ray.ObjectRef]] = []
+        worker_calls: list[tuple[int, ray.ObjectRef]] = []
+        staged = self.staging
+        if self.collective and tuple(receivers) != self.members:
+            setup = self._setup_group(tuple(receivers), nodes or {})
+            learner_calls += list(enumerate(setup[:m]))
+            worker_calls += list(zip(receivers, setup[m:]))
+            staged = False  # the set-up runs in order with the requests; the stage would not wait for it
+        partners = [self.partner(i) for i in receivers] if self.cfg.backend == "ipc" else None
+        sends, receives = push_calls(self.cfg.backend, self.actors.learners, [pool[i] for i in receivers], version,
+                                     stage=self.keep_order if staged else None, partners=partners)
+        if not self.collective:  # an older version is never loaded again: its object may go
+            self.handles = {version: sends}
+        return learner_calls + list(enumerate(sends)), worker_calls + list(zip(receivers, receives)), staged
+
+    def partner(self, index: int) -> int:
+        """ipc: the learner rank whose device worker ``index`` shares (its bundle of the colocated group)."""
+        process = self.actors.pool.processes.get(index)
+        placement = process.placement if process is not None else None
+        if placement is None or not placement.shared:
+            raise RuntimeError(f"weights.backend ipc: rollout worker {index} shares no GPU with a learner rank (a "
+                               "worker added beyond cluster.colocate's shared GPUs); use weights.backend object_store")
+        return placement.bundle
+
+    def failed(self, detail: str = "", died: bool = False) -> bool:
+        """A collective push failed: the group is rebuilt before the next one. A group that ``auto``
+        built over peer, where no member died (a death is retried without the dead, over the same
+        transport): every later group is built over the broadcast (CUDA IPC may be refused between
+        these processes or GPUs); True: it falls back now, and the push is made again."""
+        self.members = None
+        if died or self.one_host is None or self.built != self.one_host.backend:
+            return False
+        self.one_host = None
+        short = detail if len(detail) <= 300 else detail[:300].rsplit(" ", 1)[0] + " …"  # every member's error
+        self.log(f"weights: the push over peer failed ({short}); auto builds every push group over "
+                 f"{self.spread.backend} from now on")
+        return True
+
+    def setup_worker(self, index: int) -> ray.ObjectRef:
+        """Object store: a worker that started later sets up its end (before its first load)."""
+        return self.actors.pool[index].setup_weight_push.remote(self.cfg, **self.receiving)
+
+    def load(self, index: int, version: int) -> ray.ObjectRef:
+        """Worker ``index`` holds ``version`` before its next request. Object store: it loads that
+        version's object (a LoadWeights follows its Push at once, so it is the newest); a staged
+        push: it applies the copy of that version it staged."""
+        if self.collective:
+            handle = WeightHandle(version, self.cfg.backend)
+        elif version in self.handles:
+            handle = self.handles[version][self.partner(index) if self.cfg.backend == "ipc" else 0]
+        else:
+            raise ValueError(f"weights version {version} was not pushed through the object store (newest: "
+                             f"{max(self.handles, default=None)}); LoadWeights must follow its Push")
+        return self.actors.pool[index].receive_weights.remote(handle)

@@ -1,0 +1,3 @@
+from stabledrl.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,189 @@
+"""`stabledrl` command line.
+
+    stabledrl train --config deploy/configs/quickstart.yaml [key.path=value ...] [--dry-run]
+    python -m stabledrl train --config ...
+    stabledrl train --resume runs/quickstart [key.path=value ...]   # continue from the last checkpoint
+    stabledrl scale --job quickstart [--workers N] [--address HOST:PORT]   # a running job's rollout workers
+    stabledrl eval | plot | study ...        (stabledrl/cli/reports.py)
+
+The config is validated (file, overrides and every cross-section rule) before Ray starts; a bad
+one exits with status 2 and the dotted names of the fields to fix. ``--dry-run`` prints the
+resolved config as YAML, then (as comment lines) what the run needs that is missing here, with the
+command that fetches it, and the run's plan, and exits (stabledrl/cli/dry_run.py). With RAY_ADDRESS set
+(``ray job submit`` sets it for its entrypoint) the job joins that cluster; otherwise it starts a
+local Ray instance for itself.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+import stabledrl
+from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.job import JobConfig, check_sampler_layout, load_job_config
+from stabledrl.cli import reports
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "quickstart.yaml"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="stabledrl", description="RL post-training of diffusion LMs on Ray + DeepSpeed"
+    )
+    parser.add_argument("--version", action="version", version=f"stabledrl {stabledrl.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="run an RL job (see deploy/configs/)")
+    train.add_argument("--config", default=str(QUICKSTART), help=f"YAML job config (default: {QUICKSTART})")
+    train.add_argument("--dry-run", action="store_true", help="print the resolved config, the missing inputs "
+                       "(model, data) with how to fetch them, and the run's plan (GPUs, actors, updates, samples, "
+                       "evaluations, outputs); then exit. Needs neither the model nor the data")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint "
+                       "(its config.yaml, unless --config is given; overrides still apply)")
+    train.add_argument("--overwrite", action="store_true", help="run.output_dir holds an earlier run: delete it and "
+                       "start again (without it such a directory is refused; --resume continues it)")
+    add_trust_flags(train)
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.max_staleness=1 run.steps=20")
+    scale = sub.add_parser("scale", help="show or change the rollout workers of a running job")
+    scale.add_argument("--job", required=True, help="the job's run.name (default: the last part of its output_dir)")
+    scale.add_argument("--workers", type=int, help="rollout workers wanted (rollout.min_workers .. max_workers)")
+    scale.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
+                       help="the cluster's GCS address, HOST:PORT (default: $RAY_ADDRESS, else the local cluster)")
+    reports.add_commands(sub)  # eval, plot, study
+    args = parser.parse_args(argv)
+    if args.command in reports.COMMANDS:
+        return reports.run(args)
+    if args.command == "scale":
+        from stabledrl.cli.scale import scale_command
+
+        return scale_command(args.job, args.workers, args.address)
+
+    from stabledrl.common.trust.seal import RunTrustError
+    from stabledrl.common.sandbox.scorer import check_reward
+
+    try:
+        cfg = load_job_config(*resume_source(args)) if args.resume else load_job_config(args.config, args.overrides)
+        if not args.dry_run:
+            check_sampler_layout(cfg)
+        check_run(args, cfg)
+        check_reward(cfg.task)  # the reward file's rules, and a dry import in the sandbox, before any actor
+    except (ConfigError, RunTrustError) as e:
+        print(f"stabledrl: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:  # the config, what is missing and the plan; no model or data needed (stabledrl/cli/dry_run.py)
+        from stabledrl.cli.dry_run import dry_run
+
+        return dry_run(cfg)
+    return train_job(cfg)
+
+
+def add_trust_flags(parser: argparse.ArgumentParser) -> None:
+    """The two ways a user overrides the checks of a run directory (common/trust/seal.py)."""
+    parser.add_argument("--trust-run", action="store_true", help="use a run's config that the run did not seal "
+                        "(copied from another machine or edited) although it names reward code to run")
+    parser.add_argument("--allow-weaker-sandbox", action="store_true", help="let this config confine the reward less "
+                        "than the run's own config did (isolation, Landlock, network, paths, limits)")
+
+
+def check_run(args: argparse.Namespace, cfg: JobConfig) -> None:
+    """The run directory before Ray starts (common/trust/run_dir.py): its config as the run wrote it (resume),
+    and run.output_dir writable and not holding another run."""
+    from stabledrl.common.trust.run_dir import check_output_dir, check_resume_trust
+
+    if args.resume:
+        config_file, _ = resume_source(args)
+        run = cfg.run.model_copy(update={"resume_from": None})
+        check_resume_trust(
+            Path(config_file),
+            Path(args.resume),
+            cfg.model_copy(update={"run": run}).model_dump(mode="json"),
+            trust_run=args.trust_run,
+            allow_weaker=args.allow_weaker_sandbox,
+        )
+    else:  # a new run started from another run's config.yaml: the same check of that file
+        from stabledrl.common.trust.seal import check_run_config
+
+        check_run_config(Path(args.config), trust_run=args.trust_run)
+    if not args.dry_run:
+        check_output_dir(cfg.run.output_dir, resuming=bool(args.resume), overwrite=args.overwrite)
+
+
+def resume_source(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """(config file, overrides) of ``train --resume RUN_DIR``: the run's own config.yaml (written
+    when it started) unless --config names another, pointed at RUN_DIR and its checkpoints."""
+    run_dir = Path(args.resume)
+    config = args.config if args.config != str(QUICKSTART) else run_dir / "config.yaml"
+    if not Path(config).is_file():
+        raise ConfigError(f"--resume {run_dir}: no {config} (is it a run directory?); pass --config")
+    return str(config), [*args.overrides, f"run.output_dir={run_dir}", f"run.resume_from={run_dir / 'checkpoints'}"]
+
+
+def train_job(cfg: JobConfig) -> int:
+    """Run the job; one line on stderr for each way it can end early (exit 2: refused, 1: failed,
+    130: interrupted, with the command that resumes it)."""
+    import ray
+
+    from stabledrl.common.tasks import DataError
+    from stabledrl.common.sandbox.scorer import RewardFailureRate
+    from stabledrl.coordinator.runtime.actors import ActorFailure
+    from stabledrl.coordinator.runtime.checkpoint import CheckpointError
+    from stabledrl.coordinator.driver import Driver
+    from stabledrl.recipes.stages import JOB_STAGES
+
+    driver, code, message = None, 0, None
+    previous = signal.signal(signal.SIGINT, _interrupt)
+    try:
+        _start_ray(cfg)
+        driver = Driver(cfg, log=lambda line: print(line, flush=True), stages=JOB_STAGES)
+        driver.run()
+    except KeyboardInterrupt:
+        code, message = 130, interrupted_line(cfg, driver.step if driver is not None else 0)
+    except (
+        ConfigError,
+        CheckpointError,
+        DataError,
+    ) as e:  # refused (before any actor started, or a checkpoint it cannot write)
+        code, message = 2, f"stabledrl: {e}"
+    except (ActorFailure, RewardFailureRate) as e:
+        code, message = 1, f"stabledrl: job failed: {e}"
+    except OSError as e:  # a write of the driver's own (metrics, config) the disk refused: the cause, in one line
+        from stabledrl.common.trust.run_dir import disk_error
+
+        code, message = 1, f"stabledrl: job failed: {disk_error(e, cfg.run.output_dir)}"
+    finally:
+        ray.shutdown()
+        signal.signal(signal.SIGINT, previous)
+    if message:
+        print(message, file=sys.stderr, flush=True)
+    return code
+
+
+def _start_ray(cfg: JobConfig) -> None:
+    from stabledrl.api import start_ray
+
+    where = start_ray(cfg)
+    print(f"stabledrl: {cfg.run.steps} steps, {cfg.learner.num_ranks} learner ranks (ZeRO-"
+          f"{cfg.learner.deepspeed.zero_stage}), {cfg.rollout.num_workers} rollout workers, loss {cfg.loss.name}, "
+          f"η = {cfg.algorithm.max_staleness}, on {where}; output in {cfg.run.output_dir}", flush=True)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """The first Ctrl-C stops the job cleanly (KeyboardInterrupt); a second one ends the process at
+    once (the watchdog still ends the processes of a local Ray instance)."""
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    raise KeyboardInterrupt
+
+
+def interrupted_line(cfg: JobConfig, step: int) -> str:
+    """The one line a Ctrl-C leaves: where the run stopped and how to continue it."""
+    latest = Path(cfg.run.output_dir) / "checkpoints" / "latest"
+    head = f"stabledrl: interrupted at step {step} of {cfg.run.steps}"
+    if latest.is_file():
+        return (
+            f"{head}; continue with: stabledrl train --resume {cfg.run.output_dir} (from {latest.read_text().strip()})"
+        )
+    return (f"{head}; no checkpoint was written (run.checkpoint_every = {cfg.run.checkpoint_every}), so it cannot be "
+            "resumed: run it again")

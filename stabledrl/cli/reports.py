@@ -1,0 +1,219 @@
+"""The `eval`, `plot` and `study` subcommands of `stabledrl` (``stabledrl/cli/main.py`` adds them).
+
+    stabledrl eval  --config X (--model DIR | --checkpoint DIR) [--k K] [--num-prompts N] [overrides]
+    stabledrl eval  --config X --protocol d1 [--model DIR | --checkpoint DIR] [--out DIR] [--lengths ..]
+    stabledrl plot  RUN_DIR [RUN_DIR ...] --out fig.png [--group parent]
+    stabledrl study [--config deploy/configs/study_cpu.yaml] [overrides] | --report STUDY_DIR
+
+Configs are validated before anything heavy starts; a bad one exits 2 naming the field.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from stabledrl.common.config.base import ConfigError
+
+PROTOCOL_NEEDS = """\
+what --protocol d1 needs:
+  data      GSM8K test (openai/gsm8k, main) and MATH500 (HuggingFaceH4/MATH-500) in the Hugging Face datasets
+            cache (or reachable to download); d1's Countdown and Sudoku files under data/d1/
+            (countdown_cd3_test.jsonl, 4x4_test_sudoku.csv from dllm-reasoning/d1's dataset/ folder; a missing
+            file stops the run with the command that fetches it). eval.protocol.benchmarks.X.source points
+            elsewhere.
+  graders   d1's own readings, built in (MATH: MATH's is_equiv, no extra package). --graders latex adds a
+            MATH500 row by the project's LaTeX equivalence; --graders math-verify one by Math-Verify
+            (pip install 'math-verify[antlr4_13_2]'; refused up front when missing). run.json records the
+            graders and package versions.
+  model     the config's model (or --model / --checkpoint) and a GPU per worker (CPU workers without GPUs).
+  --generation d1   decodes as d1's eval.py: batch left-padded, no attention mask, fp16 autocast on CUDA.
+  --regrade-d1 PATH needs only d1's generation JSON files (a d1 checkout); no model, no GPU, no --config.
+"""
+STUDY_CPU = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "study_cpu.yaml"
+COMMANDS = ("eval", "plot", "study")
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    ev = sub.add_parser(
+        "eval", help="held-out pass@1 / pass@k of an exported model or a checkpoint; --protocol d1: the papers' table "
+        "(stabledrl/evaluation/protocol_command.py)", formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=PROTOCOL_NEEDS)
+    ev.add_argument("--config", default=None, help="the job config the policy was trained with (task, sampler, eval); "
+                    "required except with --regrade-d1")
+    source = ev.add_mutually_exclusive_group()
+    source.add_argument("--model", help="a transformers directory (run.export_final writes output_dir/final_model)")
+    source.add_argument("--checkpoint", help="a DeepSpeed checkpoint: output_dir, output_dir/checkpoints or one tag")
+    ev.add_argument("--k", type=int, default=1, help="also report pass@k (k <= samples per prompt)")
+    ev.add_argument(
+        "--num-prompts",
+        type=int,
+        default=None,
+        help="first N held-out prompts (default "
+        "eval.num_prompts); with --protocol: a subsample of N rows of every benchmark, drawn as the protocol "
+        "draws",
+    )
+    ev.add_argument(
+        "--samples", type=int, default=None, help="samples per prompt (default max(k, eval.samples_per_prompt))"
+    )
+    ev.add_argument("--show", type=int, default=0, help="print the completions of the first N prompts")
+    ev.add_argument("--out", default=None, help="also write the result as JSON here; with --protocol: the output "
+                    "directory (results.jsonl, table.md, table.json; default runs/eval/PROTOCOL-NAME)")
+    ev.add_argument("--protocol", choices=("d1",), default=None, help="evaluate a published protocol (greedy, lengths "
+                    "128/256/512, GSM8K, MATH500, Countdown, Sudoku) over every GPU; without --model/--checkpoint "
+                    "the config's own model")
+    ev.add_argument("--benchmarks", default=None, help="with --protocol: comma-separated subset, e.g. gsm8k,math500")
+    ev.add_argument("--lengths", default=None, help="with --protocol: generation lengths, e.g. 256 or 128,256,512")
+    ev.add_argument("--workers", type=int, default=None, help="with --protocol: eval workers (default: one per GPU "
+                    "of the cluster; without GPUs rollout.num_workers)")
+    ev.add_argument("--graders", default=None, help="with --protocol or --regrade-d1: MATH500 also graded by these, "
+                    "each in its own row: latex, math-verify (needs the math-verify package)")
+    ev.add_argument("--generation", choices=("stabledrl", "d1"), default=None, help="with --protocol: decode as this "
+                    "project does (default) or exactly as d1's eval (left padding, no attention mask, fp16 autocast, "
+                    "second BOS); docs/protocol.md")
+    ev.add_argument("--regrade-d1", metavar="PATH", default=None, help="grade d1's generation files (a d1 checkout: "
+                    "its eval/eval_baselines, or a directory of *_generations.json) with this project's d1 graders and "
+                    "print the table; --out writes every decision as JSON")
+    from stabledrl.cli.main import add_trust_flags
+
+    add_trust_flags(ev)
+    ev.add_argument("overrides", nargs="*", help="dotted overrides of the config, e.g. sampler.temperature=0")
+
+    pl = sub.add_parser("plot", help="reward, held-out accuracy, ratios, grad norm, clipping, staleness to PNG")
+    pl.add_argument("runs", nargs="+", help="run directories (holding metrics.jsonl) or metrics.jsonl files")
+    pl.add_argument("--out", required=True, help="PNG to write")
+    pl.add_argument("--group", choices=("none", "parent"), default="none",
+                    help="parent: runs in one directory share a colour (a study's METHOD/seedN), mean drawn thick")
+    pl.add_argument("--smooth", type=float, default=0.8, help="EMA weight of the reward panel (0: raw)")
+    pl.add_argument("--title", default=None)
+
+    st = sub.add_parser("study", help="GRPO vs StableDRL vs StableDRL+DiPOD vs DRPO over seeds: table + figure")
+    st.add_argument("--config", default=str(STUDY_CPU), help=f"study config (default: {STUDY_CPU})")
+    st.add_argument("--report", metavar="STUDY_DIR", default=None,
+                    help="only rebuild table.md, results.json, figure.png (and the STUDY.md section) from STUDY_DIR")
+    st.add_argument("--dry-run", action="store_true", help="print the runs and the first run's config, then exit")
+    st.add_argument("overrides", nargs="*", help="dotted overrides, e.g. job.run.steps=10 seeds=[0] output_dir=/tmp/s")
+
+
+def run(args: argparse.Namespace) -> int:
+    from stabledrl.common.trust.checkpoint_files import CheckpointError
+    from stabledrl.common.trust.seal import RunTrustError
+    from stabledrl.common.tasks import DataError
+
+    try:
+        return {"eval": _eval, "plot": _plot, "study": _study}[args.command](args)
+    except (ConfigError, CheckpointError, RunTrustError, DataError) as e:
+        print(f"stabledrl: {e}", file=sys.stderr)
+        return 2
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from stabledrl.common.config.job import load_job_config
+    from stabledrl.evaluation.offline import eval_command
+    from stabledrl.common.trust.run_dir import check_eval_trust
+
+    graders = [g for g in args.graders.split(",") if g] if args.graders else None
+    if args.regrade_d1:
+        from stabledrl.evaluation.regrade_d1 import regrade_command
+        from stabledrl.common.tasks.graders import check_math_grader
+
+        for name in graders or []:
+            try:
+                check_math_grader(name)
+            except ValueError as e:
+                raise ConfigError(f"--graders: {e}") from None
+        regrade_command(args.regrade_d1, graders or [], args.out)
+        return 0
+    if args.config is None:
+        raise ConfigError("eval: --config is required (except with --regrade-d1)")
+    args.math_graders = graders
+    cfg = load_job_config(args.config, args.overrides)
+    check_eval_trust(Path(args.config), args.checkpoint, args.model, cfg.model_dump(mode="json"),
+                     trust_run=args.trust_run, allow_weaker=args.allow_weaker_sandbox)
+    if args.protocol:
+        return _protocol_eval(args, cfg)
+    if args.model is None and args.checkpoint is None:
+        raise ConfigError("eval: give --model or --checkpoint (or --protocol to evaluate the config's own model)")
+    if args.k < 1 or (args.samples is not None and args.samples < args.k):
+        raise ConfigError(f"--k must be >= 1 and at most --samples (got k={args.k}, samples={args.samples})")
+    eval_command(cfg, model_dir=args.model, checkpoint=args.checkpoint, k=args.k, num_prompts=args.num_prompts,
+                 samples_per_prompt=args.samples, out=args.out, show=args.show)
+    return 0
+
+
+def _protocol_eval(args: argparse.Namespace, cfg) -> int:
+    from stabledrl.evaluation.protocol_command import protocol_command, protocol_config
+
+    try:
+        lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else None
+    except ValueError:
+        raise ConfigError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
+    benchmarks = args.benchmarks.split(",") if args.benchmarks else None
+    protocol = protocol_config(cfg, args.protocol, benchmarks=benchmarks, lengths=lengths, num_prompts=args.num_prompts,
+                               math_graders=args.math_graders, generation=args.generation)
+    from stabledrl.common.trust.checkpoint_files import CheckpointError  # also a model directory that cannot be loaded
+    from stabledrl.common.tasks import DataError
+    from stabledrl.evaluation.results import ResultsMismatch
+
+    try:
+        protocol_command(cfg, protocol, model_dir=args.model, checkpoint=args.checkpoint, out=args.out,
+                         workers=args.workers, log=lambda line: print(line, flush=True))
+    except (DataError, ResultsMismatch, CheckpointError) as e:  # refused before any sampling
+        print(f"stabledrl: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from stabledrl.recipes.plot import load_runs, plot_runs
+
+    runs = load_runs(args.runs, group=args.group)
+    status = plot_runs(runs, args.out, title=args.title, smooth=args.smooth)
+    missing = [title for title, s in status.items() if s != "drawn"]
+    print(
+        f"stabledrl plot: {len(runs)} run(s) -> {args.out}"
+        + (f" (not logged: {', '.join(missing)})" if missing else "")
+    )
+    return 0
+
+
+def _study(args: argparse.Namespace) -> int:
+    from stabledrl.recipes.study import load_study_config, load_study_dir, run_config, write_report
+
+    if args.report:
+        study = load_study_dir(args.report)
+        written = write_report(study, command=f"stabledrl study --report {args.report}")
+        print(f"stabledrl study: {len(written['runs'])} runs -> {written['table']}, {written['figure']}")
+        return 0
+    study = load_study_config(args.config, args.overrides)
+    if args.dry_run:
+        import yaml
+
+        print("runs: " + ", ".join(f"{m}/seed{s}" for m, s in study.runs))
+        first = run_config(study, *study.runs[0])
+        print(yaml.safe_dump(first.model_dump(mode="json"), sort_keys=False), end="")
+        return 0
+    return _run_study(study, " ".join(["stabledrl study --config", args.config, *map(shlex.quote, args.overrides)]))
+
+
+def _run_study(study, command: str) -> int:
+    from stabledrl.recipes.study import run_study, save_study_config, write_report
+
+    study_file = save_study_config(study)
+    print(f"stabledrl study: {len(study.runs)} runs ({len(study.methods)} methods x {len(study.seeds)} seeds), "
+          f"{study.concurrency} at a time; output in {study.output_dir}", flush=True)
+    result = run_study(study, log=lambda line: print(line, flush=True), study_file=study_file)
+    timing = {"warm start": result.warmstart_s, "runs": result.wall_s - result.warmstart_s, "total": result.wall_s}
+    t0 = time.monotonic()
+    written = write_report(study, statuses=result.statuses, timing=timing, command=command)
+    print((study.output_dir / "table.md").read_text())
+    statuses = list(result.statuses.values())
+    print(f"stabledrl study: {statuses.count('finished')}/{len(statuses)} runs finished in {result.wall_s:.0f} s "
+          f"(warm start {result.warmstart_s:.0f} s, report {time.monotonic() - t0:.0f} s); "
+          f"table {written['table']}, figure {written['figure']}")
+    failed = [f"{o.method}/seed{o.seed}: {o.status} {o.error}" for o in result.outcomes if o.status != "finished"]
+    for line in failed:
+        print(f"  {line}", file=sys.stderr)
+    return 1 if any(o.status == "failed" for o in result.outcomes) else 0

@@ -1,0 +1,131 @@
+"""`stabledrl eval`: held-out accuracy of a trained policy, outside a training job.
+
+    stabledrl eval --config deploy/configs/quickstart.yaml --model runs/quickstart/final_model --k 4
+    stabledrl eval --config deploy/configs/quickstart.yaml --checkpoint runs/quickstart/checkpoints
+
+The policy is loaded in this process (CUDA when available). The rows are the config's held-out
+rows (the first ``--num-prompts``, default eval.num_prompts), sampled with the run's sampler
+section (at eval.temperature when it is set) and scored by ``stabledrl.rollout.evaluate.evaluate`` with
+per-sample seeds from eval.seed: the
+same function and seeds as the job's own evaluation, so the same weights give the same pass@1
+that the job logged as eval/pass@1.
+
+``--model`` takes a transformers directory (run.export_final writes one: output_dir/final_model;
+safetensors, nothing executed). ``--checkpoint`` takes a DeepSpeed checkpoint the job wrote
+(output_dir/checkpoints, a tag under it, or the run's output_dir): the architecture and tokenizer
+come from the config's model section and the weights from DeepSpeed's ZeRO-2/3 consolidation. The
+tag is checked as a resume checks it (``stabledrl.common.trust.checkpoint_files.verify_tag``: its manifest, every
+file's size, no pickle naming anything beyond tensors and DeepSpeed's classes) and DeepSpeed reads
+it under torch's restricted unpickler: a tampered file is refused, naming it, before it can run.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from stabledrl.common.trust.checkpoint_files import CheckpointError, read_latest, restricted_unpickling, verify_tag
+from stabledrl.common.config.job import JobConfig
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
+    """(directory holding ``latest``, tag) for a run's output_dir, its checkpoints/ or one tag."""
+    path = Path(path)
+    for directory, tag in ((path / "checkpoints", None), (path, None), (path.parent, path.name)):
+        latest = directory / "latest"
+        if tag is not None and (directory / tag).is_dir() and latest.is_file():
+            return directory, tag
+        if tag is None and latest.is_file():
+            return directory, read_latest(directory)
+    raise CheckpointError(f"--checkpoint {path}: no DeepSpeed checkpoint (a directory with a 'latest' file, "
+                            "a tag under one, or a run's output_dir holding checkpoints/)")
+
+
+def checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The fp32 weights of a learner checkpoint, consolidated over ZeRO shards, by parameter name.
+    The tag is verified first, as a resume verifies it (``stabledrl.common.trust.checkpoint_files.verify_tag``): every
+    checkpoint an evaluation reads, the protocol's too, comes through here."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    directory, tag = resolve_checkpoint(path)
+    verify_tag(directory / tag)
+    with restricted_unpickling():
+        return get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=tag)
+
+
+def load_eval_policy(cfg: JobConfig, *, model_dir: Optional[str | Path] = None,
+                     checkpoint: Optional[str | Path] = None, device: Optional[str] = None) -> tuple[Any, Any]:
+    """(policy, tokenizer) from an exported directory or from a checkpoint of ``cfg``'s model."""
+    from stabledrl.common.models import load_policy
+
+    if (model_dir is None) == (checkpoint is None):
+        raise ValueError("give exactly one of model_dir and checkpoint")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if model_dir is not None:
+        model = cfg.model.model_copy(update={"path": Path(model_dir), "preset": None, "preset_shape": None})
+        return load_policy(model, device=device)
+    if cfg.learner.lora is not None:
+        raise CheckpointError(f"--checkpoint {checkpoint}: a LoRA job's checkpoints hold only its adapters; evaluate "
+                              "the merged policy it exports instead (--model OUTPUT_DIR/final_model)")
+    policy, tokenizer = load_policy(cfg.model)  # the architecture and tokenizer; weights come next
+    state = checkpoint_weights(checkpoint)
+    names = dict(policy.named_parameters())
+    missing, unknown = sorted(set(names) - set(state)), sorted(set(state) - set(names))
+    if missing or unknown:
+        raise CheckpointError(f"--checkpoint {checkpoint} does not fit the config's model: {len(missing)} parameters "
+                         f"missing (e.g. {missing[:2]}), {len(unknown)} unknown (e.g. {unknown[:2]})")
+    with torch.no_grad():
+        for name, param in names.items():
+            if param.shape != state[name].shape:
+                raise CheckpointError(f"--checkpoint {checkpoint}: {name} has shape {tuple(state[name].shape)}, "
+                                 f"the config's model {tuple(param.shape)}")
+            param.copy_(state[name])
+    return policy.to(device), tokenizer
+
+
+def evaluate_policy(cfg: JobConfig, policy: Any, tokenizer: Any, *, k: int = 1, num_prompts: Optional[int] = None,
+                    samples_per_prompt: Optional[int] = None) -> Any:
+    """pass@1 and pass@k on the config's held-out rows (EvalResult); n = max(k, samples_per_prompt
+    or eval.samples_per_prompt) samples per prompt."""
+    from stabledrl.common.sandbox.scorer import RewardScorer
+    from stabledrl.common.tasks import load_task_data
+    from stabledrl.rollout.engine import TorchRolloutEngine
+    from stabledrl.rollout.evaluate import evaluate
+
+    data = load_task_data(cfg.task, tokenizer=tokenizer)
+    rows = data.held_out[: num_prompts or cfg.eval.num_prompts]
+    if not rows:
+        raise ValueError("the config's task has no held-out rows (set task.held_out or task.held_out_source)")
+    n = max(k, samples_per_prompt or cfg.eval.samples_per_prompt)
+    inline = cfg.task.reward.resolved_isolation == "inline"
+    with RewardScorer(cfg.task, data.task) if inline else RewardScorer(cfg.task) as scorer:  # the job's sandbox
+        return evaluate(TorchRolloutEngine(policy), rows, data.task, tokenizer, cfg.eval.sampler_for(cfg.sampler), n,
+                        cfg.eval.seed, ks=sorted({1, k}), eos_token_id=policy.eos_token_id, scorer=scorer)
+
+
+def eval_command(cfg: JobConfig, *, model_dir: Optional[str] = None, checkpoint: Optional[str] = None, k: int = 1,
+                 num_prompts: Optional[int] = None, samples_per_prompt: Optional[int] = None,
+                 out: Optional[str] = None, show: int = 0) -> dict[str, Any]:
+    """Load, evaluate, print one line per pass@k (and ``show`` example completions); write JSON to ``out``."""
+    policy, tokenizer = load_eval_policy(cfg, model_dir=model_dir, checkpoint=checkpoint)
+    result = evaluate_policy(
+        cfg, policy, tokenizer, k=k, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt
+    )
+    source = f"model {model_dir}" if model_dir else f"checkpoint {checkpoint}"
+    print(f"stabledrl eval: {source}, {result.num_prompts} held-out prompts x {result.samples_per_prompt} samples "
+          f"({result.time_s:.1f} s)")
+    for key, value in sorted(result.pass_at.items()):
+        print(f"  pass@{key}: {100 * value:.2f}%")
+    print(f"  mean correctness: {100 * result.mean_correctness:.2f}%")
+    for texts in result.completions[:show]:
+        print(f"  e.g. {texts[:4]}")
+    record = {"source": source, "num_prompts": result.num_prompts, "samples_per_prompt": result.samples_per_prompt,
+              **{f"pass@{key}": v for key, v in result.pass_at.items()}, "mean_correctness": result.mean_correctness,
+              "scoring_failures": result.scoring_failures, "time_s": result.time_s}
+    if out:
+        Path(out).write_text(json.dumps(record, indent=2) + "\n")
+    return record
