@@ -1,7 +1,7 @@
 """Attention layouts as 4-D boolean masks ``[B, 1, Q, K]`` (True = may attend).
 
 transformers honours a custom 4-D boolean mask with the ``sdpa`` backend (``eager`` silently
-ignores it; tests/unit/test_attention.py checks the backend we rely on). Rows of padding tokens
+ignores it; tests/unit/common/test_attention.py checks the backend we rely on). Rows of padding tokens
 attend only to themselves so that no softmax row is empty.
 
 Block layout for block-diffusion families (SDAR / TraDo / DiffusionGemma): completion position c

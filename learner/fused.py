@@ -16,7 +16,7 @@ and checkpointing see the same calls in the same order: compiling whole layers i
 trace through DeepSpeed's hooks, which it excludes from tracing, and break the graph around every
 gathered module (tried on an H100 under ZeRO-3: no gain, BENCHMARKS.md). The arithmetic is the
 modules' own, operation for operation; compiled kernels round differently, so the results match
-eager to rounding (tests/unit/test_learner_fused.py).
+eager to rounding (tests/unit/learner/test_learner_fused.py).
 """
 from __future__ import annotations
 

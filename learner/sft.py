@@ -10,7 +10,7 @@ is trained, which is how the model learns to stop; the sampler later EOS-fills t
 
 (1/C: LLaDA divides by the response length including the EOS padding, here the canvas width).
 E_t E_mask[Σ_{k masked} -log p / p_mask] is the negative ELBO of log p_θ(r | p), so minimising L
-maximises a bound on the likelihood of the reference completions; tests/unit/test_sft.py checks the
+maximises a bound on the likelihood of the reference completions; tests/unit/learner/test_sft.py checks the
 expectation against an enumeration of every mask.
 
 Block-diffusion families (SDAR / TraDo) are scored through the staircase layout of

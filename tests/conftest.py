@@ -8,8 +8,14 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# helper modules the tests share (a scripted scheduler, crafted pickles), importable from any folder
+sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,7 +2,7 @@
 
 Every layout in common/attention.py is a ``[B, 1, Q, K]`` bool tensor (True = may attend).
 
-- ``sdpa`` takes it as is (tests/unit/test_attention.py checks it).
+- ``sdpa`` takes it as is (tests/unit/common/test_attention.py checks it).
 - ``flex_attention``: transformers *adds* a tensor mask to the scores (``score + mask``), so a bool
   mask would add 0/1 and mask nothing (measured on CUDA: 6-36% logit error). It is turned into a
   flex ``BlockMask`` instead, which also lets the kernel skip fully-masked tiles (half of a

@@ -14,7 +14,7 @@ The rule, on the completion with its outer whitespace stripped (n = its non-whit
   its first ``}``, so ``\\boxed{\\frac{1}{2}}`` leaves ``}`` outside it; the ratio divides by n + 1e-6,
   so an empty completion counts as mostly boxed.
 
-The term is 0.0 when short and mostly boxed, else 1.0. ``tests/unit/test_rewards_release.py``
+The term is 0.0 when short and mostly boxed, else 1.0. ``tests/unit/common/test_rewards_release.py``
 compares it with the release's function on hand-made completions.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@
     commands = scheduler.handle(RolloutDone(call, episodes))          # until scheduler.done
 
 It routes: each event goes to the state machine that owns it, and the agenda (the goal's tasks)
-decides what may happen now. The machines, each tested alone (tests/unit/test_control_machines.py):
+decides what may happen now. The machines, each tested alone (tests/unit/coordinator/test_control_machines.py):
 Admission (coordinator/decisions/admission.py: the prompt stream, request uids, re-queued requests, the
 staleness bound, the group buffer), WeightVersions (coordinator/decisions/versions.py: the push in flight and
 the version each worker holds), Evaluation (coordinator/decisions/evaluation.py: held-out parts and protocol

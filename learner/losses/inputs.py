@@ -11,7 +11,7 @@ holds, divided by a count taken over the **whole step** (all ranks, all micro-ba
     per token     (grpo, spg, dppo, drpo):    Σ_{tokens here}    L_ik  / num_tokens
 
 so summing the returned values over every micro-batch of every rank gives exactly the loss of one
-batch holding everything (``tests/unit/test_losses_microbatch.py`` proves it for every loss).
+batch holding everything (``tests/unit/learner/test_losses_microbatch.py`` proves it for every loss).
 A mean taken per micro-batch would weight a token by 1/(tokens in *its* micro-batch) instead and
 change with how the batch was cut; that is d1's (TRL's) rule, and ``learner.loss_normalisation:
 micro_batch`` reproduces it by handing each micro-batch its own counts scaled by the number of

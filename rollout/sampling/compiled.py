@@ -19,7 +19,7 @@ Two forms, one flag:
   while a generation runs, so scoring passes on the same policy stay eager.
 
 Compiled kernels round differently from eager ones, so tokens match the eager path's in
-distribution, not bit for bit (equal in fp32 at the tiny shape: tests/unit/test_sampler_compile.py).
+distribution, not bit for bit (equal in fp32 at the tiny shape: tests/unit/rollout/test_sampler_compile.py).
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ Two versions of the format terms exist in d1's repository, chosen by the functio
 - ``gsm8k_dotall``: d1's later reward_func.py (commit 4bab4b9), which adds ``re.DOTALL`` to both, so
   ``…`` may span lines.
 
-``tests/unit/test_rewards_release.py`` compares both with d1's functions run on the same completions.
+``tests/unit/common/test_rewards_release.py`` compares both with d1's functions run on the same completions.
 """
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ def test_train_resume_refuses_a_malicious_checkpoint_before_any_actor_starts(tmp
     """``stabledrl train --resume`` on a run whose shard would run a command when unpickled."""
     import yaml
 
-    sys.path.insert(0, str(ROOT / "tests" / "unit"))
+    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
     from malicious_pickles import armed, write
     from test_checkpoint_loading import SHARD, job_tag
 

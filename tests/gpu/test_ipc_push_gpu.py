@@ -74,7 +74,7 @@ def partition_rank(rank: int, port: int, handles, acks) -> None:
     waits for its receipt (rank and worker take turns)."""
     import torch.distributed as dist
 
-    from tests.unit.test_sharded_push import full_weights, partitions
+    from tests.unit.common.test_sharded_push import full_weights, partitions
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -92,7 +92,7 @@ def partition_rank(rank: int, port: int, handles, acks) -> None:
 def partition_receiver(rank: int, handles, acks, results) -> None:
     """The worker on cuda:rank: loads each version and reports which weights differ from the full
     ones (names only: tensors sent back through a queue would outlive this process's fd sharer)."""
-    from tests.unit.test_sharded_push import full_weights
+    from tests.unit.common.test_sharded_push import full_weights
 
     torch.cuda.set_device(rank)
     end = IpcPush(WeightPushConfig(backend="ipc"))

@@ -27,7 +27,7 @@ def end(rank: int, world: int, sources: int, port: int, results, staged: bool = 
 
     from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
     from stabledrl.common.transport.staging import StagedWeights
-    from tests.unit.test_sharded_push import full_weights, holder, partitions
+    from tests.unit.common.test_sharded_push import full_weights, holder, partitions
 
     try:
         push = setup_weight_push(WeightPushConfig(backend="peer", timeout_s=120), rank=rank, world_size=world,

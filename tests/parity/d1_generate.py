@@ -10,7 +10,7 @@ A left-padded batch of prompts of different lengths (padding visible, as d1's co
 decoded greedily in fp32 by d1's ``eval/generate.py::generate`` and by ``stabledrl.rollout.sampling`` with
 ``compat: d1``; the completions must be token-identical. Exits 1 naming the first difference.
 
-``tiny_case()`` is the deterministic model and batch; ``tests/unit/test_d1_compat.py`` pins the
+``tiny_case()`` is the deterministic model and batch; ``tests/unit/rollout/test_d1_compat.py`` pins the
 project's tokens on it to the figures this check printed from d1's ``generate()``.
 Neither d1's code nor LLaDA's is part of the project: both are read from the paths given.
 """

@@ -13,7 +13,7 @@ from stabledrl.recipes.study import load_study_config, load_study_dir, run_confi
 from stabledrl.recipes.study.config import merge
 from stabledrl.recipes.study.report import publish
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 STUDY_CPU = REPO / "deploy" / "configs" / "study_cpu.yaml"
 STUDY_GPU = REPO / "deploy" / "configs" / "study_gpu.yaml"
 

@@ -9,7 +9,7 @@ import yaml
 
 import stabledrl.cli.main as cli
 
-QUICKSTART = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[3] / "deploy" / "configs" / "quickstart.yaml"
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ receiver loads bit for bit what the ranks sent, gathered or as ZeRO-3 partitions
 never arrive, several dtypes, element counts not divisible by the ranks), into its parameters or a
 plain function; a sender returns only once every receiver has read its buffer,
 and a receiver that never finishes fails the senders in time, named (one that never joins, and the
-pull into a staging copy: tests/unit/test_sharded_push.py, with the broadcast's). (On GPUs the
+pull into a staging copy: tests/unit/common/test_sharded_push.py, with the broadcast's). (On GPUs the
 same code maps the ranks' device memory through CUDA IPC: tests/gpu/test_ipc_push_gpu.py.)"""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 
 from stabledrl.common.transport import ParameterLoader, WeightPushConfig
 from stabledrl.common.transport.peer import PeerPush
-from tests.unit.test_sharded_push import full_weights, partitions, run_ends
+from tests.unit.common.test_sharded_push import full_weights, partitions, run_ends
 
 torch.set_num_threads(1)
 

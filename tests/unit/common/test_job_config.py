@@ -9,7 +9,7 @@ import yaml
 from stabledrl.common.config.base import ConfigError
 from stabledrl.common.config.job import check_sampler_layout, load_job_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = sorted(p for p in (ROOT / "deploy" / "configs").glob("*.yaml") if not p.name.startswith("study_"))
 STUDY_CONFIGS = sorted((ROOT / "deploy" / "configs").glob("study_*.yaml"))
 

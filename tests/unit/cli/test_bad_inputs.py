@@ -81,7 +81,7 @@ def test_bad_data_stops_the_job_with_one_line_and_no_traceback(tmp_path, capsys,
 
 
 def test_a_chat_template_that_jinjas_sandbox_stops_is_named(tmp_path, capsys, no_cluster):
-    from test_checkpoint_loading import model_dir
+    from tests.unit.common.test_checkpoint_loading import model_dir
 
     directory = model_dir(tmp_path / "model")
     tok = json.loads((directory / "tokenizer_config.json").read_text())
@@ -95,7 +95,7 @@ def test_a_chat_template_that_jinjas_sandbox_stops_is_named(tmp_path, capsys, no
 
 def test_a_malicious_bin_in_model_path_is_refused_by_the_driver_before_any_actor(tmp_path, capsys, no_cluster):
     from malicious_pickles import write
-    from test_checkpoint_loading import model_dir
+    from tests.unit.common.test_checkpoint_loading import model_dir
 
     directory = model_dir(tmp_path / "model")
     for f in directory.glob("*.safetensors"):
@@ -110,7 +110,7 @@ def test_protocol_eval_refuses_a_malicious_model_before_ray_starts(tmp_path, cap
     import ray
 
     from malicious_pickles import write
-    from test_checkpoint_loading import eval_config, model_dir
+    from tests.unit.common.test_checkpoint_loading import eval_config, model_dir
 
     directory = model_dir(tmp_path / "model")
     for f in directory.glob("*.safetensors"):

@@ -15,7 +15,7 @@ from stabledrl.common.config.sampler import SamplerConfig
 from stabledrl.rollout.sampling import generate
 
 _spec = importlib.util.spec_from_file_location("d1_generate_parity",
-                                               Path(__file__).resolve().parents[1] / "parity" / "d1_generate.py")
+                                               Path(__file__).resolve().parents[2] / "parity" / "d1_generate.py")
 parity = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(parity)
 

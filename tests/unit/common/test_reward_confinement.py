@@ -210,7 +210,7 @@ def test_files_outside_its_directory_cannot_be_read_or_written(scorer, tmp_path)
     outside = tmp_path / "written_by_reward"
     contained(scorer, f"write {outside}", "exception", "PermissionError")
     assert not outside.exists()
-    project_file = Path(__file__).resolve().parents[2] / "PWNED_BY_REWARD"
+    project_file = Path(__file__).resolve().parents[3] / "PWNED_BY_REWARD"
     contained(scorer, f"write {project_file}", "exception", "PermissionError")
     assert not project_file.exists()
     victim = tmp_path / "victim.txt"
@@ -367,7 +367,7 @@ def test_held_out_evaluation_scores_through_the_same_sandbox(tmp_path):
     """stabledrl.rollout.evaluate with the worker's scorer: rewards that exit or allocate 20 GB count as wrong
     and as scoring failures; the evaluation finishes and the sandbox survives."""
     from stabledrl.rollout.evaluate import evaluate
-    from test_evaluate import SAMPLER, TOK, OracleEngine, arithmetic
+    from tests.unit.rollout.test_evaluate import SAMPLER, TOK, OracleEngine, arithmetic
 
     reward = tmp_path / "eval_reward.py"
     reward.write_text(textwrap.dedent("""

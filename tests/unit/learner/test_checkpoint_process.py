@@ -26,7 +26,7 @@ from stabledrl.common.config.job import load_job_config
 from stabledrl.learner.async_checkpoint import CheckpointWriteError, marker_name
 from stabledrl.learner.checkpoint_process import ProcessWriter, storages_nbytes
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class WhoPickles:

@@ -24,7 +24,7 @@ from stabledrl.common.trust.checkpoint_files import (
 from stabledrl.coordinator.runtime.checkpoint import verify, write_state
 from malicious_pickles import VARIANTS, armed, write
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHARD = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 
 
@@ -202,7 +202,7 @@ def test_each_learner_rank_refuses_a_malicious_file_of_its_tag(tmp_path, marker)
     """LearnerEngine.load_checkpoint (what ``train --resume`` runs on every rank) on a real
     DeepSpeed checkpoint: each file in turn replaced by a payload, with the manifest rewritten."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    script = LEARNER_SCRIPT.format(tests=str(Path(__file__).parent))
+    script = LEARNER_SCRIPT.format(tests=str(Path(__file__).resolve().parents[2] / "helpers"))
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ckpt"), str(marker)], env=env,
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

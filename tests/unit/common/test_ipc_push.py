@@ -161,7 +161,7 @@ def _partition_rank(rank: int, sources: int, port: int, versions, results) -> No
     partitions through ``send_shards``, then reads its own buffer back as its worker would."""
     import torch.distributed as dist
 
-    from tests.unit.test_sharded_push import full_weights, partitions
+    from tests.unit.common.test_sharded_push import full_weights, partitions
 
     try:
         torch.set_num_threads(1)

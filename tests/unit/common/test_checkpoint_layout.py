@@ -108,7 +108,7 @@ def test_the_model_loader_scans_an_indexed_weight_file_before_loading(tmp_path, 
 def test_episodes_json_with_an_extra_field_is_refused_naming_it(tmp_path):
     from stabledrl.common.trust.checkpoint_files import STATE_FILE
     from stabledrl.coordinator.runtime.checkpoint import write_state
-    from test_checkpoint_verify import CONFIG, make_checkpoint
+    from tests.unit.coordinator.test_checkpoint_verify import CONFIG, make_checkpoint
 
     tag = make_checkpoint(tmp_path)
     records = json.loads((tag / "episodes.json").read_text())

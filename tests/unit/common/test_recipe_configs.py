@@ -13,7 +13,7 @@ from stabledrl.cli.main import main
 from stabledrl.common.config.job import load_job_config
 from stabledrl.common.models.release_tokenizers import write_tiny_release_checkpoint
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RECIPES = {  # config -> model family
     "recipe_stabledrl_llada8b_gsm8k.yaml": "llada",
     "recipe_stabledrl_llada8b_math.yaml": "llada",

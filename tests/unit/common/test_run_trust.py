@@ -15,7 +15,7 @@ import stabledrl.cli.main as cli
 from stabledrl.common.trust.checkpoint_files import FORMAT
 from stabledrl.common.trust.seal import SEAL_LINE, sealed_text, text_is_sealed
 from stabledrl.coordinator.runtime.checkpoint import write_state
-from test_config_mistakes import JOB
+from tests.unit.cli.test_config_mistakes import JOB
 
 REWARD = "def score(completion, row):\n    open({marker!r}, 'w').write('ran')\n    return 1.0\n"
 

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-SWEEP = Path(__file__).resolve().parents[2] / "deploy" / "quickstart_sweep.py"
+SWEEP = Path(__file__).resolve().parents[3] / "deploy" / "quickstart_sweep.py"
 spec = importlib.util.spec_from_file_location("quickstart_sweep", SWEEP)
 sweep = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = sweep  # its dataclass looks its module up there

@@ -12,7 +12,7 @@ import pytest
 from stabledrl.recipes.study import load_study_dir, write_report
 from stabledrl.recipes.study.report import section_pattern
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ARCHIVES = sorted((REPO / "docs" / "study" / "gpu_runs").glob("*.tar.xz"))
 
 

@@ -145,7 +145,7 @@ def test_a_lora_jobs_checkpoint_points_to_the_merged_export():
     from stabledrl.common.trust.checkpoint_files import CheckpointError
 
     cfg = load_job_config(
-        Path(__file__).resolve().parents[2] / "deploy" / "configs" / "recipe_d1_llada8b_gsm8k_lora.yaml"
+        Path(__file__).resolve().parents[3] / "deploy" / "configs" / "recipe_d1_llada8b_gsm8k_lora.yaml"
     )
     with pytest.raises(CheckpointError, match="final_model"):
         load_eval_policy(cfg, checkpoint="runs/d1")

@@ -9,7 +9,7 @@ import pytest
 
 from stabledrl.common.config.job import load_job_config
 
-CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[2] / "deploy" / "configs").glob("*.yaml")
+CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[3] / "deploy" / "configs").glob("*.yaml")
                  if not p.name.startswith("study_"))
 
 
