@@ -7,10 +7,10 @@
 # the task is the generated arithmetic one. 3 ranks, not 2: full fine-tuning needs ~18 bytes per
 # parameter over the ranks (144 GB), which 2 ranks of an 80 GB H100 cannot hold. η = 0, so that a
 # push never waits for a request the worker is still sampling: time/weight_push is the transfer.
-# One device call per variant (kind nvidia-h100-x4, carry [".whl"]; each < 10 min, the first one
-# also writes the 16 GB checkpoint):
-#     source .whl/install.sh && bash deploy/lora_gpu.sh full
-#     source .whl/install.sh && bash deploy/lora_gpu.sh lora
+# On one node of 4 GPUs with stabledrl installed (each run < 10 min; the first one also writes the 16 GB
+# checkpoint):
+#     bash deploy/lora_gpu.sh full
+#     bash deploy/lora_gpu.sh lora
 # Each prints the learner's peak GPU memory per rank, the push time and the parameters per step,
 # and leaves $OUT/<variant>.metrics.jsonl and $OUT/<variant>.log.
 # The CPU check of this exact script (tiny LLaDA preset, gloo push, the same recipe and overrides):
@@ -60,8 +60,8 @@ fi
 # LoRA also saves its final checkpoint (the adapters, their Adam states and the RNGs: a few GB)
 [ "$VARIANT" = lora ] && common+=(learner.lora.rank=128 learner.lora.alpha=64 run.save_final_checkpoint=true)
 
-# the device call's limit is 600 s: the job gets what the checkpoint's writing left of 570 s
-timeout -k 5 "${LORA_GPU_TIMEOUT_S:-$((570 - SECONDS))}" python3 -m coordinator train --config deploy/configs/llada8b_1node.yaml \
+# the whole script is meant to end inside 10 minutes: the job gets what the checkpoint's writing left of 570 s
+timeout -k 5 "${LORA_GPU_TIMEOUT_S:-$((570 - SECONDS))}" stabledrl train --config deploy/configs/llada8b_1node.yaml \
   "${common[@]}" "$@" 2>&1 | tee "$OUT/$VARIANT.log"
 status=${PIPESTATUS[0]}
 cp "$RUNS/$VARIANT/metrics.jsonl" "$OUT/$VARIANT.metrics.jsonl" 2>/dev/null

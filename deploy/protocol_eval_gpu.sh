@@ -6,8 +6,8 @@
 # released tokenizer and chat template (hidden 512, 4 layers, written to $OUT/model) and the
 # benchmarks are small files in the formats of the GSM8K test split, MATH500 and d1's Countdown and
 # Sudoku files. Prints the two tables, the wall time of each run and the result lines (4 x 32 x 3).
-# One device call (kind nvidia-h100-x2, about a minute):
-#     source .whl/install.sh && bash deploy/protocol_eval_gpu.sh
+# On a node of 2 GPUs with stabledrl installed (about a minute):
+#     bash deploy/protocol_eval_gpu.sh
 # The CPU check of this exact script (2 CPU workers, hidden 32, 4 prompts per benchmark, lengths 32, 64):
 #     OUT=/tmp/protocol_cpu PATH=.venv/bin:$PATH bash deploy/protocol_eval_gpu.sh --cpu
 set -eu

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The stability study on one GPU, in one device call (kind nvidia-h100-x1 or nvidia-h200, carry [".whl"]):
-#     source .whl/install.sh && bash deploy/study_gpu.sh
+# The stability study on one GPU (an H100 or H200; stabledrl installed: README, "Install on GPUs"):
+#     bash deploy/study_gpu.sh
 # Writes $OUT/study/ (study.json, METHOD/seedN/metrics.jsonl, table.md, results.json, figure.png when
 # matplotlib is there) and $OUT/study.log. Back on the development machine, from the repository root:
 #     stabledrl study --report <fetched>/study      # table + figure into STUDY.md (section "gpu")
@@ -22,10 +22,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT="${OUT:-runs/study_gpu_out}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi (CPU check)"
-python3 -c "import importlib.util as u; m = [n for n in ('deepspeed', 'pydantic', 'ray', 'yaml') if u.find_spec(n) is None]; \
-print('missing', m, '- was .whl/install.sh sourced?' if m else ''); \
+python3 -c "import importlib.util as u; m = [n for n in ('stabledrl', 'deepspeed', 'pydantic', 'ray') if u.find_spec(n) is None]; \
+print('missing', m, '- install stabledrl first: pip install -e .' if m else ''); \
 print('matplotlib:', 'yes' if u.find_spec('matplotlib') else 'missing; draw the figure later with stabledrl study --report')"
-# The device call's limit is 595 s (run's timeout_s), wheel install included. The study's own deadline
+# Meant to finish inside 10 minutes of one GPU. The study's own deadline
 # (deadline_s: 445 s after the study starts, ~30 s into the call) stops training and leaves time for
 # stopping, Ray's shutdown and the report. The timeout is the last resort (then `stabledrl study
 # --report` redraws the table from the metrics already in $OUT/study); STUDY_TIMEOUT_S sets it, e.g.
