@@ -6,6 +6,7 @@ to the raw YAML dict *before* validation, so ``loss.clip_max=abc`` fails exactly
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -113,43 +114,100 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return out
 
 
+
 def validate(model: type[M], data: dict[str, Any], source: str = "config") -> M:
-    """Validate ``data`` into ``model``; re-raise as a ConfigError that lists dotted field paths,
-    the value given and what is allowed."""
+    """Validate ``data`` into ``model``; re-raise as a ConfigError with one line per problem, each
+    starting with the dotted path an override would spell (``task.reward.timeout_s``, never the
+    union member pydantic tried), the value given, what is allowed and, for a misspelled key or
+    choice, the closest valid one."""
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            given = err.get("input")
-            given_s = "" if isinstance(given, (dict, BaseModel)) else f" (got {given!r})"
-            if err["type"] == "extra_forbidden":
-                given_s += f"; valid keys: {', '.join(_keys_at(model, err['loc'][:-1]))}"
-            msg = err["msg"].removeprefix("Value error, ")
-            # a whole-model validator has no location; its message starts with the field to change
-            lines.append(f"  {loc}: {msg}{given_s}" if loc else f"  {msg}")
-        raise ConfigError(f"invalid {source}:\n" + "\n".join(lines)) from None
+        lines = [error_line(model, err) for err in e.errors()]
+        raise ConfigError(f"invalid {source}:\n" + "\n".join(f"  {line}" for line in lines)) from None
 
 
-def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
-    """The field names of the section at ``loc`` (a union member is named by its tag in ``loc``)."""
-    from typing import get_args
+_LEADING_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*")
 
-    def models_in(annotation: Any) -> list[type[BaseModel]]:
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            return [annotation]
-        return [m for a in get_args(annotation) for m in models_in(a)]
 
-    candidates = [model]
-    for part in loc:
-        fields = [f for m in candidates for name, f in m.model_fields.items() if name == part]
-        if fields:
-            candidates = [m for f in fields for m in models_in(f.annotation)]
-        else:  # a discriminated union's tag: keep the member with a literal field (name, kind) of that value
-            tagged = [m for m in candidates if any(part in get_args(f.annotation) for f in m.model_fields.values())]
-            candidates = tagged or candidates
-    return sorted({name for m in candidates[:1] for name in m.model_fields})
+def error_line(model: type[BaseModel], err: Any) -> str:
+    """One pydantic error as a line that starts with the field's override path."""
+    from stabledrl.common.config import schema
+
+    kind, loc, ctx = err["type"], tuple(err["loc"]), err.get("ctx") or {}
+    walked = schema.walk(model, loc)
+    path = walked.dotted
+    given = err.get("input")
+    given_s = "" if isinstance(given, (dict, BaseModel)) else f" (got {given!r})"
+    msg = err["msg"].removeprefix("Value error, ")
+    if walked.items:
+        msg = f"item {', '.join(map(str, walked.items))}: {msg}"
+    if kind == "extra_forbidden":
+        key, section = str(loc[-1]), schema.walk(model, loc[:-1]).dotted
+        valid = schema.keys_at(model, loc[:-1])
+        hint = _suggestion(model, key, valid, section)
+        return f"{section + '.' if section else ''}{key}: unknown key{given_s}{hint}; valid keys: {', '.join(valid)}"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        return _tag_line(model, loc, path, ctx)
+    if kind == "literal_error":
+        expected = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        close = schema.did_you_mean(str(given), expected) if isinstance(given, str) else None
+        return f"{path}: {msg}{given_s}" + (f"; did you mean {close!r}?" if close else "")
+    if kind == "value_error" and walked.models() and not walked.items:
+        return _model_rule_line(model, path, msg)
+    return f"{path}: {msg}{given_s}" if path else msg
+
+
+def _suggestion(model: type[BaseModel], key: str, valid: list[str], section: str) -> str:
+    """'; did you mean X?' for a misspelled key: the closest key of its section; else the closest
+    key of another member of the section's union (``task.source.path`` on a generated source: a
+    file's); else the same key in another section (``algorithm.lr``: ``learner.optimizer.lr``)."""
+    from stabledrl.common.config import schema
+
+    close = schema.did_you_mean(key, valid)
+    if close is not None:
+        return f"; did you mean {close}?"
+    members = schema.union_members(model, section)
+    field = schema.tag_field(members)
+    for member in members:
+        close = schema.did_you_mean(key, list(member.model_fields))
+        if close is not None and field is not None and close not in valid:
+            tag = schema.literal_values(member.model_fields[field].annotation)[0]
+            if close == key:
+                return f"; {key} is a key of {section}.{field}={tag}, not of this {field}"
+            return f"; did you mean {close}? (a key of {section}.{field}={tag}: set that too)"
+    other = schema.elsewhere(model, key)
+    return f"; did you mean {' or '.join(other[:3])}?" if other else ""
+
+
+def _tag_line(model: type[BaseModel], loc: tuple, path: str, ctx: dict[str, Any]) -> str:
+    """A union member named wrongly (``task.name=chess``) or not at all: the tag field's path, the
+    tags allowed and the closest one."""
+    from stabledrl.common.config import schema
+
+    walked = schema.walk(model, loc)
+    members = {tag: m for c in walked.candidates for tag, m in schema.variants(c).items()}
+    field = schema.tag_field(list(dict.fromkeys(members.values()))) or str(ctx.get("discriminator", "")).strip("'")
+    tags = ", ".join(repr(t) for t in members) or str(ctx.get("expected_tags", ""))
+    where = f"{path}.{field}" if path else field
+    if "tag" not in ctx:
+        return f"{where}: required, one of {tags}"
+    close = schema.did_you_mean(ctx["tag"], list(members))
+    return f"{where}: {ctx['tag']!r} is not one of {tags}" + (f"; did you mean {close!r}?" if close else "")
+
+
+def _model_rule_line(model: type[BaseModel], path: str, msg: str) -> str:
+    """A rule of a whole section (a model validator): its message starts with the field to change,
+    named relative to the section (``min_numbers must be ...``) or from the top (``learner.lr ...``);
+    the line starts with that field's full path."""
+    from stabledrl.common.config import schema
+
+    lead = _LEADING_PATH.match(msg)
+    if lead and path and schema.resolves(model, f"{path}.{lead.group(0)}"):
+        return f"{path}.{msg}"
+    if lead and schema.resolves(model, lead.group(0)):
+        return msg
+    return f"{path}: {msg}" if path else msg
 
 
 def _deepcopy(d: Any) -> Any:

@@ -300,8 +300,8 @@ class JobConfig(StrictModel):
     def _check_worker_bounds(self) -> None:
         r = self.rollout
         if not r.min_workers <= r.num_workers <= r.worker_limit:
-            raise ValueError(f"rollout: need min_workers ({r.min_workers}) <= num_workers ({r.num_workers}) <= "
-                             f"max_workers ({r.worker_limit})")
+            raise ValueError(f"rollout.num_workers: need min_workers ({r.min_workers}) <= num_workers "
+                             f"({r.num_workers}) <= max_workers ({r.worker_limit})")
         if r.autoscale and r.max_workers is None:
             raise ValueError("rollout.autoscale needs rollout.max_workers (how far it may grow)")
 
@@ -339,8 +339,8 @@ def check_sampler_layout(cfg: JobConfig) -> None:
     try:
         cfg.sampler.layout(block, block_diffusion=block_diffusion)
         cfg.sampler.resolved_cache(block_diffusion)  # the cache, cuda_graph and compile for this family
-    except ConfigError as e:
-        raise ConfigError(f"sampler: {e}") from None
+    except ConfigError as e:  # each message starts with the sampler field, "cache='dual' ...", "steps=5 ..."
+        raise ConfigError(f"sampler.{e}") from None
     if cfg.learner.compile and family == "diffusion_gemma":
         raise ConfigError("learner.compile: DiffusionGemma's layers are not the Llama / Qwen classes whose norms and "
                           "activation it compiles; set learner.compile=false")

@@ -247,7 +247,7 @@ class _TaskBase(StrictModel):
     @model_validator(mode="after")
     def _held_out_once(self) -> "_TaskBase":
         if self.held_out_source is not None and self.held_out:
-            raise ValueError("set held_out or held_out_source, not both")
+            raise ValueError("held_out: set held_out or held_out_source, not both")
         return self
 
 

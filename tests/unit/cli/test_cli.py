@@ -32,7 +32,7 @@ def test_dry_run_prints_the_resolved_config_with_overrides(capsys, no_training):
 
 @pytest.mark.parametrize("override, field", [
     ("algorithm.group_size=1", "algorithm.group_size"),
-    ("estimator.masks=sometimes", "estimator.elbo_mc.masks"),
+    ("estimator.masks=sometimes", "estimator.masks"),
     ("sampler.steps=5", "sampler.steps"),
 ])
 def test_a_bad_config_exits_2_naming_the_field_before_ray_starts(capsys, no_training, override, field):

@@ -86,7 +86,7 @@ MISTAKES = [
     (
         "compile on block diffusion's eager sampler",
         ["model.preset=tiny-sdar", "sampler.block_length=null", "sampler.compile=true"],
-        ["sampler: compile=True", "block-diffusion", "cuda_graph=True"],
+        ["sampler.compile=True", "block-diffusion", "cuda_graph=True"],
     ),
     ("absurd group size", ["algorithm.group_size=100000"], ["algorithm.group_size", "less than or equal to 4096"]),
     (

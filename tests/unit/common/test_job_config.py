@@ -96,8 +96,8 @@ def test_auto_offers_the_peer_pull_for_groups_on_one_host_only_where_it_costs_no
         (["algorithm.max_staleness=-1"], "algorithm.max_staleness"),
         (["algorithm.groups_per_step=1"], "algorithm.groups_per_step"),  # fewer groups than learner ranks
         (["loss.name=ppo"], "loss"),
-        (["loss.clip_max=abc"], "loss.stabledrl.clip_max"),
-        (["estimator.num_draws=0"], "estimator.block_random.num_draws"),
+        (["loss.clip_max=abc"], "loss.clip_max"),
+        (["estimator.num_draws=0"], "estimator.num_draws"),
         (["sampler.block_length=3"], "sampler.block_length"),
         (["rollout.num_workers=0"], "rollout.num_workers"),
         (["rollout.colour=blue"], "rollout.colour"),

@@ -330,7 +330,7 @@ def test_model_config_rejects_eager_and_ambiguous_sources(tmp_path):
         validate(ModelConfig, {"preset": "tiny-sdar", "preset_shape": {"hidden_size": 30}})
     with pytest.raises(ConfigError, match="contradicts"):
         validate(ModelConfig, {"preset": "tiny-sdar", "family": "dream"})
-    with pytest.raises(ConfigError, match="dtyp: Extra inputs"):
+    with pytest.raises(ConfigError, match="dtyp: unknown key.*did you mean dtype"):
         validate(ModelConfig, {"preset": "tiny-sdar", "dtyp": "float32"})
 
 

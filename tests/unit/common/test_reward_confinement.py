@@ -292,7 +292,7 @@ def test_reward_files_others_could_change_are_refused(reward_file, tmp_path, mon
     finally:
         shared.chmod(0o755)
     refused(f"{reward_file}:score", "is not under task.reward.allowed_roots", allowed_roots=[str(shared)])
-    with pytest.raises(ConfigError, match=r"task.arithmetic.reward: custom: 'os' is a module of Python's standard"):
+    with pytest.raises(ConfigError, match=r"task.reward.custom: 'os' is a module of Python's standard"):
         parse_task_config({"name": "arithmetic", "reward": {"custom": "os:system"}})
     with pytest.raises(ConfigError, match="not a reward"):
         parse_task_config({"name": "arithmetic", "reward": {"custom": "subprocess:run"}})

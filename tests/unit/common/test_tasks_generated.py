@@ -118,16 +118,16 @@ def test_templates_and_system_prompt():
 
 
 @pytest.mark.parametrize("data,field", [
-    ({"name": "gsm8k"}, "task.gsm8k.source"),
-    ({"name": "arithmetic", "template": "no slot"}, "task.arithmetic.template"),
-    ({"name": "arithmetic", "reward": {"custom": "no_colon"}}, "task.arithmetic.reward.custom"),
-    ({"name": "arithmetic", "reward": {"on_failure": "explode"}}, "task.arithmetic.reward.on_failure"),
-    ({"name": "arithmetic", "held_out": 1.5}, "task.arithmetic.held_out"),
-    ({"name": "arithmetic", "held_out": 5, "held_out_source": {"path": "x.jsonl"}}, "task.arithmetic"),
-    ({"name": "countdown", "min_numbers": 5, "max_numbers": 3}, "task.countdown"),
-    ({"name": "sudoku4", "unique": False}, "task.sudoku4"),
-    ({"name": "sudoku4", "digits": 2}, "task.sudoku4.digits"),
-    ({"name": "nope"}, "task"),
+    ({"name": "gsm8k"}, "task.source"),
+    ({"name": "arithmetic", "template": "no slot"}, "task.template"),
+    ({"name": "arithmetic", "reward": {"custom": "no_colon"}}, "task.reward.custom"),
+    ({"name": "arithmetic", "reward": {"on_failure": "explode"}}, "task.reward.on_failure"),
+    ({"name": "arithmetic", "held_out": 1.5}, "task.held_out"),
+    ({"name": "arithmetic", "held_out": 5, "held_out_source": {"path": "x.jsonl"}}, "task.held_out: set held_out or"),
+    ({"name": "countdown", "min_numbers": 5, "max_numbers": 3}, "task.min_numbers must be"),
+    ({"name": "sudoku4", "unique": False}, "task.scoring 'cells'"),
+    ({"name": "sudoku4", "digits": 2}, "task.digits"),
+    ({"name": "nope"}, "task.name: 'nope' is not one of"),
 ])
 def test_config_errors_name_the_field(data, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

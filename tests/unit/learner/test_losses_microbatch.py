@@ -188,12 +188,12 @@ def test_loss_configs_parse_with_released_defaults():
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"name": "ppo"}, "does not match any of the expected tags"),
-        ({"name": "grpo", "clip_epsilon": 0.2}, "loss.grpo.clip_epsilon"),
+        ({"name": "ppo"}, "loss.name: 'ppo' is not one of"),
+        ({"name": "grpo", "clip_epsilon": 0.2}, "loss.clip_epsilon"),
         ({"name": "stabledrl", "clip_min": 6.0}, "clip_min"),
-        ({"name": "dipod", "base": {"name": "dipod", "base": {"name": "spg"}}}, "loss.dipod.base"),
-        ({"name": "dipod"}, "loss.dipod.base"),
-        ({"name": "dppo", "divergence": "tv"}, "loss.dppo.divergence"),
+        ({"name": "dipod", "base": {"name": "dipod", "base": {"name": "spg"}}}, "loss.base"),
+        ({"name": "dipod"}, "loss.base"),
+        ({"name": "dppo", "divergence": "tv"}, "loss.divergence"),
     ],
 )
 def test_bad_loss_configs_name_the_field(data, message):

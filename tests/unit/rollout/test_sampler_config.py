@@ -26,7 +26,7 @@ def test_defaults_are_the_released_llada_rollout_settings():
         ({"threshold": 1.5}, "threshold", "less than or equal to 1"),
         ({"cache": "full"}, "cache", "'auto', 'none', 'prefix' or 'dual'"),
         ({"temperature": -1}, "temperature", "greater than or equal to 0"),
-        ({"steps_per_block": 4}, "steps_per_block", "Extra inputs are not permitted"),
+        ({"steps_per_block": 4}, "steps_per_block", "unknown key"),
     ],
 )
 def test_invalid_settings_name_the_field(data, field, words):
