@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Optional, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -88,9 +88,17 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML: ``3``, ``1e-6``, ``true``, ``[1,2]``)."""
+def apply_overrides(data: dict[str, Any], overrides: list[str], model: Optional[type[BaseModel]] = None
+                    ) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML: ``3``, ``1e-6``, ``true``, ``[1,2]``).
+
+    With ``model``, an override that switches a section to another member of its union
+    (``task.source.kind=file`` on a recipe whose source is a Hugging Face dataset) also drops the
+    keys the section had that the new member does not take (``dataset``, ``split``), unless an
+    override sets them: ``task.source.kind=file task.source.path=x.jsonl`` swaps the source and
+    keeps its ``columns``."""
     out = _deepcopy(data)
+    set_by_overrides = {item.split("=", 1)[0].strip() for item in overrides}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key.path=value")
@@ -110,9 +118,27 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             elif not isinstance(child, dict):
                 raise ConfigError(f"override {item!r}: {p!r} is a value, not a section")
             node = child
+        if model is not None and parts[-1] in node and node[parts[-1]] != value:
+            _drop_other_members_keys(model, parts, node, value, set_by_overrides)
         node[parts[-1]] = value
     return out
 
+
+def _drop_other_members_keys(model: type[BaseModel], parts: list[str], node: dict[str, Any], tag: Any,
+                             keep: set[str]) -> None:
+    """``parts`` sets the tag field of the union at ``parts[:-1]`` (``node``) to ``tag``: drop the
+    keys of ``node`` the member ``tag`` names does not take, but those an override sets."""
+    from stabledrl.common.config import schema
+
+    walked = schema.walk(model, parts[:-1])
+    members = {t: m for c in walked.candidates for t, m in schema.variants(c).items()}
+    field = schema.tag_field(list(dict.fromkeys(members.values())))
+    member = members.get(str(tag))
+    if field != parts[-1] or member is None:
+        return
+    prefix = ".".join(parts[:-1])
+    for key in [k for k in node if k not in member.model_fields and f"{prefix}.{k}" not in keep]:
+        del node[key]
 
 
 def validate(model: type[M], data: dict[str, Any], source: str = "config") -> M:

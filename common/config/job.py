@@ -308,7 +308,7 @@ class JobConfig(StrictModel):
 
 def load_job_config(path: str | Path, overrides: list[str] = ()) -> JobConfig:
     """YAML file + dotted overrides -> a validated JobConfig (ConfigError names every bad field)."""
-    data = apply_overrides(load_yaml(path), list(overrides))
+    data = apply_overrides(load_yaml(path), list(overrides), model=JobConfig)
     return validate(JobConfig, data, source=f"config {path}")
 
 

@@ -94,6 +94,24 @@ def test_a_misspelled_key_in_the_yaml_file_gets_the_same_suggestion(tmp_path):
     assert "learner.optimizer.learning_rate: unknown key" in message
 
 
+def test_a_recipes_data_source_is_swapped_by_overriding_its_fields():
+    file_recipe = load_job_config(FILE_RECIPE, ["task.source.path=data/mine.parquet"])
+    assert str(file_recipe.task.source.path) == "data/mine.parquet"
+    assert file_recipe.task.source.columns == {"prompt": "question"}  # the rest of the dict is kept
+    hub_recipe = load_job_config(GSM8K, ["task.source.kind=file", "task.source.path=data/mine.jsonl"])
+    assert hub_recipe.task.source.kind == "file" and hub_recipe.task.source.path == "data/mine.jsonl"
+    assert hub_recipe.task.source.columns == {"prompt": "question"}  # dataset, config, split dropped
+    other_split = load_job_config(GSM8K, ["task.source.split=test"])
+    assert (other_split.task.source.dataset, other_split.task.source.split) == ("openai/gsm8k", "test")
+
+
+def test_switching_a_union_member_keeps_the_keys_an_override_sets():
+    staircase = load_job_config(TINY, ["estimator.name=staircase", "estimator.t_min=0.2"])
+    assert staircase.estimator.name == "staircase" and staircase.estimator.t_min == 0.2
+    lines = error_lines(TINY, ["estimator.name=staircase", "estimator.block_length=4"])
+    assert lines[0].startswith("estimator.block_length: unknown key")  # set by the user: not dropped silently
+
+
 def test_schema_walk_drops_union_tags_and_keeps_dict_keys():
     walked = schema.walk(JobConfig, ("task", "gsm8k", "source", "hf", "columns", "prompt"))
     assert walked.dotted == "task.source.columns.prompt"
