@@ -3,14 +3,16 @@
 For each of N prompts, n completions are sampled (``samples_per_prompt``), decoded up to the first
 EOS without special tokens, and scored with the task's *correctness* (the checker, not the format
 part). A completion is correct when its correctness is 1 (full marks: a partly solved Sudoku is not
-correct). With c_i correct completions of prompt i:
+correct). The generic task has no checker of its own: its completions are judged by their whole
+reward, correct when it is at least ``task.correct_at``. With c_i correct completions of prompt i:
 
     pass@1 = (1/N) Σ_i c_i / n
     pass@k = (1/N) Σ_i [1 - C(n - c_i, k) / C(n, k)]          (unbiased; Chen et al., arXiv 2107.03374)
 
 Scoring goes through the job's ``RewardScorer`` (its sandbox when ``task.reward.isolation`` is
 ``process``): the correctness is the reward's correctness part; a call that fails (raises, times
-out, hits a sandbox limit, crashes) counts as wrong and in ``scoring_failures``.
+out, hits a sandbox limit, crashes) counts as wrong and in ``scoring_failures``. A prompt's n
+completions are scored as one batch (one call where the user's reward is batched).
 
 Sample j of prompt i is drawn with seed ``derive_seed(seed, "eval", prompt_id, j)``, so a result is a
 function of (weights, rows, sampler settings, seed) whatever the batching or row order, and two
@@ -27,7 +29,7 @@ import torch
 from stabledrl.common.config.sampler import SamplerConfig
 from stabledrl.common.metrics import pass_at_k
 from stabledrl.common.seeding import derive_seed
-from stabledrl.common.tasks.base import Row, Task
+from stabledrl.common.tasks.base import RewardResult, Row, Task
 from stabledrl.common.sandbox.scorer import RewardScorer
 from stabledrl.common.types import EvalResult
 from stabledrl.rollout.engine import RolloutEngine
@@ -70,17 +72,13 @@ def evaluate(
     correct: list[int] = []
     total, failures = 0.0, 0
     for i, row in enumerate(rows):
-        texts, c = [], 0
-        for j in range(n):
-            b = i * n + j
-            text = decode_completion(tokenizer, out.completion_ids[b].cpu(), int(out.completion_length[b]), eos)
-            score, failed = _correctness(scorer, task, text, row)
-            failures += failed
-            total += score
-            c += int(score >= 1.0)
-            texts.append(text)
+        texts = [decode_completion(tokenizer, out.completion_ids[b].cpu(), int(out.completion_length[b]), eos)
+                 for b in range(i * n, (i + 1) * n)]
+        scores = _scores(scorer, task, texts, row)
+        failures += sum(failed for _, failed in scores)
+        total += sum(score for score, _ in scores)
         completions.append(texts)
-        correct.append(c)
+        correct.append(sum(int(score >= task.correct_at) for score, _ in scores))
     pass_at = {k: sum(pass_at_k(n, c, k) for c in correct) / len(rows) for k in ks}
     return EvalResult(
         num_prompts=len(rows),
@@ -94,19 +92,19 @@ def evaluate(
     )
 
 
-def _correctness(scorer: Optional[RewardScorer], task: Task, text: str, row: Row) -> tuple[float, int]:
-    """(correctness of ``text``, 1 if scoring failed else 0); a failure scores 0."""
+def _scores(scorer: Optional[RewardScorer], task: Task, texts: list[str], row: Row) -> list[tuple[float, int]]:
+    """(score, 1 if scoring failed else 0) of each completion of one prompt, scored as one batch:
+    the correctness part, or the whole reward where the task is judged by it (``Task.judged_by``).
+    A failure scores 0 (a scored result always carries its parts; a failed one none)."""
+    def score(result: RewardResult) -> float:
+        return result.total if task.judged_by == "reward" else result.parts.get(task.correctness_name, 0.0)
+
     if scorer is None:
-        try:
-            score = float(task.correctness(text, row))
-        except Exception:  # a checker that raised: the sample counts as wrong
-            return 0.0, 1
-        return (score, 0) if math.isfinite(score) else (0.0, 1)
-    failed = scorer.stats.failed
-    result = scorer.score(text, row)
-    if scorer.stats.failed > failed or result is None:
-        return 0.0, 1
-    return result.parts.get(task.correctness_name, 0.0), 0
+        results = [None if isinstance(r, BaseException) or not math.isfinite(r.total) else r
+                   for r in task.reward_batch(texts, [row] * len(texts))]
+    else:
+        results = scorer.score_batch(texts, [row] * len(texts))
+    return [(0.0, 1) if result is None or not result.parts else (score(result), 0) for result in results]
 
 
 __all__ = ["EvalResult", "decode_completion", "encode_prompt", "evaluate", "pass_at_k"]

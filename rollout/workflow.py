@@ -3,8 +3,9 @@
 For each prompt of a request (AReaL's ``arun_episode`` idea, batched over the request):
 
   1. sample G completions, row i of prompt q seeded by derive_seed(seed, "sample", uid_q, i);
-  2. reward each completion (decoded up to its first EOS, special tokens removed); a reward the
-     task config says to drop removes that sample, a group with no sample left is dropped;
+  2. reward each completion (decoded up to its first EOS, special tokens removed; a batched user
+     reward gets the request's completions in one call); a reward the task config says to drop
+     removes that sample, a group with no sample left is dropped;
   3. estimate the behaviour log-likelihood ELBO_μ(o_i) under the weights that sampled it, with
      mask seed derive_seed(seed, "mask", uid_q, i) carried on the sample, so the learner can
      redraw the same masks (``masks: shared``) or fresh ones derived from it (``independent``);
@@ -92,16 +93,17 @@ def run_episodes(
     t1 = time.perf_counter()
 
     samples: list[list[Sample]] = [[] for _ in requests]
+    texts = [decode_completion(tokenizer, completions[b], int(lengths[b]), engine.eos_token_id)
+             for b in range(len(rows))]
+    rewards = scorer.score_batch(texts, [requests[q].row for q, _ in rows])  # one call if the reward is batched
     for b, (q, i) in enumerate(rows):
-        length = int(lengths[b])
-        text = decode_completion(tokenizer, completions[b], length, engine.eos_token_id)
-        reward = scorer.score(text, requests[q].row)
+        reward = rewards[b]
         if reward is None:  # the task config drops samples whose reward failed
             continue
         row = requests[q].row
         samples[q].append(Sample(
             sample_id=f"{row.prompt_id}/{i}", prompt_id=row.prompt_id, index=i, prompt_ids=prompts[q],
-            completion_ids=completions[b], completion_length=length, reward=reward.total,
+            completion_ids=completions[b], completion_length=int(lengths[b]), reward=reward.total,
             reward_parts=dict(reward.parts), policy_version=version, estimator=estimator.name,
             mask_seed=mask_seed(seed, requests[q].uid, i), decode_step=decode_steps[b], answer=row.answer,
         ))

@@ -39,6 +39,17 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 from stabledrl.common.config.base import StrictModel, validate
 
 _CUSTOM_SPEC = re.compile(r"^[^:\s][^:]*:[A-Za-z_][A-Za-z0-9_]*$")
+BUILT_IN_PARTS = ("custom", "correctness", "format", "anti_short")  # the reward's own parts
+
+
+def reward_part_names(specs: list[str]) -> list[str]:
+    """The part each custom function's value is logged under: its name in the spec, with its
+    position appended where an earlier function or a part of the reward's own has that name."""
+    names: list[str] = []
+    for i, spec in enumerate(specs):
+        name = spec.rpartition(":")[2]
+        names.append(f"{name}_{i + 1}" if name in names or name in BUILT_IN_PARTS else name)
+    return names
 
 
 class GeneratedSource(StrictModel):
@@ -130,13 +141,18 @@ class RewardConfig(StrictModel):
         "unless the completion is under 200 visible characters and mostly a \\boxed{} answer; 0 disables it. The "
         "StableDRL recipes set 1.0 as the release adds it to every reward",
     )
-    custom: Optional[str] = Field(
+    custom: Optional[Union[str, list[str]]] = Field(
         None,
-        description="'path/to/file.py:function' or 'package.module:function' replacing the task's checker; "
-        "signature fn(completion: str, row: stabledrl.common.tasks.Row) -> float; row.record is the whole data "
-        "record (every column, nested fields included). A relative file path is relative to the working directory "
-        "the config is loaded in, made absolute then (so the run's config.yaml names the file absolutely); a module of "
-        "Python's standard library (os:system) is refused unless allowed_modules names it",
+        description="the reward function(s) replacing the task's checker: 'path/to/file.py:function' or "
+        "'package.module:function', or a list of them (their weighted sum, custom_weights). Each takes one of two "
+        "forms (docs/rewards.md): fn(completion: str, row: stabledrl.common.tasks.Row) -> float, row.record being "
+        "the whole data record; or TRL's batched fn(prompts, completions, **columns) -> list[float | None]. A "
+        "relative file path is relative to the working directory the config is loaded in, made absolute then (so "
+        "the run's config.yaml names the file absolutely); a module of Python's standard library (os:system) is "
+        "refused unless allowed_modules names it",
+    )
+    custom_weights: Optional[list[float]] = Field(
+        None, description="weight of each custom function, in order (TRL's reward_weights); None: 1 each",
     )
     allowed_roots: list[str] = Field(
         default_factory=list, description="directories the custom reward file must lie in (resolved, symlinks "
@@ -168,29 +184,51 @@ class RewardConfig(StrictModel):
 
     @field_validator("custom")
     @classmethod
-    def _custom_spec(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not _CUSTOM_SPEC.match(v):
-            raise ValueError("must be 'path/to/file.py:function' or 'package.module:function'")
+    def _custom_spec(cls, v: Optional[Union[str, list[str]]]) -> Optional[Union[str, list[str]]]:
+        specs = [v] if isinstance(v, str) else v or []
+        if isinstance(v, list) and not v:
+            raise ValueError("an empty list: name at least one function, or leave custom unset")
+        for spec in specs:
+            if not _CUSTOM_SPEC.match(spec):
+                raise ValueError(f"{spec!r} must be 'path/to/file.py:function' or 'package.module:function'")
         return v
 
     @model_validator(mode="after")
     def _custom_target(self) -> "RewardConfig":
         """A relative reward file becomes absolute (against the working directory); a standard
         library module is refused unless allowed_modules names it."""
-        if not self.custom:
-            return self
-        target, _, attr = self.custom.rpartition(":")
+        specs = [self._resolved(spec) for spec in self.custom_specs]
+        if self.custom is not None:
+            object.__setattr__(self, "custom", specs[0] if isinstance(self.custom, str) else specs)
+        if self.custom_weights is not None and len(self.custom_weights) != len(specs):
+            raise ValueError(f"custom_weights: {len(self.custom_weights)} weights for {len(specs)} custom functions; "
+                             "give one per function, in order")
+        return self
+
+    def _resolved(self, spec: str) -> str:
+        target, _, attr = spec.rpartition(":")
         if target.endswith(".py") or "/" in target:
-            path = os.path.abspath(os.path.expanduser(target))
-            if path != target:
-                object.__setattr__(self, "custom", f"{path}:{attr}")
-            return self
+            return f"{os.path.abspath(os.path.expanduser(target))}:{attr}"
         top = target.partition(".")[0]
         if (top in sys.stdlib_module_names or top in sys.builtin_module_names) and top not in self.allowed_modules \
                 and target not in self.allowed_modules:
             raise ValueError(f"custom: {target!r} is a module of Python's standard library, not a reward; name a file "
                              "(path/to/file.py:function) or your own package, or list it in allowed_modules")
-        return self
+        return spec
+
+    @property
+    def custom_specs(self) -> list[str]:
+        """The custom functions' specs, in order ([] without any)."""
+        return [self.custom] if isinstance(self.custom, str) else list(self.custom or [])
+
+    @property
+    def custom_names(self) -> list[str]:
+        """What each custom function's value is logged as (``rollout/reward/<name>``; several only)."""
+        return reward_part_names(self.custom_specs)
+
+    def describe_custom(self) -> str:
+        """The custom reward in words, for messages: 'custom reward a.py:f' or '... a.py:f, b.py:g'."""
+        return "custom reward " + ", ".join(self.custom_specs)
 
     @property
     def resolved_isolation(self) -> Literal["inline", "process"]:

@@ -150,7 +150,8 @@ def _tail(path: Path, limit: int = 1000) -> str:
 class _Sandbox:
     def __init__(self, settings: dict[str, Any], base: Path, log: _Log) -> None:
         from stabledrl.common.config.task import parse_task_config
-        from stabledrl.common.tasks.build import CustomReward, build_task
+        from stabledrl.common.tasks.build import build_task
+        from stabledrl.common.tasks.reward_functions import RewardFunctions
 
         self.cfg = parse_task_config(settings["task"])
         self.base, self.timeout_s, self.calls, self.log = base, self.cfg.reward.timeout_s, 0, log
@@ -158,13 +159,14 @@ class _Sandbox:
         # opened now: the Landlock domain entered below forbids /proc
         self._threads = os.open("/proc/self/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         notes = self._confine(settings)
-        reward = settings.get("reward_file") or self.cfg.reward.custom or f"the {self.cfg.name} reward"
+        reward = ", ".join(settings.get("reward_files", [])) or ", ".join(self.cfg.reward.custom_specs) or \
+            f"the {self.cfg.name} reward"
         limit = self.cfg.reward.import_timeout_s
         previous = signal.signal(signal.SIGALRM, lambda *_: _import_too_slow(reward, limit))
         signal.setitimer(signal.ITIMER_REAL, limit)
         try:
             self.task = build_task(self.cfg)  # a custom reward's module-level code runs confined
-            if isinstance(self.task.correctness, CustomReward):
+            if isinstance(self.task.correctness, RewardFunctions):
                 self.task.correctness.load()
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -175,9 +177,9 @@ class _Sandbox:
                                "a reward module must not start threads at import (they would run outside every "
                                "per-call limit): start them inside the function, or not at all")
         _forget_hooks()
-        if settings.get("reward_file"):
-            digest = hashlib.sha256(Path(settings["reward_file"]).read_bytes()).hexdigest()[:16]
-            notes.insert(0, f"reward {settings['reward_file']} (sha256 {digest})")
+        for i, file in enumerate(settings.get("reward_files", [])):
+            digest = hashlib.sha256(Path(file).read_bytes()).hexdigest()[:16]
+            notes.insert(i, f"reward {file} (sha256 {digest})")
         self.confined = {"landlock": self.landlock, "notes": notes, "degraded": not (self.landlock and self.seccomp)}
         self._cpu, self._wall = _own_cpu(), time.monotonic()
 
@@ -476,8 +478,7 @@ def _readable(settings: dict[str, Any], extra: list[str]) -> list[Path]:
 
 def _readable_files(settings: dict[str, Any]) -> list[Path]:
     files = ["/dev/zero", "/dev/urandom", "/dev/random", "/etc/ld.so.cache", "/etc/localtime"]
-    if settings.get("reward_file"):
-        files.append(settings["reward_file"])
+    files += settings.get("reward_files", [])
     return [Path(f) for f in files if Path(f).exists()]
 
 

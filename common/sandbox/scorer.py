@@ -49,6 +49,7 @@ from typing import Any, Optional, Sequence
 
 from stabledrl.common.config.base import ConfigError
 from stabledrl.common.tasks.base import NonNumericReward, RewardResult, Row, Task
+from stabledrl.common.tasks.reward_functions import RewardFunctions
 from stabledrl.common.sandbox.confine import NOBODY
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ def check_failure_rate(counts: dict[str, float], cfg: Any) -> None:
     kinds = ", ".join(
         f"{int(counts[f'reward_calls/{k}'])} {k}" for k in FAILURE_KINDS if counts.get(f"reward_calls/{k}")
     )
-    name = f"custom reward {reward.custom}" if reward.custom else f"the {cfg.name} reward"
+    name = reward.describe_custom() if reward.custom else f"the {cfg.name} reward"
     raise RewardFailureRate(
         f"{name} failed on {int(failed)} of {int(calls)} calls ({kinds}), more than task.reward.max_failed_fraction = "
         f"{reward.max_failed_fraction:g}: the job stops instead of training on "
@@ -172,7 +173,7 @@ class _Child:
         outcome, payload = self._receive(limit, ("ready", "error"))
         if outcome != "ready" or not isinstance(payload, dict):
             self.close()
-            reward = f"custom reward {cfg.reward.custom}" if cfg.reward.custom else f"the {cfg.name} reward"
+            reward = cfg.reward.describe_custom() if cfg.reward.custom else f"the {cfg.name} reward"
             if outcome == "timeout":
                 payload = (
                     f"importing {reward} gave no answer in {limit:g} s (task.reward.import_timeout_s = "
@@ -290,22 +291,34 @@ def _child_env(pass_env: Sequence[str], package_roots: Sequence[str]) -> dict[st
 
 
 def _reward_paths(cfg: Any) -> dict[str, Any]:
-    """The custom reward's file (readable in the sandbox) or the sys.path entry of its package."""
-    spec = cfg.reward.custom
-    if not spec:
-        return {}
-    target = spec.rpartition(":")[0]
-    if target.endswith(".py") or "/" in target:
-        return {"reward_file": str(Path(target).expanduser().resolve())}
+    """The custom reward files (readable in the sandbox) and the sys.path entries of its packages."""
+    files, roots = [], []
+    for spec in cfg.reward.custom_specs:
+        target = spec.rpartition(":")[0]
+        if target.endswith(".py") or "/" in target:
+            files.append(str(Path(target).expanduser().resolve()))
+            continue
+        try:
+            found = importlib.util.find_spec(target.partition(".")[0])  # a top-level name: nothing is imported
+        except (ImportError, ValueError):
+            found = None
+        if found is None or not found.origin or found.origin in ("built-in", "frozen"):
+            continue
+        origin = Path(found.origin).resolve()
+        roots.append(str(origin.parent.parent if origin.name == "__init__.py" else origin.parent))
+    paths: dict[str, Any] = {}
+    if files:
+        paths["reward_files"] = list(dict.fromkeys(files))
+    if roots:
+        paths["read_paths"] = list(dict.fromkeys(roots))
+    return paths
+
+
+def _checked_outcome(result: RewardResult, max_abs: float) -> tuple[str, Any]:
     try:
-        found = importlib.util.find_spec(target.partition(".")[0])  # a top-level name: nothing is imported
-    except (ImportError, ValueError):
-        found = None
-    if found is None or not found.origin or found.origin in ("built-in", "frozen"):
-        return {}
-    origin = Path(found.origin).resolve()
-    root = origin.parent.parent if origin.name == "__init__.py" else origin.parent
-    return {"read_paths": [str(root)]}
+        return "ok", checked(result, max_abs)
+    except Exception as e:  # noqa: BLE001 - a bad value is that completion's failure
+        return outcome_of(e), repr(e)
 
 
 class RewardScorer:
@@ -313,7 +326,7 @@ class RewardScorer:
 
     def __init__(self, cfg: Any, task: Optional[Task] = None) -> None:
         """``task``: an already built task to score inline (default: built from ``cfg``)."""
-        from stabledrl.common.tasks.build import CustomReward, build_task
+        from stabledrl.common.tasks.build import build_task
 
         self.cfg = cfg
         self.stats = RewardStats()
@@ -325,15 +338,39 @@ class RewardScorer:
             raise ValueError("a prebuilt task can only be scored inline; the sandbox child builds its own from cfg")
         if self.isolation == "inline":
             self._task = task or build_task(cfg)
-            if isinstance(self._task.correctness, CustomReward):
-                self._task.correctness.load()  # fail fast on a bad spec
+            if isinstance(self._task.correctness, RewardFunctions):
+                self._task.correctness.load()  # fail fast on a bad spec or signature
         else:
             self._child = _Child(cfg)
             _report(self._child.confinement)
 
+    @property
+    def batched(self) -> bool:
+        """Whether a batch of completions is scored in one call (a batched user function), or one
+        call per completion."""
+        if self._task is not None:
+            return bool(getattr(self._task.correctness, "batched", False))
+        return self._child is not None and bool(self._child.confinement.get("batched"))
+
     def score(self, completion: str, row: Row) -> Optional[RewardResult]:
+        """One completion's reward (None: dropped, per ``reward.on_failure``)."""
+        if self.batched:
+            return self.score_batch([completion], [row])[0]
         self.stats.calls += 1
-        outcome, payload = self._call(completion, row)
+        return self._settle(*self._call(completion, row), row)
+
+    def score_batch(self, completions: Sequence[str], rows: Sequence[Row]) -> list[Optional[RewardResult]]:
+        """The rewards of ``completions`` (``rows[i]`` the prompt of completion i): one call per
+        completion, or, with a batched user function, one call for them all; every completion is
+        counted as a call of its own, and its failure is its own unless the batched call failed."""
+        if not self.batched:
+            return [self.score(c, r) for c, r in zip(completions, rows)]
+        self.stats.calls += len(completions)
+        return [self._settle(outcome, payload, row) for (outcome, payload), row in
+                zip(self._call_batch(list(completions), list(rows)), rows)]
+
+    def _settle(self, outcome: str, payload: Any, row: Row) -> Optional[RewardResult]:
+        """Count one completion's outcome; a failure becomes 0 or a dropped sample."""
         if outcome == "ok":
             self.stats.ok += 1
             return payload
@@ -353,6 +390,14 @@ class RewardScorer:
         if self._child is None:
             return "inline: not confined (no timeout, no limits)"
         return "; ".join(self._child.confinement.get("notes", []))
+
+    def _call_batch(self, completions: list[str], rows: list[Row]) -> list[tuple[str, Any]]:
+        """(outcome, payload) of each completion of one batched call."""
+        max_abs = self.cfg.reward.max_abs
+        if self._task is not None:
+            return [(outcome_of(r), repr(r)) if isinstance(r, BaseException) else _checked_outcome(r, max_abs)
+                    for r in self._task.reward_batch(completions, rows)]
+        return [self._call(c, r) for c, r in zip(completions, rows)]
 
     def _call(self, completion: str, row: Row) -> tuple[str, Any]:
         if self._task is not None:

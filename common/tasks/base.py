@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from stabledrl.common.registry import Registry
 from stabledrl.common.tasks.anti_short import anti_short_boxed
@@ -98,6 +98,8 @@ class Task:
     correctness_name: str = "correctness"  # "custom" when a user function replaced the checker
     chat_template: str = "auto"  # "auto" | "on" | "off": how stabledrl.common.tasks.prompts encodes prompts
     response_prefix: str = ""  # text the answer starts with, put after the prompt (d1's evaluation: "<reasoning>")
+    judged_by: str = "correctness"  # what held-out evaluation reads: the checker's part, or the whole "reward"
+    correct_at: float = 1.0  # a completion is correct when what it is judged by is at least this
 
     def render_prompt(self, row: Row) -> str:
         """The prompt text a plain (non-chat) tokenizer encodes: [system + blank line +] template
@@ -117,8 +119,27 @@ class Task:
         return system + [{"role": "user", "content": self.template.replace(PROMPT_SLOT, row.prompt)}]
 
     def reward(self, completion: str, row: Row) -> RewardResult:
-        c = as_reward_number(self.correctness(completion, row), self.correctness_name)
-        parts = {self.correctness_name: c}
+        return self._total(self.correctness(completion, row), completion, row)
+
+    def reward_batch(self, completions: Sequence[str], rows: Sequence[Row]) -> list[RewardResult | BaseException]:
+        """The rewards of a batch of completions, each a RewardResult or the exception its call
+        raised; batched user functions (``task.reward.custom``) are called once for the batch."""
+        batch = getattr(self.correctness, "batch", None)
+        if batch is not None and getattr(self.correctness, "batched", False):
+            values = batch(completions, rows)
+        else:
+            values = [_attempt(self.correctness, c, r) for c, r in zip(completions, rows)]
+        return [v if isinstance(v, BaseException) else _attempt(self._total, v, c, r)
+                for v, c, r in zip(values, completions, rows)]
+
+    def _total(self, value: Any, completion: str, row: Row) -> RewardResult:
+        """The weighted reward from the checker's value (a user reward's RewardResult: its total,
+        and each of several functions as a part of its own)."""
+        parts: dict[str, float] = {}
+        if isinstance(value, RewardResult):
+            parts, value = dict(value.parts), value.total
+        c = as_reward_number(value, self.correctness_name)
+        parts[self.correctness_name] = c
         total = self.correctness_weight * c
         if self.format_weight:
             f = as_reward_number(self.format_score(completion, row), "format")
@@ -136,6 +157,14 @@ class Task:
 
 # name -> builder(task config section) -> Task
 TASKS: Registry[Callable[[Any], Task]] = Registry("task")
+
+
+def _attempt(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or the exception it raised (SystemExit included: reward code calling sys.exit)."""
+    try:
+        return fn(*args)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - one completion's failure, counted by the scorer
+        return e
 
 
 def stable_hash(*parts: object) -> int:

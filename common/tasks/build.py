@@ -1,22 +1,27 @@
-"""Build a Task from its config section, with an optional user reward function plugged in.
+"""Build a Task from its config section, with the user's reward functions plugged in.
 
-A user reward replaces the task's checker (the format part still applies with its weight)::
+User rewards replace the task's checker (the format part still applies with its weight)::
 
     task:
       reward: {custom: "rewards/length_penalty.py:score"}      # a file, relative to the working directory
       reward: {custom: "my_package.rewards:score"}             # or an importable module
+      reward: {custom: ["rewards.py:accuracy", "rewards.py:brevity"], custom_weights: [1.0, 0.2]}
 
     def score(completion: str, row: stabledrl.common.tasks.Row) -> float:
         '''completion: decoded text up to the first EOS; row.answer / row.meta: the reference;
         row.record: the whole data record (every column, nested fields included: a verl file's
         row.record["extra_info"], row.record["data_source"]); empty for generated tasks.'''
 
-Any real number is accepted (bool and numpy scalars included). The function is imported lazily,
-on its first call, so a worker that only renders prompts never runs user code; the reward
-sandbox (``stabledrl.common.sandbox.scorer``) imports it at start-up to fail fast, and isolates its calls.
-There each call runs in a fresh fork of the process that imported the file once: import what the
-function needs at the top of the file, not inside the function (that import would be paid again
-on every call).
+    def accuracy(prompts, completions, answer, **kwargs) -> list[float]:   # TRL's batched form
+        ...
+
+Both forms, their arguments and how several functions combine: ``reward_functions.py`` and
+docs/rewards.md. Any real number is accepted (bool and numpy scalars included). The functions are
+imported lazily, on their first call, so a worker that only renders prompts never runs user code;
+the reward sandbox (``stabledrl.common.sandbox.scorer``) imports them at start-up to fail fast, and
+isolates their calls. There each call runs in a fresh fork of the process that imported the files
+once: import what a function needs at the top of its file, not inside the function (that import
+would be paid again on every call).
 
 A reward file is code the job runs, so it must be one nobody else could have changed
 (``check_reward_file``, at config load and again where it is imported):
@@ -44,12 +49,13 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 from stabledrl.common.config.base import ConfigError
-from stabledrl.common.tasks.base import TASKS, Row, Task, stable_hash
+from stabledrl.common.tasks.base import TASKS, Task, stable_hash
+from stabledrl.common.tasks.reward_functions import RewardFunctions
 
-CustomFn = Callable[[str, Row], Any]
+CustomFn = Callable[..., Any]
 log = logging.getLogger(__name__)
 
 
@@ -145,44 +151,31 @@ def _writable_by_others(info: os.stat_result) -> bool:
 
 
 def check_custom_reward(reward: Any) -> None:
-    """The config-time check of ``task.reward`` (``reward`` is that section): a reward file must
-    exist and pass ``check_reward_file``; a module must be importable as a spec (nothing is
+    """The config-time check of ``task.reward`` (``reward`` is that section): each reward file must
+    exist and pass ``check_reward_file``; each module must be importable as a spec (nothing is
     imported here). ConfigError naming the field otherwise."""
-    if not reward.custom:
-        return
-    target = reward.custom.rpartition(":")[0]
-    if target.endswith(".py") or "/" in target:
-        check_reward_file(Path(target), reward.allowed_roots)
-        return
-    try:
-        found = importlib.util.find_spec(target.partition(".")[0])
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise ConfigError(f"task.reward.custom: no module {target.partition('.')[0]!r} can be imported here "
-                          f"(sys.path: the project and the environment's packages)")
+    for spec in reward.custom_specs:
+        target = spec.rpartition(":")[0]
+        if target.endswith(".py") or "/" in target:
+            check_reward_file(Path(target), reward.allowed_roots)
+            continue
+        try:
+            found = importlib.util.find_spec(target.partition(".")[0])
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise ConfigError(f"task.reward.custom: no module {target.partition('.')[0]!r} can be imported here "
+                              f"(sys.path: the project and the environment's packages)")
 
 
-class CustomReward:
-    """The user function behind a spec, imported on first use."""
-
-    def __init__(self, spec: str, allowed_roots: Sequence[str] = ()) -> None:
-        self.spec, self.allowed_roots = spec, tuple(allowed_roots)
-        self._fn: Optional[CustomFn] = None
-
-    def load(self) -> CustomFn:
-        if self._fn is None:
-            self._fn = load_reward_function(self.spec, self.allowed_roots)
-        return self._fn
-
-    def __call__(self, completion: str, row: Row) -> Any:
-        return self.load()(completion, row)
+def custom_reward(reward: Any) -> RewardFunctions:
+    """The functions ``task.reward.custom`` names (imported on first use)."""
+    return RewardFunctions(reward.custom_specs, reward.custom_weights, reward.allowed_roots)
 
 
 def build_task(cfg: Any) -> Task:
     """The Task named by ``cfg.name``, its checker replaced by ``cfg.reward.custom`` if set."""
     task = TASKS.get(cfg.name)(cfg)
     if cfg.reward.custom:
-        task = dataclasses.replace(task, correctness=CustomReward(cfg.reward.custom, cfg.reward.allowed_roots),
-                                   correctness_name="custom")
+        task = dataclasses.replace(task, correctness=custom_reward(cfg.reward), correctness_name="custom")
     return task

@@ -27,8 +27,10 @@ def rollout_metrics(batch: Sequence[Episode]) -> dict[str, float]:
         "rollout/policy_version_min": float(min(s.policy_version for s in samples)),
         "rollout/behaviour_logp": statistics.fmean(s.behaviour_logp for s in samples),
     }
+    # each part over the samples that carry it (a user function's None, a failed call: none), as TRL averages
     for part in sorted({k for s in samples for k in s.reward_parts}):
-        out[f"rollout/reward/{part}"] = statistics.fmean(s.reward_parts.get(part, 0.0) for s in samples)
+        values = [s.reward_parts[part] for s in samples if part in s.reward_parts]
+        out[f"rollout/reward/{part}"] = statistics.fmean(values)
     for key in ("generate_s", "reward_s", "estimate_s", "tokens", "forwards"):
         out[f"rollout/{key}"] = sum(e.stats.get(key, 0.0) for e in batch)
     return out

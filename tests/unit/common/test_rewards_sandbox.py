@@ -113,7 +113,7 @@ def test_custom_module_path_spec_and_lazy_import():
          "reward": {"custom": "stabledrl.common.tasks.arithmetic:format_score", "isolation": "inline"}}
     )
     task = build_task(cfg)  # building the task imports nothing yet
-    assert task.correctness._fn is None
+    assert task.correctness._functions is None
     assert RewardScorer(cfg).score("not a number", ROW) == RewardResult(0.0, {"custom": 0.0, "format": 0.0})
 
 

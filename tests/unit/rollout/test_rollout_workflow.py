@@ -92,6 +92,16 @@ def test_samples_whose_reward_is_dropped_leave_the_group(setup, tmp_path):
     assert out[0].group is None and out[0].uid == 0
 
 
+def test_a_batched_reward_gets_every_completion_of_a_request_in_one_call(setup, tmp_path):
+    reward = tmp_path / "reward.py"
+    reward.write_text("def batch(prompts, completions, answer, **kwargs):\n"  # a generated row gives its answer
+                      "    return [float(len(completions))] * len(answer)\n")
+    task_cfg = parse_task_config({"name": "arithmetic", "source": {"kind": "generated", "n": 50},
+                                  "reward": {"custom": f"{reward}:batch", "isolation": "inline", "format_weight": 0}})
+    out = episodes(setup, [PromptRequest(0, setup[3][0]), PromptRequest(1, setup[3][1])], task_cfg=task_cfg)
+    assert [s.reward for e in out for s in e.group.samples] == [2.0 * G] * (2 * G)  # 2 prompts x G, one call
+
+
 def test_the_behaviour_estimate_is_the_completions_elbo_whatever_sampler_decoded_it(setup):
     """The 8B config's fast sampler (dual cache, threshold decoding) changes which completions are
     drawn, not what their behaviour value is: the same ELBO the learner computes from the completion
