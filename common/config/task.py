@@ -116,7 +116,8 @@ class SandboxConfig(StrictModel):
     memory_mb: int = Field(4096, ge=64, description="address-space limit (RLIMIT_AS) of a reward process, in MiB; "
                            "an allocation beyond it fails (MemoryError) and the call counts as a 'limit' failure")
     cpu_seconds: float = Field(10.0, gt=0, description="CPU time limit (RLIMIT_CPU) of one reward call, all its "
-                               "threads together; past it the call is killed and counted as a 'limit' failure")
+                               "threads together (a batched call: times its completions); past it the call is killed "
+                               "and counted as a 'limit' failure")
     file_size_mb: int = Field(64, ge=1, description="largest file (RLIMIT_FSIZE) a reward may write, in MiB")
     landlock: bool = Field(True, description="confine files with Linux Landlock where the kernel offers it: read only "
                            "Python, the project, the reward file and read_paths; write only the call's own temporary "
@@ -167,7 +168,9 @@ class RewardConfig(StrictModel):
         "'inline' runs them in the worker (exceptions and bad values are still caught); "
         "'auto' = process iff custom is set",
     )
-    timeout_s: float = Field(5.0, gt=0, description="per-completion time limit (enforced with isolation=process)")
+    timeout_s: float = Field(5.0, gt=0, description="time limit per completion (enforced with isolation=process); a "
+                             "batched reward scores a batch in one call, whose limit is timeout_s times its "
+                             "completions, and a call past it fails every completion of the batch")
     import_timeout_s: float = Field(60.0, gt=0, description="time limit of importing the custom reward (its "
                                     "module-level code) in the sandbox; past it the job stops, naming the file")
     max_abs: float = Field(1e6, gt=0, description="largest |reward| (and |part|) accepted; a finite value beyond it "

@@ -3,8 +3,9 @@
 This process (the sandbox) reads its settings from stdin (JSON: the task config, the sandbox
 limits, the reward file), confines itself (``confine``: memory and file-size limits, Landlock or
 as root user nobody, no capabilities, child subreaper), builds the task (importing a custom
-reward: its module-level code already runs confined), replies ("ready", what is confined) or
-("error", message), then answers each (completion, row) request until stdin closes.
+reward: its module-level code already runs confined), replies ("ready", what is confined and
+whether the reward is batched) or ("error", message), then answers each (completion, row) request,
+or (completions, rows) for a batched reward, until stdin closes.
 
 Each call runs in a fresh process forked from the sandbox: in its own session, in its own
 temporary directory (also HOME and TMPDIR; removed afterwards), under a CPU-time limit and a
@@ -180,7 +181,10 @@ class _Sandbox:
         for i, file in enumerate(settings.get("reward_files", [])):
             digest = hashlib.sha256(Path(file).read_bytes()).hexdigest()[:16]
             notes.insert(i, f"reward {file} (sha256 {digest})")
-        self.confined = {"landlock": self.landlock, "notes": notes, "degraded": not (self.landlock and self.seccomp)}
+        batched = bool(getattr(self.task.correctness, "batched", False))  # the parent then sends whole batches
+        self.confined = {"landlock": self.landlock, "notes": notes, "degraded": not (self.landlock and self.seccomp),
+                         "batched": batched}
+        self.share = 1  # completions in the call under way: its time and CPU limits are that many times the limits
         self._cpu, self._wall = _own_cpu(), time.monotonic()
 
     def own_cpu(self) -> str:
@@ -233,9 +237,12 @@ class _Sandbox:
             self.seccomp = False
         return notes
 
-    def call(self, completion: str, row: Any) -> list:
-        """One reward call in a forked, confined process; (outcome, payload) for the parent."""
+    def call(self, completion: str | list[str], row: Any) -> list:
+        """One reward call in a forked, confined process; (outcome, payload) for the parent. A batch
+        (lists of completions and rows, for a batched reward) is one call whose time and CPU limits
+        are timeout_s and cpu_seconds times its completions; its payload holds each one's outcome."""
         self.calls += 1
+        self.share = len(completion) if isinstance(completion, list) else 1
         workdir = Path(tempfile.mkdtemp(prefix=f"call{self.calls}-", dir=self.base))
         reader, writer = os.pipe()
         pid = os.fork()
@@ -262,16 +269,17 @@ class _Sandbox:
 
     def _answer(self, answer: Connection, pid: int) -> list:
         """The call's (outcome, payload); the call process is reaped (killed if need be) on return."""
-        deadline = time.monotonic() + self.timeout_s
-        if not answer.poll(self.timeout_s):
+        limit = self.timeout_s * self.share
+        deadline = time.monotonic() + limit
+        if not answer.poll(limit):
             _stop(pid)
-            return ["timeout", f"no answer in {self.timeout_s}s"]
+            return ["timeout", f"no answer in {limit}s"]
         try:
             message = _parse(answer.recv_bytes(MAX_REPLY_BYTES))
         except EOFError:  # it died (or closed its pipe) without answering: its exit status says why
             status = _exit_status(pid, deadline - time.monotonic())
             if status is None:
-                return ["timeout", f"no answer in {self.timeout_s}s"]
+                return ["timeout", f"no answer in {limit}s"]
             return _death(status, self.cfg.reward.sandbox)
         except (OSError, ValueError) as e:
             _kill(pid)
@@ -352,7 +360,7 @@ def _run_call(sandbox: _Sandbox, completion: str, row: Any, workdir: Path, write
             confine.restrict_paths([], [workdir, Path(os.devnull)], handle_reads=False, allow_network=box.allow_network)
         if sandbox.landlock >= 6 and _scoped():
             _warden(sandbox, completion, row, workdir, writer)  # never returns
-        confine.set_limits(cpu_seconds=box.cpu_seconds)
+        confine.set_limits(cpu_seconds=box.cpu_seconds * sandbox.share)
         _score(sandbox, completion, row, writer)
     except BaseException:  # noqa: BLE001
         code = 70
@@ -363,13 +371,23 @@ def _score(sandbox: _Sandbox, completion: str, row: Any, writer: int) -> None:
     box = sandbox.cfg.reward.sandbox
     reply = Connection(writer, readable=False)
     try:
-        result = sandbox.task.reward(completion, row)
-        message = ["ok", [result.total, dict(result.parts)]]
-    except MemoryError as e:
-        message = ["limit", f"MemoryError{e.args and f': {e}' or ''} (task.reward.sandbox.memory_mb = {box.memory_mb})"]
+        if isinstance(completion, list):  # a batch: each completion's own outcome
+            message = ["ok", [_outcome(r, box, 500) for r in sandbox.task.reward_batch(completion, row)]]
+        else:
+            message = _outcome(sandbox.task.reward(completion, row), box, 2000)
     except BaseException as e:  # noqa: BLE001 - sys.exit included: the call failed, the sandbox lives on
-        message = [outcome_of(e), repr(e)[:2000]]
+        message = _outcome(e, box, 2000)
     reply.send_bytes(json.dumps(message).encode())
+
+
+def _outcome(result: Any, box: Any, chars: int) -> list:
+    """["ok", [total, parts]] for a result, [failure kind, message] for an exception."""
+    if isinstance(result, MemoryError):
+        return ["limit", f"MemoryError{result.args and f': {result}' or ''} (task.reward.sandbox.memory_mb = "
+                f"{box.memory_mb})"]
+    if isinstance(result, BaseException):
+        return [outcome_of(result), repr(result)[:chars]]
+    return ["ok", [result.total, dict(result.parts)]]
 
 
 def _scoped() -> bool:
@@ -410,7 +428,7 @@ def _warden(sandbox: _Sandbox, completion: str, row: Any, workdir: Path, writer:
             confine.die_with_parent()
             confine.restrict_paths([], [workdir, Path(os.devnull)], handle_reads=False,
                                    allow_network=box.allow_network)  # nested: the warden is out of its reach
-            confine.set_limits(cpu_seconds=box.cpu_seconds)
+            confine.set_limits(cpu_seconds=box.cpu_seconds * sandbox.share)
             _score(sandbox, completion, row, writer)
         except BaseException:  # noqa: BLE001
             code = 70

@@ -14,7 +14,10 @@ Isolation (``reward.isolation``):
   directory, files and network confined with Landlock where the kernel offers it, metadata and
   sockets with a seccomp filter, no privileges, every process it leaves behind killed
   (``reward.sandbox``, ``stabledrl.common.sandbox.confine``). A call past ``timeout_s`` or a limit is killed
-  and counted; a crash (``os._exit``, a segfault) too; the sandbox lives on. The sandbox's
+  and counted; a crash (``os._exit``, a segfault) too; the sandbox lives on. A batched user reward
+  (``score_batch``) scores a batch in one call: its time and CPU limits are ``timeout_s`` and
+  ``sandbox.cpu_seconds`` times its completions (the memory limit is the call's), its answer holds
+  each completion's outcome, and a call that fails as a whole fails each of its completions. The sandbox's
   directory is ``stabledrl-reward-<worker pid>-*`` in the temporary directory; those of dead
   processes are removed when a sandbox starts. Cost: a pipe round trip and two forks per call (a
   few milliseconds).
@@ -183,7 +186,8 @@ class _Child:
             raise ConfigError(f"reward sandbox failed to start ({reward}): {payload}")
         self.confinement: dict[str, Any] = payload
 
-    def call(self, completion: str, row: Row, timeout_s: float) -> tuple[str, Any]:
+    def call(self, completion: str | list[str], row: Row | list[Row], timeout_s: float) -> tuple[str, Any]:
+        """One call: a completion, or a batch (lists; ``timeout_s`` then covers the whole batch)."""
         try:
             self.to_child.send((completion, row))
         except (OSError, EOFError) as e:
@@ -397,7 +401,28 @@ class RewardScorer:
         if self._task is not None:
             return [(outcome_of(r), repr(r)) if isinstance(r, BaseException) else _checked_outcome(r, max_abs)
                     for r in self._task.reward_batch(completions, rows)]
-        return [self._call(c, r) for c, r in zip(completions, rows)]
+        if self._child is None or not self._child.alive:
+            try:
+                self._child = _Child(self.cfg)
+            except ConfigError as e:
+                return [("crash", str(e))] * len(completions)
+        timeout_s = self.cfg.reward.timeout_s * len(completions)  # the sandbox allows a batch that many times
+        outcome, payload = self._child.call(completions, rows, timeout_s)
+        if outcome != "ok":  # the call failed as a whole: every completion of it did
+            return [(outcome, payload)] * len(completions)
+        if not isinstance(payload, list) or len(payload) != len(completions) or not all(
+                isinstance(p, list) and len(p) == 2 and p[0] in ("ok", *FAILURE_KINDS) for p in payload):
+            return [("crash", "malformed answer from the reward sandbox (not one outcome per completion)")] * len(rows)
+        out = []
+        for kind, value in payload:
+            if kind != "ok":
+                out.append((kind, value))
+                continue
+            try:
+                out.append(_checked_outcome(RewardResult(total=value[0], parts=value[1]), max_abs))
+            except Exception as e:  # noqa: BLE001 - an answer of the wrong shape
+                out.append(("crash", f"malformed answer from the reward sandbox ({type(e).__name__})"))
+        return out
 
     def _call(self, completion: str, row: Row) -> tuple[str, Any]:
         if self._task is not None:

@@ -55,6 +55,11 @@ REWARDS = textwrap.dedent(
 
     def no_row(completion):
         return 1.0
+
+    def slow(completions, **kwargs):
+        import time
+        time.sleep(2.0)
+        return [1.0] * len(completions)
     """
 )
 ROWS = [
@@ -198,3 +203,26 @@ def test_functions_from_two_files_run_in_the_sandbox(rewards, tmp_path):
     with RewardScorer(cfg) as s:
         assert s.score("abc", ROWS[0]) == RewardResult(3.25, {"brevity": 0.25, "length": 3.0, "custom": 3.25})
         assert "more/length.py (sha256" in s.confinement and "rewards.py (sha256" in s.confinement
+
+
+def test_a_batch_is_one_sandbox_call_with_its_completions_own_outcomes(rewards):
+    cfg = parse_task_config({"name": "arithmetic", "reward": {
+        "custom": [f"{rewards}:batch_size", f"{rewards}:per_completion"], "format_weight": 0.0,
+        "isolation": "process"}})
+    with RewardScorer(cfg) as s:
+        assert s.batched
+        got = s.score_batch(["4", "boom", "red"], ROWS[:3])
+    assert got[0] == RewardResult(3.5, {"batch_size": 3.0, "per_completion": 0.5, "custom": 3.5})
+    assert got[1] == RewardResult(0.0, {}) and got[2].total == 3.5  # one completion's failure is its own
+    assert (s.stats.calls, s.stats.ok, s.stats.exception) == (3, 2, 1)
+
+
+def test_a_batch_gets_timeout_s_per_completion(rewards):
+    """timeout_s 1: a 2-second batch of 8 completions is in time (8 s); a batch of one is not, and
+    every completion of a call that timed out is counted."""
+    cfg = parse_task_config({"name": "arithmetic", "reward": {
+        "custom": f"{rewards}:slow", "format_weight": 0.0, "isolation": "process", "timeout_s": 1.0}})
+    with RewardScorer(cfg) as s:
+        assert [r.total for r in s.score_batch(COMPLETIONS * 2, ROWS * 2)] == [1.0] * 8
+        assert s.score_batch(["4"], ROWS[:1]) == [RewardResult(0.0, {})]
+    assert (s.stats.calls, s.stats.ok, s.stats.timeout) == (9, 8, 1)
