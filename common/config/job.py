@@ -233,6 +233,9 @@ class JobConfig(StrictModel):
         backend = self.weights.backend
         if backend == "nccl" and self.cluster.rollout.num_gpus == 0:
             raise ValueError("weights.backend 'nccl' needs GPU rollout workers (cluster.rollout.num_gpus > 0)")
+        if self.warmstart is not None and self.task.name == "generic":
+            raise ValueError("warmstart: the generic task has no reference completions to fine-tune on; remove the "
+                             "warmstart section (warmstart=null)")
         self._check_colocation()
         self._check_ipc()
         self._check_estimator_blocks()

@@ -344,11 +344,19 @@ class Sudoku4Config(_TaskBase):
         return self
 
 
+GSM8K_TEMPLATE = "{prompt}\nSolve it step by step, then write the final answer as a number after '####'."
+MATH_TEMPLATE = "{prompt}\nReason step by step and put your final answer in \\boxed{}."
+
+
 class Gsm8kConfig(_TaskBase):
     """Grade-school word problems; the answer is the final number (file data only)."""
 
     name: Literal["gsm8k"] = Field(description="task name (selects this section's schema)")
     source: DataSource = Field(description="a file or a Hugging Face dataset (gsm8k has no generator)")
+    template: Optional[str] = Field(
+        GSM8K_TEMPLATE, description="the prompt as the model reads it, containing '{prompt}' once; the default adds "
+        "the instruction the checker reads answers by ('####'); '{prompt}' sends the data's prompt as it is",
+    )
 
 
 class MathConfig(_TaskBase):
@@ -356,14 +364,62 @@ class MathConfig(_TaskBase):
 
     name: Literal["math"] = Field(description="task name (selects this section's schema)")
     source: DataSource = Field(description="a file or a Hugging Face dataset (math has no generator)")
+    template: Optional[str] = Field(
+        MATH_TEMPLATE, description="the prompt as the model reads it, containing '{prompt}' once; the default adds "
+        "the instruction the checker reads answers by (\\boxed{}); '{prompt}' sends the data's prompt as it is "
+        "(free-form data: consider the generic task)",
+    )
     box: Literal["last", "first"] = Field("last", description="which \\boxed{} of a completion is its answer")
 
 
+class GenericRewardConfig(RewardConfig):
+    """The generic task's reward: the user's functions (required), weighted as any task's; no format
+    part, the task having no answer format of its own."""
+
+    format_weight: float = Field(0.0, ge=0, description="the generic task has no format check: 0 (score the format "
+                                 "in a reward function of your own)")
+
+    @model_validator(mode="after")
+    def _functions_decide(self) -> "GenericRewardConfig":
+        if not self.custom:
+            raise ValueError("custom: the generic task has no checker of its own; name your reward function(s), e.g. "
+                             "custom: rewards.py:accuracy (docs/rewards.md)")
+        if self.format_weight:
+            raise ValueError("format_weight: the generic task has no format check of its own; set 0 and score the "
+                             "format in a reward function")
+        return self
+
+
+class GenericConfig(_TaskBase):
+    """Any prompt column (or chat messages) plus any other columns; the user's reward functions
+    decide (docs/data.md). Nothing is added to the prompt unless template says so."""
+
+    name: Literal["generic"] = Field(description="task name (selects this section's schema)")
+    source: DataSource = Field(description="a file or a Hugging Face dataset (the generic task has no generator)")
+    template: Optional[str] = Field(
+        "{prompt}", description="the prompt as the model reads it, containing '{prompt}' once: '{prompt}' sends the "
+        "data's prompt as it is; write an instruction around it to add one, e.g. '{prompt}\\n\\nAnswer in one word.'",
+    )
+    reward: Optional[GenericRewardConfig] = Field(None, description="the user's reward functions: reward.custom is "
+                                                  "required (docs/rewards.md)")
+    correct_at: float = Field(
+        1.0, description="held-out evaluation counts a completion correct when its reward (the weighted total) is at "
+        "least this; pass@k and the job's accuracy line follow",
+    )
+
+    @model_validator(mode="after")
+    def _reward_given(self) -> "GenericConfig":
+        if self.reward is None:
+            raise ValueError("reward.custom: the generic task has no checker of its own; name your reward "
+                             "function(s), e.g. reward: {custom: rewards.py:accuracy} (docs/rewards.md)")
+        return self
+
+
 TaskConfig = Annotated[
-    Union[ArithmeticConfig, CountdownConfig, Sudoku4Config, Gsm8kConfig, MathConfig],
+    Union[ArithmeticConfig, CountdownConfig, Sudoku4Config, Gsm8kConfig, MathConfig, GenericConfig],
     Field(discriminator="name"),
 ]
-AnyTaskConfig = Union[ArithmeticConfig, CountdownConfig, Sudoku4Config, Gsm8kConfig, MathConfig]
+AnyTaskConfig = Union[ArithmeticConfig, CountdownConfig, Sudoku4Config, Gsm8kConfig, MathConfig, GenericConfig]
 
 
 class _Section(StrictModel):

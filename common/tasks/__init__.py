@@ -14,7 +14,7 @@
 
 Importing this package registers every task in ``TASKS``; it does not import torch.
 """
-from stabledrl.common.tasks import arithmetic, countdown, gsm8k, hendrycks_math, sudoku  # noqa: F401  (registration)
+from stabledrl.common.tasks import arithmetic, countdown, generic, gsm8k, hendrycks_math, sudoku  # noqa: F401
 from stabledrl.common.tasks.base import TASKS, BadRow, NonNumericReward, RewardResult, Row, Task, stable_hash
 from stabledrl.common.tasks.build import build_task, load_reward_function
 from stabledrl.common.tasks.data import (

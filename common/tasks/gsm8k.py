@@ -18,6 +18,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping, Optional
 
+from stabledrl.common.config.task import GSM8K_TEMPLATE
 from stabledrl.common.tasks.base import (
     MAX_NUMBER_CHARS,
     TASKS,
@@ -31,7 +32,7 @@ from stabledrl.common.tasks.base import (
 )
 
 NAME = "gsm8k"
-DEFAULT_TEMPLATE = "{prompt}\nSolve it step by step, then write the final answer as a number after '####'."
+DEFAULT_TEMPLATE = GSM8K_TEMPLATE  # explicit in the config (task.template), so a dry run shows it
 # a sign, an integer part with or without thousands commas, optional decimals
 _NUMBER = re.compile(r"(?<![0-9.])-?\$?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?", re.ASCII)
 _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\u2013": "-", "\uff0d": "-"})

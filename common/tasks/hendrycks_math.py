@@ -15,11 +15,12 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator, Mapping, Optional
 
+from stabledrl.common.config.task import MATH_TEMPLATE
 from stabledrl.common.tasks.base import TASKS, BadRow, Row, Task, record_id, record_text, configured_task
 from stabledrl.common.tasks.latex import equivalent
 
 NAME = "math"
-DEFAULT_TEMPLATE = "{prompt}\nReason step by step and put your final answer in \\boxed{}."
+DEFAULT_TEMPLATE = MATH_TEMPLATE  # explicit in the config (task.template), so a dry run shows it
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 

@@ -205,7 +205,33 @@ def plan_lines(cfg: JobConfig) -> list[str]:
         f"staleness: η = {a.max_staleness} ({'synchronous' if a.max_staleness == 0 else 'asynchronous'})",
         weights_line(cfg),
     ]
-    return lines + eval_lines(cfg) + output_lines(cfg)
+    return lines + task_lines(cfg) + eval_lines(cfg) + output_lines(cfg)
+
+
+def task_lines(cfg: JobConfig) -> list[str]:
+    """What the model reads and what rewards it: the prompt template (an instruction a task adds is
+    shown here, never added silently) and the reward's terms."""
+    from stabledrl.common.tasks import build_task
+
+    task, reward = build_task(cfg.task), cfg.task.reward  # builds no reward code: user functions load lazily
+    if task.template == "{prompt}":
+        prompt = "prompts: the data's prompt as it is, nothing added (task.template '{prompt}')"
+    else:
+        prompt = f"prompts: task.template {task.template!r} ('{{prompt}}': the data's prompt)"
+    if task.system_prompt:
+        prompt += f", system prompt {task.system_prompt!r}"
+    if reward.custom:
+        weights = reward.custom_weights or [1.0] * len(reward.custom_specs)
+        terms = " + ".join(f"{w:g} × {spec}" if w != 1 else spec for w, spec in zip(weights, reward.custom_specs))
+        checker = f"custom ({terms}; docs/rewards.md)"
+    else:
+        checker = f"the {task.name} checker"
+    line = f"reward: {reward.correctness_weight:g} × {checker}"
+    line += f" + {reward.format_weight:g} × format" if reward.format_weight else ""
+    line += f" + {reward.anti_short_weight:g} × anti_short" if reward.anti_short_weight else ""
+    if len(reward.custom_specs) > 1:
+        line += f"; logged as {', '.join(f'rollout/reward/{n}' for n in reward.custom_names)}"
+    return [prompt, line]
 
 
 def eval_lines(cfg: JobConfig) -> list[str]:
@@ -215,8 +241,10 @@ def eval_lines(cfg: JobConfig) -> list[str]:
     held = getattr(cfg.task, "held_out", 0) or getattr(cfg.task, "held_out_source", None) is not None
     lines = []
     if held:
+        judged = (f"; correct: reward >= task.correct_at = {cfg.task.correct_at:g}" if cfg.task.name == "generic"
+                  else "")
         lines.append(f"eval: {when}: {e.num_prompts} held-out prompts × {e.samples_per_prompt} samples, "
-                     f"{e.describe(cfg.sampler)}")
+                     f"{e.describe(cfg.sampler)}{judged}")
     else:
         lines.append("eval: no held-out set (task.held_out 0, no task.held_out_source): no held-out evaluation")
     p = e.protocol

@@ -15,7 +15,7 @@ def rows(name, n=300, seed=0, **kw):
 
 
 def test_every_task_is_registered():
-    assert TASKS.names() == ["arithmetic", "countdown", "gsm8k", "math", "sudoku4"]
+    assert TASKS.names() == ["arithmetic", "countdown", "generic", "gsm8k", "math", "sudoku4"]
 
 
 @pytest.mark.parametrize("name", ["arithmetic", "countdown", "sudoku4"])
