@@ -158,7 +158,8 @@ class Driver:
 
     def train(self) -> None:
         """Train to ``run.steps``, rollouts running ahead as far as the staleness bound allows."""
-        self.progress = Progress(self.cfg.run.steps, self.step, self.cfg.run.progress, self.log)
+        run = self.cfg.run
+        self.progress = Progress(run.steps, self.step, run.progress, self.log, every_s=run.progress_every_s)
         try:
             self._drive(self.scheduler.begin("train", at=time.perf_counter()))
         finally:

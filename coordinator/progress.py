@@ -1,18 +1,30 @@
-"""The training progress the driver shows: a tqdm bar on a terminal, else (``run.progress``) a line
-in the log every twentieth of the run (a log file gets lines, not a bar)."""
+"""The training progress the driver shows (``run.progress``): a tqdm bar on a terminal; where the
+output goes to a file (``ray job submit``, ``make > log``), a line on the first step, then at most one
+every ``run.progress_every_s`` seconds, and on the last step:
+
+    step 40/150: 41.3 samples/s, reward 0.512, staleness 0.50 (dropped 0), loss 0.0123, ETA 2m 40s
+
+samples/s counts the samples trained since the line before; ETA is the steps left at this process's
+mean time per step so far."""
 from __future__ import annotations
 
 import sys
-from typing import Callable
+import time
+from typing import Callable, Optional
 
 
 class Progress:
-    def __init__(self, steps: int, initial: int, enabled: bool, log: Callable[[str], None]) -> None:
+    def __init__(self, steps: int, initial: int, enabled: bool, log: Callable[[str], None], every_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic, terminal: Optional[bool] = None) -> None:
         from tqdm import tqdm
 
-        self.steps, self.enabled, self.log = steps, enabled, log
+        self.steps, self.enabled, self.log, self.every_s, self.clock = steps, enabled, log, every_s, clock
+        terminal = sys.stdout.isatty() and sys.stderr.isatty() if terminal is None else terminal
         self.bar = tqdm(total=steps, initial=initial, desc="train", dynamic_ncols=True,
-                        disable=not enabled or not sys.stderr.isatty())
+                        disable=not enabled or not terminal)
+        self.start_step, self.start = initial, clock()
+        self.last_line: Optional[float] = None
+        self.samples = 0.0  # trained since the last line
 
     def step(self, step: int, record: dict[str, float]) -> None:
         """Step ``step`` is recorded (``record``: its metrics.jsonl line)."""
@@ -22,14 +34,33 @@ class Progress:
             loss=f"{record['train/loss']:.4f}",
             dropped=int(record["staleness/dropped_total"]),
         )
-        if self.enabled and self.bar.disable and step % max(1, self.steps // 20) == 0:
-            self.log(progress_line(step, self.steps, record))
+        self.samples += record.get("rollout/samples", 0.0)
+        if not self.enabled or not self.bar.disable:
+            return
+        now = self.clock()
+        if self.last_line is not None and now - self.last_line < self.every_s and step < self.steps:
+            return
+        window = now - (self.start if self.last_line is None else self.last_line)
+        per_step = (now - self.start) / max(1, step - self.start_step)
+        self.log(progress_line(step, self.steps, record, self.samples / window if window > 0 else 0.0,
+                               per_step * (self.steps - step)))
+        self.last_line, self.samples = now, 0.0
 
     def close(self) -> None:
         self.bar.close()
 
 
-def progress_line(step: int, steps: int, record: dict[str, float]) -> str:
-    return (f"step {step}/{steps}: reward {record['rollout/reward_mean']:.3f}, loss {record['train/loss']:.4f}, "
-            f"grad norm {record['train/grad_norm']:.3f}, staleness {record['staleness/mean']:.2f} "
-            f"(dropped {int(record['staleness/dropped_total'])}), {record['time/step']:.2f} s/step")
+def progress_line(step: int, steps: int, record: dict[str, float], samples_per_s: float, eta_s: float) -> str:
+    return (f"step {step}/{steps}: {samples_per_s:.1f} samples/s, reward {record['rollout/reward_mean']:.3f}, "
+            f"staleness {record['staleness/mean']:.2f} (dropped {int(record['staleness/dropped_total'])}), "
+            f"loss {record['train/loss']:.4f}, ETA {duration(eta_s)}")
+
+
+def duration(seconds: float) -> str:
+    """'45s', '2m 40s', '3h 05m'."""
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"

@@ -179,7 +179,11 @@ class RunConfig(StrictModel):
     )
     tensorboard: bool = Field(True, description="also write TensorBoard events")
     wandb_project: Optional[str] = Field(None, description="log to Weights & Biases under this project when set")
-    progress: bool = Field(True, description="show a progress bar")
+    progress: bool = Field(True, description="show progress: a bar on a terminal; where the output is not a "
+                           "terminal (a log file, ray job submit) a line every progress_every_s seconds with the step, "
+                           "samples/s, reward, staleness and ETA")
+    progress_every_s: float = Field(30.0, gt=0.0, description="seconds between two progress lines when the output is "
+                                    "not a terminal (a line is also written on the first and the last step)")
     peak_tflops: Optional[float] = Field(
         None, gt=0.0, description="peak dense TFLOP/s of one learner device; when set, perf/mfu is logged"
     )
