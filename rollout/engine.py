@@ -3,9 +3,11 @@
 A rollout worker reaches its model only through ``RolloutEngine`` (the shape of AReaL's
 inference engines): sample completions, score them with the behaviour estimator, take new
 weights. The native engine runs the samplers of rollout/sampling and the estimators of
-common/estimators on a ``DiffusionPolicy`` in this process. Another backend (vLLM, SGLang: vLLM
-serves only DiffusionGemma among dLLMs today) fills the same three methods and keeps the same
-contract:
+common/estimators on a ``DiffusionPolicy`` in this process. Another backend (an inference server
+such as vLLM or SGLang) is a class that fills the same methods and keeps the same contract, built
+where ``RolloutWorker.__init__`` (rollout/worker.py) builds ``TorchRolloutEngine`` today; nothing
+else changes. vLLM serves none of LLaDA, Dream or SDAR/TraDo (among diffusion LMs only
+DiffusionGemma), so no such backend ships and the project installs no vLLM. The contract:
 
 - ``generate(prompts, seeds, cfg)``: prompts are 1-D int64 tensors without padding; ``seeds`` [B]
   seeds row b's randomness only, so a row's completion does not depend on its batch neighbours

@@ -77,7 +77,7 @@ class ProtocolConfig(StrictModel):
     math_graders: list[Literal["latex", "math-verify"]] = Field(
         [], description="MATH500 graded again by these graders, each in its own row of the table (the MATH500 row "
         "is d1's grader, MATH's is_equiv, always): 'latex' (the project's LaTeX equivalence: exact numbers, reduced "
-        "fractions, units and \\text{} stripped), 'math-verify' (symbolic; needs the math-verify package)"
+        "fractions, units and \\text{} stripped), 'math-verify' (Math-Verify's symbolic comparison)"
     )
     generation: Literal["stabledrl", "d1"] = Field(
         "stabledrl", description="how prompts are batched and decoded: 'stabledrl' (each prompt alone: padding "

@@ -41,7 +41,8 @@ They read the text d1 reads: the whole generated window decoded with the special
 Other MATH graders are separate, named choices (``MATH_GRADERS``), reported in their own rows of
 the table, never mixed into d1's number: ``latex`` (``stabledrl.common.tasks.latex.equivalent``: exact
 numbers, fractions reduced, ``\\text{}`` and units stripped, tuples) and ``math-verify``
-(Math-Verify's symbolic comparison; needs the ``math-verify`` package, else ``GraderUnavailable``).
+(Math-Verify's symbolic comparison; ``math-verify`` is a dependency, so ``GraderUnavailable`` only
+in an environment that lacks it).
 """
 from __future__ import annotations
 
@@ -208,7 +209,8 @@ def _math_verify() -> tuple[Callable, Callable]:
     try:
         from math_verify import parse, verify
     except ImportError:
-        raise GraderUnavailable("the MATH grader 'math-verify' needs the math-verify package: "
+        raise GraderUnavailable("the MATH grader 'math-verify' needs the math-verify package, a dependency of "
+                                "stabledrl missing from this environment: reinstall stabledrl, or "
                                 "pip install 'math-verify[antlr4_13_2]'") from None
     return parse, verify
 

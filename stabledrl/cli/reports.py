@@ -26,7 +26,7 @@ what --protocol d1 needs:
             elsewhere.
   graders   d1's own readings, built in (MATH: MATH's is_equiv, no extra package). --graders latex adds a
             MATH500 row by the project's LaTeX equivalence; --graders math-verify one by Math-Verify
-            (pip install 'math-verify[antlr4_13_2]'; refused up front when missing). run.json records the
+            (installed with stabledrl). run.json records the
             graders and package versions.
   model     the config's model (or --model / --checkpoint) and a GPU per worker (CPU workers without GPUs).
   --generation d1   decodes as d1's eval.py: batch left-padded, no attention mask, fp16 autocast on CUDA.
@@ -69,7 +69,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--workers", type=int, default=None, help="with --protocol: eval workers (default: one per GPU "
                     "of the cluster; without GPUs rollout.num_workers)")
     ev.add_argument("--graders", default=None, help="with --protocol or --regrade-d1: MATH500 also graded by these, "
-                    "each in its own row: latex, math-verify (needs the math-verify package)")
+                    "each in its own row: latex, math-verify")
     ev.add_argument("--generation", choices=("stabledrl", "d1"), default=None, help="with --protocol: decode as this "
                     "project does (default) or exactly as d1's eval (left padding, no attention mask, fp16 autocast, "
                     "second BOS); docs/protocol.md")
