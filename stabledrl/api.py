@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from stabledrl.common.config.job import JobConfig, check_sampler_layout, load_job_config
+from stabledrl.common.config.job import JobConfig, check_installed, check_sampler_layout, load_job_config
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> JobConfig:
@@ -39,6 +39,7 @@ def train(config: JobConfig | str | os.PathLike, overrides: Sequence[str] = (), 
 
     cfg = config if isinstance(config, JobConfig) else load_config(config, overrides)
     check_sampler_layout(cfg)
+    check_installed(cfg)
     check_reward(cfg.task)
     check_output_dir(cfg.run.output_dir, resuming=False, overwrite=overwrite)
     started = not ray.is_initialized()

@@ -313,10 +313,28 @@ class JobConfig(StrictModel):
             raise ValueError("rollout.autoscale needs rollout.max_workers (how far it may grow)")
 
 
+STUDY_KEYS = ("job", "methods")  # the top level of a `stabledrl study` config (stabledrl/recipes/study/config.py)
+
+
 def load_job_config(path: str | Path, overrides: list[str] = ()) -> JobConfig:
     """YAML file + dotted overrides -> a validated JobConfig (ConfigError names every bad field)."""
-    data = apply_overrides(load_yaml(path), list(overrides), model=JobConfig)
+    given = load_yaml(path)
+    if all(key in given for key in STUDY_KEYS) and "model" not in given:
+        raise ConfigError(f"{path} is a study config (job, methods, seeds: several jobs): run it with "
+                          f"`stabledrl study --config {path}`")
+    data = apply_overrides(given, list(overrides), model=JobConfig)
     return validate(JobConfig, data, source=f"config {path}")
+
+
+def check_installed(cfg: JobConfig) -> None:
+    """What the config asks of this environment beyond the core packages: ConfigError naming the
+    field and the install command (checked by `train` and its dry run before anything starts)."""
+    import importlib.util
+
+    if cfg.run.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(f"run.wandb_project: {cfg.run.wandb_project!r} logs to Weights & Biases, but wandb is not "
+                          "installed here: pip install 'stabledrl[wandb]' (or pip install wandb), or unset "
+                          "run.wandb_project")
 
 
 def check_sampler_layout(cfg: JobConfig) -> None:

@@ -24,7 +24,7 @@ from typing import Optional
 
 import stabledrl
 from stabledrl.common.config.base import ConfigError
-from stabledrl.common.config.job import JobConfig, check_sampler_layout, load_job_config
+from stabledrl.common.config.job import JobConfig, check_installed, check_sampler_layout, load_job_config
 from stabledrl.cli import reports
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "quickstart.yaml"
@@ -68,6 +68,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = load_job_config(*resume_source(args)) if args.resume else load_job_config(args.config, args.overrides)
         if not args.dry_run:
             check_sampler_layout(cfg)
+        check_installed(cfg)
         check_run(args, cfg)
         check_reward(cfg.task)  # the reward file's rules, and a dry import in the sandbox, before any actor
     except (ConfigError, RunTrustError) as e:

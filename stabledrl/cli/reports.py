@@ -138,9 +138,22 @@ def _eval(args: argparse.Namespace) -> int:
         raise ConfigError("eval: give --model or --checkpoint (or --protocol to evaluate the config's own model)")
     if args.k < 1 or (args.samples is not None and args.samples < args.k):
         raise ConfigError(f"--k must be >= 1 and at most --samples (got k={args.k}, samples={args.samples})")
+    note = greedy_note(cfg, max(args.k, args.samples or cfg.eval.samples_per_prompt))
+    if note:
+        print(note, file=sys.stderr)
     eval_command(cfg, model_dir=args.model, checkpoint=args.checkpoint, k=args.k, num_prompts=args.num_prompts,
                  samples_per_prompt=args.samples, out=args.out, show=args.show)
     return 0
+
+
+def greedy_note(cfg, samples: int) -> str:
+    """A line saying pass@k is pass@1 where every sample of a prompt is the same completion: greedy
+    decoding (temperature 0) that unmasks by confidence draws nothing at random ('' otherwise)."""
+    sampler = cfg.eval.sampler_for(cfg.sampler)
+    if samples < 2 or sampler.temperature != 0 or sampler.remasking != "low_confidence":
+        return ""
+    return (f"stabledrl eval: note: decoding is greedy (temperature 0), so the {samples} samples of a prompt are one "
+            "completion and pass@k equals pass@1; to sample, add eval.temperature=1.0")
 
 
 def _protocol_eval(args: argparse.Namespace, cfg) -> int:
