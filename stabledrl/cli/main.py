@@ -4,6 +4,7 @@
     python -m stabledrl train --config ...
     stabledrl train --resume runs/quickstart [key.path=value ...]   # continue from the last checkpoint
     stabledrl scale --job quickstart [--workers N] [--address HOST:PORT]   # a running job's rollout workers
+    stabledrl config [task.reward]          # the config reference: every key, type, default, description
     stabledrl eval | plot | study ...        (stabledrl/cli/reports.py)
 
 The config is validated (file, overrides and every cross-section rule) before Ray starts; a bad
@@ -52,10 +53,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     scale.add_argument("--workers", type=int, help="rollout workers wanted (rollout.min_workers .. max_workers)")
     scale.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
                        help="the cluster's GCS address, HOST:PORT (default: $RAY_ADDRESS, else the local cluster)")
+    config = sub.add_parser("config", help="print the config reference: every key of a job config with its type, "
+                            "default and description (docs/config.md)")
+    config.add_argument("section", nargs="?", help="one section's dotted path, e.g. task.reward (default: all)")
     reports.add_commands(sub)  # eval, plot, study
     args = parser.parse_args(argv)
     if args.command in reports.COMMANDS:
         return reports.run(args)
+    if args.command == "config":
+        return config_reference(args.section)
     if args.command == "scale":
         from stabledrl.cli.scale import scale_command
 
@@ -79,6 +85,23 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return dry_run(cfg)
     return train_job(cfg)
+
+
+def config_reference(section: Optional[str]) -> int:
+    """Print the reference of every key (or of ``section``'s); exit 2 naming the sections when the
+    section is unknown."""
+    from stabledrl.common.config import schema
+    from stabledrl.common.config.reference import reference
+
+    try:
+        print(reference(JobConfig, only=section), end="")
+    except KeyError:
+        close = schema.did_you_mean(section, list(schema.field_paths(JobConfig)))
+        hint = f"; did you mean {close}?" if close else ""
+        print(f"stabledrl: config: no section {section!r}{hint} (sections: {', '.join(JobConfig.model_fields)})",
+              file=sys.stderr)
+        return 2
+    return 0
 
 
 def add_trust_flags(parser: argparse.ArgumentParser) -> None:
