@@ -11,6 +11,7 @@ reward_model.ground_truth}``; every task also reads an optional ``id``):
 | sudoku4    | puzzle (16 chars 0-4, 0 = empty)       | id, solution        |
 | gsm8k      | prompt, answer (number or "... #### N")| id                  |
 | math       | prompt, answer (answer or \\boxed solution) | id, solution   |
+| generic    | prompt                                 | id, answer, any other column |
 
 ``prompt`` may be text or chat messages (``[{role, content}, ...]`` ending with the user's turn):
 messages are the conversation as the data gives it (the task's template is not applied to them; its

@@ -1,6 +1,6 @@
 """`stabledrl eval`: held-out accuracy of a trained policy, outside a training job.
 
-    stabledrl eval --config deploy/configs/quickstart.yaml --model runs/quickstart/final_model --k 4
+    stabledrl eval --config deploy/configs/quickstart.yaml --model runs/quickstart/final_model --k 4 eval.temperature=1
     stabledrl eval --config deploy/configs/quickstart.yaml --checkpoint runs/quickstart/checkpoints
 
 The policy is loaded in this process (CUDA when available). The rows are the config's held-out

@@ -50,3 +50,13 @@ def test_eval_k_under_greedy_decoding_says_pass_at_k_is_pass_at_1(capsys, monkey
     assert cli.main(["eval", "--config", str(QUICKSTART), "--model", str(tmp_path), "--k", "4", *overrides]) == 0
     err = capsys.readouterr().err
     assert ("the 4 samples of a prompt are one completion and pass@k equals pass@1" in err) is noted, err
+
+
+def test_a_reward_of_neither_form_stops_train_in_one_line_naming_both_forms(capsys, no_training, tmp_path):
+    (tmp_path / "rewards.py").write_text("def odd(x):\n    return 1.0\n")
+    tiny = ROOT / "tests" / "e2e" / "tiny_job.yaml"
+    assert cli.main(["train", "--config", str(tiny), "--dry-run", f"task.reward.custom={tmp_path}/rewards.py:odd",
+                     "task.reward.isolation=process"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{tmp_path}/rewards.py:odd has the signature (x), which fits neither" in err
+    assert "fn(completion: str, row: Row) -> float" in err and "fn(prompts, completions, **columns)" in err
