@@ -183,7 +183,8 @@ class _Child:
                     f"{cfg.reward.import_timeout_s:g} plus {START_OVERHEAD_S:g} s to start Python): module-level "
                     "code must not hang"
                 )
-            raise ConfigError(f"reward sandbox failed to start ({reward}): {payload}")
+            field = "task.reward.custom" if cfg.reward.custom else "task.reward"
+            raise ConfigError(f"{field}: the reward sandbox failed to start ({reward}): {payload}")
         self.confinement: dict[str, Any] = payload
 
     def call(self, completion: str | list[str], row: Row | list[Row], timeout_s: float) -> tuple[str, Any]:

@@ -76,10 +76,10 @@ def load_reward_function(spec: str, allowed_roots: Sequence[str] = ()) -> Custom
     except ConfigError:
         raise
     except Exception as e:  # the user's module failed to import: report it as a config problem
-        raise ConfigError(f"custom reward {spec!r} failed to import: {type(e).__name__}: {e}") from e
+        raise ConfigError(f"task.reward.custom: {spec!r} failed to import: {type(e).__name__}: {e}") from e
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ConfigError(f"custom reward {spec!r}: {attr!r} is not a callable in {target}")
+        raise ConfigError(f"task.reward.custom: {spec!r}: {attr!r} is not a callable in {target}")
     return fn
 
 

@@ -135,7 +135,8 @@ def generate_uniform_block(
     if policy.spec.noise != "uniform" or not policy.is_block_diffusion:
         raise ValueError(f"{policy.spec.name} is not a uniform-noise block-diffusion family; use generate()")
     if getattr(cfg, "cuda_graph", False):  # the field is newer than this sampler; read it where it exists
-        raise ConfigError("cuda_graph: the uniform-noise (DiffusionGemma) sampler has no graphed step; set it False")
+        raise ConfigError("sampler.cuda_graph: the uniform-noise (DiffusionGemma) sampler has no graphed step; set it "
+                          "False")
     block_length, _, steps_per_block = cfg.layout(policy.block_size, block_diffusion=True)
     use_cache = cfg.resolved_cache(block_diffusion=True) == "prefix"
     seeds = torch.as_tensor(seeds, dtype=torch.long).cpu()
