@@ -178,6 +178,25 @@ class LearnerEngine:
         out.update({f"train/{k}": same(v, extremes[k][0]) for k, v in reduced_extremes.items()})
         return out
 
+    def evaluate(self, micro_batches: Sequence[Any], fn: Callable[[nn.Module, Any], Any]) -> list[Any]:
+        """``fn(model, micro_batch)`` for each of this rank's micro-batches without gradients and
+        without an update (``model`` is the DeepSpeed engine, in training mode as ``train_step``
+        runs it); returns the values in order. Ranks with fewer micro-batches repeat their first
+        one and drop the value, since under ZeRO-3 every forward gathers parameters collectively.
+        Collective."""
+        n_local = len(micro_batches)
+        if n_local == 0:
+            raise ValueError("evaluate needs at least one micro-batch on every rank")
+        counts = torch.tensor([n_local], dtype=torch.float64, device=self.device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        out = []
+        with torch.no_grad():
+            for i in range(int(counts.item())):
+                value = fn(self.engine, micro_batches[i if i < n_local else 0])
+                if i < n_local:
+                    out.append(value)
+        return out
+
     def _may_step(self) -> bool:
         """Asked by GuardedAdamW inside DeepSpeed's step, after the global grad norm is known."""
         norm = getattr(self.engine.optimizer, "_global_grad_norm", None)

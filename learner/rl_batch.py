@@ -17,6 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from stabledrl.common.estimators import learner_seeds
+from stabledrl.common.estimators.base import PER_ITERATION_SEEDS
 from stabledrl.common.types import Group, SequenceBatch, collate_samples
 from stabledrl.learner.losses import group_advantages, local_counts
 
@@ -52,7 +53,15 @@ class MicroBatch:
         return self.parts or (LossPart(slice(None), self.counts, self.share),)
 
     def for_iteration(self, masks: str, inner_iteration: int) -> "MicroBatch":
-        return replace(self, seeds=learner_seeds(self.mask_seeds, masks, inner_iteration))
+        """This micro-batch with inner iteration ``inner_iteration``'s estimator seeds. Under
+        ``per_iteration`` each loss part (a micro-batch of d1's) draws its own mask: part j's rows
+        carry j·PER_ITERATION_SEEDS + its seed, so that two parts never read as one stream even
+        when their seeds coincide (the estimator draws from the seed modulo PER_ITERATION_SEEDS)."""
+        if masks != "per_iteration":
+            return replace(self, seeds=learner_seeds(self.mask_seeds, masks, inner_iteration))
+        seeds = torch.cat([learner_seeds(self.mask_seeds[part.rows], masks, inner_iteration) + j * PER_ITERATION_SEEDS
+                           for j, part in enumerate(self.loss_parts())])
+        return replace(self, seeds=seeds)
 
 
 def global_counts(groups: Sequence[Group]) -> dict[str, Tensor]:

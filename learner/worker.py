@@ -9,6 +9,10 @@ One RL step on a batch of groups (``train``), as StableDRL / SPG / d1 run it:
         θ ← AdamW(θ, ∇L)                                       LearnerEngine.train_step
 
 ``ELBO_μ`` is the behaviour estimate the rollout worker shipped with each sample (version v_b).
+Under ``estimator.masks: per_iteration`` (d1's scheme) it is the learner's own instead: before the
+first update, the old policy (these weights) and the reference are scored under each iteration's
+mask, and iteration k's ratio and KL read the values under mask k (``_score_iterations``); with
+μ = 1 the old value is the new one detached, as d1 takes it.
 With the SPG sandwich, ℓ_θ is the sandwich but ratios must compare ELBOs: the loss receives
 ``behaviour_logp + (ℓ_θ − ELBO_θ).detach()`` so that ℓ_θ − behaviour = ELBO_θ − ELBO_μ exactly,
 while the gradient flows through ℓ_θ (losses stay pure; no loss needs to know the estimator).
@@ -69,6 +73,7 @@ class LearnerWorker:
         self.engine = self.reference = self.tokenizer = self.push = None
         self.reference_is_base = False  # LoRA: the reference is the policy with its adapters off (start)
         self._reference_cache: dict[tuple, Any] = {}  # _reference_estimate's, one step's
+        self._old_cache: dict[tuple, Any] = {}  # per_iteration: the old policy's estimates, one step's
         self.push_sources = 0  # a sharded push's learner ranks that send (setup_weight_push)
         self.steps = 0
         self.clock = ActorClock(background=BACKGROUND, within=PUSH_PARTS)
@@ -141,14 +146,30 @@ class LearnerWorker:
                             normalisation=self.cfg.loss_normalisation, world_size=self.world_size,
                             per_forward=self.cfg.micro_batches_per_forward)
         per_iteration = []
-        self._reference_cache = {}
+        self._reference_cache, self._old_cache = {}, {}
         try:
+            if self._scores_old():
+                self.engine.evaluate(mbs, self._score_iterations)
             for k in range(self.inner_iterations):
                 batch = [mb.for_iteration(self.estimator.masks, k) for mb in mbs]
                 per_iteration.append(self.engine.train_step(batch, self._loss))
         finally:
-            self._reference_cache = {}
+            self._reference_cache, self._old_cache = {}, {}
         return per_iteration
+
+    def _scores_old(self) -> bool:
+        """Whether the learner scores the old policy itself (d1's per-iteration masks, μ > 1)."""
+        return getattr(self.estimator, "masks", None) == "per_iteration" and self.inner_iterations > 1
+
+    def _score_iterations(self, model: Any, mb: MicroBatch) -> None:
+        """per_iteration, before the step's first update: the old policy's estimate of ``mb`` under
+        every iteration's mask, and the reference's where the loss has a KL term (as d1 scores both
+        when it generates). Iteration k's loss reads them back (``_loss``, ``_reference_estimate``)."""
+        for k in range(self.inner_iterations):
+            mb_k = mb.for_iteration(self.estimator.masks, k)
+            self._old_cache[_cache_key(mb_k)] = estimate(model, mb_k.batch, mb_k.seeds, self.estimator).detach()
+            if self.reference is not None or self.reference_is_base:
+                self._reference_estimate(model, mb_k)
 
     def _reference_estimate(self, model: Any, mb: MicroBatch) -> Any:
         """The frozen reference's estimate of ``mb`` under this iteration's masks, computed once a step
@@ -156,7 +177,7 @@ class LearnerWorker:
         d1's recipe) every iteration asks for the same value, and the reference never changes, so
         the 11 later ones of μ = 12 are read back instead of re-run (a forward each of the 8B model).
         With LoRA the reference is ``model`` itself with its adapters off (no second copy)."""
-        key = (id(mb.batch), tuple(mb.seeds.tolist()))
+        key = _cache_key(mb)
         if key not in self._reference_cache:
             with torch.no_grad():
                 if self.reference_is_base:
@@ -175,15 +196,16 @@ class LearnerWorker:
         ref = self._reference_estimate(model, mb) if self.reference is not None or self.reference_is_base else None
         ll = estimate(model, mb.batch, mb.seeds, self.estimator)
         device = ll.sequence.device
-        behaviour = mb.behaviour_logp.to(device)
+        behaviour, behaviour_token = self._behaviour(mb, ll)
+        behaviour = behaviour.to(device)
         if ll.elbo is not None:  # SPG sandwich: ratios compare ELBOs (module docstring)
             behaviour = behaviour + (ll.sequence - ll.elbo).detach()
         rows = dict(
             logp=ll.sequence, behaviour_logp=behaviour, advantages=mb.batch.advantages.to(device),
             group_index=mb.group_index.to(device), completion_length=mb.completion_length.to(device),
             token_logp=ll.token, token_mask=None if ll.token is None else ll.token_mask.to(device),
-            behaviour_token_logp=None if ll.token is None or mb.behaviour_token_logp is None
-            else mb.behaviour_token_logp.to(device),
+            behaviour_token_logp=None if ll.token is None or behaviour_token is None
+            else behaviour_token.to(device),
             ref_logp=None if ref is None else ref.ratio_value, ref_token_logp=None if ref is None else ref.token,
             elbo=ll.ratio_value,
         )
@@ -198,6 +220,14 @@ class LearnerWorker:
             total = loss if total is None else total + loss
             _add_metrics(metrics, _engine_metrics(part_metrics, part.share))
         return total, metrics
+
+    def _behaviour(self, mb: MicroBatch, ll: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(sequence, token) estimates the ratios compare with: the rollout's, or under per_iteration
+        the old policy's under this iteration's mask (the new estimate detached when μ = 1)."""
+        if getattr(self.estimator, "masks", None) != "per_iteration":
+            return mb.behaviour_logp, mb.behaviour_token_logp
+        old = self._old_cache[_cache_key(mb)] if self._scores_old() else ll.detach()
+        return old.ratio_value, old.token
 
     # ---- weights, checkpoints, export -----------------------------------------------------
     def setup_weight_push(self, cfg: WeightPushConfig, **kwargs: Any) -> None:
@@ -301,6 +331,11 @@ class LearnerWorker:
             )
         policy.load_state_dict(state, strict=False)  # buffers (rotary tables) are rebuilt, not trained
         return str(export_hf(policy, tokenizer, Path(directory)))
+
+
+def _cache_key(mb: MicroBatch) -> tuple:
+    """A step's cache key of a micro-batch's estimate under its seeds (its rows: the batch object)."""
+    return (id(mb.batch), tuple(mb.seeds.tolist()))
 
 
 def _needs_reference(loss: Any) -> bool:

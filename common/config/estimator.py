@@ -4,8 +4,11 @@ estimator comes from; the docstring of each field names its source.
 
 ``masks`` fixes how the learner's seed follows from a sample's ``mask_seed``
 (``stabledrl.common.estimators.learner_seeds``): ``shared`` re-uses the behaviour estimate's masks (common
-random numbers: d1, coupled-GRPO, FPO), ``independent`` draws fresh, still deterministic, masks for
-every inner iteration (the released StableDRL / SPG code).
+random numbers: coupled-GRPO, FPO), ``independent`` draws fresh, still deterministic, masks for
+every inner iteration (the released StableDRL / SPG code). ``per_iteration`` (mean_field only) is
+d1's scheme: a new prompt mask at every inner iteration, drawn for a whole micro-batch from one
+seed, under which the learner scores the old and the reference policy too (before the step's first
+update), so each iteration's ratio and KL compare estimates under one mask.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pydantic import Field, model_validator
 from stabledrl.common.config.base import StrictModel
 
 Masks = Literal["shared", "independent"]
+MeanFieldMasks = Literal["shared", "independent", "per_iteration"]
 Weighting = Literal["weighted", "mean"]
 
 _MASKS_DOC = (
@@ -50,7 +54,14 @@ class MeanFieldConfig(StrictModel):
     prompt_mask_prob: float = Field(
         0.15, ge=0.0, lt=1.0, description="each real prompt token is masked with this probability (d1: 0.15)"
     )
-    masks: Masks = Field("shared", description=_MASKS_DOC + " (d1: shared)")
+    masks: MeanFieldMasks = Field(
+        "shared",
+        description=_MASKS_DOC + "; 'per_iteration' = d1's: at inner iteration k every micro-batch draws one prompt "
+        "mask from a seed of (its rows' mask seeds, k) in [0, 4096), as d1's torch.randint(0, 2**12) seeds do, the "
+        "rows taking successive slices of one uniform stream as d1's forward_process does; the old (the weights "
+        "before the step's first update) and the reference policy are scored under that iteration's mask "
+        "(common/estimators/mean_field.py)",
+    )
     draw_batch: Optional[int] = Field(None, ge=1, description=_DRAW_BATCH_DOC)
 
 

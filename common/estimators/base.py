@@ -79,16 +79,27 @@ def estimate(
     return get_estimator(cfg.name)(policy, batch, as_seeds(seeds, batch.input_ids.shape[0]), cfg)
 
 
+# d1 draws the seeds of its per-iteration masks with torch.randint(0, 2**12): its masks per batch shape are
+# these 4,096 (accelerate's set_seed, which d1 seeds them with, also takes no seed of 2**32 or more)
+PER_ITERATION_SEEDS = 2**12
+
+
 def learner_seeds(
-    mask_seeds: torch.Tensor | Sequence[int], masks: Literal["shared", "independent"], inner_iteration: int = 0
+    mask_seeds: torch.Tensor | Sequence[int],
+    masks: Literal["shared", "independent", "per_iteration"],
+    inner_iteration: int = 0,
 ) -> torch.Tensor:
     """[B] int64 seeds the learner passes to the estimator for samples carrying ``mask_seeds``.
 
     ``shared``: the behaviour estimate's own seeds, so both sides draw identical masks and the
-    log-ratio is exactly 0 at theta = mu (common random numbers: d1, coupled-GRPO, FPO).
+    log-ratio is exactly 0 at theta = mu (common random numbers: coupled-GRPO, FPO).
     ``independent``: a fresh seed per (mask_seed, inner_iteration), as the released StableDRL code
     draws fresh masks at every update; still a pure function of the sample, so a re-run or another
     learner rank reproduces it.
+    ``per_iteration`` (d1): the rows given are one micro-batch, and every row gets its seed for this
+    iteration: one value in [0, PER_ITERATION_SEEDS) derived from (its rows' mask seeds, iteration),
+    from which the mean_field estimator draws the micro-batch's mask as one stream, as d1 does. The
+    learner scores the old and the reference policy under it too (learner/worker.py).
     """
     seeds = torch.as_tensor(mask_seeds, dtype=torch.long).reshape(-1)
     if masks == "shared":
@@ -97,7 +108,10 @@ def learner_seeds(
         return torch.tensor(
             [derive_seed(int(s), "learner", int(inner_iteration)) for s in seeds.tolist()], dtype=torch.long
         )
-    raise ValueError(f"masks must be 'shared' or 'independent', got {masks!r}")
+    if masks == "per_iteration":
+        seed = derive_seed("per_iteration", tuple(seeds.tolist()), int(inner_iteration)) % PER_ITERATION_SEEDS
+        return torch.full_like(seeds, seed)
+    raise ValueError(f"masks must be 'shared', 'independent' or 'per_iteration', got {masks!r}")
 
 
 def as_seeds(seeds: torch.Tensor | Sequence[int], batch_size: int) -> torch.Tensor:
