@@ -348,6 +348,22 @@ GSM8K_TEMPLATE = "{prompt}\nSolve it step by step, then write the final answer a
 MATH_TEMPLATE = "{prompt}\nReason step by step and put your final answer in \\boxed{}."
 
 
+_MATH_VERIFY_GRADER = (
+    "'math-verify': the StableDRL release's check, Math-Verify's parse of the reference text and of the whole "
+    "completion, then verify with its 5 s limit, any error wrong (common/tasks/whole_completion.py; needs the "
+    "math-verify package)"
+)
+
+
+def _math_verify_installed(grader: str) -> str:
+    from stabledrl.common.tasks.whole_completion import math_verify_available
+
+    missing = math_verify_available() if grader == "math-verify" else None
+    if missing:
+        raise ValueError(f"grader 'math-verify' needs {missing}")
+    return grader
+
+
 class Gsm8kConfig(_TaskBase):
     """Grade-school word problems; the answer is the final number (file data only)."""
 
@@ -357,6 +373,15 @@ class Gsm8kConfig(_TaskBase):
         GSM8K_TEMPLATE, description="the prompt as the model reads it, containing '{prompt}' once; the default adds "
         "the instruction the checker reads answers by ('####'); '{prompt}' sends the data's prompt as it is",
     )
+    grader: Literal["number", "math-verify"] = Field(
+        "number", description="how correctness is decided: 'number' (the number after '####', else the last in the "
+        "answer tag, else the last anywhere, compared as decimals: common/tasks/gsm8k.py); " + _MATH_VERIFY_GRADER,
+    )
+
+    @field_validator("grader")
+    @classmethod
+    def _grader_installed(cls, v: str) -> str:
+        return _math_verify_installed(v)
 
 
 class MathConfig(_TaskBase):
@@ -370,6 +395,28 @@ class MathConfig(_TaskBase):
         "(free-form data: consider the generic task)",
     )
     box: Literal["last", "first"] = Field("last", description="which \\boxed{} of a completion is its answer")
+    grader: Literal["latex", "math-verify"] = Field(
+        "latex", description="how correctness is decided: 'latex' (the box's content against the reference's, "
+        "equal after LaTeX normalisation: common/tasks/latex.py); " + _MATH_VERIFY_GRADER,
+    )
+    max_level: Optional[int] = Field(
+        None, ge=1, description="keep problems whose 'level' column ('Level 3') is at most this, read as the "
+        "StableDRL release reads it (a level that is no integer counts as 5); None keeps every level "
+        "(the release: 4). Filtered rows are counted, never an error",
+    )
+    max_problem_chars: Optional[int] = Field(
+        None, ge=1, description="keep problems of at most this many characters (the release: fewer than 1500, so "
+        "1499); None: no bound",
+    )
+    max_problem_words: Optional[int] = Field(
+        None, ge=1, description="keep problems of at most this many whitespace-separated words (the release: 300); "
+        "None: no bound",
+    )
+
+    @field_validator("grader")
+    @classmethod
+    def _grader_installed(cls, v: str) -> str:
+        return _math_verify_installed(v)
 
 
 class GenericRewardConfig(RewardConfig):

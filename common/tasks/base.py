@@ -63,6 +63,11 @@ class BadRow(ValueError):
         self.reason = reason
 
 
+class Filtered(BadRow):
+    """A valid record that a configured filter leaves out (a released recipe's data selection): skipped
+    and counted under ``reason`` whatever ``on_bad_row`` says."""
+
+
 class NonNumericReward(TypeError):
     """A reward function returned something that is not a real number."""
 

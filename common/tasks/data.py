@@ -39,7 +39,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
-from stabledrl.common.tasks.base import BadRow, Row, Task, stable_hash
+from stabledrl.common.tasks.base import BadRow, Filtered, Row, Task, stable_hash
 from stabledrl.common.tasks.prompts import ChatTemplateError, PromptError, prompt_ids, prompt_text, uses_chat_template
 from stabledrl.common.tasks.sources import (
     MISSING, DataError, Records, chat_messages, column_present, column_value, read_file,
@@ -135,7 +135,7 @@ def rows_from_records(
     seen: set[str] = set()
 
     def bad(number: int, error: BadRow) -> None:
-        if on_bad_row == "error":
+        if on_bad_row == "error" and not isinstance(error, Filtered):
             raise DataError(f"{source}: {records.unit} {number}: {error} (set on_bad_row: skip to drop such rows)")
         report.skipped[error.reason] = report.skipped.get(error.reason, 0) + 1
         if len(report.examples) < 5:

@@ -7,7 +7,9 @@ The predicted number of a completion is, in this order of precedence:
 Numbers are ASCII digits with optional sign, thousands commas and decimals; ``$``, ``%`` and a
 trailing period are ignored, and values compare exactly as decimals (``1,000.00`` = ``1000``).
 correctness = 1 iff the predicted number equals the answer; format = 1 iff the answer is marked
-(by ``####`` or an answer tag) and a number follows.
+(by ``####`` or an answer tag) and a number follows. ``grader: math-verify`` decides correctness as
+the StableDRL release does instead: Math-Verify over the whole completion against the text after
+the reference's last ``####`` (``stabledrl.common.tasks.whole_completion``).
 
 File records: ``prompt`` (the question), ``answer`` (a number, or GSM8K's worked solution that ends
 in ``#### <number>``: the text before the marker becomes the reference reasoning); optional ``id``.
@@ -19,6 +21,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping, Optional
 
 from stabledrl.common.config.task import GSM8K_TEMPLATE
+from stabledrl.common.tasks import whole_completion
 from stabledrl.common.tasks.base import (
     MAX_NUMBER_CHARS,
     TASKS,
@@ -89,11 +92,12 @@ def from_record(record: Mapping[str, Any]) -> Row:
     if value is None:
         raise BadRow(f"answer {raw[-40:]!r} holds no number")
     answer = format(value.normalize(), "f")
-    meta = {"solution": reasoning.strip() or None}
+    meta = {"solution": reasoning.strip() or None, whole_completion.REFERENCE_TEXT: final.strip()}
     return Row(prompt_id=record_id(record, NAME, prompt, answer), prompt=prompt, answer=answer, meta=meta)
 
 
 @TASKS.register(NAME)
 def build(cfg: Any) -> Task:
-    return configured_task(cfg, NAME, DEFAULT_TEMPLATE, ("prompt", "answer"), correctness=correctness,
+    checker = whole_completion.correctness if getattr(cfg, "grader", "number") == "math-verify" else correctness
+    return configured_task(cfg, NAME, DEFAULT_TEMPLATE, ("prompt", "answer"), correctness=checker,
                            format_score=format_score, reference=reference, from_record=from_record)

@@ -94,3 +94,104 @@ def test_d1_gsm8k_reward_is_d1s(version):
         assert fn(completion, row) == pytest.approx(want, abs=1e-6), (completion, raw)
     # the project's own row.answer drops the comma; d1's reference keeps it
     assert from_record({"prompt": "q", "answer": "#### 1,080"}).answer == "1080"
+
+
+# (reference as the data holds it, completion, the StableDRL release's dataloaders/math.py reward_mixed on it:
+# ±1, the release's check of Math-Verify over the whole completion); run in a scratch copy of the release
+RELEASE_GSM8K = [
+    ("Janet sells 16 - 3 - 4 = 9 eggs a day.\nShe makes 9 * 2 = $18.\n#### 18",
+     "\\boxed{18} dollars, since 9 eggs cost 2 each", 1),
+    ("#### 18", "The answer is 18.", 1),
+    ("#### 18", "She makes 9 * 2 = 18 dollars. So 20", -1),
+    ("#### 18", "<answer>18</answer> and then 5", -1),
+    ("#### 1000", "\\boxed{1,000}", 1),
+    ("#### 1000", "\\boxed{1000.00}", 1),
+    ("#### 3", "$\\boxed{3}$ apples", 1),
+    ("#### 3", "3", 1),
+    ("#### 0.5", "\\boxed{\\frac{1}{2}}", 1),
+    ("#### 70000", "The profit is \\$70,000. \\boxed{70000}", 1),
+    ("#### 18", "\\boxed{18} \\boxed{20}", -1),
+    ("#### 18", "x = 18", 1),
+    ("#### -5", "\\boxed{-5}", 1),
+    ("#### 18", "", -1),
+    ("#### 5", "#### 5", 1),
+    ("#### 42", "<reasoning>6*7</reasoning><answer>42</answer>", -1),
+]
+RELEASE_MATH = [  # the reference is MATH's worked solution, as the release reads its 'solution' column
+    ("We get $x = \\frac{1}{2}$, so the answer is $\\boxed{\\frac{1}{2}}$.", "So $x=\\boxed{0.5}$", 1),
+    ("The answer is $\\boxed{\\frac{1}{2}}$.", "\\boxed{\\dfrac{1}{2}}", 1),
+    ("Thus $\\boxed{2\\sqrt{3}}$.", "The length is $\\boxed{\\sqrt{12}}$.", 1),
+    ("Thus $\\boxed{(3, 4)}$.", "\\boxed{(3,4)}", 1),
+    ("The sum is $\\boxed{10}$.", "\\boxed{10} and the product is \\boxed{21}", -1),
+    ("Hence $\\boxed{x^2+2x+1}$.", "\\boxed{(x+1)^2}", 1),
+    ("So the answer is $\\boxed{\\text{(C)}}$.", "\\boxed{C}", 1),
+    ("The angle is $\\boxed{45^\\circ}$.", "\\boxed{45}", 1),
+    ("So $\\boxed{5}$ dollars.", "The answer is 5.", 1),
+    ("We find $\\boxed{12}$.", "\\boxed{12} Wait, that's wrong: \\boxed{13}", -1),
+    ("Therefore $\\boxed{\\pi}$.", "\\boxed{3.14}", -1),
+    ("The set is $\\boxed{\\{1,2\\}}$.", "\\boxed{\\{2, 1\\}}", 1),
+    ("The answer is $\\boxed{-\\frac{3}{4}}$.", "\\boxed{-0.75}", 1),
+    ("It is $\\boxed{\\frac{\\sqrt{2}}{2}}$.", "\\boxed{\\frac{1}{\\sqrt{2}}}", 1),
+    ("So $\\boxed{6}$.", "\\boxed{6.0}", 1),
+]
+
+
+def _release_checker(name: str, grader: str):
+    from stabledrl.common.tasks import gsm8k, hendrycks_math
+
+    task = build_task(parse_task_config({"name": name, "source": SRC, "grader": grader,
+                                         "reward": {"correctness_weight": 1.0, "format_weight": 0.0}}))
+    read = {"gsm8k": gsm8k.from_record, "math": hendrycks_math.from_record}[name]
+    return lambda reference, completion: task.reward(completion, read({"prompt": "q", "answer": reference})).total
+
+
+@pytest.mark.parametrize("name, cases, default, differ", [("gsm8k", RELEASE_GSM8K, "number", 4),
+                                                          ("math", RELEASE_MATH, "latex", 6)])
+def test_math_verify_grader_decides_as_the_stabledrl_release(name, cases, default, differ):
+    """grader: math-verify gives the release's decision on every case (the issue's '\\boxed{18} dollars,
+    since 9 eggs cost 2 each' among them); the project's own checker differs on some."""
+    release = _release_checker(name, "math-verify")
+    assert [release(ref, completion) for ref, completion, _ in cases] == [float(r > 0) for _, _, r in cases]
+    own = _release_checker(name, default)
+    assert sum(own(ref, completion) != float(r > 0) for ref, completion, r in cases) == differ
+
+
+def test_math_verify_grader_needs_the_package(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_math_verify(name, *args, **kwargs):
+        if name == "math_verify":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_math_verify)
+    with pytest.raises(ValueError, match=r"task\.grader.*math-verify"):
+        parse_task_config({"name": "math", "source": SRC, "grader": "math-verify"})
+
+
+# MATH records (problem, level) and which the release's dataloaders/math._prepare_math_dataset keeps with
+# math_max_level 4 (its default): level <= 4 (a level that is no integer reads as 5), fewer than 1500
+# characters, at most 300 words
+FILTER_RECORDS = [("What is 1+1?", "Level 1"), ("Hard one.", "Level 5"), ("Unknown level.", "Level ?"),
+                  ("Level four.", "Level 4"), ("x" * 1499, "Level 2"), ("x" * 1500, "Level 2"),
+                  (" ".join(["w"] * 300), "Level 3"), (" ".join(["w"] * 301), "Level 3"),
+                  ("No level field text.", ""), ("Level 3 spelled.", "3")]
+RELEASE_KEEPS = [0, 3, 4, 6, 9]
+
+
+@pytest.mark.parametrize("on_bad_row", ["error", "skip"])
+def test_math_training_filter_keeps_the_releases_rows(on_bad_row):
+    from stabledrl.common.tasks.data import rows_from_records
+
+    columns = {"prompt": "problem", "answer": "solution"}
+    cfg = parse_task_config({"name": "math", "source": {**SRC, "columns": columns}, "max_level": 4,
+                             "max_problem_chars": 1499, "max_problem_words": 300, "on_bad_row": on_bad_row})
+    records = [{"problem": p, "solution": f"$\\boxed{{{i}}}$", "level": lv} for i, (p, lv) in
+               enumerate(FILTER_RECORDS)]
+    rows, report = rows_from_records(build_task(cfg), records, columns=columns, max_prompt_tokens=10**6,
+                                     on_bad_row=on_bad_row)
+    assert [int(r.answer) for r in rows] == RELEASE_KEEPS
+    assert report.skipped == {"above_max_level": 3, "problem_too_long": 2}
+
