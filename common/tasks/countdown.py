@@ -10,8 +10,11 @@ Number rule, as the released code checks it (both compare multisets of the integ
   require ``sorted(literals) == sorted(numbers)``: every number used, each once.
 - ``at_most_once``: the StableDRL/SPG release (``dataloaders/logic_puzzles.py``) only requires the
   literals to be a sub-multiset of the numbers.
-Both reward 1.0 for a right equation; their 0.1 "format score" for an extracted but wrong
-equation is our format part with ``format_weight = 0.1``.
+The reward here is ``correctness_weight`` x correctness + ``format_weight`` x format, which is not
+the releases' scale: d1's ``compute_score`` (and TinyZero's) gives 1.0 for a right equation and 0.1
+for any other answer tag, a malformed one included, where this task with ``format_weight`` 0.1 gives
+1.1 and 0 (format needs an expression that parses). ``stabledrl.recipes.d1_rewards:countdown`` is
+d1's scoring, for ``task.reward.custom``.
 
 Generated puzzles combine all drawn numbers in a random order with operations whose every
 intermediate result is a positive integer (the game's rule), so the reference solution is valid

@@ -1,4 +1,4 @@
-"""d1's GSM8K training reward (diffu-GRPO, arXiv 2504.12216), for ``task.reward.custom``.
+"""d1's GSM8K and Countdown training rewards (diffu-GRPO, arXiv 2504.12216), for ``task.reward.custom``.
 
     task: {name: gsm8k, reward: {custom: "stabledrl.recipes.d1_rewards:gsm8k", correctness_weight: 1.0,
                                  format_weight: 0.0}}
@@ -27,11 +27,19 @@ Two versions of the format terms exist in d1's repository, chosen by the functio
 - ``gsm8k_dotall``: d1's later reward_func.py (commit 4bab4b9), which adds ``re.DOTALL`` to both, so
   ``…`` may span lines.
 
-``tests/unit/common/test_rewards_release.py`` compares both with d1's functions run on the same completions.
+``countdown``: d1's ``compute_score`` (reward_func.py): 1.0 for a right equation, 0.1 for an answer
+tag whose equation uses other numbers, does not evaluate or misses the target, 0 without an answer
+tag (the project's countdown task gives 1.1 and 0 there with ``format_weight`` 0.1). The equation
+is evaluated exactly (``stabledrl.common.tasks.expression``), never ``eval``-ed as d1 does: a ``**``
+power, a decimal point or a unary sign, which d1's eval accepts, is 0.1 here.
+
+``tests/unit/common/test_rewards_release.py`` compares each with d1's functions run on the same completions.
 """
 from __future__ import annotations
 
 import re
+
+from stabledrl.common.tasks.expression import ExpressionError, evaluate
 
 _STRICT = r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$"
 _SOFT = r"<reasoning>.*?</reasoning>\s*<answer>.*?</answer>"
@@ -85,3 +93,18 @@ def gsm8k_dotall(completion: str, row) -> float:
 
 
 gsm8k = gsm8k_original
+
+
+def countdown(completion: str, row) -> float:
+    """d1's Countdown reward (module docstring) for a row of the countdown task (``numbers``, ``target``)."""
+    found = re.findall(r"<answer>(.*?)</answer>", completion, re.DOTALL)
+    if not found:
+        return 0.0
+    equation = found[-1].strip()
+    if sorted(int(n) for n in re.findall(r"\d+", equation)) != sorted(row.meta["numbers"]):
+        return 0.1
+    try:
+        value, _ = evaluate(equation)
+    except ExpressionError:
+        return 0.1
+    return 1.0 if abs(value - row.meta["target"]) < 1e-5 else 0.1

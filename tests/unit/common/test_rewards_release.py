@@ -195,3 +195,35 @@ def test_math_training_filter_keeps_the_releases_rows(on_bad_row):
     assert [int(r.answer) for r in rows] == RELEASE_KEEPS
     assert report.skipped == {"above_max_level": 3, "problem_too_long": 2}
 
+
+# (completion, numbers, target) and d1's diffu-grpo/reward_func.compute_score on each (a scratch run)
+D1_COUNTDOWN = [
+    ("<answer>3+5*2</answer>", [3, 5, 2], 13, 1.0),
+    ("<answer> (3+5)*2 </answer>", [3, 5, 2], 16, 1.0),
+    ("<answer>3+5*2</answer>", [3, 5, 2], 14, 0.1),
+    ("<answer>3+5</answer>", [3, 5, 2], 8, 0.1),
+    ("<answer>3+5*2+2</answer>", [3, 5, 2], 15, 0.1),
+    ("no tags at all 3+5*2", [3, 5, 2], 13, 0.0),
+    ("<answer>3 plus 5 times 2</answer>", [3, 5, 2], 13, 0.1),
+    ("<answer>(3+5)*2)</answer>", [3, 5, 2], 16, 0.1),
+    ("<answer>9/(5-2)+3</answer>", [9, 5, 2, 3], 6, 1.0),
+    ("<answer>1</answer><answer>3+5*2</answer>", [3, 5, 2], 13, 1.0),
+    ("<answer>\n3+5*2\n</answer>", [3, 5, 2], 13, 1.0),
+    ("<answer>3/(5-5)+2</answer>", [3, 5, 5, 2], 2, 0.1),
+    ("<answer>100/7*7</answer>", [100, 7, 7], 100, 1.0),
+    ("<answer></answer>", [3, 5, 2], 13, 0.1),
+]
+
+
+def test_d1_countdown_reward_is_d1s_and_the_task_reward_is_not():
+    """d1's scale is 1.0 / 0.1 / 0; the countdown task with format_weight 0.1 gives 1.1 for a right
+    equation and 0 for a malformed one (what its docstring now says)."""
+    from stabledrl.recipes import d1_rewards
+
+    task = build_task(parse_task_config({"name": "countdown", "reward": {"format_weight": 0.1}}))
+    for completion, numbers, target, want in D1_COUNTDOWN:
+        row = Row(prompt_id="c", prompt="q", answer=str(target), meta={"numbers": numbers, "target": target})
+        assert d1_rewards.countdown(completion, row) == want, completion
+    row = Row(prompt_id="c", prompt="q", answer="13", meta={"numbers": [3, 5, 2], "target": 13})
+    assert task.reward("<answer>3+5*2</answer>", row).total == pytest.approx(1.1)
+    assert task.reward("<answer>3 plus 5 times 2</answer>", row).total == 0.0
