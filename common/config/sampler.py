@@ -57,13 +57,24 @@ class SamplerConfig(StrictModel):
         "per block). Block diffusion: prefix = the exact cache of finished blocks, none = reference path "
         "without cache, dual is invalid. auto = the fastest exact choice (full: none, block: prefix).",
     )
-    noise_dtype: Literal["float64", "float32", "bfloat16", "float32_then_bfloat16"] = Field(
+    noise_dtype: Literal["float64", "float32", "bfloat16", "float32_then_bfloat16", "float32_product"] = Field(
         "float64",
         description="precision of the Gumbel-max draw. float64 (LLaDA's choice, the default) and float32: the uniform "
         "draw and the noise in that dtype. bfloat16: d1's sampler, u drawn and exp(l)/(-log u)^T computed in bf16. "
-        "float32_then_bfloat16: the StableDRL release's, computed in fp32 (u + 1e-9) and cast to bf16 before the "
-        "argmax. Coarser noise rounds the perturbed scores, so near-ties go to the higher logit more often than "
-        "softmax(l/T) says: the effective temperature drops (arXiv 2409.02908)",
+        "float32_product: the StableDRL release's as its FSDP launch runs it, exp(l)/(-log(u + 1e-9))^T in fp32, "
+        "kept in fp32 (the release casts to model.dtype, fp32 once FSDP holds accelerate's upcast parameters: "
+        "tests/parity/stabledrl_noise_dtype.py); float32_then_bfloat16: the same cast to bf16 before the argmax "
+        "(model.dtype before FSDP's first forward). Coarser noise rounds the perturbed scores, so near-ties go to "
+        "the higher logit more often than softmax(l/T) says: the effective temperature drops (arXiv 2409.02908)",
+    )
+    confidence: Literal["float32", "d1", "stabledrl"] = Field(
+        "float32",
+        description="the confidence low-confidence remasking ranks by, and how ties part. float32 (the default): "
+        "p(x0) from a float32 logsumexp over the vocabulary without [MASK], ties to the earlier position. d1: "
+        "d1's sampler, softmax(logits.to(bf16)) over the whole vocabulary with [MASK], read in bf16 (near-equal "
+        "confidences tie), the k chosen by torch.topk over d1's row [prompt | canvas]. stabledrl: the StableDRL "
+        "release's under its FSDP launch, the same softmax in fp32, torch.topk over the canvas alone "
+        "(rollout/sampling/decode.py). With a threshold, ties part as float32's. [MASK] never wins the argmax here",
     )
     noise_source: Literal["generator", "counter"] = Field(
         "generator",

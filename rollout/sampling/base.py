@@ -100,7 +100,7 @@ def run_denoising(
         state.step(
             logits, generators, temperature=cfg.temperature, remasking=cfg.remasking, schedule=schedule,
             threshold=cfg.threshold, noise_dtype=cfg.noise_dtype, stop_at_eos=cfg.stop_at_eos,
-            rows=view.rows, fused=cfg.compile, seeds=keys,
+            rows=view.rows, fused=cfg.compile, seeds=keys, confidence=cfg.confidence,
         )
         n = view.forward + 1
         if fixed:  # lockstep: every working row is in block n // steps_per_block

@@ -48,8 +48,13 @@ def choose_tokens(
     rows: Optional[Sequence[int]] = None,
     fused: bool = False,
     counter: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    confidence: str = "float32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick a token per position and its confidence. Returns (x0 [B, Lb] int64, conf [B, Lb] float32).
+
+    ``confidence`` (``sampler.confidence``): "float32" = p(x0) from a float32 logsumexp over the
+    vocabulary without [MASK]; "d1" / "stabledrl" = the release's, the softmax over the whole
+    vocabulary, [MASK] included, in the dtype its sampler computes it (``release_confidence``).
 
     ``counter`` = (seeds [B], steps [B]) int64 on the logits' device: the counter-based draw instead
     of the generators (``counter_uniform``; float64 / float32 noise): row b's uniforms are a function of
@@ -65,6 +70,58 @@ def choose_tokens(
     ``fused`` (``sampler.compile``): the same arithmetic after the draws through ``torch.compile``,
     one pass over the logits instead of a dozen (see ``_fused``); the draws stay per row.
     """
+    if confidence not in CONFIDENCES:
+        raise ValueError(f"unknown confidence {confidence!r}; valid: {', '.join(CONFIDENCES)}")
+    mask_logit = logits[..., mask_token_id].clone() if confidence != "float32" else None  # [B, Lb]
+    x0, conf = _choose(logits, temperature, generators, mask_token_id, noise_dtype, rows, fused, counter)
+    if mask_logit is not None:
+        conf = release_confidence(logits, mask_logit, x0, mask_token_id, RELEASE_CONFIDENCE_DTYPES[confidence])
+    return x0, conf
+
+
+# sampler.confidence: the float32 logsumexp without [MASK] (the default), or a release's softmax
+# over the whole vocabulary in the dtype its sampler takes (d1: its model's bf16; the StableDRL
+# release: float32, its model.dtype under FSDP once accelerate's upcast parameters are in place)
+CONFIDENCES = ("float32", "d1", "stabledrl")
+RELEASE_CONFIDENCE_DTYPES = {"d1": torch.bfloat16, "stabledrl": torch.float32}
+
+
+def release_confidence(logits: torch.Tensor, mask_logit: torch.Tensor, x0: torch.Tensor, mask_token_id: int,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """[B, Lb] a release's confidence: softmax(logits.to(dtype))[x0] over the whole vocabulary, [MASK]'s
+    logit (``mask_logit``, which the choice set to -inf in ``logits``) included, read in ``dtype`` (in
+    bf16 near-equal confidences tie), returned as float32."""
+    full = logits.to(dtype)
+    full[..., mask_token_id] = mask_logit.to(dtype)
+    return torch.softmax(full, dim=-1).gather(-1, x0[..., None]).squeeze(-1).float()
+
+
+def release_commit(scores: torch.Tensor, masked: torch.Tensor, k: torch.Tensor, offsets: torch.Tensor,
+                   lengths: torch.Tensor) -> torch.Tensor:
+    """[B, Lb] bool: the k masked positions a release commits, chosen as its sampler chooses them:
+    ``torch.topk`` over the row it builds (``lengths[b]`` positions, -inf but at the block's masked
+    positions, which sit from ``offsets[b]`` on), so that tied confidences part as they part there
+    (which tied position topk returns depends on the device and on the row's layout)."""
+    scores = scores.masked_fill(~masked, NEG_INF)
+    commit = torch.zeros_like(masked)
+    lb = scores.shape[1]
+    for row, (n, at, length) in enumerate(zip(k.tolist(), offsets.tolist(), lengths.tolist())):
+        if n <= 0:
+            continue
+        line = torch.full((int(length),), NEG_INF, dtype=scores.dtype, device=scores.device)
+        line[at : at + lb] = scores[row]
+        chosen = torch.topk(line, k=min(int(n), int(length))).indices - at
+        chosen = chosen[(chosen >= 0) & (chosen < lb)]
+        commit[row, chosen] = True
+    return masked & commit
+
+
+def _choose(
+    logits: torch.Tensor, temperature: float, generators: Sequence[torch.Generator], mask_token_id: int,
+    noise_dtype: Union[torch.dtype, str], rows: Optional[Sequence[int]], fused: bool,
+    counter: Optional[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``choose_tokens`` with the float32 confidence."""
     logits[..., mask_token_id] = NEG_INF
     name = noise_dtype if isinstance(noise_dtype, str) else str(noise_dtype).removeprefix("torch.")
     if name not in NOISE_DTYPES:
@@ -115,12 +172,15 @@ def _confidence(logits: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
 # arithmetic, operation for operation, so that their rounding (and the ties it makes) is theirs:
 # score = exp(l) / (−log(u + δ))^T, u drawn in `draw`, the product computed in `draw`, then cast to
 # `score` before the argmax (d1 diffu_grpo_trainer.add_gumbel_noise: bfloat16 throughout, δ = 0; the
-# StableDRL release networks/llada_svpo.add_gumbel_noise_spg: float32 with δ = 1e-9, cast to bfloat16).
-NOISE_DTYPES = ("float64", "float32", "bfloat16", "float32_then_bfloat16")
+# StableDRL release networks/llada_svpo.add_gumbel_noise_spg: float32 with δ = 1e-9, cast to the model's
+# dtype, which under the release's FSDP launch is float32 once FSDP holds accelerate's upcast parameters,
+# so float32_product, and bfloat16 before that: float32_then_bfloat16; tests/parity/stabledrl_noise_dtype.py).
+NOISE_DTYPES = ("float64", "float32", "bfloat16", "float32_then_bfloat16", "float32_product")
 _SCORE_SALT = 0x5DEECE66D  # random remasking's scores: a counter stream apart from the token draws'
 _PRODUCT_FORMS = {
     "bfloat16": (torch.bfloat16, torch.bfloat16, 0.0),
     "float32_then_bfloat16": (torch.float32, torch.bfloat16, 1e-9),
+    "float32_product": (torch.float32, torch.float32, 1e-9),
 }
 
 

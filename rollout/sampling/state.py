@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import torch
 
 from stabledrl.rollout.sampling.canvas import Canvas
-from stabledrl.rollout.sampling.decode import choose_tokens, commit_mask, random_scores
+from stabledrl.rollout.sampling.decode import choose_tokens, commit_mask, random_scores, release_commit
 
 
 @dataclass
@@ -88,6 +88,7 @@ class DecodeState:
         rows: Optional[Sequence[int]] = None,
         fused: bool = False,
         seeds: Optional[torch.Tensor] = None,
+        confidence: str = "float32",
     ) -> None:
         """Commit this step's tokens into the canvas and advance every working row. ``rows``: the
         rows that may commit this step and so draw randomness (``progress()[4]``); None = all.
@@ -103,14 +104,18 @@ class DecodeState:
         counter = None if seeds is None else (seeds, self.row_step)
         x0, conf = choose_tokens(
             logits, temperature, generators, mask_token_id=self.mask_token_id, noise_dtype=noise_dtype, rows=rows,
-            fused=fused, counter=counter,
+            fused=fused, counter=counter, confidence=confidence,
         )
         scores = (
             conf if remasking == "low_confidence"
             else random_scores(tuple(conf.shape), generators, conf.device, rows, counter=counter)
         )
         k = schedule[self.block_step.clamp(max=schedule.numel() - 1)]  # [B]
-        commit = commit_mask(scores, masked, k=k, threshold=threshold)  # [B, Lb]
+        if confidence == "float32" or threshold is not None:
+            commit = commit_mask(scores, masked, k=k, threshold=threshold)  # [B, Lb]
+        else:  # a release's topk over the row it builds: d1 [its prompt | canvas], the StableDRL release [canvas]
+            prompt = self.canvas.valid[:, :p].sum(dim=1) if confidence == "d1" else torch.zeros_like(self.block_start)
+            commit = release_commit(scores, masked, k, prompt + self.block_start, prompt + self.canvas.gen_length)
 
         ids.scatter_(1, pos, torch.where(commit, x0, current))
         old_steps = self.decode_step.gather(1, pos - p)

@@ -109,6 +109,20 @@ def test_low_precision_noise_picks_what_the_releases_pick(noise_dtype, expected)
     assert x64 != expected
 
 
+def test_float32_product_noise_is_the_stabledrl_release_under_its_fsdp_launch():
+    """Two equally likely tokens at 2048 positions (row seed 1): the release's add_gumbel_noise_spg cast to
+    float32 (its model.dtype under FSDP) picks token 11 at 1007 of them, cast to bfloat16 at 1004; the three
+    positions where the bf16 cast makes a tie (the lower id wins) are 356, 985 and 1590 (a scratch run of
+    the release's function after torch.manual_seed(1))."""
+    logits = torch.full((1, 2048, 16), float("-inf"))
+    logits[..., 3] = logits[..., 11] = 1.0
+    x32, _ = choose_tokens(logits.clone(), 0.9, gens([1]), mask_token_id=7, noise_dtype="float32_product")
+    x16, _ = choose_tokens(logits.clone(), 0.9, gens([1]), mask_token_id=7, noise_dtype="float32_then_bfloat16")
+    assert int((x32 == 11).sum()) == 1007 and int((x16 == 11).sum()) == 1004
+    assert x32[0, [356, 985, 1590]].tolist() == [11, 11, 11] and x16[0, [356, 985, 1590]].tolist() == [3, 3, 3]
+    assert (x32 != x16).nonzero()[:, 1].tolist() == [356, 985, 1590]
+
+
 def test_noise_dtype_is_a_sampler_setting():
     from stabledrl.common.config.base import ConfigError
     from stabledrl.common.config.sampler import SamplerConfig
