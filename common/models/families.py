@@ -97,8 +97,12 @@ def make_policy(
 ) -> DiffusionPolicy:
     """Wrap a transformers model of ``family`` in its policy class (full-attention families are made
     bidirectional on every attention module as well as in the config, so no transformers release
-    can fall back to a causal kernel when no mask is passed)."""
+    can fall back to a causal kernel when no mask is passed; LLaDA rotates at full precision)."""
     spec = FAMILIES[family]
+    if family == "llada":  # LLaDA's code rotates q and k in fp32 (common/models/full_precision_rope.py)
+        from stabledrl.common.models.full_precision_rope import full_precision_rope
+
+        full_precision_rope(model)
     if spec.attention == "full":
         model.config.is_causal = False
         for module in model.modules():

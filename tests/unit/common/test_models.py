@@ -111,6 +111,63 @@ def test_llada_conversion_computes_the_released_forward(tokenizer, tmp_path):
     torch.testing.assert_close(unmasked, reference, rtol=1e-4, atol=1e-5)
 
 
+def _llada_reference_bf16(raw: dict, state: dict, ids: torch.Tensor) -> torch.Tensor:
+    """LLaDA's forward in bf16 in its released code's operation order: the norm computed in fp32, cast,
+    then times the bf16 weight; q and k rotated in fp32 (rope_full_precision) and cast back; everything
+    else in bf16 through the same kernels a Linear calls."""
+    b, n = ids.shape
+    d, heads, kv_heads, eps = raw["d_model"], raw["n_heads"], raw["n_kv_heads"], raw["rms_norm_eps"]
+    hd = d // heads
+    state = {k: v.to(torch.bfloat16) for k, v in state.items()}
+    inv_freq = 1.0 / raw["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd)
+    angles = torch.outer(torch.arange(n).float(), inv_freq)
+    angles = torch.cat([angles, angles], -1)  # [L, hd] fp32
+
+    def rms(x, w):
+        x32 = x.float()
+        return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(torch.bfloat16)
+
+    def rope(t):  # [B, h, L, hd] bf16 -> rotated in fp32, cast back
+        t32 = t.float()
+        t1, t2 = t32[..., : hd // 2], t32[..., hd // 2 :]
+        return (t32 * angles.cos() + torch.cat([-t2, t1], -1) * angles.sin()).to(t.dtype)
+
+    x = state["model.transformer.wte.weight"][ids]
+    for i in range(raw["n_layers"]):
+        w = lambda name, i=i: state[f"model.transformer.blocks.{i}.{name}.weight"]  # noqa: E731
+        h = rms(x, w("attn_norm"))
+        q = F.linear(h, w("q_proj")).view(b, n, heads, hd).transpose(1, 2)
+        k = F.linear(h, w("k_proj")).view(b, n, kv_heads, hd).transpose(1, 2)
+        v = F.linear(h, w("v_proj")).view(b, n, kv_heads, hd).transpose(1, 2)
+        att = F.scaled_dot_product_attention(rope(q), rope(k), v, enable_gqa=heads != kv_heads)
+        x = x + F.linear(att.transpose(1, 2).reshape(b, n, d), w("attn_out"))
+        h = rms(x, w("ff_norm"))
+        x = x + F.linear(F.silu(F.linear(h, w("ff_proj"))) * F.linear(h, w("up_proj")), w("ff_out"))
+    return F.linear(rms(x, state["model.transformer.ln_f.weight"]), state["model.transformer.ff_out.weight"])
+
+
+def test_llada_in_bf16_is_its_released_code_element_for_element(tokenizer, tmp_path):
+    """In bf16 the project's LLaDA forward follows the released code's operation order, so its logits are
+    equal to it bit for bit (transformers' Llama rotates q and k in bf16: then most elements differ)."""
+    from transformers.models.llama import modeling_llama
+
+    save_original_checkpoint(build_tiny_policy("llada", seed=5), tokenizer, tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    policy, _ = load_policy(ModelConfig(path=tmp_path, dtype="bfloat16"))
+    ids = _ids()
+    with torch.no_grad():
+        reference = _llada_reference_bf16(raw, read_state_dict(tmp_path), ids)
+        assert torch.equal(policy(ids).logits, reference)
+        policy.to(torch.float32).to(torch.bfloat16)  # a cast rounds the buffer, not the fp32 frequencies used
+        assert torch.equal(policy(ids).logits, reference)
+        # another Llama model, its tables in its own dtype: the rotation is transformers' own
+        q, k = torch.randn(2, 1, 2, 5, 8, dtype=torch.bfloat16).unbind(0)
+        cos, sin = torch.randn(2, 1, 5, 8, dtype=torch.bfloat16).unbind(0)
+        rotated = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+        half = lambda t: torch.cat([-t[..., 4:], t[..., :4]], -1)  # noqa: E731
+        assert torch.equal(rotated[0], q * cos[:, None] + half(q) * sin[:, None])
+
+
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_mask_token_id_comes_from_the_checkpoint_config(family, tokenizer, tmp_path):
     save_original_checkpoint(build_tiny_policy(family, mask_token_id=7), tokenizer, tmp_path)

@@ -77,6 +77,27 @@ def test_compat_d1_gives_d1s_tokens(mask_tie, expected):
     assert parity.project_tokens(policy, prompts, cfg).tolist() == expected
 
 
+# d1's generate() with LLaDA's model code on tiny_case() in bf16 on the CPU (d1 loads LLaDA in bf16)
+D1_BF16 = [
+    [50, 50, 50, 50, 50, 50, 50, 50, 56, 76, 50, 50, 50, 50, 50, 56, 50, 50, 50, 50, 50, 56, 56, 50, 50, 53, 53, 53, 41,
+     41, 42, 41],
+    [50, 50, 22, 50, 50, 50, 50, 50, 50, 72, 50, 54, 54, 50, 50, 50, 53, 53, 53, 53, 53, 37, 37, 53, 53, 53, 38, 79, 53,
+     53, 53, 53],
+    [84, 37, 37, 33, 50, 50, 33, 57, 84, 68, 68, 53, 84, 84, 84, 57, 84, 84, 84, 84, 68, 68, 84, 84, 68, 68, 84, 56, 56,
+     56, 84, 84],
+    [84, 84, 84, 84, 84, 53, 56, 84, 84, 84, 84, 84, 56, 56, 84, 84, 84, 84, 84, 56, 84, 84, 84, 84, 84, 56, 84, 84, 84,
+     79, 84, 56],
+]
+
+
+def test_compat_d1_in_bf16_gives_d1s_tokens():
+    """In bf16 the project's LLaDA forward rotates q and k in fp32 as LLaDA's code does
+    (common/models/full_precision_rope.py), so d1's bf16 tokens come out, not its fp32 ones."""
+    policy, prompts, cfg = parity.tiny_case()
+    tokens = parity.project_tokens(policy.to(torch.bfloat16), prompts, cfg).tolist()
+    assert tokens == D1_BF16 and tokens != D1_PLAIN
+
+
 def test_the_default_sampler_decodes_otherwise():
     """Hidden padding, per-row positions and a [MASK] that can never win change the tokens: the
     compat mode is what makes the pinned figures, not the default path."""
