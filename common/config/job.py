@@ -40,8 +40,10 @@ class AlgorithmConfig(StrictModel):
     inner_iterations: int = Field(
         2, ge=1, le=10_000, description="μ: optimizer updates on each batch (StableDRL 2, d1 12)"
     )
-    advantage_scale: Literal["std", "none"] = Field(
-        "none", description="A = r - mean_group(r), divided by the group's std when 'std'"
+    advantage_scale: Literal["std", "population_std", "none"] = Field(
+        "none", description="A = r - mean_group(r), divided by the group's std: 'std' = the unbiased one (G - 1) "
+        "plus 1e-4, as TRL; 'population_std' = the population one (G) with no epsilon, as dLLM-RL's "
+        "z_score_normalize (reward/rl_reward.py); 'none' = not divided (d1, the StableDRL release)"
     )
     max_staleness: int = Field(
         0,

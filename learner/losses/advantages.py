@@ -37,13 +37,16 @@ def groups_here(same: Tensor) -> Tensor:
 
 
 def group_advantages(
-    rewards: Tensor, group_index: Tensor, scale: Literal["std", "none"] = "std", eps: float = 1e-4
+    rewards: Tensor, group_index: Tensor, scale: Literal["std", "population_std", "none"] = "std", eps: float = 1e-4
 ) -> Tensor:
     """[B] A_i = r_i − mean_{group(i)} r, divided by (std_{group(i)} r + eps) when scale="std".
 
     GRPO's group baseline (arXiv 2402.03300); scale="none" is Dr. GRPO's choice (arXiv 2503.20783)
     and what d1 and the StableDRL release train with (neither divides by the std). The std is the
     unbiased one (G − 1 in the denominator), as TRL and d1 compute it; eps = 1e-4 is TRL's.
+    scale="population_std" is dLLM-RL's z-score (its reward/rl_reward.py ``z_score_normalize``): the
+    population std (G in the denominator) and no eps, so its advantages are sqrt(G / (G − 1)) times
+    TRL's (3.2% larger at G = 16).
 
     Degenerate groups: when every reward of a group is equal (all right, all wrong, or G = 1) every
     A_i is exactly 0.0, with either scale. This is enforced, not left to arithmetic: a group mean
@@ -62,8 +65,8 @@ def group_advantages(
         raise ValueError(
             f"rewards and group_index must both be [B], got {tuple(rewards.shape)} and {tuple(group_index.shape)}"
         )
-    if scale not in ("std", "none"):
-        raise ValueError(f"unknown advantage scale {scale!r}; valid: std, none")
+    if scale not in ("std", "population_std", "none"):
+        raise ValueError(f"unknown advantage scale {scale!r}; valid: std, population_std, none")
     r = rewards.double()
     _, inverse, counts = torch.unique(group_index, return_inverse=True, return_counts=True)
     n = counts.double()
@@ -75,4 +78,7 @@ def group_advantages(
     if scale == "std":
         var = torch.zeros_like(n).index_add_(0, inverse, centred.square()) / (n - 1).clamp(min=1)
         centred = centred / (var.sqrt()[inverse] + eps)
+    elif scale == "population_std":  # a constant group is 0 already; its std (0) is never divided by
+        var = torch.zeros_like(n).index_add_(0, inverse, centred.square()) / n
+        centred = torch.where(constant, centred, centred / var.sqrt()[inverse].clamp(min=torch.finfo(r.dtype).tiny))
     return centred.float()

@@ -51,7 +51,8 @@ MISTAKES = [
         ["estimator", "'monte_carlo'", "'block_random'", "'elbo_mc'"],
     ),
     ("unknown task", ["task.name=chess"], ["task", "'chess'", "'arithmetic'", "'gsm8k'"]),
-    ("literal out of its set", ["algorithm.advantage_scale=max"], ["algorithm.advantage_scale", "'std' or 'none'"]),
+    ("literal out of its set", ["algorithm.advantage_scale=max"],
+     ["algorithm.advantage_scale", "'std', 'population_std' or 'none'"]),
     ("gen_length not divisible by block_length", ["sampler.gen_length=6"], ["block_length=4 must divide gen_length=6"]),
     (
         "spg_sandwich masks other blocks than the sampler's",

@@ -310,3 +310,25 @@ def test_dipod_elbo_minus_behaviour_under_the_spg_sandwich():
     inputs = seq_inputs(sandwich, shifted, [1.0, -1.0, 0.5], elbo=elbo_theta)
     _, metrics = get_loss("dipod")(inputs, DipodLossConfig(base=SpgLossConfig()))
     torch.testing.assert_close(metrics["dipod/elbo_minus_behaviour"].value, (elbo_theta - elbo_mu).mean())
+
+
+# rewards (correctness) of one group each and dLLM-RL's reward/rl_reward.py z_score_normalize on them (a
+# scratch run of that function, extracted from the release's file)
+DLLM_RL_Z = [
+    ([1.0] * 5 + [0.0] * 11, [1.483239697419] * 5 + [-0.674199862463] * 11),
+    ([1.0, 0.0], [1.0, -1.0]),
+    ([0.0] * 16, [0.0] * 16),
+    ([1.0] * 15 + [0.0], [0.258198889747] * 15 + [-3.872983346207]),
+    ([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0], [1.0, -1.0, -1.0, 1.0, 1.0, -1.0, 1.0, -1.0]),
+]
+
+
+def test_population_std_advantages_are_dllm_rls_z_scores():
+    from stabledrl.learner.losses import group_advantages
+
+    rewards = torch.tensor([r for rs, _ in DLLM_RL_Z for r in rs])
+    group_index = torch.tensor([g for g, (rs, _) in enumerate(DLLM_RL_Z) for _ in rs])
+    want = torch.tensor([a for _, advs in DLLM_RL_Z for a in advs])
+    torch.testing.assert_close(group_advantages(rewards, group_index, "population_std"), want, atol=1e-6, rtol=1e-6)
+    unbiased = group_advantages(rewards[:16], group_index[:16], "std")  # TRL's: 3.2% smaller at G = 16
+    assert float(unbiased[0] / want[0]) == pytest.approx((15 / 16) ** 0.5, rel=1e-3)  # and TRL's eps
