@@ -44,7 +44,8 @@ def _all_benchmarks() -> dict[str, BenchmarkConfig]:
 class ProtocolConfig(StrictModel):
     """A published evaluation protocol: its prompts and graders, at several generation lengths."""
 
-    name: Literal["d1"] = Field("d1", description="the protocol: 'd1' (d1, SPG and StableDRL report with it)")
+    name: Literal["d1"] = Field("d1", description="the protocol: 'd1' (d1 and SPG's release evaluate with it; the "
+                                "StableDRL release's own evaluation differs: common/tasks/protocols.py)")
     benchmarks: dict[BenchmarkName, BenchmarkConfig] = Field(
         default_factory=_all_benchmarks, min_length=1,
         description="benchmarks to evaluate (rows of the table): gsm8k, math500, countdown, sudoku",
@@ -86,9 +87,11 @@ class ProtocolConfig(StrictModel):
         "window decoded with special tokens kept). docs/protocol.md says what each changes"
     )
 
-    d1_world_size: int = Field(
-        8, ge=1, description="generation d1: the GPUs d1's run was spread over (its rank r decodes rows r, r + W, "
-        "...; d1's run_eval.sh: 8); with the batch size it fixes which rows share a padded batch"
+    d1_world_size: Optional[int] = Field(
+        None, ge=1, description="generation d1: the GPUs d1's run was spread over (its rank r decodes rows r, r + W, "
+        "...); with the batch size it fixes which rows share a padded batch. None: the count d1's published files "
+        "came from, per benchmark and length (Countdown and Sudoku 7; MATH500 2 at 128 tokens, 6 at 256 and 512; "
+        "GSM8K, whose files do not say, run_eval.sh's 8: stabledrl.common.tasks.protocols.d1_world_size)"
     )
     d1_batch_size: Optional[int] = Field(
         None, ge=1, description="generation d1: prompts per d1 batch; None: d1's run_eval.sh (4 at length 512, "
@@ -97,6 +100,12 @@ class ProtocolConfig(StrictModel):
 
     def d1_batch(self, gen_length: int) -> int:
         return self.d1_batch_size or (4 if gen_length >= 512 else 8)
+
+    def d1_ranks(self, benchmark: str, gen_length: int) -> int:
+        """generation d1: the world size whose rank split decides ``benchmark``'s batches at ``gen_length``."""
+        from stabledrl.common.tasks.protocols import d1_world_size
+
+        return self.d1_world_size or d1_world_size(benchmark, gen_length)
 
     @field_validator("math_graders")
     @classmethod

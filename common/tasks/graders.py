@@ -1,4 +1,4 @@
-"""The graders of d1's evaluation (arXiv 2504.12216), which SPG and StableDRL report with.
+"""The graders of d1's evaluation (arXiv 2504.12216), which SPG's release evaluates with too.
 
 Each grader maps (completion, row) to a ``Grade``: ``correct`` out of ``total`` units and the
 answer it read. A benchmark's accuracy is Σ correct / Σ total: the share of right answers (one unit

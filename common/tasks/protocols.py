@@ -5,9 +5,9 @@
     ids = prompt_ids(tokenizer, bench.task, bench.rows[0])      # the one prompt encoding
     grade = bench.grade(completion, bench.rows[0])              # Grade(correct, total, answer)
 
-**d1** (arXiv 2504.12216; SPG and the StableDRL paper report with it on LLaDA-8B-Instruct): the
-user turn is the benchmark's instruction, a blank line, then the question; it goes through the
-model's chat template (``stabledrl.common.tasks.prompts``) and the answer is started for the model with
+**d1** (arXiv 2504.12216; SPG's release evaluates with it, on LLaDA-8B-Instruct): the user turn
+is the benchmark's instruction, a blank line, then the question; it goes through the model's chat
+template (``stabledrl.common.tasks.prompts``) and the answer is started for the model with
 ``<reasoning>`` (d1 writes it after the template for every model). Decoding is greedy with
 low-confidence remasking, block 32, steps = length / 2, at lengths 128, 256 and 512
 (``stabledrl.common.config.protocol``). The rows: the GSM8K test split (1319) and MATH500 (500) whole; 256
@@ -24,8 +24,17 @@ decoded as if alone (padding hidden); completions are read up to the first EOS. 
 does all three as d1 does (``d1_prompt_ids``, ``d1_batches``, ``stabledrl.rollout.sampling.d1_compat``).
 
 SPG's release evaluates the same way (its GSM8K reader also accepts an answer tag that never
-closes, and its Sudoku set is another split with three worked examples in the prompt); the
-StableDRL release's own scripts grade whole completions with Math-Verify.
+closes, and its Sudoku set is another split with three worked examples in the prompt).
+
+What the StableDRL release evaluated with is not d1's protocol, as far as its code shows. Its
+``eval/`` folder (deleted from the repository in January 2026; the history keeps it) was d1's
+eval.py with one change to the decoding, ``diffusion_steps = gen_length`` (one token per step where
+d1 takes two), d1's prompts, and a grader that asks Math-Verify about the raw generation first and
+falls back to the parsed answer. Its remaining ``math_metrics.py`` decodes the bare question
+(no chat template; GSM8K without any instruction, MATH with the training instruction) greedily at
+256 tokens in 256 steps with blocks of 8 and grades the whole completion with Math-Verify. Which of
+these produced the paper's table is not said in the release, and the paper's evaluation section
+could not be read here; comparing with its numbers under ``--protocol d1`` compares protocols too.
 
 This module does not import torch.
 """
@@ -159,6 +168,23 @@ def d1_batches(n_rows: int, world_size: int, batch_size: int) -> list[list[int]]
         mine = list(range(rank, n_rows, world_size))
         out += [mine[k : k + batch_size] for k in range(0, len(mine), batch_size)]
     return out
+
+
+# The GPUs d1's published generation files (eval/eval_baselines/<setup>_<rank>_generations.json) came from,
+# read from the files themselves: rank r's file holds rows r, r + W, r + 2W, ... of the benchmark's rows
+# (d1's eval.py samples without shuffling) for W the number of files of the setup. Countdown and Sudoku:
+# 7 files of 37 and 36 rows at every length, in that split of d1's subsample; MATH500: 2 files at 128
+# tokens, 6 at 256 and 512, the same order either way. GSM8K's 10 files (1,130 of the 1,319 test
+# questions) are no such split of the test set for any W: unknown, so run_eval.sh's 8 GPUs.
+D1_PUBLISHED_WORLD_SIZES = {("countdown", n): 7 for n in (128, 256, 512)} | {
+    ("sudoku", n): 7 for n in (128, 256, 512)} | {("math500", 128): 2, ("math500", 256): 6, ("math500", 512): 6}
+D1_RUN_EVAL_WORLD_SIZE = 8  # d1's eval/run_eval.sh: GPU_IDS=(0 1 2 3 4 5 6 7)
+
+
+def d1_world_size(benchmark: str, gen_length: int) -> int:
+    """The ranks d1's published files of ``benchmark`` at ``gen_length`` came from (run_eval.sh's 8 where
+    the files do not say)."""
+    return D1_PUBLISHED_WORLD_SIZES.get((benchmark, gen_length), D1_RUN_EVAL_WORLD_SIZE)
 
 
 def d1_prompt_ids(tokenizer: Any, task: Task, row: Row) -> list[int]:

@@ -56,7 +56,8 @@ class Prepared:
         decoding = {"block_length": c.block_length, "steps_per_token": c.steps_per_token, "temperature": c.temperature,
                     "remasking": c.remasking, "cache": c.cache, "seed": c.seed, "generation": c.generation}
         if c.generation == "d1":  # which rows share a padded batch changes their tokens
-            decoding["d1_batches"] = {str(n): [c.d1_world_size, c.d1_batch(n)] for n in c.gen_lengths}
+            decoding["d1_batches"] = {f"{name} {n}": [c.d1_ranks(name, n), c.d1_batch(n)]
+                                      for name in self.benchmarks for n in c.gen_lengths}
         sources = {name: {"source": b.source, "rows": b.size} for name, b in self.benchmarks.items()}
         return {"protocol": c.name, "decoding": decoding, "policy": policy, "graders": protocol_graders(c.math_graders),
                 "grader_versions": grader_versions(c.math_graders), "sources": sources}
@@ -103,7 +104,7 @@ def pending_units(prepared: Prepared, done: set[tuple[str, int, str]]) -> list[U
             todo = [i for i, row in enumerate(bench.rows) if (name, n, row.prompt_id) not in done]
             if prepared.cfg.generation == "d1":  # d1's own batches, whole (a row's tokens depend on its batch)
                 c = prepared.cfg
-                batches = d1_batches(len(bench.rows), c.d1_world_size, c.d1_batch(n))
+                batches = d1_batches(len(bench.rows), c.d1_ranks(name, n), c.d1_batch(n))
                 units += [Unit(name, n, tuple(b)) for b in batches if set(b) & set(todo)]
                 continue
             size = prepared.cfg.batch_size

@@ -140,7 +140,7 @@ def test_generation_d1_batches_pads_and_encodes_as_d1(files, llada_tokenizer, mo
     prompts, _, sampler = unit_request(prepared, units[0])
     assert len(prompts[0]) == len(prompts[1]) and prompts[1][:3] == [llada_tokenizer.pad_token_id] * 3
     assert sampler.compat == "d1" and sampler.max_batch_size == 2 and sampler.temperature == 0
-    assert prepared.header("p")["decoding"]["d1_batches"] == {"64": [2, 2]}
+    assert prepared.header("p")["decoding"]["d1_batches"] == {"gsm8k 64": [2, 2]}
     with pytest.raises(ConfigError, match="temperature 0"):
         validate(ProtocolConfig, {"generation": "d1", "temperature": 0.5})
 
@@ -159,3 +159,53 @@ def test_extra_math_graders_are_checked_up_front(monkeypatch):
     with pytest.raises(ConfigError, match="math_graders.*pip install"):
         validate(ProtocolConfig, {"math_graders": ["math-verify"]})
     assert validate(ProtocolConfig, {"math_graders": ["latex"]}).math_graders == ["latex"]
+
+
+# d1's published generation files (eval/eval_baselines): rows per file, in file (rank) order, per setup
+D1_PUBLISHED_ROWS = {
+    ("countdown", 128): [37, 37, 37, 37, 36, 36, 36], ("countdown", 256): [37, 37, 37, 37, 36, 36, 36],
+    ("countdown", 512): [37, 37, 37, 37, 36, 36, 36], ("sudoku", 128): [37, 37, 37, 37, 36, 36, 36],
+    ("sudoku", 256): [37, 37, 37, 37, 36, 36, 36], ("sudoku", 512): [37, 37, 37, 37, 36, 36, 36],
+    ("math500", 128): [250, 250], ("math500", 256): [84, 84, 83, 83, 83, 83],
+    ("math500", 512): [84, 84, 83, 83, 83, 83],
+}
+# GSM8K at 128 tokens: rows per file, and the test-set positions of the first three questions of files 0-4
+D1_GSM8K_ROWS = [164, 164, 164, 164, 163, 62, 62, 62, 63, 62]
+D1_GSM8K_FIRST = [[0, 7, 14], [1, 8, 15], [2, 9, 16], [4, 11, 17], [6, 13, 18]]
+
+
+@pytest.mark.parametrize("setup", sorted(D1_PUBLISHED_ROWS))
+def test_generation_d1_splits_rows_over_the_ranks_d1s_files_came_from(setup):
+    """The default world size per benchmark and length gives every rank of d1's published files its rows
+    (each file was checked to hold rows r, r + W, ... of the benchmark's order in a scratch run)."""
+    from stabledrl.common.config.protocol import ProtocolConfig
+    from stabledrl.common.tasks.protocols import d1_batches
+
+    benchmark, length = setup
+    n_rows = sum(D1_PUBLISHED_ROWS[setup])
+    ranks = ProtocolConfig().d1_ranks(benchmark, length)
+    batches = d1_batches(n_rows, ranks, ProtocolConfig().d1_batch(length))
+    per_rank = [sum(len(b) for b in batches if b[0] % ranks == r) for r in range(ranks)]
+    assert per_rank == D1_PUBLISHED_ROWS[setup]
+    assert ProtocolConfig(d1_world_size=8).d1_ranks(benchmark, length) == 8  # set outright, it holds
+
+
+def test_d1s_gsm8k_files_are_no_rank_split_so_the_default_is_run_evals():
+    from stabledrl.common.config.protocol import ProtocolConfig
+
+    assert sum(D1_GSM8K_ROWS) == 1130
+    for world in range(1, 17):
+        assert [list(range(r, 1319, world))[:3] for r in range(5)] != D1_GSM8K_FIRST
+    assert ProtocolConfig().d1_ranks("gsm8k", 256) == 8
+
+
+def test_protocols_say_what_the_stabledrl_release_evaluated_with():
+    """The StableDRL release's deleted eval/ decoded one token per step (diffusion_steps = gen_length)
+    and graded with Math-Verify; its math_metrics.py decodes the bare question: no claim that it
+    reports with d1's protocol."""
+    from stabledrl.common.tasks import protocols
+
+    doc = " ".join(protocols.__doc__.split())
+    assert "StableDRL paper report with it" not in doc
+    assert "``diffusion_steps = gen_length`` (one token per step where d1 takes two)" in doc
+    assert "bare question" in doc and "Math-Verify" in doc
