@@ -20,6 +20,7 @@ from stabledrl.common.config.estimator import UNIFORM_NOISE_ESTIMATORS, Estimato
 from stabledrl.common.config.learner import LearnerConfig
 from stabledrl.common.config.loss import LossConfig
 from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.config.recipe import RecipeConfig
 from stabledrl.common.config.sampler import SamplerConfig
 from stabledrl.common.config.task import TaskConfig
 from stabledrl.common.config.warmstart import EvalConfig, WarmStartConfig
@@ -196,6 +197,9 @@ class RunConfig(StrictModel):
 
 
 class JobConfig(StrictModel):
+    recipe: Optional[RecipeConfig] = Field(
+        None, description="a published recipe's release and its remaining departures (common/config/recipe.py)"
+    )
     model: ModelConfig
     task: TaskConfig
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)

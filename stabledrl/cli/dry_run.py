@@ -9,7 +9,9 @@ reads as YAML:
   command that fetches it. Nothing is downloaded and nothing missing fails the dry run: the run
   itself refuses a missing model before any actor starts;
 - plan: the GPUs and actors it starts, steps × optimizer updates, samples and generated tokens per
-  step and in all, what it evaluates and when, and where it writes.
+  step and in all, what it evaluates and when, and where it writes;
+- departures: for a published recipe (the ``recipe`` section), the release it reproduces and each
+  way this config still departs from it, one line each.
 
 The sampler's layout against the policy's block size is checked when the model's config.json is
 at hand (as ``train`` checks it); a layout that cannot work exits 2 like any bad config.
@@ -61,7 +63,16 @@ def report_lines(cfg: JobConfig, inputs: list[Input]) -> list[str]:
         lines.append(f"{len(missing)} missing: fetch {'it' if len(missing) == 1 else 'them'} as shown before "
                      "`stabledrl train` (the job never downloads the model; a missing dataset it reads from the hub "
                      "only where the hub is reachable)")
-    return lines + ["", "plan:"] + [f"  {line}" for line in plan_lines(cfg)]
+    lines += ["", "plan:"] + [f"  {line}" for line in plan_lines(cfg)]
+    return lines + departure_lines(cfg)
+
+
+def departure_lines(cfg: JobConfig) -> list[str]:
+    """A recipe's release and its remaining departures from it, one line each (none for other configs)."""
+    if cfg.recipe is None:
+        return []
+    lines = ["", f"departures from the release ({cfg.recipe.release}): {len(cfg.recipe.departures)}"]
+    return lines + [f"  - {line}" for line in cfg.recipe.departures]
 
 
 # ---- inputs ------------------------------------------------------------------------------------

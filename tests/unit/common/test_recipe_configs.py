@@ -91,3 +91,15 @@ def test_d1s_gsm8k_reward_sums_its_five_terms():
         0.5 + 4 * 0.125 - 0.001 * len("trailing") - 0.001 * (len("\ntrailing") - 1))  # wrong: no correctness, no strict
     assert gsm8k("5", row) == pytest.approx(2.5)  # no tags: the whole completion is the answer text
     assert gsm8k("<answer>five</answer>", row) == 0.0
+
+
+def test_the_recipe_section_is_checked_and_optional():
+    from stabledrl.common.config.base import ConfigError
+
+    path = ROOT / "deploy" / "configs" / "recipe_d1_llada8b_gsm8k_lora.yaml"
+    with pytest.raises(ConfigError, match="recipe.departures"):
+        load_job_config(path, ['recipe.departures=["two\\nlines"]'])
+    with pytest.raises(ConfigError, match="recipe.licence"):
+        load_job_config(path, ["recipe.licence=MIT"])
+    assert load_job_config(ROOT / "deploy" / "configs" / "quickstart.yaml").recipe is None
+
