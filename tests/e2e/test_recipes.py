@@ -58,7 +58,8 @@ def data_overrides(name: str, root: Path) -> list[str]:
     if "math" in name:
         math = write_jsonl(
             root / "math.jsonl",
-            [{"problem": f"What is {a}+{a}?", "solution": f"It is $\\boxed{{{2 * a}}}$."} for a in range(1, 5)],
+            [{"problem": f"What is {a}+{a}?", "solution": f"It is $\\boxed{{{2 * a}}}$.", "level": f"Level {a}"}
+             for a in range(1, 5)],  # levels 1-4: the recipe keeps MATH's levels up to 4, as the release
         )
         return [f"task.source={file(math, prompt='problem', answer='solution')}",
                 "eval.protocol.benchmarks=" + json.dumps({"math500": {"source": json.loads(file(math, prompt="problem",

@@ -93,6 +93,22 @@ def test_d1s_gsm8k_reward_sums_its_five_terms():
     assert gsm8k("<answer>five</answer>", row) == 0.0
 
 
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_a_recipe_lists_its_departures_one_line_each_and_dry_run_prints_them(name, checkpoints, capsys):
+    """The recipe section opens the file (its release and each remaining departure, one line), the
+    header's comments no longer keep a second list, and --dry-run prints every departure."""
+    path = ROOT / "deploy" / "configs" / name
+    text = path.read_text()
+    assert text.index("\nrecipe:\n") < text.index("\nmodel:")
+    assert "Where this differs from the release" not in text
+    recipe = load_job_config(path).recipe
+    assert recipe is not None and recipe.release and len(recipe.departures) >= 3
+    assert main(["train", "--config", str(path), "--dry-run", f"model.path={checkpoints[RECIPES[name]]}"]) == 0
+    notes = [line[2:] for line in capsys.readouterr().out.splitlines() if line.startswith("# ")]
+    heading = notes.index(f"departures from the release ({recipe.release}): {len(recipe.departures)}")
+    assert notes[heading + 1:heading + 1 + len(recipe.departures)] == [f"  - {d}" for d in recipe.departures]
+
+
 def test_the_recipe_section_is_checked_and_optional():
     from stabledrl.common.config.base import ConfigError
 
@@ -103,3 +119,12 @@ def test_the_recipe_section_is_checked_and_optional():
         load_job_config(path, ["recipe.licence=MIT"])
     assert load_job_config(ROOT / "deploy" / "configs" / "quickstart.yaml").recipe is None
 
+
+def test_d1s_kl_reference_is_the_lora_base_as_here():
+    """d1 scores its reference with the adapters disabled (its train.yaml's sync_ref_model never runs beside
+    PEFT): the recipe's LoRA learner takes the base with its adapters off as the reference, not a copy."""
+    from stabledrl.learner.worker import _needs_reference
+
+    cfg = load_job_config(ROOT / "deploy" / "configs" / "recipe_d1_llada8b_gsm8k_lora.yaml")
+    assert _needs_reference(cfg.loss) and cfg.learner.lora is not None  # LearnerWorker.reference_is_base
+    assert not any("reference" in d for d in cfg.recipe.departures)
