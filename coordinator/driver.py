@@ -124,7 +124,7 @@ class Driver:
         lora, sources = cfg.learner.lora, push_sources(weights, cfg.learner)
         sync = WeightSync(weights, actors, c.start_timeout_s, partial=lora is not None,
                           keep_order=cfg.algorithm.in_order,
-                          lora_scale=lora.alpha / lora.rank if lora is not None and lora.push == "adapters" else None,
+                          lora=lora if lora is not None and lora.push == "adapters" else None,
                           sources=sources, one_host=one_host_transport(cfg.weights, weights, sources),
                           log=self.log)
         self.runtime = RayRuntime(actors, sync, control=self.control,

@@ -217,7 +217,7 @@ class LearnerEngine:
     def named_parameters_for_push(self, all_ranks: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """What a weight push sends, streamed bucket by bucket, on rank 0 (on every rank if
         ``all_ranks``): every parameter, or with LoRA the adapters A and B of every adapted module
-        (``learner.lora.push: adapters``; the workers merge them: common/transport/adapters.py) or
+        (``learner.lora.push: adapters``; the workers hold them unmerged: common/models/lora.py) or
         the merged adapted matrices (``merged``); the rest is frozen. Names are the plain policy's.
         Collective under ZeRO-3: every rank iterates to the end. Tensors are valid until the next
         item; they are in the training dtype on this rank's device."""
@@ -232,7 +232,7 @@ class LearnerEngine:
         (name, full shape, flat partition) in the module's order, read where it lies, no gather,
         no copy; with LoRA adapters pushed (``learner.lora.push: adapters``), of every adapted
         module's A and B only, named as ``named_parameters_for_push`` names them (the workers
-        merge them). ZeRO-3 (``sources`` = the learner's ranks): the rank's ``ds_tensor``, ceil(n / S)
+        hold them unmerged). ZeRO-3 (``sources`` = the learner's ranks): the rank's ``ds_tensor``, ceil(n / S)
         elements of the flat parameter from element rank·ceil(n / S) on, padded at the end;
         ZeRO-1/2 (``sources`` 1, rank 0 only): the full parameter. Not collective."""
         zero3 = self.cfg.deepspeed.zero_stage == 3

@@ -10,14 +10,14 @@ policy's, so the estimators and losses run unchanged.
 
 The rollout workers never see peft. With ``learner.lora.push: adapters`` (the default) a weight
 push carries A and B of every adapted module (``<module>.lora_A``, ``<module>.lora_B``; the frozen
-W is not even gathered) and each worker merges them into its own copy of the unmerged W
-(common/transport/adapters.py): at LLaDA-8B, r 128, 0.67 GB on the wire instead of 13 GB. With
-``push: merged`` the push carries the merged W' of the adapted modules under the name the
-worker's plain policy uses (``<module>.weight``), and the worker keeps no second copy. Either way
-every other weight is frozen and equal to what the worker loaded from ``model.path``, and the
-worker samples a plain dense model. The export writes the merged policy, which any loader reads
-as a plain checkpoint. All three go through ``merged_weight``, so what a worker holds and what
-the export writes are the same bits.
+W is not even gathered: at LLaDA-8B, r 128, 0.67 GB on the wire instead of 13 GB) and each worker
+holds them unmerged (common/models/lora.py), computing peft's expression with the same
+operations: the rollout policy is the learner's. With ``push: merged`` the push carries
+W' = W + s·B·A rounded once to W's dtype (``merged_weight``) under the plain policy's name
+(``<module>.weight``) and the worker samples a dense model, without the adapters' matmuls but
+with every adapted matrix rounded: in bf16 an update under half an ulp of W is lost. Every other
+weight is frozen and equal to what the worker loaded from ``model.path``. The export writes the
+merged model (``merged_weight`` again) and the adapters themselves as a PEFT adapter folder.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from stabledrl.common.config.learner import LoraConfig
+from stabledrl.common.models.lora import target_paths
 from stabledrl.common.transport.adapters import adapter_names, merged_weight
 
 ADAPTER = "default"  # peft's adapter name
@@ -61,14 +62,8 @@ def add_adapters(policy: nn.Module, cfg: LoraConfig) -> list[Adapted]:
     from peft import LoraConfig as PeftLoraConfig
     from peft import inject_adapter_in_model
 
-    linears = [name for name, m in policy.model.named_modules() if isinstance(m, nn.Linear)]
-    wanted = cfg.resolved_targets()  # LLaDA's own names (module_names: llada) become the project's
-    unknown = [t for t in wanted if not any(name.rsplit(".", 1)[-1] == t for name in linears)]
-    if unknown:
-        raise ValueError(f"learner.lora.target_modules: {unknown} name no Linear module of this model "
-                         f"(its Linear modules: {sorted({name.rsplit('.', 1)[-1] for name in linears})})")
-    # full paths of plain Linear modules only (DiffusionGemma's vision tower wraps its q_proj etc.)
-    targets = [name for name in linears if name.rsplit(".", 1)[-1] in wanted]
+    # LLaDA's own names (module_names: llada) become the project's; the rule rollout workers follow too
+    targets = target_paths(policy.model, cfg.resolved_targets())
     peft_cfg = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                               bias="none")
     with torch.random.fork_rng(devices=[]):

@@ -22,8 +22,8 @@ DiffusionGemma), so no such backend ships and the project installs no vLLM. The 
   worker's end of the weight transport (common/transport) and load it; the engine owns the
   version: after it returns, every later ``generate`` uses these weights and reports this version.
   ``partial``: the push may carry only some parameters (a LoRA learner sends the matrices it
-  adapts, merged, or its adapters, which the engine merges: ``merge_adapters``); the others keep
-  the weights the engine holds.
+  adapts, merged, or its adapters A and B, which the engine holds unmerged: ``hold_adapters``);
+  the others keep the weights the engine holds.
 - ``stage_weights(push, handle, partial, keep_order, timeout_s)``: receive a version into a second
   copy of the weights while ``generate`` runs on another thread (a broadcast push then never waits
   for the request in progress); the version held does not change. The ``update_weights`` of that
@@ -40,10 +40,11 @@ from typing import Optional, Protocol, Sequence, runtime_checkable
 import torch
 
 from stabledrl.common.config.estimator import EstimatorConfig
+from stabledrl.common.config.learner import LoraConfig
 from stabledrl.common.config.sampler import SamplerConfig
 from stabledrl.common.estimators import LogLikelihood, estimate
 from stabledrl.common.models.base import DiffusionPolicy
-from stabledrl.common.transport.adapters import AdapterMerger
+from stabledrl.common.models.lora import attach_adapters, target_paths
 from stabledrl.common.transport.staging import StagedWeights
 from stabledrl.common.transport.base import ParameterLoader, WeightHandle, WeightPush
 from stabledrl.common.types import SequenceBatch
@@ -101,7 +102,6 @@ class TorchRolloutEngine:
         self.vocab_size = policy.vocab_size
         self._version = int(policy_version)
         self.staged: Optional[StagedWeights] = None  # a version received beside the running request
-        self.adapters: Optional[AdapterMerger] = None  # LoRA adapter pushes: merged here (merge_adapters)
         self.graphs = StepGraphs(graph_capacity)
 
     @property
@@ -143,7 +143,7 @@ class TorchRolloutEngine:
             self._version = self._version if applied is None else int(applied)
             return self._version
         loader = ParameterLoader(self.policy, partial=partial)
-        version = push.receive(handle, self.adapters.wrap(loader) if self.adapters is not None else loader)
+        version = push.receive(handle, loader)
         loader.finish()
         self._version = int(version)
         return self._version
@@ -153,18 +153,17 @@ class TorchRolloutEngine:
         """Receive into the staging copy (common/transport/staging.py; allocated at the first push)."""
         if self.staged is None:
             self.staged = StagedWeights(self.policy)
-        return self.staged.receive(push, handle, keep_order=keep_order, timeout_s=timeout_s, partial=partial,
-                                   wrap=self.adapters.wrap if self.adapters is not None else None)
+        return self.staged.receive(push, handle, keep_order=keep_order, timeout_s=timeout_s, partial=partial)
 
-    def merge_adapters(self, scale: Optional[float]) -> None:
-        """Pushes carry LoRA adapters (``<module>.lora_A``, ``.lora_B``), merged with ``scale`` =
-        alpha / rank into a copy of each target's unmerged weight (common/transport/adapters.py);
-        None: pushes carry weights. The copies are taken from the weights held now, so call it
-        before the first adapter push (the worker's set-up does)."""
-        if scale is None:
-            self.adapters = None
-        elif self.adapters is None or self.adapters.scale != float(scale):
-            self.adapters = AdapterMerger(self.policy, scale)
+    def hold_adapters(self, lora: Optional[LoraConfig]) -> None:
+        """Pushes carry the LoRA adapters of ``lora``'s targets (``learner.lora.push: adapters``):
+        each target Linear becomes a ``LoraLinear`` (common/models/lora.py) that computes what the
+        learner's forward computes, with A and B as parameters the pushes load (zero until the
+        first). Set up again with the same adapters, it keeps the ones it holds. None: pushes carry
+        weights."""
+        if lora is not None:
+            model = self.policy.model
+            attach_adapters(model, target_paths(model, lora.resolved_targets()), lora.rank, lora.alpha / lora.rank)
 
     def discard_staged(self) -> None:
         self.staged = None

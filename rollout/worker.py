@@ -25,6 +25,7 @@ import ray
 from stabledrl.common.actor_time import BACKGROUND, ActorClock
 from stabledrl.common.gil import settle_heap
 from stabledrl.common.config.estimator import EstimatorConfig
+from stabledrl.common.config.learner import LoraConfig
 from stabledrl.common.config.model import ModelConfig
 from stabledrl.common.config.sampler import SamplerConfig
 from stabledrl.common.config.task import AnyTaskConfig
@@ -98,17 +99,17 @@ class RolloutWorker:
         return RolloutResult(episodes, {k: after[k] - before[k] for k in after}, self.clock.snapshot())
 
     # ---- weights --------------------------------------------------------------------------
-    def setup_weight_push(self, cfg: WeightPushConfig, *, partial: bool = False, lora_scale: Optional[float] = None,
+    def setup_weight_push(self, cfg: WeightPushConfig, *, partial: bool = False, lora: Optional[LoraConfig] = None,
                           **kwargs: Any) -> None:
         """This worker's end of the push (object store: no arguments; broadcast: its rank etc.).
         ``partial``: a push may carry only some parameters (a LoRA learner sends the adapted
-        matrices); the others keep the weights this worker loaded. ``lora_scale``: pushes carry
-        LoRA adapters, merged here with this alpha / rank (``learner.lora.push: adapters``)."""
+        matrices); the others keep the weights this worker loaded. ``lora``: pushes carry these
+        LoRA adapters, held here unmerged (``learner.lora.push: adapters``; rollout/engine.py)."""
         if self.push is not None:
             self.push.close()
         self.push = setup_weight_push(cfg, **kwargs)
         self.partial_push = partial
-        self.engine.merge_adapters(lora_scale)
+        self.engine.hold_adapters(lora)
         self.engine.discard_staged()  # a copy staged through the old group is not applied
 
     @ray.method(concurrency_group="weights")

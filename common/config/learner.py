@@ -158,7 +158,7 @@ class DeepSpeedConfig(StrictModel):
 class LoraConfig(StrictModel):
     """Low-rank adapters (LoRA, arXiv 2106.09685, through the ``peft`` library) instead of full
     fine-tuning: each target Linear W becomes W + (alpha / rank)·B·A with A [rank, in] and B
-    [out, rank] trained, W frozen. The rollout workers receive A and B and merge them (``push``).
+    [out, rank] trained, W frozen. The rollout workers receive A and B and hold them unmerged (``push``).
     Defaults are d1's diffu-GRPO recipe (r 128, alpha 64)."""
 
     rank: int = Field(128, ge=1, description="r: the inner dimension of B·A (d1: 128)")
@@ -181,10 +181,12 @@ class LoraConfig(StrictModel):
         "learner's log-likelihoods carry dropout noise that the rollout workers' behaviour estimates do not"
     )
     push: Literal["adapters", "merged"] = Field(
-        "adapters", description="what a weight push carries: adapters = A and B of every target, merged on each "
-        "rollout worker into its own unmerged copy of the target weights (r·(in+out) numbers per target; the worker "
-        "holds one more copy of the target matrices); merged = the merged W + (alpha/rank)·B·A of every target "
-        "(out·in numbers per target, no copy on the worker)"
+        "adapters", description="what a weight push carries: adapters = A and B of every target (r·(in+out) numbers "
+        "per target), held unmerged on each rollout worker, which then computes the learner's forward exactly (two "
+        "small matmuls more per target); merged = W + (alpha/rank)·B·A of every target (out·in numbers per target), "
+        "rounded to the weights' dtype: the workers sample a dense model, without the adapters' matmuls, whose "
+        "policy is the learner's rounded (in bf16 an update under half an ulp of W is lost, most of a small early "
+        "one): for rollouts at the dense model's speed where that rounding is acceptable"
     )
 
     @model_validator(mode="after")

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
 from stabledrl.common.gil import prompt_gil
 from stabledrl.common.transport.shards import Round, assemble
-from stabledrl.common.transport.base import LoadFn, ParameterLoader, WeightHandle, WeightPush
+from stabledrl.common.transport.base import ParameterLoader, WeightHandle, WeightPush
 
 
 class StagedWeights:
@@ -55,12 +55,10 @@ class StagedWeights:
         self.pending: list[tuple[list[tuple[object, int, int]], Round, int]] = []
 
     def receive(self, push: WeightPush, handle: WeightHandle, *, keep_order: bool, timeout_s: float,
-                partial: bool = False, wrap: Optional[Callable[[LoadFn], LoadFn]] = None) -> int:
+                partial: bool = False) -> int:
         """Stage ``handle.version`` (blocks while an earlier version waits to be applied, with
         ``keep_order``); returns the version staged. ``partial``: the push may carry only some
-        parameters (a LoRA learner's adapted matrices); only those are applied. ``wrap``: what
-        turns the received tensors into parameters first (LoRA adapters merged:
-        common/transport/adapters.py), so the staged copy holds the merged weights."""
+        parameters (a LoRA learner's adapted matrices, or its adapters); only those are applied."""
         with self.applied:
             if keep_order and not self.applied.wait_for(lambda: self.version is None, timeout=timeout_s):
                 raise TimeoutError(f"weight push: version {self.version} was staged {timeout_s:.0f} s ago and is "
@@ -72,7 +70,7 @@ class StagedWeights:
             loader = (_DeferringLoader if self.defer else _StagingLoader)(self, partial=partial)
             with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext(), \
                     (prompt_gil() if self.prompt else contextlib.nullcontext()):
-                push.receive(handle, wrap(loader) if wrap is not None else loader)
+                push.receive(handle, loader)
                 loader.finish()
                 if self.stream is not None:
                     self.stream.synchronize()

@@ -32,8 +32,8 @@ of that version (a LoadWeights) swaps the copy in, in order with its requests. W
 that rebuilds the group is not staged: the members' set-up runs in order with their requests, and
 a stage on the other thread could start before it.
 
-LoRA (``partial``): the learner pushes only the matrices it adapts, merged, or (``lora_scale``)
-their adapters A and B, which every worker merges (common/transport/adapters.py); every worker's
+LoRA (``partial``): the learner pushes only the matrices it adapts, merged, or (``lora``) their
+adapters A and B, which every worker holds unmerged (common/models/lora.py); every worker's
 end is set up to accept a push that carries only some of its parameters (and stages only those).
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import ray
 
-from stabledrl.common.config.learner import LearnerConfig
+from stabledrl.common.config.learner import LearnerConfig, LoraConfig
 from stabledrl.common.transport import WeightHandle, WeightPushConfig
 from stabledrl.coordinator.runtime.actors import Actors, wait
 
@@ -70,8 +70,8 @@ def push_sources(cfg: WeightPushConfig, learner: LearnerConfig) -> int:
     partition), rank 0 alone under ZeRO-1/2 (it holds every parameter whole). ipc: every rank under
     ZeRO-3 with several ranks (one all-gather fills each rank's buffer, common/transport/ipc.py), else 0
     (each rank's parameters are whole: it copies them as they lie). A LoRA job that pushes its
-    adapters over a collective backend sends their partitions the same way (the workers merge what
-    they put together); one that pushes merged matrices, or over ipc, gathers (a merged matrix is
+    adapters over a collective backend sends their partitions the same way (the workers put A and B
+    together and hold them unmerged); one that pushes merged matrices, or over ipc, gathers (a merged matrix is
     W + s·B·A of gathered parameters: learner/lora.py)."""
     lora = learner.lora
     if cfg.source != "shards" or (lora is not None and (lora.push != "adapters" or cfg.backend == "ipc")):
@@ -92,7 +92,7 @@ def one_host_transport(requested: WeightPushConfig, resolved: WeightPushConfig, 
     generating: BENCHMARKS.md). Only where it needs no memory the broadcast does not: a sharded
     push (``sources`` >= 1, the partitions read where they lie) in the learner's dtype; a gathered
     push would keep a whole copy on learner rank 0's GPU. A LoRA job's adapter push is sharded
-    (each rank's partitions of A and B; the workers merge them); its merged push gathers, so it
+    (each rank's partitions of A and B, which the workers hold unmerged); its merged push gathers, so it
     stays on ``resolved``. None: every group uses ``resolved``."""
     if requested.backend != "auto" or resolved.backend != "nccl" or not sources or resolved.dtype != "keep":
         return None
@@ -101,7 +101,7 @@ def one_host_transport(requested: WeightPushConfig, resolved: WeightPushConfig, 
 
 class WeightSync:
     def __init__(self, cfg: WeightPushConfig, actors: Actors, timeout_s: float, partial: bool = False,
-                 keep_order: bool = False, lora_scale: Optional[float] = None, sources: int = 0,
+                 keep_order: bool = False, lora: Optional[LoraConfig] = None, sources: int = 0,
                  one_host: Optional[WeightPushConfig] = None, log: Callable[[str], None] = lambda line: None) -> None:
         if cfg.backend == "auto":
             raise ValueError("WeightSync needs a resolved weights config (WeightPushConfig.resolve)")
@@ -110,8 +110,8 @@ class WeightSync:
         # ``cfg`` is then the transport of the group as built
         self.spread, self.one_host, self.log = cfg, one_host, log
         self.learner_nodes = {info.get("node_id") for info in actors.info.get("learners", [])}
-        # the workers' end: partial pushes, and LoRA adapters merged with this scale
-        self.receiving = {"partial": partial, "lora_scale": lora_scale}
+        # the workers' end: partial pushes, and the LoRA adapters they hold unmerged
+        self.receiving = {"partial": partial, "lora": lora}
         self.collective = cfg.collective
         # sharded (collective, or ipc): learner ranks 0..sources-1 each send their partitions (``push_sources``)
         self.sources = sources if self.collective or cfg.backend == "ipc" else 0

@@ -7,8 +7,8 @@ targets (learner/lora.py), timed per push (median of ``--reps`` after one warm-u
 full       every parameter (full fine-tuning's push), for reference
 merged     the sender computes W + s·B·A of each adapted module and sends those matrices; the
            receiver copies them into its plain policy (what the learner does)
-adapters   the sender sends A and B; the receiver merges them into its own copy of every target
-           W (so it must keep that copy: the "extra receiver bytes")
+adapters   the sender sends A and B; the receiver holds them unmerged (common/models/lora.py:
+           the "extra receiver bytes" are the adapters themselves)
 
 Reported: bytes on the wire, the sender's preparation (merges), the whole push until the receiver
 has its weights, and the receiver's extra memory; plus the same byte counts at LLaDA-8B's shape,
@@ -21,12 +21,12 @@ measurement of issue 20): a ``LearnerEngine`` (1 rank, ZeRO-3) with LoRA at LLaD
 (``--tiny``: the tiny LLaDA on the CPU) and a plain receiving policy beside it. For each
 ``learner.lora.push`` (merged, adapters) the learner's seconds per push (draining
 ``named_parameters_for_push``: the ZeRO-3 gathers, and for merged the merges), the bytes it
-yields, and the receiver's seconds to load them (a ParameterLoader; for adapters through the
-worker's AdapterMerger, which merges into its unmerged copy), median of ``--reps`` after a
-warm-up; the receiver ends with the same bits either way. Then ``adapters_shards``: the adapters
-through the sharded push's learner end (``weights.source: shards``: every rank's partitions of A
-and B, no gather, packed into the rounds' segments) and the worker's assembly and merge. The wire
-time is not included (the bytes set it: bench_push.py measures the broadcast).
+yields, and the receiver's seconds to load them (a ParameterLoader: for adapters into the
+adapters a worker holds unmerged), median of ``--reps`` after a warm-up; the adapters' receiver
+ends holding the learner's A and B bit for bit. Then ``adapters_shards``: the adapters through the
+sharded push's learner end (``weights.source: shards``: every rank's partitions of A and B, no
+gather, packed into the rounds' segments) and the worker's assembly. The wire time is not included
+(the bytes set it: bench_push.py measures the broadcast).
 
     python tests/benchmarks/bench_lora_push.py --engine --out lora_push.json            # 1 GPU
     python tests/benchmarks/bench_lora_push.py --engine --tiny --reps 1 --out x.json    # CPU
@@ -43,30 +43,41 @@ import benchlib as bl
 import torch
 
 from stabledrl.common.config.learner import LoraConfig
+from stabledrl.common.models.lora import attach_adapters, target_paths
 from stabledrl.common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
 from stabledrl.learner.group import free_port
+from stabledrl.common.transport.adapters import adapter_names
 from stabledrl.learner.lora import add_adapters, merged_weight
 
 SMALL = dict(num_hidden_layers=4, hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
              num_key_value_heads=16, vocab_size=4096)
 
 
-def adapted_weights(receiver: torch.nn.Module, engine) -> dict[str, torch.Tensor]:
-    """CPU copies of the receiver's adapted matrices (what a LoRA push changes)."""
-    names = {m.weight_name for m in engine.adapted}
-    return {n: p.detach().clone().cpu() for n, p in receiver.named_parameters() if n in names}
+def holding_adapters(policy: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+    """``policy`` as a worker holds it under ``learner.lora.push: adapters`` (rollout/engine.py)."""
+    attach_adapters(policy.model, target_paths(policy.model, lora.resolved_targets()), lora.rank,
+                    lora.alpha / lora.rank)
+    return policy
 
 
-def same_weights(a: dict | None, b: dict | None) -> bool | None:
-    """Whether two snapshots hold the same bits (None: one was not taken)."""
-    return None if a is None or b is None else all(torch.equal(a[n], b[n]) for n in a)
+def held_adapters(receiver: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the adapters a receiver holds (what an adapter push changes)."""
+    return {n: p.detach().clone().cpu() for n, p in receiver.named_parameters() if n.endswith((".lora_A", ".lora_B"))}
 
 
-def adapters_sharded(engine, receiver, merger, a: argparse.Namespace, dev: torch.device, res, held: dict) -> None:
+def same_adapters(held: dict | None, engine) -> bool | None:
+    """Whether a receiver holds the learner's A and B bit for bit (None: not checked)."""
+    if held is None:
+        return None
+    pushed = {n: t.cpu() for n, t in engine.named_parameters_for_push()}
+    return held.keys() == pushed.keys() and all(torch.equal(held[n], pushed[n]) for n in held)
+
+
+def adapters_sharded(engine, receiver, a: argparse.Namespace, dev: torch.device, res, held: dict) -> None:
     """``adapters_shards``: the learner's end of the sharded push (``weights.source: shards``) of the
     adapters, without the wire: this rank's partitions of every A and B (no gather), the plan's
     rounds (512 MB), each round's segment as it lies or packed; the worker puts each round
-    together and merges (``shards.assemble`` into the AdapterMerger)."""
+    together into the adapters it holds (``shards.assemble``)."""
     from stabledrl.common.transport.broadcast import _ShardBuffers
     from stabledrl.common.transport.shards import assemble, iter_segments, plan_rounds
 
@@ -85,18 +96,18 @@ def adapters_sharded(engine, receiver, merger, a: argparse.Namespace, dev: torch
     def learner_and_worker() -> None:
         loader = ParameterLoader(receiver, partial=True)
         for rnd, payload in segments():
-            assemble(payload.view(1, -1), rnd, 1, merger.wrap(loader))
+            assemble(payload.view(1, -1), rnd, 1, loader)
         loader.finish()
 
-    targets = dict(receiver.named_parameters())
-    with torch.no_grad():  # the merged weights the earlier parts left are wiped: this push must bring them back
-        for m in engine.adapted:
-            targets[m.weight_name].zero_()
+    with torch.no_grad():  # the adapters the earlier parts left are wiped: this push must bring them back
+        for name, p in receiver.named_parameters():
+            if name.endswith((".lora_A", ".lora_B")):
+                p.zero_()
     wire = learner_only()  # warm-up
     learner_and_worker()
     learner_s = [bl.timed(learner_only, dev)[1] for _ in range(a.reps)]
     both_s = [bl.timed(learner_and_worker, dev)[1] for _ in range(a.reps)]
-    held["adapters_shards"] = adapted_weights(receiver, engine) if a.tiny else None
+    held["adapters_shards"] = held_adapters(receiver) if a.tiny else None
     res.put("adapters_shards", {"wire_gb": wire / 1e9, "learner_s": statistics.median(learner_s),
                                 "learner_s_all": learner_s, "learner_and_worker_s": statistics.median(both_s),
                                 "worker_s": max(0.0, statistics.median(both_s) - statistics.median(learner_s)),
@@ -117,7 +128,6 @@ def parse() -> argparse.Namespace:
 def engine_push(a: argparse.Namespace) -> None:
     """``--engine`` (the module docstring)."""
     from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
-    from stabledrl.common.transport.adapters import AdapterMerger
     from stabledrl.learner.engine import LearnerEngine
     from stabledrl.learner.group import init_learner_group
 
@@ -131,17 +141,17 @@ def engine_push(a: argparse.Namespace) -> None:
                         deepspeed=DeepSpeedConfig(zero_stage=3, param_persistence_threshold=0 if a.tiny else 100_000))
     engine, init_s = bl.timed(lambda: LearnerEngine(bl.build_policy(shape, dev, dtype), cfg), dev)
     receiver = bl.build_policy(shape, dev, dtype)  # the worker's plain policy: the same random weights (seed 0)
+    holder = holding_adapters(bl.build_policy(shape, dev, dtype), lora)  # a worker of the adapters' push
     from deepspeed.runtime.zero import GatheredParameters
 
     torch.manual_seed(0)
     with GatheredParameters([m.lora_B for m in engine.adapted], modifier_rank=0), torch.no_grad():
-        for m in engine.adapted:  # trained adapters (B starts at 0): the merges change the weights
+        for m in engine.adapted:  # trained adapters (B starts at 0)
             m.lora_B.normal_(0.0, 1e-3)
-    merger = AdapterMerger(receiver, lora.alpha / lora.rank)
     res.put("setup", {"shape": shape, "rank": a.rank, "deepspeed_init_s": init_s,
                       "targets": len(engine.adapted), "peak_memory_gib": bl.peak_memory_gib(dev)})
     held = {}
-    for push in ("adapters", "merged"):  # adapters first: its copy of W is taken from the weights as loaded
+    for push in ("adapters", "merged"):
         with res.part(push, dev):
             engine.cfg = engine.cfg.model_copy(update={"lora": lora.model_copy(update={"push": push})})
 
@@ -149,34 +159,36 @@ def engine_push(a: argparse.Namespace) -> None:
                 return sum(t.numel() * t.element_size() for _, t in engine.named_parameters_for_push())
 
             def learner_and_worker() -> None:
-                loader = ParameterLoader(receiver, partial=True)
-                load = merger.wrap(loader) if push == "adapters" else loader
+                loader = ParameterLoader(holder if push == "adapters" else receiver, partial=True)
                 for name, t in engine.named_parameters_for_push():
-                    load([(name, t)])
+                    loader([(name, t)])
                 loader.finish()
 
             wire = learner_only()  # warm-up
             learner_and_worker()
             learner_s = [bl.timed(learner_only, dev)[1] for _ in range(a.reps)]
             both_s = [bl.timed(learner_and_worker, dev)[1] for _ in range(a.reps)]
-            held[push] = adapted_weights(receiver, engine) if a.tiny else None
+            if push == "adapters":
+                held[push] = same_adapters(held_adapters(holder), engine) if a.tiny else None
+            extra = sum(t.numel() * t.element_size() for t in held_adapters(holder).values()) if push == "adapters" \
+                else 0
             res.put(push, {"wire_gb": wire / 1e9, "learner_s": statistics.median(learner_s),
                            "learner_s_all": learner_s, "learner_and_worker_s": statistics.median(both_s),
                            "worker_s": max(0.0, statistics.median(both_s) - statistics.median(learner_s)),
-                           "worker_extra_gb": sum(t.numel() * t.element_size() for t in merger.base.values()) / 1e9,
-                           "peak_memory_gib": bl.peak_memory_gib(dev)})
+                           "worker_extra_gb": extra / 1e9, "peak_memory_gib": bl.peak_memory_gib(dev)})
     with res.part("adapters_shards", dev):  # the adapters again, through the sharded push's learner end
         engine.cfg = engine.cfg.model_copy(update={"lora": lora.model_copy(update={"push": "adapters"})})
-        adapters_sharded(engine, receiver, merger, a, dev, res, held)
+        adapters_sharded(engine, holder, a, dev, res, held)
+        held["adapters_shards"] = same_adapters(held["adapters_shards"], engine)
     parts = res.data["parts"]
     if "merged" in parts and "adapters" in parts:
         m, d = parts["merged"], parts["adapters"]
         sh = parts.get("adapters_shards") or {}
-        same, same_shards = (same_weights(held.get("merged"), held.get(k)) for k in ("adapters", "adapters_shards"))
         res.put("ratio", {"bytes_merged_over_adapters": m["wire_gb"] / d["wire_gb"],
                           "learner_s_merged_over_adapters": m["learner_s"] / d["learner_s"],
                           "learner_s_merged_over_adapters_shards": m["learner_s"] / sh["learner_s"] if sh else None,
-                          "receiver_weights_equal": same, "receiver_weights_equal_shards": same_shards})
+                          "receiver_adapters_equal": held.get("adapters"),
+                          "receiver_adapters_equal_shards": held.get("adapters_shards")})
     if res.data["errors"]:
         raise SystemExit(f"failed: {list(res.data['errors'])}")
 
@@ -223,7 +235,9 @@ def main() -> None:
     shape = SMALL if a.shape == "small" else {k: v for k, v in bl.SHAPES["tiny-llada"].items() if k != "family"}
     learner = bl.build_policy("tiny-llada", torch.device("cpu"), torch.float32, **shape)
     receiver = bl.build_policy("tiny-llada", torch.device("cpu"), torch.float32, **shape)
-    adapted = add_adapters(learner, LoraConfig(rank=a.rank, alpha=a.rank / 2))
+    lora = LoraConfig(rank=a.rank, alpha=a.rank / 2)
+    holder = holding_adapters(bl.build_policy("tiny-llada", torch.device("cpu"), torch.float32, **shape), lora)
+    adapted = add_adapters(learner, lora)
     with torch.no_grad():
         for m in adapted:  # trained adapters: B != 0
             m.lora_B.normal_(0.0, 1e-3)
@@ -233,33 +247,19 @@ def main() -> None:
         return [(m.weight_name, merged_weight(m.base, m.lora_A, m.lora_B, m.scale)) for m in adapted]
 
     def adapters():
-        return [(m.path, t.detach()) for m in adapted for t in (m.lora_A, m.lora_B)]
-
-    scale = adapted[0].scale
-    base_copy = {m.weight_name: plain[m.weight_name].clone() for m in adapted}  # the adapter receiver's W
-
-    def adapter_loader():
-        pending: dict[str, torch.Tensor] = {}
-
-        @torch.no_grad()
-        def load(items):
-            for path, t in items:
-                if path not in pending:
-                    pending[path] = t.clone()
-                    continue
-                a_, name = pending.pop(path), f"{path}.weight"
-                plain[name].copy_(merged_weight(base_copy[name], a_, t, scale))
-        return load
+        return [(n, t.detach()) for m in adapted for n, t in zip(adapter_names(m.path), (m.lora_A, m.lora_B))]
 
     results = {}
     for variant, prepare, load, extra in (
         ("full", lambda: list(plain.items()), lambda: ParameterLoader(receiver), 0),
         ("merged", merged, lambda: ParameterLoader(receiver, partial=True), 0),
-        ("adapters", adapters, adapter_loader, sum(t.numel() * t.element_size() for t in base_copy.values())),
+        ("adapters", adapters, lambda: ParameterLoader(holder, partial=True), nbytes(adapters())),
     ):
         seconds, prep = push_seconds(prepare, load, a.reps)
-        if variant != "full":  # both ways leave the receiver with the same bits
+        if variant == "merged":  # the receiver holds the merged matrices
             assert all(torch.equal(plain[n], t) for n, t in merged()), variant
+        if variant == "adapters":  # the holder holds the learner's adapters
+            assert all(torch.equal(dict(holder.named_parameters())[n], t) for n, t in adapters()), variant
         results[variant] = {"wire_mb": nbytes(prepare()) / 2**20, "push_s": seconds, "sender_prep_s": prep,
                             "extra_receiver_mb": extra / 2**20}
     results["llada_8b_bf16_gb"] = shape_bytes(bl.SHAPES["llada-8b"], a.rank)

@@ -320,8 +320,8 @@ def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
             met(low, 10),
             f"merged {fmt(m.get('wire_gb'), '.2f')} GB in {fmt(m.get('learner_s'), '.3f')} s, adapters "
             f"{fmt(d.get('wire_gb'), '.2f')} GB in {fmt(d.get('learner_s'), '.3f')} s on the learner; worker load "
-            f"{fmt(m.get('worker_s'), '.3f')} / {fmt(d.get('worker_s'), '.3f')} s (its unmerged copy "
-            f"{fmt(d.get('worker_extra_gb'), '.1f')} GB)",
+            f"{fmt(m.get('worker_s'), '.3f')} / {fmt(d.get('worker_s'), '.3f')} s (the adapters it holds "
+            f"{fmt(d.get('worker_extra_gb'), '.2f')} GB)",
         )
     )
     first, later, raw = (part(data, "ipc_push", n) for n in ("first_push", "push", "raw_copy"))

@@ -46,8 +46,8 @@ def test_every_component_benchmark_runs_its_tiny_path(tmp_path):
     graphed = pool["graphed_capacity_2"]
     assert len(graphed["seconds"]) == len(pool["eager"]["seconds"]) == pool["requests"]
     assert graphed["static_steps_built"][0] == 1 and graphed["tokens_equal_eager_mean"] == 1.0
-    assert parts["lora_push"]["ratio"]["receiver_weights_equal"] is True
-    assert parts["lora_push"]["ratio"]["receiver_weights_equal_shards"] is True  # the sharded adapter push
+    assert parts["lora_push"]["ratio"]["receiver_adapters_equal"] is True
+    assert parts["lora_push"]["ratio"]["receiver_adapters_equal_shards"] is True  # the sharded adapter push
     assert parts["lora_push"]["adapters"]["learner_s"] > 0 and parts["lora_push"]["merged"]["wire_gb"] > 0
     ipc = parts["ipc_push"]  # the same-device push: first and later pushes delivered bit for bit, timed both sides
     assert ipc["first_push"]["weights_bit_identical"] and ipc["push"]["weights_bit_identical"]

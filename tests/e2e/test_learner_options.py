@@ -249,8 +249,8 @@ class LoraRollout(harness.InspectedRollout):
 @pytest.mark.parametrize("family, backend, push", [("llada", "object_store", "merged"), ("dream", "gloo", "adapters")])
 def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tmp_path, family, backend, push):
     """``push: merged``: the merged adapted matrices travel; ``adapters`` (the default): only A and
-    B, which the workers merge into their unmerged copy (the gloo push is received at the first
-    push, which builds the group, and staged at the second)."""
+    B, which the workers hold unmerged (the gloo push is received at the first push, which builds
+    the group, and staged at the second)."""
     cfg = harness.job_config(
         tmp_path, model={"preset": f"tiny-{family}"},
         learner={"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0},
@@ -298,11 +298,13 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
     for version, weights in workers:
         assert version == cfg.run.steps
         for name, p in initial.named_parameters():
-            if name in adapted:  # merged on the learner or on the worker: the export's bits
+            if name in adapted and push == "merged":  # merged on the learner: the export's bits
                 assert torch.equal(weights[name], exported[name]) and not torch.equal(p, exported[name])
-            else:
+            else:  # frozen (the adapters' workers hold W as loaded, and A and B beside it)
                 assert torch.equal(weights[name], p), f"{name} is frozen and was not pushed, yet it changed"
-    for logits in worker_logits:  # the learner runs W·x + s·B·(A·x), a worker (W + s·B·A)·x
+        if push == "adapters":
+            assert all(torch.equal(weights[n], t) for n, t in pushed.items())
+    for logits in worker_logits:  # the learner runs W·x + s·B·(A·x): so do the adapters' workers, merged (W + s·B·A)·x
         assert not torch.allclose(logits, initial_logits, atol=1e-4)
         torch.testing.assert_close(logits, learner_logits, rtol=1e-4, atol=1e-5)
     for record in driver.history:
@@ -323,7 +325,9 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
 
 class MergedLearner(LearnerWorker):
     def weights(self):
-        return self.engine.state_dict_for_export()  # rank 0: every weight of the merged policy (collective)
+        # rank 0: every weight of the merged policy, and the adapters A and B it pushes (collective)
+        merged, adapters = self.engine.state_dict_for_export(), self.engine.state_dict_for_push()
+        return None if merged is None else {**merged, **adapters}
 
 
 def test_a_resumed_lora_job_repeats_the_uninterrupted_one(cluster, tmp_path):
@@ -347,8 +351,10 @@ def test_a_resumed_lora_job_repeats_the_uninterrupted_one(cluster, tmp_path):
     assert straight.history[2]["train/lr"] == pytest.approx(1e-2 / 3)  # update 2 of 3: 1 - 2/3
     assert weights.keys() == straight_weights.keys()
     assert all(torch.equal(weights[n], straight_weights[n]) for n in weights), "the resumed step differs"
-    for version, held in workers:
-        assert version == 3 and all(torch.equal(held[n], weights[n]) for n in weights)
+    adapted = {n.removesuffix(".lora_A") + ".weight" for n in weights if n.endswith(".lora_A")}
+    for version, held in workers:  # the adapters, and every weight but the adapted ones (merged, frozen there)
+        assert version == 3 and held.keys() == weights.keys()
+        assert all(torch.equal(held[n], weights[n]) for n in weights if n not in adapted)
 
 
 def test_a_d1_shaped_lora_job_forwards_two_micro_batches_at_once_to_the_same_update(cluster, tmp_path):

@@ -1,9 +1,9 @@
 """The sharded push of a LoRA job's adapters (``learner.lora.push: adapters`` with ``weights.source:
 shards``): 2 learner ranks of a real DeepSpeed ZeRO-3 engine with LoRA (CPU, gloo) each broadcast
 their own partitions of every adapted module's A and B, nothing gathered, to a receiver that puts
-each pair together and merges it into its own copy of the frozen base (common/transport/adapters.py)
-through its rollout engine. What it holds equals the learner's merged weights (the export), bit for
-bit, after two trained pushes and one staged beside a running request."""
+them together into the adapters its rollout engine holds unmerged (common/models/lora.py). What it
+holds equals the learner's adapters, bit for bit, and its base weights stay as loaded, after two
+trained pushes and one staged beside a running request."""
 from __future__ import annotations
 
 import time
@@ -49,25 +49,27 @@ class LoraLearnerRank(harness.PushLearner):
         ids = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(seed * 10 + self.rank))
         self.engine.train_step([{"input_ids": ids, "denominator": 48.0}], ce_loss)
 
-    def merged(self) -> dict:
-        return self.engine.state_dict_for_export(all_ranks=True)
+    def pushed(self) -> dict:
+        return self.engine.state_dict_for_push(all_ranks=True)
 
     def partitioned(self) -> list[bool]:
         """Whether each adapter partition this rank would send is a part, not the whole matrix."""
         return [part.numel() < torch.Size(shape).numel() for _, shape, part in self.engine.partitions_for_push(RANKS)]
 
 
-def merged(learners) -> dict:
-    """The learner's plain weights, adapters merged (collective: every rank takes part)."""
-    return ray.get([a.merged.remote() for a in learners], timeout=60)[0]
+def expected(learners, base: dict) -> dict:
+    """What the receiver must hold: the learner's adapters A and B (gathered: collective, every
+    rank takes part) and every other weight as it loaded them."""
+    pushed = ray.get([a.pushed.remote() for a in learners], timeout=60)[0]
+    return {**base, **pushed}
 
 
 class AdapterReceiver(harness.PushReceiver):
-    """A worker's end of an adapter push: the merger over its own base, partial pushes."""
+    """A worker's end of an adapter push: the adapters held unmerged, partial pushes."""
 
-    def setup_push(self, cfg, scale: float, **kwargs) -> None:
+    def setup_push(self, cfg, lora: LoraConfig, **kwargs) -> None:
         super().setup_push(cfg, **kwargs)
-        self.engine.merge_adapters(scale)
+        self.engine.hold_adapters(lora)
 
     def receive_weights(self, handle) -> int:
         return self.engine.update_weights(self.push_end, handle, partial=True)
@@ -78,7 +80,7 @@ class AdapterReceiver(harness.PushReceiver):
 
 
 @pytest.mark.parametrize("backend", ["gloo", "peer"])
-def test_lora_ranks_push_their_adapter_partitions_and_the_worker_holds_the_merged_weights(backend):
+def test_lora_ranks_push_their_adapter_partitions_and_the_worker_holds_the_adapters(backend):
     cfg = WeightPushConfig(backend=backend, timeout_s=60, bucket_mb=0.01)  # several rounds
     learner_cfg = LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3), lora=LORA)
     sources = push_sources(cfg, learner_cfg)
@@ -93,7 +95,7 @@ def test_lora_ranks_push_their_adapter_partitions_and_the_worker_holds_the_merge
         addr, port = ray.get(learners[0].rendezvous_address.remote())  # the push's own store, not the learner's
         ray.get([a.setup_weight_push.remote(cfg, rank=0, world_size=world, master_addr=addr, master_port=port,
                                             peer_names=["rollout-0"], sources=sources) for a in learners]
-                + [receiver.setup_push.remote(cfg, LORA.alpha / LORA.rank, rank=RANKS, world_size=world,
+                + [receiver.setup_push.remote(cfg, LORA, rank=RANKS, world_size=world,
                                               master_addr=addr, master_port=port, sources=sources)])
         before = ray.get(receiver.weights.remote())[1]
         for version in (1, 2):
@@ -103,12 +105,13 @@ def test_lora_ranks_push_their_adapter_partitions_and_the_worker_holds_the_merge
             assert ray.get(receives, timeout=120) == [version]
             assert all(h.version == version for h in ray.get(sends, timeout=120))
             print(f"push {version}: {time.perf_counter() - t0:.2f} s")
-            harness.assert_received(ray.get(receiver.weights.remote()), merged(learners), version)
+            harness.assert_received(ray.get(receiver.weights.remote()), expected(learners, before), version)
         after = ray.get(receiver.weights.remote())[1]
         changed = {n for n in before if not torch.equal(before[n], after[n])}
-        assert changed and all(n.endswith(("q_proj.weight", "up_proj.weight")) for n in changed), sorted(changed)
+        assert changed and all(n.endswith(("q_proj.lora_B", "up_proj.lora_B", ".lora_A")) for n in changed), \
+            sorted(changed)
         ray.get([a.train_once.remote(3) for a in learners])  # staged beside a running request, then swapped in
         sends = [a.push_weights.remote(3) for a in learners]
         assert ray.get(receiver.stage_and_apply.remote(WeightHandle(3, backend)), timeout=120) == 3
         ray.get(sends, timeout=120)
-        harness.assert_received(ray.get(receiver.weights.remote()), merged(learners), 3)
+        harness.assert_received(ray.get(receiver.weights.remote()), expected(learners, before), 3)

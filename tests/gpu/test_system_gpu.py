@@ -31,7 +31,7 @@ pytestmark = pytest.mark.gpu
 
 def job_config(output_dir, ranks: int, workers: int, backend: str = "nccl", lora: bool = False) -> JobConfig:
     gpu = {"num_cpus": 1, "num_gpus": 1}
-    # LoRA: the ranks push their partitions of the adapters, each worker merges them into its base
+    # LoRA: the ranks push their partitions of the adapters, each worker holds them unmerged
     adapters = {"rank": 8, "alpha": 16.0, "target_modules": ["q_proj", "up_proj"], "push": "adapters"}
     return validate(
         JobConfig,
@@ -64,7 +64,7 @@ def job_config(output_dir, ranks: int, workers: int, backend: str = "nccl", lora
             "learner": {
                 "num_ranks": ranks,
                 "dist_timeout_s": 300,
-                "optimizer": {"lr": 1e-2 if lora else 1e-4},  # LoRA: merges that move the bf16 base
+                "optimizer": {"lr": 1e-2 if lora else 1e-4},  # LoRA: adapters that move the policy
                 "deepspeed": {"zero_stage": 3, "dtype": "bf16", "param_persistence_threshold": 0},
                 **({"lora": adapters} if lora else {}),
             },
@@ -111,10 +111,11 @@ def test_system_run(gpu_cluster, tmp_path, ranks, workers, backend, lora):
         assert driver.actors.info["rollouts"][0]["device"].startswith("cuda")
         driver.train()
         driver.drain()
-        # LoRA: the plain policy with the adapters merged (what the workers put together and merge)
+        # LoRA: the plain policy with the adapters merged (its frozen weights are the workers'), and the
+        # adapters the ranks push (what the workers put together and hold unmerged)
         learner = ray.get([(a.exported if lora else a.weights).remote() for a in driver.actors.learners],
                           timeout=300)[0]
-        pushed = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=300)[0] if lora else None
+        pushed = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=300)[0] if lora else {}
         held = ray.get([w.weights.remote() for w in driver.active_rollouts()], timeout=300)
     finally:
         driver.close()
@@ -122,11 +123,13 @@ def test_system_run(gpu_cluster, tmp_path, ranks, workers, backend, lora):
     for s, batch in enumerate(driver.batches):
         assert all(s - x.policy_version <= 1 for e in batch for x in e.group.samples)
     assert driver.worker_versions == [steps] * workers
+    adapted = {n.rsplit(".", 1)[0] + ".weight" for n in pushed}  # merged in the export, frozen on the workers
     for version, weights in held:
         assert version == steps
-        assert weights.keys() == learner.keys()
-        assert all(torch.equal(weights[n], learner[n].cpu()) for n in learner), \
-            [n for n in learner if not torch.equal(weights[n], learner[n].cpu())]
+        assert weights.keys() == (learner.keys() | pushed.keys())
+        expected = {**{n: t for n, t in learner.items() if n not in adapted}, **pushed}
+        assert all(torch.equal(weights[n], expected[n].cpu()) for n in expected), \
+            [n for n in expected if not torch.equal(weights[n], expected[n].cpu())]
     if lora:  # what the ranks push is the adapters, trained away from B = 0: the merged matrices moved off the base
         assert pushed and all(n.endswith((".lora_A", ".lora_B")) for n in pushed), sorted(pushed)
         assert any(t.abs().max() > 0 for n, t in pushed.items() if n.endswith(".lora_B"))
