@@ -54,14 +54,15 @@ def train(config: JobConfig | str | os.PathLike, overrides: Sequence[str] = (), 
 
 
 def evaluate(config: JobConfig | str | os.PathLike, *, model: Optional[str | os.PathLike] = None,
-             checkpoint: Optional[str | os.PathLike] = None, k: int = 1,
+             checkpoint: Optional[str | os.PathLike] = None, adapter: Optional[str | os.PathLike] = None, k: int = 1,
              num_prompts: Optional[int] = None) -> dict[str, Any]:
-    """pass@1 and pass@k of a trained policy (an exported ``model`` directory or a run's
-    ``checkpoint``) on the config's held-out rows, as `stabledrl eval` prints them."""
+    """pass@1 and pass@k of a trained policy (an exported ``model`` directory, a run's ``checkpoint``,
+    or a PEFT ``adapter`` folder onto ``model``, else the config's model) on the config's held-out
+    rows, as `stabledrl eval` prints them."""
     from stabledrl.evaluation.offline import evaluate_policy, load_eval_policy
 
     cfg = config if isinstance(config, JobConfig) else load_config(config)
-    policy, tokenizer = load_eval_policy(cfg, model_dir=model, checkpoint=checkpoint)
+    policy, tokenizer = load_eval_policy(cfg, model_dir=model, checkpoint=checkpoint, adapter=adapter)
     result = evaluate_policy(cfg, policy, tokenizer, k=k, num_prompts=num_prompts)
     return {"num_prompts": result.num_prompts, "samples_per_prompt": result.samples_per_prompt,
             **{f"pass@{key}": value for key, value in result.pass_at.items()},

@@ -80,6 +80,32 @@ _LLADA_BLOCK_KEY = re.compile(r"^model\.transformer\.blocks\.(\d+)\.(\w+)\.weigh
 _HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
 
 
+def llada_released_path(path: str) -> str:
+    """A Linear's path in the Llama model LLaDA runs as here -> its path in LLaDA's own code
+    (``model.layers.3.self_attn.o_proj`` -> ``model.transformer.blocks.3.attn_out``, ``lm_head`` ->
+    ``model.transformer.ff_out``): where PEFT puts the module's adapters on LLaDA's code."""
+    key = f"{path}.weight"
+    top = {v: k for k, v in _LLADA_TOP.items()}
+    layer = _HF_LAYER_KEY.match(key)
+    block = {v: k for k, v in _LLADA_BLOCK.items()}
+    if key in top:
+        return top[key].removesuffix(".weight")
+    if layer and layer.group(2) in block:
+        return f"model.transformer.blocks.{layer.group(1)}.{block[layer.group(2)]}"
+    raise CheckpointError(f"{path} has no LLaDA counterpart")
+
+
+def llada_project_path(path: str) -> str:
+    """The inverse of ``llada_released_path``."""
+    key = f"{path}.weight"
+    block = _LLADA_BLOCK_KEY.match(key)
+    if key in _LLADA_TOP:
+        return _LLADA_TOP[key].removesuffix(".weight")
+    if block and block.group(2) in _LLADA_BLOCK:
+        return f"model.layers.{block.group(1)}.{_LLADA_BLOCK[block.group(2)]}"
+    raise CheckpointError(f"{path} is no module of LLaDA's code this project maps")
+
+
 def _rope(raw: dict[str, Any], default_theta: float) -> dict[str, Any]:
     scaling = raw.get("rope_scaling") or {}
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))

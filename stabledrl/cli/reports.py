@@ -44,8 +44,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--config", default=None, help="the job config the policy was trained with (task, sampler, eval); "
                     "required except with --regrade-d1")
     source = ev.add_mutually_exclusive_group()
-    source.add_argument("--model", help="a transformers directory (run.export_final writes output_dir/final_model)")
-    source.add_argument("--checkpoint", help="a DeepSpeed checkpoint: output_dir, output_dir/checkpoints or one tag")
+    source.add_argument("--model", help="a model directory (run.export_final writes output_dir/final_model)")
+    source.add_argument("--checkpoint", help="a DeepSpeed checkpoint: output_dir, output_dir/checkpoints or one tag "
+                        "(a LoRA job's: its adapters on the config's model, unmerged)")
+    ev.add_argument("--adapter", help="a PEFT LoRA adapter folder (a LoRA run writes output_dir/final_adapter), put "
+                    "unmerged onto the base: --model, else the config's model")
     ev.add_argument("--k", type=int, default=1, help="also report pass@k (k <= samples per prompt)")
     ev.add_argument(
         "--num-prompts",
@@ -132,17 +135,21 @@ def _eval(args: argparse.Namespace) -> int:
     cfg = load_job_config(args.config, args.overrides)
     check_eval_trust(Path(args.config), args.checkpoint, args.model, cfg.model_dump(mode="json"),
                      trust_run=args.trust_run, allow_weaker=args.allow_weaker_sandbox)
+    if args.adapter is not None and args.checkpoint is not None:
+        raise ConfigError("eval: --adapter goes onto a base model (--model, else the config's); a checkpoint holds its "
+                          "own weights (a LoRA job's, its adapters): give one of them")
     if args.protocol:
         return _protocol_eval(args, cfg)
-    if args.model is None and args.checkpoint is None:
-        raise ConfigError("eval: give --model or --checkpoint (or --protocol to evaluate the config's own model)")
+    if args.model is None and args.checkpoint is None and args.adapter is None:
+        raise ConfigError("eval: give --model, --checkpoint or --adapter (or --protocol to evaluate the config's own "
+                          "model)")
     if args.k < 1 or (args.samples is not None and args.samples < args.k):
         raise ConfigError(f"--k must be >= 1 and at most --samples (got k={args.k}, samples={args.samples})")
     note = greedy_note(cfg, max(args.k, args.samples or cfg.eval.samples_per_prompt))
     if note:
         print(note, file=sys.stderr)
-    eval_command(cfg, model_dir=args.model, checkpoint=args.checkpoint, k=args.k, num_prompts=args.num_prompts,
-                 samples_per_prompt=args.samples, out=args.out, show=args.show)
+    eval_command(cfg, model_dir=args.model, checkpoint=args.checkpoint, adapter=args.adapter, k=args.k,
+                 num_prompts=args.num_prompts, samples_per_prompt=args.samples, out=args.out, show=args.show)
     return 0
 
 
@@ -171,8 +178,8 @@ def _protocol_eval(args: argparse.Namespace, cfg) -> int:
     from stabledrl.evaluation.results import ResultsMismatch
 
     try:
-        protocol_command(cfg, protocol, model_dir=args.model, checkpoint=args.checkpoint, out=args.out,
-                         workers=args.workers, log=lambda line: print(line, flush=True))
+        protocol_command(cfg, protocol, model_dir=args.model, checkpoint=args.checkpoint, adapter=args.adapter,
+                         out=args.out, workers=args.workers, log=lambda line: print(line, flush=True))
     except (DataError, ResultsMismatch, CheckpointError) as e:  # refused before any sampling
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2

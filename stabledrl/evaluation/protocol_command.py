@@ -4,9 +4,11 @@
     stabledrl eval --config runs/x/config.yaml --protocol d1 --checkpoint runs/x --out runs/x/d1
     stabledrl eval --config X --protocol d1 --model runs/x/final_model --benchmarks gsm8k,math500 --lengths 256
 
-The policy is the config's model, ``--model`` (a transformers directory) or ``--checkpoint`` (a
-job's DeepSpeed checkpoint: verified and consolidated once, here, through ``stabledrl.evaluation.offline``,
-and written to OUT/policy for the workers: on several nodes OUT must be a shared directory). One
+The policy is the config's model, ``--model`` (a model directory) or ``--checkpoint`` (a job's
+DeepSpeed checkpoint: verified and consolidated once, here, through ``stabledrl.evaluation.offline``,
+and written to OUT/policy for the workers, or for a LoRA job its adapters to OUT/policy_adapter:
+on several nodes OUT must be a shared directory); ``--adapter`` puts a PEFT LoRA folder onto the
+base (``--model``, else the config's model), held unmerged by every worker. One
 ``EvalWorker`` actor per GPU holds a copy (with RAY_ADDRESS set: the GPUs of that cluster; else a
 local Ray instance); on a machine without GPUs, ``--workers`` CPU actors (default
 rollout.num_workers). The protocol settings are ``eval.protocol`` of the config (default: d1 with
@@ -15,6 +17,7 @@ they are graded; rerunning the command continues where it stopped, and prints th
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -52,30 +55,39 @@ def protocol_config(cfg: JobConfig, name: str, *, benchmarks: Optional[list[str]
 
 
 def policy_model(cfg: JobConfig, out_dir: Path, *, model_dir: Optional[str], checkpoint: Optional[str],
-                 log: Log) -> tuple[Any, str]:
-    """(model section the workers load, description for the results): the config's model, a
-    model directory, or a checkpoint consolidated to ``out_dir/policy``."""
-    if model_dir is not None:
-        model = cfg.model.model_copy(update={"path": Path(model_dir).resolve(), "preset": None, "preset_shape": None})
-        return model, f"model {model.path}"
+                 log: Log, adapter: Optional[str] = None) -> tuple[Any, str, Optional[Path]]:
+    """(model section the workers load, description for the results, PEFT adapter folder the workers
+    hold unmerged or None): the config's model or a model directory (with ``adapter``), or a
+    checkpoint consolidated to ``out_dir/policy`` (a LoRA job's adapters to ``out_dir/policy_adapter``)."""
+    from stabledrl.evaluation.offline import describe
+
     if checkpoint is None:
-        where = cfg.model.path if cfg.model.preset is None else f"preset {cfg.model.preset}"
-        return cfg.model, f"model {where}"
+        model = cfg.model if model_dir is None else \
+            cfg.model.model_copy(update={"path": Path(model_dir).resolve(), "preset": None, "preset_shape": None})
+        folder = None if adapter is None else Path(adapter).resolve()
+        return model, describe(cfg, model.path if model_dir else None, None, folder), folder
     from stabledrl.evaluation.offline import load_eval_policy, resolve_checkpoint
     from stabledrl.common.models import export_hf
+    from stabledrl.common.models.adapter_folder import policy_adapters, write_adapter_folder
 
     directory, tag = resolve_checkpoint(checkpoint)
     described = f"checkpoint {directory.resolve() / tag}"
-    target = out_dir / "policy"
+    lora = cfg.learner.lora is not None
+    target = out_dir / ("policy_adapter" if lora else "policy")
     marker = target / "stabledrl_source.json"
     if not (marker.is_file() and json.loads(marker.read_text()).get("source") == described):
         log(f"stabledrl eval: verifying and consolidating {directory / tag} (once; the workers read {target})")
         policy, tokenizer = load_eval_policy(cfg, checkpoint=checkpoint, device="cpu")
-        export_hf(policy, tokenizer, target)
+        if lora:
+            write_adapter_folder(policy_adapters(policy), target, family=policy.spec.name, released=False)
+        else:
+            export_hf(policy, tokenizer, target)
         marker.write_text(json.dumps({"source": described}) + "\n")
         del policy
+    if lora:
+        return cfg.model, described, target.resolve()
     model = cfg.model.model_copy(update={"path": target.resolve(), "preset": None, "preset_shape": None})
-    return model, described
+    return model, described, None
 
 
 def start_workers(cfg: JobConfig, model: Any, workers: Optional[int], log: Log, loader: Any = None) -> list[Any]:
@@ -103,8 +115,8 @@ def start_workers(cfg: JobConfig, model: Any, workers: Optional[int], log: Log, 
 
 
 def protocol_command(cfg: JobConfig, protocol: ProtocolConfig, *, model_dir: Optional[str] = None,
-                     checkpoint: Optional[str] = None, out: Optional[str] = None, workers: Optional[int] = None,
-                     log: Log = print, loader: Any = None) -> dict[str, Any]:
+                     checkpoint: Optional[str] = None, adapter: Optional[str] = None, out: Optional[str] = None,
+                     workers: Optional[int] = None, log: Log = print, loader: Any = None) -> dict[str, Any]:
     """Evaluate, print the table, write OUT/table.md and table.json; returns the table."""
     import ray
 
@@ -114,7 +126,12 @@ def protocol_command(cfg: JobConfig, protocol: ProtocolConfig, *, model_dir: Opt
 
     named = Path(str(model_dir or checkpoint or cfg.model.path or cfg.model.preset).rstrip("/")).name
     out_dir = Path(out) if out else Path("runs") / "eval" / f"{protocol.name}-{named}"
-    model, described = policy_model(cfg, out_dir, model_dir=model_dir, checkpoint=checkpoint, log=log)
+    model, described, folder = policy_model(cfg, out_dir, model_dir=model_dir, checkpoint=checkpoint, log=log,
+                                            adapter=adapter)
+    if folder is not None:  # every worker holds the adapters unmerged on its base
+        from stabledrl.common.models.adapter_folder import load_with_adapter
+
+        loader = functools.partial(load_with_adapter, adapter=str(folder))
     check_model_files(model)  # before any worker starts: refused here, not in each worker after its restarts
     tokenizer = load_model_tokenizer(model)
     prepared = prepare(protocol, tokenizer)

@@ -139,18 +139,6 @@ def test_a_checkpoint_is_verified_before_deepspeed_reads_it(tmp_path):
         checkpoint_weights(tmp_path / "checkpoints")  # changed after the save
 
 
-def test_a_lora_jobs_checkpoint_points_to_the_merged_export():
-    from stabledrl.evaluation.offline import load_eval_policy
-    from stabledrl.common.config.job import load_job_config
-    from stabledrl.common.trust.checkpoint_files import CheckpointError
-
-    cfg = load_job_config(
-        Path(__file__).resolve().parents[3] / "deploy" / "configs" / "recipe_d1_llada8b_gsm8k_lora.yaml"
-    )
-    with pytest.raises(CheckpointError, match="final_model"):
-        load_eval_policy(cfg, checkpoint="runs/d1")
-
-
 def test_other_math_graders_get_their_own_rows_and_the_header_names_every_grader(tmp_path):
     math = tmp_path / "math.jsonl"
     math.write_text("".join(json.dumps({"problem": f"P{i}", "answer": a}) + "\n"
