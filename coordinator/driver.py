@@ -180,9 +180,15 @@ class Driver:
             self.log(event.line)
 
     def export(self) -> None:
+        """The trained policy in its family's released format (final_model) and, for a LoRA run, its
+        adapters as a PEFT folder for the base model (final_adapter): docs/exports.md."""
         directory = self.cfg.run.output_dir / "final_model"
-        self.runtime.export(directory)
+        adapters = self.cfg.run.output_dir / "final_adapter" if self.cfg.learner.lora is not None else None
+        self.runtime.export(directory, adapters)
         self.log(f"policy exported: {directory} (model.path={directory} loads it)")
+        if adapters is not None:
+            self.log(f"LoRA adapters exported: {adapters} (a PEFT folder for model.path; `stabledrl eval --adapter "
+                     f"{adapters}` evaluates them unmerged)")
 
     def close(self) -> None:
         if self.runtime is not None and self.runtime.saving is not None:

@@ -264,6 +264,17 @@ class LearnerEngine:
         rank if ``all_ranks``), None on the others. Collective."""
         return self._cpu_copies(self._plain_parameters(all_ranks, only_adapted=False), all_ranks)
 
+    def adapters_for_export(self, all_ranks: bool = False) -> Optional[dict[str, torch.Tensor]]:
+        """A LoRA learner's adapters A and B as the policy computes with them (its dtype), named as an
+        adapter push names them (``<module>.lora_A``, ``.lora_B``), CPU copies on rank 0 (every rank
+        if ``all_ranks``), None on the others. Collective."""
+        if not self.adapted:
+            raise ValueError("adapters_for_export needs a LoRA learner (learner.lora)")
+        named = adapter_named_parameters(self.adapted, zero_stage=self.cfg.deepspeed.zero_stage,
+                                         bucket_bytes=self.cfg.deepspeed.gather_bucket_mb << 20,
+                                         receive=all_ranks or self.rank == 0)
+        return self._cpu_copies(named, all_ranks)
+
     def _plain_parameters(self, all_ranks: bool, only_adapted: bool) -> Iterator[tuple[str, torch.Tensor]]:
         bucket_bytes = self.cfg.deepspeed.gather_bucket_mb << 20
         receive = all_ranks or self.rank == 0

@@ -37,7 +37,9 @@ from stabledrl.common.config.learner import LearnerConfig
 from stabledrl.common.config.loss import LossConfig
 from stabledrl.common.config.model import ModelConfig
 from stabledrl.common.estimators import estimate
-from stabledrl.common.models import export_hf, load_policy
+from stabledrl.common.models import load_policy
+from stabledrl.common.models.adapter_folder import Adapters
+from stabledrl.common.models.export import export_adapters, export_policy
 from stabledrl.common.actor_setup import hand_back_gpu_memory, settle_gpu, setup_actor_process
 from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from stabledrl.common.stats import Reduce, Stat, combine
@@ -318,9 +320,12 @@ class LearnerWorker:
         """(ranks, ZeRO stage) the loaded checkpoint was written at, if not this engine's."""
         return self.engine.resharded_from
 
-    def export(self, directory: str) -> Optional[str]:
-        """Write the policy (LoRA adapters merged) as a transformers directory (rank 0; collective gather)."""
+    def export(self, directory: str, adapter_directory: Optional[str] = None) -> Optional[str]:
+        """Write the policy in its family's released format (common/models/export.py; LoRA: the
+        adapters merged in fp32, rounded once) and, with ``adapter_directory`` (a LoRA run), the
+        adapters themselves as a PEFT folder for the base model: rank 0 writes, every rank gathers."""
         state = self.engine.state_dict_for_export()
+        adapters = self.engine.adapters_for_export() if adapter_directory is not None else None
         if state is None:
             return None
         policy, tokenizer = load_policy(self.model_cfg.model_copy(update={"gradient_checkpointing": False}))
@@ -330,7 +335,14 @@ class LearnerWorker:
                 f"export: {len(missing)} parameters missing from the gathered weights, e.g. {missing[:3]}"
             )
         policy.load_state_dict(state, strict=False)  # buffers (rotary tables) are rebuilt, not trained
-        return str(export_hf(policy, tokenizer, Path(directory)))
+        export_policy(policy, tokenizer, Path(directory), self.model_cfg)
+        if adapters is not None:
+            lora = self.cfg.lora
+            pairs = {name.removeprefix("model.").removesuffix(".lora_A"): (t, adapters[name[: -len("A")] + "B"])
+                     for name, t in adapters.items() if name.endswith(".lora_A")}
+            export_adapters(Adapters(lora.rank, lora.alpha, pairs), Path(adapter_directory), self.model_cfg,
+                            policy.spec.name)
+        return str(directory)
 
 
 def _cache_key(mb: MicroBatch) -> tuple:

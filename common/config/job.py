@@ -173,8 +173,10 @@ class RunConfig(StrictModel):
     )
     save_final_checkpoint: bool = Field(True, description="save a checkpoint after the last step")
     export_final: bool = Field(
-        True, description="write the trained policy as a transformers directory, output_dir/final_model "
-        "(load it with model.path; `load_policy` reads it back)"
+        True, description="write the trained policy in its family's released format, output_dir/final_model (the "
+        "config and weight names the family's own code loads; model.path and `stabledrl eval --model` read it too); "
+        "a LoRA run writes it with the adapters merged (in fp32, rounded once) and also its adapters as a PEFT "
+        "adapter folder for model.path, output_dir/final_adapter (docs/exports.md)"
     )
     resume_from: Optional[Path] = Field(
         None, description="a checkpoint directory written by this job (output_dir/checkpoints); continue from its "

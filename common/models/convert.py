@@ -281,6 +281,9 @@ def sdar_original(config: PretrainedConfig, state: State) -> tuple[dict[str, Any
     raw = _qwen_original(config, "sdar", auto_map, "SDARForCausalLM")
     raw["head_dim"] = config.head_dim
     raw["attention_bias"] = bool(config.attention_bias)
+    # SDAR's forward reads this key, which its config class does not default: without it the release's
+    # code cannot run the export. False is what the release's own training scripts set
+    raw["fuse_cross_entropy"] = False
     return raw, _untie(config, state)
 
 

@@ -4,6 +4,10 @@
   ``model.transformer.*`` names and ``d_model``-style config, Dream's ``model_type: Dream``, SDAR's
   ``model_type: sdar``; DiffusionGemma's native transformers layout), so tests prove the loader on the
   same bytes a real download has, and trained weights can go back to the authors' tooling.
+- ``export_policy`` is a run's export (run.export_final): the released format, with the family's
+  code files copied beside it from ``model.path`` where it has them; ``export_adapters`` a LoRA
+  run's adapters as a PEFT folder for that base (common/models/adapter_folder.py). docs/exports.md
+  says which tool loads which.
 - ``export_hf`` writes a standard transformers directory (LlamaForCausalLM / Qwen2ForCausalLM /
   Qwen3ForCausalLM / DiffusionGemmaForBlockDiffusion) that ``from_pretrained`` loads with no custom
   code; ``dllm_family``, ``mask_token_id`` and ``block_size`` ride along in its config.json.
@@ -20,7 +24,8 @@ import torch
 from stabledrl.common.config.model import ModelConfig
 from stabledrl.common.models.base import DiffusionPolicy
 from stabledrl.common.models.convert import hf_to_original
-from stabledrl.common.models.families import FAMILY_KEY, CheckpointError
+from stabledrl.common.models.adapter_folder import Adapters, write_adapter_folder
+from stabledrl.common.models.families import FAMILY_KEY, CheckpointError, detect_family
 
 
 def save_original_checkpoint(
@@ -44,6 +49,46 @@ def save_original_checkpoint(
         (directory / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def export_policy(policy: DiffusionPolicy, tokenizer: Any, directory: Union[str, Path], base: ModelConfig) -> Path:
+    """Write ``policy`` in its family's released format (``save_original_checkpoint``) and, where the
+    base ``model.path`` is a released directory with its family's code (``modeling_llada.py`` and the
+    like, which ``AutoModel.from_pretrained(..., trust_remote_code=True)`` imports), copy that code
+    beside it, so the export loads as the release does. Nothing here runs that code."""
+    import shutil
+
+    directory = save_original_checkpoint(policy, tokenizer, directory)
+    source = base_directory(base)
+    if source is not None and policy.spec.name != "diffusion_gemma" and released_format(base):
+        for code in sorted(source.glob("*.py")):
+            shutil.copyfile(code, directory / code.name)
+    return directory
+
+
+def export_adapters(adapters: Adapters, directory: Union[str, Path], base: ModelConfig, family: str) -> Path:
+    """A LoRA run's adapters as a PEFT folder for its base ``model.path``, in the module paths of the
+    code that loads that base (its family's for a released directory, transformers' otherwise)."""
+    where = None if base.preset is not None else str(base.path)
+    return write_adapter_folder(adapters, directory, family=family, released=released_format(base), base=where)
+
+
+def base_directory(base: ModelConfig) -> Optional[Path]:
+    """The local directory of ``model.path`` (None for a preset)."""
+    from stabledrl.common.models.model_dir import resolve_model_dir
+
+    return None if base.preset is not None or base.path is None else resolve_model_dir(base.path, base.revision)
+
+
+def released_format(base: ModelConfig) -> bool:
+    """Whether ``model.path`` holds a checkpoint in its family's released format (a preset does not:
+    it is the transformers class; neither does a directory ``export_hf`` wrote)."""
+    from stabledrl.common.models.model_dir import read_json_file
+
+    source = base_directory(base)
+    if source is None:
+        return False
+    return detect_family(read_json_file(source / "config.json"), base.family)[1]
 
 
 def _token_fields(policy: DiffusionPolicy, tokenizer: Any, family: str) -> dict[str, Any]:

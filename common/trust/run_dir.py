@@ -19,7 +19,8 @@ from typing import Any, Optional
 
 from stabledrl.common.config.base import ConfigError
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.before_resume.jsonl", "checkpoints", "final_model", "tensorboard")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.before_resume.jsonl", "checkpoints", "final_model",
+             "final_adapter", "tensorboard")
 SYSTEM_TREES = ("/proc", "/sys", "/dev")
 PROBE_BYTES = 1 << 20
 

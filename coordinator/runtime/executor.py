@@ -292,8 +292,9 @@ class RayRuntime:
         return [event]
 
     # ---- the end --------------------------------------------------------------------------------
-    def export(self, directory: Any) -> None:
-        wait(self.actors.call_learners("export", str(directory)), self.start_timeout_s,
+    def export(self, directory: Any, adapter_directory: Any = None) -> None:
+        adapters = None if adapter_directory is None else str(adapter_directory)
+        wait(self.actors.call_learners("export", str(directory), adapters), self.start_timeout_s,
              [f"learner rank {r} (export)" for r in range(len(self.actors.learners))])
 
     def close(self) -> None:

@@ -190,6 +190,8 @@ def plan_lines(cfg: JobConfig) -> list[str]:
     lora = learner.lora
     trains = (f"LoRA r {lora.rank} on {', '.join(lora.resolved_targets())}" if lora is not None
               else "every parameter")
+    if lora is not None and lora.push == "merged":  # rollouts sample the merged weights, rounded
+        trains += "; pushed merged into the weights' dtype: the rollout policy is the learner's rounded"
     samples = a.groups_per_step * a.group_size
     canvas = samples * cfg.sampler.gen_length
     updates = run.steps * a.inner_iterations
@@ -279,5 +281,9 @@ def output_lines(cfg: JobConfig) -> list[str]:
     lines = [f"writes: {out}/ (config.yaml, metrics.jsonl{', TensorBoard events' if run.tensorboard else ''}); "
              f"checkpoints {ckpt} in {out / 'checkpoints'}"]
     if run.export_final:
-        lines.append(f"final policy: {out / 'final_model'} (a transformers directory)")
+        lines.append(f"final policy: {out / 'final_model'} (in its family's released format: the family's own code "
+                     "loads it, and so does model.path)")
+        if cfg.learner.lora is not None:
+            lines.append(f"LoRA adapters: {out / 'final_adapter'} (a PEFT adapter folder for model.path; the final "
+                         "policy holds them merged)")
     return lines

@@ -23,6 +23,7 @@ time out, and the stalled one is named.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import time
@@ -229,20 +230,21 @@ def test_bad_rows_and_failing_rewards_are_counted_in_the_metrics(reference):
     )
 
 
-def test_the_export_loads_with_transformers_and_gives_the_learners_logits(reference):
-    from transformers import AutoModelForCausalLM
-
+def test_the_export_is_the_familys_released_layout_and_gives_the_learners_logits(reference):
+    """(that LLaDA's own code loads this layout: tests/unit/common/test_family_exports.py)"""
+    from stabledrl.common.config.model import ModelConfig
     from stabledrl.common.models import load_policy
 
     driver, weights, _, out = reference
-    exported = AutoModelForCausalLM.from_pretrained(out / "final_model")
+    assert json.loads((out / "final_model" / "config.json").read_text())["model_type"] == "llada"
+    exported, _ = load_policy(ModelConfig(path=out / "final_model"))
     policy, _ = load_policy(driver.cfg.model)
     policy.load_state_dict(weights, strict=False)
     ids = torch.randint(3, policy.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
     everything = torch.ones(2, 1, 9, 9, dtype=torch.bool)  # bidirectional: a diffusion LM attends both ways
     with torch.no_grad():
         want = policy(ids, attention_mask=everything).logits
-        got = exported(input_ids=ids, attention_mask=everything).logits
+        got = exported(ids, attention_mask=everything).logits
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert (out / "final_model" / "model.safetensors").is_file()
 

@@ -320,6 +320,14 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
     assert {n: p for n, p in model.named_parameters()}.keys() == exported.keys()
     assert all(torch.equal(p, exported[n]) for n, p in model.named_parameters())
     assert push == "adapters" or all(torch.equal(exported[n], pushed[n]) for n in pushed)
+    # and the adapters themselves, a PEFT folder for the base (model.path): the learner's A and B
+    from stabledrl.common.models.adapter_folder import read_adapter_folder
+
+    folder = read_adapter_folder(tmp_path / "final_adapter", family)
+    assert (folder.rank, folder.alpha) == (LORA.rank, LORA.alpha)
+    held = {f"model.{p}{s}": t for p, pair in folder.pairs.items() for s, t in zip((".lora_A", ".lora_B"), pair)}
+    assert held.keys() == {n[: -len(".weight")] + s for n in adapted for s in (".lora_A", ".lora_B")}
+    assert push == "merged" or all(torch.equal(held[n], pushed[n]) for n in pushed)
     torch.testing.assert_close(model(PROBE, logits_from=1).logits, learner_logits, rtol=1e-4, atol=1e-5)
 
 

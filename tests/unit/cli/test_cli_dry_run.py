@@ -57,6 +57,10 @@ def test_dry_run_plan_of_the_d1_recipe(capsys, empty_caches):
            "at gen_length 256, greedy" in plan
     assert "checkpoints every 8 steps and after the last step in runs/d1-llada8b-gsm8k-lora/checkpoints" in plan
     assert "final policy: runs/d1-llada8b-gsm8k-lora/final_model" in plan
+    assert "LoRA adapters: runs/d1-llada8b-gsm8k-lora/final_adapter (a PEFT adapter folder for model.path" in plan
+    assert "rounded" not in plan  # the adapters are pushed and held unmerged
+    _, _, merged = dry_run(capsys, "learner.lora.push=merged")
+    assert "pushed merged into the weights' dtype: the rollout policy is the learner's rounded" in "\n".join(merged)
     # the plan follows the config
     _, _, notes = dry_run(capsys, "run.steps=10", "eval.every=0", "rollout.num_workers=2", "learner.lora=null")
     plan = "\n".join(notes)
