@@ -49,6 +49,7 @@ from stabledrl.common.transport.staging import StagedWeights
 from stabledrl.common.transport.base import ParameterLoader, WeightHandle, WeightPush
 from stabledrl.common.types import SequenceBatch
 from stabledrl.rollout.sampling import GenerationOutput, StepGraphs, generate
+from stabledrl.rollout.sampling.compiled import forget_compiled
 
 
 @runtime_checkable
@@ -163,7 +164,10 @@ class TorchRolloutEngine:
         weights."""
         if lora is not None:
             model = self.policy.model
-            attach_adapters(model, target_paths(model, lora.resolved_targets()), lora.rank, lora.alpha / lora.rank)
+            if attach_adapters(model, target_paths(model, lora.resolved_targets()), lora.rank, lora.alpha / lora.rank):
+                self.graphs = StepGraphs(self.graphs.capacity)  # steps captured before ran the modules replaced
+                forget_compiled(self.policy)  # and so did the layers compiled before
+                self.staged = None  # a staging copy holds the parameters it was made for
 
     def discard_staged(self) -> None:
         self.staged = None

@@ -64,9 +64,10 @@ def target_paths(model: nn.Module, names: Sequence[str]) -> list[str]:
 
 def attach_adapters(model: nn.Module, paths: Sequence[str], rank: int, scale: float) -> list[str]:
     """Replace each Linear at ``paths`` (in ``model``) by a ``LoraLinear`` of ``rank`` and ``scale``,
-    in place; returns ``paths``. A path already holding adapters of that rank and scale keeps them
-    (a worker whose push is set up again keeps the version it holds); of another rank or scale, or
-    a path that is no Linear, is an error."""
+    in place; returns the paths replaced. A path already holding adapters of that rank and scale
+    keeps them (a worker whose push is set up again keeps the version it holds); of another rank or
+    scale, or a path that is no Linear, is an error."""
+    replaced = []
     for path in paths:
         parent_path, _, name = path.rpartition(".")
         parent = model.get_submodule(parent_path) if parent_path else model
@@ -79,7 +80,8 @@ def attach_adapters(model: nn.Module, paths: Sequence[str], rank: int, scale: fl
         if not isinstance(module, nn.Linear):
             raise ValueError(f"LoRA adapters for {path!r}, which is no Linear module of this model")
         setattr(parent, name, LoraLinear(module, rank, scale))
-    return list(paths)
+        replaced.append(path)
+    return replaced
 
 
 def adapted_paths(model: nn.Module) -> list[str]:

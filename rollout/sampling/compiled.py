@@ -51,6 +51,13 @@ def decoder_layers(policy: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
+def forget_compiled(policy: torch.nn.Module) -> None:
+    """Drop the compiled forwards ``compiled_layers`` kept on the layers of ``policy`` (its modules
+    changed: the next generation compiles them again)."""
+    for module in policy.modules():
+        module.__dict__.pop(_ATTR, None)
+
+
 @contextlib.contextmanager
 def compiled_layers(policy: torch.nn.Module) -> Iterator[int]:
     """Inside: every decoder layer of ``policy`` runs its compiled forward (built at the first use and

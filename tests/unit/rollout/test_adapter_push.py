@@ -114,3 +114,18 @@ def test_the_learner_sends_a_and_b_of_exactly_the_modules_a_worker_holds_adapter
         assert all(isinstance(engine.policy.model.get_submodule(p), LoraLinear) for p in adapted_paths(
             engine.policy.model))
     assert "model.lm_head.lora_B" in sent  # LLaDA's ff_out names its output head too
+
+
+def test_taking_on_adapters_drops_the_steps_and_compiled_layers_built_over_the_plain_modules():
+    from stabledrl.rollout.sampling.compiled import _ATTR, decoder_layers
+
+    engine = TorchRolloutEngine(build_tiny_policy("llada", seed=0))
+    graphs, layers = engine.graphs, decoder_layers(engine.policy)
+    for layer in layers:  # as compiled_layers leaves them
+        layer.__dict__[_ATTR] = "compiled over the plain Linear modules"
+    engine.hold_adapters(LORA)
+    assert engine.graphs is not graphs and not any(_ATTR in layer.__dict__ for layer in layers)
+    graphs = engine.graphs
+    layers[0].__dict__[_ATTR] = "compiled over the adapters"
+    engine.hold_adapters(LORA)  # the same adapters again: what was built over them stays
+    assert engine.graphs is graphs and _ATTR in layers[0].__dict__
