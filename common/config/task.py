@@ -119,6 +119,10 @@ class SandboxConfig(StrictModel):
                                "threads together (a batched call: times its completions); past it the call is killed "
                                "and counted as a 'limit' failure")
     file_size_mb: int = Field(64, ge=1, description="largest file (RLIMIT_FSIZE) a reward may write, in MiB")
+    disk_mb: int = Field(256, ge=1, le=1 << 20, description="bytes, in MiB, that reward code may hold in its "
+                         "directory at once, every file of the import and of the call together (deleted files still "
+                         "open included): the sandbox's directory is a private tmpfs of this size (in RAM), where the "
+                         "kernel allows a mount namespace; a write beyond it fails with 'No space left on device'")
     landlock: bool = Field(True, description="confine files with Linux Landlock where the kernel offers it: read only "
                            "Python, the project, the reward file and read_paths; write only the call's own temporary "
                            "directory; no signals to other processes. false (or no Landlock): as root, rewards run "

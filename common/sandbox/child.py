@@ -1,11 +1,13 @@
 """Child side of the reward sandbox: ``python -m stabledrl.common.sandbox.child``.
 
-This process (the sandbox) reads its settings from stdin (JSON: the task config, the sandbox
-limits, the reward file), confines itself (``confine``: memory and file-size limits, Landlock or
-as root user nobody, no capabilities, child subreaper), builds the task (importing a custom
-reward: its module-level code already runs confined), replies ("ready", what is confined and
-whether the reward is batched) or ("error", message), then answers each (completion, row) request,
-or (completions, rows) for a batched reward, until stdin closes.
+This process (the sandbox), started by its supervisor (``supervisor``: a private tmpfs as its
+directory, and every process left below it killed once it ends), reads its settings from stdin
+(JSON: the task config, the sandbox limits, the reward file), confines itself (``confine``: memory
+and file-size limits, Landlock or as root user nobody, no capabilities, the seccomp filter, child
+subreaper), builds the task (importing a custom reward: its module-level code already runs
+confined), replies ("ready", what is confined and whether the reward is batched) or ("error",
+message), then answers each (completion, row) request, or (completions, rows) for a batched
+reward, until stdin closes.
 
 Each call runs in a fresh process forked from the sandbox: in its own session, in its own
 temporary directory (also HOME and TMPDIR; removed afterwards), under a CPU-time limit and a
@@ -48,6 +50,7 @@ from typing import Any, Optional
 
 from stabledrl.common.sandbox import confine
 from stabledrl.common.sandbox.scorer import FAILURE_KINDS, outcome_of
+from stabledrl.common.sandbox.supervisor import DISK_ENV, GUARDED_ENV
 
 MAX_REPLY_BYTES = 1 << 20
 OUTPUT_SHOWN_BYTES = 2048  # of one call's output, copied to the log
@@ -182,8 +185,8 @@ class _Sandbox:
             digest = hashlib.sha256(Path(file).read_bytes()).hexdigest()[:16]
             notes.insert(i, f"reward {file} (sha256 {digest})")
         batched = bool(getattr(self.task.correctness, "batched", False))  # the parent then sends whole batches
-        self.confined = {"landlock": self.landlock, "notes": notes, "degraded": not (self.landlock and self.seccomp),
-                         "batched": batched}
+        self.confined = {"landlock": self.landlock, "notes": notes,
+                         "degraded": not (self.landlock and self.seccomp and self.private_disk), "batched": batched}
         self.share = 1  # completions in the call under way: its time and CPU limits are that many times the limits
         self._cpu, self._wall = _own_cpu(), time.monotonic()
 
@@ -207,12 +210,15 @@ class _Sandbox:
         self.seccomp = True
         confine.set_limits(memory_mb=box.memory_mb, file_size_mb=box.file_size_mb)
         self.landlock, why = confine.landlock_abi() if box.landlock else (0, "task.reward.sandbox.landlock is false")
+        disk = os.environ.get(DISK_ENV, "no supervisor")
+        self.private_disk = disk == "tmpfs"
         notes = [
             f"memory {box.memory_mb} MiB",
             f"CPU {box.cpu_seconds:g} s per call",
-            f"files <= {box.file_size_mb} MiB",
+            f"files <= {box.file_size_mb} MiB" + (f", {box.disk_mb} MiB in all (a private tmpfs)" if self.private_disk
+                                                 else f"; their total not bounded: {disk}"),
             "own session and temporary directory per call",
-            "leftover processes killed",
+            "leftover processes killed, and all of them when the sandbox ends (its supervisor)",
             f"import within {self.cfg.reward.import_timeout_s:g} s",
             "output to a file, bounded copies in the log",
         ]
@@ -226,9 +232,12 @@ class _Sandbox:
         privileges = confine.drop_privileges(become_nobody=not self.landlock, chown=[self.base])
         notes += [privileges] if privileges else []
         try:
-            if confine.deny_syscalls(allow_network=box.allow_network):
+            guarded = [int(pid) for pid in os.environ.get(GUARDED_ENV, "").split()]  # the supervisor and the worker
+            if confine.deny_syscalls(allow_network=box.allow_network, protect=guarded,
+                                     protect_everyone=self.landlock < 6):  # ABI 6's scope confines kill(-1) itself
                 sockets = "IPv4/IPv6 sockets only" if box.allow_network else "no sockets (TCP, UDP, Unix)"
-                notes.append(f"seccomp: no file metadata changes (chmod, chown, utimes, xattrs), {sockets}")
+                notes.append(f"seccomp: no file metadata changes (chmod, chown, utimes, xattrs), {sockets}, no "
+                             "namespaces, no ptrace, no signals to its supervisor or the worker")
             else:
                 notes.append(f"no seccomp filter for {os.uname().machine}: metadata and sockets not confined")
                 self.seccomp = False

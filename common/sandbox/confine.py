@@ -18,7 +18,10 @@ The reward sandbox (``sandbox_child``) calls these in its own processes, never i
   denied everywhere; a reward has no business changing metadata), no socket of any family unless
   the network is allowed (then only IPv4/IPv6: never a Unix socket such as Ray's raylet or
   plasma store; UDP is a socket too), no io_uring (it would bypass the filter), no kernel keyrings,
-  perf events, namespaces or userfaultfd. A denied call fails with EPERM (PermissionError).
+  perf events, mounts, ptrace or userfaultfd, no namespaces (unshare, setns, and clone() with a
+  CLONE_NEW* flag; clone3, whose flags the filter cannot read, answers ENOSYS and the C library
+  falls back to clone), and no signal to the processes it is given to protect (the sandbox's
+  supervisor and the worker). A denied call fails with EPERM (PermissionError).
 - ``Reaper``: the process that forks reward calls becomes a child subreaper, so every process a call
   leaves behind (even one that called ``setsid`` and double-forked) becomes its child; ``reap``
   kills them all, round after round until none is left (a chain of any depth: each round kills
@@ -33,7 +36,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 # <linux/landlock.h>
 _FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -206,14 +209,18 @@ def die_with_parent() -> None:
 REAP_TIMEOUT_S = 30.0
 
 # seccomp: <linux/filter.h>, <linux/seccomp.h>, <linux/audit.h>
-_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_JSET_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _AF_INET, _AF_INET6 = 2, 10
+# <linux/sched.h>: every CLONE_NEW* flag clone() takes (NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET)
+CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 _METADATA = ("chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "utime",
              "utimes", "futimesat", "utimensat", "setxattr", "lsetxattr", "fsetxattr", "removexattr",
              "lremovexattr", "fremovexattr", "setxattrat", "removexattrat")
 _OTHER = ("io_uring_setup", "io_uring_enter", "io_uring_register", "keyctl", "add_key", "request_key",
-          "perf_event_open", "userfaultfd", "unshare", "setns")
+          "perf_event_open", "userfaultfd", "unshare", "setns", "mount", "umount2", "pivot_root", "ptrace",
+          "process_vm_readv", "process_vm_writev", "pidfd_send_signal", "pidfd_getfd")
+_SIGNALS = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open")  # the pid is args[0]
 # (audit arch, first number of a foreign ABI or None, {name: number}); numbers from the kernel's tables
 _SECCOMP_ARCH = {
     "x86_64": (0xC000003E, 0x40000000, {
@@ -222,13 +229,19 @@ _SECCOMP_ARCH = {
         "lremovexattr": 198, "fremovexattr": 199, "fchownat": 260, "futimesat": 261, "fchmodat": 268,
         "utimensat": 280, "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466, "io_uring_setup": 425,
         "io_uring_enter": 426, "io_uring_register": 427, "keyctl": 250, "add_key": 248, "request_key": 249,
-        "perf_event_open": 298, "userfaultfd": 323, "unshare": 272, "setns": 308}),
+        "perf_event_open": 298, "userfaultfd": 323, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166,
+        "pivot_root": 155, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
+        "pidfd_send_signal": 424, "pidfd_getfd": 438, "kill": 62, "tkill": 200, "tgkill": 234,
+        "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "pidfd_open": 434, "clone": 56, "clone3": 435}),
     "aarch64": (0xC00000B7, None, {
         "socket": 198, "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15,
         "fremovexattr": 16, "fchmod": 52, "fchmodat": 53, "fchownat": 54, "fchown": 55, "utimensat": 88,
         "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466, "io_uring_setup": 425, "io_uring_enter": 426,
         "io_uring_register": 427, "keyctl": 219, "add_key": 217, "request_key": 218, "perf_event_open": 241,
-        "userfaultfd": 282, "unshare": 97, "setns": 268}),
+        "userfaultfd": 282, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_send_signal": 424,
+        "pidfd_getfd": 438, "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138,
+        "rt_tgsigqueueinfo": 240, "pidfd_open": 434, "clone": 220, "clone3": 435}),
 }
 
 
@@ -240,22 +253,39 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def seccomp_program(machine: str, allow_network: bool) -> list[tuple[int, int, int, int]]:
+def seccomp_program(machine: str, allow_network: bool, protect: Sequence[int] = (),
+                    protect_everyone: bool = False) -> list[tuple[int, int, int, int]]:
     """The BPF program of ``deny_syscalls`` as (code, jt, jf, k) rows: another architecture's
     calls, the metadata calls and ``_OTHER`` fail with EPERM; socket() too, unless
-    ``allow_network`` and its family is IPv4 or IPv6."""
+    ``allow_network`` and its family is IPv4 or IPv6; clone() with any CLONE_NEW* flag (a
+    namespace: a user namespace would hand the reward every capability inside it) too; clone3()
+    with ENOSYS (its flags lie in memory, out of the filter's sight; the C library then falls back
+    to clone()). A signal (``_SIGNALS``) aimed at a pid of ``protect``, at its process group
+    (-pid) or, with ``protect_everyone``, at every process (-1) fails with EPERM."""
     import errno
 
     arch, foreign, numbers = _SECCOMP_ARCH[machine]
     denied = sorted({numbers[n] for n in (*_METADATA, *_OTHER) if n in numbers})
-    # rows with symbolic jump targets ("deny", "socket", "allow"), resolved below
+    # rows with symbolic jump targets ("deny", "socket", "clone", "signal", "enosys", "allow"), resolved below
     rows: list[tuple[int, object, object, int]] = [
         (_BPF_LD_W_ABS, 0, 0, 4), (_BPF_JEQ_K, 0, "deny", arch), (_BPF_LD_W_ABS, 0, 0, 0)]  # arch, then nr
     if foreign is not None:
         rows.append((_BPF_JGE_K, "deny", 0, foreign))  # x32 numbers on x86_64
     rows += [(_BPF_JEQ_K, "deny", 0, nr) for nr in denied]
+    rows += [(_BPF_JEQ_K, "clone", 0, numbers["clone"]), (_BPF_JEQ_K, "enosys", 0, numbers["clone3"])]
+    targets = sorted({v & 0xFFFFFFFF for pid in protect for v in (pid, -pid)} | ({0xFFFFFFFF} if protect_everyone
+                                                                                 else set()))
+    if targets:
+        rows += [(_BPF_JEQ_K, "signal", 0, numbers[name]) for name in _SIGNALS]
     rows += [(_BPF_JEQ_K, "socket", 0, numbers["socket"]), (_BPF_RET_K, 0, 0, _RET_ALLOW)]
-    labels = {"socket": len(rows)}
+    labels = {"clone": len(rows)}
+    rows += [(_BPF_LD_W_ABS, 0, 0, 16), (_BPF_JSET_K, "deny", "allow", CLONE_NEW_FLAGS)]  # args[0]: the flags
+    if targets:
+        labels["signal"] = len(rows)
+        rows.append((_BPF_LD_W_ABS, 0, 0, 16))  # args[0] (its low half): the pid
+        rows += [(_BPF_JEQ_K, "deny", 0, target) for target in targets]
+        rows.append((_BPF_RET_K, 0, 0, _RET_ALLOW))
+    labels["socket"] = len(rows)
     rows.append((_BPF_LD_W_ABS, 0, 0, 16))  # args[0] (its low half): the address family
     if allow_network:
         rows += [(_BPF_JEQ_K, "allow", 0, _AF_INET), (_BPF_JEQ_K, "allow", 0, _AF_INET6)]
@@ -263,6 +293,8 @@ def seccomp_program(machine: str, allow_network: bool) -> list[tuple[int, int, i
     rows.append((_BPF_RET_K, 0, 0, _RET_ERRNO | errno.EPERM))
     labels["allow"] = len(rows)
     rows.append((_BPF_RET_K, 0, 0, _RET_ALLOW))
+    labels["enosys"] = len(rows)
+    rows.append((_BPF_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS))
 
     def offset(i: int, target: object) -> int:
         return labels[target] - i - 1 if isinstance(target, str) else int(target)
@@ -270,13 +302,13 @@ def seccomp_program(machine: str, allow_network: bool) -> list[tuple[int, int, i
     return [(code, offset(i, jt), offset(i, jf), k) for i, (code, jt, jf, k) in enumerate(rows)]
 
 
-def deny_syscalls(allow_network: bool) -> bool:
+def deny_syscalls(allow_network: bool, protect: Sequence[int] = (), protect_everyone: bool = False) -> bool:
     """Install ``seccomp_program`` on this process (inherited by every child, never removable);
     False where this architecture has no table here. OSError where the kernel refuses it."""
     machine = os.uname().machine
     if machine not in _SECCOMP_ARCH:
         return False
-    rows = seccomp_program(machine, allow_network)
+    rows = seccomp_program(machine, allow_network, protect, protect_everyone)
     filters = (_SockFilter * len(rows))(*[_SockFilter(*row) for row in rows])
     prog = _SockFprog(len(rows), ctypes.cast(filters, ctypes.POINTER(_SockFilter)))
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)

@@ -11,9 +11,13 @@ Isolation (``reward.isolation``):
   stabledrl.common.sandbox.child``, talking over its stdin/stdout pipes; what reward code prints goes
   to a file, and only bounded copies reach the worker's log) that forks a fresh, confined process
   for every call: memory, CPU time and file size limited, its own session and temporary
-  directory, files and network confined with Landlock where the kernel offers it, metadata and
-  sockets with a seccomp filter, no privileges, every process it leaves behind killed
-  (``reward.sandbox``, ``stabledrl.common.sandbox.confine``). A call past ``timeout_s`` or a limit is killed
+  directory, files and network confined with Landlock where the kernel offers it, metadata,
+  sockets, namespaces and signals with a seccomp filter, no privileges, every process it leaves
+  behind killed (``reward.sandbox``, ``stabledrl.common.sandbox.confine``). Between the worker and
+  the sandbox sits its supervisor (``stabledrl.common.sandbox.supervisor``), a process no reward
+  code runs in: it gives the sandbox a private tmpfs of ``sandbox.disk_mb`` as its directory, and
+  kills every process the reward started, at import, in a call or at exit, when the sandbox ends.
+  A call past ``timeout_s`` or a limit is killed
   and counted; a crash (``os._exit``, a segfault) too; the sandbox lives on. A batched user reward
   (``score_batch``) scores a batch in one call: its time and CPU limits are ``timeout_s`` and
   ``sandbox.cpu_seconds`` times its completions (the memory limit is the call's), its answer holds
@@ -64,6 +68,7 @@ FAILURE_KINDS = ("exception", "non_number", "non_finite", "out_of_range", "timeo
 WORKDIR_PREFIX = "stabledrl-reward-"
 _reported: set[str] = set()  # what this process already logged about the sandbox
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+SUPERVISOR = Path(__file__).resolve().with_name("supervisor.py")  # run as a script: python -I, no imports of ours
 
 
 @dataclass
@@ -164,10 +169,11 @@ class _Child:
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
         paths = _reward_paths(cfg)
         settings = {"task": cfg.model_dump(mode="json"), "workdir": str(self.workdir), **paths}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stabledrl.common.sandbox.child"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=_child_env(cfg.reward.sandbox.pass_env, paths.get("read_paths", [])), cwd=self.workdir,
-            start_new_session=True,
+        command = [sys.executable, "-I", str(SUPERVISOR), str(self.workdir), str(cfg.reward.sandbox.disk_mb), "--",
+                   sys.executable, "-m", "stabledrl.common.sandbox.child"]
+        self.proc = subprocess.Popen(  # the supervisor, which starts the sandbox and outlives all it started
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=self.workdir, start_new_session=True,
+            env=_child_env(cfg.reward.sandbox.pass_env, paths.get("read_paths", [])),
         )  # fmt: skip
         self.to_child = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
         self.from_child = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
@@ -217,21 +223,26 @@ class _Child:
         return self.proc.poll() is None
 
     def close(self) -> None:
-        """Closing stdin ends the sandbox (it removes its directory); a sandbox that does not end
-        within a few seconds is killed with its whole session."""
+        """Closing stdin ends the sandbox (it removes its directory), and the supervisor, once it
+        has killed every process the reward left, exits. A sandbox that does not end within a few
+        seconds is ended by SIGTERM to the supervisor (which then kills it and reaps the rest as
+        well); SIGKILL only if the supervisor does not answer either."""
         for end in (self.to_child, self.proc.stdin):
             try:
                 end.close()
             except OSError:
                 pass
-        try:
-            self.proc.wait(timeout=CLOSE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
+        for sig in (None, signal.SIGTERM, signal.SIGKILL):
+            if sig is not None:
+                try:
+                    os.kill(self.proc.pid, sig)
+                except ProcessLookupError:
+                    pass
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                self.proc.kill()
-            self.proc.wait()
+                self.proc.wait(timeout=CLOSE_TIMEOUT_S if sig != signal.SIGKILL else None)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         for end in (self.from_child, self.proc.stdout):
             try:
                 end.close()

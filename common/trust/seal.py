@@ -152,7 +152,8 @@ def confinement(config: dict[str, Any]) -> dict[str, Any]:
     if isolation == "auto":
         isolation = "process" if reward.get("custom") else "inline"
     return {"isolation": isolation, **{k: sandbox.get(k) for k in (
-        "landlock", "allow_network", "read_paths", "pass_env", "memory_mb", "cpu_seconds", "file_size_mb")},
+        "landlock", "allow_network", "read_paths", "pass_env", "memory_mb", "cpu_seconds", "file_size_mb",
+        "disk_mb")},
         "timeout_s": reward.get("timeout_s")}
 
 
@@ -173,7 +174,7 @@ def weakened(started: dict[str, Any], now: dict[str, Any]) -> list[str]:
         added = sorted(set(b[key] or []) - set(a[key] or []))
         if added:
             out.append(f"task.reward.sandbox.{key}: adds {added}")
-    for key in ("memory_mb", "cpu_seconds", "file_size_mb", "timeout_s"):
+    for key in ("memory_mb", "cpu_seconds", "file_size_mb", "disk_mb", "timeout_s"):
         if a[key] is not None and b[key] is not None and b[key] > a[key]:
             field = f"task.reward.{'' if key == 'timeout_s' else 'sandbox.'}{key}"
             out.append(f"{field}: {a[key]} -> {b[key]}")
