@@ -373,6 +373,7 @@ def _run_call(sandbox: _Sandbox, completion: str, row: Any, workdir: Path, write
         _score(sandbox, completion, row, writer)
     except BaseException:  # noqa: BLE001
         code = 70
+    _flush()
     os._exit(code)
 
 
@@ -386,6 +387,7 @@ def _score(sandbox: _Sandbox, completion: str, row: Any, writer: int) -> None:
             message = _outcome(sandbox.task.reward(completion, row), box, 2000)
     except BaseException as e:  # noqa: BLE001 - sys.exit included: the call failed, the sandbox lives on
         message = _outcome(e, box, 2000)
+    _flush()  # what it printed is in its output file before the answer (the call ends with os._exit)
     reply.send_bytes(json.dumps(message).encode())
 
 
@@ -397,6 +399,14 @@ def _outcome(result: Any, box: Any, chars: int) -> list:
     if isinstance(result, BaseException):
         return [outcome_of(result), repr(result)[:chars]]
     return ["ok", [result.total, dict(result.parts)]]
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed or replaced by the reward
+            pass
 
 
 def _scoped() -> bool:
@@ -441,6 +451,7 @@ def _warden(sandbox: _Sandbox, completion: str, row: Any, workdir: Path, writer:
             _score(sandbox, completion, row, writer)
         except BaseException:  # noqa: BLE001
             code = 70
+        _flush()
         os._exit(code)
     os.close(writer)
     _, status = os.waitpid(scorer, 0)

@@ -7,7 +7,8 @@
   supervisor, a process no reward code runs in (common/sandbox/supervisor.py), which the
   reward cannot signal.
 - No namespace: clone() with CLONE_NEWUSER, clone3(), unshare(1) all fail.
-- A call's files are bounded in bytes in all (task.reward.sandbox.disk_mb), not only file by file."""
+- A call's files are bounded in bytes in all (task.reward.sandbox.disk_mb), not only file by file.
+- What a reward prints reaches the log, flushed or not."""
 from __future__ import annotations
 
 import os
@@ -299,3 +300,11 @@ def test_the_seccomp_filter_keeps_signals_from_the_pids_it_guards():
         for proc in (guarded, other):
             proc.kill()
             proc.wait()
+
+
+def test_what_a_reward_prints_reaches_the_log_unflushed(tmp_path, capfd):
+    """Finding: a reward's print() was lost: a call ends with os._exit, which does not flush."""
+    with escapes(tmp_path) as scorer:
+        assert scorer.score("print", ROW) == RewardResult(1.0, {"custom": 1.0})
+    err = capfd.readouterr().err
+    assert "printed by the reward" in err and "and to stderr" in err, err[-2000:]
