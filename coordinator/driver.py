@@ -181,10 +181,16 @@ class Driver:
 
     def export(self) -> None:
         """The trained policy in its family's released format (final_model) and, for a LoRA run, its
-        adapters as a PEFT folder for the base model (final_adapter): docs/exports.md."""
+        adapters as a PEFT folder for the base model (final_adapter): docs/exports.md. Each carries
+        the job's sealed config (`stabledrl eval --model DIR` / `--adapter DIR` needs no other)."""
+        from stabledrl.common.trust.seal import EXPORT_CONFIG
+
         directory = self.cfg.run.output_dir / "final_model"
         adapters = self.cfg.run.output_dir / "final_adapter" if self.cfg.learner.lora is not None else None
         self.runtime.export(directory, adapters)
+        for exported in (directory, adapters):
+            if exported is not None:
+                write_config(self.cfg, self.config_json(), exported / EXPORT_CONFIG)
         self.log(f"policy exported: {directory} (model.path={directory} loads it)")
         if adapters is not None:
             self.log(f"LoRA adapters exported: {adapters} (a PEFT folder for model.path; `stabledrl eval --adapter "

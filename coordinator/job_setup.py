@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import ray
@@ -97,16 +98,17 @@ def config_json(job_cfg: JobConfig) -> dict[str, Any]:
     return job_cfg.model_copy(update={"run": run}).model_dump(mode="json")
 
 
-def write_config(cfg: JobConfig, config: dict[str, Any]) -> None:
-    """output_dir/config.yaml: the resolved config, which `stabledrl train --resume` reads back,
-    sealed under this user's key (common/trust/seal.py)."""
+def write_config(cfg: JobConfig, config: dict[str, Any], file: Optional[Path] = None) -> None:
+    """output_dir/config.yaml (or ``file``: an export's): the resolved config, which `stabledrl
+    train --resume` and `stabledrl eval --model EXPORT` read back, sealed under this user's key
+    (common/trust/seal.py)."""
     import yaml
 
     from stabledrl.common.trust.seal import sealed_text
 
-    directory = cfg.run.output_dir
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.yaml").write_text(sealed_text(yaml.safe_dump(config, sort_keys=False)))
+    file = file or cfg.run.output_dir / "config.yaml"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(sealed_text(yaml.safe_dump(config, sort_keys=False)))
 
 
 def log_data(reports: list[Any], metrics: MetricsLogger, log: Callable[[str], None]) -> None:

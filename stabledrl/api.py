@@ -37,7 +37,11 @@ def train(config: JobConfig | str | os.PathLike, overrides: Sequence[str] = (), 
     from stabledrl.coordinator.driver import Driver
     from stabledrl.recipes.stages import JOB_STAGES
 
+    from stabledrl.common.trust.seal import check_run_config
+
     cfg = config if isinstance(config, JobConfig) else load_config(config, overrides)
+    if not isinstance(config, JobConfig):  # a run's config.yaml is used only as the run wrote it
+        check_run_config(Path(config))
     check_sampler_layout(cfg)
     check_installed(cfg)
     check_reward(cfg.task)
@@ -53,15 +57,23 @@ def train(config: JobConfig | str | os.PathLike, overrides: Sequence[str] = (), 
     return Path(cfg.run.output_dir)
 
 
-def evaluate(config: JobConfig | str | os.PathLike, *, model: Optional[str | os.PathLike] = None,
+def evaluate(config: JobConfig | str | os.PathLike | None = None, *, model: Optional[str | os.PathLike] = None,
              checkpoint: Optional[str | os.PathLike] = None, adapter: Optional[str | os.PathLike] = None, k: int = 1,
              num_prompts: Optional[int] = None) -> dict[str, Any]:
     """pass@1 and pass@k of a trained policy (an exported ``model`` directory, a run's ``checkpoint``,
     or a PEFT ``adapter`` folder onto ``model``, else the config's model) on the config's held-out
-    rows, as `stabledrl eval` prints them."""
-    from stabledrl.evaluation.offline import evaluate_policy, load_eval_policy
+    rows, as `stabledrl eval` prints them. ``config`` None: the config an export (``adapter`` or
+    ``model``) carries. A run's config (and an export's) is checked as `stabledrl eval` checks it
+    (common/trust/seal.py)."""
+    from stabledrl.common.trust.run_dir import check_eval_trust
+    from stabledrl.evaluation.offline import carried_config, evaluate_policy, load_eval_policy
 
+    if config is None:
+        config = carried_config(*(str(d) for d in (adapter, model) if d is not None))
     cfg = config if isinstance(config, JobConfig) else load_config(config)
+    if not isinstance(config, JobConfig):
+        where = None if checkpoint is None else str(checkpoint)
+        check_eval_trust(Path(config), where, None, cfg.model_dump(mode="json"), trust_run=False, allow_weaker=False)
     policy, tokenizer = load_eval_policy(cfg, model_dir=model, checkpoint=checkpoint, adapter=adapter)
     result = evaluate_policy(cfg, policy, tokenizer, k=k, num_prompts=num_prompts)
     return {"num_prompts": result.num_prompts, "samples_per_prompt": result.samples_per_prompt,

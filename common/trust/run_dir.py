@@ -20,13 +20,16 @@ from typing import Any, Optional
 from stabledrl.common.config.base import ConfigError
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.before_resume.jsonl", "checkpoints", "final_model",
-             "final_adapter", "tensorboard")
+             "final_adapter", "tensorboard", "latest")
 SYSTEM_TREES = ("/proc", "/sys", "/dev")
 PROBE_BYTES = 1 << 20
 
 
 def holds_run(directory: Path) -> list[str]:
-    return [name for name in ("config.yaml", "metrics.jsonl", "checkpoints") if (Path(directory) / name).exists()]
+    """What of a run ``directory`` holds (its config, or anything a job writes: RUN_MARKS)."""
+    from stabledrl.common.trust.seal import RUN_MARKS
+
+    return [name for name in ("config.yaml", *RUN_MARKS) if os.path.lexists(Path(directory) / name)]
 
 
 def check_output_dir(directory: Path, *, resuming: bool, overwrite: bool) -> None:

@@ -11,11 +11,15 @@ mode 0600, created by the first job that writes a run). Sealed:
 - every checkpoint's ``coordinator.json`` (the manifest: file sizes, the resolved config, the
   step): its ``seal`` field covers the rest of the manifest;
 - a warm start's ``warmstart.json`` (the SHA-256 of every file of the cached model): a manifest
-  whose hashes were rewritten after a weight swap no longer matches its seal.
+  whose hashes were rewritten after a weight swap no longer matches its seal;
+- an export's ``stabledrl_config.yaml`` (the job's config, carried with its weights) like config.yaml.
 
 ``check_run_config`` refuses a run's config that is not as the run wrote it (no seal, or one
 that does not match: edited since, or written under another user's key) when it names code to
-run (``task.reward.custom``), unless the user passes ``--trust-run``; and it refuses a config
+run (``task.reward.custom``), unless the user passes ``--trust-run``. A run's config is one that
+bears a seal line, wherever it lies, and any config in a directory the project wrote into
+(``is_run_dir``: checkpoints, tags, ``latest``, metrics, an export). A config file names code to
+run: use only your own, or a run's that verifies. ``check_confinement`` refuses a config
 whose reward sandbox is weaker than the one the run started with (isolation, Landlock, network,
 readable paths, environment, limits) unless the user passes ``--allow-weaker-sandbox``.
 A run copied from another machine is sealed under that machine's key: it resumes and evaluates as
@@ -35,6 +39,10 @@ from typing import Any, Optional
 
 SEAL_LINE = "# stabledrl-seal: "
 KEY_BYTES = 32
+KEY_ENV = "STABLEDRL_KEY_FILE"
+EXPORT_CONFIG = "stabledrl_config.yaml"  # the job's sealed config, inside an exported model directory
+# what a job writes into its output_dir: any one of them marks a directory as a run
+RUN_MARKS = ("checkpoints", "metrics.jsonl", "metrics.before_resume.jsonl", "final_model", "latest", EXPORT_CONFIG)
 
 
 class RunTrustError(ValueError):
@@ -42,7 +50,7 @@ class RunTrustError(ValueError):
 
 
 def key_file() -> Path:
-    return Path(os.environ.get("STABLEDRL_KEY_FILE") or Path.home() / ".config" / "stabledrl" / "run.key").expanduser()
+    return Path(os.environ.get(KEY_ENV) or Path.home() / ".config" / "stabledrl" / "run.key").expanduser()
 
 
 def run_key(create: bool = False) -> Optional[bytes]:
@@ -106,8 +114,17 @@ def json_is_sealed(data: dict[str, Any]) -> bool:
 
 # ---- the checks ------------------------------------------------------------------------------------
 def is_run_dir(directory: Path) -> bool:
-    """A directory a job wrote (a config.yaml there is the run's own, not one the user wrote)."""
-    return any((Path(directory) / name).exists() for name in ("checkpoints", "metrics.jsonl"))
+    """A directory a job wrote (a config.yaml there is the run's own, not one the user wrote):
+    anything the project writes marks it, its checkpoints (``checkpoints/``, or tags moved to its
+    root: ``latest``, a directory holding ``coordinator.json``), metrics, an export."""
+    directory = Path(directory)
+    if any(os.path.lexists(directory / name) for name in RUN_MARKS):
+        return True
+    try:
+        return (directory / "coordinator.json").exists() or any(
+            (child / "coordinator.json").exists() for child in directory.iterdir() if child.is_dir())
+    except OSError:
+        return False
 
 
 def names_code(config: dict[str, Any]) -> Optional[str]:
@@ -117,17 +134,22 @@ def names_code(config: dict[str, Any]) -> Optional[str]:
 
 
 def check_run_config(path: Path, *, trust_run: bool = False, run_dir: Optional[Path] = None) -> None:
-    """Refuse the run's config ``path`` (read for ``train --resume`` or from a run directory) when it
-    is not as the run wrote it and names code to run, unless ``trust_run``. A config outside any
-    run directory (``run_dir`` None and no run beside it) is the user's own and is not checked."""
+    """Refuse the config ``path`` when it names code to run and is a run's config that is not as
+    the run wrote it, unless ``trust_run``. A run's config is one that bears a seal line (wherever
+    it lies: a config handed over with a model, or moved out of its run), one inside a run
+    directory (``run_dir``, or a directory ``is_run_dir`` recognises beside it). Any other config
+    is the user's own and is not checked: a config names code, so run only your own or a verified
+    one."""
     path = Path(path)
-    if run_dir is None and not is_run_dir(path.parent):
-        return
     from stabledrl.common.config.base import load_yaml
 
     text = path.read_text(encoding="utf-8", errors="replace")
     code = names_code(load_yaml(path))
-    if code is None or trust_run or text_is_sealed(text):
+    if code is None or trust_run:
+        return
+    if SEAL_LINE not in text and run_dir is None and not is_run_dir(path.parent):
+        return
+    if text_is_sealed(text):
         return
     why = ("has no seal (it was written by hand, by an older version, or the seal line was removed)"
            if SEAL_LINE not in text else f"does not match its seal under {key_file()} (edited after the run wrote it, "

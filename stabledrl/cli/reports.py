@@ -1,6 +1,7 @@
 """The `eval`, `plot` and `study` subcommands of `stabledrl` (``stabledrl/cli/main.py`` adds them).
 
     stabledrl eval  --config X (--model DIR | --checkpoint DIR) [--k K] [--num-prompts N] [overrides]
+    stabledrl eval  --model EXPORT [...]          # an export carries its job's sealed config
     stabledrl eval  --config X --protocol d1 [--model DIR | --checkpoint DIR] [--out DIR] [--lengths ..]
     stabledrl plot  RUN_DIR [RUN_DIR ...] --out fig.png [--group parent]
     stabledrl study [--config deploy/configs/study_cpu.yaml] [overrides] | --report STUDY_DIR
@@ -42,7 +43,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "(stabledrl/evaluation/protocol_command.py)", formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=PROTOCOL_NEEDS)
     ev.add_argument("--config", default=None, help="the job config the policy was trained with (task, sampler, eval); "
-                    "required except with --regrade-d1")
+                    "required except with --regrade-d1 and with --model EXPORT (an export carries its job's config)")
     source = ev.add_mutually_exclusive_group()
     source.add_argument("--model", help="a model directory (run.export_final writes output_dir/final_model)")
     source.add_argument("--checkpoint", help="a DeepSpeed checkpoint: output_dir, output_dir/checkpoints or one tag "
@@ -129,8 +130,9 @@ def _eval(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--graders: {e}") from None
         regrade_command(args.regrade_d1, graders or [], args.out)
         return 0
-    if args.config is None:
-        raise ConfigError("eval: --config is required (except with --regrade-d1)")
+    from stabledrl.evaluation.offline import carried_config
+
+    args.config = args.config or carried_config(*(d for d in (args.adapter, args.model) if d is not None))
     args.math_graders = graders
     cfg = load_job_config(args.config, args.overrides)
     check_eval_trust(Path(args.config), args.checkpoint, args.model, cfg.model_dump(mode="json"),

@@ -12,7 +12,9 @@ same function and seeds as the job's own evaluation, so the same weights give th
 that the job logged as eval/pass@1.
 
 ``--model`` takes a model directory (run.export_final writes one: output_dir/final_model;
-safetensors, nothing executed). ``--checkpoint`` takes a DeepSpeed checkpoint the job wrote
+safetensors, nothing executed); the job's exports (final_model, a LoRA run's final_adapter) also
+hold its sealed config (``stabledrl_config.yaml``), which ``--model`` / ``--adapter`` read when
+no ``--config`` is given. ``--checkpoint`` takes a DeepSpeed checkpoint the job wrote
 (output_dir/checkpoints, a tag under it, or the run's output_dir): the architecture and tokenizer
 come from the config's model section and the weights from DeepSpeed's ZeRO-2/3 consolidation. The
 tag is checked as a resume checks it (``stabledrl.common.trust.checkpoint_files.verify_tag``: its manifest, every
@@ -46,6 +48,23 @@ def describe(cfg: JobConfig, model_dir: Optional[str | Path], checkpoint: Option
         return f"checkpoint {checkpoint}"
     base = model_dir or (cfg.model.path if cfg.model.preset is None else f"preset {cfg.model.preset}")
     return f"model {base}" if adapter is None else f"adapter {adapter} on model {base}"
+
+
+def carried_config(*exports: str) -> str:
+    """The job config an export carries (``--adapter`` / ``--model EXPORT`` without --config): the
+    first of ``exports`` that holds one."""
+    from stabledrl.common.config.base import ConfigError
+    from stabledrl.common.trust.seal import EXPORT_CONFIG
+
+    if not exports:
+        raise ConfigError("eval: --config is required (except with --regrade-d1, or with --model / --adapter EXPORT: "
+                          "what the job exported carries its config)")
+    for export in exports:
+        if (Path(export) / EXPORT_CONFIG).is_file():
+            return str(Path(export) / EXPORT_CONFIG)
+    raise ConfigError(f"eval: {' and '.join(exports)} carr{'y' if len(exports) > 1 else 'ies'} no {EXPORT_CONFIG} (not "
+                      "an export of this project, or one by an older version): pass --config, the job config it was "
+                      "trained with")
 
 
 def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:

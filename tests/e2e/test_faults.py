@@ -159,6 +159,16 @@ def test_faults_change_nothing_and_resume_continues_exactly(reference, faulty):
     assert steps == [1, 2, 3, 4]
 
 
+def test_the_export_carries_the_jobs_sealed_config(reference):
+    """`stabledrl eval --model RUN/final_model` needs no --config: the export holds the job's
+    config, sealed like RUN/config.yaml."""
+    from stabledrl.common.trust.seal import EXPORT_CONFIG, text_is_sealed
+
+    out = reference[3]
+    carried = (out / "final_model" / EXPORT_CONFIG).read_text()
+    assert text_is_sealed(carried) and carried == (out / "config.yaml").read_text()
+
+
 def test_a_resume_on_another_learner_shape_and_fleet_continues_the_run(reference, tmp_path):
     """`stabledrl train --resume RUN learner.num_ranks=1 learner.deepspeed.zero_stage=3
     rollout.num_workers=1` from the reference's step-2 checkpoint (written by 2 ranks, ZeRO-2, 2
