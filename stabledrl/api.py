@@ -37,8 +37,9 @@ def train(config: JobConfig | str | os.PathLike, overrides: Sequence[str] = (), 
     from stabledrl.coordinator.driver import Driver
     from stabledrl.recipes.stages import JOB_STAGES
 
-    from stabledrl.common.trust.seal import check_run_config
+    from stabledrl.common.trust.seal import check_key, check_run_config
 
+    check_key(create=True)
     cfg = config if isinstance(config, JobConfig) else load_config(config, overrides)
     if not isinstance(config, JobConfig):  # a run's config.yaml is used only as the run wrote it
         check_run_config(Path(config))
@@ -66,8 +67,10 @@ def evaluate(config: JobConfig | str | os.PathLike | None = None, *, model: Opti
     ``model``) carries. A run's config (and an export's) is checked as `stabledrl eval` checks it
     (common/trust/seal.py)."""
     from stabledrl.common.trust.run_dir import check_eval_trust
+    from stabledrl.common.trust.seal import check_key
     from stabledrl.evaluation.offline import carried_config, evaluate_policy, load_eval_policy
 
+    check_key(create=False)
     if config is None:
         config = carried_config(*(str(d) for d in (adapter, model) if d is not None))
     cfg = config if isinstance(config, JobConfig) else load_config(config)

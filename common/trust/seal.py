@@ -54,23 +54,42 @@ def key_file() -> Path:
 
 
 def run_key(create: bool = False) -> Optional[bytes]:
-    """This user's key (created with ``create`` when absent; None when absent otherwise)."""
+    """This user's key (created with ``create`` when absent; None when absent otherwise).
+    RunTrustError, naming the file, for a key that cannot serve: not a regular file, unreadable,
+    or too short (a key that is not one must not read as 'this run was written elsewhere')."""
     path = key_file()
-    if not path.is_file() and create:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    what = f"{path} (the key that seals run directories{', $STABLEDRL_KEY_FILE' if os.environ.get(KEY_ENV) else ''})"
+    if not os.path.lexists(path) and create:
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(secrets.token_bytes(KEY_BYTES))
         except FileExistsError:  # another job created it first
             pass
-    if not path.is_file():
+        except OSError as e:
+            raise RunTrustError(f"{what} cannot be created: {e.strerror or e}; point {KEY_ENV} at a file this "
+                                "user can write") from None
+    if not os.path.lexists(path):
         return None
-    key = path.read_bytes()
+    if not path.is_file():
+        kind = "a directory" if path.is_dir() else "a dangling symlink" if path.is_symlink() else "not a regular file"
+        raise RunTrustError(f"{what} is {kind}: point {KEY_ENV} at a key file, or remove {path} so that the next "
+                            "run writes a new key")
+    try:
+        key = path.read_bytes()
+    except OSError as e:
+        raise RunTrustError(f"{what} cannot be read: {e.strerror or e}") from None
     if len(key) < 16:
-        raise RunTrustError(f"{path} (the key that seals run directories) is {len(key)} bytes; remove it so the next "
-                            "run writes a new one")
+        raise RunTrustError(f"{what} is {len(key)} bytes, not a key (at least 16); remove it so the next run writes a "
+                            "new one (runs sealed with the old key then need --trust-run)")
     return key
+
+
+def check_key(create: bool) -> None:
+    """The key, checked before anything starts (``train``: created when absent): a key file that
+    cannot serve fails here, in one line, rather than once the job runs."""
+    run_key(create=create)
 
 
 def mac(data: bytes, key: Optional[bytes] = None) -> str:

@@ -67,10 +67,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return scale_command(args.job, args.workers, args.address)
 
-    from stabledrl.common.trust.seal import RunTrustError
+    from stabledrl.common.trust.seal import RunTrustError, check_key
     from stabledrl.common.sandbox.scorer import check_reward
 
     try:
+        check_key(create=not args.dry_run)  # what seals the run: a key that cannot serve fails here, before anything
         cfg = load_job_config(*resume_source(args)) if args.resume else load_job_config(args.config, args.overrides)
         if not args.dry_run:
             check_sampler_layout(cfg)

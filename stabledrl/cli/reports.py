@@ -103,10 +103,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stabledrl.common.trust.checkpoint_files import CheckpointError
-    from stabledrl.common.trust.seal import RunTrustError
+    from stabledrl.common.trust.seal import RunTrustError, check_key
     from stabledrl.common.tasks import DataError
 
     try:
+        if args.command == "eval" and not args.regrade_d1:
+            check_key(create=False)  # what verifies a run's files: a bad key fails here, in one line
         return {"eval": _eval, "plot": _plot, "study": _study}[args.command](args)
     except (ConfigError, CheckpointError, RunTrustError, DataError) as e:
         print(f"stabledrl: {e}", file=sys.stderr)

@@ -1,10 +1,11 @@
 """A run someone handed over is verified however it arrives: a config bearing a seal line that does
 not verify is refused wherever it lies, anything the project wrote (a checkpoint tag, an export)
-marks its directory as a run, and an export carries its sealed config (`eval --model EXPORT` needs
-no other)."""
+marks its directory as a run, an export carries its sealed config (`eval --model EXPORT` needs no
+other), and a key file that cannot serve is named in one line before anything starts."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,34 @@ def test_the_python_api_verifies_a_runs_config_too(tmp_path, reached):
     with pytest.raises(RunTrustError, match="does not match its seal"):
         api.train(run / "config.yaml", [f"run.output_dir={tmp_path / 'new'}"])
     assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("key, fragment", [("directory", "is a directory"), ("short", "is 5 bytes, not a key"),
+                                           ("dangling", "is a dangling symlink")])
+@pytest.mark.parametrize("command", ["train", "resume", "eval"])
+def test_a_key_file_that_cannot_serve_is_named_before_anything_starts(tmp_path, capsys, reached, monkeypatch, key,
+                                                                      fragment, command):
+    """Findings: STABLEDRL_KEY_FILE naming a directory gave a TypeError after 51 s, a 5-byte key a
+    raw RunTrustError traceback after 34 s (both once Ray ran), and a resume with a directory as
+    the key said the config was 'edited ... or written by another machine'."""
+    run = make_run(tmp_path, {"custom": f"{tmp_path / 'r.py'}:score"})  # sealed under the fixture's key
+    path = tmp_path / "bad.key"
+    if key == "directory":
+        path.mkdir()
+    elif key == "short":
+        path.write_bytes(b"12345")
+    else:
+        path.symlink_to(tmp_path / "nowhere")
+    monkeypatch.setenv("STABLEDRL_KEY_FILE", str(path))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({**yaml.safe_load((run / "config.yaml").read_text()),
+                                   "run": {"output_dir": str(tmp_path / "new")}}))
+    argv = {"train": ["train", "--config", str(job)], "resume": ["train", "--resume", str(run)],
+            "eval": ["eval", "--config", str(run / "config.yaml"), "--checkpoint", str(run)]}[command]
+    t0 = time.monotonic()
+    err = refused(argv, capsys, reached, tmp_path, f"{path} (the key that seals run directories, $STABLEDRL_KEY_FILE)")
+    assert fragment in err and "edited" not in err
+    assert time.monotonic() - t0 < 10
 
 
 def test_a_sealed_config_is_still_the_users_to_run(tmp_path, reached):
