@@ -23,6 +23,12 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
 
+# The longest wait any timeout field may name: 1e300 s passes `gt=0` but overflows every timer it
+# reaches (select, setitimer, a timedelta, RLIMIT_CPU); eleven days is beyond any wait a job means.
+MAX_SECONDS = 1e6
+MAX_MIB = 1 << 20  # a size in MiB (1 TiB): << 20 of more overflows the limits the kernel takes
+
+
 class ConfigError(ValueError):
     """A config that cannot run, with every problem named by its dotted field path."""
 

@@ -15,7 +15,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from stabledrl.common.config.base import ConfigError, StrictModel, apply_overrides, load_yaml, validate
+from stabledrl.common.config.base import MAX_SECONDS, ConfigError, StrictModel, apply_overrides, load_yaml, validate
 from stabledrl.common.config.estimator import UNIFORM_NOISE_ESTIMATORS, EstimatorConfig
 from stabledrl.common.config.learner import LearnerConfig
 from stabledrl.common.config.loss import LossConfig
@@ -75,10 +75,10 @@ class RolloutConfig(StrictModel):
         2, ge=1, description="requests queued on a worker at once (2: the next one is ready when one finishes)"
     )
     request_timeout_s: float = Field(
-        600.0, gt=0.0, description="longest one rollout request, one worker's part of a held-out evaluation or one "
-        "learner step may run (its clock starts when the call before it on the same actor finished): a rollout "
-        "worker past it is killed and replaced like a dead one, its prompts re-queued; a learner rank past it "
-        "stops the job, naming the rank"
+        600.0, gt=0.0, le=MAX_SECONDS, description="longest one rollout request, one worker's part of a held-out "
+        "evaluation or one learner step may run (its clock starts when the call before it on the same actor "
+        "finished): a rollout worker past it is killed and replaced like a dead one, its prompts re-queued; a learner "
+        "rank past it stops the job, naming the rank"
     )
     min_workers: int = Field(
         1, ge=1, description="fewest workers the job runs with: `stabledrl scale` stops here, and a worker lost with "
@@ -148,7 +148,8 @@ class ClusterConfig(StrictModel):
         None, ge=1, description="CPUs of the local Ray instance started when RAY_ADDRESS is unset (None: all cores)"
     )
     start_timeout_s: float = Field(
-        600.0, gt=0.0, description="longest wait for placement groups and for actors to load their models"
+        600.0, gt=0.0, le=MAX_SECONDS,
+        description="longest wait for placement groups and for actors to load their models"
     )
 
 

@@ -17,7 +17,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from stabledrl.common.config.base import StrictModel
+from stabledrl.common.config.base import MAX_SECONDS, StrictModel
 
 
 class OptimizerConfig(StrictModel):
@@ -244,7 +244,7 @@ class LearnerConfig(StrictModel):
         "auto", description="torch.distributed backend; auto = nccl with CUDA, gloo on CPU"
     )
     dist_timeout_s: float = Field(
-        1800.0, gt=0.0, description="seconds a collective of the learner group may wait before it fails"
+        1800.0, gt=0.0, le=MAX_SECONDS, description="seconds a collective of the learner group may wait before it fails"
     )
     loss_normalisation: Literal["step", "micro_batch"] = Field(
         "step", description="what a loss divides its token (sample, group) sums by. step: the whole optimizer step's "

@@ -36,7 +36,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from stabledrl.common.config.base import StrictModel, validate
+from stabledrl.common.config.base import MAX_MIB, MAX_SECONDS, StrictModel, validate
 
 _CUSTOM_SPEC = re.compile(r"^[^:\s][^:]*:[A-Za-z_][A-Za-z0-9_]*$")
 BUILT_IN_PARTS = ("custom", "correctness", "format", "anti_short")  # the reward's own parts
@@ -113,13 +113,15 @@ class SandboxConfig(StrictModel):
     fresh process forked from the sandbox, in its own session and temporary directory; the limits
     below apply to it, and every process it leaves behind is killed when the call ends."""
 
-    memory_mb: int = Field(4096, ge=64, description="address-space limit (RLIMIT_AS) of a reward process, in MiB; "
-                           "an allocation beyond it fails (MemoryError) and the call counts as a 'limit' failure")
-    cpu_seconds: float = Field(10.0, gt=0, description="CPU time limit (RLIMIT_CPU) of one reward call, all its "
-                               "threads together (a batched call: times its completions); past it the call is killed "
-                               "and counted as a 'limit' failure")
-    file_size_mb: int = Field(64, ge=1, description="largest file (RLIMIT_FSIZE) a reward may write, in MiB")
-    disk_mb: int = Field(256, ge=1, le=1 << 20, description="bytes, in MiB, that reward code may hold in its "
+    memory_mb: int = Field(4096, ge=64, le=MAX_MIB, description="address-space limit (RLIMIT_AS) of a reward "
+                           "process, in MiB; an allocation beyond it fails (MemoryError) and the call counts as a "
+                           "'limit' failure")
+    cpu_seconds: float = Field(10.0, gt=0, le=MAX_SECONDS, description="CPU time limit (RLIMIT_CPU) of one reward "
+                               "call, all its threads together (a batched call: times its completions); past it the "
+                               "call is killed and counted as a 'limit' failure")
+    file_size_mb: int = Field(64, ge=1, le=MAX_MIB,
+                              description="largest file (RLIMIT_FSIZE) a reward may write, in MiB")
+    disk_mb: int = Field(256, ge=1, le=MAX_MIB, description="bytes, in MiB, that reward code may hold in its "
                          "directory at once, every file of the import and of the call together (deleted files still "
                          "open included): the sandbox's directory is a private tmpfs of this size (in RAM), where the "
                          "kernel allows a mount namespace; a write beyond it fails with 'No space left on device'")
@@ -172,11 +174,11 @@ class RewardConfig(StrictModel):
         "'inline' runs them in the worker (exceptions and bad values are still caught); "
         "'auto' = process iff custom is set",
     )
-    timeout_s: float = Field(5.0, gt=0, description="time limit per completion (enforced with isolation=process); a "
-                             "batched reward scores a batch in one call, whose limit is timeout_s times its "
-                             "completions, and a call past it fails every completion of the batch")
-    import_timeout_s: float = Field(60.0, gt=0, description="time limit of importing the custom reward (its "
-                                    "module-level code) in the sandbox; past it the job stops, naming the file")
+    timeout_s: float = Field(5.0, gt=0, le=MAX_SECONDS, description="time limit per completion (enforced with "
+                             "isolation=process); a batched reward scores a batch in one call, whose limit is "
+                             "timeout_s times its completions, and a call past it fails every completion of the batch")
+    import_timeout_s: float = Field(60.0, gt=0, le=MAX_SECONDS, description="time limit of importing the custom reward "
+                                    "(its module-level code) in the sandbox; past it the job stops, naming the file")
     max_abs: float = Field(1e6, gt=0, description="largest |reward| (and |part|) accepted; a finite value beyond it "
                            "is a failed call ('out_of_range'): 1e300 would overflow the loss")
     on_failure: Literal["zero", "drop"] = Field(

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from stabledrl.common.config.base import StrictModel
+from stabledrl.common.config.base import MAX_SECONDS, StrictModel
 
 
 class WeightPushConfig(StrictModel):
@@ -27,7 +27,7 @@ class WeightPushConfig(StrictModel):
         "the worker's used: a push beside its generation keeps its speed), scheduled as the broadcast is; every "
         "rollout worker must run on the learner's host",
     )
-    timeout_s: float = Field(300.0, gt=0.0, description="longest any one wait of a transfer may take")
+    timeout_s: float = Field(300.0, gt=0.0, le=MAX_SECONDS, description="longest any one wait of a transfer may take")
     bucket_mb: float = Field(512.0, gt=0.0, description="broadcast bucket size in MiB (one flat byte buffer each)")
     dtype: Literal["keep", "bf16", "fp16", "fp32"] = Field(
         "keep", description="dtype on the wire; keep = the learner's parameter dtype (bf16 on GPU)"
