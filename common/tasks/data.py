@@ -185,6 +185,7 @@ def _columns(task: Task, records: Sequence[dict[str, Any]], columns: dict[str, s
 
 def _row(task: Task, raw: dict[str, Any], columns: dict[str, str]) -> Row:
     """One record as a Row of ``task`` (BadRow if it cannot be one)."""
+    _check_text(raw)
     record = dict(raw)
     for canonical, column in columns.items():
         value = column_value(raw, column)
@@ -195,6 +196,24 @@ def _row(task: Task, raw: dict[str, Any], columns: dict[str, str]) -> Row:
         record["prompt"] = messages[-1]["content"]
     row = task.from_record(record)
     return dataclasses.replace(row, messages=messages, record=raw)
+
+
+def _check_text(value: Any, where: str = "") -> None:
+    """BadRow (not_text) for a string anywhere in ``value`` that is not Unicode text: JSON's
+    escapes can spell a lone surrogate ("\\ud800"), which no tokenizer or UTF-8 writer accepts."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise BadRow(f"field {where or 'value'!r} holds {value[e.start]!r} at character {e.start}, a lone "
+                         "surrogate (JSON's \\ud800..\\udfff escapes outside a pair): not text", "not_text") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, where)
+            _check_text(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_text(item, f"{where}[{i}]")
 
 
 def generate_rows(
@@ -231,7 +250,8 @@ def generate_rows(
     return rows
 
 
-def split_rows(rows: Sequence[Row], held_out: Union[int, float], seed: int) -> tuple[list[Row], list[Row]]:
+def split_rows(rows: Sequence[Row], held_out: Union[int, float], seed: int,
+               source: str = "the task's data") -> tuple[list[Row], list[Row]]:
     """(train, held_out), both in input order.
 
     An int takes exactly that many rows, those with the smallest split hash; a float in (0, 1)
@@ -245,7 +265,8 @@ def split_rows(rows: Sequence[Row], held_out: Union[int, float], seed: int) -> t
         held = {pid for pid, k in keys.items() if k < held_out * _HASH_RANGE}
     else:
         if held_out >= len(rows):
-            raise DataError(f"held_out={held_out} leaves no training rows out of {len(rows)}")
+            raise DataError(f"{source}: task.held_out = {held_out} leaves no training rows out of its {len(rows)} "
+                            "rows: lower task.held_out, or give more rows")
         held = set(sorted(keys, key=keys.__getitem__)[:held_out])
     return [r for r in rows if r.prompt_id not in held], [r for r in rows if r.prompt_id in held]
 
@@ -285,6 +306,10 @@ def load_task_data(
         return rows
 
     rows = from_source(cfg.source)
+    if not rows:
+        report = reports[0]
+        skipped = f", skipped {report.n_skipped} ({', '.join(report.examples[:2])})" if report.n_skipped else ""
+        raise DataError(f"{report.source}: no rows to train on (read {report.read}{skipped})")
     if cfg.held_out_source is not None:
         held = from_source(cfg.held_out_source)
         held_ids = {r.prompt_id for r in held}
@@ -293,7 +318,7 @@ def load_task_data(
             reports[0].skipped["in_held_out"] = len(rows) - len(train)
             reports[0].kept = len(train)
     else:
-        train, held = split_rows(rows, cfg.held_out, cfg.split_seed)
+        train, held = split_rows(rows, cfg.held_out, cfg.split_seed, reports[0].source)
     if not train:
         raise DataError(f"task {task.name!r}: no training rows left ({', '.join(r.source for r in reports)})")
     return TaskData(task=task, train=train, held_out=held, reports=reports)

@@ -3,6 +3,8 @@ a prompt that is not text, a timeout no timer can hold, a negative count, an emp
 plan the machine cannot hold."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -10,6 +12,36 @@ import yaml
 import stabledrl.cli.main as cli
 from test_bad_inputs import no_cluster, run_job  # noqa: F401 - the fixture, used by name
 from test_config_mistakes import JOB
+
+
+def surrogate_file(tmp_path: Path) -> Path:
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"prompt": "\\ud800+1=", "answer": "2"}\n'  # valid JSON: a lone surrogate escape
+                    + "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(4)))
+    return path
+
+
+@pytest.mark.usefixtures("no_cluster")
+def test_a_prompt_with_a_lone_surrogate_is_a_bad_row_named_by_file_and_line(tmp_path, capsys):
+    """Finding: "\\ud800+1=" (valid JSON) gave a raw TypeError traceback from the tokenizer, naming
+    no file or line, even with task.on_bad_row=skip."""
+    source = {"kind": "file", "path": str(surrogate_file(tmp_path))}
+    code, err = run_job(tmp_path, capsys, task={"source": source, "held_out": 0})
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert f"{source['path']}: line 1: field 'prompt' holds '\\ud800' at character 0, a lone surrogate" in err, err
+
+
+def test_a_lone_surrogate_row_is_skipped_and_counted_with_skip(tmp_path):
+    from stabledrl.common.config.model import ModelConfig
+    from stabledrl.common.config.task import parse_task_config
+    from stabledrl.common.models.loading import load_model_tokenizer
+    from stabledrl.common.tasks import load_task_data
+
+    cfg = parse_task_config({"name": "arithmetic", "held_out": 0, "on_bad_row": "skip",
+                             "source": {"kind": "file", "path": str(surrogate_file(tmp_path))}})
+    data = load_task_data(cfg, tokenizer=load_model_tokenizer(ModelConfig(preset="tiny-llada")))
+    assert len(data.train) == 4 and data.reports[0].skipped == {"not_text": 1}
+    assert data.reports[0].examples[0].startswith("line 1: field 'prompt' holds")
 
 
 @pytest.mark.parametrize("field", ["task.reward.timeout_s", "task.reward.import_timeout_s",
@@ -32,3 +64,17 @@ def test_a_size_no_limit_can_hold_is_refused_naming_the_field(tmp_path, capsys, 
     path.write_text(yaml.safe_dump(JOB))
     assert cli.main(["train", "--config", str(path), "--dry-run", f"{field}={1 << 50}"]) == 2
     assert f"{field}: Input should be less than or equal to 1048576" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rows, held_out, fragment", [
+    (0, 100, "no rows to train on (read 0)"),
+    (5, 100, "task.held_out = 100 leaves no training rows out of its 5 rows"),
+])
+@pytest.mark.usefixtures("no_cluster")
+def test_too_few_rows_name_the_file(tmp_path, capsys, rows, held_out, fragment):
+    """Finding: an empty JSONL said "held_out=100 leaves no training rows out of 0", naming no file."""
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(rows)))
+    code, err = run_job(tmp_path, capsys, task={"source": {"kind": "file", "path": str(path)}, "held_out": held_out})
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"stabledrl: {path}: {fragment}" in err, err
