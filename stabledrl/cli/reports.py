@@ -37,6 +37,23 @@ STUDY_CPU = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "study_
 COMMANDS = ("eval", "plot", "study")
 
 
+def counted(least: int):
+    """An argparse type: an integer of at least ``least`` (``--num-prompts -3`` is refused, not
+    read as 'all but the last 3')."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is less than {least}")
+        return value
+
+    parse.__name__ = f"integer >= {least}"
+    return parse
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     ev = sub.add_parser(
         "eval", help="held-out pass@1 / pass@k of an exported model or a checkpoint; --protocol d1: the papers' table "
@@ -50,19 +67,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "(a LoRA job's: its adapters on the config's model, unmerged)")
     ev.add_argument("--adapter", help="a PEFT LoRA adapter folder (a LoRA run writes output_dir/final_adapter), put "
                     "unmerged onto the base: --model, else the config's model")
-    ev.add_argument("--k", type=int, default=1, help="also report pass@k (k <= samples per prompt)")
+    ev.add_argument("--k", type=counted(1), default=1, help="also report pass@k (k <= samples per prompt)")
     ev.add_argument(
         "--num-prompts",
-        type=int,
+        type=counted(1),
         default=None,
         help="first N held-out prompts (default "
         "eval.num_prompts); with --protocol: a subsample of N rows of every benchmark, drawn as the protocol "
         "draws",
     )
     ev.add_argument(
-        "--samples", type=int, default=None, help="samples per prompt (default max(k, eval.samples_per_prompt))"
+        "--samples", type=counted(1), default=None, help="samples per prompt (default max(k, eval.samples_per_prompt))"
     )
-    ev.add_argument("--show", type=int, default=0, help="print the completions of the first N prompts")
+    ev.add_argument("--show", type=counted(0), default=0, help="print the completions of the first N prompts")
     ev.add_argument("--out", default=None, help="also write the result as JSON here; with --protocol: the output "
                     "directory (results.jsonl, table.md, table.json; default runs/eval/PROTOCOL-NAME)")
     ev.add_argument("--protocol", choices=("d1",), default=None, help="evaluate a published protocol (greedy, lengths "
@@ -70,8 +87,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                     "the config's own model")
     ev.add_argument("--benchmarks", default=None, help="with --protocol: comma-separated subset, e.g. gsm8k,math500")
     ev.add_argument("--lengths", default=None, help="with --protocol: generation lengths, e.g. 256 or 128,256,512")
-    ev.add_argument("--workers", type=int, default=None, help="with --protocol: eval workers (default: one per GPU "
-                    "of the cluster; without GPUs rollout.num_workers)")
+    ev.add_argument("--workers", type=counted(1), default=None, help="with --protocol: eval workers (default: one per "
+                    "GPU of the cluster; without GPUs rollout.num_workers)")
     ev.add_argument("--graders", default=None, help="with --protocol or --regrade-d1: MATH500 also graded by these, "
                     "each in its own row: latex, math-verify")
     ev.add_argument("--generation", choices=("stabledrl", "d1"), default=None, help="with --protocol: decode as this "

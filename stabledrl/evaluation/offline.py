@@ -159,11 +159,15 @@ def evaluate_policy(cfg: JobConfig, policy: Any, tokenizer: Any, *, k: int = 1, 
                     samples_per_prompt: Optional[int] = None) -> Any:
     """pass@1 and pass@k on the config's held-out rows (EvalResult); n = max(k, samples_per_prompt
     or eval.samples_per_prompt) samples per prompt."""
+    from stabledrl.common.config.base import ConfigError
     from stabledrl.common.sandbox.scorer import RewardScorer
     from stabledrl.common.tasks import load_task_data
     from stabledrl.rollout.engine import TorchRolloutEngine
     from stabledrl.rollout.evaluate import evaluate
 
+    for name, value in (("num_prompts", num_prompts), ("samples_per_prompt", samples_per_prompt), ("k", k)):
+        if value is not None and value < 1:  # a negative count would slice from the end
+            raise ConfigError(f"{name} must be at least 1, got {value}")
     data = load_task_data(cfg.task, tokenizer=tokenizer)
     rows = data.held_out[: num_prompts or cfg.eval.num_prompts]
     if not rows:

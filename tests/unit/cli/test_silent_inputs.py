@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 import stabledrl.cli.main as cli
+from stabledrl.common.config.base import ConfigError
 from test_bad_inputs import no_cluster, run_job  # noqa: F401 - the fixture, used by name
 from test_config_mistakes import JOB
 
@@ -64,6 +65,26 @@ def test_a_size_no_limit_can_hold_is_refused_naming_the_field(tmp_path, capsys, 
     path.write_text(yaml.safe_dump(JOB))
     assert cli.main(["train", "--config", str(path), "--dry-run", f"{field}={1 << 50}"]) == 2
     assert f"{field}: Input should be less than or equal to 1048576" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value", [("--num-prompts", "-3"), ("--num-prompts", "0"), ("--samples", "-1"),
+                                         ("--k", "0"), ("--show", "-2"), ("--workers", "0")])
+def test_eval_refuses_a_count_below_its_least(tmp_path, capsys, flag, value):
+    """Finding: `eval --num-prompts -3` evaluated 197 of 200 prompts (a slice from the end) and exited 0."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["eval", "--config", str(tmp_path / "job.yaml"), "--model", str(tmp_path), flag, value])
+    assert done.value.code == 2
+    assert f"argument {flag}: {value} is less than" in capsys.readouterr().err
+
+
+def test_the_python_api_refuses_a_negative_count_too():
+    from stabledrl.common.config.base import validate
+    from stabledrl.common.config.job import JobConfig
+    from stabledrl.evaluation.offline import evaluate_policy
+
+    cfg = validate(JobConfig, JOB)
+    with pytest.raises(ConfigError, match="num_prompts must be at least 1, got -3"):
+        evaluate_policy(cfg, None, None, num_prompts=-3)
 
 
 @pytest.mark.parametrize("rows, held_out, fragment", [
