@@ -105,8 +105,12 @@ def read_latest(directory: Path) -> str:
     CheckpointError naming the file otherwise (a ``latest`` pointing elsewhere would make the run
     resume from files outside its checkpoint directory)."""
     latest = Path(directory) / "latest"
-    if latest.is_symlink() or not latest.is_file():
-        raise CheckpointError(f"{latest} is not a regular file (a symlink, or missing): refused")
+    if latest.is_symlink():
+        raise CheckpointError(f"{latest} is a symlink (to {os.readlink(latest)}), not the file a job writes: refused "
+                              "(write the tag's name, e.g. step6, into a regular file 'latest')")
+    if not latest.is_file():
+        raise CheckpointError(f"{latest} is {'a directory' if latest.is_dir() else 'missing'}, not a regular file: "
+                              "refused")
     tag = latest.read_text().strip()
     if not tag or Path(tag).name != tag or tag in (".", "..") or tag.startswith("."):
         raise CheckpointError(f"{latest} names {tag!r}, which is not a tag directory of {directory}: refused "

@@ -215,7 +215,7 @@ def verify(directory: Path, config: dict[str, Any], log: Callable[[str], None] =
     resolved config as JSON); CheckpointError with the reason otherwise."""
     directory = Path(directory)
     latest = directory / "latest"
-    if not latest.is_file():
+    if not latest.is_file() and not latest.is_symlink():  # a symlink is refused, naming it, by read_latest
         raise CheckpointError(f"run.resume_from: {directory} holds no checkpoint (no 'latest' file)")
     tags = sorted((p.name for p in directory.glob("step*") if p.is_dir()), key=_step_of, reverse=True)
     first = read_latest(directory)  # a plain tag name: never a path out of the directory

@@ -218,7 +218,7 @@ def plan_lines(cfg: JobConfig) -> list[str]:
         f"staleness: η = {a.max_staleness} ({'synchronous' if a.max_staleness == 0 else 'asynchronous'})",
         weights_line(cfg),
     ]
-    return lines + task_lines(cfg) + eval_lines(cfg) + output_lines(cfg)
+    return lines[:1] + resource_lines(cfg) + lines[1:] + task_lines(cfg) + eval_lines(cfg) + output_lines(cfg)
 
 
 def task_lines(cfg: JobConfig) -> list[str]:
@@ -245,6 +245,30 @@ def task_lines(cfg: JobConfig) -> list[str]:
     if len(reward.custom_specs) > 1:
         line += f"; logged as {', '.join(f'rollout/reward/{n}' for n in reward.custom_names)}"
     return [prompt, line]
+
+
+def resource_lines(cfg: JobConfig) -> list[str]:
+    """What a real start says of the resources the job asks for: where it would start its own Ray
+    instance, checked against this machine as ``train`` checks them (a refusal becomes a warning
+    line: the plan may be meant for another machine); on a cluster, when the job starts."""
+    import os
+
+    from stabledrl.common.config.job import check_resources
+
+    if os.environ.get("RAY_ADDRESS"):
+        return [f"resources: checked against the cluster at {os.environ['RAY_ADDRESS']} when the job starts"]
+    offered = {"CPU": float(cfg.cluster.local_num_cpus or os.cpu_count() or 1), "GPU": float(_gpus())}
+    try:
+        check_resources(cfg, offered, where="this machine (the local Ray instance `stabledrl train` starts here)")
+    except ConfigError as e:
+        return [f"WARNING: `stabledrl train` on this machine stops before any actor starts: {e}"]
+    return []
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def eval_lines(cfg: JobConfig) -> list[str]:

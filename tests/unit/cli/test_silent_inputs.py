@@ -3,6 +3,7 @@ a prompt that is not text, a timeout no timer can hold, a negative count, an emp
 plan the machine cannot hold."""
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -99,3 +100,29 @@ def test_too_few_rows_name_the_file(tmp_path, capsys, rows, held_out, fragment):
     code, err = run_job(tmp_path, capsys, task={"source": {"kind": "file", "path": str(path)}, "held_out": held_out})
     assert code == 2 and err.count("\n") == 1, err
     assert f"stabledrl: {path}: {fragment}" in err, err
+
+
+def test_the_dry_run_warns_of_a_plan_this_machine_cannot_hold(monkeypatch):
+    """Finding: the dry run planned 100000 workers without the refusal a real start gives."""
+    from stabledrl.cli.dry_run import dry_run
+    from stabledrl.common.config.base import validate
+    from stabledrl.common.config.job import JobConfig
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = validate(JobConfig, {**JOB, "rollout": {"num_workers": 100000}, "cluster": {**JOB["cluster"],
+                                                                                     "local_num_cpus": 8}})
+    out = io.StringIO()
+    assert dry_run(cfg, out=out) == 0
+    text = out.getvalue()
+    assert "WARNING: `stabledrl train` on this machine stops before any actor starts: " in text
+    assert "rollout.num_workers (100000) × cluster.rollout.num_cpus (0.5) = 50001 CPUs, but this machine" in text
+    assert "has 8" in text
+    yaml.safe_load(text)  # the warning is a comment: the output still reads as the config
+    small = validate(JobConfig, {**JOB, "cluster": {**JOB["cluster"], "local_num_cpus": 8}})
+    out = io.StringIO()
+    dry_run(small, out=out)
+    assert "WARNING" not in out.getvalue()
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    out = io.StringIO()
+    dry_run(cfg, out=out)
+    assert "WARNING" not in out.getvalue() and "checked against the cluster at 10.0.0.5:6379" in out.getvalue()

@@ -51,10 +51,14 @@ def test_latest_naming_a_path_out_of_the_directory_is_refused(tmp_path):
         verify(tag.parent, {"run": {"seed": 0}})
     with pytest.raises(CheckpointError, match="not a tag directory"):
         read_latest(tag.parent)
-    (tag.parent / "latest").unlink()
-    (tag.parent / "latest").symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(CheckpointError, match="latest is not a regular file"):
-        read_latest(tag.parent)
+    for target in (tmp_path / "elsewhere", tmp_path / "a_file"):  # dangling, then to a file naming the tag
+        (tmp_path / "a_file").write_text("step6")
+        (tag.parent / "latest").unlink()
+        (tag.parent / "latest").symlink_to(target)
+        with pytest.raises(CheckpointError, match=f"latest is a symlink \\(to {target}\\)"):
+            read_latest(tag.parent)
+        with pytest.raises(CheckpointError, match="latest is a symlink"):  # not "no 'latest' file"
+            verify(tag.parent, {"run": {"seed": 0}})
 
 
 @pytest.mark.parametrize("name", [".hidden.pt", ".coordinator.json.tmp", ".written_rank0x"])
