@@ -33,6 +33,7 @@ def train(config: JobConfig | str | os.PathLike, overrides: Sequence[str] = (), 
     import ray
 
     from stabledrl.common.trust.run_dir import check_output_dir
+    from stabledrl.common.trust.run_lock import release
     from stabledrl.common.sandbox.scorer import check_reward
     from stabledrl.coordinator.driver import Driver
     from stabledrl.recipes.stages import JOB_STAGES
@@ -48,13 +49,14 @@ def train(config: JobConfig | str | os.PathLike, overrides: Sequence[str] = (), 
     check_reward(cfg.task)
     check_output_dir(cfg.run.output_dir, resuming=False, overwrite=overwrite)
     started = not ray.is_initialized()
-    if started:
-        start_ray(cfg)
     try:
+        if started:
+            start_ray(cfg)
         Driver(cfg, log=log, stages=JOB_STAGES).run()
     finally:
         if started:
             ray.shutdown()
+        release(cfg.run.output_dir)  # check_output_dir took run.output_dir's lock for the job
     return Path(cfg.run.output_dir)
 
 

@@ -5,6 +5,8 @@
   checkpoints/) is refused unless the job resumes it (``--resume``) or the user passes
   ``--overwrite`` (then the old run's files are removed first, so no old checkpoint sits beside
   the new run's and no old metrics line is mixed into the new file).
+- ``lock_output_dir`` (common/trust/run_lock.py), taken first: one job at a time in a run.output_dir.
+- ``check_checkpoint_space``: a resume needs the space one checkpoint of the run takes.
 - ``check_resume_trust`` / ``check_eval_trust``: the run's config against what the run wrote
   (common/trust/seal.py): an unsealed config naming code is refused without ``--trust-run``, a
   sandbox weaker than the run's without ``--allow-weaker-sandbox``.
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from stabledrl.common.config.base import ConfigError
+from stabledrl.common.trust.run_lock import lock_output_dir
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.before_resume.jsonl", "checkpoints", "final_model",
              "final_adapter", "tensorboard", "latest")
@@ -42,6 +45,10 @@ def check_output_dir(directory: Path, *, resuming: bool, overwrite: bool) -> Non
                           "directory on a disk")
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"run.output_dir {directory} is a file, not a directory: choose another run.output_dir")
+    try:  # first: nothing of a running job's directory is judged or removed by another
+        lock_output_dir(directory)
+    except OSError as e:
+        raise ConfigError(f"run.output_dir {directory} cannot be written: {disk_error(e, directory)}") from None
     found = holds_run(directory) if directory.is_dir() else []
     if found and not resuming:
         if not overwrite:
@@ -66,6 +73,30 @@ def check_output_dir(directory: Path, *, resuming: bool, overwrite: bool) -> Non
     finally:
         if probe.exists():
             probe.unlink()
+
+
+def check_checkpoint_space(run_dir: Path, writes_checkpoints: bool) -> None:
+    """``train --resume``: ConfigError when run.output_dir has less space free than one checkpoint
+    of this run takes (the newest manifest's files), rather than failing at the first save after
+    Ray, the actors and a step of training."""
+    from stabledrl.common.trust.checkpoint_files import CheckpointError, read_latest, read_state
+
+    checkpoints = Path(run_dir) / "checkpoints"
+    if not writes_checkpoints or not (checkpoints / "latest").is_file():
+        return
+    try:
+        tag = checkpoints / read_latest(checkpoints)
+        size = sum(int(n) for n in read_state(tag).get("files", {}).values())
+    except (CheckpointError, OSError, TypeError, ValueError):
+        return  # the resume's own verification names what is wrong with it
+    free = shutil.disk_usage(run_dir).free
+    if free < size:
+        raise ConfigError(f"run.output_dir {run_dir} has {_gib(free)} free, but a checkpoint of this run takes "
+                          f"{_gib(size)} ({tag}): free space there, then run the same command again")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
 
 
 def disk_error(e: OSError, path: Path) -> str:

@@ -116,7 +116,7 @@ def add_trust_flags(parser: argparse.ArgumentParser) -> None:
 def check_run(args: argparse.Namespace, cfg: JobConfig) -> None:
     """The run directory before Ray starts (common/trust/run_dir.py): its config as the run wrote it (resume),
     and run.output_dir writable and not holding another run."""
-    from stabledrl.common.trust.run_dir import check_output_dir, check_resume_trust
+    from stabledrl.common.trust.run_dir import check_checkpoint_space, check_output_dir, check_resume_trust
 
     if args.resume:
         config_file, _ = resume_source(args)
@@ -134,6 +134,8 @@ def check_run(args: argparse.Namespace, cfg: JobConfig) -> None:
         check_run_config(Path(args.config), trust_run=args.trust_run)
     if not args.dry_run:
         check_output_dir(cfg.run.output_dir, resuming=bool(args.resume), overwrite=args.overwrite)
+    if args.resume and not args.dry_run:
+        check_checkpoint_space(cfg.run.output_dir, bool(cfg.run.checkpoint_every or cfg.run.save_final_checkpoint))
 
 
 def resume_source(args: argparse.Namespace) -> tuple[str, list[str]]:
