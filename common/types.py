@@ -93,6 +93,8 @@ class EvalResult:
     completions: list[list[str]] = field(repr=False, default_factory=list)  # [N][n] decoded texts
     time_s: float = 0.0
     scoring_failures: int = 0  # checker calls that raised (a user reward); scored 0
+    reward_calls: dict[str, float] = field(default_factory=dict)  # the scorer's calls by outcome (RewardStats)
+    stopped: str = ""  # why scoring stopped early: the reward failed too often (task.reward.max_failed_fraction)
 
     @property
     def pass_at_1(self) -> float:

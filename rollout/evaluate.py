@@ -30,7 +30,7 @@ from stabledrl.common.config.sampler import SamplerConfig
 from stabledrl.common.metrics import pass_at_k
 from stabledrl.common.seeding import derive_seed
 from stabledrl.common.tasks.base import RewardResult, Row, Task
-from stabledrl.common.sandbox.scorer import RewardScorer
+from stabledrl.common.sandbox.scorer import RewardFailureRate, RewardScorer, check_failure_rate
 from stabledrl.common.types import EvalResult
 from stabledrl.rollout.engine import RolloutEngine
 from stabledrl.rollout.workflow import decode_completion, encode_prompt  # the rollouts' own encoding and decoding
@@ -47,6 +47,7 @@ def evaluate(
     ks: Optional[Sequence[int]] = None,
     eos_token_id: Optional[int] = None,
     scorer: Optional[RewardScorer] = None,
+    failure_check: Any = None,
 ) -> EvalResult:
     """Sample ``samples_per_prompt`` completions per row with ``engine`` and score them (module docstring).
 
@@ -54,6 +55,9 @@ def evaluate(
     the policy's EOS (default the tokenizer's; checkpoints may record their own). One ``generate``
     call covers every sample; the engine splits it by ``sampler_cfg.max_batch_size``. ``scorer``:
     the job's reward scorer (built for ``task``); without one, ``task``'s checker is called inline.
+    ``failure_check``: the task config; scoring stops, with ``EvalResult.stopped`` saying why, as
+    soon as the scorer's failures make ``check_failure_rate``'s verdict certain (a reward that times
+    out on every call would otherwise hold the evaluation for every one of its calls).
     """
     if not rows:
         raise ValueError("evaluate needs at least one row")
@@ -70,7 +74,8 @@ def evaluate(
     eos = tokenizer.eos_token_id if eos_token_id is None else int(eos_token_id)
     completions: list[list[str]] = []
     correct: list[int] = []
-    total, failures = 0.0, 0
+    total, failures, stopped = 0.0, 0, ""
+    before = scorer.stats.as_metrics(prefix="") if scorer is not None else {}
     for i, row in enumerate(rows):
         texts = [decode_completion(tokenizer, out.completion_ids[b].cpu(), int(out.completion_length[b]), eos)
                  for b in range(i * n, (i + 1) * n)]
@@ -79,17 +84,42 @@ def evaluate(
         total += sum(score for score, _ in scores)
         completions.append(texts)
         correct.append(sum(int(score >= task.correct_at) for score, _ in scores))
-    pass_at = {k: sum(pass_at_k(n, c, k) for c in correct) / len(rows) for k in ks}
+        if failure_check is not None and any(failed for _, failed in scores):
+            stopped = _too_many_failures(scorer, before, failure_check)
+            if stopped:
+                break
+    calls = _since(scorer, before)
+    scored = max(len(correct), 1)
     return EvalResult(
-        num_prompts=len(rows),
+        num_prompts=len(correct),
         samples_per_prompt=n,
-        pass_at=pass_at,
-        mean_correctness=total / (len(rows) * n),
+        pass_at={k: sum(pass_at_k(n, c, k) for c in correct) / scored for k in ks},
+        mean_correctness=total / (scored * n),
         correct=correct,
         completions=completions,
         time_s=time.perf_counter() - t0,
         scoring_failures=failures,
+        reward_calls=calls,
+        stopped=stopped,
     )
+
+
+def _since(scorer: Optional[RewardScorer], before: dict[str, float]) -> dict[str, float]:
+    """The scorer's calls by outcome since ``before`` (RewardStats.as_metrics without a prefix)."""
+    if scorer is None:
+        return {}
+    after = scorer.stats.as_metrics(prefix="")
+    return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def _too_many_failures(scorer: Optional[RewardScorer], before: dict[str, float], task_cfg: Any) -> str:
+    """Why scoring stops ('' while it goes on): this evaluation's failures so far, judged as a
+    job judges its rollouts' (common/sandbox/scorer.py check_failure_rate)."""
+    try:
+        check_failure_rate({f"reward_calls/{k}": v for k, v in _since(scorer, before).items()}, task_cfg)
+    except RewardFailureRate as e:
+        return str(e)
+    return ""
 
 
 def _scores(scorer: Optional[RewardScorer], task: Task, texts: list[str], row: Row) -> list[tuple[float, int]]:

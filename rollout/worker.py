@@ -62,7 +62,7 @@ class RolloutWorker:
         self.engine = TorchRolloutEngine(policy, policy_version=0)
         self.sampler, self.group_size, self.seed = sampler, group_size, seed
         self.estimator = behaviour_estimator(estimator)
-        self.task = build_task(task)
+        self.task, self.task_cfg = build_task(task), task
         inline = task.reward.resolved_isolation == "inline"
         self.scorer = RewardScorer(task, self.task) if inline else RewardScorer(task)
         self.push, self.partial_push = None, False
@@ -148,7 +148,7 @@ class RolloutWorker:
         with self.clock.timed("eval"):
             result = evaluate(self.engine, rows, self.task, self.tokenizer, sampler or self.sampler, samples_per_prompt,
                               seed, eos_token_id=self.engine.eos_token_id,
-                              scorer=self.scorer)  # the rollouts' sandbox
+                              scorer=self.scorer, failure_check=self.task_cfg)  # the rollouts' sandbox and stop
         return self.version(), result
 
     def complete(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], sampler: SamplerConfig) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from stabledrl.common.config.job import JobConfig
+from stabledrl.common.sandbox.scorer import RewardFailureRate, check_failure_rate
 from stabledrl.common.tasks import Row
 from stabledrl.coordinator.decisions import events as ev
 from stabledrl.coordinator.decisions.fleet import Fleet
@@ -22,6 +23,7 @@ class Evaluation:
         self.protocol_finishing = False  # FinishProtocol is out
         self.last_eval: Optional[HeldOutResult] = None
         self.evaluations: list[HeldOutResult] = []  # every held-out result of this process, in order
+        self.reward_calls: dict[str, float] = {}  # the evaluations' reward calls by outcome, this process
 
     def lost_worker(self, index: int) -> None:
         """A lost worker's parts and units wait for another worker."""
@@ -36,7 +38,7 @@ class Evaluation:
             self.last_eval = None
             if not self.held_out:
                 return [], True
-            self.held_out_run = HeldOutRun.deal(self.held_out, max(1, len(self.fleet.active())))
+            self.held_out_run = HeldOutRun.deal(self.held_out, max(1, len(self.fleet.active())), step)
         run, e, out = self.held_out_run, self.cfg.eval, []
         for part, index in run.assign([w.index for w in self.fleet.active()]):
             worker = self.fleet[index]
@@ -59,11 +61,23 @@ class Evaluation:
                        f"{reruns})")]
         return out, True
 
-    def eval_done(self, event: ev.EvalDone) -> None:
+    def eval_done(self, event: ev.EvalDone) -> list[ev.Command]:
+        """Take a part's result; the job stops once the evaluations' reward calls failed too often
+        (a part that stopped scoring early says so), as it does for its rollouts' calls."""
         if self.fleet.take(event.call) is None or self.held_out_run is None:
-            return
+            return []
         part, _ = self.held_out_run.running.pop(event.call)
         self.held_out_run.done[part] = (event.version, event.result)
+        for outcome, n in event.result.reward_calls.items():
+            key = f"reward_calls/{outcome}"
+            self.reward_calls[key] = self.reward_calls.get(key, 0.0) + n
+        try:
+            if event.result.stopped:
+                raise RewardFailureRate(event.result.stopped)
+            check_failure_rate(self.reward_calls, self.cfg.task)
+        except RewardFailureRate as e:
+            return [ev.Stop(f"held-out evaluation at step {self.held_out_run.step}: {e}")]
+        return []
 
     # ---- the protocol's benchmarks ------------------------------------------------------------
     def protocol(self, step: int, first: bool) -> tuple[list[ev.Command], bool]:

@@ -115,12 +115,13 @@ class HeldOutRun(DealtParts):
 
     done: dict[int, tuple[int, EvalResult]] = field(default_factory=dict)  # part -> (version, result)
     parts: list[list[Row]] = field(default_factory=list)
+    step: int = 0  # the step it evaluates
 
     @classmethod
-    def deal(cls, rows: Sequence[Row], workers: int) -> "HeldOutRun":
+    def deal(cls, rows: Sequence[Row], workers: int, step: int = 0) -> "HeldOutRun":
         parts = [list(rows[i::workers]) for i in range(workers)]
         parts = [p for p in parts if p]
-        return cls(len(parts), list(range(len(parts))), parts=parts)
+        return cls(len(parts), list(range(len(parts))), parts=parts, step=step)
 
     def merge(self) -> HeldOutResult:
         """The held-out result of every part; ValueError if the parts saw different weights."""

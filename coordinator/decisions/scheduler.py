@@ -75,7 +75,7 @@ class Scheduler:
             ev.JobStarted: self._on_job_started, ev.StartupTimed: self._on_startup_timed,
             ev.WorkerStarted: self._on_worker_started,
             ev.RolloutDone: lambda e: self._emit(self.admission.rollout_done(e)),
-            ev.WeightsLoaded: self.weights.loaded, ev.EvalDone: self.evaluation.eval_done,
+            ev.WeightsLoaded: self.weights.loaded, ev.EvalDone: lambda e: self._emit(self.evaluation.eval_done(e)),
             ev.CallFailed: self._on_call_failed, ev.StepDone: self._on_step_done,
             ev.LearnerFailed: self._on_learner_failed, ev.PushDone: self._on_push_done,
             ev.PushFailed: self._on_push_failed, ev.CheckpointDone: self._on_checkpoint_done,

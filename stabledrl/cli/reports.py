@@ -120,6 +120,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stabledrl.common.trust.checkpoint_files import CheckpointError
+    from stabledrl.common.sandbox.scorer import RewardFailureRate
     from stabledrl.common.trust.seal import RunTrustError, check_key
     from stabledrl.common.tasks import DataError
 
@@ -130,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, CheckpointError, RunTrustError, DataError) as e:
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
+    except RewardFailureRate as e:
+        print(f"stabledrl: {args.command} failed: {e}", file=sys.stderr)
+        return 1
 
 
 def _eval(args: argparse.Namespace) -> int:

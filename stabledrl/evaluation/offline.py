@@ -158,9 +158,10 @@ def checkpoint_adapters(cfg: JobConfig, state: dict[str, torch.Tensor], checkpoi
 def evaluate_policy(cfg: JobConfig, policy: Any, tokenizer: Any, *, k: int = 1, num_prompts: Optional[int] = None,
                     samples_per_prompt: Optional[int] = None) -> Any:
     """pass@1 and pass@k on the config's held-out rows (EvalResult); n = max(k, samples_per_prompt
-    or eval.samples_per_prompt) samples per prompt."""
+    or eval.samples_per_prompt) samples per prompt. RewardFailureRate once the reward failed too
+    often (task.reward.max_failed_fraction), as a job stops."""
     from stabledrl.common.config.base import ConfigError
-    from stabledrl.common.sandbox.scorer import RewardScorer
+    from stabledrl.common.sandbox.scorer import RewardFailureRate, RewardScorer
     from stabledrl.common.tasks import load_task_data
     from stabledrl.rollout.engine import TorchRolloutEngine
     from stabledrl.rollout.evaluate import evaluate
@@ -175,8 +176,12 @@ def evaluate_policy(cfg: JobConfig, policy: Any, tokenizer: Any, *, k: int = 1, 
     n = max(k, samples_per_prompt or cfg.eval.samples_per_prompt)
     inline = cfg.task.reward.resolved_isolation == "inline"
     with RewardScorer(cfg.task, data.task) if inline else RewardScorer(cfg.task) as scorer:  # the job's sandbox
-        return evaluate(TorchRolloutEngine(policy), rows, data.task, tokenizer, cfg.eval.sampler_for(cfg.sampler), n,
-                        cfg.eval.seed, ks=sorted({1, k}), eos_token_id=policy.eos_token_id, scorer=scorer)
+        result = evaluate(TorchRolloutEngine(policy), rows, data.task, tokenizer, cfg.eval.sampler_for(cfg.sampler), n,
+                          cfg.eval.seed, ks=sorted({1, k}), eos_token_id=policy.eos_token_id, scorer=scorer,
+                          failure_check=cfg.task)
+    if result.stopped:  # the reward failed too often: no accuracy to report
+        raise RewardFailureRate(result.stopped)
+    return result
 
 
 def eval_command(cfg: JobConfig, *, model_dir: Optional[str] = None, checkpoint: Optional[str] = None,

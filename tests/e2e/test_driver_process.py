@@ -110,6 +110,25 @@ def test_ctrl_c_ends_with_one_line_and_the_resume_command(tmp_path):
     assert alive(job) == []
 
 
+def test_a_reward_that_times_out_in_the_first_evaluation_stops_the_job(tmp_path):
+    """Finding: a reward timing out on every call held the job in its step-0 held-out evaluation
+    (which runs with eval.every=0 too), silent: the failure-rate stop covered training only."""
+    reward = tmp_path / "slow_reward.py"
+    reward.write_text("import time\n\ndef score(completion, row):\n    time.sleep(60)\n    return 1.0\n")
+    proc, log = start(tmp_path, f"task.reward.custom={reward}:score", "task.reward.isolation=process",
+                      "task.reward.timeout_s=0.2", "task.held_out=40", "eval.num_prompts=40", "eval.every=0")
+    try:
+        assert proc.wait(600) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert re.search(
+        rf"stabledrl: job failed: held-out evaluation at step 0: custom reward {reward}:score failed on (\d+) of "
+        r"\1 calls \(\1 timeout\), more than task.reward.max_failed_fraction = 0.5", text), text[-3000:]
+    assert "train/loss" not in (tmp_path / "run" / "metrics.jsonl").read_text()  # it never trained
+
+
 def test_a_reward_that_always_fails_stops_the_job_naming_it(tmp_path):
     reward = tmp_path / "broken_reward.py"
     reward.write_text("def score(completion, row):\n    raise RuntimeError('broken reward')\n")
