@@ -161,13 +161,17 @@ def train_job(cfg: JobConfig) -> int:
     from stabledrl.recipes.stages import JOB_STAGES
 
     driver, code, message = None, 0, None
-    previous = signal.signal(signal.SIGINT, _interrupt)
+    _received.clear()
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         _start_ray(cfg)
+        signal.signal(signal.SIGTERM, _interrupt)  # ray.init installs its own (a bare exit, no resume line)
         driver = Driver(cfg, log=lambda line: print(line, flush=True), stages=JOB_STAGES)
         driver.run()
     except KeyboardInterrupt:
-        code, message = 130, interrupted_line(cfg, driver.step if driver is not None else 0)
+        by = _received[-1] if _received else signal.SIGINT
+        code = 128 + by
+        message = interrupted_line(cfg, driver.step if driver is not None else 0, signal.Signals(by).name)
     except (
         ConfigError,
         CheckpointError,
@@ -182,7 +186,8 @@ def train_job(cfg: JobConfig) -> int:
         code, message = 1, f"stabledrl: job failed: {disk_error(e, cfg.run.output_dir)}"
     finally:
         ray.shutdown()
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if message:
         print(message, file=sys.stderr, flush=True)
     return code
@@ -197,17 +202,23 @@ def _start_ray(cfg: JobConfig) -> None:
           f"η = {cfg.algorithm.max_staleness}, on {where}; output in {cfg.run.output_dir}", flush=True)
 
 
+_received: list[int] = []  # the signals that stopped the job
+
+
 def _interrupt(signum: int, frame: object) -> None:
-    """The first Ctrl-C stops the job cleanly (KeyboardInterrupt); a second one ends the process at
-    once (the watchdog still ends the processes of a local Ray instance)."""
-    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    """The first Ctrl-C or SIGTERM (a scheduler's, `kill`'s) stops the job cleanly
+    (KeyboardInterrupt); a second one ends the process at once (the watchdog still ends the
+    processes of a local Ray instance)."""
+    _received.append(signum)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _: os._exit(128 + signum))
     raise KeyboardInterrupt
 
 
-def interrupted_line(cfg: JobConfig, step: int) -> str:
-    """The one line a Ctrl-C leaves: where the run stopped and how to continue it."""
+def interrupted_line(cfg: JobConfig, step: int, by: str = "SIGINT") -> str:
+    """The one line a Ctrl-C (or SIGTERM) leaves: where the run stopped and how to continue it."""
     latest = Path(cfg.run.output_dir) / "checkpoints" / "latest"
-    head = f"stabledrl: interrupted at step {step} of {cfg.run.steps}"
+    head = f"stabledrl: {'interrupted' if by == 'SIGINT' else f'stopped by {by}'} at step {step} of {cfg.run.steps}"
     if latest.is_file():
         return (
             f"{head}; continue with: stabledrl train --resume {cfg.run.output_dir} (from {latest.read_text().strip()})"

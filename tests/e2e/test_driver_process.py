@@ -110,6 +110,28 @@ def test_ctrl_c_ends_with_one_line_and_the_resume_command(tmp_path):
     assert alive(job) == []
 
 
+def test_sigterm_ends_with_one_line_and_the_resume_command(tmp_path):
+    """Finding: SIGTERM (a scheduler's, `kill`'s) printed Ray's stack dump, or nothing, instead of the
+    resume hint Ctrl-C gives."""
+    proc, log = start(tmp_path, "run.checkpoint_every=1")
+    try:
+        wait_for(log, r"checkpoint: .*step2\b", proc)  # step1's is complete by then (latest)
+        job = descendants(proc.pid)
+        before = len(log.read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    after = log.read_text()[before:]
+    lines = [line for line in after.splitlines() if line.startswith("stabledrl:")]
+    assert "Traceback" not in after and len(lines) == 1, after
+    assert re.fullmatch(rf"stabledrl: stopped by SIGTERM at step (\d+) of 200; continue with: stabledrl train "
+                        rf"--resume {tmp_path / 'run'} \(from step(\d+)\)", lines[0]), lines[0]
+    time.sleep(10)
+    assert alive(job) == []
+
+
 def test_a_reward_that_times_out_in_the_first_evaluation_stops_the_job(tmp_path):
     """Finding: a reward timing out on every call held the job in its step-0 held-out evaluation
     (which runs with eval.every=0 too), silent: the failure-rate stop covered training only."""
