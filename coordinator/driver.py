@@ -78,7 +78,7 @@ class Driver:
     def run(self) -> RunResult:
         try:
             self.setup()
-            before = self.evaluate()
+            before = self.evaluate() if self.evaluation_due() else None
             self.train()
             self.drain()
             self.log_reward_totals()
@@ -112,7 +112,7 @@ class Driver:
         self.metrics = MetricsLogger(cfg.run.output_dir, tensorboard=cfg.run.tensorboard,
                                      wandb_project=cfg.run.wandb_project, run_config=cfg.model_dump(mode="json"),
                                      append=resume is not None)
-        log_data(data.reports, self.metrics, self.log)
+        log_data(data.reports, self.metrics, self.log, record=resume is None)
         t1 = time.perf_counter()
         t0 = t1 - job.seconds
         c = cfg.cluster
@@ -146,6 +146,20 @@ class Driver:
         """Held-out pass@k with the current weights (None when the task has no held-out rows)."""
         self._drive(self.scheduler.begin("evaluate"))
         return self.scheduler.last_eval
+
+    def evaluation_due(self) -> bool:
+        """Whether the evaluation before training is one of the run's: always for a new run; for a
+        resumed one only where an uninterrupted run evaluates at the checkpoint's step (and not at
+        the last step: the evaluation after training is that one) and metrics.jsonl lacks it (the
+        process stopped between its checkpoint and its evaluation). So a resumed run's metrics read
+        as the uninterrupted run's."""
+        if self.cfg.run.resume_from is None:
+            return True
+        step, every, steps = self.step, self.cfg.eval.every, self.cfg.run.steps
+        if step >= steps or not held_out.scheduled_evaluation(step, every, steps):
+            return False
+        protocol = self.cfg.eval.protocol is not None and not self.scheduler.evaluation.held_out
+        return step not in held_out.evaluated_steps(self.cfg.run.output_dir, protocol=protocol)
 
     def final_window_text(self) -> str:
         """'; mean of the last N evaluations: X%' over the evaluations after BEFORE (eval.final_window > 1

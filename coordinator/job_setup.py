@@ -111,15 +111,17 @@ def write_config(cfg: JobConfig, config: dict[str, Any], file: Optional[Path] = 
     file.write_text(sealed_text(yaml.safe_dump(config, sort_keys=False)))
 
 
-def log_data(reports: list[Any], metrics: MetricsLogger, log: Callable[[str], None]) -> None:
-    """Rows read, kept and skipped by reason (task.on_bad_row: skip), in the log and as data/*."""
+def log_data(reports: list[Any], metrics: MetricsLogger, log: Callable[[str], None], record: bool = True) -> None:
+    """Rows read, kept and skipped by reason (task.on_bad_row: skip), in the log and (``record``:
+    not on a resume, whose metrics.jsonl has them from the run's start) as data/*."""
     for report in reports:
         if report.n_skipped:
             reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items()))
             examples = "; ".join(report.examples[:3])
             log(f"data: {report.source}: kept {report.kept} of {report.read} rows, skipped {reasons}"
                 + (f" (e.g. {examples})" if examples else ""))
-    metrics.log(0, data_metrics(reports))
+    if record:
+        metrics.log(0, data_metrics(reports))
 
 
 def load_checkpoint(resume: checkpoint.Resume, runtime: Any, scheduler: Any, rows: dict[Any, Row], cfg: JobConfig,

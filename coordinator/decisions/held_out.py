@@ -163,6 +163,16 @@ def recorded_evaluations(output_dir: Any, every: int, steps: int) -> list[HeldOu
     return [by_step[step] for step in sorted(by_step) if scheduled_evaluation(step, every, steps)]
 
 
+def evaluated_steps(output_dir: Any, protocol: bool = False) -> set[int]:
+    """The steps at which output_dir/metrics.jsonl records an evaluation: the held-out rows' (and,
+    with ``protocol``, the published protocol's, which runs first)."""
+    from stabledrl.common.metrics import read_metrics
+
+    path = output_dir / "metrics.jsonl"
+    records = read_metrics(path) if path.is_file() else []
+    return {int(r["step"]) for r in records if "eval/pass@1" in r or (protocol and "protocol/time_s" in r)}
+
+
 def scheduled_evaluation(step: int, every: int, steps: int) -> bool:
     """Whether an uninterrupted run evaluates at ``step`` (BEFORE, every eval.every steps, AFTER):
     the evaluation a resumed process runs at its checkpoint's step is not one of the run's."""
