@@ -15,7 +15,6 @@ exit aborted a few percent of CPU runs; process exit releases it.
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 
 import torch
@@ -36,11 +35,10 @@ def node_ip() -> str:
     return "127.0.0.1"
 
 
-def free_port() -> int:
-    """A TCP port that is free now (the OS picks it; a small race with other binders remains)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+def reserve_port(host: str = "127.0.0.1") -> int:
+    """A port this process holds listening on ``host`` until a store it opens there adopts it
+    (common/transport/store.py): rank 0 in this process, the other ranks anywhere."""
+    return reserve_address(host)[1]
 
 
 def rendezvous_address() -> tuple[str, int]:

@@ -4,8 +4,12 @@ nothing read from them is trusted.
 A torch TCPStore has no authentication, and its master listens on every interface unless handed
 a socket. So the rank that hosts one first reserves its address (``reserve_address``: a socket
 bound to this node's IP, the one the other ranks use, and listening; the OS picks a free port,
-with no window in which another process could take it) and ``open_store`` makes the master store
-adopt that very socket (``master_listen_fd``). Nothing listens on 0.0.0.0 or [::].
+with no window in which another process could take it; the address is then published to the other
+ranks) and ``open_store`` makes the master store adopt that very socket (``master_listen_fd``).
+Where another process starts the ranks (a launcher, a test), it binds the socket the same way and
+hands it to the hosting rank (``adopt_listener``). A port chosen free and bound later can be taken
+in between, on any node where Ray and other jobs open ports: nothing here does that. Nothing listens
+on 0.0.0.0 or [::].
 
 What crosses a store is data, never code: the weight push's bucket metadata is JSON
 (``encode_meta``), and ``decode_meta`` accepts only a bounded list of (name, dtype, shape, offset)
@@ -22,25 +26,39 @@ import torch
 import torch.distributed as dist
 
 MAX_META_BYTES = 16 << 20
-MAX_RESERVED = 8  # addresses reserved and not yet adopted (older ones are closed)
+MAX_RESERVED = 32  # addresses reserved and not yet adopted by a store (older ones are closed)
 DTYPES = {str(t).removeprefix("torch."): t for t in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
     torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2)}
 _reserved: dict[tuple[str, int], socket.socket] = {}
 
 
-def reserve_address(host: str) -> tuple[str, int]:
-    """(host, port) of a socket bound to ``host`` and listening, held for ``open_store``."""
+def listening_socket(host: str) -> socket.socket:
+    """A socket bound to ``host`` at a port the OS picks, listening: from here on no other process
+    can take that port. Hand it to the process that hosts the store (``adopt_listener``), or let
+    ``reserve_address`` hold it in this one."""
     family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     sock.listen(1024)
-    port = int(sock.getsockname()[1])
-    _reserved[(host, port)] = sock
+    return sock
+
+
+def reserve_address(host: str) -> tuple[str, int]:
+    """(host, port) of a socket bound to ``host`` and listening, held for ``open_store``."""
+    return adopt_listener(listening_socket(host), host)
+
+
+def adopt_listener(sock: socket.socket | int, host: Optional[str] = None) -> tuple[str, int]:
+    """Hold a listening socket (``listening_socket``'s, or its descriptor inherited from a launcher
+    that bound it for the ranks it starts) for ``open_store`` at its (host, port); returns them."""
+    sock = sock if isinstance(sock, socket.socket) else socket.socket(fileno=sock)
+    address = (host or sock.getsockname()[0], int(sock.getsockname()[1]))
+    _reserved[address] = sock
     while len(_reserved) > MAX_RESERVED:
         _reserved.pop(next(iter(_reserved))).close()
-    return host, port
+    return address
 
 
 def open_store(host: str, port: int, *, is_master: bool, timeout: timedelta, world_size: Optional[int] = None,

@@ -125,16 +125,15 @@ def parse() -> argparse.Namespace:
 def launch(a: argparse.Namespace) -> int:
     """Each stage runs in processes of its own: a DeepSpeed engine is never torn down and rebuilt
     in one process (whatever it leaves behind cannot inflate the next stage's memory)."""
-    from stabledrl.learner.group import free_port
-
     res = bl.Result(f"learner_{a.world}gpu", a.out, vars(a), echo=False, probe=False)
     worst = 0
     for stage in a.stages.split(","):
         part_file = Path(a.out or f"/tmp/bench_learner_{os.getpid()}.json").with_suffix(f".zero{stage}.json")
         part_file.unlink(missing_ok=True)
-        port = free_port()
+        listeners, (port,) = bl.rendezvous_ports(1)
         codes = bl.launch_ranks(__file__, lambda r: [*sys.argv[1:], "--stages", stage, "--rank", str(r), "--port",
-                                                      str(port), "--out", str(part_file) if r == 0 else ""], a.world)
+                                                      str(port), "--out", str(part_file) if r == 0 else ""], a.world,
+                                listeners)
         worst = max(worst, *codes)
         try:
             data = json.loads(part_file.read_text())
@@ -318,6 +317,7 @@ def rank_main(a: argparse.Namespace) -> None:
     rank, stage = a.rank, a.stages
     res = bl.Result(f"learner_{a.world}gpu", a.out if rank == 0 else None, vars(a), echo=rank == 0)
     try:
+        bl.adopt_listeners(a.addr)
         init_learner_group(a.addr, a.port, rank, a.world, timeout_s=300)
         run_stage(a, res, rank, stage, local_device())
     except Exception as exc:  # recorded with its message, then the rank exits at once: the launcher stops the others

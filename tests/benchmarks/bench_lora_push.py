@@ -45,7 +45,7 @@ import torch
 from stabledrl.common.config.learner import LoraConfig
 from stabledrl.common.models.lora import attach_adapters, target_paths
 from stabledrl.common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
-from stabledrl.learner.group import free_port
+from stabledrl.learner.group import reserve_port
 from stabledrl.common.transport.adapters import adapter_names
 from stabledrl.learner.lora import add_adapters, merged_weight
 
@@ -135,7 +135,8 @@ def engine_push(a: argparse.Namespace) -> None:
     dtype = bl.compute_dtype(dev)
     shape = "tiny-llada" if a.tiny else "llada-8b"
     res = bl.Result("lora_push", a.out, vars(a))
-    init_learner_group("127.0.0.1", free_port(), 0, 1, backend="nccl" if dev.type == "cuda" else "gloo", timeout_s=300)
+    init_learner_group("127.0.0.1", reserve_port(), 0, 1, backend="nccl" if dev.type == "cuda" else "gloo",
+                       timeout_s=300)
     lora = LoraConfig(rank=a.rank, alpha=a.rank / 2)
     cfg = LearnerConfig(num_ranks=1, optimizer=OptimizerConfig(lr=1e-6), lora=lora,
                         deepspeed=DeepSpeedConfig(zero_stage=3, param_persistence_threshold=0 if a.tiny else 100_000))
@@ -196,7 +197,7 @@ def engine_push(a: argparse.Namespace) -> None:
 def push_seconds(prepare, receive_load, reps: int) -> tuple[float, float]:
     """(median push seconds, median sender-preparation seconds) of ``reps`` pushes after a warm-up."""
     cfg = WeightPushConfig(backend="gloo", timeout_s=300, bucket_mb=64)
-    port = free_port()
+    port = reserve_port()
     sent_prep: list[float] = []
     received = threading.Event()  # the sender's store must outlive the receiver's last read
 

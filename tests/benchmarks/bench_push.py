@@ -83,6 +83,8 @@ import benchlib as bl
 import torch
 import torch.distributed as dist
 
+from stabledrl.common.transport.store import open_store
+
 # --engine's staged modes: whether the receiver generates meanwhile. Two weights options timed beside
 # generation at de86cdd were not kept (BENCHMARKS.md): weights.high_priority, weights.stage_pause
 STAGED = {"staged": False, "busy": True, "peer_staged": False, "peer_busy": True, "peer_python": True,
@@ -119,14 +121,12 @@ def parse() -> argparse.Namespace:
 
 
 def launch(a: argparse.Namespace) -> int:
-    from stabledrl.learner.group import free_port
-
-    # engine: learner, all, raw, then one per mode
+    # engine: learner, all, raw, then one per mode; rank 0 hosts every store
     n_ports = 3 + len(a.modes.split(",")) if a.engine else 1 + len(a.bucket_mb.split(","))
-    ports = ",".join(str(free_port()) for _ in range(n_ports))
+    listeners, ports = bl.rendezvous_ports(n_ports)
     world = a.learners + a.receivers if a.engine else 2
-    codes = bl.launch_ranks(__file__, lambda r: [*sys.argv[1:], "--rank", str(r), "--ports", ports]
-                            + ([] if r == 0 else ["--out", ""]), world)
+    codes = bl.launch_ranks(__file__, lambda r: [*sys.argv[1:], "--rank", str(r), "--ports", ",".join(map(str, ports))]
+                            + ([] if r == 0 else ["--out", ""]), world, listeners)
     if any(codes) and a.out and Path(a.out).exists():
         data = json.loads(Path(a.out).read_text())
         data.setdefault("errors", {})["ranks"] = f"exit codes {codes}"
@@ -169,8 +169,10 @@ def rank_main(a: argparse.Namespace) -> None:
     if cuda:
         torch.cuda.set_device(0)
     dev = bl.device()
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port_group}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=a.timeout_s))
+    bl.adopt_listeners()
+    store = open_store("127.0.0.1", port_group, is_master=rank == 0, timeout=timedelta(seconds=a.timeout_s),
+                       world_size=2)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=2, timeout=timedelta(seconds=a.timeout_s))
     res = bl.Result("push", a.out if rank == 0 else None, vars(a), echo=rank == 0)
     dtype = bl.compute_dtype(dev)
     shapes = [(n, tuple(p.shape)) for n, p in bl.build_policy(a.shape, torch.device("meta"), dtype).named_parameters()]
@@ -246,8 +248,7 @@ def rank_main(a: argparse.Namespace) -> None:
 
 def group(backend: str, port: int, rank: int, world: int, timeout_s: float) -> dist.ProcessGroup:
     """A process group of its own over a TCPStore on ``port`` (rank 0 hosts it)."""
-    store = dist.TCPStore("127.0.0.1", port, world_size=world, is_master=rank == 0,
-                          timeout=timedelta(seconds=timeout_s))
+    store = open_store("127.0.0.1", port, is_master=rank == 0, timeout=timedelta(seconds=timeout_s), world_size=world)
     if backend == "gloo":
         return dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=timeout_s))
     options = dist.ProcessGroupNCCL.Options()
@@ -269,6 +270,7 @@ def engine_main(a: argparse.Namespace) -> None:
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
     port_learn, port_all, port_raw, *mode_ports = (int(p) for p in a.ports.split(","))
+    bl.adopt_listeners()
     modes = a.modes.split(",")
     unknown = [m for m in modes if m.split("@")[0] not in ("gather", "shards", "raw_busy", *STAGED)]
     if unknown:

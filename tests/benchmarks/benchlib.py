@@ -24,7 +24,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
@@ -327,18 +327,46 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def launch_ranks(script: str, argv_for: Callable[[int], list[str]], world: int) -> list[int]:
+LISTEN_FDS = "STABLEDRL_BENCH_LISTEN_FDS"  # the listening sockets rank 0 inherits, for its stores
+
+
+def rendezvous_ports(n: int) -> tuple[list[Any], list[int]]:
+    """``n`` ports for the ranks' stores on 127.0.0.1, each bound where the OS picks it and listening
+    from now on (no other process can take it in between): ``launch_ranks(listeners=...)`` hands
+    the sockets to rank 0, whose stores adopt them (``adopt_listeners``)."""
+    from stabledrl.common.transport.store import listening_socket
+
+    listeners = [listening_socket("127.0.0.1") for _ in range(n)]
+    return listeners, [int(sock.getsockname()[1]) for sock in listeners]
+
+
+def adopt_listeners(host: str = "127.0.0.1") -> None:
+    """In rank 0: hold the sockets ``launch_ranks`` handed this process for the stores it hosts."""
+    from stabledrl.common.transport.store import adopt_listener
+
+    for fd in filter(None, os.environ.get(LISTEN_FDS, "").split(",")):
+        adopt_listener(int(fd), host)
+
+
+def launch_ranks(script: str, argv_for: Callable[[int], list[str]], world: int, listeners: Sequence[Any] = ()
+                 ) -> list[int]:
     """Run ``world`` processes ``python script *argv_for(rank)``, rank r seeing only the r-th visible
     GPU (so each uses cuda:0); when one fails the others are stopped 5 s later (they would wait
-    for it forever). Returns the exit codes."""
+    for it forever). ``listeners`` (``rendezvous_ports``) go to rank 0. Returns the exit codes."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     devices = visible.split(",") if visible else [str(r) for r in range(world)]
     procs = []
+    fds = [sock.fileno() for sock in listeners]
     for rank in range(world):
         env = dict(os.environ, LOCAL_RANK="0")
         if torch.cuda.is_available():
             env["CUDA_VISIBLE_DEVICES"] = devices[rank]
-        procs.append(subprocess.Popen([sys.executable, script, *argv_for(rank)], env=env))
+        if rank == 0 and fds:
+            env[LISTEN_FDS] = ",".join(map(str, fds))
+        procs.append(subprocess.Popen([sys.executable, script, *argv_for(rank)], env=env,
+                                      pass_fds=fds if rank == 0 else ()))
+    for sock in listeners:
+        sock.close()  # rank 0 holds them now
     codes: list[Optional[int]] = [None] * world
     while any(c is None for c in codes):
         time.sleep(0.5)

@@ -19,9 +19,19 @@ import pytest
 
 from stabledrl.common.config.model import ModelConfig
 from stabledrl.common.models import load_policy
-from stabledrl.learner.group import free_port
 
 pytestmark = pytest.mark.e2e
+
+
+def free_port() -> int:
+    """A port free now, for `ray start` to bind (Ray binds its own ports: none can be handed to it
+    bound, as the project's stores are; another binder may take it in between)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -17,7 +17,7 @@ from torch import nn
 from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from stabledrl.common.transport.staging import StagedWeights
 from stabledrl.learner.async_checkpoint import BackgroundWriter, HostBounce, marker_name, snapshot
-from stabledrl.learner.group import free_port
+from stabledrl.learner.group import reserve_port
 
 pytestmark = pytest.mark.gpu
 
@@ -96,7 +96,7 @@ def test_a_push_staged_into_cuda_lands_whole_at_apply():
     before = {n: p.detach().clone() for n, p in receiver.named_parameters()}
     source = {n: torch.randn(p.shape) for n, p in receiver.named_parameters()}
     cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=0.25)
-    port = free_port()
+    port = reserve_port()
     errors: list[BaseException] = []
 
     def sender() -> None:

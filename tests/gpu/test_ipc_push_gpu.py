@@ -68,16 +68,17 @@ def test_a_second_process_loads_the_buffer_through_cuda_ipc(block_bytes):
         sender.close()
 
 
-def partition_rank(rank: int, port: int, handles, acks) -> None:
+def partition_rank(rank: int, port: int, handles, acks, listener=None) -> None:
     """Learner rank ``rank`` of 2 on cuda:rank (NCCL): its ZeRO-3 partitions of two versions, sent
     with ``send_shards``; each handle goes to the receiver on the same GPU, and the next push
     waits for its receipt (rank and worker take turns)."""
     import torch.distributed as dist
 
+    from ports import join_group
     from tests.unit.common.test_sharded_push import full_weights, partitions
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    join_group("nccl", rank, 2, port, listener)
     sender = IpcPush(WeightPushConfig(backend="ipc"), rank=rank, sources=2)
     for version in (1, 2):
         parts = [(n, s, p.cuda()) for n, s, p in partitions(full_weights(version), rank, 2, flat=True)]
@@ -109,15 +110,17 @@ def partition_receiver(rank: int, handles, acks, results) -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_two_zero3_ranks_fill_both_buffers_through_nccl_and_each_worker_loads_the_full_weights():
-    from stabledrl.learner.group import free_port
+    from ports import rendezvous
 
     ctx = mp.get_context("spawn")
     handles, acks, results = [ctx.Queue(), ctx.Queue()], [ctx.Queue(), ctx.Queue()], ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=partition_rank, args=(r, port, handles, acks)) for r in range(2)]
+    listener, port = rendezvous()
+    procs = [ctx.Process(target=partition_rank, args=(r, port, handles, acks) + ((listener,) if r == 0 else ()))
+             for r in range(2)]
     procs += [ctx.Process(target=partition_receiver, args=(r, handles, acks, results)) for r in range(2)]
     for p in procs:
         p.start()
+    listener.close()  # rank 0 holds its own copy
     try:
         seen = set()
         for _ in range(4):  # 2 receivers x 2 versions

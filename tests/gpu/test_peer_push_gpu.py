@@ -20,16 +20,20 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def end(rank: int, world: int, sources: int, port: int, results, staged: bool = False) -> None:
+def end(rank: int, world: int, sources: int, port: int, results, staged: bool = False, listener=None) -> None:
     """One end on the one GPU its process sees: a source (rank < max(sources, 1)) or the receiver
-    (``staged``: into a worker's staging copy, copied whole per source span and applied after)."""
+    (``staged``: into a worker's staging copy, copied whole per source span and applied after).
+    Rank 0 hosts the push's store on ``listener``, the port the test bound for it."""
     import torch
 
     from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
     from stabledrl.common.transport.staging import StagedWeights
+    from stabledrl.common.transport.store import adopt_listener
     from tests.unit.common.test_sharded_push import full_weights, holder, partitions
 
     try:
+        if listener is not None:
+            adopt_listener(listener, "127.0.0.1")
         push = setup_weight_push(WeightPushConfig(backend="peer", timeout_s=120), rank=rank, world_size=world,
                                  master_addr="127.0.0.1", master_port=port, sources=sources)
         for version in (1, 2):
@@ -65,19 +69,21 @@ def end(rank: int, world: int, sources: int, port: int, results, staged: bool = 
 
 @pytest.mark.parametrize("sources,staged", [(0, False), (2, False), (2, True)])
 def test_a_worker_on_another_gpu_pulls_the_ranks_weights(sources, staged):
-    from stabledrl.learner.group import free_port
+    from ports import rendezvous
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port, first = free_port(), max(sources, 1)
+    (listener, port), first = rendezvous(), max(sources, 1)
     # sources on GPU 0 (both, when 2: the pull reads two buffers of one GPU), the receiver on GPU 1, each
     # process seeing its GPU alone from its start (a spawned child takes the environment it starts with)
-    procs = [ctx.Process(target=end, args=(r, first + 1, sources, port, results, staged)) for r in range(first + 1)]
+    procs = [ctx.Process(target=end, args=(r, first + 1, sources, port, results, staged,
+                                           listener if r == 0 else None)) for r in range(first + 1)]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
         for r, p in enumerate(procs):
             os.environ["CUDA_VISIBLE_DEVICES"] = "1" if r == first and GPUS > 1 else "0"
             p.start()
+        listener.close()  # rank 0 holds its own copy
     finally:
         if visible is None:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)

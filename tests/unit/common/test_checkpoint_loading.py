@@ -173,11 +173,11 @@ LEARNER_SCRIPT = textwrap.dedent(
     from stabledrl.common.models.presets import build_tiny_policy
     from stabledrl.coordinator.runtime.checkpoint import write_state
     from stabledrl.learner.engine import LearnerEngine
-    from stabledrl.learner.group import free_port, init_learner_group
+    from stabledrl.learner.group import reserve_port, init_learner_group
     from malicious_pickles import write
 
     directory, marker = Path(sys.argv[1]), Path(sys.argv[2])
-    init_learner_group("127.0.0.1", free_port(), 0, 1, backend="gloo", timeout_s=60)
+    init_learner_group("127.0.0.1", reserve_port(), 0, 1, backend="gloo", timeout_s=60)
     engine = LearnerEngine(build_tiny_policy("llada", seed=0), LearnerConfig.model_validate({{}}))
     tag = engine.save_checkpoint(directory, {{"step": 1}}, "step1")
     write_state(directory / tag, {{"format": FORMAT, "step": 1, "config": {{}}, "parameter_shapes": {{}}}})

@@ -156,16 +156,17 @@ def test_a_wire_dtype_is_applied_on_the_sending_side():
         sender.close()
 
 
-def _partition_rank(rank: int, sources: int, port: int, versions, results) -> None:
+def _partition_rank(rank: int, sources: int, port: int, versions, results, listener=None) -> None:
     """Learner rank ``rank`` of ``sources`` (a spawned process, gloo): sends every version's ZeRO-3
     partitions through ``send_shards``, then reads its own buffer back as its worker would."""
     import torch.distributed as dist
 
+    from ports import join_group
     from tests.unit.common.test_sharded_push import full_weights, partitions
 
     try:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=sources)
+        join_group("gloo", rank, sources, port, listener)
         sender = setup_weight_push(WeightPushConfig(backend="ipc"), rank=rank, sources=sources)
         receiver = IpcPush(WeightPushConfig(backend="ipc"))
         seen = []
@@ -194,16 +195,19 @@ def test_zero3_ranks_fill_every_buffer_with_one_all_gather_and_the_worker_puts_p
     worker beside each rank loads exactly the full weights, at every version."""
     import multiprocessing
 
-    from stabledrl.learner.group import free_port
+    from ports import rendezvous
 
     # spawned, not forked: a child forked from a test process that has run hundreds of tests (their
     # threads inherited mid-lock) crashed once with a double free before it reported (make test, 11-28)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_partition_rank, args=(r, sources, port, (1, 2), results)) for r in range(sources)]
+    listener, port = rendezvous()
+    procs = [ctx.Process(target=_partition_rank, args=(r, sources, port, (1, 2), results) + ((listener,) if r == 0
+                                                                                              else ()))
+             for r in range(sources)]
     for p in procs:
         p.start()
+    listener.close()  # rank 0 holds its own copy
     got = dict(results.get(timeout=120) for _ in procs)
     for p in procs:
         p.join(30)

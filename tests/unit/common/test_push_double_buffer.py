@@ -9,7 +9,7 @@ import torch
 
 from stabledrl.common.transport.broadcast import _Packer, _unpack
 from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
-from stabledrl.learner.group import free_port
+from stabledrl.learner.group import reserve_port
 
 torch.set_num_threads(1)
 
@@ -57,7 +57,7 @@ def test_packer_alternates_buffers_and_waits_before_refilling_one():
 
 def test_gloo_push_of_many_buckets_is_bit_identical():
     cfg = WeightPushConfig(backend="gloo", timeout_s=60, bucket_mb=2048 / 2**20)
-    port = free_port()
+    port = reserve_port()
     source = tensors(1)
     received: dict[str, torch.Tensor] = {}
     errors: list[BaseException] = []

@@ -16,7 +16,7 @@ from stabledrl.common.transport import ParameterLoader, WeightHandle, WeightPush
 from stabledrl.common.transport.shards import (assemble, decode_plan, encode_plan, partition_numel, plan_rounds,
                                      segment_view)
 from stabledrl.common.transport.staging import StagedWeights
-from stabledrl.learner.group import free_port
+from stabledrl.learner.group import reserve_port
 
 torch.set_num_threads(1)
 
@@ -116,7 +116,7 @@ def run_ends(cfg: WeightPushConfig, sources: int, receivers: int, send, loaders,
     push ``versions`` to ``receivers`` ends built here, each sender through ``send(push, rank,
     version)``; ``loaders(version, rank)`` gives each receiver's loader. Returns (the errors by
     rank, in the order they happened; each sender's times when its sends returned)."""
-    port, first = free_port(), max(sources, 1)
+    port, first = reserve_port(), max(sources, 1)
     world = first + receivers
     errors: dict[int, BaseException] = {}
     sent: dict[int, list[float]] = {}
@@ -203,7 +203,7 @@ def test_each_source_sends_over_its_own_group_without_waiting_for_the_others():
     belong to every source's group, still put the weights together bit for bit."""
     cfg = WeightPushConfig(backend="gloo", timeout_s=20, bucket_mb=1.0)
     full = [(n, t.float()) for n, t in full_weights(3)]  # one dtype, under a bucket: one round, posted at once
-    port, sources, world = free_port(), 2, 4
+    port, sources, world = reserve_port(), 2, 4
     first_done = threading.Event()
     errors: list[BaseException] = []
     members: dict[int, list[int]] = {}
@@ -265,7 +265,7 @@ def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float =
     other end is set up and about to transfer (so a slow set-up under load cannot hide the delay).
     Returns (the version staged, the receiver's end, {source rank: its end's ``waited_s``})."""
     cfg = WeightPushConfig(backend=backend, timeout_s=timeout_s, bucket_mb=1500 / 2**20)
-    port = free_port()
+    port = reserve_port()
     errors: list[BaseException] = []
     waited: dict[int, float] = {}
     sources_set_up, receiving = [threading.Event(), threading.Event()], threading.Event()
@@ -485,7 +485,7 @@ def test_a_missing_receiver_fails_every_source_in_time_naming_it(backend):
     import time
 
     cfg = WeightPushConfig(backend=backend, timeout_s=2)
-    port = free_port()
+    port = reserve_port()
     errors: dict[int, BaseException] = {}
 
     ends = []

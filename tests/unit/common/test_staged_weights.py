@@ -13,7 +13,7 @@ from torch import nn
 
 from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from stabledrl.common.transport.staging import StagedWeights
-from stabledrl.learner.group import free_port
+from stabledrl.learner.group import reserve_port
 
 torch.set_num_threads(1)
 
@@ -31,7 +31,7 @@ def versions(n: int) -> list[dict[str, torch.Tensor]]:
 
 def run(keep_order: bool):
     cfg = WeightPushConfig(backend="gloo", timeout_s=30, bucket_mb=200 / 2**20)  # 200 B: several buckets
-    port, source = free_port(), versions(2)
+    port, source = reserve_port(), versions(2)
     errors: list[BaseException] = []
 
     def sender() -> None:
@@ -101,7 +101,7 @@ def test_a_partial_push_stages_and_applies_only_what_it_carries():
     """A LoRA learner pushes only the adapted matrices: only those are staged (and allocated) and
     applied; the other parameters keep the weights the worker loaded."""
     cfg = WeightPushConfig(backend="gloo", timeout_s=30, bucket_mb=200 / 2**20)
-    port = free_port()
+    port = reserve_port()
     receiver = model()
     initial = {n: p.detach().clone() for n, p in receiver.named_parameters()}
     pushed = {n: torch.full_like(t, 5.0) for n, t in initial.items() if n.endswith("weight")}
@@ -121,7 +121,7 @@ def push_with_one_end_late(late: str, delay_s: float = 0.4) -> tuple[float, floa
     """(sender's, receiver's) ``waited_s`` of one gloo transfer whose ``late`` end joins ``delay_s``
     after the other is set up and about to transfer (a slow set-up under load cannot hide the delay)."""
     cfg = WeightPushConfig(backend="gloo", timeout_s=30, bucket_mb=200 / 2**20)
-    port, weights = free_port(), versions(1)[0]
+    port, weights = reserve_port(), versions(1)[0]
     ends: dict[str, object] = {}
     errors: list[BaseException] = []
     sending, receiving = threading.Event(), threading.Event()

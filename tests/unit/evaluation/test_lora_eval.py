@@ -40,11 +40,11 @@ TRAIN = textwrap.dedent(
     from stabledrl.common.models.presets import build_tiny_policy
     from stabledrl.coordinator.runtime.checkpoint import FORMAT, write_state
     from stabledrl.learner.engine import LearnerEngine
-    from stabledrl.learner.group import free_port, init_learner_group
+    from stabledrl.learner.group import init_learner_group, reserve_port
 
     run = Path(sys.argv[1])
     torch.set_num_threads(1)
-    init_learner_group("127.0.0.1", free_port(), 0, 1, backend="gloo", timeout_s=60)
+    init_learner_group("127.0.0.1", reserve_port(), 0, 1, backend="gloo", timeout_s=60)
     cfg = LearnerConfig(optimizer=OptimizerConfig(lr=1e-2, eps=1e-3), lora=LoraConfig(**{lora}),
                         deepspeed=DeepSpeedConfig(zero_stage=3, dtype="bf16", param_persistence_threshold=0))
     engine = LearnerEngine(build_tiny_policy("llada", seed=0, dtype=torch.bfloat16), cfg)

@@ -197,10 +197,10 @@ def _engine_run(directory: str, out) -> None:
     from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
     from stabledrl.common.models.presets import build_tiny_policy
     from stabledrl.learner.engine import LearnerEngine
-    from stabledrl.learner.group import free_port, init_learner_group
+    from stabledrl.learner.group import reserve_port, init_learner_group
 
     torch.set_num_threads(1)
-    init_learner_group("127.0.0.1", free_port(), 0, 1, backend="gloo", timeout_s=60)
+    init_learner_group("127.0.0.1", reserve_port(), 0, 1, backend="gloo", timeout_s=60)
     cfg = LearnerConfig(optimizer=OptimizerConfig(lr=1e-2, eps=1e-3),
                         deepspeed=DeepSpeedConfig(zero_stage=3, dtype="fp32", param_persistence_threshold=0))
     engine = LearnerEngine(build_tiny_policy("llada", vocab_size=97, seed=0), cfg)
