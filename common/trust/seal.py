@@ -76,6 +76,10 @@ def run_key(create: bool = False) -> Optional[bytes]:
         kind = "a directory" if path.is_dir() else "a dangling symlink" if path.is_symlink() else "not a regular file"
         raise RunTrustError(f"{what} is {kind}: point {KEY_ENV} at a key file, or remove {path} so that the next "
                             "run writes a new key")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:  # whoever can read it can seal a run they tampered with
+        raise RunTrustError(f"{what} is readable or writable by others (mode {mode:03o}): anyone who reads it can seal "
+                            f"a run they changed. chmod 600 {path}")
     try:
         key = path.read_bytes()
     except OSError as e:

@@ -131,7 +131,8 @@ def test_the_python_api_verifies_a_runs_config_too(tmp_path, reached):
 
 
 @pytest.mark.parametrize("key, fragment", [("directory", "is a directory"), ("short", "is 5 bytes, not a key"),
-                                           ("dangling", "is a dangling symlink")])
+                                           ("dangling", "is a dangling symlink"),
+                                           ("shared", "is readable or writable by others (mode 644)")])
 @pytest.mark.parametrize("command", ["train", "resume", "eval"])
 def test_a_key_file_that_cannot_serve_is_named_before_anything_starts(tmp_path, capsys, reached, monkeypatch, key,
                                                                       fragment, command):
@@ -144,6 +145,10 @@ def test_a_key_file_that_cannot_serve_is_named_before_anything_starts(tmp_path, 
         path.mkdir()
     elif key == "short":
         path.write_bytes(b"12345")
+        path.chmod(0o600)
+    elif key == "shared":  # probing around: a key others can read lets them seal a run they changed
+        path.write_bytes(b"k" * 32)
+        path.chmod(0o644)
     else:
         path.symlink_to(tmp_path / "nowhere")
     monkeypatch.setenv("STABLEDRL_KEY_FILE", str(path))
