@@ -50,7 +50,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.max_staleness=1 run.steps=20")
     scale = sub.add_parser("scale", help="show or change the rollout workers of a running job")
     scale.add_argument("--job", required=True, help="the job's run.name (default: the last part of its output_dir)")
-    scale.add_argument("--workers", type=int, help="rollout workers wanted (rollout.min_workers .. max_workers)")
+    scale.add_argument("--workers", type=reports.counted(1), help="rollout workers wanted (rollout.min_workers .. "
+                       "max_workers)")
     scale.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "auto"),
                        help="the cluster's GCS address, HOST:PORT (default: $RAY_ADDRESS, else the local cluster)")
     config = sub.add_parser("config", help="print the config reference: every key of a job config with its type, "

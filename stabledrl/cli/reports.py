@@ -54,6 +54,17 @@ def counted(least: int):
     return parse
 
 
+def ema_weight(text: str) -> float:
+    """An argparse type: a weight in [0, 1) (1 or more would never forget the first value, or grow)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{value:g} is not in [0, 1)")
+    return value
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     ev = sub.add_parser(
         "eval", help="held-out pass@1 / pass@k of an exported model or a checkpoint; --protocol d1: the papers' table "
@@ -107,7 +118,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--out", required=True, help="PNG to write")
     pl.add_argument("--group", choices=("none", "parent"), default="none",
                     help="parent: runs in one directory share a colour (a study's METHOD/seedN), mean drawn thick")
-    pl.add_argument("--smooth", type=float, default=0.8, help="EMA weight of the reward panel (0: raw)")
+    pl.add_argument("--smooth", type=ema_weight, default=0.8, help="EMA weight of the reward panel, in [0, 1) (0: raw)")
     pl.add_argument("--title", default=None)
 
     st = sub.add_parser("study", help="GRPO vs StableDRL vs StableDRL+DiPOD vs DRPO over seeds: table + figure")
@@ -130,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
         return {"eval": _eval, "plot": _plot, "study": _study}[args.command](args)
     except (ConfigError, CheckpointError, RunTrustError, DataError) as e:
         print(f"stabledrl: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:  # plot: a directory without metrics.jsonl (the message names it)
+        print(f"stabledrl: {e.args[0] if e.args and isinstance(e.args[0], str) else e}", file=sys.stderr)
         return 2
     except RewardFailureRate as e:
         print(f"stabledrl: {args.command} failed: {e}", file=sys.stderr)

@@ -56,12 +56,32 @@ def auth_env(env: dict[str, str]) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token"} if env.get("RAY_AUTH_TOKEN") or path.is_file() else {}
 
 
+def gcs_unreachable(address: str, timeout_s: float = 5.0) -> str:
+    """Why the GCS at ``address`` (HOST:PORT) cannot be reached ('' when it answers, or for 'auto',
+    which Ray resolves itself): Ray's own client retries an unreachable address for minutes."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return ""
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        return (f"cannot reach the cluster's GCS at {address} ({e.strerror or e}): is the cluster up, and is --address "
+                "its head's HOST:PORT (port 6379 unless ray start --port said otherwise)?")
+    return ""
+
+
 def scale_command(job_name: str, workers: Optional[int], address: str) -> int:
     """``stabledrl scale``: connect to the cluster, ask, print the job's status; exit status 2 when
     the job is not found or the count is out of range."""
     import logging
     import sys
 
+    unreachable = gcs_unreachable(address)
+    if unreachable:
+        print(f"stabledrl scale: {unreachable}", file=sys.stderr)
+        return 2
     token = auth_env(os.environ)
     if token:
         os.environ.update(token)

@@ -126,3 +126,26 @@ def test_the_dry_run_warns_of_a_plan_this_machine_cannot_hold(monkeypatch):
     out = io.StringIO()
     dry_run(cfg, out=out)
     assert "WARNING" not in out.getvalue() and "checked against the cluster at 10.0.0.5:6379" in out.getvalue()
+
+
+def test_scale_refuses_a_count_below_one_and_an_address_nothing_answers(capsys):
+    """Probing around the eval counts: `scale --workers -3` was sent to the job; `scale --address`
+    naming no GCS waited minutes in Ray's client retries."""
+    import time
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["scale", "--job", "x", "--workers", "-3"])
+    assert done.value.code == 2 and "argument --workers: -3 is less than 1" in capsys.readouterr().err
+    t0 = time.monotonic()
+    assert cli.main(["scale", "--job", "x", "--address", "127.0.0.1:1"]) == 2
+    assert "cannot reach the cluster's GCS at 127.0.0.1:1" in capsys.readouterr().err
+    assert time.monotonic() - t0 < 30
+
+
+def test_plot_names_a_directory_without_metrics_and_refuses_a_weight_past_one(tmp_path, capsys):
+    assert cli.main(["plot", str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"stabledrl: {tmp_path}: no metrics.jsonl (give a run's output_dir or the file itself)\n", err
+    with pytest.raises(SystemExit):
+        cli.main(["plot", str(tmp_path), "--out", str(tmp_path / "x.png"), "--smooth", "5"])
+    assert "argument --smooth: 5 is not in [0, 1)" in capsys.readouterr().err
