@@ -99,6 +99,45 @@ def test_daemons_of_a_reward_that_turns_the_reaper_off_end_with_the_sandbox(tmp_
     assert marked(mark) == [], "processes the reward started outlived its sandbox"
 
 
+STUCK = """
+import multiprocessing.connection, time
+multiprocessing.connection.Connection.recv = lambda self: time.sleep(600)  # deaf to its worker's end
+"""
+
+
+@pytest.mark.parametrize("deaf", [False, True])
+def test_daemons_end_when_the_worker_is_killed(tmp_path, deaf):
+    """A worker killed with SIGKILL (Ray ends its actors so) closes nothing: the sandbox sees its
+    stdin end, or, where the module made it deaf to that, the supervisor sees its parent gone; it
+    ends the sandbox and everything the reward started."""
+    import signal
+
+    mark = f"rw{'d' if deaf else 'k'}{os.getpid() % 100000}"
+    path = reward_file(tmp_path, mark)
+    if deaf:
+        path.write_text(path.read_text() + STUCK)
+    worker = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from stabledrl.common.config.task import parse_task_config
+        from stabledrl.common.sandbox.scorer import RewardScorer
+        from stabledrl.common.tasks import Row
+        scorer = RewardScorer(parse_task_config({task(path)!r}))
+        {'' if deaf else 'scorer.score("daemon", Row("p", "1+1=", "2"))'}
+        print("ready", flush=True)
+        time.sleep(600)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "ready"
+        assert marked(mark)
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    deadline = time.monotonic() + 10
+    while marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked(mark) == [], "processes the reward started outlived the worker that was killed"
+
+
 def test_daemons_started_by_the_dry_import_end_with_train_dry_run(tmp_path):
     mark = f"rwe{os.getpid() % 100000}"
     path = reward_file(tmp_path, mark)
