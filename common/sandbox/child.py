@@ -48,6 +48,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Optional
 
+from stabledrl.common.config.base import MAX_SECONDS
 from stabledrl.common.sandbox import confine
 from stabledrl.common.sandbox.scorer import FAILURE_KINDS, outcome_of
 from stabledrl.common.sandbox.supervisor import DISK_ENV, GUARDED_ENV
@@ -278,7 +279,7 @@ class _Sandbox:
 
     def _answer(self, answer: Connection, pid: int) -> list:
         """The call's (outcome, payload); the call process is reaped (killed if need be) on return."""
-        limit = self.timeout_s * self.share
+        limit = min(self.timeout_s * self.share, MAX_SECONDS)  # a batch's: no timer holds more than that
         deadline = time.monotonic() + limit
         if not answer.poll(limit):
             _stop(pid)

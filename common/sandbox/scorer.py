@@ -54,7 +54,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.base import MAX_SECONDS, ConfigError
 from stabledrl.common.tasks.base import NonNumericReward, RewardResult, Row, Task
 from stabledrl.common.tasks.reward_functions import RewardFunctions
 from stabledrl.common.sandbox.confine import NOBODY
@@ -418,7 +418,8 @@ class RewardScorer:
                 self._child = _Child(self.cfg)
             except ConfigError as e:
                 return [("crash", str(e))] * len(completions)
-        timeout_s = self.cfg.reward.timeout_s * len(completions)  # the sandbox allows a batch that many times
+        # the sandbox allows a batch that many times, up to the longest wait a timer holds
+        timeout_s = min(self.cfg.reward.timeout_s * len(completions), MAX_SECONDS)
         outcome, payload = self._child.call(completions, rows, timeout_s)
         if outcome != "ok":  # the call failed as a whole: every completion of it did
             return [(outcome, payload)] * len(completions)

@@ -347,3 +347,15 @@ def test_what_a_reward_prints_reaches_the_log_unflushed(tmp_path, capfd):
         assert scorer.score("print", ROW) == RewardResult(1.0, {"custom": 1.0})
     err = capfd.readouterr().err
     assert "printed by the reward" in err and "and to stderr" in err, err[-2000:]
+
+
+def test_a_batch_at_the_longest_timeout_overflows_no_timer(tmp_path):
+    """Probing around the timeout bound: a batched call's limit is timeout_s times its completions,
+    and 4 x 1e6 s overflowed poll() (OverflowError in the worker). The wait is capped at the bound."""
+    path = tmp_path / "batched.py"
+    path.write_text("def score(prompts, completions, **columns):\n    return [1.0] * len(completions)\n")
+    cfg = parse_task_config({"name": "arithmetic", "reward": {"custom": f"{path}:score", "isolation": "process",
+                                                               "format_weight": 0.0, "timeout_s": 1e6}})
+    with RewardScorer(cfg) as scorer:
+        assert scorer.batched
+        assert scorer.score_batch(["2"] * 4, [ROW] * 4) == [RewardResult(1.0, {"custom": 1.0})] * 4
