@@ -50,7 +50,7 @@ def test_the_command_prints_the_reference_one_section_or_one_key(capsys):
     assert cli.main(["config", "task.reward.sandbox"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("#### `task.reward.sandbox`")
-    assert "| `task.reward.sandbox.memory_mb` | int (>= 64) | 4096 |" in out
+    assert "| `task.reward.sandbox.memory_mb` | int (>= 64, <= 1048576) | 4096 |" in out
     assert cli.main(["config", "task.reward.timeout_s"]) == 0
     assert capsys.readouterr().out.count("| `task.reward.timeout_s` |") == 1
     assert cli.main(["config", "task.rewrd"]) == 2
