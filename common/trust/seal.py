@@ -42,7 +42,8 @@ KEY_BYTES = 32
 KEY_ENV = "STABLEDRL_KEY_FILE"
 EXPORT_CONFIG = "stabledrl_config.yaml"  # the job's sealed config, inside an exported model directory
 # what a job writes into its output_dir: any one of them marks a directory as a run
-RUN_MARKS = ("checkpoints", "metrics.jsonl", "metrics.before_resume.jsonl", "final_model", "latest", EXPORT_CONFIG)
+RUN_MARKS = ("checkpoints", "metrics.jsonl", "metrics.before_resume.jsonl", "final_model", "final_adapter", "latest",
+             EXPORT_CONFIG)
 
 
 class RunTrustError(ValueError):

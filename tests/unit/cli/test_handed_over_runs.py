@@ -118,6 +118,23 @@ def test_an_export_carries_its_config(tmp_path, capsys, reached):
     refused(["eval", "--model", str(final)], capsys, reached, tmp_path, f"carries no {EXPORT_CONFIG}")
 
 
+def test_a_lora_runs_adapter_export_carries_its_config_too(tmp_path, capsys, reached):
+    """A LoRA run also exports its adapters (final_adapter, a PEFT folder): `eval --adapter` alone
+    reads the config it carries, and a config beside an adapter export is a run's."""
+    final = export(tmp_path, {"custom": f"{tmp_path / 'r.py'}:score"})
+    adapter = final.parent / "final_adapter"
+    final.rename(adapter)
+    assert cli.main(["eval", "--adapter", str(adapter)]) == 0
+    (kind, cfg, kwargs), = reached
+    assert kind == "eval" and kwargs["adapter"] == str(adapter) and kwargs["model_dir"] is None
+    reached.clear()
+    run = adapter.parent
+    attack(run, tmp_path)  # run/config.yaml edited (its seal gone), its checkpoints and metrics removed
+    shutil.rmtree(run / "checkpoints")
+    (run / "metrics.jsonl").unlink()
+    refused(["eval", "--config", str(run / "config.yaml"), "--adapter", str(adapter)], capsys, reached, tmp_path)
+
+
 def test_the_python_api_verifies_a_runs_config_too(tmp_path, reached):
     from stabledrl import api
     from stabledrl.common.trust.seal import RunTrustError
