@@ -118,6 +118,8 @@ class LearnerWorker:
         v_l the batch trains at; the returned ``learner/staleness_max`` is measured here, from the
         samples' own stamps, as an independent check of the coordinator's bound."""
         t0 = time.perf_counter()
+        if hasattr(self.push, "begin_update"):  # a worker that views these parameters must not read them now
+            self.push.begin_update()
         try:
             with self.clock.timed("train"), profiled_step(self.steps + 1, self.rank, self.engine.module):
                 per_iteration = self._updates(groups, version, group_offset)
@@ -249,7 +251,8 @@ class LearnerWorker:
         with self.clock.timed("push"), prompt_gil():  # beside a checkpoint's writer thread (common/gil.py)
             with self.clock.timed("push_pending"):  # GPU work the step left queued, so it is not billed below
                 settle_gpu(self.engine.device)
-            if self.push_sources:
+            views = hasattr(self.push, "send_views")  # weights.ipc view: the worker reads the parameters in place
+            if self.push_sources and not views:
                 if self.push is None:  # ZeRO-1/2: rank 0 sends alone
                     return None
                 with self.clock.timed("push_send"):
@@ -257,9 +260,13 @@ class LearnerWorker:
                 self._add_wait()
                 return handle
             with self.clock.timed("push_send"):  # the ZeRO-3 gathers and the copies or sends, settled
-                named = self.engine.named_parameters_for_push(all_ranks=self.push is not None)
+                zero3 = self.cfg.deepspeed.zero_stage == 3
+                named = self.engine.partitions_for_push(self.world_size if zero3 else 1) if views else \
+                    self.engine.named_parameters_for_push(all_ranks=self.push is not None)
                 handle = None
-                if self.push is None:
+                if views:
+                    handle = self.push.send_views(named, version)
+                elif self.push is None:
                     for _ in named:
                         pass
                 else:

@@ -84,11 +84,13 @@ class RolloutWorker:
         """G completions per prompt, rewarded and behaviour-estimated (rollout/workflow.py), with
         this request's reward-call counts by outcome and the worker's clock."""
         before = self.scorer.stats.as_metrics(prefix="")
+        self._check_turn("before")
         episodes = run_episodes(
             self.engine, requests, tokenizer=self.tokenizer, task=self.task,
             scorer=self.scorer, group_size=self.group_size, sampler=self.sampler, estimator=self.estimator,
             seed=self.seed, worker=self.index,
         )
+        self._check_turn("after")
         after = self.scorer.stats.as_metrics(prefix="")
         hand_back_gpu_memory(self.share_gpu)
         if not episodes:
@@ -97,6 +99,13 @@ class RolloutWorker:
         for activity, key in (("generate", "generate_s"), ("reward", "reward_s"), ("score", "estimate_s")):
             self.clock.add(activity, stats.get(key, 0.0) * n)
         return RolloutResult(episodes, {k: after[k] - before[k] for k in after}, self.clock.snapshot())
+
+    def _check_turn(self, when: str) -> None:
+        """``weights.ipc: view``: the learner rank's parameters this worker reads in place are still
+        the version it holds (common/transport/views.py); a no-op for the other transports."""
+        check = getattr(self.push, "check_turn", None)
+        if check is not None:
+            check(self.engine.policy_version, when)
 
     # ---- weights --------------------------------------------------------------------------
     def setup_weight_push(self, cfg: WeightPushConfig, *, partial: bool = False, lora: Optional[LoraConfig] = None,
@@ -145,10 +154,12 @@ class RolloutWorker:
                  sampler: Optional[SamplerConfig] = None) -> tuple[int, EvalResult]:
         """(version held, EvalResult) of ``rows`` under the current weights (rollout/evaluate.py),
         sampled with ``sampler`` (default: the worker's own sampler config)."""
+        self._check_turn("before")
         with self.clock.timed("eval"):
             result = evaluate(self.engine, rows, self.task, self.tokenizer, sampler or self.sampler, samples_per_prompt,
                               seed, eos_token_id=self.engine.eos_token_id,
                               scorer=self.scorer, failure_check=self.task_cfg)  # the rollouts' sandbox and stop
+        self._check_turn("after")
         return self.version(), result
 
     def complete(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], sampler: SamplerConfig) -> list[str]:

@@ -300,10 +300,35 @@ class JobConfig(StrictModel):
         """``weights`` with ``auto`` replaced by the transport the driver sets up for this cluster
         (the actors' GPU resources, ``cluster.colocate``, ``in_turns``)."""
         c = self.cluster
-        return self.weights.resolve(actors_have_gpus=c.learner.num_gpus > 0 and c.rollout.num_gpus > 0,
-                                    colocated=c.colocate, in_turns=self.in_turns)
+        gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
+        return self.weights.resolve(actors_have_gpus=gpus, colocated=c.colocate, in_turns=self.in_turns,
+                                    views=self.ipc_view_problem(gpus))
+
+    def ipc_view_problem(self, gpus: bool) -> Optional[str]:
+        """Why a rollout worker could not view its learner rank's parameters (``weights.ipc: view``),
+        or None: a view is the parameter as the learner holds it, so the worker's dtype must be the
+        learner's (``learner.deepspeed.dtype`` auto: bf16 on GPUs, fp32 on CPUs) and the parameter
+        must be the learner's own (no LoRA merge, no wire dtype, not offloaded to the host)."""
+        ds, learner_dtype = self.learner.deepspeed, self.learner.deepspeed.dtype
+        if learner_dtype == "auto":
+            learner_dtype = "bf16" if gpus else "fp32"
+        if self.learner.lora is not None:
+            return "learner.lora: the worker's weights are the adapters merged into the base, not a learner parameter"
+        if self.weights.dtype != "keep":
+            return f"weights.dtype {self.weights.dtype!r}: the worker would read another dtype than the learner holds"
+        if ds.offload_params != "none":
+            return "learner.deepspeed.offload_params: the parameters live in host memory, not on the shared GPU"
+        if {"bf16": "bfloat16", "fp32": "float32"}[learner_dtype] != self.model.dtype:
+            return (f"model.dtype {self.model.dtype!r} differs from the learner's parameters ({learner_dtype}, "
+                    "learner.deepspeed.dtype)")
+        return None
 
     def _check_ipc(self) -> None:
+        c = self.cluster
+        problem = self.ipc_view_problem(c.learner.num_gpus > 0 and c.rollout.num_gpus > 0)
+        if self.weights.ipc == "view" and problem is not None:
+            raise ValueError(f"weights.ipc 'view' lets each rollout worker read its learner rank's parameters where "
+                             f"they lie, which this job cannot: {problem}; use weights.ipc auto or copy")
         if self.weights.backend != "ipc" or self.in_turns:
             return
         raise ValueError(

@@ -1,7 +1,7 @@
 """The weight push's config section (``weights``); the transports are in common/transport/."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional
 
 from pydantic import Field
 
@@ -40,6 +40,16 @@ class WeightPushConfig(StrictModel):
         "always gather. ipc under ZeRO-3: shards = each rank copies its own partitions into its buffer and one "
         "all-gather over the learner's ranks fills every rank's buffer; gather = every rank gathers through DeepSpeed"
     )
+    ipc: Literal["auto", "view", "copy"] = Field(
+        "auto", description="the ipc push: view = the rollout worker's parameters become views of its learner rank's "
+        "parameters where they lie (CUDA IPC; shared memory on CPUs), exported once and checked by version at every "
+        "push: no buffer, no copy, one copy of the weights on the shared GPU (ZeRO-1/2 and ZeRO-3 on one rank; "
+        "ZeRO-3 over several ranks all-gathers every parameter into one buffer per rank, which the worker's "
+        "parameters view); needs the worker's model.dtype equal to the learner's parameter dtype, full-parameter "
+        "training (no learner.lora), weights.dtype keep and no parameter offload. copy = every rank copies its "
+        "weights into a buffer of its own and the worker copies them into its model (three copies on the GPU). "
+        "auto = view where it can, else copy"
+    )
     staging: bool = Field(
         True, description="broadcast and peer pushes: each rollout worker receives the new version into a second "
         "copy of its weights while it generates and swaps it in before its next request, so a push never waits for "
@@ -53,7 +63,8 @@ class WeightPushConfig(StrictModel):
         group of its own (nccl, gloo) or a pull from the learner ranks' memory (peer)."""
         return self.backend in ("nccl", "gloo", "peer")
 
-    def resolve(self, actors_have_gpus: bool, colocated: bool = False, in_turns: bool = False) -> "WeightPushConfig":
+    def resolve(self, actors_have_gpus: bool, colocated: bool = False, in_turns: bool = False,
+                views: Optional[str] = None) -> "WeightPushConfig":
         """This config with ``auto`` replaced by a transport: nccl when every learner rank and rollout worker
         holds a GPU (``cluster.*.num_gpus``: the actors' resources, not this process's devices) of
         its own (the driver builds a group on one host over peer instead, where
@@ -61,11 +72,15 @@ class WeightPushConfig(StrictModel):
         their learner ranks' GPUs, where NCCL cannot hold both): ipc on GPUs when rank and worker
         take turns (``in_turns``: no staleness, no workers beyond the shared GPUs), else the object
         store. The driver resolves once and passes the result to every actor, so all ends of a push
-        agree."""
-        if self.backend != "auto":
+        agree. ``views``: why the ipc push cannot let the worker view its rank's parameters (None: it
+        can): ``ipc: auto`` is resolved to view or copy by it."""
+        backend = self.backend
+        if backend == "auto":
+            if colocated:
+                backend = "ipc" if actors_have_gpus and in_turns else "object_store"
+            else:
+                backend = "nccl" if actors_have_gpus else "object_store"
+        ipc = self.ipc if self.ipc != "auto" else "copy" if views else "view"
+        if backend == self.backend and ipc == self.ipc:
             return self
-        if colocated:
-            backend = "ipc" if actors_have_gpus and in_turns else "object_store"
-        else:
-            backend = "nccl" if actors_have_gpus else "object_store"
-        return self.model_copy(update={"backend": backend})
+        return self.model_copy(update={"backend": backend, "ipc": ipc})

@@ -22,8 +22,9 @@ def setup_weight_push(
     sources: int = 0,
 ) -> WeightPush:
     """Build this process's end of the push. ``cfg.backend`` must be resolved (``WeightPushConfig.resolve``).
-    Object store: no arguments needed. ipc (a worker beside its learner rank, common/transport/ipc.py):
-    none either, or ``rank`` and ``sources`` for a learner rank that sends its ZeRO-3 partitions.
+    Object store: no arguments needed. ipc (a worker beside its learner rank, common/transport/ipc.py;
+    ``weights.ipc: view``, common/transport/views.py): none either, or ``rank`` and ``sources`` for a
+    learner rank that sends its ZeRO-3 partitions.
     Broadcast and peer: ``rank`` 0 is learner rank 0, ranks 1..world_size-1
     the rollout workers; (master_addr, master_port) is a free address on learner rank 0's node,
     where rank 0 hosts the group's TCPStore; ``peer_names`` (rank 0 only) names receivers 1.. in errors.
@@ -35,7 +36,11 @@ def setup_weight_push(
         from stabledrl.common.transport.object_store import ObjectStorePush
 
         return ObjectStorePush(cfg)
-    if cfg.backend == "ipc":
+    if cfg.backend == "ipc" and cfg.ipc == "view":  # the worker views its rank's parameters (views.py)
+        from stabledrl.common.transport.views import ViewPush
+
+        return ViewPush(cfg, rank=rank, sources=sources)
+    if cfg.backend == "ipc":  # copy (an unresolved auto too: only the job's config knows whether views can be)
         from stabledrl.common.transport.ipc import IpcPush
 
         return IpcPush(cfg, rank=rank, sources=sources)

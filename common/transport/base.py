@@ -92,6 +92,21 @@ class ParameterLoader:
         self.loaded.add(name)
         return param
 
+    @torch.no_grad()
+    def bind(self, name: str, tensor: torch.Tensor) -> None:
+        """Make parameter ``name`` a view of ``tensor`` (the learner's memory: common/transport/views.py)
+        instead of copying it; its own storage is freed once nothing else holds it."""
+        param = self.check(name, tuple(tensor.shape))
+        if not isinstance(param, nn.Parameter):
+            raise TypeError(f"weight push (ipc view): {name} is received into a copy, not a model; "
+                            "set weights.ipc: copy")
+        if param.dtype != tensor.dtype or param.device != tensor.device:
+            raise ValueError(f"weight push (ipc view): {name} is {tensor.dtype} on {tensor.device} on the learner, "
+                             f"{param.dtype} on {param.device} in this worker's model; set model.dtype to the "
+                             "learner's parameter dtype (learner.deepspeed.dtype) or weights.ipc: copy")
+        if param.data_ptr() != tensor.data_ptr():  # the same address: bound by an earlier push already
+            param.data = tensor
+
     def destination(self, name: str, param: torch.Tensor) -> torch.Tensor:
         """Where the received ``name`` is written: the parameter itself."""
         return param

@@ -321,6 +321,10 @@ class IpcPush:
                         "scaling): set weights.backend to object_store"
                     )
                 self._mapped[e["key"]] = (e["rebuild"](*e["args"]), None)
+            elif e["kind"] == "segment":  # a learner's CPU storage shared in place (common/transport/views.py)
+                storage = torch.UntypedStorage._new_shared_filename_cpu(  # noqa: SLF001
+                    e["manager"], e["filename"], e["size"])
+                self._mapped[e["key"]] = (torch.empty(0, dtype=torch.uint8).set_(storage), None)
             else:
                 from multiprocessing import shared_memory
 

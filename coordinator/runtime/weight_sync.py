@@ -24,6 +24,10 @@ Sharded (``weights.source: shards``, ``sources`` learner ranks): the group's ran
 learner ranks that hold partitions (``push_sources``: every ZeRO-3 rank, or rank 0), each calling
 ``send_shards`` from its ``push_weights``; the workers are ranks S.. .
 
+ipc with ``weights.ipc: view`` (common/transport/views.py): the set-up also makes a push of version 0,
+so every worker points its parameters at its learner rank's before its first request and frees the
+copy it loaded; every later push is a version check.
+
 Staging (``weights.staging``, collective pushes): each receiver takes the push with
 ``stage_weights``, in its "weights" concurrency group, into a second copy of its weights while it
 generates, so the push does not wait for the request it is running; a later ``receive_weights``
@@ -129,6 +133,11 @@ class WeightSync:
             refs = self.actors.call_learners("setup_weight_push", self.cfg, sources=self.sources)
             refs += [pool[i].setup_weight_push.remote(self.cfg, **self.receiving) for i in sorted(pool.processes)]
             wait(refs, self.timeout_s, "weight push set-up on every learner rank and rollout worker")
+            if self.cfg.backend == "ipc" and self.cfg.ipc == "view":
+                # every worker views its rank's parameters before its first request, and frees the copy it loaded
+                sends, receives, _ = self.push(0, sorted(pool.processes))
+                wait([ref for _, ref in sends + receives], self.timeout_s,
+                     "the first push in place (weights.ipc view) on every learner rank and rollout worker")
             return
         members = tuple(sorted(self.actors.pool.processes))
         wait(self._setup_group(members, nodes), self.timeout_s,

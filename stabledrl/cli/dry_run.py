@@ -178,6 +178,9 @@ def weights_line(cfg: JobConfig) -> str:
     if one_host is not None:
         return (f"weights: pushed through {WEIGHT_PATHS[one_host.backend]} while every learner rank and rollout "
                 f"worker runs on one host, else through {WEIGHT_PATHS[resolved.backend]}{how}")
+    if resolved.backend == "ipc" and resolved.ipc == "view":
+        return ("weights: read in place: each rollout worker's parameters are views of its learner rank's, on the GPU "
+                f"they share (CUDA IPC; one copy of the weights a GPU, weights.ipc view){how}")
     return f"weights: pushed through {WEIGHT_PATHS[resolved.backend]}{how}"
 
 

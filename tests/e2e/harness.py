@@ -196,6 +196,10 @@ class InspectedLearner(LearnerWorker):
     def placement(self):
         return {**placement(), "share_gpu": self.share_gpu, "push_sources": self.push_sources}
 
+    def segments(self):
+        """Where each parameter lies: (shared-memory segment or None, element offset in it) on the CPU."""
+        return parameter_segments(self.engine.module)
+
 
 class InspectedRollout(RolloutWorker):
     """A rollout worker a test can ask for its weights version and a copy of its weights (on the CPU)."""
@@ -205,6 +209,24 @@ class InspectedRollout(RolloutWorker):
 
     def placement(self):
         return {**placement(), "share_gpu": self.share_gpu}
+
+    def segments(self):
+        """(this worker's index, where each of its parameters lies: ``parameter_segments``)."""
+        return self.index, parameter_segments(self.engine.policy)
+
+    def memory(self):
+        """Bytes this process's allocator holds on its GPU now, and its parameters' bytes (GPU tests)."""
+        import torch
+
+        params = sum(p.numel() * p.element_size() for p in self.engine.policy.parameters())
+        return {"allocated": torch.cuda.memory_allocated(), "parameters": params}
+
+
+def parameter_segments(module) -> dict[str, tuple]:
+    """name -> (the shared-memory segment the parameter lies in, None in private memory; its offset)."""
+    from stabledrl.common.transport.views import segment_name
+
+    return {n: (segment_name(p), p.storage_offset()) for n, p in module.named_parameters()}
 
 
 def recording_rollout(records: Path, *, nan_uids: frozenset = frozenset(), die_on_call: Optional[int] = None,

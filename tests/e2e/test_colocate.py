@@ -30,10 +30,10 @@ def cluster():
         yield
 
 
-def config(out, colocate: bool, backend: str = "auto", **extra):
+def config(out, colocate: bool, backend: str = "auto", ipc: str = "auto", **extra):
     return job_config(out, run={"steps": 3}, cluster={"colocate": colocate, "learner": {"num_cpus": 0.5},
                                                        "rollout": {"num_cpus": 0.5}},
-                      weights={"backend": backend}, **extra)
+                      weights={"backend": backend, "ipc": ipc}, **extra)
 
 
 def placements(driver: Driver) -> tuple[list[dict], list[dict], dict]:
@@ -55,10 +55,13 @@ def run(cfg, rollout_cls: type, log=lambda s: None, learner_cls: type = Inspecte
         driver.drain()
         after = placements(driver)
         bundles = [p.placement.bundle for _, p in sorted(driver.runtime.actors.pool.processes.items())]
+        segments = {"learners": ray.get([a.segments.remote() for a in driver.actors.learners], timeout=60),
+                    "workers": dict(ray.get([w.segments.remote() for w in driver.active_rollouts()], timeout=60))}
         weights = ray.get([a.weights.remote() for a in driver.actors.learners], timeout=120)[0]
     finally:
         driver.close()
-    return {"driver": driver, "weights": weights, "before": before, "after": after, "bundles": bundles}
+    return {"driver": driver, "weights": weights, "before": before, "after": after, "bundles": bundles,
+            "segments": segments}
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +69,19 @@ def reference(cluster, tmp_path_factory):
     return run(config(tmp_path_factory.mktemp("reference"), False), harness.InspectedRollout)
 
 
-@pytest.fixture(scope="module", params=["auto", "ipc"], ids=["object_store", "ipc"])
+@pytest.fixture(scope="module", params=[("auto", "auto"), ("ipc", "auto"), ("ipc", "copy")],
+                ids=["object_store", "ipc_view", "ipc_copy"])
 def colocated(cluster, tmp_path_factory, request):
-    """auto: the object store on CPU actors; ipc: each worker maps its learner rank's weights (a
-    shared-memory block on the CPU, as CUDA IPC on a GPU), the replacement its predecessor's rank's."""
+    """auto: the object store on CPU actors; ipc (auto: view, the models' dtypes being the learner's):
+    each worker's parameters are views of its learner rank's (shared-memory segments on the CPU, as
+    CUDA IPC on a GPU), the replacement's its predecessor's rank's; ipc copy: each worker maps its
+    rank's push buffer and copies it into its own model."""
     records = tmp_path_factory.mktemp("records")
     lines: list[str] = []
-    out = run(config(tmp_path_factory.mktemp("colocated"), True, request.param),
+    backend, ipc = request.param
+    out = run(config(tmp_path_factory.mktemp("colocated"), True, backend, ipc),
               recording_rollout(records, die_on_call=2, die_index=1, hold_index=0), log=lines.append)
-    return {**out, "records": records, "lines": lines}
+    return {**out, "records": records, "lines": lines, "views": backend == "ipc" and ipc == "auto"}
 
 
 def test_each_worker_shares_its_learner_ranks_bundle_and_a_replacement_takes_it_again(reference, colocated):
@@ -102,6 +109,20 @@ def test_a_colocated_run_trains_exactly_as_one_placed_apart(reference, colocated
     assert_trained_alike(colocated, reference)
 
 
+def test_a_viewing_worker_holds_no_copy_of_the_weights(colocated):
+    """With views, worker i's parameters lie in learner rank i's shared-memory segments, each at the
+    rank's own offset (the replacement of worker 1 too): one copy of the weights per device. The
+    other transports leave every worker its own private copy. (Both train exactly as the reference.)"""
+    learners, workers = colocated["segments"]["learners"], colocated["segments"]["workers"]
+    assert sorted(workers) == [0, 1]
+    for index, mine in workers.items():
+        if colocated["views"]:
+            assert mine == learners[index] and all(name for name, _ in mine.values()), index
+            assert not set(n for n, _ in mine.values()) & set(n for n, _ in learners[1 - index].values())
+        else:
+            assert all(name is None for name, _ in mine.values()), index
+
+
 def assert_trained_alike(got: dict, want: dict, timed: tuple[str, ...] = ()) -> None:
     """Two runs (``run``'s results) logged the same deterministic metrics at every step (NaN equal to
     NaN) but ``timed`` (those that depend on timing in these runs) and ended with the same weights, bit
@@ -120,9 +141,9 @@ def assert_trained_alike(got: dict, want: dict, timed: tuple[str, ...] = ()) -> 
 def test_the_learners_push_is_reported_in_its_parts(colocated):
     """The push's clock splits into the GPU work it waited for, the gathers with the copies, and the
     memory handed back; the parts sit inside the push and are not counted twice in the idle time."""
-    # a step's push shows in the next step's record
+    # a step's push shows in the next step's record; with views the set-up's push (version 0) in the first
     pushed = [r for r in colocated["driver"].history if "time/learner0/push" in r]
-    assert len(pushed) == len(colocated["driver"].history) - 1
+    assert len(pushed) == len(colocated["driver"].history) - (0 if colocated["views"] else 1)
     for record in pushed:
         for rank in (0, 1):
             parts = [record[f"time/learner{rank}/push_{p}"] for p in ("pending", "send", "release")]

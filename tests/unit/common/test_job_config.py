@@ -177,3 +177,26 @@ def test_colocated_ranks_and_workers_in_turns_push_through_ipc_and_only_then(tmp
             load_job_config(path, [*colocated, *overrides, "weights.backend=ipc"])
     with pytest.raises(ConfigError, match=r"weights.backend 'ipc' .* needs cluster.colocate true"):
         load_job_config(path, ["algorithm.max_staleness=0", "weights.backend=ipc"])
+
+
+def test_colocated_workers_view_their_ranks_parameters_where_they_can(tmp_path):
+    """weights.ipc auto: view where the worker's model is in the learner's parameter dtype and holds the
+    learner's own parameters, else copy; an explicit view that cannot hold fails naming why."""
+    path = write(tmp_path, GOOD)
+    gpus = ["cluster.colocate=true", "rollout.num_workers=2", "cluster.learner.num_gpus=1",
+            "cluster.rollout.num_gpus=1", "algorithm.max_staleness=0"]
+    bf16 = ["model.dtype=bfloat16"]  # the learner's auto dtype on GPUs
+    assert load_job_config(path, [*gpus, *bf16]).resolved_weights().model_dump(include={"backend", "ipc"}) == \
+        {"backend": "ipc", "ipc": "view"}
+    cpu = ["cluster.colocate=true", "rollout.num_workers=2", "algorithm.max_staleness=0", "weights.backend=ipc"]
+    assert load_job_config(path, cpu).resolved_weights().ipc == "view"  # fp32 on both sides on the CPU
+    lora = ["learner.lora.rank=4", "learner.lora.target_modules=[q_proj]"]
+    for overrides, why in ((["model.dtype=float32"], "model.dtype 'float32' differs"),
+                           ([*bf16, *lora], "learner.lora"), ([*bf16, "weights.dtype=fp16"], "weights.dtype 'fp16'"),
+                           ([*bf16, "learner.deepspeed.zero_stage=3", "learner.deepspeed.offload_optimizer=cpu",
+                             "learner.deepspeed.offload_params=cpu"], "offload_params")):
+        cfg = load_job_config(path, [*gpus, *overrides])
+        assert cfg.resolved_weights().ipc == "copy" and why in cfg.ipc_view_problem(True), overrides
+        with pytest.raises(ConfigError, match=rf"weights.ipc 'view' .*: .*{why}"):
+            load_job_config(path, [*gpus, *overrides, "weights.ipc=view"])
+    assert load_job_config(path, [*gpus, *bf16, "weights.ipc=copy"]).resolved_weights().ipc == "copy"
