@@ -86,15 +86,33 @@ class RolloutEngine(Protocol):
         ...
 
 
+def call_rows(order: list[int], lengths: Sequence[int], cfg: SamplerConfig) -> list[list[int]]:
+    """The rows of each sampler call: ``order`` (rows by prompt length, shortest first) cut into runs
+    of at most ``cfg.max_batch_size`` rows and, with ``cfg.max_tokens_per_forward``, of at most that
+    many canvas tokens (rows x (the run's longest prompt + gen_length): the canvas is padded to it)."""
+    calls: list[list[int]] = []
+    current: list[int] = []
+    bound = cfg.max_tokens_per_forward
+    for i in order:
+        width = lengths[i] + cfg.gen_length  # the longest so far: the rows come shortest first
+        if current and (len(current) == cfg.max_batch_size or (bound and (len(current) + 1) * width > bound)):
+            calls.append(current)
+            current = []
+        current.append(i)
+    return calls + [current] if current else calls
+
+
 class TorchRolloutEngine:
     """The native engine: the samplers of rollout/sampling on a local ``DiffusionPolicy``.
 
-    Requests larger than ``cfg.max_batch_size`` run in micro-batches of prompts of similar length
-    (less left padding); since rows are independent of their neighbours this changes no token.
+    Requests larger than ``cfg.max_batch_size`` rows (or ``cfg.max_tokens_per_forward`` tokens) run in
+    micro-batches of prompts of similar length (less left padding); since rows are independent of
+    their neighbours this changes no token.
     With ``cfg.cuda_graph`` the engine keeps the static cached steps (and their CUDA graphs) of the
     last ``graph_capacity`` shapes across requests (rollout/sampling/graphs.py), so a shape is
     captured once and replayed by every later request of that shape, across weight updates
-    (``update_weights`` copies in place, where the graphs read).
+    (``update_weights`` copies in place, where the graphs read; a push that points the parameters
+    elsewhere, ``weights.ipc: view``, has the steps built again, rollout/sampling/graphs.py).
     """
 
     def __init__(self, policy: DiffusionPolicy, policy_version: int = 0, graph_capacity: int = 2) -> None:
@@ -118,8 +136,7 @@ class TorchRolloutEngine:
         seeds = torch.as_tensor(seeds, dtype=torch.long).cpu()
         by_length = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
         parts = []
-        for start in range(0, len(by_length), cfg.max_batch_size):
-            rows = by_length[start : start + cfg.max_batch_size]
+        for rows in call_rows(by_length, [len(p) for p in prompts], cfg):
             parts.append(generate(self.policy, [prompts[i] for i in rows], seeds[rows], cfg, self.graphs))
         out = GenerationOutput.concat(parts)
         inverse = torch.empty(len(by_length), dtype=torch.long)

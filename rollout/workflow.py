@@ -18,7 +18,7 @@ worker failure reproduces it exactly.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -108,7 +108,8 @@ def run_episodes(
             mask_seed=mask_seed(seed, requests[q].uid, i), decode_step=decode_steps[b], answer=row.answer,
         ))
     t2 = time.perf_counter()
-    _estimate_behaviour(engine, [s for group in samples for s in group], estimator, sampler.max_batch_size)
+    _estimate_behaviour(engine, [s for group in samples for s in group], estimator, sampler.max_batch_size,
+                        sampler.max_tokens_per_forward)
     t3 = time.perf_counter()
 
     n = len(requests)
@@ -126,14 +127,18 @@ def run_episodes(
 LOGIT_BUDGET = 2**31
 
 
-def _estimate_behaviour(engine: RolloutEngine, samples: list[Sample], estimator: EstimatorConfig, chunk: int) -> None:
+def _estimate_behaviour(engine: RolloutEngine, samples: list[Sample], estimator: EstimatorConfig, chunk: int,
+                        max_tokens: Optional[int] = None) -> None:
     """Fill behaviour_logp (and the per-token values where the estimator defines them) in place,
     at most ``chunk`` samples per ``engine.score`` call, fewer where their logits would exceed
-    LOGIT_BUDGET."""
+    LOGIT_BUDGET or their forward ``max_tokens`` tokens (views x (the longest prompt + completion))."""
     if samples:
         views = getattr(estimator, "draw_batch", None) or getattr(estimator, "num_draws", 1)
         per_sample = len(samples[0].completion_ids) * engine.vocab_size * views
         chunk = max(1, min(chunk, LOGIT_BUDGET // per_sample))
+        if max_tokens:
+            width = max(len(s.prompt_ids) for s in samples) + len(samples[0].completion_ids)
+            chunk = max(1, min(chunk, max_tokens // (views * width)))
     for start in range(0, len(samples), chunk):
         part = samples[start : start + chunk]
         batch = collate_samples(part, engine.pad_token_id)

@@ -92,6 +92,14 @@ class SamplerConfig(StrictModel):
         True, description="stop a row once it has an EOS with everything before it decoded; stop when all rows have"
     )
     max_batch_size: int = Field(64, ge=1, description="rows per sampler call; the engine splits larger requests")
+    max_tokens_per_forward: Optional[int] = Field(
+        None, ge=1, description="bound on the activations of the rollout worker: tokens one forward may carry, "
+        "rows x canvas width (the call's longest prompt + gen_length) for the sampler, x the estimator's views for the "
+        "behaviour estimate; a request's rows are split into calls that fit (and hold at most max_batch_size rows; a "
+        "row longer than the bound runs alone). The activations, the logits of the decoded block and a cache grow "
+        "with it (BENCHMARKS.md, the colocated memory). Splitting changes no token: a row depends only on its own "
+        "seed. None: max_batch_size rows a call"
+    )
     cuda_graph: bool = Field(
         False,
         description="replay the cached step as a CUDA graph (with grouped-query heads folded into the query): "

@@ -140,3 +140,49 @@ def test_behaviour_estimates_are_chunked_by_their_logits_and_unchanged(setup, mo
     for a, b in zip(whole, chunked):
         for x, y in zip(a.group.samples, b.group.samples):
             assert x.behaviour_logp == pytest.approx(y.behaviour_logp, abs=1e-5)
+
+
+def test_a_token_bound_cuts_the_sampler_and_estimate_calls_and_changes_nothing(setup, monkeypatch):
+    """sampler.max_tokens_per_forward: every sampler call carries at most that many canvas tokens
+    (rows x (longest prompt + gen_length)) and every behaviour-estimate call its views' tokens; the
+    rows come out as from one call."""
+    import stabledrl.rollout.engine as engine_module
+
+    _, _, _, rows = setup
+    requests = [PromptRequest(30, rows[3]), PromptRequest(31, rows[4])]
+    whole = episodes(setup, requests)
+    calls: dict[str, list[tuple[int, int]]] = {"generate": [], "score": []}
+    real_generate, real_score = engine_module.generate, TorchRolloutEngine.score
+
+    def counted_generate(policy, prompts, seeds, cfg, graphs):
+        calls["generate"].append((len(prompts), max(len(p) for p in prompts) + cfg.gen_length))
+        return real_generate(policy, prompts, seeds, cfg, graphs)
+
+    monkeypatch.setattr(engine_module, "generate", counted_generate)
+    monkeypatch.setattr(TorchRolloutEngine, "score", lambda self, batch, *a: calls["score"].append(
+        tuple(batch.input_ids.shape)) or real_score(self, batch, *a))
+    width = max(len(r.prompt) for r in (rows[3], rows[4]))  # characters: an upper bound of the prompt tokens
+    bound = 3 * (width + SAMPLER.gen_length) * ESTIMATOR.num_draws
+    cut = episodes(setup, requests, sampler=SAMPLER.model_copy(update={"max_tokens_per_forward": bound}))
+    assert sum(n for n, _ in calls["generate"]) == 2 * G and len(calls["generate"]) >= 2
+    assert all(n * w <= bound for n, w in calls["generate"])
+    assert sum(n for n, _ in calls["score"]) == 2 * G and len(calls["score"]) >= 2
+    assert all(n * w * ESTIMATOR.num_draws <= bound for n, w in calls["score"])
+    for a, b in zip(whole, cut):
+        assert [s.completion_ids.tolist() for s in a.group.samples] == \
+            [s.completion_ids.tolist() for s in b.group.samples]
+        for x, y in zip(a.group.samples, b.group.samples):
+            assert x.behaviour_logp == pytest.approx(y.behaviour_logp, abs=1e-5)
+
+
+def test_call_rows_keep_each_call_within_its_rows_and_tokens():
+    from stabledrl.rollout.engine import call_rows
+
+    lengths = [3, 10, 5, 5, 8, 20]
+    order = sorted(range(6), key=lambda i: lengths[i])
+    cfg = SAMPLER.model_copy(update={"max_batch_size": 2})
+    assert call_rows(order, lengths, cfg) == [[0, 2], [3, 4], [1, 5]]
+    cfg = SAMPLER.model_copy(update={"max_batch_size": 64, "max_tokens_per_forward": 30})  # gen_length 4
+    # widths 7, 9, 9, 12, 14, 24: [7, 9, 9] -> 27; [12, 14] -> 28; the 24-token row alone
+    assert call_rows(order, lengths, cfg) == [[0, 2, 3], [4, 1], [5]]
+    assert call_rows(order, lengths, cfg.model_copy(update={"max_tokens_per_forward": 5})) == [[i] for i in order]
