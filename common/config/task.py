@@ -263,6 +263,11 @@ class _TaskBase(StrictModel):
         description="rows whose prompt, as the model reads it (chat template included), has more of the model's tokens "
         "are bad rows (handled by on_bad_row)",
     )
+    long_prompts: Literal["refuse", "keep_last"] = Field(
+        "refuse", description="a prompt over max_prompt_tokens: 'refuse' makes its row a bad row (on_bad_row); "
+        "'keep_last' keeps its last max_prompt_tokens tokens, as d1 truncates its prompts (max_prompt_length, "
+        "from the left: the start of the template goes first) wherever prompts are encoded"
+    )
     on_bad_row: Literal["error", "skip"] = Field(
         "error",
         description="'error': stop at the first bad row, naming its row number; 'skip': drop bad rows and count them",

@@ -105,6 +105,7 @@ class Task:
     response_prefix: str = ""  # text the answer starts with, put after the prompt (d1's evaluation: "<reasoning>")
     judged_by: str = "correctness"  # what held-out evaluation reads: the checker's part, or the whole "reward"
     correct_at: float = 1.0  # a completion is correct when what it is judged by is at least this
+    keep_last_tokens: Optional[int] = None  # task.long_prompts keep_last: a prompt keeps its last this many tokens
 
     def render_prompt(self, row: Row) -> str:
         """The prompt text a plain (non-chat) tokenizer encodes: [system + blank line +] template
@@ -230,6 +231,7 @@ def configured_task(cfg: Any, name: str, default_template: str, required_fields:
         template=cfg.template if cfg.template is not None else default_template,
         system_prompt=cfg.system_prompt,
         chat_template=cfg.chat_template,
+        keep_last_tokens=cfg.max_prompt_tokens if getattr(cfg, "long_prompts", "refuse") == "keep_last" else None,
         correctness_weight=cfg.reward.correctness_weight,
         format_weight=cfg.reward.format_weight,
         anti_short_weight=cfg.reward.anti_short_weight,

@@ -89,7 +89,7 @@ def prompt_length(task: Task, tokenizer: Any = None, count_tokens: Optional[Coun
 
         def tokens(row: Row) -> int:
             try:
-                if limit is not None:
+                if limit is not None and task.keep_last_tokens is None:  # kept from its end: never too long
                     _refuse_from_prefix(tokenizer, prompt_text(tokenizer, task, row), limit)
                 return len(prompt_ids(tokenizer, task, row))
             except PromptError as e:
@@ -99,7 +99,8 @@ def prompt_length(task: Task, tokenizer: Any = None, count_tokens: Optional[Coun
 
         return tokens
     count = count_tokens or len
-    return lambda row: count(task.render_prompt(row))
+    keep = task.keep_last_tokens
+    return lambda row: count(task.render_prompt(row)) if keep is None else min(keep, count(task.render_prompt(row)))
 
 
 def _refuse_from_prefix(tokenizer: Any, text: str, limit: int) -> None:

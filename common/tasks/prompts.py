@@ -87,8 +87,11 @@ def apply_template(tokenizer: Any, messages: list[dict[str, str]]) -> str:
 
 
 def prompt_ids(tokenizer: Any, task: Task, row: Row) -> list[int]:
-    """Token ids of ``prompt_text``; no special tokens are added (a template brings its own)."""
+    """Token ids of ``prompt_text``; no special tokens are added (a template brings its own). With
+    ``task.keep_last_tokens`` (``task.long_prompts: keep_last``) only the last that many, as d1 cuts."""
     ids = tokenizer.encode(prompt_text(tokenizer, task, row), add_special_tokens=False)
+    if task.keep_last_tokens is not None:
+        ids = ids[-task.keep_last_tokens:]
     return [int(i) for i in ids]
 
 

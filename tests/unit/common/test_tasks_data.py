@@ -210,3 +210,25 @@ def test_rows_from_records_without_a_file():
         source="inline", max_prompt_tokens=12, on_bad_row="skip",
     )
     assert [r.answer for r in rows] == ["2"] and report.skipped == {"invalid": 1}
+
+
+def test_long_prompts_keep_their_last_tokens_where_they_are_encoded(tmp_path):
+    """task.long_prompts keep_last: the row over max_prompt_tokens loads, and its prompt is the last
+    max_prompt_tokens tokens of the full prompt, as d1 cuts (max_prompt_length, from the left)."""
+    from stabledrl.common.config.model import ModelConfig
+    from stabledrl.common.models import load_policy
+    from stabledrl.common.tasks.prompts import prompt_ids
+
+    _, tokenizer = load_policy(ModelConfig(preset="tiny-llada"))
+    path = write_jsonl(tmp_path / "d.jsonl", GOOD + [BAD[2]])
+    refused = gsm8k_config(path, on_bad_row="skip")
+    kept = gsm8k_config(path, long_prompts="keep_last")
+    assert load_task_data(refused, tokenizer=tokenizer).reports[0].skipped == {"too_long": 1}
+    data = load_task_data(kept, tokenizer=tokenizer)
+    assert data.reports[0].kept == 21
+    long_row = next(r for r in data.train if r.prompt.startswith("xxx"))
+    full = prompt_ids(tokenizer, build_task(refused), long_row)
+    cut = prompt_ids(tokenizer, build_task(kept), long_row)
+    assert len(full) > 300 and cut == full[-200:]
+    short = data.train[0]
+    assert prompt_ids(tokenizer, build_task(kept), short) == prompt_ids(tokenizer, build_task(refused), short)
