@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -41,6 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from stabledrl.common.actor_setup import settle_gpu
 from stabledrl.common.trust.checkpoint_files import load_torch, read_latest, restricted_unpickling, verify_tag
 from stabledrl.common.config.learner import LearnerConfig
 from stabledrl.common.seeding import derive_seed
@@ -91,6 +93,7 @@ class LearnerEngine:
         ds_config = deepspeed_config(cfg.deepspeed, cfg.optimizer, self.dtype, self.world_size)
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=self.optimizer, config=ds_config)
         self.applied_steps = 0  # optimizer updates applied (drives the lr schedule)
+        self.optimizer_s = 0.0  # seconds in DeepSpeed's step (reduce, clip, update, gather), over the engine's life
         self.skipped_steps = 0  # steps skipped for a non-finite loss or grad norm
         self._bad_loss = False
         self.writer: Optional[BackgroundWriter] = None  # save_checkpoint_async's (learner/async_checkpoint.py)
@@ -153,7 +156,11 @@ class LearnerEngine:
         self.optimizer.refused = False
         if self.writer is not None:  # a checkpoint being saved must be copied before the update changes it
             self.writer.wait_snapshot()
+        settle_gpu(self.device)  # the backward's kernels finish first: the time below is the step's own
+        t0 = time.perf_counter()
         self.engine.step()
+        settle_gpu(self.device)
+        self.optimizer_s += time.perf_counter() - t0
         grad_norm = self.engine.get_global_grad_norm()
         grad_norm = float("nan") if grad_norm is None else float(grad_norm)
         applied = self.engine.was_step_applied() and not self.optimizer.refused

@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 import ray
 import torch
 
-from stabledrl.common.actor_time import BACKGROUND, PUSH_PARTS, ActorClock
+from stabledrl.common.actor_time import BACKGROUND, PUSH_PARTS, TRAIN_PARTS, ActorClock
 from stabledrl.common.gil import prompt_gil, settle_heap
 from stabledrl.common.config.estimator import EstimatorConfig
 from stabledrl.common.config.learner import LearnerConfig
@@ -78,7 +78,7 @@ class LearnerWorker:
         self._old_cache: dict[tuple, Any] = {}  # per_iteration: the old policy's estimates, one step's
         self.push_sources = 0  # a sharded push's learner ranks that send (setup_weight_push)
         self.steps = 0
-        self.clock = ActorClock(background=BACKGROUND, within=PUSH_PARTS)
+        self.clock = ActorClock(background=BACKGROUND, within=PUSH_PARTS + TRAIN_PARTS)
 
     def rendezvous_address(self) -> tuple[str, int]:
         from stabledrl.learner.group import rendezvous_address
@@ -120,9 +120,11 @@ class LearnerWorker:
         t0 = time.perf_counter()
         if hasattr(self.push, "begin_update"):  # a worker that views these parameters must not read them now
             self.push.begin_update()
+        optimizer_s = self.engine.optimizer_s
         try:
             with self.clock.timed("train"), profiled_step(self.steps + 1, self.rank, self.engine.module):
                 per_iteration = self._updates(groups, version, group_offset)
+            self.clock.add("train_optimizer", self.engine.optimizer_s - optimizer_s)
         except RuntimeError as e:  # gloo / NCCL raise RuntimeError subclasses when a peer stalls or dies
             cause = (str(e).strip().splitlines() or [""])[0][:300]
             raise RuntimeError(
@@ -183,12 +185,16 @@ class LearnerWorker:
         With LoRA the reference is ``model`` itself with its adapters off (no second copy)."""
         key = _cache_key(mb)
         if key not in self._reference_cache:
+            settle_gpu(self.engine.device)
+            t0 = time.perf_counter()
             with torch.no_grad():
                 if self.reference_is_base:
                     with adapters_off(model):
                         value = estimate(model, mb.batch, mb.seeds, self.estimator)
                 else:
                     value = estimate(self.reference, mb.batch, mb.seeds, self.estimator)
+            settle_gpu(self.engine.device)
+            self.clock.add("train_reference", time.perf_counter() - t0)
             self._reference_cache[key] = value
         return self._reference_cache[key]
 

@@ -137,7 +137,10 @@ class TorchRolloutEngine:
         by_length = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
         parts = []
         for rows in call_rows(by_length, [len(p) for p in prompts], cfg):
-            parts.append(generate(self.policy, [prompts[i] for i in rows], seeds[rows], cfg, self.graphs))
+            part = generate(self.policy, [prompts[i] for i in rows], seeds[rows], cfg, self.graphs)
+            part.forward_rows = part.num_forwards * len(rows)
+            part.forward_tokens = part.forward_rows * (max(len(prompts[i]) for i in rows) + cfg.gen_length)
+            parts.append(part)
         out = GenerationOutput.concat(parts)
         inverse = torch.empty(len(by_length), dtype=torch.long)
         inverse[torch.tensor(by_length)] = torch.arange(len(by_length))

@@ -31,7 +31,8 @@ def rollout_metrics(batch: Sequence[Episode]) -> dict[str, float]:
     for part in sorted({k for s in samples for k in s.reward_parts}):
         values = [s.reward_parts[part] for s in samples if part in s.reward_parts]
         out[f"rollout/reward/{part}"] = statistics.fmean(values)
-    for key in ("generate_s", "reward_s", "estimate_s", "tokens", "forwards"):
+    for key in ("generate_s", "reward_s", "estimate_s", "tokens", "forwards", "forward_rows", "forward_tokens",
+                "prompt_tokens"):
         out[f"rollout/{key}"] = sum(e.stats.get(key, 0.0) for e in batch)
     return out
 

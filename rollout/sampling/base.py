@@ -34,6 +34,10 @@ class GenerationOutput:
     tokens_generated: int  # sum of completion_length
     time_s: float  # wall-clock seconds of generation
     policy_version: int = 0  # version of the weights that generated it
+    # rows x forwards and rows x forwards x canvas width (the call's longest prompt + gen_length) over the
+    # calls: the tokens full forwards of the canvas carry (the roofline's FLOPs, tests/benchmarks/peers/roofline.py)
+    forward_rows: int = 0
+    forward_tokens: int = 0
 
     @staticmethod
     def concat(parts: Sequence["GenerationOutput"]) -> "GenerationOutput":
@@ -45,6 +49,8 @@ class GenerationOutput:
             tokens_generated=sum(p.tokens_generated for p in parts),
             time_s=sum(p.time_s for p in parts),
             policy_version=parts[0].policy_version if parts else 0,
+            forward_rows=sum(p.forward_rows for p in parts),
+            forward_tokens=sum(p.forward_tokens for p in parts),
         )
 
     def select(self, rows: torch.Tensor) -> "GenerationOutput":
@@ -53,6 +59,7 @@ class GenerationOutput:
         return GenerationOutput(
             self.completion_ids[rows], self.completion_length[rows], self.decode_step[rows],
             self.num_forwards, self.tokens_generated, self.time_s, self.policy_version,
+            self.forward_rows, self.forward_tokens,
         )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for a script run from anywhere
-from stabledrl.common.actor_time import BACKGROUND, PUSH_PARTS  # noqa: E402
+from stabledrl.common.actor_time import BACKGROUND, PUSH_PARTS, TRAIN_PARTS  # noqa: E402
 
 
 def read_gpu_samples(path: str) -> list[tuple[float, int, float, float]]:
@@ -88,6 +88,11 @@ def analyse(records: list[dict], gpu_samples: list[tuple[float, int, float, floa
     mfu = [r["perf/mfu"] for r in timed if "perf/mfu" in r]
     out["learner_mfu"] = statistics.median(mfu) if mfu else None
     out["learner_mfu_against_tflops"] = peak_tflops
+    # the timed steps' totals the roofline counts FLOPs from (tests/benchmarks/peers/roofline.py)
+    out["timed_totals"] = {name: sum_of(key) for name, key in (
+        ("step_s", "time/step"), ("samples", "learner/samples"), ("prompt_tokens", "rollout/prompt_tokens"),
+        ("forward_rows", "rollout/forward_rows"), ("forward_tokens", "rollout/forward_tokens"),
+        ("tokens", "rollout/tokens"))}
     generate_s = sum_of("rollout/generate_s")
     out["rollout_tokens_per_s_generating"] = sum_of("rollout/tokens") / generate_s if generate_s else None
     out["rollout_tokens_per_forward"] = sum_of("rollout/tokens") / max(1.0, sum_of("rollout/forwards"))
@@ -145,7 +150,7 @@ def check(figures: dict[str, Any]) -> list[str]:
             problems.append(f"{name}: no wall time")
         if a["idle_s"] < 0 or a["idle_s"] > a["wall_s"] + 1e-6:
             problems.append(f"{name}: idle {a['idle_s']:.3f} s outside [0, wall {a['wall_s']:.3f} s]")
-        main = busy - sum(v for k, v in a["seconds"].items() if k in BACKGROUND + PUSH_PARTS)
+        main = busy - sum(v for k, v in a["seconds"].items() if k in BACKGROUND + PUSH_PARTS + TRAIN_PARTS)
         if main > a["wall_s"] * 1.001 + 1e-3:
             problems.append(f"{name}: main-thread busy {main:.3f} s exceeds wall {a['wall_s']:.3f} s")
         if abs(main + a["idle_s"] - a["wall_s"]) > max(1e-3, 1e-3 * a["wall_s"]) and main <= a["wall_s"]:

@@ -49,6 +49,13 @@ def test_micro_batches_of_sorted_prompts_give_the_rows_of_one_big_batch(family, 
     assert out.policy_version == 7
     assert out.num_forwards >= 3 * 1  # three micro-batches, at least one forward each
     assert out.completion_ids.shape == (7, 16) and out.time_s > 0
+    # the canvas tokens the forwards carried: each call's rows x forwards x (its longest prompt + gen_length)
+    calls = [[1, 4, 6], [2, 5, 0], [3]]  # the rows by prompt length (2, 3, 4 | 5, 7, 9 | 12), cut in threes
+    forwards = [generate(policy, [prompts[i] for i in c], seeds[c], cfg).num_forwards for c in calls]
+    assert sum(forwards) == out.num_forwards
+    assert out.forward_rows == sum(f * len(c) for f, c in zip(forwards, calls))
+    assert out.forward_tokens == sum(f * len(c) * (max(len(prompts[i]) for i in c) + 16)
+                                     for f, c in zip(forwards, calls))
 
 
 def test_update_weights_switches_the_policy_and_owns_the_version():
