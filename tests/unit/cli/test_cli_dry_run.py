@@ -46,8 +46,8 @@ def test_dry_run_plan_of_the_d1_recipe(capsys, empty_caches):
     code, _, notes = dry_run(capsys)
     plan = "\n".join(notes[notes.index("plan:"):])
     assert code == 0
-    assert "GPUs: 8 (4 learner ranks × 1 + 4 rollout workers × 1)" in plan
-    assert "4 learner ranks (DeepSpeed ZeRO-2, bf16, training LoRA r 128 on q_proj, k_proj, v_proj, up_proj)" in plan
+    assert "GPUs: 8 (8 learner ranks × 1, each shared with a rollout worker: cluster.colocate)" in plan
+    assert "8 learner ranks (DeepSpeed ZeRO-2, bf16, training LoRA r 128 on q_proj, k_proj, v_proj, up_proj)" in plan
     assert "steps: 4671 × 12 optimizer updates = 56,052 updates" in plan and "per micro-batch" in plan
     assert "samples per step: 16 prompts × 6 completions = 96" in plan
     assert "at most 24,576 per step (96 × gen_length 256, 128 denoising steps each" in plan
@@ -62,29 +62,36 @@ def test_dry_run_plan_of_the_d1_recipe(capsys, empty_caches):
     _, _, merged = dry_run(capsys, "learner.lora.push=merged")
     assert "pushed merged into the weights' dtype: the rollout policy is the learner's rounded" in "\n".join(merged)
     # the plan follows the config
-    _, _, notes = dry_run(capsys, "run.steps=10", "eval.every=0", "rollout.num_workers=2", "learner.lora=null")
+    _, _, notes = dry_run(capsys, "run.steps=10", "eval.every=0", "cluster.colocate=false", "learner.num_ranks=4",
+                          "rollout.num_workers=2", "learner.lora=null")
     plan = "\n".join(notes)
     assert "GPUs: 6 (4 learner ranks × 1 + 2 rollout workers × 1)" in plan and "training every parameter" in plan
     assert "steps: 10 × 12 optimizer updates = 120 updates" in plan
     assert "protocol d1: before training, after training: gsm8k" in plan
-    # 4 workers on the 4 learner ranks' GPUs; the recipe's NCCL push cannot reach a worker on its rank's GPU
-    assert cli.main(["train", "--config", D1_RECIPE, "--dry-run", "cluster.colocate=true"]) == 2
+    # 8 workers on the 8 learner ranks' GPUs; an NCCL push cannot reach a worker on its rank's GPU
+    assert cli.main(["train", "--config", D1_RECIPE, "--dry-run", "weights.backend=nccl"]) == 2
     assert "weights.backend 'nccl' cannot push" in capsys.readouterr().err
-    _, _, notes = dry_run(capsys, "cluster.colocate=true", "weights.backend=auto")
-    assert "GPUs: 4 (4 learner ranks × 1, each shared with a rollout worker: cluster.colocate)" in "\n".join(notes)
+    _, _, notes = dry_run(capsys)
     assert "weights: pushed through each learner rank's GPU buffer, mapped by the worker on the same GPU (CUDA " \
         "IPC) (weights.backend auto)" in "\n".join(notes)
-    _, _, apart = dry_run(capsys)
+    # without LoRA the workers view their ranks' parameters (weights.ipc auto: view): one copy a GPU
+    _, _, viewed = dry_run(capsys, "learner.lora=null")
+    assert "weights: read in place: each rollout worker's parameters are views of its learner rank's, on the GPU " \
+        "they share (CUDA IPC; one copy of the weights a GPU, weights.ipc view) (weights.backend auto)" \
+        in "\n".join(viewed)
+    _, _, apart = dry_run(capsys, "cluster.colocate=false", "learner.num_ranks=4", "rollout.num_workers=4",
+                          "weights.backend=nccl")
     assert "weights: pushed through an NCCL broadcast from the learner to the workers\n" in "\n".join(apart) + "\n"
-    _, _, store = dry_run(capsys, "cluster.colocate=true", "weights.backend=auto", "algorithm.max_staleness=1")
+    _, _, store = dry_run(capsys, "algorithm.max_staleness=1")
     assert "weights: pushed through Ray's object store (learner rank 0 puts, every worker fetches) (weights.backend " \
         "auto)" in "\n".join(store)
     # auto apart from the learner without LoRA: the pull on one host, the broadcast across hosts
-    _, _, full = dry_run(capsys, "weights.backend=auto", "learner.lora=null")
+    apart = ("cluster.colocate=false", "learner.num_ranks=4", "rollout.num_workers=4")
+    _, _, full = dry_run(capsys, *apart, "learner.lora=null")
     assert "weights: pushed through each worker's read of the learner ranks' GPU memory with its copy engines (CUDA " \
         "IPC, one host) while every learner rank and rollout worker runs on one host, else through an NCCL broadcast " \
         "from the learner to the workers (weights.backend auto)" in "\n".join(full)
-    _, _, peer = dry_run(capsys, "weights.backend=peer")  # a transport named outright
+    _, _, peer = dry_run(capsys, *apart, "weights.backend=peer")  # a transport named outright
     assert "weights: pushed through each worker's read of the learner ranks' GPU memory" in "\n".join(peer)
 
 
