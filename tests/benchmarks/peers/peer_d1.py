@@ -32,8 +32,10 @@ epsilon 0.5, gen 256, block 32, 128 diffusion steps, random masking with p_mask_
   DeepSpeed (0.19 here) removes it from the optimizer afterwards, and current torch's schedulers then
   fail on the mismatch at the first step (torch 2.6, d1's, zipped the two without checking);
 - records timing events (peer_events.py) around d1's ``DiffuGRPOTrainer.generate`` (each call: its rows,
-  rows x max_completion_length tokens) and after every optimizer step (a global optimizer step hook: with
-  gradient accumulation 2 an optimizer step is two micro-steps), with the allocator's peak.
+  rows x max_completion_length tokens), its scoring without a gradient (``_get_per_token_logps``: the old
+  policy's and the reference's log-probabilities) and every optimizer step (global optimizer step hooks:
+  with gradient accumulation 2 an optimizer step is two micro-steps), with the allocator's peak, and
+  counts every forward of its model (``get_logits``: rows, T, its phase) for the roofline.
 
 With ``num_iterations`` 12 a round is one generation (per GPU: 2 accumulation steps x 6 rows, in calls of
 ``generation_batch_size`` 6) and 12 optimizer steps over the same rows; the rows count once.
@@ -174,13 +176,44 @@ def main() -> None:
     def timed_generate(self, model, prompt, *args, **kwargs):
         peer_events.sync(device)
         t0 = time.time()
-        out = release_generate(self, model, prompt, *args, **kwargs)
-        peer_events.sync(device)
+        rec.generating = True
+        try:
+            out = release_generate(self, model, prompt, *args, **kwargs)
+            peer_events.sync(device)
+        finally:
+            rec.generating = False
         rows_ = int(prompt.shape[0])
         rec.generated(t0, time.time(), rows_, rows_ * int(out.shape[1] - prompt.shape[1]))
+        # its sampler calls the model itself: one full forward of the canvas per step, the steps split evenly
+        # over the blocks (d1's generate: max(1, steps // blocks) a block; no classifier-free guidance here)
+        named = dict(zip(("steps", "gen_length", "block_length"), args), **kwargs)
+        steps, gen, block = (int(named.get(k, d)) for k, d in (("steps", 128), ("gen_length", 128),
+                                                               ("block_length", 128)))
+        rec.generating = True
+        rec.forward((rows_, int(prompt.shape[1]) + gen), times=max(1, steps // (gen // block)) * (gen // block))
+        rec.generating = False
         return out
 
     diffu_grpo_trainer.DiffuGRPOTrainer.generate = timed_generate
+    release_logits, release_logps = (diffu_grpo_trainer.DiffuGRPOTrainer.get_logits,
+                                     diffu_grpo_trainer.DiffuGRPOTrainer._get_per_token_logps)
+
+    def counted_logits(self, model, batch, *args, **kwargs):  # every forward of d1's model
+        rec.forward(batch)
+        return release_logits(self, model, batch, *args, **kwargs)
+
+    def timed_logps(self, *args, **kwargs):  # without a gradient: the old policy's and the reference's
+        if torch.is_grad_enabled():
+            return release_logps(self, *args, **kwargs)
+        peer_events.sync(device)
+        t0 = time.time()
+        out = release_logps(self, *args, **kwargs)
+        peer_events.sync(device)
+        rec.scored(time.time() - t0)
+        return out
+
+    diffu_grpo_trainer.DiffuGRPOTrainer.get_logits = counted_logits
+    diffu_grpo_trainer.DiffuGRPOTrainer._get_per_token_logps = timed_logps
     release_set_seed = diffu_grpo_trainer.set_seed
     # d1 seeds each mask draw with a 0-d tensor; Python >= 3.11's random.seed refuses one (d1's 3.10 hashed
     # it); torch and numpy take its integer value, as they did there

@@ -10,8 +10,13 @@ Events (one JSON object a line, ``t`` the wall clock, seconds since the epoch):
 
     {"event": "start", "t", "launched_at"}          the harness is running (launched_at: the driver's clock)
     {"event": "generate", "t0", "t1", "rows", "tokens"}   one call of the release's sampler
-    {"event": "step", "t", "step", "new_samples", "peak_gib"}   one optimizer step ended;
-        new_samples: rows generated since the step before (the RL samples this step starts training)
+    {"event": "step", "t", "step", "new_samples", "peak_gib", "optimizer_s", "score_s", "forwards"}
+        one optimizer step ended; new_samples: rows generated since the step before (the RL samples
+        this step starts training); optimizer_s: the optimizer's step (settled before and after);
+        score_s: seconds of forwards without a gradient outside the sampler since the step before
+        (old policy, reference); forwards: every forward the release ran since the step before, per
+        phase (generate: inside its sampler; score: no gradient; train), each {calls, rows, tokens =
+        rows x T, tokens_sq = rows x T^2} (the roofline's FLOPs: roofline.py)
 
 The figures, alike for every loop (``n_gpus``: every GPU the loop holds):
 
@@ -30,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -49,6 +53,10 @@ class Recorder:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.new_samples = 0
         self.steps = 0
+        self.generating = False  # inside the release's sampler (its forwards are generation's)
+        self.forwards: dict[str, dict[str, float]] = {}
+        self.optimizer_s = self.score_s = 0.0
+        self.generate_s = 0.0  # the sampler's seconds over the run (a scoring wrapper subtracts them)
         launched = os.environ.get("PEER_LAUNCHED_AT")
         self.write(event="start", t=time.time(), launched_at=float(launched) if launched else None)
 
@@ -58,12 +66,31 @@ class Recorder:
 
     def generated(self, t0: float, t1: float, rows: int, tokens: int) -> None:
         self.new_samples += rows
+        self.generate_s += t1 - t0
         self.write(event="generate", t0=t0, t1=t1, rows=rows, tokens=tokens)
 
     def stepped(self, peak_gib: Optional[float]) -> None:
         self.steps += 1
-        self.write(event="step", t=time.time(), step=self.steps, new_samples=self.new_samples, peak_gib=peak_gib)
-        self.new_samples = 0
+        self.write(event="step", t=time.time(), step=self.steps, new_samples=self.new_samples, peak_gib=peak_gib,
+                   optimizer_s=self.optimizer_s, score_s=self.score_s, forwards=self.forwards)
+        self.new_samples, self.optimizer_s, self.score_s, self.forwards = 0, 0.0, 0.0, {}
+
+    def forward(self, input_ids: Any, times: int = 1) -> None:
+        """``times`` forwards of the release's model on ``input_ids`` [rows, T] (a tensor or its shape;
+        the phase from where it runs)."""
+        import torch
+
+        shape = getattr(input_ids, "shape", input_ids)
+        rows, width = int(shape[0]), int(shape[-1])
+        phase = "generate" if self.generating else "train" if torch.is_grad_enabled() else "score"
+        c = self.forwards.setdefault(phase, {"calls": 0, "rows": 0, "tokens": 0, "tokens_sq": 0})
+        c["calls"] += times
+        c["rows"] += times * rows
+        c["tokens"] += times * rows * width
+        c["tokens_sq"] += times * rows * width * width
+
+    def scored(self, seconds: float) -> None:
+        self.score_s += seconds
 
     def record_optimizer_steps(self, device: Any) -> None:
         """A "step" event after every optimizer step of this process (torch's global post hook: the
@@ -71,10 +98,21 @@ class Recorder:
         import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        started: list[float] = []
+
+        def before_step(optimizer, args, kwargs) -> None:
+            sync(device)
+            started[:] = [time.perf_counter()]
+
         def after_step(optimizer, args, kwargs) -> None:
             sync(device)
+            if started:
+                self.optimizer_s += time.perf_counter() - started[0]
             self.stepped(torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
 
+        register_optimizer_step_pre_hook(before_step)
         register_optimizer_step_post_hook(after_step)
 
 
@@ -134,12 +172,21 @@ def peer_figures(events: dict[int, list[dict]], *, n_gpus: int, skip: int) -> di
     # each rank's own window: the end of its step ``skip`` to the end of its last step (ranks start
     # apart by a process launch; their collectives keep them together after)
     windows, samples, gens = {}, 0, []
+    score_s = optimizer_s = 0.0
+    forwards: dict[str, dict[str, float]] = {}
     for r, ev in events.items():
         start = steps[r][skip - 1]["t"] if skip else min(e["t"] for e in ev if e["event"] == "start")
         end = steps[r][n - 1]["t"]
         windows[r] = end - start
         samples += sum(e["new_samples"] for e in steps[r][skip:n])
         gens += [e for e in ev if e["event"] == "generate" and start <= e["t0"] and e["t1"] <= end]
+        for e in steps[r][skip:n]:  # what ran since the step before: inside the window
+            score_s += e.get("score_s", 0.0)
+            optimizer_s += e.get("optimizer_s", 0.0)
+            for phase, c in (e.get("forwards") or {}).items():
+                into = forwards.setdefault(phase, {})
+                for k, v in c.items():
+                    into[k] = into.get(k, 0) + v
     gpu_s = sum(windows.values()) * n_gpus / len(events)  # GPU-seconds of the window (one rank a GPU)
     window = max(windows.values())
     gen_s = sum(e["t1"] - e["t0"] for e in gens)
@@ -157,6 +204,11 @@ def peer_figures(events: dict[int, list[dict]], *, n_gpus: int, skip: int) -> di
         learner_s_per_sample=(gpu_s - gen_s) / samples if samples else None,
         first_step_s=first_step - launched if launched is not None else None,
         peak_memory_gib=max(peaks) if peaks else None,
+        # the roofline's inputs (roofline.py): GPU-seconds by activity (every rank's, summed; what the
+        # events do not cover is the learner's, waits included) and every forward the release ran
+        seconds={"generate": gen_s, "score": score_s, "optimizer": optimizer_s,
+                 "learner": max(0.0, gpu_s - gen_s - score_s - optimizer_s)},
+        forwards=forwards,
     )
     return out
 
@@ -210,39 +262,3 @@ def verdict(ratio: Optional[float], target: float) -> str:
     if ratio is None:
         return "not measured"
     return "met" if ratio >= target else "short"
-
-
-def _fmt(x: Any, digits: int = 2) -> str:
-    if x is None:
-        return "—"
-    if isinstance(x, float):
-        return f"{x:.{digits}f}" if abs(x) < 1000 else f"{x:,.0f}"
-    return str(x)
-
-
-def markdown(rows: list[dict]) -> str:
-    """One table: each row {name, figures, ratio (dict or None), target (float or None)}."""
-    head = ("| loop | samples/s/GPU | rollout tok/s/GPU | learner s/sample | first step s | peak GiB | "
-            "samples/s ratio (target) |\n|---|---|---|---|---|---|---|")
-    lines = [head]
-    for r in rows:
-        f, ratio = r["figures"], r.get("ratio")
-        if ratio is not None:
-            target = r.get("target")
-            cell = (
-                f"{_fmt(ratio.get('samples_per_s_per_gpu'))}× "
-                f"(≥ {target}×: {verdict(ratio.get('samples_per_s_per_gpu'), target)})"
-            )
-        else:
-            cell = "failed: not compared" if r.get("failed") else "peer" if r.get("target") is None else "—"
-        lines.append(
-            f"| {r['name']} | {_fmt(f.get('samples_per_s_per_gpu'), 3)}"
-            f" | {_fmt(f.get('rollout_tokens_per_s_per_gpu'), 0)}"
-            f" | {_fmt(f.get('learner_s_per_sample'), 3)} | {_fmt(f.get('first_step_s'), 1)}"
-            f" | {_fmt(f.get('peak_memory_gib'), 1)} | {cell} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def median(xs: list[float]) -> Optional[float]:
-    return statistics.median(xs) if xs else None

@@ -11,8 +11,10 @@ whoever runs the benchmark). Nothing of its training math is changed; the harnes
   system benchmark's generated rows) through the release's own collate function, reward and
   infinite sampler (its ``datasets`` and ``math_verify`` imports are stubbed: the reward compares
   the extracted answer as a string);
-- records timing events (peer_events.py) around the release's sampler (``generate_spg``) and
-  after every optimizer step (a global optimizer step hook), with the allocator's peak;
+- records timing events (peer_events.py) around the release's sampler (``generate_spg``), its scoring
+  (``generate_and_score_completions_spg`` less the sampler) and every optimizer step (global optimizer
+  step hooks, settled before and after), with the allocator's peak, and counts every forward of its
+  model (``LLaDASVPO.forward``: rows, T, its phase) for the roofline;
 - ``--device cpu`` passes that device to the loop (the CPU rehearsal; the release defaults to cuda);
 - wandb is made unimportable (the release then skips it, as it does when wandb is missing).
 
@@ -129,13 +131,36 @@ def main() -> None:
     def timed_generate(model, prompt, *args, **kwargs):
         peer_events.sync(device)
         t0 = time.time()
-        out = release_generate(model, prompt, *args, **kwargs)
-        peer_events.sync(device)
+        rec.generating = True
+        try:
+            out = release_generate(model, prompt, *args, **kwargs)
+            peer_events.sync(device)
+        finally:
+            rec.generating = False
         gen_length = kwargs.get("gen_length", args[1] if len(args) > 1 else 128)
         rec.generated(t0, time.time(), int(prompt.shape[0]), int(prompt.shape[0]) * int(gen_length))
         return out
 
     svpo.generate_spg = timed_generate  # generate_and_score_completions_spg calls it by module name
+    release_score = loop.generate_and_score_completions_spg
+
+    def timed_score(*args, **kwargs):
+        """The release's generation, rewards and old-policy scoring: what is not generation is scoring."""
+        peer_events.sync(device)
+        t0, gen_before = time.time(), rec.generate_s
+        out = release_score(*args, **kwargs)
+        peer_events.sync(device)
+        rec.scored(time.time() - t0 - (rec.generate_s - gen_before))
+        return out
+
+    loop.generate_and_score_completions_spg = timed_score  # the loop calls it by its own module's name
+    release_forward = svpo.LLaDASVPO.forward
+
+    def counted_forward(self, *args, **kwargs):
+        rec.forward(args[0] if args else kwargs["input_ids"])
+        return release_forward(self, *args, **kwargs)
+
+    svpo.LLaDASVPO.forward = counted_forward  # every forward of the release's model, in any phase
     release_loop = loop.training_loop
 
     def loop_on_device(*args, **kwargs):

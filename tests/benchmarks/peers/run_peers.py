@@ -1,43 +1,50 @@
 """The peer benchmark: the releases' own training loops against ``stabledrl train`` on the same GPUs,
-the same model shape (a random checkpoint in LLaDA's released layout) and the same settings.
+the same model shape (a random checkpoint in LLaDA's released layout, at ``--layers`` of LLaDA-8B's 32)
+and the same settings.
 
 Pairs (``--pairs``):
 
 - ``stabledrl``: the StableDRL release (train.py, FSDP through accelerate, generation and training
   on every GPU one after the other; peer_stabledrl.py) at its GSM8K config (gen 256, 128 steps,
-  block 32, 8 x 2 generations, mu = 2, SPG sandwich + SNIS) against
-  deploy/configs/recipe_stabledrl_llada8b_gsm8k.yaml;
-- ``d1``: d1's diffu-GRPO (diffu_grpo_train.py, TRL's GRPOTrainer, DeepSpeed ZeRO-2 through accelerate,
-  generation and training on every GPU one after the other; peer_d1.py) at its train.yaml (LoRA r 128,
-  mu = 12, 6 generations, 2 accumulation steps) against deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml.
+  block 32, 8 x 2 generations, mu = 2, SPG sandwich + SNIS, masks drawn afresh: ``independent``)
+  against deploy/configs/recipe_stabledrl_llada8b_gsm8k.yaml;
+- ``d1``: d1's diffu-GRPO (diffu_grpo_train.py, TRL's GRPOTrainer, DeepSpeed ZeRO-2 through accelerate;
+  peer_d1.py) at its train.yaml (LoRA r 128, mu = 12, 6 generations, 2 accumulation steps) against
+  deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml with d1's estimator on the project's side too
+  (``PAIR_SETS``: a new prompt mask at every inner iteration, ``estimator.masks=per_iteration``, and
+  d1's prompt truncation, the last 200 tokens, ``task.long_prompts=keep_last``).
 
-Each pair runs three loops, one after another, each in its own process with its own timeout:
-the peer; the project's recipe as shipped (its sampler is the release's: plain low-confidence
-remasking, 128 steps, no cache; its decoder layers compiled, ``sampler.compile``) =
-``<pair>_release_sampler``; the recipe with the shipped fast
-paths (the 1-node configs' dual KV cache with threshold decoding at 0.9 and one step of
-staleness, ``FAST``) = ``<pair>_fast``. Three more loops on request (``--loops``): ``colocated``, the
-release sampler with ``cluster.colocate`` (a learner rank and a rollout worker on every GPU taking
-turns, generation then training on all of them, as the releases run; ``COLOCATED``),
-``colocated_fast`` (the same with the fast sampler, eta = 0), ``colocated_eager`` (``colocated`` with
-the forward eager, ``sampler.compile=false``), and ``colocated_no_ckpt`` / ``colocated_fast_no_ckpt``
-(the learner without activation checkpointing). The project's jobs run through the
-system benchmark (bench_system.py: 1 learner rank + 1 rollout worker on 2 GPUs; colocated: one of
-each per GPU) with the recipe's task source
-replaced by the generated rows that the peer reads too, no held-out evaluation, and
-``groups_per_step`` set so that a step trains as many samples as one round of the peer on all its
-GPUs (StableDRL: GPUs x 4 accumulation rounds x 16; d1: GPUs x 2 accumulation steps x 6).
+Loops (``--loops``): ``peer``, the release; ``release_sampler``, the recipe as committed (the release's
+sampler, its forward compiled; a learner rank and a rollout worker on every GPU taking turns, as the
+releases run: ``cluster.colocate``); ``fast``, the same with the shipped fast sampler (``SAMPLER_FAST``);
+``apart`` and ``apart_fast`` (1 learner rank and 1 worker, each on a GPU of its own; the fast one a step
+ahead, ``FAST``); ``colocated``, ``colocated_fast``, ``colocated_eager``, ``colocated_no_ckpt``,
+``colocated_fast_no_ckpt`` (the colocated variants named outright); ``--variant NAME=k=v;k=v`` adds more.
+The project's jobs run through the system benchmark (bench_system.py) with the recipe's task source
+replaced by the generated rows the peer reads too, no held-out evaluation, and ``groups_per_step`` set
+so that a step trains as many samples as one round of the peer on all its GPUs.
+Before any loop runs, each project loop's config is validated with its overrides (the dry run): one
+that does not validate is recorded as failed, naming the field, and never started.
 
-The peers' code is never part of this project: ``--peer-root`` holds checkouts (``StableDRL/``,
-``d1/``), and ``--peer-pythonpath`` a directory of the older packages the releases pin (their
-transformers 4.x), put first on the peer process's path only.
+Protocol: ``--cycles`` timed cycles per loop after the warm-up (a cycle: a round of the peer, a
+generation and its mu updates; a step of the project), ``--runs`` runs of every loop in alternating
+order (peer, project loops, peer, ...); ``--layers 8,16,24,32`` runs the series in one command. The
+table gives each loop's median over its runs and the range; project / peer is the ratio of the
+medians, its range the most and least favourable pairing of runs.
 
-Figures (peer_events.py): samples trained per second per GPU, rollout tokens/s per GPU, learner
-seconds per sample, time to first step, peak memory; and project / peer. After every part
-``--out`` holds ``results.json`` and ``table.md``.
+Every record states the layer count (read from the checkpoint's config, never null), the card, the
+host and each loop's overrides. Figures (peer_events.py): samples trained per second per GPU, rollout
+tokens/s per GPU, learner seconds per sample, time to first step, peak memory (the allocator's, and
+every GPU's as nvidia-smi saw it); the roofline (roofline.py: achieved TFLOP/s of generation and of the
+learner against the card's measured matmul rate, ``--peak-from`` or measured first; the wall-time
+shares; the ceiling of the release's sampler); and project / peer. After every part ``--out`` holds
+``results.json`` and ``table.md`` (peers_table.py).
+
+``--suite depth-budget --call N`` runs the compact plan for one H200 (``SUITES``; each call fits one
+device command of 10 minutes).
 
     python tests/benchmarks/peers/run_peers.py --peer-root /tmp/peers --peer-pythonpath /tmp/peerlib \\
-        --layers 4 --out $OUT
+        --layers 8,16,24 --cycles 5 --runs 3 --loops peer,colocated --out $OUT
     python tests/benchmarks/peers/run_peers.py --tiny --peer-root /tmp/peers --peer-pythonpath /tmp/peerlib --out /tmp/p
 """
 from __future__ import annotations
@@ -46,6 +53,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -59,121 +67,171 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(BENCH))
 
 import peer_events as pe  # noqa: E402
+import peers_table as pt  # noqa: E402
 import yaml  # noqa: E402
 
-# the shipped fast paths (deploy/configs/llada8b_1node.yaml): Fast-dLLM's dual cache, threshold decoding, eta = 1
-# (the recipes compile the exact sampler's forward; the cached one runs eager)
+# the shipped fast paths (deploy/configs/llada8b_1node.yaml): Fast-dLLM's dual cache, threshold decoding (the
+# recipes compile the exact sampler's forward; the cached one runs eager)
 SAMPLER_FAST = ["sampler.cache=dual", "sampler.threshold=0.9", "sampler.compile=false"]
-FAST = SAMPLER_FAST + ["algorithm.max_staleness=1"]
-# cluster.colocate: a learner rank and a rollout worker on every GPU, taking turns (eta = 0) as the releases' loops do
+FAST = SAMPLER_FAST + ["algorithm.max_staleness=1"]  # placed apart: rollouts one step ahead
+# cluster.colocate (what the recipes ship): a learner rank and a rollout worker on every GPU, taking turns (eta = 0)
 COLOCATED = ["cluster.colocate=true", "weights.backend=auto", "algorithm.max_staleness=0"]
-VARIANTS = {"release_sampler": [], "fast": FAST, "colocated": COLOCATED, "colocated_fast": SAMPLER_FAST + COLOCATED,
+APART = ["cluster.colocate=false", "weights.backend=auto"]  # 1 learner rank and 1 worker, each on a GPU of its own
+VARIANTS = {"release_sampler": [],  # the recipe as committed (colocated)
+            "fast": SAMPLER_FAST,  # the recipe with the fast sampler, still colocated at eta = 0
+            "apart": APART, "apart_fast": APART + FAST,
+            "colocated": COLOCATED, "colocated_fast": SAMPLER_FAST + COLOCATED,
             # the recipe's sampler with its forward eager: the before of sampler.compile
             "colocated_eager": COLOCATED + ["sampler.compile=false"],
-            # the learner without activation checkpointing; at d1's 32 layers colocated on 80 GB it ran out
-            # of memory at its second step (host G, 2026-11-27): for a learner on a GPU of its own
-            "colocated_no_ckpt": COLOCATED + ["model.gradient_checkpointing=false"],
-            "colocated_fast_no_ckpt": SAMPLER_FAST + COLOCATED + ["model.gradient_checkpointing=false"]}
-TARGETS = {"release_sampler": 2.0, "colocated": 2.0, "fast": 5.0}
+            # the learner without activation checkpointing (at d1's 32 layers colocated on 80 GB it ran out of
+            # memory at its second step): for a learner on a GPU of its own
+            "colocated_no_ckpt": COLOCATED + ["model.gradient_checkpointing=false", "model.checkpointed_layers=null"],
+            "colocated_fast_no_ckpt": SAMPLER_FAST + COLOCATED + ["model.gradient_checkpointing=false",
+                                                                  "model.checkpointed_layers=null"]}
+# what a pair's project loops always set, so that both sides run the same estimator on the same prompts
+PAIR_SETS = {"stabledrl": [], "d1": ["estimator.masks=per_iteration", "task.long_prompts=keep_last"]}
+FULL_LAYERS = 32  # LLaDA-8B's
+
+# the compact plans for one H200 (BENCHMARKS.md, "The depth budget"): each call's arguments, one device command
+# of at most 10 minutes each (estimated from the issue's 24-layer figures on one H200: the project ~48 s a step of
+# 2 groups, the release ~66 s a round of 2 accumulation rounds, ~2.5 min of start-up each)
+SUITES = {"depth-budget": {
+    # the StableDRL recipe as committed (colocated, the workers viewing their ranks' weights) at 24 layers for 5
+    # steps: its peak per GPU against the release's 104.7 GiB, and its rate; steps of 2 groups a GPU (the
+    # learner's micro-batches and the worker's requests as in the full step); then the release on the same
+    # halved round (2 accumulation rounds), one warm-up round and one timed
+    1: ["--pairs", "stabledrl", "--layers", "24", "--loops", "release_sampler,peer", "--cycles", "4",
+        "--peer-cycles", "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5", "--part-timeout-s", "360"],
+    # d1's pair at its full 32 layers (LoRA fits one GPU), the release then the project, a warm-up and 2 timed
+    # cycles each
+    2: ["--pairs", "d1", "--layers", "32", "--loops", "peer,release_sampler", "--cycles", "2", "--runs", "1",
+        "--part-timeout-s", "320"],
+}}
 
 
-def pair_spec(name: str, n_gpus: int) -> dict:
+def pair_spec(name: str, n_gpus: int, round_scale: float = 1.0) -> dict:
     """What a pair runs; ``groups``: the project's groups_per_step that trains, per step, as many
-    samples as one round of the peer (every GPU)."""
+    samples as one round of the peer (every GPU); ``round_scale`` halves both (the release's
+    accumulation rounds and the project's groups) for a shorter cycle of the same shape."""
     g = max(1, n_gpus)
     if name == "stabledrl":
+        rounds = max(1, round(4 * round_scale))  # the release: 4 accumulation rounds x 1 prompt x 16 a GPU
         return {"recipe": "deploy/configs/recipe_stabledrl_llada8b_gsm8k.yaml", "script": "peer_stabledrl.py",
-                "groups": g * 4, "peer_dir": "StableDRL", "steps_per_round": 2,  # 4 rounds x 1 prompt x 16; mu = 2
-                "peer_steps": 4, "accelerate_config": "configs/accelerate/fsdp.yaml",
+                "groups": g * rounds, "peer_dir": "StableDRL", "steps_per_round": 2,  # mu = 2
+                "accelerate_config": "configs/accelerate/fsdp.yaml", "lora": False,
+                "peer_sets": [] if rounds == 4 else [f"training_args.grad_accumulation={rounds}"],
                 # the CPU rehearsal: one prompt a round, a generation of 2 blocks of 32 tokens in 8 steps
                 "tiny": ["infer_kwargs.gen_length=64", "infer_kwargs.max_steps=8", "training_args.grad_accumulation=1"]}
     if name == "d1":
         return {"recipe": "deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml", "script": "peer_d1.py",
                 "groups": g * 2, "peer_dir": "d1", "steps_per_round": 12,  # 6 rows x 2 accumulation / 6; mu = 12
-                "peer_steps": 24, "accelerate_config": "diffu-grpo/accelerate.yaml",
+                "accelerate_config": "diffu-grpo/accelerate.yaml", "lora": True, "peer_sets": [],
                 # the CPU rehearsal: 2 blocks of 32 tokens in 8 steps, fp32 (no DeepSpeed, no bf16 autocast)
                 "tiny": ["max_completion_length=64", "diffusion_steps=8", "bf16=false"]}
     raise SystemExit(f"unknown pair {name!r} (stabledrl, d1)")
 
 
-def parse() -> argparse.Namespace:
+def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer-root", required=True, help="directory holding the releases' checkouts")
     ap.add_argument("--peer-pythonpath", default=None, help="packages the releases pin, first on the peers' path")
+    ap.add_argument("--suite", choices=sorted(SUITES), default=None, help="a named plan (SUITES); with --call")
+    ap.add_argument("--call", type=int, default=1, help="which call of the suite")
     ap.add_argument("--pairs", default="stabledrl", help="comma list: stabledrl, d1")
-    ap.add_argument("--loops", default="peer,release_sampler,fast", help="which of each pair's loops run")
+    ap.add_argument("--loops", default="peer,release_sampler,fast", help="which of each pair's loops run, in order")
     ap.add_argument("--tiny", action="store_true", help="tiny LLaDA on the CPU, short generations (the rehearsal)")
     ap.add_argument("--gpus", type=int, default=None, help="GPUs of every loop (default: all visible; tiny: 1)")
-    ap.add_argument("--layers", type=int, default=None,
-                    help="the width of LLaDA-8B at this many layers (default: full-parameter pairs need it; LoRA 32)")
-    ap.add_argument("--peer-steps", type=int, default=None,
-                    help="optimizer steps of the peer (default 2 rounds: StableDRL 4, d1 24)")
-    ap.add_argument("--project-steps", type=int, default=3)
+    ap.add_argument("--layers", default=None,
+                    help=f"comma list: LLaDA-8B's width at these layer counts, one series (default {FULL_LAYERS})")
+    ap.add_argument("--cycles", type=int, default=5, help="timed cycles of every loop after its warm-up")
+    ap.add_argument("--peer-cycles", type=int, default=None, help="timed rounds of the peer (default --cycles)")
+    ap.add_argument("--runs", type=int, default=3, help="runs of every loop, in alternating order")
+    ap.add_argument("--peer-warmup", type=int, default=1, help="rounds of the peer before its window")
     ap.add_argument("--project-skip", type=int, default=1,
-                    help="first steps of the project's loops left out of the figures (2: the first weight push too, "
-                    "which allocates the push buffer, out of the timed steps)")
+                    help="first steps of the project's loops left out (2: the first weight push too)")
+    ap.add_argument("--round-scale", type=float, default=1.0, help="StableDRL: rounds of the release a cycle (x4)")
     ap.add_argument("--peer-port", type=int, default=29531,
                     help="the peer's accelerate main-process port (another for a second peer on the same host)")
     ap.add_argument("--peer-script", action="append", default=[], help="NAME=PATH: another harness for a peer (tests)")
-    ap.add_argument("--part-timeout-s", type=float, default=300.0)
+    ap.add_argument("--part-timeout-s", type=float, default=900.0)
     ap.add_argument("--deadline-s", type=float, default=None, help="no part starts after this many seconds")
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=k=v;k=v: another project loop (the recipe plus these overrides), compared with the peer")
     ap.add_argument("--merge", action="append", default=[],
                     help="results.json of an earlier run on the same card: its loops join the table (this run's win)")
+    ap.add_argument("--peak-from", default=None, help="bench_matmul JSON (default: measured first, GPUs only)")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", required=True)
-    return ap.parse_args()
+    a = ap.parse_args(argv)
+    if a.suite:
+        a = ap.parse_args(list(argv if argv is not None else sys.argv[1:]) + SUITES[a.suite][a.call])
+    a.layer_list = [int(x) for x in a.layers.split(",")] if a.layers else [None]
+    return a
 
 
-def main() -> None:
-    a = parse()
+def main(argv: Optional[list[str]] = None) -> None:
+    a = parse(argv)
     t_start = time.monotonic()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(a.work or out / "work")
     work.mkdir(parents=True, exist_ok=True)
     n_gpus = gpu_count(a)
-    results = {"args": vars(a), "card": card(), "n_gpus": n_gpus, "parts": {}, "rows": [], "merged": []}
+    results = {"args": {k: v for k, v in vars(a).items()}, "card": card(), "host": socket.gethostname(),
+               "n_gpus": n_gpus, "parts": {}, "rows": [], "merged": [], "dry_runs": {}}
+    results["matmul_tflops"] = matmul_rate(a, work)
     for path in a.merge:
-        merge(results, json.loads(Path(path).read_text()), path)
+        pt.merge(results, json.loads(Path(path).read_text()), path)
     variants = dict(VARIANTS)
     for item in a.variant:
         name, sets = item.split("=", 1)
         variants[name] = [x for x in sets.split(";") if x]
     results["variants"] = variants
     scripts = dict(item.split("=", 1) for item in a.peer_script)
-    loops = a.loops.split(",")
+    loops = [x for x in a.loops.split(",") if x]
+    unknown = [x for x in loops if x != "peer" and x not in variants]
+    if unknown:
+        raise SystemExit(f"unknown loops {unknown}: peer, {', '.join(variants)} or a --variant")
     ok = True
 
     def save() -> None:
-        results["rows"] = table_rows(results)
+        results["rows"] = pt.table_rows(results)
         (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-        (out / "table.md").write_text(header(results) + pe.markdown(results["rows"]))
+        (out / "table.md").write_text(pt.header(results) + pt.markdown(results["rows"]))
 
     def time_left() -> bool:
         return a.deadline_s is None or time.monotonic() - t_start < a.deadline_s
 
-    for pair in a.pairs.split(","):
-        spec = pair_spec(pair, n_gpus)
-        ckpt = checkpoint(a, work)
-        results["parts"][f"{pair}_checkpoint"] = ckpt
-        data = rows(work)
-        if "peer" in loops and time_left():
-            script = Path(scripts.get(pair) or HERE / spec["script"])
-            rec = run_peer(a, pair, spec, script, Path(ckpt["directory"]), data, work / f"{pair}_peer", n_gpus)
-            results["parts"][f"{pair}_peer"] = rec
-            ok &= rec["rc"] == 0
-            save()
-        for variant, sets in variants.items():
-            if variant in loops and time_left():
-                rec = run_project(a, pair, spec, variant, sets, Path(ckpt["directory"]), work / f"{pair}_{variant}",
-                                  n_gpus)
-                results["parts"][f"{pair}_{variant}"] = rec
-                ok &= rec["rc"] == 0
-                save()
+    for layers in a.layer_list:
+        for pair in a.pairs.split(","):
+            spec = pair_spec(pair, n_gpus, a.round_scale)
+            ckpt = checkpoint(a, work, layers)
+            results["parts"][f"{pair}_L{ckpt['layers']}_checkpoint"] = ckpt
+            data = rows(work)
+            ready = {loop: dry_run(pair, spec, variants[loop], work) for loop in loops if loop != "peer"}
+            results["dry_runs"].update({f"{pair}_L{ckpt['layers']}_{k}": v for k, v in ready.items()})
+            for run in range(a.runs):
+                for loop in loops:  # alternating: every loop once, then every loop again
+                    if not time_left():
+                        break
+                    key = f"{pair}_L{ckpt['layers']}_{loop}"
+                    part = results["parts"].setdefault(key, {"pair": pair, "loop": loop, "layers": ckpt["layers"],
+                                                             "runs": []})
+                    if loop == "peer":
+                        script = Path(scripts.get(pair) or HERE / spec["script"])
+                        rec = run_peer(a, pair, spec, script, ckpt, data, work / f"{key}_run{run}", n_gpus)
+                    elif ready[loop]:  # the dry run refused the config: recorded, never started
+                        rec = {"rc": 2, "dry_run_error": ready[loop], "figures": {"problem": ready[loop]},
+                               "overrides": PAIR_SETS[pair] + variants[loop]}
+                    else:
+                        rec = run_project(a, pair, spec, loop, variants[loop], ckpt, work / f"{key}_run{run}", n_gpus)
+                    rec.update(run=run, host=results["host"], card=results["card"], layers=ckpt["layers"])
+                    part["runs"].append(rec)
+                    pt.summarise(part)
+                    ok &= rec["rc"] == 0
+                    save()
     save()
-    print(header(results) + pe.markdown(results["rows"]), flush=True)
+    print(pt.header(results) + pt.markdown(results["rows"]), flush=True)
     if not ok:
         raise SystemExit("a loop failed: see results.json")
 
@@ -198,16 +256,32 @@ def card() -> dict:
     return {"name": "cpu", "count": 0}
 
 
-def checkpoint(a: argparse.Namespace, work: Path) -> dict:
-    """A random LLaDA checkpoint in the released layout (random_checkpoint.py): tiny on the CPU; else the
-    family's width at ``--layers`` (full-parameter pairs need fewer than 32 on 80 GB cards), all 32 without."""
+def matmul_rate(a: argparse.Namespace, work: Path) -> Optional[float]:
+    """The card's bf16 matmul rate (TFLOP/s): ``--peak-from``, else measured now (bench_matmul.py;
+    --tiny at its toy size on the CPU, so that the roofline's arithmetic runs in the rehearsal)."""
+    import benchlib as bl
+
+    path = a.matmul_json = a.peak_from or str(work / "matmul.json")
+    if not a.peak_from:
+        cmd = [sys.executable, str(BENCH / "bench_matmul.py"), "--out", path, *(["--tiny"] if a.tiny else [])]
+        subprocess.run(cmd, cwd=REPO, capture_output=True, timeout=300)
+    return bl.read_peak_tflops(path)
+
+
+def checkpoint(a: argparse.Namespace, work: Path, layers: Optional[int]) -> dict:
+    """A random LLaDA checkpoint in the released layout (random_checkpoint.py): tiny on the CPU, else
+    LLaDA-8B's width at ``layers`` (all 32 without); the record names the layer count it holds."""
     import benchlib as bl
     import random_checkpoint
+    from roofline import shape_of
 
     shape = "tiny-llada" if a.tiny else "llada-8b"
-    layers = None if (a.tiny or not a.layers) else a.layers
+    layers = None if a.tiny else layers
     directory = work / f"{shape}-{layers or 'all'}l"
-    return random_checkpoint.write_random_checkpoint(shape, directory, device=bl.device(), layers=layers)
+    info = random_checkpoint.write_random_checkpoint(shape, directory, device=bl.device(), layers=layers)
+    info["layers"] = shape_of(directory)["layers"]  # explicit, whatever was asked
+    info["shape_dims"] = shape_of(directory)
+    return info
 
 
 def rows(work: Path) -> Path:
@@ -220,88 +294,124 @@ def rows(work: Path) -> Path:
     return path
 
 
-# ---- the loops ----------------------------------------------------------------------------------
-def run_peer(a: argparse.Namespace, pair: str, spec: dict, script: Path, ckpt: Path, data: Path, work: Path,
-             n_gpus: int) -> dict:
-    events = work / "events"
-    steps = a.peer_steps or spec["peer_steps"]
-    harness = [str(script), "--peer-root", str(Path(a.peer_root) / spec["peer_dir"]), "--model-dir", str(ckpt),
-               "--data", str(data), "--steps", str(steps), "--events", str(events), "--work", str(work)]
-    if a.tiny:  # one CPU process, a short generation (the pair's "tiny" overrides)
-        cmd = [sys.executable, *harness, "--device", "cpu"]
-        for s in spec["tiny"]:
-            cmd += ["--set", s]
-    else:  # the release's own accelerate config (FSDP; d1: DeepSpeed ZeRO-2), on this machine's GPUs
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n_gpus),
-               "--num_machines", "1", "--machine_rank", "0", "--main_process_port", str(a.peer_port),
-               "--config_file", str(Path(a.peer_root) / spec["peer_dir"] / spec["accelerate_config"]), *harness]
-    env = dict(os.environ)
-    if a.peer_pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [a.peer_pythonpath, env.get("PYTHONPATH")]))
-    env["PEER_LAUNCHED_AT"] = repr(time.time())
-    work.mkdir(parents=True, exist_ok=True)
-    rc, wall, stopped = run_logged(cmd, env, work / "peer.log", a.part_timeout_s)
-    # the window: the peer's last round (its steps after the first round's)
-    figures = pe.peer_figures(pe.read_events(events), n_gpus=n_gpus, skip=spec["steps_per_round"])
-    print(f"[{pair}_peer] rc {rc} wall {wall:.0f}s {json.dumps(figures, default=str)[:600]}", flush=True)
-    return {"command": " ".join(cmd), "rc": rc, "wall_s": wall, "stopped": stopped, "figures": figures,
-            "log_tail": tail(work / "peer.log", 40)}
+def dry_run(pair: str, spec: dict, overrides: list[str], work: Path) -> Optional[str]:
+    """The project loop's config with its overrides, validated (None: it would start), else why not."""
+    from stabledrl.common.config.base import ConfigError
+    from stabledrl.common.config.job import load_job_config
+
+    config = project_config(spec["recipe"], work, pair)
+    try:
+        load_job_config(str(config), [f"task.source.path={work / 'train.jsonl'}", *PAIR_SETS[pair], *overrides])
+    except (ConfigError, ValueError) as e:
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        return "the config does not validate: " + (" ".join(lines[1:] or lines) or type(e).__name__)[:400]
+    return None
 
 
-def project_config(recipe: str, work: Path) -> Path:
+def project_config(recipe: str, work: Path, pair: str = "stabledrl") -> Path:
     """The recipe with a file task source (bench_system points it at its generated rows) and no
     published-protocol evaluation (it would read the benchmark's dataset)."""
     raw = yaml.safe_load((REPO / recipe).read_text())
     raw["task"]["source"] = {"kind": "file", "path": "rows.jsonl", "columns": {"prompt": "prompt", "answer": "answer"}}
     raw["task"].pop("held_out_source", None)
-    # the generated rows through the byte-level stand-in tokenizer run to ~270 prompt tokens, where the
-    # released tokenizer makes ~70: d1 keeps the last 200 (its max_prompt_length), the project reads them
-    # whole rather than skipping them (its max_prompt_tokens): the longer prompt is the project's cost
-    raw["task"]["max_prompt_tokens"] = max(raw["task"].get("max_prompt_tokens") or 0, 512)
+    if pair != "d1":
+        # the generated rows through the byte-level stand-in tokenizer run to ~270 prompt tokens, where the
+        # released tokenizer makes ~70: read whole (the release reads them whole too)
+        raw["task"]["max_prompt_tokens"] = max(raw["task"].get("max_prompt_tokens") or 0, 512)
     raw.setdefault("eval", {})["protocol"] = None
-    path = work / Path(recipe).name
+    path = work / f"{pair}_{Path(recipe).name}"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
 
-def run_project(a: argparse.Namespace, pair: str, spec: dict, variant: str, overrides: list[str], ckpt: Path,
+# ---- the loops ----------------------------------------------------------------------------------
+def run_peer(a: argparse.Namespace, pair: str, spec: dict, script: Path, ckpt: dict, data: Path, work: Path,
+             n_gpus: int) -> dict:
+    import bench_system
+
+    events = work / "events"
+    cycles = a.peer_cycles if a.peer_cycles is not None else a.cycles
+    steps = (a.peer_warmup + cycles) * spec["steps_per_round"]
+    harness = [str(script), "--peer-root", str(Path(a.peer_root) / spec["peer_dir"]), "--model-dir",
+               ckpt["directory"], "--data", str(data), "--steps", str(steps), "--events", str(events),
+               "--work", str(work)]
+    sets = list(spec["tiny"] if a.tiny else spec["peer_sets"])
+    if a.tiny:  # one CPU process, a short generation (the pair's "tiny" overrides)
+        cmd = [sys.executable, *harness, "--device", "cpu"]
+    else:  # the release's own accelerate config (FSDP; d1: DeepSpeed ZeRO-2), on this machine's GPUs
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n_gpus),
+               "--num_machines", "1", "--machine_rank", "0", "--main_process_port", str(a.peer_port),
+               "--config_file", str(Path(a.peer_root) / spec["peer_dir"] / spec["accelerate_config"]), *harness]
+    for s in sets:
+        cmd += ["--set", s]
+    env = dict(os.environ)
+    if a.peer_pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [a.peer_pythonpath, env.get("PYTHONPATH")]))
+    env["PEER_LAUNCHED_AT"] = repr(time.time())
+    work.mkdir(parents=True, exist_ok=True)
+    with bench_system.GpuSampler(work / "gpu.csv"):
+        rc, wall, stopped = run_logged(cmd, env, work / "peer.log", a.part_timeout_s)
+    # the window: the peer's rounds after its warm-up
+    figures = pe.peer_figures(pe.read_events(events), n_gpus=n_gpus, skip=a.peer_warmup * spec["steps_per_round"])
+    figures["gpu_memory_used_max_gib"] = gpu_peak(work / "gpu.csv")
+    figures["roofline"] = pt.peer_roofline(figures, ckpt["shape_dims"], spec["lora"])
+    print(f"[{pair}_peer] rc {rc} wall {wall:.0f}s {json.dumps(figures, default=str)[:600]}", flush=True)
+    return {"command": " ".join(cmd), "rc": rc, "wall_s": wall, "stopped": stopped, "figures": figures,
+            "overrides": [f"steps={steps}", *sets], "log_tail": tail(work / "peer.log", 40)}
+
+
+def run_project(a: argparse.Namespace, pair: str, spec: dict, variant: str, overrides: list[str], ckpt: dict,
                 work: Path, n_gpus: int) -> dict:
     work.mkdir(parents=True, exist_ok=True)
-    config = project_config(spec["recipe"], work)
+    config = project_config(spec["recipe"], work, pair)
     record = work / "system.json"
-    sets = ([] if a.tiny else [f"algorithm.groups_per_step={spec['groups']}"]) + list(overrides)
-    # 1 learner rank + 1 worker on 2 GPUs; colocated: a rank and a worker on every GPU
-    actors = str(max(1, n_gpus) if "cluster.colocate=true" in sets else 1)
-    cmd = [sys.executable, str(BENCH / "bench_system.py"), "--config", str(config), "--model-dir", str(ckpt),
-           "--ranks", actors, "--workers", actors, "--steps", str(a.project_steps), "--skip", str(a.project_skip),
-           "--eval-prompts", "0",
-           "--work", str(work / "job"), "--timeout-s", str(a.part_timeout_s - 20), "--name", f"{pair}_{variant}",
-           "--out", str(record), *(["--tiny"] if a.tiny else [])]
+    sets = ([] if a.tiny else [f"algorithm.groups_per_step={spec['groups']}"]) + PAIR_SETS[pair] + list(overrides)
+    # colocated (the recipes as committed): a rank and a worker on every GPU; apart: 1 learner rank + 1 worker on 2
+    actors = str(max(1, n_gpus) if colocated(config, sets, work) else 1)
+    cmd = [sys.executable, str(BENCH / "bench_system.py"), "--config", str(config), "--model-dir", ckpt["directory"],
+           "--ranks", actors, "--workers", actors, "--steps", str(a.project_skip + a.cycles), "--skip",
+           str(a.project_skip), "--eval-prompts", "0", "--work", str(work / "job"),
+           "--timeout-s", str(a.part_timeout_s - 20), "--name", f"{pair}_{variant}", "--out", str(record),
+           *(["--tiny"] if a.tiny else [])]
+    if Path(a.matmul_json).is_file():
+        cmd += ["--peak-from", a.matmul_json]
     for s in sets:
         cmd += ["--set", s]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     rc, wall, stopped = run_logged(cmd, env, work / "project.log", a.part_timeout_s)
     data = json.loads(record.read_text()) if record.is_file() else {"parts": {}}
     job = data.get("parts", {}).get("job") or {}
+    f = job.get("figures") or {}
     figures = pe.project_figures(job, n_gpus=n_gpus if not a.tiny else 1)
+    figures["gpu_memory_used_max_gib"] = max((x.get("gpu_memory_used_max_gib") or 0.0
+                                              for x in (f.get("actors") or {}).values()), default=0.0) or None
+    figures["roofline"] = pt.project_roofline(f, ckpt["shape_dims"], config, sets, work / "train.jsonl", n_gpus)
     print(f"[{pair}_{variant}] rc {rc} wall {wall:.0f}s {json.dumps(figures, default=str)[:600]}", flush=True)
     # each actor's own clock over the timed steps (the profile of where a step's time goes)
     actors = {name: {k: v for k, v in actor.items() if k in ("wall_s", "idle_s", "seconds", "busy_fraction",
-                                                               "gpu_busy_fraction", "peak_memory_gib")}
-              for name, actor in ((job.get("figures") or {}).get("actors") or {}).items()}
-    return {
-        "command": " ".join(cmd),
-        "rc": rc,
-        "wall_s": wall,
-        "stopped": stopped,
-        "figures": figures,
-        "actors": actors,
-        "step_s_median": (job.get("figures") or {}).get("step_s_median"),
-        "overrides": sets,
-        "job_problems": job.get("problems"),
-        "log_tail": job.get("log_tail") or tail(work / "project.log", 40),
-        "errors": data.get("errors"),
-    }
+                                                               "gpu_busy_fraction", "peak_memory_gib",
+                                                               "gpu_memory_used_max_gib")}
+              for name, actor in (f.get("actors") or {}).items()}
+    return {"command": " ".join(cmd), "rc": rc, "wall_s": wall, "stopped": stopped, "figures": figures,
+            "actors": actors, "step_s_median": f.get("step_s_median"), "overrides": sets,
+            "job_problems": job.get("problems"), "log_tail": job.get("log_tail") or tail(work / "project.log", 40),
+            "errors": data.get("errors")}
+
+
+def colocated(config: Path, sets: list[str], work: Path) -> bool:
+    """Whether the loop's config (the recipe and its overrides) shares each GPU between a rank and a worker."""
+    from stabledrl.common.config.job import load_job_config
+
+    rows = work.parent / "train.jsonl"
+    return load_job_config(str(config), [f"task.source.path={rows}", *sets]).cluster.colocate
+
+
+def gpu_peak(samples: Path) -> Optional[float]:
+    """The largest memory.used of any GPU in nvidia-smi's samples (GiB), None without samples."""
+    import system_report
+
+    used = [m for _, _, _, m in system_report.read_gpu_samples(str(samples))]
+    return max(used) / 1024 if used else None
 
 
 def run_logged(cmd: list[str], env: dict, log: Path, timeout_s: float) -> tuple[int, float, bool]:
@@ -323,62 +433,6 @@ def tail(path: Path, n: int) -> list[str]:
         return path.read_text(errors="replace").splitlines()[-n:]
     except OSError:
         return []
-
-
-# ---- the table ----------------------------------------------------------------------------------
-def merge(results: dict, earlier: dict, path: str) -> None:
-    """Take an earlier run's loops (same card and GPU count only: ratios never mix cards)."""
-    if earlier.get("card", {}).get("name") != results["card"]["name"] or earlier.get("n_gpus") != results["n_gpus"]:
-        results["merged"].append({"path": str(path), "skipped": f"measured on {earlier.get('card')} x "
-                                  f"{earlier.get('n_gpus')}, not on {results['card']} x {results['n_gpus']}"})
-        return
-    results["parts"].update(earlier.get("parts", {}))
-    results["variants"] = {**earlier.get("variants", {}), **results.get("variants", {})}
-    results["merged"].append({"path": str(path), "parts": sorted(earlier.get("parts", {}))})
-
-
-def table_rows(results: dict) -> list[dict]:
-    """One row per loop that ran; the project's rows carry project / peer and the target (the
-    release-sampler loops' 2x, colocated or not; every loop with the fast paths 5x)."""
-    out = []
-    pairs = sorted({k.split("_", 1)[0] for k in results["parts"]} & {"stabledrl", "d1"}, key=["stabledrl", "d1"].index)
-    for pair in pairs:
-        peer = results["parts"].get(f"{pair}_peer")
-        if peer:
-            out.append({"name": f"{pair} release (peer)", "figures": peer["figures"], "ratio": None})
-        for key, rec in results["parts"].items():
-            if not key.startswith(f"{pair}_") or key.endswith(("_peer", "_checkpoint")):
-                continue
-            variant = key[len(pair) + 1:]
-            name = f"{pair}: stabledrl train, {variant.replace('_', ' ')}"
-            failed = rec.get("rc") not in (0, None) or rec.get("stopped")
-            if failed:  # its figures are whatever steps it finished: shown, never held against a target
-                name += f" (FAILED: rc {rec.get('rc')}{', stopped' if rec.get('stopped') else ''})"
-            ratio = pe.compare(rec["figures"], peer["figures"]) if peer and not failed else None
-            out.append({"name": name, "figures": rec["figures"], "ratio": ratio, "failed": bool(failed),
-                        "target": target(variant, results.get("variants", {}).get(variant))})
-    return out
-
-
-def target(variant: str, sets: Optional[list[str]]) -> float:
-    """A loop's target: the named loops' own; another loop (``--variant``) is held to the release
-    sampler's 2x when its overrides leave the recipe's sampler alone (no ``sampler.cache``), else
-    (or when its overrides are unknown) to the fast paths' 5x."""
-    if variant in TARGETS:
-        return TARGETS[variant]
-    fast = sets is None or any(s.startswith("sampler.cache=") for s in sets)
-    return TARGETS["fast" if fast else "release_sampler"]
-
-
-def header(results: dict) -> str:
-    c = results["card"]
-    return (f"Card: {c['name']} x {results['n_gpus']} used (every loop holds all of them). "
-            f"Ratios: project / peer (> 1: the project is better).\n\n")
-
-
-def ratio_of(results: dict, name: str) -> Optional[float]:
-    row = next((r for r in results["rows"] if r["name"] == name), None)
-    return (row.get("ratio") or {}).get("samples_per_s_per_gpu") if row else None
 
 
 if __name__ == "__main__":

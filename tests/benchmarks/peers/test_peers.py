@@ -1,8 +1,9 @@
-"""The peer benchmark's CPU rehearsal: the driver (run_peers.py) with a fake peer whose timings are
-known, the figures and ratios it derives, and the project's loop through the system benchmark
-(bench_system.py --tiny: the shipped StableDRL recipe's job at the tiny LLaDA, on the CPU), so a
-refactor that breaks any of them fails the suite. The releases' own code is not part of the
-project and is not run here (it is fetched by whoever runs the GPU benchmark)."""
+"""The peer benchmark's CPU rehearsal: the driver (run_peers.py) with a fake peer whose timings and
+forwards are known, the figures, ranges, ratios and roofline it derives (peers_table.py, roofline.py),
+the dry run that refuses a config before its loop starts, and the project's loop through the system
+benchmark (bench_system.py --tiny: the shipped StableDRL recipe's job at the tiny LLaDA, on the CPU), so
+a refactor that breaks any of them fails the suite. The releases' own code is not part of the project
+and is not run here (it is fetched by whoever runs the GPU benchmark)."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,11 @@ REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 
 import peer_events as pe  # noqa: E402
+import peers_table as pt  # noqa: E402
+import roofline as rl  # noqa: E402
 import run_peers  # noqa: E402
+
+SHAPE = {"layers": 2, "d": 8, "m": 16, "vocab": 32}  # P = 2 (4·64 + 3·128) = 1280
 
 
 def fake_events(tmp_path: Path, ranks: int, gen_s: float, train_s: float, steps: int = 4) -> dict:
@@ -26,13 +31,8 @@ def fake_events(tmp_path: Path, ranks: int, gen_s: float, train_s: float, steps:
     procs = [
         subprocess.Popen(
             [sys.executable, str(HERE / "fake_peer.py"), "--events", str(tmp_path), "--steps", str(steps)],
-            env=dict(
-                os.environ,
-                RANK=str(rank),
-                PEER_LAUNCHED_AT="0",
-                FAKE_PEER_GEN_S=str(gen_s),
-                FAKE_PEER_TRAIN_S=str(train_s),
-            ),
+            env=dict(os.environ, RANK=str(rank), PEER_LAUNCHED_AT="0", FAKE_PEER_GEN_S=str(gen_s),
+                     FAKE_PEER_TRAIN_S=str(train_s)),
         )
         for rank in range(ranks)
     ]
@@ -53,6 +53,15 @@ def test_peer_figures_count_the_last_round_of_every_rank(tmp_path):
     assert f["learner_s_per_sample"] == pytest.approx((f["gpu_s"] - f["generate_s"]) / 32)
     assert f["first_step_s"] > 1e9  # launched_at 0: the epoch clock of the first step
     assert f["peak_memory_gib"] == 1.5
+    # the window's forwards, per phase, over both ranks: 8 sampler steps, one scoring, 2 learner forwards
+    width = 100 + 256
+    assert f["forwards"]["generate"] == {"calls": 16, "rows": 16 * 16, "tokens": 16 * 16 * width,
+                                         "tokens_sq": 16 * 16 * width * width}
+    assert f["forwards"]["score"]["calls"] == 2 and f["forwards"]["train"]["calls"] == 4
+    s = f["seconds"]
+    assert s["score"] == pytest.approx(0.02) and s["optimizer"] == pytest.approx(0.08)
+    assert s["generate"] == pytest.approx(f["generate_s"])
+    assert s["learner"] == pytest.approx(f["gpu_s"] - s["generate"] - s["score"] - s["optimizer"])
 
 
 def test_peer_figures_report_too_few_steps(tmp_path):
@@ -73,105 +82,199 @@ def test_ratios_orient_every_figure_so_that_above_one_is_better():
     assert pe.verdict(4.0, 5.0) == "short" and pe.verdict(5.0, 5.0) == "met" and pe.verdict(None, 2.0) == "not measured"
 
 
-def test_table_rows_pair_each_project_loop_with_its_peer_and_target():
-    fig = lambda s: {"samples_per_s_per_gpu": s, "rollout_tokens_per_s_per_gpu": 100.0}  # noqa: E731
-    results = {"card": {"name": "cpu"}, "n_gpus": 2, "parts": {
-        "stabledrl_checkpoint": {}, "stabledrl_peer": {"figures": fig(1.0)},
-        "stabledrl_release_sampler": {"figures": fig(2.5)}, "stabledrl_fast": {"figures": fig(4.0)},
-        "stabledrl_fast_64_rows": {"figures": fig(6.0)}}}
-    rows = run_peers.table_rows(results)
-    assert [r["name"] for r in rows] == ["stabledrl release (peer)", "stabledrl: stabledrl train, release sampler",
-                                         "stabledrl: stabledrl train, fast", "stabledrl: stabledrl train, fast 64 rows"]
-    assert [r["target"] for r in rows[1:]] == [2.0, 5.0, 5.0]
-    assert [r["ratio"]["samples_per_s_per_gpu"] for r in rows[1:]] == [2.5, 4.0, 6.0]
-    table = pe.markdown(rows)
-    assert "2.50× (≥ 2.0×: met)" in table and "4.00× (≥ 5.0×: short)" in table and "6.00× (≥ 5.0×: met)" in table
-    # a --variant at the release's sampler is held to 2x, one with the fast sampler to 5x
-    results["variants"] = {"colocated_64_rows": [*run_peers.COLOCATED, "rollout.prompts_per_request=4"],
-                           "fast_64_rows": [*run_peers.FAST, "rollout.prompts_per_request=4"]}
-    results["parts"]["stabledrl_colocated_64_rows"] = {"figures": fig(1.5)}
-    rows = run_peers.table_rows(results)
-    assert [r["target"] for r in rows[1:]] == [2.0, 5.0, 5.0, 2.0]
-    # a loop that failed (out of memory at step 2) keeps its row, marked, and is never compared
-    results["parts"]["stabledrl_colocated_64_rows"].update(rc=1, stopped=False)
-    rows = run_peers.table_rows(results)
-    assert rows[-1]["name"] == "stabledrl: stabledrl train, colocated 64 rows (FAILED: rc 1)"
-    assert rows[-1]["ratio"] is None and "(FAILED: rc 1) | 1.500 | 100 |" in pe.markdown(rows)
-    assert pe.markdown(rows).rstrip().endswith("| failed: not compared |")
+def flops_of(rows, t, head):
+    return rows * (t * 2 * 1280 + t * t * 4 * 2 * 8) + rows * head * 2 * 8 * 32
 
 
-def test_d1_pair_counts_each_round_once_and_compares(tmp_path):
-    """The driver's d1 path: the fake peer as d1's harness (its CPU arguments, 24 steps = 2 rounds of
-    mu = 12 over 12 rows a rank), the window after the first round, the rows counted once, and the
-    project's d1 rows paired with that peer."""
-    env = dict(os.environ, FAKE_PEER_MU="12", FAKE_PEER_ROWS="12", FAKE_PEER_GEN_S="0.05", FAKE_PEER_TRAIN_S="0.01")
-    done = subprocess.run(
-        [sys.executable, str(HERE / "run_peers.py"), "--tiny", "--pairs", "d1", "--loops", "peer",
-         "--peer-root", str(tmp_path / "none"), "--peer-script", f"d1={HERE / 'fake_peer.py'}",
-         "--part-timeout-s", "60", "--out", str(tmp_path / "out")],
-        cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
-    peer = results["parts"]["d1_peer"]
-    assert "--steps 24" in peer["command"] and "--set max_completion_length=64" in peer["command"]
-    f = peer["figures"]
-    assert (f["steps"], f["skip"], f["samples"], f["tokens"]) == (24, 12, 12, 12 * 256)
-    assert f["samples_per_s_per_gpu"] == pytest.approx(12 / f["gpu_s"])
-    # 12 steps of 0.01 s and one 0.05 s generation: far less than 12 x 12 rows' worth of time
-    assert 0.05 < f["window_s"] < 5.0
-    results["parts"]["d1_release_sampler"] = {"figures": {"samples_per_s_per_gpu": 3 * f["samples_per_s_per_gpu"]}}
-    rows = run_peers.table_rows(results)
-    assert [r["name"] for r in rows] == ["d1 release (peer)", "d1: stabledrl train, release sampler"]
-    assert rows[1]["ratio"]["samples_per_s_per_gpu"] == pytest.approx(3.0) and rows[1]["target"] == 2.0
-    assert run_peers.pair_spec("d1", 2)["groups"] == 4  # a project step trains one d1 round on 2 GPUs: 24 rows
+def test_flops_are_counted_from_the_shapes():
+    assert rl.layer_params(SHAPE) == 1280
+    assert rl.forward_flops(SHAPE, 3, 3 * 10, 3 * 100, 3 * 4) == flops_of(3, 10, 4)
+    # the releases' head at every position; the learner's forward with its backward (x3, LoRA x2)
+    phases = {"generate": {"rows": 3, "tokens": 30, "tokens_sq": 300}, "train": {"rows": 2, "tokens": 20,
+                                                                                "tokens_sq": 200}}
+    assert rl.peer_flops(phases, SHAPE, lora=False) == {"generate": flops_of(3, 10, 10),
+                                                         "train": 3 * flops_of(2, 10, 10)}
+    assert rl.peer_flops(phases, SHAPE, lora=True)["train"] == 2 * flops_of(2, 10, 10)
+    # the project: generation at the block alone; every estimate 2 views of prompt + completion, its head at the
+    # completion; a reference scored once a step; mu = 3
+    totals = {"samples": 4, "prompt_tokens": 4 * 6, "forward_rows": 8, "forward_tokens": 8 * 10}
+    f = rl.project_flops(totals, SHAPE, gen_length=4, block_length=2, views=2, inner_iterations=3, lora=False,
+                         reference_forwards=1, cached=False)
+    assert f["generate"] == flops_of(8, 10, 2)
+    assert f["score"] == 2 * flops_of(4, 10, 4) and f["learner_score"] == f["score"]
+    assert f["train"] == 3 * 3 * f["score"]
+    assert rl.project_flops(totals, SHAPE, gen_length=4, block_length=2, views=2, inner_iterations=3, lora=False,
+                            reference_forwards=0, cached=True)["generate"] is None
+
+
+def test_rates_shares_and_the_ceiling():
+    flops = {"generate": 6e12, "score": 1e12, "learner_score": 0.0, "train": 4e12}
+    seconds = {"generate": 10.0, "score": 2.0, "learner": 6.0, "optimizer": 2.0, "push": 1.0}
+    r = rl.rates(flops, seconds, matmul_tflops=1.0)
+    assert r["generate_tflops"] == pytest.approx(0.6) and r["generate_of_matmul"] == pytest.approx(0.6)
+    assert r["learner_tflops"] == pytest.approx(0.5) and r["score_tflops"] == pytest.approx(0.5)
+    s = rl.shares(seconds, gpu_s=25.0)
+    assert s["generate"] == pytest.approx(0.4) and s["idle"] == pytest.approx(0.16)
+    # 7 TFLOP of forwards at 0.75, 4 of training at 0.55, on a 1 TFLOP/s card: 20 samples in 16.61 s
+    assert rl.ceiling(flops, 20, 1.0) == pytest.approx(20 / (7 / 0.75 + 4 / 0.55))
+    assert rl.ceiling({**flops, "generate": None}, 20, 1.0) is None
+    assert rl.target(None) == 1.5 and rl.target(2.0) == 1.5 and rl.target(1.2) == pytest.approx(1.08)
+
+
+def run(sps, rc=0, **figures):
+    return {"rc": rc, "stopped": False, "figures": {"samples_per_s_per_gpu": sps, **figures}}
+
+
+def part(pair, loop, layers, *runs):
+    return pt.summarise({"pair": pair, "loop": loop, "layers": layers, "runs": list(runs)})
+
+
+def test_table_rows_give_medians_ranges_ratios_and_targets():
+    results = {"card": {"name": "cpu"}, "host": "h", "n_gpus": 2, "matmul_tflops": None,
+               "variants": dict(run_peers.VARIANTS), "parts": {
+                   "stabledrl_L24_checkpoint": {"layers": 24},
+                   "stabledrl_L24_peer": part("stabledrl", "peer", 24, run(1.0), run(0.9), run(1.2)),
+                   "stabledrl_L24_colocated": part("stabledrl", "colocated", 24, run(1.8), run(2.0), run(0.1, rc=1)),
+                   "stabledrl_L24_fast": part("stabledrl", "fast", 24, run(4.0)),
+                   "stabledrl_L8_peer": part("stabledrl", "peer", 8, run(2.0)),
+                   "stabledrl_L8_colocated": part("stabledrl", "colocated", 8, run(4.0)),
+                   "d1_L32_colocated": part("d1", "colocated", 32, {"rc": 2, "dry_run_error": "the config does not "
+                                            "validate: estimator.masks: bad", "figures": {"problem": "x"}})}}
+    rows = pt.table_rows(results)
+    assert [(r["name"].split(" (")[0], r["layers"]) for r in rows] == [
+        ("stabledrl release", 8), ("stabledrl: stabledrl train, colocated", 8), ("stabledrl release", 24),
+        ("stabledrl: stabledrl train, colocated", 24), ("stabledrl: stabledrl train, fast", 24),
+        ("d1: stabledrl train, colocated", 32)]
+    peer, coloc, fast, d1 = rows[2], rows[3], rows[4], rows[5]
+    assert peer["figures"]["samples_per_s_per_gpu"] == 1.0 and peer["spread"]["samples_per_s_per_gpu"] == (0.9, 1.2)
+    # the failed run is left out of the median and named; the ratio of medians, the range of pairings
+    assert coloc["figures"]["samples_per_s_per_gpu"] == pytest.approx(1.9) and coloc["finished"] == 2
+    assert "1 of 3 FAILED: rc 1" in coloc["name"]
+    assert coloc["ratio"]["samples_per_s_per_gpu"] == pytest.approx(1.9)
+    assert coloc["ratio_range"] == pytest.approx((1.8 / 1.2, 2.0 / 0.9))
+    assert coloc["target"] == 1.5 and fast["target"] == 5.0
+    assert "FAILED: the config does not validate: estimator.masks: bad" in d1["name"] and d1["ratio"] is None
+    table = pt.markdown(rows)
+    assert "| stabledrl: stabledrl train, colocated (1 of 3 FAILED: rc 1) | 24 | 2 of 3 | 1.900 (1.800-2.000) |" \
+        in table
+    assert "1.90× (1.50-2.22) (≥ 1.50×: met)" in table and "4.00× (≥ 5.00×: short)" in table
+    assert next(line for line in table.splitlines() if line.startswith("| d1:")).endswith("| failed: not compared |")
+
+
+def test_the_roofline_of_a_row_is_the_median_of_its_runs_and_sets_the_target():
+    roof = {"flops": {"generate": 6e12, "score": 1e12, "learner_score": 0.0, "train": 4e12},
+            "seconds": {"generate": 10.0, "score": 2.0, "learner": 6.0, "optimizer": 2.0}, "gpu_s": 25.0,
+            "samples": 20}
+    results = {"card": {"name": "cpu"}, "host": "h", "n_gpus": 1, "matmul_tflops": 1.0,
+               "variants": dict(run_peers.VARIANTS), "parts": {
+                   "stabledrl_L8_peer": part("stabledrl", "peer", 8, run(1.0)),
+                   "stabledrl_L8_colocated": part("stabledrl", "colocated", 8, run(1.1, roofline=roof))}}
+    row = pt.table_rows(results)[1]
+    assert row["roofline"]["generate_of_matmul"] == pytest.approx(0.6)
+    ceiling = 20 / (7 / 0.75 + 4 / 0.55)
+    assert row["roofline"]["ceiling_samples_per_s_per_gpu"] == pytest.approx(ceiling)
+    # the ceiling is 1.20x the release: the target is 90% of it, 1.08x, and 1.1x meets it
+    assert row["ceiling_ratio"] == pytest.approx(ceiling) and row["target"] == pytest.approx(0.9 * ceiling)
+    assert "(≥ 1.08×: met)" in pt.markdown([row])
+    # its memory beside the release's: the release's allocator peak on one H200 at this depth where none ran
+    assert row["memory"]["release_h200_gib"] == 57.2 and row["memory"]["release_allocator_gib"] is None
 
 
 def test_merge_takes_only_a_run_on_the_same_card():
-    results = {"card": {"name": "H100"}, "n_gpus": 2, "parts": {"stabledrl_fast": {"figures": {}}}, "merged": []}
-    run_peers.merge(results, {"card": {"name": "H200"}, "n_gpus": 2, "parts": {"stabledrl_peer": {}}}, "a.json")
-    assert "stabledrl_peer" not in results["parts"] and "skipped" in results["merged"][0]
-    run_peers.merge(results, {"card": {"name": "H100"}, "n_gpus": 2, "parts": {"stabledrl_peer": {}}}, "b.json")
-    assert set(results["parts"]) == {"stabledrl_fast", "stabledrl_peer"}
+    results = {"card": {"name": "H100"}, "n_gpus": 2, "parts": {"stabledrl_L8_fast": {}}, "merged": []}
+    pt.merge(results, {"card": {"name": "H200"}, "n_gpus": 2, "parts": {"stabledrl_L8_peer": {}}}, "a.json")
+    assert "stabledrl_L8_peer" not in results["parts"] and "skipped" in results["merged"][0]
+    pt.merge(results, {"card": {"name": "H100"}, "n_gpus": 2, "parts": {"stabledrl_L8_peer": {}}, "host": "b"},
+             "b.json")
+    assert set(results["parts"]) == {"stabledrl_L8_fast", "stabledrl_L8_peer"} and results["merged"][1]["host"] == "b"
 
 
-def test_project_config_reads_files_and_skips_the_protocol(tmp_path):
-    path = run_peers.project_config("deploy/configs/recipe_stabledrl_llada8b_gsm8k.yaml", tmp_path)
+def test_each_pair_runs_its_releases_estimator_and_a_config_that_does_not_validate_never_starts(tmp_path):
     from stabledrl.common.config.job import load_job_config
 
-    cfg = load_job_config(str(path), [f"task.source.path={tmp_path / 'rows.jsonl'}"])
-    assert cfg.task.source.kind == "file" and cfg.eval.protocol is None
-    assert (cfg.algorithm.group_size, cfg.algorithm.inner_iterations, cfg.sampler.steps) == (16, 2, 128)
-    d1 = load_job_config(str(run_peers.project_config("deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml", tmp_path)),
-                         [f"task.source.path={tmp_path / 'rows.jsonl'}"])
-    assert d1.task.source.kind == "file" and d1.eval.protocol is None and d1.learner.lora.rank == 128
-    assert (d1.algorithm.group_size, d1.algorithm.inner_iterations, d1.sampler.gen_length) == (6, 12, 256)
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    assert run_peers.PAIR_SETS["d1"] == ["estimator.masks=per_iteration", "task.long_prompts=keep_last"]
+    spec = run_peers.pair_spec("d1", 1)
+    # d1's own estimator: either the build has per-iteration masks, or the dry run says which field it refuses
+    why = run_peers.dry_run("d1", spec, run_peers.VARIANTS["colocated"], tmp_path)
+    assert why is None or ("masks" in why and "per_iteration" in why), why
+    assert run_peers.dry_run("stabledrl", run_peers.pair_spec("stabledrl", 1), run_peers.VARIANTS["colocated"],
+                             tmp_path) is None
+    bad = run_peers.dry_run("stabledrl", run_peers.pair_spec("stabledrl", 1), ["sampler.steps=7"], tmp_path)
+    assert bad.startswith("the config does not validate") and "steps" in bad
+    cfg = load_job_config(str(run_peers.project_config(spec["recipe"], tmp_path, "d1")),
+                          [f"task.source.path={tmp_path / 'train.jsonl'}", "task.long_prompts=keep_last"])
+    assert cfg.task.max_prompt_tokens == 200 and cfg.task.long_prompts == "keep_last"  # d1's truncation
+    # a cycle of half the StableDRL release's rounds: 2 accumulation rounds there, 2 groups a GPU here
+    half = run_peers.pair_spec("stabledrl", 1, round_scale=0.5)
+    assert half["groups"] == 2 and half["peer_sets"] == ["training_args.grad_accumulation=2"]
+
+
+def test_the_budget_suite_fits_its_calls():
+    for call in run_peers.SUITES["depth-budget"]:
+        a = run_peers.parse(["--peer-root", "/x", "--out", "/y", "--suite", "depth-budget", "--call", str(call)])
+        assert a.runs == 1 and a.part_timeout_s <= 360 and a.layer_list
+    a = run_peers.parse(["--peer-root", "/x", "--out", "/y", "--suite", "depth-budget", "--call", "1"])
+    assert a.layer_list == [24] and a.loops.startswith("release_sampler") and a.project_skip + a.cycles >= 5
+
+
+def test_d1_pair_alternates_its_runs_and_records_the_depth_card_and_host(tmp_path):
+    """The driver's d1 path: the fake peer as d1's harness (its CPU arguments, 2 rounds of mu = 12 over
+    12 rows a rank), run twice; every run records its layer count, card, host and overrides."""
+    env = dict(os.environ, FAKE_PEER_MU="12", FAKE_PEER_ROWS="12", FAKE_PEER_GEN_S="0.05", FAKE_PEER_TRAIN_S="0.01")
+    done = subprocess.run(
+        [sys.executable, str(HERE / "run_peers.py"), "--tiny", "--pairs", "d1", "--loops", "peer", "--cycles", "1",
+         "--runs", "2", "--peer-root", str(tmp_path / "none"), "--peer-script", f"d1={HERE / 'fake_peer.py'}",
+         "--part-timeout-s", "60", "--out", str(tmp_path / "out")],
+        cwd=REPO, capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["host"] and results["matmul_tflops"] > 0
+    layers = results["parts"]["d1_L2_checkpoint"]["layers"]
+    assert layers == 2  # the tiny preset's: stated, never null
+    peer = results["parts"]["d1_L2_peer"]
+    assert [r["run"] for r in peer["runs"]] == [0, 1] and peer["finished"] == 2
+    for r in peer["runs"]:
+        assert r["layers"] == 2 and r["host"] == results["host"] and r["card"] == {"name": "cpu", "count": 0}
+        assert r["overrides"][0] == "steps=24" and "max_completion_length=64" in r["overrides"]
+        f = r["figures"]
+        assert (f["steps"], f["skip"], f["samples"], f["tokens"]) == (24, 12, 12, 12 * 256)
+        assert r["figures"]["roofline"]["flops"]["generate"] > 0
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "| d1 release (peer) | 2 | 2 of 2 |" in table and "host " in table
 
 
 @pytest.mark.e2e
 def test_tiny_peer_benchmark_runs_the_project_loop_and_compares(tmp_path):
     """The driver end to end on the CPU: the fake peer, then the StableDRL recipe's job (tiny LLaDA,
-    2 steps) through bench_system.py, placed apart and colocated, the figures of each and their
-    ratio in results.json and table.md."""
+    2 steps) through bench_system.py, as committed (colocated) and placed apart, the figures of each,
+    their ratio and their roofline in results.json and table.md."""
     done = subprocess.run(
         [sys.executable, str(HERE / "run_peers.py"), "--tiny", "--peer-root", str(tmp_path / "none"),
-         "--peer-script", f"stabledrl={HERE / 'fake_peer.py'}", "--loops", "peer,release_sampler,colocated",
-         "--project-steps", "2", "--part-timeout-s", "400", "--out", str(tmp_path / "out")],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+         "--peer-script", f"stabledrl={HERE / 'fake_peer.py'}", "--loops", "peer,release_sampler,apart",
+         "--cycles", "1", "--runs", "1", "--part-timeout-s", "400", "--out", str(tmp_path / "out")],
+        cwd=REPO, capture_output=True, text=True, timeout=900)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    peer, project = results["parts"]["stabledrl_peer"], results["parts"]["stabledrl_release_sampler"]
-    assert peer["rc"] == 0 and peer["figures"]["samples"] == 16
-    f = project["figures"]
-    assert project["rc"] == 0 and f["steps"] == 2 and f["timed_steps"] == [2]
+    peer, project = (results["parts"][f"stabledrl_L2_{k}"] for k in ("peer", "release_sampler"))
+    assert peer["runs"][0]["rc"] == 0 and peer["figures"]["samples_per_s_per_gpu"] > 0
+    run = project["runs"][0]
+    f = run["figures"]
+    assert run["rc"] == 0 and f["steps"] == 2 and f["timed_steps"] == [2] and run["layers"] == 2
     assert f["samples_per_s_per_gpu"] > 0 and f["rollout_tokens_per_s_per_gpu"] > 0 and f["learner_s_per_sample"] > 0
     assert f["first_step_s"] > 0 and f["samples"] == 8  # tiny: 2 groups of 4
-    assert {"learner0", "rollout0"} <= set(project["actors"]) and project["actors"]["learner0"]["seconds"]["train"] > 0
-    ratio = results["rows"][1]["ratio"]["samples_per_s_per_gpu"]
-    assert ratio == pytest.approx(f["samples_per_s_per_gpu"] / peer["figures"]["samples_per_s_per_gpu"])
-    assert "| stabledrl: stabledrl train, release sampler |" in (tmp_path / "out" / "table.md").read_text()
-    # the colocated loop: the same job with a learner rank and a worker sharing each bundle (1 of each here)
-    colocated = results["parts"]["stabledrl_colocated"]
-    assert colocated["rc"] == 0 and colocated["figures"]["steps"] == 2, colocated["log_tail"]
-    assert "cluster.colocate=true" in colocated["overrides"] and "--ranks 1 --workers 1" in colocated["command"]
-    assert colocated["actors"]["learner0"]["seconds"]["train"] > 0 and colocated["actors"]["rollout0"]["seconds"]
-    assert results["rows"][2]["target"] == 2.0
+    assert {"learner0", "rollout0"} <= set(run["actors"]) and run["actors"]["learner0"]["seconds"]["train"] > 0
+    # the roofline's inputs: the generation's forwards counted, the learner's optimizer timed
+    roof = f["roofline"]
+    assert roof["flops"]["generate"] > 0 and roof["flops"]["train"] > roof["flops"]["score"] > 0
+    assert roof["seconds"]["generate"] > 0 and roof["seconds"]["optimizer"] > 0 and roof["gpu_s"] > 0
+    rows = results["rows"]
+    assert rows[1]["ratio"]["samples_per_s_per_gpu"] == pytest.approx(
+        f["samples_per_s_per_gpu"] / peer["figures"]["samples_per_s_per_gpu"])
+    assert rows[1]["roofline"]["generate_tflops"] > 0 and rows[1]["roofline"]["ceiling_samples_per_s_per_gpu"] > 0
+    assert "| stabledrl: stabledrl train, release sampler | 2 |" in (tmp_path / "out" / "table.md").read_text()
+    assert "cluster.colocate=true" not in run["overrides"] and "--ranks 1 --workers 1" in run["command"]
+    apart = results["parts"]["stabledrl_L2_apart"]["runs"][0]
+    assert apart["rc"] == 0 and apart["figures"]["steps"] == 2, apart["log_tail"]
+    assert "cluster.colocate=false" in apart["overrides"] and "--ranks 1 --workers 1" in apart["command"]
+    assert apart["actors"]["learner0"]["seconds"]["train"] > 0 and apart["actors"]["rollout0"]["seconds"]
