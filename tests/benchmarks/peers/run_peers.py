@@ -163,8 +163,8 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    if a.suite:
-        a = ap.parse_args(list(argv if argv is not None else sys.argv[1:]) + SUITES[a.suite][a.call])
+    if a.suite:  # the suite's arguments, then the command line's (which win: a CPU rehearsal's longer timeouts)
+        a = ap.parse_args(SUITES[a.suite][a.call] + list(argv if argv is not None else sys.argv[1:]))
     a.layer_list = [int(x) for x in a.layers.split(",")] if a.layers else [None]
     return a
 

@@ -216,6 +216,8 @@ def test_the_budget_suite_fits_its_calls():
         assert a.runs == 1 and a.part_timeout_s <= 360 and a.layer_list
     a = run_peers.parse(["--peer-root", "/x", "--out", "/y", "--suite", "depth-budget", "--call", "1"])
     assert a.layer_list == [24] and a.loops.startswith("release_sampler") and a.project_skip + a.cycles >= 5
+    a = run_peers.parse(["--peer-root", "/x", "--out", "/y", "--suite", "depth-budget", "--part-timeout-s", "900"])
+    assert a.part_timeout_s == 900 and a.call == 1  # the command line wins (a CPU rehearsal's longer timeouts)
 
 
 def test_d1_pair_alternates_its_runs_and_records_the_depth_card_and_host(tmp_path):
