@@ -20,12 +20,17 @@ set -u
 call=${1:?usage: depth_budget_gpu.sh 1|2}
 cd "$(dirname "$0")/../../.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-if [ -d /tmp/site/ray ]; then  # installed by an earlier call on this warm machine
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled \
-    RAY_USAGE_STATS_ENABLED=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-else
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 NCCL_NVLS_ENABLE=0 \
+  TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -d /tmp/site/ray ]; then  # the carried wheels, installed by an earlier call on this warm machine
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+elif [ -f .whl/install.sh ]; then  # the carried wheels (a machine without a package index)
   source .whl/install.sh || exit 1
 fi
+python3 -c "import ray, deepspeed, pydantic" || { echo "ray, deepspeed and pydantic are needed: carry .whl" >&2; exit 1; }
+# stabledrl's namespace maps the repository's folders (setup.py): installed from this tree, editable, offline
+python3 -c "import stabledrl.common" 2>/dev/null || python3 -m pip install -q --no-deps --no-build-isolation \
+  --no-index -e . || { echo "stabledrl could not be installed from this tree (pip install -e .)" >&2; exit 1; }
 OUT=${OUT:-/tmp/depth}
 case "$call" in
   1) bundle=.gpu_sdrl lib=/tmp/peerlib archive=peerlib.tar.gz ;;
