@@ -7,9 +7,9 @@ views).
     python -m pytest -q -m gpu tests/gpu/test_colocated_views_gpu.py     # 1 GPU; 2 GPUs: also the gather
 
 Checks: the job resolved the mode it was meant to; after the last push every worker holds exactly
-its rank's weights under the final version; a viewing worker's own allocator holds less than a
-tenth of the weights' bytes (its copy was freed at the first push: the weights are on the card once),
-a copying worker at least the weights' bytes.
+its rank's weights under the final version; a viewing worker's own allocator holds less than half
+the weights' bytes (its copy was freed at the first push: the weights are on the card once), a
+copying worker at least the weights' bytes.
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_a_viewing_worker_holds_no_copy_and_the_ranks_weights(gpu_cluster, tmp_p
             [n for n in learner if not torch.equal(weights[n], learner[n].cpu())]
     for m in memory:
         if resolved.ipc == "view":
-            assert m["allocated"] < 0.1 * m["parameters"], m
+            assert m["allocated"] < 0.5 * m["parameters"], m  # a copy of its own would be all of them
         else:
             assert m["allocated"] >= m["parameters"], m
     print("\nworker memory:", memory, "step times (s):", [round(r["time/step"], 3) for r in driver.history])
