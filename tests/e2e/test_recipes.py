@@ -76,7 +76,8 @@ def shape_overrides(name: str, model: Path, out: Path) -> list[str]:
         block.append("estimator.block_length=8")  # the SPG masks follow the sampler's blocks
     protocol = ["eval.protocol.gen_lengths=[8]", "eval.protocol.block_length=8"] if "trado" not in name else []
     return [
-        f"model.path={model}", "model.dtype=float32", "sampler.gen_length=8", *block, "sampler.max_batch_size=8",
+        f"model.path={model}", "model.dtype=float32", "model.checkpointed_layers=null",  # the tiny model has 2 layers
+        "sampler.gen_length=8", *block, "sampler.max_batch_size=8",
         "algorithm.group_size=2", "algorithm.groups_per_step=1", "algorithm.micro_batch_size=2",
         "rollout.num_workers=1", "rollout.prompts_per_request=1", "rollout.request_timeout_s=300",
         "learner.num_ranks=1", "learner.dist_timeout_s=300", "learner.deepspeed.dtype=fp32",

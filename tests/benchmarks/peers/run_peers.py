@@ -365,7 +365,9 @@ def run_project(a: argparse.Namespace, pair: str, spec: dict, variant: str, over
     work.mkdir(parents=True, exist_ok=True)
     config = project_config(spec["recipe"], work, pair)
     record = work / "system.json"
-    sets = ([] if a.tiny else [f"algorithm.groups_per_step={spec['groups']}"]) + PAIR_SETS[pair] + list(overrides)
+    # tiny: the model's 2 layers (a recipe that checkpoints its first 8 checkpoints all of them)
+    sets = (["model.checkpointed_layers=null"] if a.tiny else [f"algorithm.groups_per_step={spec['groups']}"]) + \
+        PAIR_SETS[pair] + list(overrides)
     # colocated (the recipes as committed): a rank and a worker on every GPU; apart: 1 learner rank + 1 worker on 2
     actors = str(max(1, n_gpus) if colocated(config, sets, work) else 1)
     cmd = [sys.executable, str(BENCH / "bench_system.py"), "--config", str(config), "--model-dir", ckpt["directory"],
