@@ -1,0 +1,64 @@
+"""What the peer benchmark runs (run_peers.py): each pair's release and recipe, the project loops'
+overrides (the recipe as committed and its named variants), what a pair's project loops always set so
+that both sides run the same algorithm, and the named suites of device calls."""
+from __future__ import annotations
+
+# the shipped fast paths (deploy/configs/llada8b_1node.yaml): Fast-dLLM's dual cache, threshold decoding (the
+# recipes compile the exact sampler's forward; the cached one runs eager)
+SAMPLER_FAST = ["sampler.cache=dual", "sampler.threshold=0.9", "sampler.compile=false"]
+FAST = SAMPLER_FAST + ["algorithm.max_staleness=1"]  # placed apart: rollouts one step ahead
+# cluster.colocate (what the recipes ship): a learner rank and a rollout worker on every GPU, taking turns (eta = 0)
+COLOCATED = ["cluster.colocate=true", "weights.backend=auto", "algorithm.max_staleness=0"]
+APART = ["cluster.colocate=false", "weights.backend=auto"]  # 1 learner rank and 1 worker, each on a GPU of its own
+VARIANTS = {"release_sampler": [],  # the recipe as committed (colocated)
+            "fast": SAMPLER_FAST,  # the recipe with the fast sampler, still colocated at eta = 0
+            "apart": APART, "apart_fast": APART + FAST,
+            "colocated": COLOCATED, "colocated_fast": SAMPLER_FAST + COLOCATED,
+            # the recipe's sampler with its forward eager: the before of sampler.compile
+            "colocated_eager": COLOCATED + ["sampler.compile=false"],
+            # the learner without activation checkpointing (at d1's 32 layers colocated on 80 GB it ran out of
+            # memory at its second step): for a learner on a GPU of its own
+            "colocated_no_ckpt": COLOCATED + ["model.gradient_checkpointing=false", "model.checkpointed_layers=null"],
+            "colocated_fast_no_ckpt": SAMPLER_FAST + COLOCATED + ["model.gradient_checkpointing=false",
+                                                                  "model.checkpointed_layers=null"]}
+# what a pair's project loops always set, so that both sides run the same estimator on the same prompts
+PAIR_SETS = {"stabledrl": [], "d1": ["estimator.masks=per_iteration", "task.long_prompts=keep_last"]}
+FULL_LAYERS = 32  # LLaDA-8B's
+
+# the compact plans for one H200 (BENCHMARKS.md, "The depth budget"): each call's arguments, one device command
+# of at most 10 minutes each (estimated from the issue's 24-layer figures on one H200: the project ~48 s a step of
+# 2 groups, the release ~66 s a round of 2 accumulation rounds, ~2.5 min of start-up each)
+SUITES = {"depth-budget": {
+    # the StableDRL recipe as committed (colocated, the workers viewing their ranks' weights) at 24 layers for 5
+    # steps: its peak per GPU against the release's 104.7 GiB, and its rate; steps of 2 groups a GPU (the
+    # learner's micro-batches and the worker's requests as in the full step); then the release on the same
+    # halved round (2 accumulation rounds), one warm-up round and one timed
+    1: ["--pairs", "stabledrl", "--layers", "24", "--loops", "release_sampler,peer", "--cycles", "4",
+        "--peer-cycles", "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5", "--part-timeout-s", "360"],
+    # d1's pair at its full 32 layers (LoRA fits one GPU), the release then the project, a warm-up and 2 timed
+    # cycles each
+    2: ["--pairs", "d1", "--layers", "32", "--loops", "peer,release_sampler", "--cycles", "2", "--runs", "1",
+        "--part-timeout-s", "320"],
+}}
+
+
+def pair_spec(name: str, n_gpus: int, round_scale: float = 1.0) -> dict:
+    """What a pair runs; ``groups``: the project's groups_per_step that trains, per step, as many
+    samples as one round of the peer (every GPU); ``round_scale`` halves both (the release's
+    accumulation rounds and the project's groups) for a shorter cycle of the same shape."""
+    g = max(1, n_gpus)
+    if name == "stabledrl":
+        rounds = max(1, round(4 * round_scale))  # the release: 4 accumulation rounds x 1 prompt x 16 a GPU
+        return {"recipe": "deploy/configs/recipe_stabledrl_llada8b_gsm8k.yaml", "script": "peer_stabledrl.py",
+                "groups": g * rounds, "peer_dir": "StableDRL", "steps_per_round": 2,  # mu = 2
+                "accelerate_config": "configs/accelerate/fsdp.yaml", "lora": False,
+                "peer_sets": [] if rounds == 4 else [f"training_args.grad_accumulation={rounds}"],
+                # the CPU rehearsal: one prompt a round, a generation of 2 blocks of 32 tokens in 8 steps
+                "tiny": ["infer_kwargs.gen_length=64", "infer_kwargs.max_steps=8", "training_args.grad_accumulation=1"]}
+    if name == "d1":
+        return {"recipe": "deploy/configs/recipe_d1_llada8b_gsm8k_lora.yaml", "script": "peer_d1.py",
+                "groups": g * 2, "peer_dir": "d1", "steps_per_round": 12,  # 6 rows x 2 accumulation / 6; mu = 12
+                "accelerate_config": "diffu-grpo/accelerate.yaml", "lora": True, "peer_sets": [],
+                # the CPU rehearsal: 2 blocks of 32 tokens in 8 steps, fp32 (no DeepSpeed, no bf16 autocast)
+                "tiny": ["max_completion_length=64", "diffusion_steps=8", "bf16=false"]}
+    raise SystemExit(f"unknown pair {name!r} (stabledrl, d1)")
