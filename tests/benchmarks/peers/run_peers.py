@@ -93,6 +93,10 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--peer-warmup", type=int, default=1, help="rounds of the peer before its window")
     ap.add_argument("--project-skip", type=int, default=1,
                     help="first steps of the project's loops left out (2: the first weight push too)")
+    ap.add_argument("--project-steps", type=int, default=None,
+                    help="steps of the project's loops, outright (default: --project-skip + --cycles)")
+    ap.add_argument("--peer-steps", type=int, default=None,
+                    help="optimizer steps of the peer, outright (default: rounds of --peer-warmup + its cycles)")
     ap.add_argument("--round-scale", type=float, default=1.0, help="StableDRL: rounds of the release a cycle (x4)")
     ap.add_argument("--peer-port", type=int, default=29531,
                     help="the peer's accelerate main-process port (another for a second peer on the same host)")
@@ -275,7 +279,7 @@ def run_peer(a: argparse.Namespace, pair: str, spec: dict, script: Path, ckpt: d
 
     events = work / "events"
     cycles = a.peer_cycles if a.peer_cycles is not None else a.cycles
-    steps = (a.peer_warmup + cycles) * spec["steps_per_round"]
+    steps = a.peer_steps or (a.peer_warmup + cycles) * spec["steps_per_round"]
     harness = [str(script), "--peer-root", str(Path(a.peer_root) / spec["peer_dir"]), "--model-dir",
                ckpt["directory"], "--data", str(data), "--steps", str(steps), "--events", str(events),
                "--work", str(work)]
@@ -309,14 +313,14 @@ def run_project(a: argparse.Namespace, pair: str, spec: dict, variant: str, over
     work.mkdir(parents=True, exist_ok=True)
     config = project_config(spec["recipe"], work, pair)
     record = work / "system.json"
-    # tiny: the model's 2 layers (a recipe that checkpoints its first 8 checkpoints all of them)
+    # tiny: a 2-layer model, which refuses a recipe's model.checkpointed_layers above its layers
     sets = (["model.checkpointed_layers=null"] if a.tiny else [f"algorithm.groups_per_step={spec['groups']}"]) + \
         PAIR_SETS[pair] + list(overrides)
     # colocated (the recipes as committed): a rank and a worker on every GPU; apart: 1 learner rank + 1 worker on 2
     actors = str(max(1, n_gpus) if colocated(config, sets, work) else 1)
     cmd = [sys.executable, str(BENCH / "bench_system.py"), "--config", str(config), "--model-dir", ckpt["directory"],
-           "--ranks", actors, "--workers", actors, "--steps", str(a.project_skip + a.cycles), "--skip",
-           str(a.project_skip), "--eval-prompts", "0", "--work", str(work / "job"),
+           "--ranks", actors, "--workers", actors, "--steps", str(a.project_steps or a.project_skip + a.cycles),
+           "--skip", str(a.project_skip), "--eval-prompts", "0", "--work", str(work / "job"),
            "--timeout-s", str(a.part_timeout_s - 20), "--name", f"{pair}_{variant}", "--out", str(record),
            *(["--tiny"] if a.tiny else [])]
     if Path(a.matmul_json).is_file():
