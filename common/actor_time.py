@@ -40,8 +40,9 @@ BACKGROUND = ("push_stage", "push_stage_wait", "push_stage_map", "push_stage_gil
 # the memory handed back (cluster.colocate)
 PUSH_PARTS = ("push_pending", "push_send", "push_wait", "push_release")
 # the parts of a learner rank's step, timed inside "train": DeepSpeed's optimizer step (the gradients' reduction,
-# clipping, the update and the parameters' gather) and the frozen reference's estimates (a KL term)
-TRAIN_PARTS = ("train_optimizer", "train_reference")
+# clipping, the update and the parameters' gather) and its estimates without a gradient (the frozen reference's of a
+# KL term; the old policy's under per-iteration masks)
+TRAIN_PARTS = ("train_optimizer", "train_score")
 
 
 class ActorClock:

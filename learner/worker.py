@@ -76,6 +76,7 @@ class LearnerWorker:
         self.reference_is_base = False  # LoRA: the reference is the policy with its adapters off (start)
         self._reference_cache: dict[tuple, Any] = {}  # _reference_estimate's, one step's
         self._old_cache: dict[tuple, Any] = {}  # per_iteration: the old policy's estimates, one step's
+        self._scoring = False  # inside the step's scoring pass (per_iteration), which its own clock times
         self.push_sources = 0  # a sharded push's learner ranks that send (setup_weight_push)
         self.steps = 0
         self.clock = ActorClock(background=BACKGROUND, within=PUSH_PARTS + TRAIN_PARTS)
@@ -155,7 +156,14 @@ class LearnerWorker:
         self._reference_cache, self._old_cache = {}, {}
         try:
             if self._scores_old():
-                self.engine.evaluate(mbs, self._score_iterations)
+                _settle()  # the scoring pass on the clock (train_score), not the work queued before it
+                t0, self._scoring = time.perf_counter(), True
+                try:
+                    self.engine.evaluate(mbs, self._score_iterations)
+                finally:
+                    self._scoring = False
+                _settle()
+                self.clock.add("train_score", time.perf_counter() - t0)
             for k in range(self.inner_iterations):
                 batch = [mb.for_iteration(self.estimator.masks, k) for mb in mbs]
                 per_iteration.append(self.engine.train_step(batch, self._loss))
@@ -185,7 +193,8 @@ class LearnerWorker:
         With LoRA the reference is ``model`` itself with its adapters off (no second copy)."""
         key = _cache_key(mb)
         if key not in self._reference_cache:
-            settle_gpu(self.engine.device)
+            if not self._scoring:  # inside the scoring pass its own clock counts it
+                _settle()  # the policy's queued work is not the reference's
             t0 = time.perf_counter()
             with torch.no_grad():
                 if self.reference_is_base:
@@ -193,8 +202,9 @@ class LearnerWorker:
                         value = estimate(model, mb.batch, mb.seeds, self.estimator)
                 else:
                     value = estimate(self.reference, mb.batch, mb.seeds, self.estimator)
-            settle_gpu(self.engine.device)
-            self.clock.add("train_reference", time.perf_counter() - t0)
+            if not self._scoring:
+                _settle()
+                self.clock.add("train_score", time.perf_counter() - t0)
             self._reference_cache[key] = value
         return self._reference_cache[key]
 
@@ -361,6 +371,12 @@ class LearnerWorker:
 def _cache_key(mb: MicroBatch) -> tuple:
     """A step's cache key of a micro-batch's estimate under its seeds (its rows: the batch object)."""
     return (id(mb.batch), tuple(mb.seeds.tolist()))
+
+
+def _settle() -> None:
+    """Wait for this process's queued GPU work (a no-op without CUDA), so that a host clock times what follows."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def _needs_reference(loss: Any) -> bool:

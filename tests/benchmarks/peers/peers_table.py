@@ -160,8 +160,11 @@ def project_roofline(f: dict, shape: dict, config: Path, sets: list[str], rows: 
         return None
     cfg = load_job_config(str(config), [f"task.source.path={rows}", *sets])
     kl = getattr(cfg.loss, "kl_beta", 0.0) or getattr(getattr(cfg.loss, "base", None), "kl_beta", 0.0)
-    mu = cfg.algorithm.inner_iterations
-    reference = 0.0 if not kl else (1.0 if cfg.estimator.masks == "shared" else float(mu))
+    mu, masks = cfg.algorithm.inner_iterations, getattr(cfg.estimator, "masks", "shared")
+    # the learner's estimates without a gradient, per sample a step: a reference's (once with shared masks, else
+    # once an iteration) and, under per-iteration masks, the old policy's once an iteration (learner/worker.py)
+    reference = 0.0 if not kl else (1.0 if masks == "shared" else float(mu))
+    reference += float(mu) if masks == "per_iteration" and mu > 1 else 0.0
     family_block = cfg.sampler.block_length or cfg.sampler.gen_length
     flops = rl.project_flops(totals, shape, gen_length=cfg.sampler.gen_length, block_length=family_block,
                              views=forwards_per_estimate(cfg.estimator), inner_iterations=mu,
@@ -177,9 +180,9 @@ def project_roofline(f: dict, shape: dict, config: Path, sets: list[str], rows: 
             seconds["push"] += sum(v for k, v in sec.items() if k.startswith("push") and k != "push_stage")
         else:
             seconds["optimizer"] += sec.get("train_optimizer", 0.0)
-            seconds["learner_score"] += sec.get("train_reference", 0.0)
+            seconds["learner_score"] += sec.get("train_score", 0.0)
             seconds["learner"] += sec.get("train", 0.0) - sec.get("train_optimizer", 0.0) - \
-                sec.get("train_reference", 0.0)
+                sec.get("train_score", 0.0)
             seconds["push"] += sec.get("push", 0.0)
     return {"flops": flops, "seconds": seconds, "gpu_s": totals.get("step_s", 0.0) * max(1, n_gpus),
             "samples": totals["samples"]}

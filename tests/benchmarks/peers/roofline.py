@@ -99,9 +99,9 @@ def project_flops(totals: dict[str, float], shape: dict[str, int], *, gen_length
                   cached: bool) -> dict[str, Optional[float]]:
     """FLOPs of the timed steps from the job's totals over them: ``forward_rows`` / ``forward_tokens``
     of generation, ``samples`` and ``prompt_tokens`` (every sample's prompt). ``views``: forwards of
-    one estimate (the estimator's draws); ``reference_forwards``: a reference's estimates per sample
-    over the step (0 without a KL term). ``cached``: the sampler's forwards carry the block alone
-    (no generation FLOPs counted)."""
+    one estimate (the estimator's draws); ``reference_forwards``: the learner's estimates without a
+    gradient per sample over the step (a reference's, an old policy's under per-iteration masks).
+    ``cached``: the sampler's forwards carry the block alone (no generation FLOPs counted)."""
     samples = totals.get("samples", 0.0)
     tokens = totals.get("prompt_tokens", 0.0) + samples * gen_length  # one view of every sample
     mean_t = tokens / samples if samples else 0.0
