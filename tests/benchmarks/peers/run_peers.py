@@ -57,6 +57,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -165,14 +166,19 @@ def main(argv: Optional[list[str]] = None) -> None:
                     key = f"{pair}_L{ckpt['layers']}_{loop}"
                     part = results["parts"].setdefault(key, {"pair": pair, "loop": loop, "layers": ckpt["layers"],
                                                              "runs": []})
-                    if loop == "peer":
-                        script = Path(scripts.get(pair) or HERE / spec["script"])
-                        rec = run_peer(a, pair, spec, script, ckpt, data, work / f"{key}_run{run}", n_gpus)
-                    elif ready[loop]:  # the dry run refused the config: recorded, never started
-                        rec = {"rc": 2, "dry_run_error": ready[loop], "figures": {"problem": ready[loop]},
-                               "overrides": PAIR_SETS[pair] + variants[loop]}
-                    else:
-                        rec = run_project(a, pair, spec, loop, variants[loop], ckpt, work / f"{key}_run{run}", n_gpus)
+                    try:
+                        if loop == "peer":
+                            script = Path(scripts.get(pair) or HERE / spec["script"])
+                            rec = run_peer(a, pair, spec, script, ckpt, data, work / f"{key}_run{run}", n_gpus)
+                        elif ready[loop]:  # the dry run refused the config: recorded, never started
+                            rec = {"rc": 2, "dry_run_error": ready[loop], "figures": {"problem": ready[loop]},
+                                   "overrides": PAIR_SETS[pair] + variants[loop]}
+                        else:
+                            rec = run_project(a, pair, spec, loop, variants[loop], ckpt, work / f"{key}_run{run}",
+                                              n_gpus)
+                    except Exception:  # noqa: BLE001 - a harness error fails the run, after the other loops
+                        rec = {"rc": 1, "harness_error": traceback.format_exc()[-2000:], "figures": {}}
+                        print(rec["harness_error"], file=sys.stderr, flush=True)
                     rec.update(run=run, host=results["host"], card=results["card"], layers=ckpt["layers"])
                     part["runs"].append(rec)
                     pt.summarise(part)
@@ -335,7 +341,9 @@ def run_project(a: argparse.Namespace, pair: str, spec: dict, variant: str, over
     figures = pe.project_figures(job, n_gpus=n_gpus if not a.tiny else 1)
     figures["gpu_memory_used_max_gib"] = max((x.get("gpu_memory_used_max_gib") or 0.0
                                               for x in (f.get("actors") or {}).values()), default=0.0) or None
-    figures["roofline"] = pt.project_roofline(f, ckpt["shape_dims"], config, sets, work / "train.jsonl", n_gpus)
+    # the config as the job ran it: bench_system's ranks and workers beside the loop's overrides
+    job_sets = [*sets, f"learner.num_ranks={actors}", f"rollout.num_workers={actors}"]
+    figures["roofline"] = pt.project_roofline(f, ckpt["shape_dims"], config, job_sets, work / "train.jsonl", n_gpus)
     print(f"[{pair}_{variant}] rc {rc} wall {wall:.0f}s {json.dumps(figures, default=str)[:600]}", flush=True)
     # each actor's own clock over the timed steps (the profile of where a step's time goes)
     actors = {name: {k: v for k, v in actor.items() if k in ("wall_s", "idle_s", "seconds", "busy_fraction",
@@ -349,11 +357,14 @@ def run_project(a: argparse.Namespace, pair: str, spec: dict, variant: str, over
 
 
 def colocated(config: Path, sets: list[str], work: Path) -> bool:
-    """Whether the loop's config (the recipe and its overrides) shares each GPU between a rank and a worker."""
-    from stabledrl.common.config.job import load_job_config
-
-    rows = work.parent / "train.jsonl"
-    return load_job_config(str(config), [f"task.source.path={rows}", *sets]).cluster.colocate
+    """Whether the loop's config (the recipe and its overrides) shares each GPU between a rank and a worker.
+    Read from the file and the overrides alone: the loop's other overrides (fewer groups a step than the
+    recipe's ranks) validate only with the ranks bench_system gives the job."""
+    value = (yaml.safe_load(config.read_text()).get("cluster") or {}).get("colocate", False)
+    for s in sets:
+        if s.startswith("cluster.colocate="):
+            value = yaml.safe_load(s.split("=", 1)[1])
+    return bool(value)
 
 
 def gpu_peak(samples: Path) -> Optional[float]:

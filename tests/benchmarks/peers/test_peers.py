@@ -210,6 +210,28 @@ def test_each_pair_runs_its_releases_estimator_and_a_config_that_does_not_valida
     assert half["groups"] == 2 and half["peer_sets"] == ["training_args.grad_accumulation=2"]
 
 
+def test_a_loop_on_the_gpus_reads_its_layout_and_roofline_with_the_steps_groups(tmp_path):
+    """On GPUs a loop trains fewer groups a step than the recipe's 8 ranks (bench_system gives the job its
+    ranks): the layout is read without validating, the roofline's config with the job's ranks."""
+    from stabledrl.common.config.job import load_job_config
+
+    for pair in ("stabledrl", "d1"):
+        spec = run_peers.pair_spec(pair, 1, round_scale=0.5)
+        config = run_peers.project_config(spec["recipe"], tmp_path, pair)
+        sets = [f"algorithm.groups_per_step={spec['groups']}", *run_peers.PAIR_SETS[pair]]
+        assert run_peers.colocated(config, sets, tmp_path)
+        assert not run_peers.colocated(config, sets + run_peers.VARIANTS["apart"], tmp_path)
+        cfg = load_job_config(str(config), [f"task.source.path={tmp_path / 'train.jsonl'}", *sets,
+                                            "learner.num_ranks=1", "rollout.num_workers=1"])
+        totals = {"samples": 4, "step_s": 2.0, "rollout_forwards": 8, "rollout_rows": 32, "canvas_tokens": 512,
+                  "prompt_tokens": 100}
+        shape = {"d": 64, "m": 128, "layers": 2, "vocab": 97}
+        job_sets = [*sets, "learner.num_ranks=1", "rollout.num_workers=1"]
+        roof = pt.project_roofline({"timed_totals": totals, "actors": {}}, shape, config, job_sets,
+                                   tmp_path / "train.jsonl", 1)
+        assert roof["samples"] == 4 and cfg.algorithm.groups_per_step == spec["groups"]
+
+
 def test_the_budget_suite_fits_its_calls():
     for call in run_peers.SUITES["depth-budget"]:
         a = run_peers.parse(["--peer-root", "/x", "--out", "/y", "--suite", "depth-budget", "--call", str(call)])
