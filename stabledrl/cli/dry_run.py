@@ -220,8 +220,20 @@ def plan_lines(cfg: JobConfig) -> list[str]:
         f"{'' if cfg.sampler.stop_at_eos else ' only with stop_at_eos'}), {canvas * run.steps:,} over the run",
         f"staleness: η = {a.max_staleness} ({'synchronous' if a.max_staleness == 0 else 'asynchronous'})",
         weights_line(cfg),
+        elastic_line(cfg),
     ]
     return lines[:1] + resource_lines(cfg) + lines[1:] + task_lines(cfg) + eval_lines(cfg) + output_lines(cfg)
+
+
+def elastic_line(cfg: JobConfig) -> str:
+    """How far the rollout fleet may change size while the job runs, and by what."""
+    r, name = cfg.rollout, cfg.run.job_name
+    if r.min_workers == r.num_workers == r.worker_limit:
+        return (f"rollout workers: {r.num_workers}, fixed (rollout.min_workers / max_workers widen what "
+                f"`stabledrl scale --job {name}` may ask)")
+    grow = "; autoscale: a worker starts whenever the cluster has room for one" if r.autoscale else ""
+    return (f"rollout workers: {r.num_workers}, elastic {r.min_workers}..{r.worker_limit} "
+            f"(`stabledrl scale --job {name} --workers N`){grow}")
 
 
 def task_lines(cfg: JobConfig) -> list[str]:

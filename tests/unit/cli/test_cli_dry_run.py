@@ -104,3 +104,13 @@ def test_dry_run_with_everything_present_finds_it(capsys, tmp_path, monkeypatch)
     out = capsys.readouterr().out
     assert code == 0 and "MISSING" not in out and "missing" not in out
     assert f"task data: {data}: found" in out and "model: preset tiny-llada: found" in out
+
+
+def test_dry_run_plan_says_how_far_the_rollout_fleet_may_scale(capsys, empty_caches):
+    cli.main(["train", "--config", "deploy/configs/llada8b_multinode.yaml", "--dry-run"])
+    plan = capsys.readouterr().out
+    assert "rollout workers: 16, elastic 8..32 (`stabledrl scale --job llada8b-math --workers N`)" in plan
+    assert "autoscale" in plan
+    cli.main(["train", "--config", "deploy/configs/llada8b_multinode.yaml", "--dry-run", "rollout.min_workers=16",
+              "rollout.max_workers=null", "rollout.autoscale=false"])
+    assert "rollout workers: 16, fixed" in capsys.readouterr().out
