@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from stabledrl.common.config.job import JobConfig, check_installed, check_sampler_layout, load_job_config
+from stabledrl.common.config.job import JobConfig, check_installed, load_job_config
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> JobConfig:
@@ -32,6 +32,7 @@ def train(config: JobConfig | str | os.PathLike, overrides: Sequence[str] = (), 
     final_model). ``config`` is a JobConfig or a YAML path (then ``overrides`` apply)."""
     import ray
 
+    from stabledrl.common.models.job_check import check_sampler_layout
     from stabledrl.common.trust.run_dir import check_output_dir
     from stabledrl.common.trust.run_lock import release
     from stabledrl.common.sandbox.scorer import check_reward

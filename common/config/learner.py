@@ -18,6 +18,7 @@ from typing import Literal, Optional
 from pydantic import Field, model_validator
 
 from stabledrl.common.config.base import MAX_SECONDS, StrictModel
+from stabledrl.common.llada_names import LLADA_LINEAR_NAMES, llada_linear_targets
 
 
 class OptimizerConfig(StrictModel):
@@ -192,8 +193,6 @@ class LoraConfig(StrictModel):
     @model_validator(mode="after")
     def _llada_names_exist(self) -> "LoraConfig":
         if self.module_names == "llada":
-            from stabledrl.common.models.convert import LLADA_LINEAR_NAMES
-
             unknown = [t for t in self.target_modules if t not in LLADA_LINEAR_NAMES]
             if unknown:
                 raise ValueError(
@@ -205,8 +204,6 @@ class LoraConfig(StrictModel):
     def resolved_targets(self) -> list[str]:
         """target_modules in the project's module names."""
         if self.module_names == "llada":
-            from stabledrl.common.models.convert import llada_linear_targets
-
             return llada_linear_targets(self.target_modules)
         return list(self.target_modules)
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
 
+from stabledrl.common.llada_names import LLADA_BLOCK
 from stabledrl.common.models.families import FAMILY_KEY, CheckpointError
 
 State = dict[str, torch.Tensor]
@@ -40,42 +41,11 @@ _LLADA_REQUIRED: dict[str, Any] = {
     "block_group_size": 1,
     "clip_qkv": None,
 }
-_LLADA_BLOCK = {
-    "q_proj": "self_attn.q_proj",
-    "k_proj": "self_attn.k_proj",
-    "v_proj": "self_attn.v_proj",
-    "attn_out": "self_attn.o_proj",
-    "ff_proj": "mlp.gate_proj",  # silu(ff_proj(x)) * up_proj(x): ff_proj is the gate
-    "up_proj": "mlp.up_proj",
-    "ff_out": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ff_norm": "post_attention_layernorm",
-}
 _LLADA_TOP = {
     "model.transformer.wte.weight": "model.embed_tokens.weight",
     "model.transformer.ln_f.weight": "model.norm.weight",
     "model.transformer.ff_out.weight": "lm_head.weight",
 }
-# LLaDA's own Linear module names -> the names of the modules they become here (the last part of
-# the name). ``ff_out`` names two modules in LLaDA's code, each block's down projection and the
-# output head (``model.transformer.ff_out``), so a PEFT target "ff_out" there adapts both.
-LLADA_LINEAR_NAMES: dict[str, tuple[str, ...]] = {
-    own: (ours.rsplit(".", 1)[-1],) for own, ours in _LLADA_BLOCK.items() if not own.endswith("_norm")
-}
-LLADA_LINEAR_NAMES["ff_out"] += ("lm_head",)
-
-
-def llada_linear_targets(own_names: list[str]) -> list[str]:
-    """The project's module names for LLaDA's own Linear names (``LLADA_LINEAR_NAMES``); KeyError
-    names one that LLaDA does not have."""
-    out: list[str] = []
-    for name in own_names:
-        if name not in LLADA_LINEAR_NAMES:
-            raise KeyError(name)
-        out += [t for t in LLADA_LINEAR_NAMES[name] if t not in out]
-    return out
-
-
 _LLADA_BLOCK_KEY = re.compile(r"^model\.transformer\.blocks\.(\d+)\.(\w+)\.weight$")
 _HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
 
@@ -87,7 +57,7 @@ def llada_released_path(path: str) -> str:
     key = f"{path}.weight"
     top = {v: k for k, v in _LLADA_TOP.items()}
     layer = _HF_LAYER_KEY.match(key)
-    block = {v: k for k, v in _LLADA_BLOCK.items()}
+    block = {v: k for k, v in LLADA_BLOCK.items()}
     if key in top:
         return top[key].removesuffix(".weight")
     if layer and layer.group(2) in block:
@@ -101,8 +71,8 @@ def llada_project_path(path: str) -> str:
     block = _LLADA_BLOCK_KEY.match(key)
     if key in _LLADA_TOP:
         return _LLADA_TOP[key].removesuffix(".weight")
-    if block and block.group(2) in _LLADA_BLOCK:
-        return f"model.layers.{block.group(1)}.{_LLADA_BLOCK[block.group(2)]}"
+    if block and block.group(2) in LLADA_BLOCK:
+        return f"model.layers.{block.group(1)}.{LLADA_BLOCK[block.group(2)]}"
     raise CheckpointError(f"{path} is no module of LLaDA's code this project maps")
 
 
@@ -155,8 +125,8 @@ def llada_state(state: State) -> State:
         block = _LLADA_BLOCK_KEY.match(key)
         if key in _LLADA_TOP:
             out[_LLADA_TOP[key]] = tensor
-        elif block and block.group(2) in _LLADA_BLOCK:
-            out[f"model.layers.{block.group(1)}.{_LLADA_BLOCK[block.group(2)]}.weight"] = tensor
+        elif block and block.group(2) in LLADA_BLOCK:
+            out[f"model.layers.{block.group(1)}.{LLADA_BLOCK[block.group(2)]}.weight"] = tensor
         else:
             unknown.append(key)
     if unknown:
@@ -166,7 +136,7 @@ def llada_state(state: State) -> State:
 
 def llada_original(config: PretrainedConfig, state: State) -> tuple[dict[str, Any], State]:
     """The inverse: LlamaConfig + state -> (LLaDA config.json dict, LLaDA parameter names)."""
-    block_names = {v: k for k, v in _LLADA_BLOCK.items()}
+    block_names = {v: k for k, v in LLADA_BLOCK.items()}
     top_names = {v: k for k, v in _LLADA_TOP.items()}
     out: State = {}
     for key, tensor in state.items():

@@ -54,6 +54,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from stabledrl.common.config.protocol import MATH_VERIFY_MISSING
 from stabledrl.common.tasks.base import Row
 from stabledrl.common.tasks.latex import equivalent, math_is_equiv
 
@@ -209,9 +210,7 @@ def _math_verify() -> tuple[Callable, Callable]:
     try:
         from math_verify import parse, verify
     except ImportError:
-        raise GraderUnavailable("the MATH grader 'math-verify' needs the math-verify package, a dependency of "
-                                "stabledrl missing from this environment: reinstall stabledrl, or "
-                                "pip install 'math-verify[antlr4_13_2]'") from None
+        raise GraderUnavailable(MATH_VERIFY_MISSING) from None
     return parse, verify
 
 

@@ -26,7 +26,8 @@ from typing import Any, Optional, TextIO
 import yaml
 
 from stabledrl.common.config.base import ConfigError
-from stabledrl.common.config.job import JobConfig, check_sampler_layout
+from stabledrl.common.config.job import JobConfig
+from stabledrl.common.models.job_check import check_sampler_layout
 
 
 @dataclass(frozen=True)

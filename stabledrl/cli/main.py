@@ -25,7 +25,7 @@ from typing import Optional
 
 import stabledrl
 from stabledrl.common.config.base import ConfigError
-from stabledrl.common.config.job import JobConfig, check_installed, check_sampler_layout, load_job_config
+from stabledrl.common.config.job import JobConfig, check_installed, load_job_config
 from stabledrl.cli import reports
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "quickstart.yaml"
@@ -70,6 +70,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from stabledrl.common.trust.seal import RunTrustError, check_key
     from stabledrl.common.sandbox.scorer import check_reward
+    from stabledrl.common.models.job_check import check_sampler_layout
 
     try:
         check_key(create=not args.dry_run)  # what seals the run: a key that cannot serve fails here, before anything

@@ -25,11 +25,28 @@ ROOMS = {
     "cli": ("stabledrl/cli", 6),
 }
 OLD_NAMES = {"common", "rollout", "learner", "coordinator", "cli", "recipes"}
+# Inside a room, its parts (a sub-package or a module directly in the room's folder) in layers,
+# lowest first: a part imports only parts of lower layers. "*" stands for every part not named.
+# In common/ every part is named, so a new one is placed on purpose.
+PARTS: dict[str, list[tuple[str, ...]]] = {
+    "common": [
+        ("seeding", "registry", "stats", "gil", "compiling", "attention", "actor_time", "actor_setup", "metrics",
+         "tokenizer", "llada_names"),  # the standard library and third-party packages only
+        ("config",),  # pydantic sections; knows no model family, task or transport
+        ("tasks", "trust"),  # rows and rewards; the run seal and safe checkpoint reading
+        ("types", "models", "sandbox", "transport"),  # wire types; model families; the reward sandbox; the push
+        ("estimators",),  # likelihood estimators over models and sequence batches
+    ],
+    "coordinator": [("decisions",), ("runtime",), ("job_setup", "progress"), ("driver",)],
+    "learner": [("losses",), ("*",)],
+    "rollout": [("sampling",), ("*",)],
+}
 
 
-def imports(path: Path) -> tuple[set[str], set[str]]:
-    """(rooms of stabledrl this file imports, old top-level names it imports)."""
-    rooms, old = set(), set()
+def imported_names(path: Path) -> list[str]:
+    """Every module and name ``path`` imports absolutely: at the top, in a function or under
+    TYPE_CHECKING."""
+    out = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -37,12 +54,19 @@ def imports(path: Path) -> tuple[set[str], set[str]]:
             names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
         else:
             continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "stabledrl" and len(parts) > 1 and parts[1] in ROOMS:
-                rooms.add(parts[1])
-            elif parts[0] in OLD_NAMES:
-                old.add(parts[0])
+        out += names
+    return out
+
+
+def imports(path: Path) -> tuple[set[str], set[str]]:
+    """(rooms of stabledrl this file imports, old top-level names it imports)."""
+    rooms, old = set(), set()
+    for name in imported_names(path):
+        parts = name.split(".")
+        if parts[0] == "stabledrl" and len(parts) > 1 and parts[1] in ROOMS:
+            rooms.add(parts[1])
+        elif parts[0] in OLD_NAMES:
+            old.add(parts[0])
     return rooms, old
 
 
@@ -63,6 +87,50 @@ def test_nothing_imports_upward_and_rollout_and_learner_never_import_each_other(
                 if other_layer > layer or (other_layer == layer and other != room):
                     wrong.append(f"{name} imports stabledrl.{other}")
     assert not wrong, "\n".join(wrong)
+
+
+def part_layer(room: str, part: str) -> tuple[str, int]:
+    """(the part as the layers name it, its layer); ("", -1) for a part the layers do not place."""
+    for layer, names in enumerate(PARTS[room]):
+        if part in names:
+            return part, layer
+    star = [layer for layer, names in enumerate(PARTS[room]) if "*" in names]
+    return ("*", star[0]) if star else ("", -1)
+
+
+def part_imports(room: str, path: Path) -> set[str]:
+    """The parts of ``room`` the file at ``path`` imports."""
+    return {name.split(".")[2] for name in imported_names(path)
+            if name.startswith(f"stabledrl.{room}.") and len(name.split(".")) > 2}
+
+
+@pytest.mark.parametrize("room", sorted(PARTS))
+def test_inside_a_room_no_part_imports_a_part_above_or_beside_it(room):
+    folder = ROOT / ROOMS[room][0]
+    wrong = []
+    for path in room_files(ROOMS[room][0]):
+        part = path.relative_to(folder).parts[0].removesuffix(".py")
+        if part == "__init__":  # the room itself
+            continue
+        name, layer = part_layer(room, part)
+        if layer < 0:
+            wrong.append(f"{path.relative_to(ROOT)}: {part} is in no layer of {room} (PARTS)")
+            continue
+        for other in sorted(part_imports(room, path) - {part}):
+            other_name, other_layer = part_layer(room, other)
+            if other_layer > layer or (other_layer == layer and other_name != name):
+                wrong.append(f"{path.relative_to(ROOT)} ({part}, layer {layer}) imports stabledrl.{room}.{other} "
+                             f"(layer {other_layer})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_part_check_sees_an_import_beside_and_above(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from stabledrl.common.models import x\n"
+                   "def f():\n    import stabledrl.common.tasks.base\n")
+    assert part_imports("common", bad) == {"models", "tasks"}
+    assert part_layer("common", "tasks")[1] == part_layer("common", "trust")[1] < part_layer("common", "models")[1]
+    assert part_layer("learner", "engine") == ("*", 1) and part_layer("common", "new_module") == ("", -1)
 
 
 def test_the_layer_check_sees_an_upward_import(tmp_path):

@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from stabledrl.common.config.base import ConfigError
-from stabledrl.common.config.job import check_sampler_layout, load_job_config
+from stabledrl.common.config.job import load_job_config
+from stabledrl.common.models.job_check import check_sampler_layout
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = sorted(p for p in (ROOT / "deploy" / "configs").glob("*.yaml") if not p.name.startswith("study_"))

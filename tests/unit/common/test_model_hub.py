@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from stabledrl.common.config.base import ConfigError, apply_overrides, load_yaml, validate
-from stabledrl.common.config.job import JobConfig, check_sampler_layout
+from stabledrl.common.config.job import JobConfig
+from stabledrl.common.models.job_check import check_sampler_layout
 from stabledrl.common.config.model import ModelConfig
 from stabledrl.common.models import CheckpointError, build_tiny_policy, export_hf, load_policy, save_original_checkpoint
 from stabledrl.common.models.model_dir import fetch_command, resolve_model_dir

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stabledrl.common.config.base import ConfigError, validate
-from stabledrl.common.config.job import JobConfig, check_sampler_layout
+from stabledrl.common.config.job import JobConfig
+from stabledrl.common.models.job_check import check_sampler_layout
 
 GEMMA = {
     "model": {"preset": "tiny-diffusion-gemma"},
