@@ -27,6 +27,7 @@ from stabledrl.coordinator.decisions import events as ev
 from stabledrl.coordinator.runtime.actors import wait
 from stabledrl.coordinator.decisions.held_out import held_out_rows
 from stabledrl.coordinator.decisions.step_metrics import data_metrics
+from stabledrl.common.trust.seal import sealed_text
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,6 @@ def write_config(cfg: JobConfig, config: dict[str, Any], file: Optional[Path] = 
     train --resume` and `stabledrl eval --model EXPORT` read back, sealed under this user's key
     (common/trust/seal.py)."""
     import yaml
-
-    from stabledrl.common.trust.seal import sealed_text
 
     file = file or cfg.run.output_dir / "config.yaml"
     file.parent.mkdir(parents=True, exist_ok=True)

@@ -54,7 +54,7 @@ from stabledrl.learner.fused import fuse_elementwise
 from stabledrl.learner.lora import adapter_named_parameters, add_adapters, plain_named_parameters
 from stabledrl.common.stats import Reduce, Stat
 from stabledrl.learner.losses.statistics import Metric
-from stabledrl.learner.reshard import Layout, saved_layout
+from stabledrl.learner.reshard import Layout, model_states, place, read_shards, saved_layout
 from stabledrl.learner.zero import (
     build_optimizer,
     deepspeed_config,
@@ -65,6 +65,7 @@ from stabledrl.learner.zero import (
     resolve_dtype,
     zero3_numel,
 )
+from stabledrl.learner.checkpoint_process import ProcessWriter, storages_nbytes
 
 LossFn = Callable[[nn.Module, Any], tuple[torch.Tensor, dict[str, Metric]]]
 
@@ -371,8 +372,6 @@ class LearnerEngine:
         rank r of the new shape seeds its generators from (seed, step, r) instead, so the streams
         are defined by the new shape alone (``rank_rng_seed``); with the same count (only the ZeRO
         stage changed) each rank restores its own."""
-        from stabledrl.learner.reshard import model_states, place, read_shards
-
         state = model_states(tag_dir)
         params, adam_step = read_shards(tag_dir)
         with torch.no_grad():
@@ -427,8 +426,6 @@ class LearnerEngine:
         if self.writer is None:
             zipfile = bool(getattr(self.engine.checkpoint_engine, "zipfile_serialization", True))
             if self.cfg.checkpoint.writer == "process":
-                from stabledrl.learner.checkpoint_process import ProcessWriter
-
                 self.writer = ProcessWriter(zipfile)
             else:
                 self.writer = BackgroundWriter(zipfile)
@@ -437,8 +434,6 @@ class LearnerEngine:
     def _reserve_checkpoint_memory(self) -> None:
         """Have the process writer reserve host memory for this rank's state (in the background):
         the distinct storages of what DeepSpeed's save collects, the optimizer's and the module's."""
-        from stabledrl.learner.checkpoint_process import storages_nbytes
-
         try:
             nbytes = storages_nbytes([self.engine.optimizer.state_dict(),
                                       self.engine.module_state_dict(exclude_frozen_parameters=bool(self.adapted))])

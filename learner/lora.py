@@ -31,6 +31,7 @@ from torch import nn
 from stabledrl.common.config.learner import LoraConfig
 from stabledrl.common.models.lora import target_paths
 from stabledrl.common.transport.adapters import adapter_names, merged_weight
+from stabledrl.learner.zero import zero3_numel
 
 ADAPTER = "default"  # peft's adapter name
 INIT_SEED = 0  # A is drawn from this seed on every rank, so that all ranks start from the same adapters
@@ -154,8 +155,6 @@ def _gathered(params: list[nn.Parameter], zero_stage: int):
 
 
 def _buckets(units: list, bucket_bytes: int) -> Iterator[list]:
-    from stabledrl.learner.zero import zero3_numel
-
     bucket, size = [], 0
     for unit in units:
         nbytes = sum(zero3_numel(p) * p.element_size() for p in unit[1])

@@ -48,6 +48,9 @@ from stabledrl.learner.lora import adapters_off
 from stabledrl.learner.losses import LossInputs, Metric, compute_loss, needs_whole_groups
 from stabledrl.learner.profile import profiled_step
 from stabledrl.learner.rl_batch import MicroBatch, global_counts, micro_batches
+from stabledrl.learner.group import init_learner_group, rendezvous_address
+from stabledrl.learner.engine import LearnerEngine
+from stabledrl.learner.async_checkpoint import disk_cause
 
 
 class LearnerWorker:
@@ -82,15 +85,10 @@ class LearnerWorker:
         self.clock = ActorClock(background=BACKGROUND, within=PUSH_PARTS + TRAIN_PARTS)
 
     def rendezvous_address(self) -> tuple[str, int]:
-        from stabledrl.learner.group import rendezvous_address
-
         return rendezvous_address()
 
     def start(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the learner group and build the ZeRO engine (collective)."""
-        from stabledrl.learner.engine import LearnerEngine
-        from stabledrl.learner.group import init_learner_group
-
         t0 = time.perf_counter()
         init_learner_group(master_addr, master_port, self.rank, self.world_size, backend=self.cfg.backend,
                            timeout_s=self.cfg.dist_timeout_s)
@@ -311,8 +309,6 @@ class LearnerWorker:
         """DeepSpeed checkpoint of this rank (collective). ``background``: its files are written by
         a thread of this rank while training goes on, which leaves a marker file once they are
         durable (learner/async_checkpoint.py)."""
-        from stabledrl.learner.async_checkpoint import disk_cause
-
         with self.clock.timed("checkpoint"):
             try:
                 if background:

@@ -24,6 +24,7 @@ from stabledrl.common.config.sampler import SamplerConfig
 from stabledrl.common.actor_setup import setup_actor_process
 from stabledrl.rollout.engine import TorchRolloutEngine
 from stabledrl.rollout.workflow import decode_completion
+from stabledrl.common.models import load_policy
 
 Loader = Callable[[ModelConfig], tuple[Any, Any]]
 
@@ -47,8 +48,6 @@ class EvalWorker:
         self.index = index
         self.device = setup_actor_process()
         if loader is None:
-            from stabledrl.common.models import load_policy
-
             policy, self.tokenizer = load_policy(model)
         else:
             policy, self.tokenizer = loader(model)

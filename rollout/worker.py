@@ -38,6 +38,7 @@ from stabledrl.common.types import EvalResult, PromptRequest, RolloutResult, Wor
 from stabledrl.rollout.engine import TorchRolloutEngine
 from stabledrl.rollout.evaluate import evaluate
 from stabledrl.rollout.workflow import behaviour_estimator, run_episodes
+from stabledrl.rollout.eval_worker import complete
 
 
 class RolloutWorker:
@@ -166,8 +167,6 @@ class RolloutWorker:
         """Decoded completions of token-id prompts under the current weights (a published evaluation
         protocol during training: stabledrl/evaluation/protocol.py; the same call as
         rollout/eval_worker.py's)."""
-        from stabledrl.rollout.eval_worker import complete
-
         return complete(self.engine, self.tokenizer, prompts, seeds, sampler, self.engine.eos_token_id)
 
     def close(self) -> None:

@@ -18,6 +18,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from stabledrl.common.config.job import JobConfig, check_installed, load_job_config
+from stabledrl.common.sandbox.scorer import check_reward
+from stabledrl.common.trust.run_dir import check_eval_trust, check_output_dir
+from stabledrl.common.trust.run_lock import release
+from stabledrl.common.trust.seal import check_key, check_run_config
+from stabledrl.coordinator.runtime.watchdog import watch_descendants
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> JobConfig:
@@ -30,16 +35,12 @@ def train(config: JobConfig | str | os.PathLike, overrides: Sequence[str] = (), 
           log: Callable[[str], None] = print) -> Path:
     """Run a training job to its end; returns its output directory (metrics.jsonl, checkpoints,
     final_model). ``config`` is a JobConfig or a YAML path (then ``overrides`` apply)."""
+    # torch and Ray load when a job runs, not on `import stabledrl`
     import ray
 
     from stabledrl.common.models.job_check import check_sampler_layout
-    from stabledrl.common.trust.run_dir import check_output_dir
-    from stabledrl.common.trust.run_lock import release
-    from stabledrl.common.sandbox.scorer import check_reward
     from stabledrl.coordinator.driver import Driver
     from stabledrl.recipes.stages import JOB_STAGES
-
-    from stabledrl.common.trust.seal import check_key, check_run_config
 
     check_key(create=True)
     cfg = config if isinstance(config, JobConfig) else load_config(config, overrides)
@@ -69,9 +70,7 @@ def evaluate(config: JobConfig | str | os.PathLike | None = None, *, model: Opti
     rows, as `stabledrl eval` prints them. ``config`` None: the config an export (``adapter`` or
     ``model``) carries. A run's config (and an export's) is checked as `stabledrl eval` checks it
     (common/trust/seal.py)."""
-    from stabledrl.common.trust.run_dir import check_eval_trust
-    from stabledrl.common.trust.seal import check_key
-    from stabledrl.evaluation.offline import carried_config, evaluate_policy, load_eval_policy
+    from stabledrl.evaluation.offline import carried_config, evaluate_policy, load_eval_policy  # torch
 
     check_key(create=False)
     if config is None:
@@ -92,8 +91,6 @@ def start_ray(cfg: JobConfig) -> str:
     instance that ends with this process; returns where the job runs."""
     import ray
     import transformers
-
-    from stabledrl.coordinator.runtime.watchdog import watch_descendants
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     transformers.logging.disable_progress_bar()  # per-file bars of model writes and loads

@@ -26,6 +26,8 @@ from stabledrl.common.models.base import DiffusionPolicy
 from stabledrl.common.models.convert import hf_to_original
 from stabledrl.common.models.adapter_folder import Adapters, write_adapter_folder
 from stabledrl.common.models.families import FAMILY_KEY, CheckpointError, detect_family
+from stabledrl.common.models.model_dir import read_json_file, resolve_model_dir
+from stabledrl.common.models.loading import load_policy
 
 
 def save_original_checkpoint(
@@ -75,16 +77,12 @@ def export_adapters(adapters: Adapters, directory: Union[str, Path], base: Model
 
 def base_directory(base: ModelConfig) -> Optional[Path]:
     """The local directory of ``model.path`` (None for a preset)."""
-    from stabledrl.common.models.model_dir import resolve_model_dir
-
     return None if base.preset is not None or base.path is None else resolve_model_dir(base.path, base.revision)
 
 
 def released_format(base: ModelConfig) -> bool:
     """Whether ``model.path`` holds a checkpoint in its family's released format (a preset does not:
     it is the transformers class; neither does a directory ``export_hf`` wrote)."""
-    from stabledrl.common.models.model_dir import read_json_file
-
     source = base_directory(base)
     if source is None:
         return False
@@ -134,8 +132,6 @@ def export_hf(policy: DiffusionPolicy, tokenizer: Any, directory: Union[str, Pat
 def write_preset(cfg: ModelConfig, directory: Union[str, Path], fmt: Literal["original", "hf"] = "original") -> Path:
     """Materialise the tiny preset of ``cfg`` (``cfg.preset`` set) to ``directory``; afterwards
     ``ModelConfig(path=directory)`` loads the same weights."""
-    from stabledrl.common.models.loading import load_policy
-
     if cfg.preset is None:
         raise ValueError("write_preset needs a ModelConfig with preset set")
     policy, tokenizer = load_policy(cfg)

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Optional, Union
 import torch
 
 from stabledrl.common.trust.checkpoint_files import check_weight_files, load_torch
-from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.config.model import ModelConfig, PresetShape
 from stabledrl.common.models.base import DiffusionPolicy
 from stabledrl.common.models.convert import State, original_to_hf
 from stabledrl.common.models.families import (
@@ -32,6 +32,8 @@ from stabledrl.common.models.flex_staircase import use_flex_staircase
 from stabledrl.common.models.model_dir import read_json_file, resolve_model_dir
 from stabledrl.common.models.presets import PRESETS, build_tiny_policy
 from stabledrl.common.models.tokenizer_files import load_tokenizer
+from stabledrl.common.tokenizer import build_char_tokenizer
+from stabledrl.common.models.diffusion_gemma import require_diffusion_gemma
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CAUSAL_LM_CLASSES = {"llada": "LlamaForCausalLM", "dream": "Qwen2ForCausalLM", "sdar": "Qwen3ForCausalLM"}
@@ -106,8 +108,6 @@ def checkpoint_first_layers(model: torch.nn.Module, n: int) -> int:
 
 
 def _load_preset(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPolicy, Any]:
-    from stabledrl.common.tokenizer import build_char_tokenizer
-
     family = PRESETS[cfg.preset]
     _check_attention(family, cfg.attn_implementation)
     tokenizer = build_char_tokenizer()
@@ -129,8 +129,6 @@ def _load_preset(cfg: ModelConfig, dtype: torch.dtype) -> tuple[DiffusionPolicy,
 
 
 def _default_shape() -> Any:
-    from stabledrl.common.config.model import PresetShape
-
     return PresetShape()
 
 
@@ -146,8 +144,6 @@ def load_model_tokenizer(cfg: ModelConfig) -> Any:
     """The tokenizer ``load_policy(cfg)`` returns, without the weights (the driver counts prompt
     tokens with it before any actor starts)."""
     if cfg.preset is not None:
-        from stabledrl.common.tokenizer import build_char_tokenizer
-
         return build_char_tokenizer()
     return load_tokenizer(resolve_model_dir(cfg.path, cfg.revision))
 
@@ -254,8 +250,6 @@ def _from_pretrained_exported(family: str, path: Path, dtype: torch.dtype, attn_
 
 
 def _from_pretrained_native(path: Path, dtype: torch.dtype, attn_implementation: str) -> torch.nn.Module:
-    from stabledrl.common.models.diffusion_gemma import require_diffusion_gemma
-
     cls = require_diffusion_gemma().DiffusionGemmaForBlockDiffusion
     with readable_weights(path):
         model, info = cls.from_pretrained(

@@ -12,6 +12,7 @@ import torch
 
 from stabledrl.common.models.base import DiffusionPolicy
 from stabledrl.common.models.families import FAMILIES, make_policy
+from stabledrl.common.models.diffusion_gemma import require_diffusion_gemma, tiny_config
 
 TINY_SHAPE = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
@@ -48,8 +49,6 @@ def build_tiny_policy(
     torch.manual_seed(seed)
     ids = dict(pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=bos_token_id)
     if family == "diffusion_gemma":
-        from stabledrl.common.models.diffusion_gemma import require_diffusion_gemma, tiny_config
-
         block_size = block_size or TINY_CANVAS
         config = tiny_config(
             vocab_size=vocab_size, canvas_length=block_size, attn_implementation=attn_implementation, **ids, **dims

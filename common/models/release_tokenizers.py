@@ -36,6 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+from stabledrl.common.models.export import save_original_checkpoint
+from stabledrl.common.models.presets import build_tiny_policy
+from stabledrl.common.models.tokenizer_files import load_tokenizer
+
 _LLADA_TEMPLATE = (
     "{%- for m in messages -%}"
     "{%- if loop.first -%}{{ bos_token }}{%- endif -%}"
@@ -207,10 +211,6 @@ def write_tiny_release_checkpoint(family: str, directory: Union[str, Path], seed
     """A randomly initialised tiny model of ``family`` at the released vocabulary, written in the
     family's released format next to these tokenizer files (chat template included): a stand-in for
     the released checkpoint where a test points ``model.path`` (``shape`` overrides the tiny width)."""
-    from stabledrl.common.models.export import save_original_checkpoint
-    from stabledrl.common.models.presets import build_tiny_policy
-    from stabledrl.common.models.tokenizer_files import load_tokenizer
-
     directory = Path(directory)
     spec = write_release_tokenizer(family, directory)
     ids = spec.ids

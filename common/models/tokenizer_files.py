@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stabledrl.common.models.families import CheckpointError
+from stabledrl.common.models.model_dir import read_json_file
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")
 
@@ -80,8 +81,6 @@ def _add_declared_tokens(tokenizer: Any, tok_cfg: dict[str, Any]) -> None:
 
 
 def _read_json(file: Path) -> dict[str, Any]:
-    from stabledrl.common.models.model_dir import read_json_file
-
     return read_json_file(file) if file.is_file() else {}
 
 

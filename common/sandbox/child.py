@@ -52,6 +52,9 @@ from stabledrl.common.config.base import MAX_SECONDS
 from stabledrl.common.sandbox import confine
 from stabledrl.common.sandbox.scorer import FAILURE_KINDS, outcome_of
 from stabledrl.common.sandbox.supervisor import DISK_ENV, GUARDED_ENV
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.tasks.build import build_task
+from stabledrl.common.tasks.reward_functions import RewardFunctions
 
 MAX_REPLY_BYTES = 1 << 20
 OUTPUT_SHOWN_BYTES = 2048  # of one call's output, copied to the log
@@ -154,10 +157,6 @@ def _tail(path: Path, limit: int = 1000) -> str:
 
 class _Sandbox:
     def __init__(self, settings: dict[str, Any], base: Path, log: _Log) -> None:
-        from stabledrl.common.config.task import parse_task_config
-        from stabledrl.common.tasks.build import build_task
-        from stabledrl.common.tasks.reward_functions import RewardFunctions
-
         self.cfg = parse_task_config(settings["task"])
         self.base, self.timeout_s, self.calls, self.log = base, self.cfg.reward.timeout_s, 0, log
         self.reaper = confine.Reaper()

@@ -58,6 +58,7 @@ from stabledrl.common.config.base import MAX_SECONDS, ConfigError
 from stabledrl.common.tasks.base import NonNumericReward, RewardResult, Row, Task
 from stabledrl.common.tasks.reward_functions import RewardFunctions
 from stabledrl.common.sandbox.confine import NOBODY
+from stabledrl.common.tasks.build import build_task, check_custom_reward
 
 log = logging.getLogger(__name__)
 START_OVERHEAD_S = 60.0  # beyond reward.import_timeout_s: Python and the project's imports, on a loaded machine
@@ -256,8 +257,6 @@ def check_reward(cfg: Any) -> None:
     rules (``build.check_custom_reward``) and, where it will run in the sandbox, imports there
     within ``reward.import_timeout_s`` (a dry import: the sandbox starts, imports it, and ends).
     ConfigError naming the reward otherwise."""
-    from stabledrl.common.tasks.build import check_custom_reward
-
     check_custom_reward(cfg.reward)
     if cfg.reward.custom and cfg.reward.resolved_isolation == "process":
         RewardScorer(cfg).close()
@@ -342,8 +341,6 @@ class RewardScorer:
 
     def __init__(self, cfg: Any, task: Optional[Task] = None) -> None:
         """``task``: an already built task to score inline (default: built from ``cfg``)."""
-        from stabledrl.common.tasks.build import build_task
-
         self.cfg = cfg
         self.stats = RewardStats()
         self.recent_failures: deque[tuple[str, str]] = deque(maxlen=8)  # (kind, message), for logs

@@ -42,8 +42,9 @@ from typing import Any, Callable, Optional, Sequence, Union
 from stabledrl.common.tasks.base import BadRow, Filtered, Row, Task, stable_hash
 from stabledrl.common.tasks.prompts import ChatTemplateError, PromptError, prompt_ids, prompt_text, uses_chat_template
 from stabledrl.common.tasks.sources import (
-    MISSING, DataError, Records, chat_messages, column_present, column_value, read_file,
+    MISSING, DataError, Records, chat_messages, column_present, column_value, read_file, read_source,
 )
+from stabledrl.common.tasks.build import build_task
 
 CountTokens = Callable[[str], int]
 PromptLength = Callable[[Row], int]
@@ -287,9 +288,6 @@ def load_task_data(
 
     ``tokenizer``: the model's, so that ``max_prompt_tokens`` counts the tokens the model reads
     (module docstring); without it prompt lengths are ``count_tokens`` of the text (characters)."""
-    from stabledrl.common.tasks.build import build_task
-    from stabledrl.common.tasks.sources import read_source
-
     task = task or build_task(cfg)
     length = prompt_length(task, tokenizer, count_tokens, limit=cfg.max_prompt_tokens)
     reports: list[LoadReport] = []

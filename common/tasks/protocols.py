@@ -48,6 +48,11 @@ import numpy as np
 
 from stabledrl.common.tasks.base import Row, Task
 from stabledrl.common.tasks.graders import GRADERS, Grader
+from stabledrl.common.tasks.prompts import prompt_text
+from stabledrl.common.config.task import parse_task_config
+from stabledrl.common.tasks.build import build_task
+from stabledrl.common.tasks.data import prompt_length, rows_from_records
+from stabledrl.common.tasks.sources import DataError, read_source
 
 _FORMAT = ("Respond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n<answer>\n"
            "\\boxed{...}\n</answer>")
@@ -190,17 +195,12 @@ def d1_world_size(benchmark: str, gen_length: int) -> int:
 def d1_prompt_ids(tokenizer: Any, task: Task, row: Row) -> list[int]:
     """The prompt as d1 encodes it: the same text, through ``tokenizer(text)`` with the tokenizer's
     special tokens added (LLaDA's: a second BOS in front of the template's own)."""
-    from stabledrl.common.tasks.prompts import prompt_text
-
     return [int(i) for i in tokenizer(prompt_text(tokenizer, task, row))["input_ids"]]
 
 
 def benchmark_task(protocol: Protocol, name: str, max_prompt_tokens: int = 4096) -> Task:
     """The benchmark's task with the protocol's prompt: instruction + blank line + question, then
     the response prefix. Rows it reads carry the question as their prompt."""
-    from stabledrl.common.config.task import parse_task_config
-    from stabledrl.common.tasks.build import build_task
-
     bench = protocol.benchmarks[name]
     section: dict[str, Any] = {"name": bench.task, "template": bench.instruction + "\n\n{prompt}",
                                "max_prompt_tokens": max_prompt_tokens, "source": bench.source}
@@ -219,10 +219,6 @@ def load_benchmark(protocol: Protocol, name: str, cfg: Any, tokenizer: Any = Non
     """The rows of benchmark ``name`` (``cfg``: its ``BenchmarkConfig``). Row i of the source gets
     the id ``<name>-<i>``, so results are keyed by position and duplicates in the data are kept.
     A row that cannot be read or is too long stops loading, naming it (DataError)."""
-    from stabledrl.common.config.task import parse_task_config
-    from stabledrl.common.tasks.data import prompt_length, rows_from_records
-    from stabledrl.common.tasks.sources import DataError, read_source
-
     bench = protocol.benchmarks[name]
     task = benchmark_task(protocol, name, max_prompt_tokens)
     source = cfg.source

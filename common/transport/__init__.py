@@ -1,14 +1,19 @@
 """Weight transport between the learner and the rollout workers (runs inside both kinds of actor).
 
-``weights``: the interface (config, handle, ``WeightPush``, ``ParameterLoader``); ``object_store``
-and ``broadcast``: the two transports, which import only the interface; ``setup_weight_push``
-(here) builds this process's end of either from a resolved config.
+``base``: the interface (config, handle, ``WeightPush``, ``ParameterLoader``); ``object_store``,
+``broadcast``, ``ipc`` and ``peer``: the transports; ``setup_weight_push`` (here) builds this
+process's end of one of them from a resolved config.
 """
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
 from stabledrl.common.transport.base import ParameterLoader, WeightHandle, WeightPush, WeightPushConfig
+from stabledrl.common.transport.broadcast import BroadcastPush
+from stabledrl.common.transport.object_store import ObjectStorePush
+from stabledrl.common.transport.ipc import IpcPush
+from stabledrl.common.transport.peer import PeerPush
+from stabledrl.common.transport.views import ViewPush
 
 
 def setup_weight_push(
@@ -33,25 +38,15 @@ def setup_weight_push(
     if cfg.backend == "auto":
         raise ValueError("weights.backend 'auto' must be resolved against the cluster first (WeightPushConfig.resolve)")
     if cfg.backend == "object_store":
-        from stabledrl.common.transport.object_store import ObjectStorePush
-
         return ObjectStorePush(cfg)
     if cfg.backend == "ipc" and cfg.ipc == "view":  # the worker views its rank's parameters (views.py)
-        from stabledrl.common.transport.views import ViewPush
-
         return ViewPush(cfg, rank=rank, sources=sources)
     if cfg.backend == "ipc":  # copy (an unresolved auto too: only the job's config knows whether views can be)
-        from stabledrl.common.transport.ipc import IpcPush
-
         return IpcPush(cfg, rank=rank, sources=sources)
     if master_addr is None or master_port is None:
         raise ValueError(f"the {cfg.backend} weight push needs master_addr and master_port (learner rank 0's node)")
     if cfg.backend == "peer":  # every worker pulls from the learner ranks' memory (common/transport/peer.py)
-        from stabledrl.common.transport.peer import PeerPush
-
         return PeerPush(cfg, rank, world_size, master_addr, master_port, peer_names, sources)
-    from stabledrl.common.transport.broadcast import BroadcastPush
-
     return BroadcastPush(cfg, cfg.backend, rank, world_size, master_addr, master_port, peer_names, sources)
 
 

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from stabledrl.common.config.base import ConfigError
+from stabledrl.common.trust.checkpoint_files import CheckpointError, read_latest, read_state
 from stabledrl.common.trust.run_lock import lock_output_dir
+from stabledrl.common.trust.seal import RUN_MARKS, check_confinement, check_run_config, json_is_sealed
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.before_resume.jsonl", "checkpoints", "final_model",
              "final_adapter", "tensorboard", "latest")
@@ -30,8 +32,6 @@ PROBE_BYTES = 1 << 20
 
 def holds_run(directory: Path) -> list[str]:
     """What of a run ``directory`` holds (its config, or anything a job writes: RUN_MARKS)."""
-    from stabledrl.common.trust.seal import RUN_MARKS
-
     return [name for name in ("config.yaml", *RUN_MARKS) if os.path.lexists(Path(directory) / name)]
 
 
@@ -79,8 +79,6 @@ def check_checkpoint_space(run_dir: Path, writes_checkpoints: bool) -> None:
     """``train --resume``: ConfigError when run.output_dir has less space free than one checkpoint
     of this run takes (the newest manifest's files), rather than failing at the first save after
     Ray, the actors and a step of training."""
-    from stabledrl.common.trust.checkpoint_files import CheckpointError, read_latest, read_state
-
     checkpoints = Path(run_dir) / "checkpoints"
     if not writes_checkpoints or not (checkpoints / "latest").is_file():
         return
@@ -115,8 +113,6 @@ def check_resume_trust(config_file: Path, run_dir: Path, now: dict[str, Any], *,
                        allow_weaker: bool) -> None:
     """``train --resume RUN_DIR``: the config read (RUN_DIR/config.yaml unless --config) checked as
     the run wrote it, and its reward sandbox against the one of the run's last checkpoint."""
-    from stabledrl.common.trust.seal import check_confinement, check_run_config
-
     check_run_config(config_file, trust_run=trust_run,
                      run_dir=run_dir if Path(config_file).resolve().parent == Path(run_dir).resolve() else None)
     started = checkpoint_config(Path(run_dir) / "checkpoints")
@@ -128,8 +124,6 @@ def check_eval_trust(config_file: Path, checkpoint: Optional[str], model: Option
                      trust_run: bool, allow_weaker: bool) -> None:
     """``stabledrl eval``: a run's config checked as the run wrote it; with --checkpoint, its reward
     sandbox against the one the checkpoint's run trained with."""
-    from stabledrl.common.trust.seal import check_confinement, check_run_config
-
     check_run_config(Path(config_file), trust_run=trust_run)
     if checkpoint is None:
         return
@@ -144,9 +138,6 @@ def checkpoint_config(path: Path) -> Optional[dict[str, Any]]:
     or sealed under another key) proves nothing, and the baseline is then the default sandbox, the
     strictest a config gets without saying more. None when there is no manifest to read (the
     later verification says why)."""
-    from stabledrl.common.trust.checkpoint_files import CheckpointError, read_latest, read_state
-    from stabledrl.common.trust.seal import json_is_sealed
-
     for directory, tag in ((path / "checkpoints", None), (path, None), (path.parent, path.name)):
         try:
             if tag is None and (directory / "latest").is_file():

@@ -37,6 +37,9 @@ import secrets
 from pathlib import Path
 from typing import Any, Optional
 
+from stabledrl.common.config.base import load_yaml
+from stabledrl.common.config.task import RewardConfig
+
 SEAL_LINE = "# stabledrl-seal: "
 KEY_BYTES = 32
 KEY_ENV = "STABLEDRL_KEY_FILE"
@@ -165,8 +168,6 @@ def check_run_config(path: Path, *, trust_run: bool = False, run_dir: Optional[P
     is the user's own and is not checked: a config names code, so run only your own or a verified
     one."""
     path = Path(path)
-    from stabledrl.common.config.base import load_yaml
-
     text = path.read_text(encoding="utf-8", errors="replace")
     code = names_code(load_yaml(path))
     if code is None or trust_run:
@@ -188,8 +189,6 @@ def check_run_config(path: Path, *, trust_run: bool = False, run_dir: Optional[P
 def confinement(config: dict[str, Any]) -> dict[str, Any]:
     reward = dict((config.get("task") or {}).get("reward") or {})
     try:  # the defaults of the fields a config leaves out
-        from stabledrl.common.config.task import RewardConfig
-
         reward = RewardConfig.model_validate(reward).model_dump(mode="json")
     except Exception:  # noqa: BLE001 - a config of another version: compare what it says
         pass

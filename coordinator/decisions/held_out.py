@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from stabledrl.common.tasks import Row
-from stabledrl.common.metrics import pass_at_k
+from stabledrl.common.metrics import pass_at_k, read_metrics
 from stabledrl.common.types import EvalResult
 
 
@@ -145,8 +145,6 @@ class HeldOutRun(DealtParts):
 
 def first_evaluation(output_dir: Any) -> Optional[HeldOutResult]:
     """The run's evaluation at step 0, as output_dir/metrics.jsonl recorded it (a resumed run's BEFORE)."""
-    from stabledrl.common.metrics import read_metrics
-
     path = output_dir / "metrics.jsonl"
     records = read_metrics(path) if path.is_file() else []
     return next((HeldOutResult.from_metrics(r) for r in records if r.get("step") == 0 and "eval/pass@1" in r), None)
@@ -155,8 +153,6 @@ def first_evaluation(output_dir: Any) -> Optional[HeldOutResult]:
 def recorded_evaluations(output_dir: Any, every: int, steps: int) -> list[HeldOutResult]:
     """Every held-out evaluation of the run, one per step (the last one recorded at a step), at
     the steps an uninterrupted run evaluates, as output_dir/metrics.jsonl has them."""
-    from stabledrl.common.metrics import read_metrics
-
     path = output_dir / "metrics.jsonl"
     by_step = {int(r["step"]): HeldOutResult.from_metrics(r) for r in (read_metrics(path) if path.is_file() else [])
                if "eval/pass@1" in r}

@@ -46,6 +46,7 @@ from stabledrl.common.trust.checkpoint_files import (
 from stabledrl.coordinator.runtime.actors import Actors, wait
 from stabledrl.coordinator.runtime.episode_io import load_episodes, save_episodes
 from stabledrl.common.types import Episode
+from stabledrl.learner.async_checkpoint import marker_name
 
 # fields the saved state depends on (dotted prefixes); everything else may change on resume
 # (learner.num_ranks and learner.deepspeed.zero_stage may change: the learner re-shards, learner/reshard.py)
@@ -117,8 +118,6 @@ class PendingSave:
 
     def written(self) -> bool:
         """Whether every rank's files are durable; CheckpointError if a rank's write failed."""
-        from stabledrl.learner.async_checkpoint import marker_name
-
         for rank in range(self.ranks):
             marker = self.path / marker_name(rank)
             if not marker.is_file():

@@ -28,6 +28,9 @@ import yaml
 from stabledrl.common.config.base import ConfigError
 from stabledrl.common.config.job import JobConfig
 from stabledrl.common.models.job_check import check_sampler_layout
+from stabledrl.common.models.families import CheckpointError
+from stabledrl.common.models.model_dir import hub_cache_dir, resolve_model_dir
+from stabledrl.common.tasks.protocols import PROTOCOLS
 
 
 @dataclass(frozen=True)
@@ -78,9 +81,6 @@ def departure_lines(cfg: JobConfig) -> list[str]:
 
 # ---- inputs ------------------------------------------------------------------------------------
 def model_input(cfg: JobConfig) -> Input:
-    from stabledrl.common.models.families import CheckpointError
-    from stabledrl.common.models.model_dir import resolve_model_dir
-
     m = cfg.model
     if m.preset is not None:
         return Input("model", f"preset {m.preset}", True, "built in (random weights), nothing to fetch")
@@ -97,8 +97,6 @@ def data_inputs(cfg: JobConfig) -> list[Input]:
         found.append(source_input("held-out data", cfg.task.held_out_source))
     protocol = cfg.eval.protocol
     if protocol is not None:
-        from stabledrl.common.tasks.protocols import PROTOCOLS
-
         spec = PROTOCOLS[protocol.name]
         for name, bench in protocol.benchmarks.items():
             default = spec.benchmarks[name]
@@ -134,8 +132,6 @@ def source_input(what: str, source: Any, fetch: str = "") -> Input:
 def hub_dataset_cached(dataset: str) -> Optional[Path]:
     """The cache directory holding hub dataset ``dataset`` (the hub's download cache or the datasets
     library's prepared cache), or None. Reads directory names only."""
-    from stabledrl.common.models.model_dir import hub_cache_dir
-
     org_name = dataset.split("/")
     candidates = [hub_cache_dir() / ("datasets--" + "--".join(org_name))]
     try:
@@ -302,8 +298,6 @@ def eval_lines(cfg: JobConfig) -> list[str]:
         lines.append("eval: no held-out set (task.held_out 0, no task.held_out_source): no held-out evaluation")
     p = e.protocol
     if p is not None:
-        from stabledrl.common.tasks.protocols import PROTOCOLS
-
         spec = PROTOCOLS[p.name].benchmarks
         sizes = {n: b.num_prompts or spec[n].num_prompts for n, b in p.benchmarks.items()}
         benches = ", ".join(f"{n} ({f'{k} prompts' if k else 'all rows'})" for n, k in sizes.items())

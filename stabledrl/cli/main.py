@@ -24,9 +24,18 @@ from pathlib import Path
 from typing import Optional
 
 import stabledrl
+from stabledrl.cli import reports
+from stabledrl.cli.reports import add_trust_flags
+from stabledrl.common.config import schema
 from stabledrl.common.config.base import ConfigError
 from stabledrl.common.config.job import JobConfig, check_installed, load_job_config
-from stabledrl.cli import reports
+from stabledrl.common.config.reference import reference
+from stabledrl.common.sandbox.scorer import RewardFailureRate, check_reward
+from stabledrl.common.tasks import DataError
+from stabledrl.common.trust.checkpoint_files import CheckpointError
+from stabledrl.common.trust.run_dir import check_checkpoint_space, check_output_dir, check_resume_trust, disk_error
+from stabledrl.common.trust.seal import RunTrustError, check_key, check_run_config
+from stabledrl.coordinator.decisions.events import ActorFailure
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "quickstart.yaml"
 
@@ -64,18 +73,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.command == "config":
         return config_reference(args.section)
     if args.command == "scale":
-        from stabledrl.cli.scale import scale_command
+        from stabledrl.cli.scale import scale_command  # Ray: loaded only to reach a running job
 
         return scale_command(args.job, args.workers, args.address)
-
-    from stabledrl.common.trust.seal import RunTrustError, check_key
-    from stabledrl.common.sandbox.scorer import check_reward
-    from stabledrl.common.models.job_check import check_sampler_layout
 
     try:
         check_key(create=not args.dry_run)  # what seals the run: a key that cannot serve fails here, before anything
         cfg = load_job_config(*resume_source(args)) if args.resume else load_job_config(args.config, args.overrides)
         if not args.dry_run:
+            from stabledrl.common.models.job_check import check_sampler_layout  # torch: not for --dry-run
+
             check_sampler_layout(cfg)
         check_installed(cfg)
         check_run(args, cfg)
@@ -84,7 +91,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
     if args.dry_run:  # the config, what is missing and the plan; no model or data needed (stabledrl/cli/dry_run.py)
-        from stabledrl.cli.dry_run import dry_run
+        from stabledrl.cli.dry_run import dry_run  # torch, for the model's files
 
         return dry_run(cfg)
     return train_job(cfg)
@@ -93,9 +100,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 def config_reference(section: Optional[str]) -> int:
     """Print the reference of every key (or of ``section``'s); exit 2 naming the sections when the
     section is unknown."""
-    from stabledrl.common.config import schema
-    from stabledrl.common.config.reference import reference
-
     try:
         print(reference(JobConfig, only=section), end="")
     except KeyError:
@@ -107,19 +111,9 @@ def config_reference(section: Optional[str]) -> int:
     return 0
 
 
-def add_trust_flags(parser: argparse.ArgumentParser) -> None:
-    """The two ways a user overrides the checks of a run directory (common/trust/seal.py)."""
-    parser.add_argument("--trust-run", action="store_true", help="use a run's config that the run did not seal "
-                        "(copied from another machine or edited) although it names reward code to run")
-    parser.add_argument("--allow-weaker-sandbox", action="store_true", help="let this config confine the reward less "
-                        "than the run's own config did (isolation, Landlock, network, paths, limits)")
-
-
 def check_run(args: argparse.Namespace, cfg: JobConfig) -> None:
     """The run directory before Ray starts (common/trust/run_dir.py): its config as the run wrote it (resume),
     and run.output_dir writable and not holding another run."""
-    from stabledrl.common.trust.run_dir import check_checkpoint_space, check_output_dir, check_resume_trust
-
     if args.resume:
         config_file, _ = resume_source(args)
         run = cfg.run.model_copy(update={"resume_from": None})
@@ -131,8 +125,6 @@ def check_run(args: argparse.Namespace, cfg: JobConfig) -> None:
             allow_weaker=args.allow_weaker_sandbox,
         )
     else:  # a new run started from another run's config.yaml: the same check of that file
-        from stabledrl.common.trust.seal import check_run_config
-
         check_run_config(Path(args.config), trust_run=args.trust_run)
     if not args.dry_run:
         check_output_dir(cfg.run.output_dir, resuming=bool(args.resume), overwrite=args.overwrite)
@@ -153,12 +145,8 @@ def resume_source(args: argparse.Namespace) -> tuple[str, list[str]]:
 def train_job(cfg: JobConfig) -> int:
     """Run the job; one line on stderr for each way it can end early (exit 2: refused, 1: failed,
     130: interrupted, with the command that resumes it)."""
-    import ray
+    import ray  # the job's own dependencies (torch, Ray) load only when a job runs
 
-    from stabledrl.common.tasks import DataError
-    from stabledrl.common.sandbox.scorer import RewardFailureRate
-    from stabledrl.coordinator.runtime.actors import ActorFailure
-    from stabledrl.coordinator.runtime.checkpoint import CheckpointError
     from stabledrl.coordinator.driver import Driver
     from stabledrl.recipes.stages import JOB_STAGES
 
@@ -183,8 +171,6 @@ def train_job(cfg: JobConfig) -> int:
     except (ActorFailure, RewardFailureRate) as e:
         code, message = 1, f"stabledrl: job failed: {e}"
     except OSError as e:  # a write of the driver's own (metrics, config) the disk refused: the cause, in one line
-        from stabledrl.common.trust.run_dir import disk_error
-
         code, message = 1, f"stabledrl: job failed: {disk_error(e, cfg.run.output_dir)}"
     finally:
         ray.shutdown()
@@ -196,7 +182,7 @@ def train_job(cfg: JobConfig) -> int:
 
 
 def _start_ray(cfg: JobConfig) -> None:
-    from stabledrl.api import start_ray
+    from stabledrl.api import start_ray  # Ray and transformers
 
     where = start_ray(cfg)
     print(f"stabledrl: {cfg.run.steps} steps, {cfg.learner.num_ranks} learner ranks (ZeRO-"

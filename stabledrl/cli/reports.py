@@ -17,6 +17,16 @@ import time
 from pathlib import Path
 
 from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.job import load_job_config
+from stabledrl.common.sandbox.scorer import RewardFailureRate
+from stabledrl.common.tasks import DataError
+from stabledrl.common.tasks.graders import check_math_grader
+from stabledrl.common.trust.checkpoint_files import CheckpointError
+from stabledrl.common.trust.run_dir import check_eval_trust
+from stabledrl.common.trust.seal import RunTrustError, check_key
+from stabledrl.evaluation.regrade_d1 import regrade_command
+from stabledrl.evaluation.results import ResultsMismatch
+from stabledrl.recipes.plot import load_runs, plot_runs
 
 PROTOCOL_NEEDS = """\
 what --protocol d1 needs:
@@ -108,8 +118,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--regrade-d1", metavar="PATH", default=None, help="grade d1's generation files (a d1 checkout: "
                     "its eval/eval_baselines, or a directory of *_generations.json) with this project's d1 graders and "
                     "print the table; --out writes every decision as JSON")
-    from stabledrl.cli.main import add_trust_flags
-
     add_trust_flags(ev)
     ev.add_argument("overrides", nargs="*", help="dotted overrides of the config, e.g. sampler.temperature=0")
 
@@ -129,12 +137,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     st.add_argument("overrides", nargs="*", help="dotted overrides, e.g. job.run.steps=10 seeds=[0] output_dir=/tmp/s")
 
 
-def run(args: argparse.Namespace) -> int:
-    from stabledrl.common.trust.checkpoint_files import CheckpointError
-    from stabledrl.common.sandbox.scorer import RewardFailureRate
-    from stabledrl.common.trust.seal import RunTrustError, check_key
-    from stabledrl.common.tasks import DataError
+def add_trust_flags(parser: argparse.ArgumentParser) -> None:
+    """The two ways a user overrides the checks of a run directory (common/trust/seal.py), on
+    `train` and `eval`."""
+    parser.add_argument("--trust-run", action="store_true", help="use a run's config that the run did not seal "
+                        "(copied from another machine or edited) although it names reward code to run")
+    parser.add_argument("--allow-weaker-sandbox", action="store_true", help="let this config confine the reward less "
+                        "than the run's own config did (isolation, Landlock, network, paths, limits)")
 
+
+def run(args: argparse.Namespace) -> int:
     try:
         if args.command == "eval" and not args.regrade_d1:
             check_key(create=False)  # what verifies a run's files: a bad key fails here, in one line
@@ -151,15 +163,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from stabledrl.common.config.job import load_job_config
-    from stabledrl.evaluation.offline import eval_command
-    from stabledrl.common.trust.run_dir import check_eval_trust
+    from stabledrl.evaluation.offline import carried_config, eval_command  # torch: only to evaluate a policy
 
     graders = [g for g in args.graders.split(",") if g] if args.graders else None
     if args.regrade_d1:
-        from stabledrl.evaluation.regrade_d1 import regrade_command
-        from stabledrl.common.tasks.graders import check_math_grader
-
         for name in graders or []:
             try:
                 check_math_grader(name)
@@ -167,8 +174,6 @@ def _eval(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--graders: {e}") from None
         regrade_command(args.regrade_d1, graders or [], args.out)
         return 0
-    from stabledrl.evaluation.offline import carried_config
-
     args.config = args.config or carried_config(*(d for d in (args.adapter, args.model) if d is not None))
     args.math_graders = graders
     cfg = load_job_config(args.config, args.overrides)
@@ -203,7 +208,7 @@ def greedy_note(cfg, samples: int) -> str:
 
 
 def _protocol_eval(args: argparse.Namespace, cfg) -> int:
-    from stabledrl.evaluation.protocol_command import protocol_command, protocol_config
+    from stabledrl.evaluation.protocol_command import protocol_command, protocol_config  # torch and Ray
 
     try:
         lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else None
@@ -212,22 +217,16 @@ def _protocol_eval(args: argparse.Namespace, cfg) -> int:
     benchmarks = args.benchmarks.split(",") if args.benchmarks else None
     protocol = protocol_config(cfg, args.protocol, benchmarks=benchmarks, lengths=lengths, num_prompts=args.num_prompts,
                                math_graders=args.math_graders, generation=args.generation)
-    from stabledrl.common.trust.checkpoint_files import CheckpointError  # also a model directory that cannot be loaded
-    from stabledrl.common.tasks import DataError
-    from stabledrl.evaluation.results import ResultsMismatch
-
     try:
         protocol_command(cfg, protocol, model_dir=args.model, checkpoint=args.checkpoint, adapter=args.adapter,
                          out=args.out, workers=args.workers, log=lambda line: print(line, flush=True))
-    except (DataError, ResultsMismatch, CheckpointError) as e:  # refused before any sampling
+    except (DataError, ResultsMismatch, CheckpointError) as e:  # refused before sampling (or a model that cannot load)
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
     return 0
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from stabledrl.recipes.plot import load_runs, plot_runs
-
     runs = load_runs(args.runs, group=args.group)
     status = plot_runs(runs, args.out, title=args.title, smooth=args.smooth)
     missing = [title for title, s in status.items() if s != "drawn"]
@@ -239,7 +238,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _study(args: argparse.Namespace) -> int:
-    from stabledrl.recipes.study import load_study_config, load_study_dir, run_config, write_report
+    from stabledrl.recipes.study import load_study_config, load_study_dir, run_config, write_report  # torch and Ray
 
     if args.report:
         study = load_study_dir(args.report)
@@ -258,7 +257,7 @@ def _study(args: argparse.Namespace) -> int:
 
 
 def _run_study(study, command: str) -> int:
-    from stabledrl.recipes.study import run_study, save_study_config, write_report
+    from stabledrl.recipes.study import run_study, save_study_config, write_report  # torch and Ray
 
     study_file = save_study_config(study)
     print(f"stabledrl study: {len(study.runs)} runs ({len(study.methods)} methods x {len(study.seeds)} seeds), "

@@ -37,8 +37,18 @@ from typing import Any, Optional
 
 import torch
 
+from stabledrl.common.config.base import ConfigError
 from stabledrl.common.trust.checkpoint_files import CheckpointError, read_latest, restricted_unpickling, verify_tag
+from stabledrl.common.trust.seal import EXPORT_CONFIG
 from stabledrl.common.config.job import JobConfig
+from stabledrl.common.models import load_policy
+from stabledrl.common.models.adapter_folder import Adapters, hold, read_adapter_folder
+from stabledrl.learner.lora import ADAPTER
+from stabledrl.learner.zero import resolve_dtype
+from stabledrl.common.sandbox.scorer import RewardFailureRate, RewardScorer
+from stabledrl.common.tasks import load_task_data
+from stabledrl.rollout.engine import TorchRolloutEngine
+from stabledrl.rollout.evaluate import evaluate
 
 
 def describe(cfg: JobConfig, model_dir: Optional[str | Path], checkpoint: Optional[str | Path],
@@ -53,9 +63,6 @@ def describe(cfg: JobConfig, model_dir: Optional[str | Path], checkpoint: Option
 def carried_config(*exports: str) -> str:
     """The job config an export carries (``--adapter`` / ``--model EXPORT`` without --config): the
     first of ``exports`` that holds one."""
-    from stabledrl.common.config.base import ConfigError
-    from stabledrl.common.trust.seal import EXPORT_CONFIG
-
     if not exports:
         raise ConfigError("eval: --config is required (except with --regrade-d1, or with --model / --adapter EXPORT: "
                           "what the job exported carries its config)")
@@ -98,9 +105,6 @@ def load_eval_policy(cfg: JobConfig, *, model_dir: Optional[str | Path] = None,
                      device: Optional[str] = None) -> tuple[Any, Any]:
     """(policy, tokenizer) from an exported directory, from a checkpoint of ``cfg``'s model, or
     from a PEFT adapter folder onto a base (``model_dir``, else ``cfg``'s model)."""
-    from stabledrl.common.models import load_policy
-    from stabledrl.common.models.adapter_folder import hold, read_adapter_folder
-
     if checkpoint is not None and (model_dir is not None or adapter is not None):
         raise ValueError("a checkpoint holds its own weights (and a LoRA job's its adapters): no model_dir or adapter")
     if model_dir is None and checkpoint is None and adapter is None:
@@ -135,10 +139,6 @@ def checkpoint_adapters(cfg: JobConfig, state: dict[str, torch.Tensor], checkpoi
     """A LoRA job's adapters from its consolidated checkpoint (peft's names: ``model.<module>.lora_A.
     default.weight``, fp32 masters), rounded to the dtype its learner computed in (learner.deepspeed.dtype;
     auto: bf16 where the learner ran on GPUs), by module path in the transformers model."""
-    from stabledrl.common.models.adapter_folder import Adapters
-    from stabledrl.learner.lora import ADAPTER
-    from stabledrl.learner.zero import resolve_dtype
-
     lora = cfg.learner.lora
     trained = resolve_dtype(cfg.learner.deepspeed.dtype,
                             torch.device("cuda" if cfg.cluster.learner.num_gpus > 0 else "cpu"))
@@ -160,12 +160,6 @@ def evaluate_policy(cfg: JobConfig, policy: Any, tokenizer: Any, *, k: int = 1, 
     """pass@1 and pass@k on the config's held-out rows (EvalResult); n = max(k, samples_per_prompt
     or eval.samples_per_prompt) samples per prompt. RewardFailureRate once the reward failed too
     often (task.reward.max_failed_fraction), as a job stops."""
-    from stabledrl.common.config.base import ConfigError
-    from stabledrl.common.sandbox.scorer import RewardFailureRate, RewardScorer
-    from stabledrl.common.tasks import load_task_data
-    from stabledrl.rollout.engine import TorchRolloutEngine
-    from stabledrl.rollout.evaluate import evaluate
-
     for name, value in (("num_prompts", num_prompts), ("samples_per_prompt", samples_per_prompt), ("k", k)):
         if value is not None and value < 1:  # a negative count would slice from the end
             raise ConfigError(f"{name} must be at least 1, got {value}")

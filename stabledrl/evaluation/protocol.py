@@ -32,7 +32,9 @@ from stabledrl.common.tasks.base import stable_hash
 from stabledrl.common.tasks.graders import as_d1_text, grade_math_with, grader_versions, protocol_graders
 from stabledrl.common.tasks.prompts import prompt_ids
 from stabledrl.common.tasks.protocols import PROTOCOLS, BenchmarkRows, d1_batches, d1_prompt_ids, load_benchmark
-from stabledrl.evaluation.results import ResultLog, protocol_table, record
+from stabledrl.evaluation.results import ResultLog, protocol_table, record, write_table
+from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.models.loading import load_model_tokenizer
 
 Log = Callable[[str], None]
 
@@ -260,8 +262,6 @@ class InTraining:
     def finish(self) -> tuple[dict[str, float], str]:
         """Write the table; (metrics ``protocol/<benchmark>@<length>`` (0..1) and ``protocol/time_s``,
         the log line)."""
-        from stabledrl.evaluation.results import write_table
-
         table = table_of(self.prepared, self.results)
         write_table(self.out, table)
         metrics = {f"protocol/{row['benchmark']}@{n}": cell["accuracy"] / 100
@@ -275,8 +275,5 @@ class InTraining:
 @functools.lru_cache(maxsize=2)
 def _prepared_for(protocol_json: str, model_json: str) -> Prepared:
     """The benchmarks of a job's protocol, loaded and encoded once per job (the model's tokenizer)."""
-    from stabledrl.common.config.model import ModelConfig
-    from stabledrl.common.models.loading import load_model_tokenizer
-
     model = ModelConfig.model_validate_json(model_json)
     return prepare(ProtocolConfig.model_validate_json(protocol_json), load_model_tokenizer(model))

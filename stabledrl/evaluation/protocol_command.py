@@ -24,9 +24,17 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from stabledrl.common.config.base import ConfigError
+from stabledrl.common.config.base import ConfigError, validate
 from stabledrl.common.config.job import JobConfig
 from stabledrl.common.config.protocol import ProtocolConfig
+from stabledrl.evaluation.offline import describe, load_eval_policy, resolve_checkpoint
+from stabledrl.common.models import export_hf
+from stabledrl.common.models.adapter_folder import load_with_adapter, policy_adapters, write_adapter_folder
+from stabledrl.coordinator.runtime.actors import wait
+from stabledrl.rollout.eval_worker import EvalWorker
+from stabledrl.common.models.loading import check_model_files, load_model_tokenizer
+from stabledrl.evaluation.protocol import evaluate, pending_units, prepare, table_of
+from stabledrl.evaluation.results import ResultLog, write_table
 
 Log = Callable[[str], None]
 
@@ -35,8 +43,6 @@ def protocol_config(cfg: JobConfig, name: str, *, benchmarks: Optional[list[str]
                     lengths: Optional[list[int]] = None, num_prompts: Optional[int] = None,
                     math_graders: Optional[list[str]] = None, generation: Optional[str] = None) -> ProtocolConfig:
     """``eval.protocol`` of the job config (or the protocol's defaults), narrowed by the flags."""
-    from stabledrl.common.config.base import validate
-
     base = cfg.eval.protocol if cfg.eval.protocol is not None and cfg.eval.protocol.name == name else None
     data = (base or ProtocolConfig(name=name)).model_dump()
     chosen = data["benchmarks"]
@@ -59,16 +65,11 @@ def policy_model(cfg: JobConfig, out_dir: Path, *, model_dir: Optional[str], che
     """(model section the workers load, description for the results, PEFT adapter folder the workers
     hold unmerged or None): the config's model or a model directory (with ``adapter``), or a
     checkpoint consolidated to ``out_dir/policy`` (a LoRA job's adapters to ``out_dir/policy_adapter``)."""
-    from stabledrl.evaluation.offline import describe
-
     if checkpoint is None:
         model = cfg.model if model_dir is None else \
             cfg.model.model_copy(update={"path": Path(model_dir).resolve(), "preset": None, "preset_shape": None})
         folder = None if adapter is None else Path(adapter).resolve()
         return model, describe(cfg, model.path if model_dir else None, None, folder), folder
-    from stabledrl.evaluation.offline import load_eval_policy, resolve_checkpoint
-    from stabledrl.common.models import export_hf
-    from stabledrl.common.models.adapter_folder import policy_adapters, write_adapter_folder
 
     directory, tag = resolve_checkpoint(checkpoint)
     described = f"checkpoint {directory.resolve() / tag}"
@@ -94,9 +95,6 @@ def start_workers(cfg: JobConfig, model: Any, workers: Optional[int], log: Log, 
     """One EvalWorker actor per GPU of the cluster (or ``workers`` of them), each ready."""
     import ray
 
-    from stabledrl.coordinator.runtime.actors import wait
-    from stabledrl.rollout.eval_worker import EvalWorker
-
     res = cfg.cluster.rollout
     gpus = float(ray.cluster_resources().get("GPU", 0))
     per_gpu = res.num_gpus if res.num_gpus > 0 else 1.0
@@ -120,16 +118,11 @@ def protocol_command(cfg: JobConfig, protocol: ProtocolConfig, *, model_dir: Opt
     """Evaluate, print the table, write OUT/table.md and table.json; returns the table."""
     import ray
 
-    from stabledrl.common.models.loading import check_model_files, load_model_tokenizer
-    from stabledrl.evaluation.protocol import evaluate, pending_units, prepare, table_of
-    from stabledrl.evaluation.results import ResultLog, write_table
-
     named = Path(str(model_dir or checkpoint or cfg.model.path or cfg.model.preset).rstrip("/")).name
     out_dir = Path(out) if out else Path("runs") / "eval" / f"{protocol.name}-{named}"
     model, described, folder = policy_model(cfg, out_dir, model_dir=model_dir, checkpoint=checkpoint, log=log,
                                             adapter=adapter)
     if folder is not None:  # every worker holds the adapters unmerged on its base
-        from stabledrl.common.models.adapter_folder import load_with_adapter
 
         loader = functools.partial(load_with_adapter, adapter=str(folder))
     check_model_files(model)  # before any worker starts: refused here, not in each worker after its restarts

@@ -133,6 +133,46 @@ def test_the_part_check_sees_an_import_beside_and_above(tmp_path):
     assert part_layer("learner", "engine") == ("*", 1) and part_layer("common", "new_module") == ("", -1)
 
 
+def unexplained_imports(path: Path) -> list[int]:
+    """Lines of ``path`` that import stabledrl inside a function with no comment saying why: on the
+    statement's own lines or on the import lines (or the line) just above it."""
+    source = path.read_text()
+    lines, tree = source.splitlines(), ast.parse(source)
+    inside = [node for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    wrong = []
+    for node in sorted(set(inside), key=lambda n: n.lineno):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        if not any(n.startswith("stabledrl") for n in names):
+            continue
+        said = [lines[i] for i in range(node.lineno - 1, node.end_lineno)]
+        above = node.lineno - 2
+        while above >= 0 and (not lines[above].strip() or lines[above].lstrip().startswith(("import ", "from "))):
+            said.append(lines[above])
+            above -= 1
+        if above >= 0 and lines[above].lstrip().startswith("#"):
+            said.append(lines[above])
+        if not any("#" in line for line in said):
+            wrong.append(node.lineno)
+    return wrong
+
+
+def test_an_import_inside_a_function_says_why():
+    """The project's modules are imported at the top of a module; one imported inside a function
+    (a heavy dependency kept out of a light entry point, or a cycle it breaks) carries a comment."""
+    wrong = [f"{path.relative_to(ROOT)}:{line}" for folder, _ in ROOMS.values() for path in room_files(folder)
+             for line in unexplained_imports(path)]
+    assert not wrong, "imports inside functions without a reason:\n" + "\n".join(wrong)
+
+
+def test_the_import_check_sees_an_import_without_a_reason(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    x = 1\n    from stabledrl.common import types\n\n"
+                   "def g():\n    import ray  # heavy\n\n    from stabledrl.coordinator import driver\n"
+                   "    import json\n")
+    assert unexplained_imports(bad) == [3]
+
+
 def test_the_layer_check_sees_an_upward_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from stabledrl.cli.main import main\n    import stabledrl.learner.engine\n"

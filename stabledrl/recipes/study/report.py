@@ -21,6 +21,7 @@ from stabledrl.recipes.study.analysis import (
     RunSummary, as_json, method_table, run_table, summarize_methods, summarize_run,
 )
 from stabledrl.recipes.study.config import StudyConfig, run_config
+from stabledrl.recipes.plot import load_run, plot_runs
 
 STUDY_FILE = "study.json"
 
@@ -150,8 +151,6 @@ def write_report(study: StudyConfig, *, statuses: Optional[dict[tuple[str, int],
 def draw_figure(study: StudyConfig, runs: list[RunSummary], title: str) -> Optional[Path]:
     """figure.png: one colour per method, seeds as thin lines, their mean thick; None (and a
     note) when matplotlib is not installed."""
-    from stabledrl.recipes.plot import load_run, plot_runs
-
     curves = [
         load_run(study.output_dir / r.method / f"seed{r.seed}", f"{r.method}/seed{r.seed}", r.method) for r in runs
     ]

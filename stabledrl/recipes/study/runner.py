@@ -26,6 +26,9 @@ from typing import Callable, Optional, Sequence
 from stabledrl.coordinator.driver import DeadlineReached, Driver
 from stabledrl.recipes.stages import JOB_STAGES
 from stabledrl.recipes.study.config import StudyConfig, run_config, warmstart_config
+from stabledrl.recipes.warmstart import warm_start
+from stabledrl.coordinator.runtime.watchdog import watch_descendants
+from stabledrl.recipes.study.report import load_study_file
 
 Log = Callable[[str], None]
 OUTCOMES = "outcomes.jsonl"
@@ -155,7 +158,6 @@ def shared_warm_start(study: StudyConfig, log: Log) -> Path:
             raise ValueError("job: a study needs a model directory (model.path) or a warmstart section; "
                              "a random preset would give every method nothing to learn from")
         return Path(cfg.model.path)
-    from stabledrl.recipes.warmstart import warm_start
 
     t0 = time.time()
     path = warm_start(cfg, log=log)
@@ -181,7 +183,6 @@ def start_ray(cfg, address: Optional[str] = None, namespace: Optional[str] = Non
         return
     ray.init(address="local", num_cpus=cfg.cluster.local_num_cpus, include_dashboard=False, log_to_driver=True,
              logging_level=logging.WARNING)
-    from stabledrl.coordinator.runtime.watchdog import watch_descendants
 
     watch_descendants()  # the instance ends with this process, however it ends
 
@@ -197,8 +198,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--deadline", type=float, default=None)
     a = ap.parse_args(argv)
     import ray
-
-    from stabledrl.recipes.study.report import load_study_file
 
     study = load_study_file(a.study)
     start_ray(None, address=a.address, namespace=f"stabledrl-study-lane{a.lane}")

@@ -31,7 +31,7 @@ def started(monkeypatch):
     seen: list = []
     monkeypatch.setattr(cli, "train_job", lambda cfg: seen.append(cfg) or 0)
     # the reward's own dry import in its sandbox is test_reward_confinement's; here only the run's trust
-    monkeypatch.setattr("stabledrl.common.sandbox.scorer.check_reward", lambda task: None)
+    monkeypatch.setattr(cli, "check_reward", lambda task: None)
     return seen
 
 
