@@ -40,6 +40,7 @@ from stabledrl.coordinator.job_setup import (
 from stabledrl.coordinator.progress import Progress
 from stabledrl.coordinator.runtime.executor import RayRuntime
 from stabledrl.coordinator.decisions.scheduler import Scheduler
+from stabledrl.coordinator.decisions.snapshot import SchedulerSnapshot
 from stabledrl.coordinator.runtime.weight_sync import WeightSync, one_host_transport, push_sources
 from stabledrl.learner.worker import LearnerWorker
 from stabledrl.rollout.worker import RolloutWorker
@@ -90,7 +91,7 @@ class Driver:
             self.finish_checkpoint(self.cfg.cluster.start_timeout_s)
         finally:
             self.close()
-        self.evaluations = list(self.scheduler.evaluations)
+        self.evaluations = list(self.scheduler.snapshot().evaluations)
         if self.cfg.run.resume_from is not None:  # the run's own BEFORE and evaluations, not this process's
             before = self.first_evaluation() or before
             self.evaluations = self.recorded_evaluations() or self.evaluations
@@ -101,7 +102,7 @@ class Driver:
                      f"{self.final_window_text()})")
         else:
             self.log("held-out accuracy: n/a (the task has no held-out rows: set task.held_out)")
-        return RunResult(self.step, self.scheduler.staleness.version, before, after, str(self.cfg.run.output_dir))
+        return RunResult(self.step, self.scheduler.snapshot().version, before, after, str(self.cfg.run.output_dir))
 
     def setup(self) -> None:
         """Everything that can refuse the job runs before the first actor starts: the resources
@@ -145,7 +146,7 @@ class Driver:
     def evaluate(self) -> Optional[HeldOutResult]:
         """Held-out pass@k with the current weights (None when the task has no held-out rows)."""
         self._drive(self.scheduler.begin("evaluate"))
-        return self.scheduler.last_eval
+        return self.scheduler.snapshot().last_eval
 
     def evaluation_due(self) -> bool:
         """Whether the evaluation before training is one of the run's: always for a new run; for a
@@ -279,7 +280,7 @@ class Driver:
         the restored weights to every worker."""
         where = load_checkpoint(resume, self.runtime, self.scheduler, self.rows, self.cfg, self.log)
         self._drive(self.scheduler.begin("restore"))
-        self.log(f"resumed at step {self.step} (weights version {self.scheduler.staleness.version}, "
+        self.log(f"resumed at step {self.step} (weights version {self.scheduler.snapshot().version}, "
                  f"{len(resume.episodes)} buffered groups) from {where}")
 
     def first_evaluation(self) -> Optional[HeldOutResult]:
@@ -292,7 +293,7 @@ class Driver:
 
     def log_reward_totals(self) -> None:
         """The reward calls of the whole run, counted from the delivered requests (failures isolated)."""
-        total = self.scheduler.totals()
+        total = dict(self.scheduler.snapshot().reward_totals)
         self.metrics.log(self.step, total)
         failed, calls = total.get("rollout/reward_calls/failed", 0), total.get("rollout/reward_calls/calls", 0)
         if failed:
@@ -319,15 +320,7 @@ class Driver:
         """The handles of the active rollout workers, by index (a test asks them for their weights)."""
         return [self.runtime.actors.pool[w.index] for w in sorted(self.scheduler.fleet.active(), key=lambda w: w.index)]
 
-    @property
-    def worker_versions(self) -> list[int]:
-        """Weights version each active worker acknowledged, by index."""
-        return self.scheduler.fleet.versions()
-
-    @property
-    def stream(self) -> PromptStream:
-        return self.scheduler.stream
-
-    @property
-    def reward_calls(self) -> dict[str, float]:
-        return self.scheduler.reward_calls
+    def snapshot(self) -> SchedulerSnapshot:
+        """The scheduler's state as one frozen value: step, versions, uids, counts, evaluations
+        (coordinator/decisions/snapshot.py)."""
+        return self.scheduler.snapshot()

@@ -7,19 +7,33 @@ next, so an answer from an earlier process is recognised (``take``) and ignored.
 
     starting ──▶ active ──▶ retiring ──▶ (removed)          object-store push
     starting ──▶ syncing ──▶ active ...                      collective push: joins at the next push
+    starting, syncing ──▶ retiring                           the fleet shrinks before it is active
+    any state ──▶ (removed)                                  lost, dropped, retired; ``replace``: a new
+                                                             process of the index, starting
 
 ``starting``: the process is loading its model. ``syncing``: up, waiting for a push that includes
-it. ``active``: gets requests. ``retiring``: gets none; removed once its calls are back. No Ray
-here: the processes and their placements are the runtime's (coordinator/runtime/pool.py).
+it. ``active``: gets requests. ``retiring``: gets none; removed once its calls are back.
+
+``Fleet`` is the only writer of a worker's state, info and version: ``move`` makes every state
+transition and refuses one the diagram above does not have (``TRANSITIONS``); the state machines
+(coordinator/decisions/versions.py, fleet_policy.py) read workers and ask the fleet to move them.
+No Ray here: the processes and their placements are the runtime's (coordinator/runtime/pool.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from stabledrl.common.types import PromptRequest
+from stabledrl.common.types import PromptRequest, WorkerInfo
 
 State = Literal["starting", "syncing", "active", "retiring"]
+# the diagram above: a state -> the states a worker in it may move to (removal: ``remove``, from any)
+TRANSITIONS: dict[State, frozenset[State]] = {
+    "starting": frozenset({"syncing", "active", "retiring"}),
+    "syncing": frozenset({"active", "retiring"}),
+    "active": frozenset({"retiring"}),
+    "retiring": frozenset(),
+}
 CallKind = Literal["rollout", "load", "start", "eval", "complete", "poll"]
 LossAction = Literal["remove", "drop", "give_up", "replace"]
 
@@ -47,6 +61,10 @@ class Call:
     worker: int = -1
     incarnation: int = 0  # the worker's restarts when the call was made
     requests: tuple[PromptRequest, ...] = ()
+
+
+class IllegalTransition(RuntimeError):
+    """A state machine asked for a worker transition the diagram does not have (a bug, not a fault)."""
 
 
 class Fleet:
@@ -101,6 +119,22 @@ class Fleet:
         return {"workers": len(self.live()), "active": states.count("active"), "starting": states.count("starting"),
                 "retiring": states.count("retiring")}
 
+    # ---- the only writers of a worker ----------------------------------------------------------
+    def move(self, worker: WorkerState, to: State) -> None:
+        """``worker`` goes to state ``to``; IllegalTransition when the diagram has no such edge."""
+        if to not in TRANSITIONS[worker.state]:
+            raise IllegalTransition(f"{worker.name}: {worker.state} -> {to} is not a transition of a rollout worker "
+                                    "(coordinator/decisions/fleet.py)")
+        worker.state = to
+
+    def came_up(self, worker: WorkerState, info: WorkerInfo) -> None:
+        """The worker's process answered its start (RolloutWorker.ready(): node_id, pid, device, ...)."""
+        worker.info = dict(info)
+
+    def holds(self, worker: WorkerState, version: int) -> None:
+        """The worker acknowledged weights ``version``."""
+        worker.version = version
+
     def add(self) -> WorkerState:
         worker = WorkerState(self.next_index)
         self.workers[worker.index] = worker
@@ -139,7 +173,7 @@ class Fleet:
         added = [self.add() for _ in range(self.target - len(live))]
         excess = sorted(live, key=lambda w: w.index, reverse=True)[: max(0, len(live) - self.target)]
         for worker in excess:
-            worker.state = "retiring"
+            self.move(worker, "retiring")
         return added, excess
 
     # ---- calls ----------------------------------------------------------------------------

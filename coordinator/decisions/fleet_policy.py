@@ -31,7 +31,8 @@ class FleetPolicy:
         for index, info in sorted(event.workers.items()):
             worker = self.fleet.add()
             assert worker.index == index, "the job's first workers are numbered 0..N-1"
-            worker.state, worker.info = "active", dict(info)
+            self.fleet.came_up(worker, info)
+            self.fleet.move(worker, "active")
 
     def metrics(self) -> dict[str, float]:
         versions = self.fleet.versions()
@@ -45,7 +46,7 @@ class FleetPolicy:
         if taken is None or taken[1] is None:
             return None, []
         worker = taken[1]
-        worker.info = dict(event.info)
+        self.fleet.came_up(worker, event.info)
         if worker.state == "retiring":
             return None, self._remove(worker)
         return worker, []

@@ -32,12 +32,13 @@ from stabledrl.common.tasks import PromptStream, Row
 from stabledrl.common.types import Episode
 from stabledrl.coordinator.decisions import events as ev
 from stabledrl.coordinator.decisions.admission import Admission
-from stabledrl.coordinator.decisions.agenda import Goal, Task, due_after, goal_tasks
+from stabledrl.coordinator.decisions.agenda import Goal, Task, TaskKind, due_after, goal_tasks
 from stabledrl.coordinator.decisions.evaluation import Evaluation
 from stabledrl.coordinator.decisions.fleet import Call, Fleet, WorkerState
 from stabledrl.coordinator.decisions.events import resume_hint
 from stabledrl.coordinator.decisions.fleet_policy import FleetPolicy
 from stabledrl.coordinator.decisions.skipped_updates import SkippedUpdates
+from stabledrl.coordinator.decisions.snapshot import SchedulerSnapshot, WorkerView, frozen
 from stabledrl.coordinator.decisions.step_metrics import StepEnd, step_record
 from stabledrl.coordinator.decisions.versions import WeightVersions
 
@@ -85,10 +86,10 @@ class Scheduler:
             ev.UnitDone: self.evaluation.unit_done, ev.ProtocolDone: self._on_protocol_done,
             ev.Stalled: self._on_stalled,
         }
-        self._tasks: dict[str, Callable[[Task, bool], None]] = {
-            "train": self._task_train, "push": self._task_push, "finish": self._task_finish,
-            "checkpoint": self._task_checkpoint, "protocol": self._task_protocol, "evaluate": self._task_evaluate,
-            "poll": self._task_poll, "drain": self._task_drain}
+        self._tasks: dict[TaskKind, Callable[[Task, bool], None]] = {
+            TaskKind.TRAIN: self._task_train, TaskKind.PUSH: self._task_push, TaskKind.FINISH: self._task_finish,
+            TaskKind.CHECKPOINT: self._task_checkpoint, TaskKind.PROTOCOL: self._task_protocol,
+            TaskKind.EVALUATE: self._task_evaluate, TaskKind.POLL: self._task_poll, TaskKind.DRAIN: self._task_drain}
 
     # ---- the driver's surface -----------------------------------------------------------------
     def begin(self, goal: Goal, at: float = 0.0) -> list[ev.Command]:
@@ -108,10 +109,6 @@ class Scheduler:
         self._handlers[type(event)](event)
         return self._answer()
 
-    def outstanding(self) -> list[int]:
-        """Uids admitted and not back: being sampled or re-queued (exactly-once accounting)."""
-        return self.admission.outstanding()
-
     def state_dict(self) -> dict[str, Any]:
         """The client state a checkpoint keeps (coordinator/runtime/checkpoint.py); only between steps: the
         buffered groups are saved beside it (Admission.state_dict: the requests still out are
@@ -126,17 +123,19 @@ class Scheduler:
         self.admission.load_state_dict(state, rows, episodes)
         self.workers.counts.update(state.get("counts", {}))
 
-    # what the driver and tests read
-    stream = property(lambda self: self.admission.stream)
-    requeue = property(lambda self: self.admission.requeue)
-    next_uid = property(lambda self: self.admission.next_uid)
-    reward_calls = property(lambda self: self.admission.reward_calls)
-    counts = property(lambda self: self.workers.counts)
-    last_eval = property(lambda self: self.evaluation.last_eval)
-    evaluations = property(lambda self: self.evaluation.evaluations)
-
-    totals = property(lambda self: self.admission.totals)
-    worker_metrics = property(lambda self: self.workers.metrics)
+    def snapshot(self) -> SchedulerSnapshot:
+        """What the driver and tests read, as one frozen value (coordinator/decisions/snapshot.py)."""
+        a = self.admission
+        return SchedulerSnapshot(
+            step=self.step, version=self.staleness.version, next_uid=a.next_uid,
+            requeued=tuple(r.uid for r in a.requeue), outstanding=tuple(a.outstanding()),
+            buffered=tuple(sorted(self.buffer.groups)), delivered=frozenset(self.buffer.seen),
+            duplicates=self.buffer.duplicates, dropped_total=self.staleness.dropped_total, cursor=a.stream.cursor,
+            reward_calls=frozen(a.reward_calls), reward_totals=frozen(a.totals()),
+            counts=frozen(self.workers.counts), worker_metrics=frozen(self.workers.metrics()),
+            workers=tuple(WorkerView(w.index, w.state, w.restarts, w.version)
+                          for w in sorted(self.fleet.workers.values(), key=lambda w: w.index)),
+            last_eval=self.evaluation.last_eval, evaluations=tuple(self.evaluation.evaluations))
 
     # ---- the agenda ---------------------------------------------------------------------------
     def _answer(self) -> list[ev.Command]:
@@ -151,15 +150,15 @@ class Scheduler:
     def _advance(self) -> None:
         while self.agenda and self.stopped is None:
             task = self.agenda[0]
-            first, task.started = not task.started, True
-            self._tasks[task.name](task, first)
+            if not task.done:  # an event may have finished it (CheckpointDone, ProtocolDone)
+                self._tasks[task.kind](task, task.start())
             if not task.done:
                 return
             self.agenda.pop(0)
 
     def _task_train(self, task: Task, first: bool) -> None:
         if self.step >= self.cfg.run.steps:
-            task.done = True
+            task.finish()
             return
         self._feed()
         if self.training is None and self.weights.push is None:  # a step trains on the weights last pushed
@@ -190,7 +189,7 @@ class Scheduler:
                              peak_tflops=self.cfg.run.peak_tflops)
         self._emit([ev.Record(self.step, {**record, **(self.startup if self.step == 1 else {})}, batch=end.batch)])
         self.agenda[1:1] = due_after(self.step, self.cfg)
-        task.done = True
+        task.finish()
 
     def _task_checkpoint(self, task: Task, first: bool) -> None:
         """In-order runs wait for the admitted rollouts first: their groups go into the checkpoint,
@@ -199,37 +198,40 @@ class Scheduler:
         on at once: the workers keep generating, and the next step finds its batch."""
         settled = not self.fleet.waiting() or not self.cfg.algorithm.in_order
         if not task.sent and settled and self.weights.push is None:
-            task.sent = True
+            task.send()
             episodes = [self.buffer.groups[uid] for uid in sorted(self.buffer.groups)]
             self._emit([ev.Checkpoint(self.step, self.state_dict(), episodes)])
 
     def _task_evaluate(self, task: Task, first: bool) -> None:
         commands, over = self.evaluation.evaluate(self.step, first)
-        task.done = task.done or over
+        if over:
+            task.finish()
         self._emit(commands)
 
     def _task_protocol(self, task: Task, first: bool) -> None:
         commands, over = self.evaluation.protocol(self.step, first)
-        task.done = task.done or over
+        if over:
+            task.finish()
         self._emit(commands)
 
     def _on_protocol_done(self, event: ev.ProtocolDone) -> None:
         self._emit(self.evaluation.protocol_done(self.step, event))
-        self._head_done("protocol")
+        self._head_done(TaskKind.PROTOCOL)
 
     def _task_poll(self, task: Task, first: bool) -> None:
         status = {"state": "training", "step": self.step, "version": self.staleness.version,
                   "target": self.fleet.target, **self.fleet.status()}
         self._emit([ev.PollControl(self.fleet.call("poll", "the job's control actor"), status, POLL_TIMEOUT_S)])
-        task.done = True
+        task.finish()
 
     def _task_drain(self, task: Task, first: bool) -> None:
         """Let admitted rollouts, weight loads and starting workers finish (no new admissions)."""
-        task.done = not self.fleet.waiting() and self.weights.push is None
+        if not self.fleet.waiting() and self.weights.push is None:
+            task.finish()
 
-    def _head_done(self, name: str) -> None:
-        if self.agenda and self.agenda[0].name == name:
-            self.agenda[0].done = True
+    def _head_done(self, kind: TaskKind) -> None:
+        if self.agenda and self.agenda[0].kind is kind:
+            self.agenda[0].finish()
 
     # ---- the learner's step and its push ------------------------------------------------------
     def _on_step_done(self, event: ev.StepDone) -> None:
@@ -238,16 +240,16 @@ class Scheduler:
         at_end = {**self.staleness.step_metrics(), "rollout/empty_groups_total": float(self.buffer.empty),
                   **self.workers.metrics(), **self.admission.totals()}
         self.step_end = StepEnd(batch, event.results, event.train_s, at_end)
-        self.agenda[0:0] = [Task("push"), Task("finish")]
+        self.agenda[0:0] = [Task(TaskKind.PUSH), Task(TaskKind.FINISH)]
         self._emit(self.skipped.step_done(event.step, event.results))
 
     def _on_push_done(self, event: ev.PushDone) -> None:
         push, commands = self.weights.done(event)
         self._emit(commands)
-        if self.step_end is not None and push.task is not None and push.task.name == "push":
+        if self.step_end is not None and push.task is not None and push.task.kind is TaskKind.PUSH:
             self.step_end.push_s, self.step_end.push_at = event.push_s, event.at
         if push.task is not None:
-            push.task.done = True
+            push.task.finish()
 
     def _on_push_failed(self, event: ev.PushFailed) -> None:
         push, died = self.weights.failed(event)
@@ -263,7 +265,7 @@ class Scheduler:
 
     def _on_checkpoint_done(self, event: ev.CheckpointDone) -> None:
         self._emit([ev.Log(f"checkpoint: {event.path}" + (" (written in the background)" if event.background else ""))])
-        self._head_done("checkpoint")
+        self._head_done(TaskKind.CHECKPOINT)
 
     # ---- the workers --------------------------------------------------------------------------
     def _on_job_started(self, event: ev.JobStarted) -> None:

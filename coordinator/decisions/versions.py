@@ -11,9 +11,10 @@ LoadWeights on each receiver, which swaps the staged copy in, in order with its 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from stabledrl.coordinator.decisions import events as ev
+from stabledrl.coordinator.decisions.agenda import Task
 from stabledrl.coordinator.decisions.fleet import Fleet, WorkerState
 
 
@@ -21,7 +22,7 @@ from stabledrl.coordinator.decisions.fleet import Fleet, WorkerState
 class PushInFlight:
     version: int
     receivers: dict[int, int]  # worker index -> incarnation (collective push)
-    task: Any = None  # the agenda task waiting for it; None: a push of its own, to bring syncing workers in
+    task: Optional[Task] = None  # the agenda task waiting for it; None: a push of its own, to bring syncing workers in
 
 
 class WeightVersions:
@@ -37,7 +38,7 @@ class WeightVersions:
     def receivers(self) -> dict[int, int]:
         return self.push.receivers if self.push is not None else {}
 
-    def start(self, version: int, task: Any = None) -> list[ev.Command]:
+    def start(self, version: int, task: Optional[Task] = None) -> list[ev.Command]:
         """Push ``version`` to every worker (object store: each then loads it; collective: to every
         active or syncing worker at once)."""
         if not self.collective:
@@ -63,11 +64,12 @@ class WeightVersions:
         for index, incarnation in push.receivers.items():
             worker = self.fleet.get(index)
             if worker is not None and worker.restarts == incarnation:
-                worker.state = "active" if worker.state == "syncing" else worker.state
+                if worker.state == "syncing":
+                    self.fleet.move(worker, "active")
                 if event.staged:  # received beside its running request: applied in order with its requests
                     out += self.load(worker, event.version)
                 else:
-                    worker.version = event.version
+                    self.fleet.holds(worker, event.version)
         self.latest = event.version if not self.collective else self.latest
         return push, out
 
@@ -81,20 +83,20 @@ class WeightVersions:
     def loaded(self, event: ev.WeightsLoaded) -> None:
         taken = self.fleet.take(event.call)
         if taken is not None and taken[1] is not None:
-            taken[1].version = event.version
+            self.fleet.holds(taken[1], event.version)
 
     def join(self, worker: WorkerState) -> tuple[list[ev.Command], str]:
         """A worker that started later: (its commands, what weights it gets, in words). Collective:
         it waits, syncing, for the next push (the group is rebuilt with it); object store: it sets
         up its end and loads the newest version (a push still out: that one)."""
         if self.collective:
-            worker.state = "syncing"
+            self.fleet.move(worker, "syncing")
             return [], "joins the next weight push"
         out: list[ev.Command] = [ev.SetupWorkerPush(worker.index)]  # runs before the load below
         newest = self.push.version if self.push is not None else self.latest
         if newest is not None:
             out += self.load(worker, newest)
-        worker.state = "active"
+        self.fleet.move(worker, "active")
         return out, f"weights version {newest}" if newest is not None else "initial weights"
 
     def sync_needed(self) -> bool:

@@ -67,7 +67,7 @@ def test_a_block_diffusion_job_trains_and_pushes_its_weights(cluster, tmp_path, 
     initial, _ = load_policy(cfg.model)
     assert initial.spec.noise == noise
     assert any(not torch.equal(learner[n], p) for n, p in initial.named_parameters())  # the learner moved
-    assert driver.worker_versions == [cfg.run.steps]
+    assert driver.snapshot().worker_versions == [cfg.run.steps]
     (version, weights), = workers
     assert version == cfg.run.steps and all(torch.equal(weights[n], learner[n]) for n in learner)
     samples = [x for e in driver.batches[0] for x in e.group.samples]

@@ -153,7 +153,7 @@ def test_faults_change_nothing_and_resume_continues_exactly(reference, faulty):
         assert sorted(s for r in run for s in r["sample_ids"]) == want, version
         assert len(want) == len(set(want)) == 16  # 4 groups of 4, each sample once over both ranks
     # the resume started at an epoch boundary: step 3 draws epoch 1's first prompts
-    assert resumed.history[0]["version"] == 3.0 and ref_driver.stream.cursor.epoch == 1
+    assert resumed.history[0]["version"] == 3.0 and ref_driver.snapshot().cursor.epoch == 1
     # metrics.jsonl of the run directory: every step once, the resumed steps replacing the lost ones
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r]
     assert steps == [1, 2, 3, 4]
@@ -212,7 +212,7 @@ def test_a_resume_on_another_learner_shape_and_fleet_continues_the_run(reference
         assert sorted(s for r in records for s in r["sample_ids"]) == sorted(
             s for r in ref[version] for s in r["sample_ids"]
         )
-    assert driver.stream.cursor == ref_driver.stream.cursor
+    assert driver.snapshot().cursor == ref_driver.snapshot().cursor
 
 
 def test_a_nan_step_is_skipped_counted_and_leaves_the_weights_untouched(reference):
@@ -313,10 +313,10 @@ def test_a_worker_that_keeps_dying_fails_the_job_naming_it(cluster, tmp_path):
     finally:
         driver.close()
     replaced = [line for line in lines if "re-queued; replacement" in line]
-    scheduler = driver.scheduler
-    assert len(replaced) >= 2 and scheduler.counts["faults/rollout_workers_replaced"] == len(replaced)
+    snap = driver.snapshot()
+    assert len(replaced) >= 2 and snap.counts["faults/rollout_workers_replaced"] == len(replaced)
     # none delivered, none lost: every admitted prompt is still owed
-    assert scheduler.outstanding() == list(range(scheduler.next_uid)) and scheduler.buffer.seen == set()
+    assert snap.outstanding == tuple(range(snap.next_uid)) and not snap.delivered
 
 
 def test_a_stalled_learner_rank_makes_its_peers_time_out_naming_it(cluster, tmp_path):

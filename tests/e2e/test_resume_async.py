@@ -122,7 +122,7 @@ def test_a_resumed_async_run_repeats_the_uninterrupted_one(elastic_run, tmp_path
         for key in DETERMINISTIC:
             if key not in timed:
                 assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (got["version"], key)
-    assert resumed.reward_calls == straight.reward_calls
+    assert resumed.snapshot().reward_calls == straight.snapshot().reward_calls
     assert resumed.history[0]["staleness/mean"] == 1.0  # the checkpoint's buffered groups kept their age
     for name, value in straight_weights.items():
         torch.testing.assert_close(weights[name], value, rtol=1e-6, atol=1e-7)

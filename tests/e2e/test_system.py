@@ -99,7 +99,7 @@ def test_synchronous_run_pushes_every_version_and_trains_on_it(synchronous):
     initial, _ = load_policy(cfg.model)
     # the learner moved, and every worker holds exactly its weights under the final version
     assert any(not torch.equal(learner[n], p) for n, p in initial.named_parameters())
-    assert driver.worker_versions == [steps] * cfg.rollout.num_workers
+    assert driver.snapshot().worker_versions == [steps] * cfg.rollout.num_workers
     for version, weights in workers:
         assert version == steps
         assert all(torch.equal(weights[n], learner[n]) for n in learner)
@@ -153,7 +153,7 @@ def test_slow_worker_groups_older_than_eta_are_dropped(cluster, tmp_path):
     assert max(r["staleness/max"] for r in driver.history) <= eta
     assert driver.history[-1]["staleness/dropped_total"] >= 2
     assert sum(r["staleness/dropped"] for r in driver.history) == driver.history[-1]["staleness/dropped_total"]
-    assert driver.worker_versions == [steps, steps] and [v for v, _ in workers] == [steps, steps]
+    assert driver.snapshot().worker_versions == [steps, steps] and [v for v, _ in workers] == [steps, steps]
 
 
 def test_a_wait_that_times_out_names_what_it_waited_for(cluster):

@@ -122,7 +122,7 @@ def test_system_run(gpu_cluster, tmp_path, ranks, workers, backend, lora):
     steps = cfg.run.steps
     for s, batch in enumerate(driver.batches):
         assert all(s - x.policy_version <= 1 for e in batch for x in e.group.samples)
-    assert driver.worker_versions == [steps] * workers
+    assert driver.snapshot().worker_versions == [steps] * workers
     adapted = {n.rsplit(".", 1)[0] + ".weight" for n in pushed}  # merged in the export, frozen on the workers
     for version, weights in held:
         assert version == steps

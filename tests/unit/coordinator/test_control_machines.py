@@ -21,7 +21,7 @@ def fleet(workers: int = 2, **kwargs: int) -> Fleet:
     out = Fleet(**{"target": workers, "min_workers": 1, "max_workers": 4, "max_restarts": 1, "autoscale": False,
                    **kwargs})
     for _ in range(workers):
-        out.add().state = "active"
+        out.move(out.add(), "active")
     return out
 
 

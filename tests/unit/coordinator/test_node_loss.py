@@ -25,10 +25,10 @@ def test_the_workers_of_a_node_that_left_go_together_and_the_count_is_of_the_liv
     assert drops == ["rollout worker 1 lost with its node (node died); prompts 1 re-queued; continuing with 1 workers",
                      "rollout worker 2 lost with its node (its node left with rollout worker 1); prompts 2 re-queued; "
                      "continuing with 1 workers"], drops
-    assert sim.scheduler.counts["faults/rollout_workers_dropped"] == 2
-    assert sorted(r.uid for r in sim.scheduler.requeue) == [1, 2]
+    snap = sim.scheduler.snapshot()
+    assert snap.counts["faults/rollout_workers_dropped"] == 2 and snap.requeued == (1, 2)
     sim.send(ev.CallFailed(later[0].call, "died", "node died", node_alive=False))  # worker 2's own report: handled
-    assert sim.scheduler.counts["faults/rollout_workers_dropped"] == 2 and sim.stop() is None
+    assert sim.scheduler.snapshot().counts["faults/rollout_workers_dropped"] == 2 and sim.stop() is None
     for _ in range(4):
         sim.finish_rollouts()
     assert sorted(sim.trained()[0]) == [0, 1, 2, 3]  # worker 0 trains the re-queued prompts: nothing lost

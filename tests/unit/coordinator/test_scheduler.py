@@ -4,6 +4,7 @@ commands that come back and the accounting of prompt uids."""
 from __future__ import annotations
 
 from stabledrl.coordinator.decisions import events as ev
+from stabledrl.coordinator.decisions.snapshot import WorkerView
 from scheduler_sim import ROWS, Sim, job, result
 
 
@@ -73,19 +74,19 @@ def test_a_worker_that_dies_mid_request_has_its_prompts_requeued_by_uid_and_is_r
     sim.send(ev.CallFailed(dead[0].call, "died", "The actor died unexpectedly"))
     (start,) = sim.pending(ev.StartWorker)
     assert start.worker == 1 and start.replaces
-    assert [r.uid for r in sim.scheduler.requeue] == [1, 3]
-    assert sim.scheduler.outstanding() == [0, 1, 2, 3]  # nothing lost
+    snap = sim.scheduler.snapshot()
+    assert snap.requeued == (1, 3) and snap.outstanding == (0, 1, 2, 3)  # nothing lost
     assert "rollout worker 1 died (The actor died unexpectedly); prompts 1, 3 re-queued; replacement 1 of at most 2" \
         in sim.logs()[-1]
-    assert sim.scheduler.worker_metrics()["rollout/workers"] == 1.0  # the dead one is not counted
+    assert sim.scheduler.snapshot().worker_metrics["rollout/workers"] == 1.0  # the dead one is not counted
     sim.finish_rollouts(worker=0)  # worker 0 finishes its two and takes the re-queued prompts
     regenerated = [r.uid for c in sim.pending(ev.Generate) for r in c.requests]
     assert regenerated == [1, 3] and {c.worker for c in sim.pending(ev.Generate)} == {0}
     sim.started(start)
-    assert sim.scheduler.fleet[1].state == "active" and sim.scheduler.fleet[1].restarts == 1
+    assert sim.scheduler.snapshot().workers[1] == WorkerView(1, "active", restarts=1, version=0)
     sim.finish_rollouts()
     assert sim.trained() == [[0, 1, 2, 3]]
-    counts = sim.scheduler.counts
+    counts = sim.scheduler.snapshot().counts
     assert counts["faults/rollout_worker_deaths"] == 1 and counts["faults/rollout_workers_replaced"] == 1
 
 
@@ -109,13 +110,13 @@ def test_a_result_from_a_replaced_process_is_ignored_not_counted_twice():
     first, second = sim.take(ev.Generate, worker=1)
     sim.send(ev.CallFailed(first.call, "died", "killed"))  # both calls of worker 1 are forgotten
     sim.rollout_done(second)  # the old process's second answer arrives anyway (it was already on the wire)
-    assert sim.scheduler.buffer.seen == set() and sim.scheduler.reward_calls == {}
+    assert not sim.scheduler.snapshot().delivered and sim.scheduler.snapshot().reward_calls == {}
     sim.started(sim.pending(ev.StartWorker)[0])
     for _ in range(3):
         sim.finish_rollouts()
     assert sim.trained() == [[0, 1, 2, 3]]
-    assert sim.scheduler.buffer.duplicates == 0
-    assert sim.scheduler.reward_calls["reward_calls/calls"] == 4 * 2  # every trained sample scored once
+    snap = sim.scheduler.snapshot()
+    assert snap.duplicates == 0 and snap.reward_calls["reward_calls/calls"] == 4 * 2  # every trained sample scored once
 
 
 def test_a_hung_worker_is_killed_replaced_and_its_prompts_requeued():
@@ -125,11 +126,11 @@ def test_a_hung_worker_is_killed_replaced_and_its_prompts_requeued():
     commands = sim.send(ev.CallFailed(hung[0].call, "timed_out", "5 s"))
     (start,) = [c for c in commands if isinstance(c, ev.StartWorker)]
     assert start.worker == 0 and start.replaces  # the runtime kills the old process and starts another
-    assert sorted(r.uid for r in sim.scheduler.requeue) == [0, 2]
+    assert sim.scheduler.snapshot().requeued == (0, 2)
     assert "rollout worker 0 hung (no answer within 5 s (rollout.request_timeout_s); killed); prompts 0, 2 " \
            "re-queued; replacement 1 of at most 2 starting" in sim.logs()
-    assert sim.scheduler.counts["faults/rollout_worker_hangs"] == 1
-    assert sim.scheduler.counts["faults/rollout_worker_deaths"] == 0
+    counts = sim.scheduler.snapshot().counts
+    assert counts["faults/rollout_worker_hangs"] == 1 and counts["faults/rollout_worker_deaths"] == 0
 
 
 def test_a_stale_group_is_dropped_and_counted():
@@ -188,7 +189,7 @@ def test_scale_out_and_scale_in_follow_the_requested_size():
     setup, load = [c for c in commands if isinstance(c, (ev.SetupWorkerPush, ev.LoadWeights))]
     assert setup.worker == load.worker == 2 and load.version == 1  # the newest weights, before any request
     assert commands.index(setup) < commands.index(load)
-    assert sim.scheduler.counts["elastic/workers_added"] == 1
+    assert sim.scheduler.snapshot().counts["elastic/workers_added"] == 1
     sim.send(ev.WeightsLoaded(sim.take(ev.LoadWeights, worker=2)[0].call, 1))
     sim.finish_rollouts()
     sim.step_done()
@@ -198,7 +199,7 @@ def test_scale_out_and_scale_in_follow_the_requested_size():
     assert [w.state for w in fleet.workers.values()] == ["active", "retiring", "retiring"]
     sim.finish_rollouts()
     assert sorted(c.worker for c in sim.commands if isinstance(c, ev.RemoveWorker)) == [1, 2]
-    assert list(fleet.workers) == [0] and sim.scheduler.counts["elastic/workers_retired"] == 2
+    assert list(fleet.workers) == [0] and sim.scheduler.snapshot().counts["elastic/workers_retired"] == 2
 
 
 def test_scale_in_during_a_collective_push_waits_for_the_push():
@@ -268,8 +269,9 @@ def test_a_worker_lost_during_evaluation_is_replaced_and_its_part_runs_again():
     assert any(isinstance(c, ev.StartWorker) and c.worker == 1 for c in again)
     for part in sim.take(ev.Evaluate):
         sim.send(ev.EvalDone(part.call, 0, result(part.rows, correct=1)))
-    assert sim.scheduler.done and sim.scheduler.last_eval.num_prompts == 6
-    assert sim.scheduler.last_eval.pass_at_1 == 2 / 6  # one correct prompt in each part of three
+    last = sim.scheduler.snapshot().last_eval
+    assert sim.scheduler.done and last.num_prompts == 6
+    assert last.pass_at_1 == 2 / 6  # one correct prompt in each part of three
     assert "1 part(s) run again after their worker was lost" in sim.logs()[-1]
 
 
@@ -284,7 +286,7 @@ def test_an_evaluation_whose_only_worker_died_waits_for_the_replacement():
     (rerun,) = [c for c in commands if isinstance(c, ev.Evaluate)]
     assert rerun.worker == 0 and rerun.rows == part.rows
     sim.send(ev.EvalDone(rerun.call, 0, result(rerun.rows)))
-    assert sim.scheduler.done and sim.scheduler.last_eval.num_prompts == 3
+    assert sim.scheduler.done and sim.scheduler.snapshot().last_eval.num_prompts == 3
 
 
 def test_an_in_order_checkpoint_waits_for_the_admitted_rollouts_and_saves_what_the_buffer_holds():
@@ -370,7 +372,7 @@ def test_the_protocol_runs_before_the_held_out_rows_and_a_lost_workers_units_run
     again = sim.send(ev.CallFailed(hung.call, "timed_out", "5 s"))  # its process is killed: units 0 and 2 rerun
     assert [(c.worker, c.unit) for c in again if isinstance(c, ev.Complete)] == [(1, 0), (1, 2)]
     assert any(isinstance(c, ev.StartWorker) and c.worker == 0 for c in again)
-    assert sim.scheduler.counts["faults/rollout_worker_hangs"] == 1
+    assert sim.scheduler.snapshot().counts["faults/rollout_worker_hangs"] == 1
     for unit in sim.take(ev.Complete):
         done = sim.send(ev.UnitDone(unit.call))
     assert [c.step for c in done if isinstance(c, ev.FinishProtocol)] == [0]

@@ -17,15 +17,15 @@ from scheduler_sim import Sim, job
 
 
 def check(sim: Sim) -> None:
-    s = sim.scheduler
+    s, snap = sim.scheduler, sim.scheduler.snapshot()
     trained = sum(sim.trained(), [])  # every batch the scheduler sent to the learner
     assert len(trained) == len(set(trained)), "a uid was trained twice"
-    buffered, outstanding = set(s.buffer.groups), s.outstanding()
+    buffered, outstanding = set(snap.buffered), snap.outstanding
     assert len(outstanding) == len(set(outstanding)), "a uid is out twice"
     assert not (set(trained) & buffered) and not (set(trained) & set(outstanding)) and not (buffered & set(outstanding))
-    assert len(trained) + len(buffered) + len(outstanding) + s.staleness.dropped_total == s.next_uid
+    assert len(trained) + len(buffered) + len(outstanding) + snap.dropped_total == snap.next_uid
     assert s.staleness.in_flight == len(s.fleet.requests()) and s.staleness.buffered == len(buffered)
-    assert s.buffer.duplicates == 0
+    assert snap.duplicates == 0
 
 
 def answer(sim: Sim, rng: random.Random, command: object, dead: list[ev.Generate]) -> None:
@@ -102,7 +102,7 @@ def test_every_uid_is_accounted_for_exactly_once(seed):
 
 def test_the_random_runs_meet_the_faults_they_are_meant_to():
     sims = [run(seed) for seed in range(60)]
-    counts = {k: sum(s.scheduler.counts[k] for s in sims) for k in sims[0].scheduler.counts}
+    counts = {k: sum(s.scheduler.snapshot().counts[k] for s in sims) for k in sims[0].scheduler.snapshot().counts}
     assert counts["faults/rollout_worker_deaths"] > 10 and counts["faults/rollout_worker_hangs"] > 10
     assert counts["elastic/workers_added"] > 0 and counts["elastic/workers_retired"] > 0
-    assert sum(s.scheduler.staleness.dropped_total for s in sims) > 0
+    assert sum(s.scheduler.snapshot().dropped_total for s in sims) > 0
