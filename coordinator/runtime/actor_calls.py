@@ -6,28 +6,33 @@ deadline then bounds the call itself, not the queue in front of it. A staged pus
 on the worker's "weights" thread, beside its requests, so it has a queue of its own
 (``<actor>/weights``). A member of a call group (coordinator/runtime/call_groups.py) whose group failed
 is late once the group's grace is over.
+
+Each call carries its own answer: ``answer`` turns the call's value into the events it means
+(a rollout's RolloutResult into RolloutDone, a start's WorkerInfo into WorkerStarted, ...), built
+by the runtime where it makes the call, so nothing reads what kind of call came back.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from stabledrl.coordinator.runtime.call_groups import CallGroup
 from stabledrl.coordinator.decisions.commands import CallId
+from stabledrl.coordinator.decisions.events import Event
 
 
 @dataclass
 class Waiting:
     call: Optional[CallId]  # the scheduler's id; None for a group member or a set-up call
-    kind: str  # start | rollout | load | eval | complete | poll | member | setup
     actor: str  # the actor whose calls run in order
     timeout_s: float
+    answer: Callable[[Any], list[Event]]  # the call's value -> the events it means
     worker: int = -1
     group: Optional[CallGroup] = None
     started: Optional[float] = None  # when the call reached the front of its actor's queue
-    unit: int = -1  # the protocol unit of a "complete" call
+    late: Optional[Callable[[], str]] = None  # what a CallFailed past the deadline says (None: the timeout)
 
     @property
     def deadline(self) -> float:

@@ -31,17 +31,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from functools import partial
 from typing import Any, Optional
 
 import ray
 from typing_extensions import assert_never  # typing.assert_never from Python 3.11 (this runs on 3.10)
 
 from stabledrl.common.actor_time import ActorTimes
+from stabledrl.common.types import EvalResult, RolloutResult, WorkerInfo
 from stabledrl.coordinator.runtime import checkpoint
 from stabledrl.coordinator.decisions import events as ev
 from stabledrl.coordinator.runtime.actors import Actors, first_line, wait
 from stabledrl.coordinator.runtime.actor_calls import ActorCalls, Waiting
-from stabledrl.coordinator.runtime.call_groups import CallGroup
+from stabledrl.coordinator.runtime.call_groups import CallGroup, PushGroup, StepGroup
 from stabledrl.coordinator.runtime.pool import gcs_alive, node_alive
 from stabledrl.coordinator.runtime.weight_sync import WeightSync
 
@@ -77,37 +79,37 @@ class RayRuntime:
                 if replaces:
                     self._forget_actor(worker)
                 actor = pool.launch(worker, replaces)
-                self.calls.track(actor.ready.remote(), Waiting(call, "start", _key(actor), timeout_s, worker))
+                self.calls.track(actor.ready.remote(), Waiting(call, _key(actor), timeout_s,
+                                                               partial(self._started, call, worker), worker,
+                                                               late=self._free_resources))
             case ev.RemoveWorker(worker):
                 self._forget_actor(worker)
                 pool.remove(worker)
             case ev.Generate(call, worker, requests, timeout_s):
                 actor = pool[worker]
-                self.calls.track(
-                    actor.generate.remote(list(requests)), Waiting(call, "rollout", _key(actor), timeout_s, worker)
-                )
-            case ev.SetupWorkerPush(worker):
+                self.calls.track(actor.generate.remote(list(requests)),
+                                 Waiting(call, _key(actor), timeout_s, partial(self._rolled_out, call, worker), worker))
+            case ev.SetupWorkerPush(worker):  # answers nothing: a failure shows in the load queued behind it
                 self.calls.track(self.sync.setup_worker(worker),
-                            Waiting(None, "setup", _key(pool[worker]), self.start_timeout_s, worker))
+                                 Waiting(None, _key(pool[worker]), self.start_timeout_s, _no_events, worker))
             case ev.LoadWeights(call, worker, version, timeout_s):  # that version, not whatever is newest
-                self.calls.track(
-                    self.sync.load(worker, version), Waiting(call, "load", _key(pool[worker]), timeout_s, worker)
-                )
+                self.calls.track(self.sync.load(worker, version),
+                                 Waiting(call, _key(pool[worker]), timeout_s, partial(_loaded, call), worker))
             case ev.Evaluate(call, worker, rows, samples_per_prompt, seed, sampler, timeout_s):
                 actor = pool[worker]
                 ref = actor.evaluate.remote(rows, samples_per_prompt, seed, sampler)
-                self.calls.track(ref, Waiting(call, "eval", _key(actor), timeout_s, worker))
+                self.calls.track(ref, Waiting(call, _key(actor), timeout_s, partial(_evaluated, call), worker))
             case ev.StartProtocol(step):
                 return [ev.ProtocolStarted(*self._protocol().start(step))]
             case ev.Complete(call, worker, unit, timeout_s):
                 actor = pool[worker]
                 self.calls.track(actor.complete.remote(*self._protocol().request(unit)),
-                            Waiting(call, "complete", _key(actor), timeout_s, worker, unit=unit))
+                                 Waiting(call, _key(actor), timeout_s, partial(self._completed, call, unit), worker))
             case ev.FinishProtocol():
                 return [ev.ProtocolDone(*self._protocol().finish())]
             case ev.Train(step, version, batch, timeout_s):
                 refs = self.actors.train([e.group for e in batch], version)
-                self._group(CallGroup("train", {ref: f"learner rank {r}" for r, ref in enumerate(refs)}, {}, timeout_s,
+                self._group(StepGroup({ref: f"learner rank {r}" for r, ref in enumerate(refs)}, {}, timeout_s,
                                       step=step))
             case ev.Push(version, receivers, barrier, timeout_s):
                 if barrier and not receivers:  # a broadcast to nobody: nothing to send
@@ -115,14 +117,15 @@ class RayRuntime:
                 learner_calls, worker_calls, staged = self.sync.push(version, receivers, self.nodes)
                 names = {ref: f"learner rank {r}" for r, ref in learner_calls}
                 names.update({ref: f"rollout worker {i}" for i, ref in worker_calls})
-                self._group(CallGroup("push", names, {ref: i for i, ref in worker_calls}, timeout_s, version=version,
+                self._group(PushGroup(names, {ref: i for i, ref in worker_calls}, timeout_s, version=version,
                                       staged=staged))
             case ev.Checkpoint():
                 return self._save(command)
             case ev.PollControl(call, status, timeout_s):
                 if self.control is None:  # a driver on actors it did not start has none
                     return [ev.ControlPolled(call, None, self._room())]
-                self.calls.track(self.control.poll.remote(status), Waiting(call, "poll", "control", timeout_s))
+                self.calls.track(self.control.poll.remote(status),
+                                 Waiting(call, "control", timeout_s, partial(self._polled, call)))
             case _:
                 assert_never(command)
         return []
@@ -141,7 +144,8 @@ class RayRuntime:
             if worker >= 0 and group.staged:  # the stage runs on the worker's "weights" thread, beside its queue
                 actor += "/weights"
             group.open.add(ref)
-            self.calls.track(ref, Waiting(None, "member", actor, group.timeout_s, worker, group))
+            self.calls.track(ref, Waiting(None, actor, group.timeout_s, partial(self._member_back, group, ref), worker,
+                                          group))
 
     def _save(self, command: ev.Checkpoint) -> list[Any]:
         """The learner ranks save (collective), then the buffered groups and the client state; in
@@ -226,26 +230,32 @@ class RayRuntime:
             return self._failed(waiting, ref, "died", first_line(e))
         except ray.exceptions.RayError as e:
             return self._failed(waiting, ref, "raised", first_line(getattr(e, "cause", None) or e))
-        if waiting.group is not None:
-            waiting.group.results[ref] = value
-            waiting.group.open.discard(ref)
-            return self._settle(waiting.group)
-        if waiting.kind == "start":
-            self.nodes[waiting.worker] = value.get("node_id")
-            return [ev.WorkerStarted(waiting.call, value)]
-        if waiting.kind == "rollout":  # a RolloutResult
-            self.times.update(f"rollout{waiting.worker}", value.clock)
-            return [ev.RolloutDone(waiting.call, value.episodes, value.reward_calls)]
-        if waiting.kind == "load":
-            return [ev.WeightsLoaded(waiting.call, value)]
-        if waiting.kind == "eval":
-            return [ev.EvalDone(waiting.call, value[0], value[1])]
-        if waiting.kind == "complete":
-            self.protocol.graded(waiting.unit, value)  # appended to results.jsonl at once
-            return [ev.UnitDone(waiting.call)]
-        if waiting.kind == "poll":
-            return [ev.ControlPolled(waiting.call, value, self._room())]
-        return []  # a set-up call: a failure shows in the load queued behind it
+        return waiting.answer(value)
+
+    # each call's answer: its value -> its events (bound where the call is made, in ``execute``)
+    def _started(self, call: ev.CallId, worker: int, info: WorkerInfo) -> list[ev.Event]:
+        self.nodes[worker] = info.get("node_id")
+        return [ev.WorkerStarted(call, info)]
+
+    def _rolled_out(self, call: ev.CallId, worker: int, result: RolloutResult) -> list[ev.Event]:
+        self.times.update(f"rollout{worker}", result.clock)
+        return [ev.RolloutDone(call, result.episodes, result.reward_calls)]
+
+    def _completed(self, call: ev.CallId, unit: int, completions: list[str]) -> list[ev.Event]:
+        self._protocol().graded(unit, completions)  # appended to results.jsonl at once
+        return [ev.UnitDone(call)]
+
+    def _polled(self, call: ev.CallId, requested: Optional[int]) -> list[ev.Event]:
+        return [ev.ControlPolled(call, requested, self._room())]
+
+    def _member_back(self, group: CallGroup, ref: ray.ObjectRef, value: Any) -> list[ev.Event]:
+        group.results[ref] = value
+        group.open.discard(ref)
+        return self._settle(group)
+
+    def _free_resources(self) -> str:
+        """Why a worker's start may be late: what the cluster has free."""
+        return f"the cluster has {ray.available_resources()} free"
 
     def _failed(self, waiting: Waiting, ref: ray.ObjectRef, failure: str, detail: str) -> list[Any]:
         if waiting.group is not None:
@@ -269,9 +279,7 @@ class RayRuntime:
         self.calls.pop(ref)
         if waiting.call is None:
             return []
-        detail = f"{waiting.timeout_s:.0f} s"
-        if waiting.kind == "start":
-            detail = f"the cluster has {ray.available_resources()} free"
+        detail = waiting.late() if waiting.late is not None else f"{waiting.timeout_s:.0f} s"
         return [ev.CallFailed(waiting.call, "timed_out", detail)]
 
     def _settle(self, group: CallGroup, force: bool = False) -> list[Any]:
@@ -308,3 +316,15 @@ class RayRuntime:
 
 def _key(actor: Any) -> str:
     return actor._actor_id.hex()
+
+
+def _no_events(value: Any) -> list[ev.Event]:
+    return []
+
+
+def _loaded(call: ev.CallId, version: int) -> list[ev.Event]:
+    return [ev.WeightsLoaded(call, version)]
+
+
+def _evaluated(call: ev.CallId, answer: tuple[int, EvalResult]) -> list[ev.Event]:
+    return [ev.EvalDone(call, *answer)]
