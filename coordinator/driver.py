@@ -17,10 +17,11 @@ RUN_DIR`` continues from the last checkpoint (coordinator/runtime/checkpoint.py)
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import ray
 
@@ -45,6 +46,8 @@ from stabledrl.coordinator.runtime.weight_sync import WeightSync, one_host_trans
 from stabledrl.learner.worker import LearnerWorker
 from stabledrl.rollout.worker import RolloutWorker
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class RunResult:
@@ -61,10 +64,9 @@ class DeadlineReached(RuntimeError):
 
 class Driver:
     def __init__(self, cfg: JobConfig, *, rollout_cls: type = RolloutWorker, learner_cls: type = LearnerWorker,
-                 log: Callable[[str], None] = print, record_batches: bool = False,
-                 deadline: Optional[float] = None, stages: Stages = NO_STAGES) -> None:
+                 record_batches: bool = False, deadline: Optional[float] = None, stages: Stages = NO_STAGES) -> None:
         self.cfg = self.job_cfg = cfg  # job_cfg stays as given (a warm start changes cfg.model.path)
-        self.rollout_cls, self.learner_cls, self.log = rollout_cls, learner_cls, log
+        self.rollout_cls, self.learner_cls = rollout_cls, learner_cls
         self.record_batches, self.deadline, self.stages = record_batches, deadline, stages
         self.history: list[dict[str, float]] = []  # every step's metrics.jsonl record
         self.batches: list[list[Episode]] = []  # every step's batch (with record_batches: tests read it)
@@ -96,24 +98,24 @@ class Driver:
             before = self.first_evaluation() or before
             self.evaluations = self.recorded_evaluations() or self.evaluations
         if before is not None and after is not None:
-            self.log(f"held-out accuracy: {100 * before.pass_at_1:.1f}% -> {100 * after.pass_at_1:.1f}% "
+            log.info(f"held-out accuracy: {100 * before.pass_at_1:.1f}% -> {100 * after.pass_at_1:.1f}% "
                      f"± {100 * after.stderr:.1f} (pass@1, {self.cfg.eval.describe(self.cfg.sampler)}, "
                      f"{after.num_prompts} prompts never trained on; ± one standard error over the prompts"
                      f"{self.final_window_text()})")
         else:
-            self.log("held-out accuracy: n/a (the task has no held-out rows: set task.held_out)")
+            log.info("held-out accuracy: n/a (the task has no held-out rows: set task.held_out)")
         return RunResult(self.step, self.scheduler.snapshot().version, before, after, str(self.cfg.run.output_dir))
 
     def setup(self) -> None:
         """Everything that can refuse the job runs before the first actor starts: the resources
         the cluster offers, the checkpoint to resume from, the data."""
-        job = prepare(self.cfg, self.stages, self.log, self.config_json())
+        job = prepare(self.cfg, self.stages, self.config_json())
         self.cfg = cfg = job.cfg
         self.rows, resume, data = job.rows, job.resume, job.data
         self.metrics = MetricsLogger(cfg.run.output_dir, tensorboard=cfg.run.tensorboard,
                                      wandb_project=cfg.run.wandb_project, run_config=cfg.model_dump(mode="json"),
                                      append=resume is not None)
-        log_data(data.reports, self.metrics, self.log, record=resume is None)
+        log_data(data.reports, self.metrics, record=resume is None)
         t1 = time.perf_counter()
         t0 = t1 - job.seconds
         c = cfg.cluster
@@ -121,13 +123,12 @@ class Driver:
         self.scheduler = Scheduler(cfg, PromptStream(data.train, seed=cfg.run.seed), job.held_out,
                                    collective_push=weights.collective)
         self.control = start_control(cfg.run.job_name, cfg.rollout.min_workers, cfg.rollout.worker_limit)
-        actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls, log=self.log)
+        actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls)
         lora, sources = cfg.learner.lora, push_sources(weights, cfg.learner)
         sync = WeightSync(weights, actors, c.start_timeout_s, partial=lora is not None,
                           keep_order=cfg.algorithm.in_order,
                           lora=lora if lora is not None and lora.push == "adapters" else None,
-                          sources=sources, one_host=one_host_transport(cfg.weights, weights, sources),
-                          log=self.log)
+                          sources=sources, one_host=one_host_transport(cfg.weights, weights, sources))
         self.runtime = RayRuntime(actors, sync, control=self.control,
                                   output_dir=cfg.run.output_dir, config=self.config_json(),
                                   start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale,
@@ -140,7 +141,7 @@ class Driver:
             self.restore(resume)
         self.scheduler.handle(ev.StartupTimed({"time/startup_prepare": t1 - t0,
                                                "time/startup_actors": time.perf_counter() - t1}))
-        self.log(f"{len(data.train)} training prompts, {len(job.held_out)} held-out; startup "
+        log.info(f"{len(data.train)} training prompts, {len(job.held_out)} held-out; startup "
                  f"{time.perf_counter() - t0:.1f} s")
 
     def evaluate(self) -> Optional[HeldOutResult]:
@@ -174,7 +175,7 @@ class Driver:
     def train(self) -> None:
         """Train to ``run.steps``, rollouts running ahead as far as the staleness bound allows."""
         run = self.cfg.run
-        self.progress = Progress(run.steps, self.step, run.progress, self.log, every_s=run.progress_every_s)
+        self.progress = Progress(run.steps, self.step, run.progress, every_s=run.progress_every_s)
         try:
             self._drive(self.scheduler.begin("train", at=time.perf_counter()))
         finally:
@@ -192,7 +193,7 @@ class Driver:
         """Complete a checkpoint still written in the background (``run.async_checkpoint``), waiting
         at most ``timeout_s`` for its files; one unwritten after that stays incomplete, and said so."""
         for event in self.runtime.finish_save(timeout_s):
-            self.log(event.line)
+            log.info(event.line)
 
     def export(self) -> None:
         """The trained policy in its family's released format (final_model) and, for a LoRA run, its
@@ -206,9 +207,9 @@ class Driver:
         for exported in (directory, adapters):
             if exported is not None:
                 write_config(self.cfg, self.config_json(), exported / EXPORT_CONFIG)
-        self.log(f"policy exported: {directory} (model.path={directory} loads it)")
+        log.info(f"policy exported: {directory} (model.path={directory} loads it)")
         if adapters is not None:
-            self.log(f"LoRA adapters exported: {adapters} (a PEFT folder for model.path; `stabledrl eval --adapter "
+            log.info(f"LoRA adapters exported: {adapters} (a PEFT folder for model.path; `stabledrl eval --adapter "
                      f"{adapters}` evaluates them unmerged)")
 
     def close(self) -> None:
@@ -216,7 +217,7 @@ class Driver:
             try:  # the job failed after a save began: complete it if its files are durable
                 self.finish_checkpoint(0.0)
             except checkpoint.CheckpointError as e:
-                self.log(str(e))
+                log.info(str(e))
         if self.metrics is not None:
             self.metrics.close()
         if self.runtime is not None:
@@ -244,7 +245,7 @@ class Driver:
         """The driver's own commands here; the rest by the runtime (its events answered at once)."""
         match command:
             case ev.Log(line):
-                self.log(line)
+                log.info(line)
             case ev.Record():
                 self._record(command)
             case ev.Stop(reason):
@@ -278,9 +279,9 @@ class Driver:
         """After ``checkpoint.verify`` accepted the files and the config, and the actors started:
         check the model's shapes, load every learner rank, restore the scheduler's state and push
         the restored weights to every worker."""
-        where = load_checkpoint(resume, self.runtime, self.scheduler, self.rows, self.cfg, self.log)
+        where = load_checkpoint(resume, self.runtime, self.scheduler, self.rows, self.cfg)
         self._drive(self.scheduler.begin("restore"))
-        self.log(f"resumed at step {self.step} (weights version {self.scheduler.snapshot().version}, "
+        log.info(f"resumed at step {self.step} (weights version {self.scheduler.snapshot().version}, "
                  f"{len(resume.episodes)} buffered groups) from {where}")
 
     def first_evaluation(self) -> Optional[HeldOutResult]:
@@ -297,7 +298,7 @@ class Driver:
         self.metrics.log(self.step, total)
         failed, calls = total.get("rollout/reward_calls/failed", 0), total.get("rollout/reward_calls/calls", 0)
         if failed:
-            self.log(
+            log.info(
                 f"reward: {int(failed)} of {int(calls)} calls failed (see rollout/reward_calls/* in metrics.jsonl)"
             )
 

@@ -1,6 +1,6 @@
 """What a job checks and prepares before its first actor starts (coordinator/driver.py calls it).
 
-    job = prepare(cfg, stages, log)   # resources, the checkpoint to resume from, warm start, model, data
+    job = prepare(cfg, stages, config)   # resources, the checkpoint to resume from, warm start, model, data
 
 Everything here can refuse the job with a message a user acts on: the stages the config needs
 (``Stages``), the resources the cluster offers, the checkpoint to resume from and its config,
@@ -10,6 +10,7 @@ metrics.jsonl back to the checkpoint's step.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +30,13 @@ from stabledrl.coordinator.decisions.held_out import held_out_rows
 from stabledrl.coordinator.decisions.step_metrics import data_metrics
 from stabledrl.common.trust.seal import sealed_text
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Stages:
     """What the command layer wires into a job as plain callables (stabledrl/recipes/stages.py has
-    `stabledrl train`'s): the warm start, ``(cfg, log) -> the SFT model's directory``, and the
+    `stabledrl train`'s): the warm start, ``cfg -> the SFT model's directory``, and the
     in-training protocol evaluation, ``cfg -> ProtocolRunner`` (coordinator/decisions/commands.py)."""
 
     warm_start: Optional[Callable[..., Any]] = None
@@ -63,7 +66,7 @@ class PreparedJob:
     seconds: float  # how long the preparation took
 
 
-def prepare(cfg: JobConfig, stages: Stages, log: Callable[[str], None], config: dict[str, Any]) -> PreparedJob:
+def prepare(cfg: JobConfig, stages: Stages, config: dict[str, Any]) -> PreparedJob:
     """Everything that can refuse the job runs before the first actor starts: the resources the
     cluster offers, the checkpoint to resume from, the data. ``config`` is the job's config as
     given (``config_json``): what config.yaml records and a resume is checked against."""
@@ -72,23 +75,23 @@ def prepare(cfg: JobConfig, stages: Stages, log: Callable[[str], None], config: 
     check_resources(cfg, ray.cluster_resources())
     resume = None
     if cfg.run.resume_from is not None:
-        resume = checkpoint.verify(cfg.run.resume_from, config, log)
+        resume = checkpoint.verify(cfg.run.resume_from, config)
     if cfg.warmstart is not None:  # the job's first stage: an SFT recipe, cached
-        path = stages.warm_start(cfg, log=log)
-        log(f"warm start: {path} ({time.perf_counter() - t0:.1f} s)")
+        path = stages.warm_start(cfg)
+        log.info(f"warm start: {path} ({time.perf_counter() - t0:.1f} s)")
         model = cfg.model.model_copy(update={"path": path, "preset": None, "preset_shape": None})
         cfg = cfg.model_copy(update={"model": model})
     check_model_files(cfg.model)  # a pickle in model.path or the warm start is refused here, before any actor
     data = load_task_data(cfg.task, tokenizer=load_model_tokenizer(cfg.model))  # max_prompt_tokens in model tokens
     held_out, note = held_out_rows(data.held_out, cfg.eval.num_prompts)
     if note:
-        log(note)
+        log.info(note)
     write_config(cfg, config)
     if resume is not None:
         dropped = restore_metrics(cfg.run.output_dir, int(resume.state["step"]))
         if dropped:
-            log(f"metrics.jsonl: {dropped} lines after step {resume.state['step']} removed (they are "
-                "recomputed; the old file is metrics.before_resume.jsonl)")
+            log.info(f"metrics.jsonl: {dropped} lines after step {resume.state['step']} removed (they are "
+                     "recomputed; the old file is metrics.before_resume.jsonl)")
     return PreparedJob(cfg, resume, data, {r.prompt_id: r for r in data.train}, held_out, time.perf_counter() - t0)
 
 
@@ -110,21 +113,21 @@ def write_config(cfg: JobConfig, config: dict[str, Any], file: Optional[Path] = 
     file.write_text(sealed_text(yaml.safe_dump(config, sort_keys=False)))
 
 
-def log_data(reports: list[Any], metrics: MetricsLogger, log: Callable[[str], None], record: bool = True) -> None:
+def log_data(reports: list[Any], metrics: MetricsLogger, record: bool = True) -> None:
     """Rows read, kept and skipped by reason (task.on_bad_row: skip), in the log and (``record``:
     not on a resume, whose metrics.jsonl has them from the run's start) as data/*."""
     for report in reports:
         if report.n_skipped:
             reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items()))
             examples = "; ".join(report.examples[:3])
-            log(f"data: {report.source}: kept {report.kept} of {report.read} rows, skipped {reasons}"
-                + (f" (e.g. {examples})" if examples else ""))
+            log.info(f"data: {report.source}: kept {report.kept} of {report.read} rows, skipped {reasons}"
+                     + (f" (e.g. {examples})" if examples else ""))
     if record:
         metrics.log(0, data_metrics(reports))
 
 
-def load_checkpoint(resume: checkpoint.Resume, runtime: Any, scheduler: Any, rows: dict[Any, Row], cfg: JobConfig,
-                    log: Callable[[str], None]) -> Any:
+def load_checkpoint(resume: checkpoint.Resume, runtime: Any, scheduler: Any, rows: dict[Any, Row],
+                    cfg: JobConfig) -> Any:
     """After ``checkpoint.verify`` accepted the files and the config, and the actors started: check
     the model's shapes, load every learner rank and restore the scheduler's state; returns the
     checkpoint's directory (the driver then pushes the restored weights to every worker)."""
@@ -134,9 +137,9 @@ def load_checkpoint(resume: checkpoint.Resume, runtime: Any, scheduler: Any, row
     state = checkpoint.load(actors, resume, timeout)
     saved = wait([actors.learners[0].resharded_from.remote()], timeout, "learner rank 0 (re-shard)")[0]
     if saved is not None:
-        log(f"checkpoint re-sharded: written by {saved[0]} learner ranks (ZeRO-{saved[1]}), loaded into "
-            f"{len(actors.learners)} (ZeRO-{cfg.learner.deepspeed.zero_stage}); fp32 masters and Adam "
-            f"moments exact, each rank's RNG streams derived from (run.seed, step, rank)")
+        log.info(f"checkpoint re-sharded: written by {saved[0]} learner ranks (ZeRO-{saved[1]}), loaded into "
+                 f"{len(actors.learners)} (ZeRO-{cfg.learner.deepspeed.zero_stage}); fp32 masters and Adam "
+                 f"moments exact, each rank's RNG streams derived from (run.seed, step, rank)")
     try:
         scheduler.load_state_dict(state, rows, resume.episodes)
     except (ValueError, KeyError) as e:

@@ -8,17 +8,20 @@ samples/s counts the samples trained since the line before; ETA is the steps lef
 mean time per step so far."""
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import Callable, Optional
 
+log = logging.getLogger(__name__)
+
 
 class Progress:
-    def __init__(self, steps: int, initial: int, enabled: bool, log: Callable[[str], None], every_s: float = 30.0,
+    def __init__(self, steps: int, initial: int, enabled: bool, every_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic, terminal: Optional[bool] = None) -> None:
         from tqdm import tqdm
 
-        self.steps, self.enabled, self.log, self.every_s, self.clock = steps, enabled, log, every_s, clock
+        self.steps, self.enabled, self.every_s, self.clock = steps, enabled, every_s, clock
         terminal = sys.stdout.isatty() and sys.stderr.isatty() if terminal is None else terminal
         self.bar = tqdm(total=steps, initial=initial, desc="train", dynamic_ncols=True,
                         disable=not enabled or not terminal)
@@ -42,7 +45,7 @@ class Progress:
             return
         window = now - (self.start if self.last_line is None else self.last_line)
         per_step = (now - self.start) / max(1, step - self.start_step)
-        self.log(progress_line(step, self.steps, record, self.samples / window if window > 0 else 0.0,
+        log.info(progress_line(step, self.steps, record, self.samples / window if window > 0 else 0.0,
                                per_step * (self.steps - step)))
         self.last_line, self.samples = now, 0.0
 

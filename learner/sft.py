@@ -19,6 +19,7 @@ it, so the same loss trains every block's conditional at once.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -32,7 +33,7 @@ from stabledrl.common.tasks.base import Row, Task
 from stabledrl.common.tasks.prompts import prompt_ids
 from stabledrl.common.types import SequenceBatch, left_pad
 
-Log = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 def encode_pairs(
@@ -175,7 +176,7 @@ def run_sft(
     seed: int,
     *,
     gen_length: int,
-    log: Optional[Log] = print,
+    label: str = "sft",
     callback: Optional[Callable[[int, dict[str, float]], None]] = None,
 ) -> dict[str, Any]:
     """Train ``policy`` in place with the SFT loss on ``rows``' reference completions.
@@ -183,7 +184,7 @@ def run_sft(
     Deterministic given ``seed``: epoch e visits the rows in a permutation seeded by (seed, e) and
     step s draws its masks from (seed, s). AdamW with a linear warm-up to a constant ``cfg.lr``,
     gradient-norm clip ``cfg.grad_clip``. Every ``cfg.log_every`` steps the mean loss since the last
-    report is logged and ``callback(step, metrics)`` runs (e.g. an evaluation). Returns the final
+    report is logged ("``label`` step ...") and ``callback(step, metrics)`` runs (e.g. an evaluation). Returns the final
     metrics: ``sft/loss`` (mean of the last report window), ``sft/loss_first``, ``sft/ce``,
     ``sft/steps``, ``sft/time_s``, ``sft/tokens_per_s`` and ``sft/loss_curve`` (one value per window).
     """
@@ -220,9 +221,8 @@ def run_sft(
                 curve.append(sum(window) / len(window))
                 report = {"sft/loss": curve[-1], "sft/ce": sum(ce_window) / len(ce_window), "sft/step": step + 1}
                 window, ce_window = [], []
-                if log is not None:
-                    log(f"sft step {step + 1}/{cfg.steps}  loss {report['sft/loss']:.4f}  "
-                        f"ce {report['sft/ce']:.4f}  ({time.perf_counter() - t0:.0f}s)")  # fmt: skip
+                log.info(f"{label} step {step + 1}/{cfg.steps}  loss {report['sft/loss']:.4f}  "
+                         f"ce {report['sft/ce']:.4f}  ({time.perf_counter() - t0:.0f}s)")  # fmt: skip
                 if callback is not None:
                     policy.eval()
                     callback(step + 1, report)

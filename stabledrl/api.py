@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
 from stabledrl.common.config.job import JobConfig, check_installed, load_job_config
+from stabledrl.common.job_log import log_shown, show_log
 from stabledrl.common.sandbox.scorer import check_reward
 from stabledrl.common.trust.run_dir import check_eval_trust, check_output_dir
 from stabledrl.common.trust.run_lock import release
@@ -31,10 +32,11 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> JobCo
     return load_job_config(str(path), list(overrides))
 
 
-def train(config: JobConfig | str | os.PathLike, overrides: Sequence[str] = (), *, overwrite: bool = False,
-          log: Callable[[str], None] = print) -> Path:
+def train(config: JobConfig | str | os.PathLike, overrides: Sequence[str] = (), *, overwrite: bool = False) -> Path:
     """Run a training job to its end; returns its output directory (metrics.jsonl, checkpoints,
-    final_model). ``config`` is a JobConfig or a YAML path (then ``overrides`` apply)."""
+    final_model). ``config`` is a JobConfig or a YAML path (then ``overrides`` apply). The job's
+    lines go to the ``stabledrl`` loggers; unless this process has set up logging, they are shown
+    on stdout as `stabledrl train` shows them (common/job_log.py)."""
     # torch and Ray load when a job runs, not on `import stabledrl`
     import ray
 
@@ -50,15 +52,19 @@ def train(config: JobConfig | str | os.PathLike, overrides: Sequence[str] = (), 
     check_installed(cfg)
     check_reward(cfg.task)
     check_output_dir(cfg.run.output_dir, resuming=False, overwrite=overwrite)
-    started = not ray.is_initialized()
+    undo = show_log() if not log_shown() else (lambda: None)
     try:
+        started = not ray.is_initialized()
         if started:
             start_ray(cfg)
-        Driver(cfg, log=log, stages=JOB_STAGES).run()
+        try:
+            Driver(cfg, stages=JOB_STAGES).run()
+        finally:
+            if started:
+                ray.shutdown()
     finally:
-        if started:
-            ray.shutdown()
         release(cfg.run.output_dir)  # check_output_dir took run.output_dir's lock for the job
+        undo()
     return Path(cfg.run.output_dir)
 
 

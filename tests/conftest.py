@@ -17,6 +17,8 @@ import torch
 # helper modules the tests share (a scripted scheduler, crafted pickles), importable from any folder
 sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 
+from job_lines import job_lines  # noqa: E402  (from the folder just put on the path)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -36,3 +38,10 @@ torch.set_num_threads(1)
 def _deterministic_torch():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def job_log():
+    """The job's log lines while the test runs (tests/helpers/job_lines.py)."""
+    with job_lines() as lines:
+        yield lines

@@ -156,9 +156,9 @@ def _tail(path: Path, limit: int = 1000) -> str:
 
 
 class _Sandbox:
-    def __init__(self, settings: dict[str, Any], base: Path, log: _Log) -> None:
+    def __init__(self, settings: dict[str, Any], base: Path, stderr: _Log) -> None:
         self.cfg = parse_task_config(settings["task"])
-        self.base, self.timeout_s, self.calls, self.log = base, self.cfg.reward.timeout_s, 0, log
+        self.base, self.timeout_s, self.calls, self.stderr = base, self.cfg.reward.timeout_s, 0, stderr
         self.reaper = confine.Reaper()
         # opened now: the Landlock domain entered below forbids /proc
         self._threads = os.open("/proc/self/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -268,12 +268,12 @@ class _Sandbox:
             leftovers = self.reaper.reap(group=pid)
             output = workdir / OUTPUT_FILE
             tail = _tail(output) if outcome[0] != "ok" else ""
-            self.log.show(f"of call {self.calls}", output)
+            self.stderr.show(f"of call {self.calls}", output)
             _remove(workdir)
         if tail and isinstance(outcome[1], str):
             outcome = [outcome[0], outcome[1] + tail]
         if leftovers and outcome[0] == "ok":
-            self.log.write(f"reward sandbox: call {self.calls} left {leftovers} process(es) behind; killed\n")
+            self.stderr.write(f"reward sandbox: call {self.calls} left {leftovers} process(es) behind; killed\n")
         return outcome
 
     def _answer(self, answer: Connection, pid: int) -> list:

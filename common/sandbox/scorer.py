@@ -285,11 +285,12 @@ def remove_stale_workdirs(root: Optional[Path] = None) -> list[Path]:
 
 
 def _report(confinement: dict[str, Any]) -> None:
-    """Say once per process how the sandbox confines rewards (a warning where it could not)."""
+    """Say once per process how the sandbox confines rewards: a warning where it could not (the job's
+    log says it once, from the rollout workers' start: coordinator/runtime/actors.py)."""
     line = "reward sandbox: " + "; ".join(confinement.get("notes", []))
     if line not in _reported:
         _reported.add(line)
-        (log.warning if confinement.get("degraded") else log.info)(line)
+        (log.warning if confinement.get("degraded") else log.debug)(line)
 
 
 def _child_env(pass_env: Sequence[str], package_roots: Sequence[str]) -> dict[str, str]:

@@ -129,7 +129,7 @@ def check_reward_file(given: Path, allowed_roots: Sequence[str] = ()) -> Path:
         raise ConfigError(f"{where} ({path}) is not under task.reward.allowed_roots ({', '.join(map(str, roots))}): "
                           "refused; move it there or add its directory")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    log.info("custom reward: %s (sha256 %s, owner uid %d)", path, digest, info.st_uid)
+    log.debug("custom reward: %s (sha256 %s, owner uid %d)", path, digest, info.st_uid)
     return path
 
 

@@ -13,20 +13,21 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 from stabledrl.common.config.base import ConfigError
 
 LOCK_FILE = ".lock"
+log = logging.getLogger(__name__)
 _held: dict[Path, int] = {}  # directory -> the descriptor holding its lock, for this process's life
 
 
-def lock_output_dir(directory: Path, log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> None:
+def lock_output_dir(directory: Path) -> None:
     """Hold ``directory``'s lock (created with the directory when absent); ConfigError naming the
     job that holds it otherwise. Taking it again in the same process is a no-op."""
     directory = Path(directory)
@@ -44,8 +45,8 @@ def lock_output_dir(directory: Path, log: Callable[[str], None] = lambda line: p
             raise ConfigError(f"run.output_dir {directory} is in use by another job ({holder}): wait for it to end, "
                               "or choose another run.output_dir") from None
         os.close(fd)
-        log(f"stabledrl: run.output_dir {directory}: no lock on this filesystem ({e.strerror}); make sure no other "
-            "job writes there")
+        log.warning(f"stabledrl: run.output_dir {directory}: no lock on this filesystem ({e.strerror}); make sure "
+                    "no other job writes there")
         return
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),

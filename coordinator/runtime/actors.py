@@ -9,9 +9,10 @@ up, saves or exports: a timeout or a dead actor becomes an error that names what
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -21,6 +22,8 @@ from stabledrl.common.types import Group
 from stabledrl.coordinator.decisions.events import ActorFailure
 from stabledrl.coordinator.runtime.placement import in_group, reserve, shared_bundle, shared_gpus
 from stabledrl.coordinator.runtime.pool import RolloutPool
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ActorFailure", "Actors", "first_line", "start_actors", "wait"]
 
@@ -99,8 +102,7 @@ class Actors:
             remove_placement_group(group)
 
 
-def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
-                 log: Callable[[str], None] = print) -> Actors:
+def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type) -> Actors:
     """Reserve both roles, start every actor, form the learner group and build its engine."""
     t0 = time.perf_counter()
     timeout = cfg.cluster.start_timeout_s
@@ -140,8 +142,8 @@ def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type,
         raise
     actors.info = {"learners": infos[:m], "rollouts": infos[m:], "start_s": time.perf_counter() - t0}
     beside = ", each beside its learner rank (cluster.colocate)" if c.colocate else ""
-    log(f"actors: {m} learner ranks on {infos[0]['device']} ({infos[0]['dtype']}), {n} rollout workers on "
-        f"{infos[m]['device']} ({infos[m]['parameters'] / 1e6:.2f}M parameters){beside}, "
-        f"up in {actors.info['start_s']:.1f} s")
-    log(f"reward sandbox: {infos[m].get('reward_sandbox', 'n/a')}")  # how reward code is confined, once
+    log.info(f"actors: {m} learner ranks on {infos[0]['device']} ({infos[0]['dtype']}), {n} rollout workers on "
+             f"{infos[m]['device']} ({infos[m]['parameters'] / 1e6:.2f}M parameters){beside}, "
+             f"up in {actors.info['start_s']:.1f} s")
+    log.info(f"reward sandbox: {infos[m].get('reward_sandbox', 'n/a')}")  # how reward code is confined, once
     return actors

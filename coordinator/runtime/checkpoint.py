@@ -31,13 +31,14 @@ config that differs in a field the saved state depends on.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from stabledrl.common.trust.seal import seal_json
 from stabledrl.common.trust.checkpoint_files import (
@@ -47,6 +48,8 @@ from stabledrl.coordinator.runtime.actors import Actors, wait
 from stabledrl.coordinator.runtime.episode_io import load_episodes, save_episodes
 from stabledrl.common.types import Episode
 from stabledrl.learner.async_checkpoint import marker_name
+
+log = logging.getLogger(__name__)
 
 # fields the saved state depends on (dotted prefixes); everything else may change on resume
 # (learner.num_ranks and learner.deepspeed.zero_stage may change: the learner re-shards, learner/reshard.py)
@@ -209,7 +212,7 @@ class Resume:
     episodes: list[Episode] = field(default_factory=list)
 
 
-def verify(directory: Path, config: dict[str, Any], log: Callable[[str], None] = print) -> Resume:
+def verify(directory: Path, config: dict[str, Any]) -> Resume:
     """The newest complete checkpoint under ``directory`` checked against ``config`` (the job's
     resolved config as JSON); CheckpointError with the reason otherwise."""
     directory = Path(directory)
@@ -222,8 +225,8 @@ def verify(directory: Path, config: dict[str, Any], log: Callable[[str], None] =
     for tag in tags:
         if (directory / tag / STATE_FILE).is_file():
             break
-        log(f"checkpoint {directory / tag} is incomplete (no {STATE_FILE}: its save did not finish); "
-            "trying the one before")
+        log.info(f"checkpoint {directory / tag} is incomplete (no {STATE_FILE}: its save did not finish); "
+                 "trying the one before")
     else:
         raise CheckpointError(f"run.resume_from: no complete checkpoint under {directory} (tags tried: {tags})")
     path = directory / tag

@@ -42,13 +42,16 @@ end is set up to accept a push that carries only some of its parameters (and sta
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence
+import logging
+from typing import Any, Mapping, Optional, Sequence
 
 import ray
 
 from stabledrl.common.config.learner import LearnerConfig, LoraConfig
 from stabledrl.common.transport import WeightHandle, WeightPushConfig
 from stabledrl.coordinator.runtime.actors import Actors, wait
+
+log = logging.getLogger(__name__)
 
 
 def push_calls(backend: str, learners: Sequence[Any], workers: Sequence[Any], version: int,
@@ -106,13 +109,13 @@ def one_host_transport(requested: WeightPushConfig, resolved: WeightPushConfig, 
 class WeightSync:
     def __init__(self, cfg: WeightPushConfig, actors: Actors, timeout_s: float, partial: bool = False,
                  keep_order: bool = False, lora: Optional[LoraConfig] = None, sources: int = 0,
-                 one_host: Optional[WeightPushConfig] = None, log: Callable[[str], None] = lambda line: None) -> None:
+                 one_host: Optional[WeightPushConfig] = None) -> None:
         if cfg.backend == "auto":
             raise ValueError("WeightSync needs a resolved weights config (WeightPushConfig.resolve)")
         self.cfg, self.actors, self.timeout_s, self.partial = cfg, actors, timeout_s, partial
         # collective: ``cfg`` as given, and ``one_host`` (``one_host_transport``) for a group on one host;
         # ``cfg`` is then the transport of the group as built
-        self.spread, self.one_host, self.log = cfg, one_host, log
+        self.spread, self.one_host = cfg, one_host
         self.learner_nodes = {info.get("node_id") for info in actors.info.get("learners", [])}
         # the workers' end: partial pushes, and the LoRA adapters they hold unmerged
         self.receiving = {"partial": partial, "lora": lora}
@@ -158,7 +161,7 @@ class WeightSync:
         if self.one_host is not None and cfg.backend != self.built:
             where = ("every learner rank and rollout worker runs on one host" if cfg is self.one_host else
                      "the learner ranks and rollout workers run on more than one host")
-            self.log(f"weights: the push group of rollout workers {list(members)} is built over {cfg.backend} "
+            log.info(f"weights: the push group of rollout workers {list(members)} is built over {cfg.backend} "
                      f"(auto: {where})")
         self.cfg, self.built = cfg, cfg.backend
         learners, pool = self.actors.learners, self.actors.pool
@@ -214,7 +217,7 @@ class WeightSync:
             return False
         self.one_host = None
         short = detail if len(detail) <= 300 else detail[:300].rsplit(" ", 1)[0] + " …"  # every member's error
-        self.log(f"weights: the push over peer failed ({short}); auto builds every push group over "
+        log.info(f"weights: the push over peer failed ({short}); auto builds every push group over "
                  f"{self.spread.backend} from now on")
         return True
 

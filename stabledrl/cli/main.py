@@ -30,6 +30,7 @@ from stabledrl.common.config import schema
 from stabledrl.common.config.base import ConfigError
 from stabledrl.common.config.job import JobConfig, check_installed, load_job_config
 from stabledrl.common.config.reference import reference
+from stabledrl.common.job_log import show_log
 from stabledrl.common.sandbox.scorer import RewardFailureRate, check_reward
 from stabledrl.common.tasks import DataError
 from stabledrl.common.trust.checkpoint_files import CheckpointError
@@ -68,6 +69,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     config.add_argument("section", nargs="?", help="one section's dotted path, e.g. task.reward (default: all)")
     reports.add_commands(sub)  # eval, plot, study
     args = parser.parse_args(argv)
+    undo = show_log()  # the job's lines on stdout (common/job_log.py)
+    try:
+        return command(args)
+    finally:
+        undo()
+
+
+def command(args: argparse.Namespace) -> int:
+    """Carry out the parsed command; its exit status."""
     if args.command in reports.COMMANDS:
         return reports.run(args)
     if args.command == "config":
@@ -156,7 +166,7 @@ def train_job(cfg: JobConfig) -> int:
     try:
         _start_ray(cfg)
         signal.signal(signal.SIGTERM, _interrupt)  # ray.init installs its own (a bare exit, no resume line)
-        driver = Driver(cfg, log=lambda line: print(line, flush=True), stages=JOB_STAGES)
+        driver = Driver(cfg, stages=JOB_STAGES)
         driver.run()
     except KeyboardInterrupt:
         by = _received[-1] if _received else signal.SIGINT

@@ -219,7 +219,7 @@ def _protocol_eval(args: argparse.Namespace, cfg) -> int:
                                math_graders=args.math_graders, generation=args.generation)
     try:
         protocol_command(cfg, protocol, model_dir=args.model, checkpoint=args.checkpoint, adapter=args.adapter,
-                         out=args.out, workers=args.workers, log=lambda line: print(line, flush=True))
+                         out=args.out, workers=args.workers)
     except (DataError, ResultsMismatch, CheckpointError) as e:  # refused before sampling (or a model that cannot load)
         print(f"stabledrl: {e}", file=sys.stderr)
         return 2
@@ -262,7 +262,7 @@ def _run_study(study, command: str) -> int:
     study_file = save_study_config(study)
     print(f"stabledrl study: {len(study.runs)} runs ({len(study.methods)} methods x {len(study.seeds)} seeds), "
           f"{study.concurrency} at a time; output in {study.output_dir}", flush=True)
-    result = run_study(study, log=lambda line: print(line, flush=True), study_file=study_file)
+    result = run_study(study, study_file=study_file)
     timing = {"warm start": result.warmstart_s, "runs": result.wall_s - result.warmstart_s, "total": result.wall_s}
     t0 = time.monotonic()
     written = write_report(study, statuses=result.statuses, timing=timing, command=command)

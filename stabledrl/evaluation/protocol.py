@@ -19,6 +19,7 @@ table does not depend on how many workers ran or how the prompts were batched.
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from stabledrl.evaluation.results import ResultLog, protocol_table, record, writ
 from stabledrl.common.config.model import ModelConfig
 from stabledrl.common.models.loading import load_model_tokenizer
 
-Log = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -171,8 +172,8 @@ def run_units(workers: Sequence[Any], prepared: Prepared, units: Sequence[Unit],
 class Progress:
     """A bar on a terminal; on a log, a line every 10% (and at the end); nothing with ``show`` off."""
 
-    def __init__(self, total: int, done: int, log: Log, label: str = "protocol eval", show: bool = True) -> None:
-        self.total, self.count, self.log, self.label = total, done, log if show else (lambda line: None), label
+    def __init__(self, total: int, done: int, label: str = "protocol eval", show: bool = True) -> None:
+        self.total, self.count, self.label, self.show = total, done, label, show
         self.t0, self.next_mark = time.monotonic(), 0.1
         self.bar = None
         if show and sys.stderr.isatty():
@@ -185,8 +186,9 @@ class Progress:
         if self.bar is not None:
             self.bar.update(n)
         elif self.total and (self.count / self.total >= self.next_mark or self.count == self.total):
-            self.log(f"{self.label}: {self.count}/{self.total} completions ({100 * self.count / self.total:.0f}%, "
-                     f"{time.monotonic() - self.t0:.0f} s)")
+            if self.show:
+                log.info(f"{self.label}: {self.count}/{self.total} completions "
+                         f"({100 * self.count / self.total:.0f}%, {time.monotonic() - self.t0:.0f} s)")
             while self.next_mark <= self.count / self.total:
                 self.next_mark += 0.1
 
@@ -195,7 +197,7 @@ class Progress:
             self.bar.close()
 
 
-def evaluate(workers: Sequence[Any], prepared: Prepared, results: ResultLog, log: Log,
+def evaluate(workers: Sequence[Any], prepared: Prepared, results: ResultLog,
              timeout_s: float, show_progress: bool = True) -> dict[str, Any]:
     """Run every pending unit on ``workers``, appending grades to ``results``; returns the table."""
     hashes = prepared.prompt_hashes()
@@ -204,9 +206,9 @@ def evaluate(workers: Sequence[Any], prepared: Prepared, results: ResultLog, log
     total = sum(len(b.rows) for b in prepared.benchmarks.values()) * len(prepared.cfg.gen_lengths)
     remaining = sum(len(u.indices) for u in units)
     if remaining < total:
-        log(f"protocol eval: {total - remaining} of {total} completions already graded in {results.out_dir}; "
-            f"{remaining} to go")
-    progress = Progress(total, total - remaining, log, show=show_progress)
+        log.info(f"protocol eval: {total - remaining} of {total} completions already graded in {results.out_dir}; "
+                 f"{remaining} to go")
+    progress = Progress(total, total - remaining, show=show_progress)
 
     def graded(unit: Unit, texts: list[str]) -> None:
         results.append(grade_unit(prepared, unit, texts, hashes))

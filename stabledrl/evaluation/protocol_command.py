@@ -22,7 +22,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from stabledrl.common.config.base import ConfigError, validate
 from stabledrl.common.config.job import JobConfig
@@ -36,7 +36,7 @@ from stabledrl.common.models.loading import check_model_files, load_model_tokeni
 from stabledrl.evaluation.protocol import evaluate, pending_units, prepare, table_of
 from stabledrl.evaluation.results import ResultLog, write_table
 
-Log = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 def protocol_config(cfg: JobConfig, name: str, *, benchmarks: Optional[list[str]] = None,
@@ -61,7 +61,7 @@ def protocol_config(cfg: JobConfig, name: str, *, benchmarks: Optional[list[str]
 
 
 def policy_model(cfg: JobConfig, out_dir: Path, *, model_dir: Optional[str], checkpoint: Optional[str],
-                 log: Log, adapter: Optional[str] = None) -> tuple[Any, str, Optional[Path]]:
+                 adapter: Optional[str] = None) -> tuple[Any, str, Optional[Path]]:
     """(model section the workers load, description for the results, PEFT adapter folder the workers
     hold unmerged or None): the config's model or a model directory (with ``adapter``), or a
     checkpoint consolidated to ``out_dir/policy`` (a LoRA job's adapters to ``out_dir/policy_adapter``)."""
@@ -77,7 +77,7 @@ def policy_model(cfg: JobConfig, out_dir: Path, *, model_dir: Optional[str], che
     target = out_dir / ("policy_adapter" if lora else "policy")
     marker = target / "stabledrl_source.json"
     if not (marker.is_file() and json.loads(marker.read_text()).get("source") == described):
-        log(f"stabledrl eval: verifying and consolidating {directory / tag} (once; the workers read {target})")
+        log.info(f"stabledrl eval: verifying and consolidating {directory / tag} (once; the workers read {target})")
         policy, tokenizer = load_eval_policy(cfg, checkpoint=checkpoint, device="cpu")
         if lora:
             write_adapter_folder(policy_adapters(policy), target, family=policy.spec.name, released=False)
@@ -91,7 +91,7 @@ def policy_model(cfg: JobConfig, out_dir: Path, *, model_dir: Optional[str], che
     return model, described, None
 
 
-def start_workers(cfg: JobConfig, model: Any, workers: Optional[int], log: Log, loader: Any = None) -> list[Any]:
+def start_workers(cfg: JobConfig, model: Any, workers: Optional[int], loader: Any = None) -> list[Any]:
     """One EvalWorker actor per GPU of the cluster (or ``workers`` of them), each ready."""
     import ray
 
@@ -107,20 +107,20 @@ def start_workers(cfg: JobConfig, model: Any, workers: Optional[int], log: Log, 
     handles = [actor.options(**options).remote(i, model, loader) for i in range(count)]
     info = wait([h.ready.remote() for h in handles], cfg.cluster.start_timeout_s,
                 [f"eval worker {i} (loading the policy)" for i in range(count)])
-    log(f"stabledrl eval: {count} workers ready ({', '.join(sorted({i['device'] for i in info}))}; "
-        f"load {max(i['load_s'] for i in info):.0f} s)")
+    log.info(f"stabledrl eval: {count} workers ready ({', '.join(sorted({i['device'] for i in info}))}; "
+             f"load {max(i['load_s'] for i in info):.0f} s)")
     return handles
 
 
 def protocol_command(cfg: JobConfig, protocol: ProtocolConfig, *, model_dir: Optional[str] = None,
                      checkpoint: Optional[str] = None, adapter: Optional[str] = None, out: Optional[str] = None,
-                     workers: Optional[int] = None, log: Log = print, loader: Any = None) -> dict[str, Any]:
+                     workers: Optional[int] = None, loader: Any = None) -> dict[str, Any]:
     """Evaluate, print the table, write OUT/table.md and table.json; returns the table."""
     import ray
 
     named = Path(str(model_dir or checkpoint or cfg.model.path or cfg.model.preset).rstrip("/")).name
     out_dir = Path(out) if out else Path("runs") / "eval" / f"{protocol.name}-{named}"
-    model, described, folder = policy_model(cfg, out_dir, model_dir=model_dir, checkpoint=checkpoint, log=log,
+    model, described, folder = policy_model(cfg, out_dir, model_dir=model_dir, checkpoint=checkpoint,
                                             adapter=adapter)
     if folder is not None:  # every worker holds the adapters unmerged on its base
 
@@ -130,21 +130,20 @@ def protocol_command(cfg: JobConfig, protocol: ProtocolConfig, *, model_dir: Opt
     prepared = prepare(protocol, tokenizer)
     results = ResultLog.open(out_dir, prepared.header(described))
     sizes = ", ".join(f"{b.benchmark.title} {len(b.rows)}" for b in prepared.benchmarks.values())
-    log(f"stabledrl eval: protocol {protocol.name} on {described}: {sizes} prompts x lengths "
-        f"{protocol.gen_lengths}; graded as d1 grades (MATH: MATH's is_equiv)"
-        + (f", MATH500 also by {', '.join(protocol.math_graders)}" if protocol.math_graders else "")
-        + f"; generation {protocol.generation}; results in {out_dir}")
+    log.info(f"stabledrl eval: protocol {protocol.name} on {described}: {sizes} prompts x lengths "
+             f"{protocol.gen_lengths}; graded as d1 grades (MATH: MATH's is_equiv)"
+             + (f", MATH500 also by {', '.join(protocol.math_graders)}" if protocol.math_graders else "")
+             + f"; generation {protocol.generation}; results in {out_dir}")
     results.check_prompts(prepared.prompt_hashes())
     if pending_units(prepared, results.done()):
         started = _init_ray(cfg)
         try:
-            evaluate(start_workers(cfg, model, workers, log, loader), prepared, results, log,
-                     cfg.rollout.request_timeout_s)
+            evaluate(start_workers(cfg, model, workers, loader), prepared, results, cfg.rollout.request_timeout_s)
         finally:
             if started:
                 ray.shutdown()
     else:
-        log(f"stabledrl eval: every completion is already graded in {out_dir}")
+        log.info(f"stabledrl eval: every completion is already graded in {out_dir}")
     table = table_of(prepared, results)
     print(write_table(out_dir, table), end="")
     return table

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -49,7 +50,7 @@ from stabledrl.learner.sft import run_sft
 
 WARMSTART_FORMAT = 3  # bump when the SFT code changes what one config produces (2: files hashed; 3: manifest sealed)
 MANIFEST = "warmstart.json"
-Log = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 def warmstart_key(cfg: JobConfig) -> str:
@@ -92,7 +93,7 @@ def warmstart_dir(cfg: JobConfig) -> Path:
     return Path(cfg.warmstart.cache_dir).expanduser() / f"{source}-{cfg.task.name}-{warmstart_key(cfg)}"
 
 
-def warm_start(cfg: JobConfig, log: Log = print) -> Path:
+def warm_start(cfg: JobConfig) -> Path:
     """The directory of ``cfg.model`` fine-tuned on ``cfg.task``'s training rows (built if absent).
 
     Training runs in float32 on CUDA when available, else on the CPU with ``sft_threads(cfg)`` torch
@@ -102,7 +103,7 @@ def warm_start(cfg: JobConfig, log: Log = print) -> Path:
     final = warmstart_dir(cfg)
     if (final / MANIFEST).is_file():
         check_cached(final)
-        log(f"warm start: reusing {final}")
+        log.info(f"warm start: reusing {final}")
         return final
     if final.exists():
         raise FileExistsError(f"{final} exists but holds no {MANIFEST}; it was not written by warm_start, remove it")
@@ -110,27 +111,27 @@ def warm_start(cfg: JobConfig, log: Log = print) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
     try:
-        _build(cfg, tmp, log)
+        _build(cfg, tmp)
         try:
             os.rename(tmp, final)
         except OSError:
             if not (final / MANIFEST).is_file():
                 raise
-            log(f"warm start: another job cached {final} first; using it")
+            log.info(f"warm start: another job cached {final} first; using it")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log(f"warm start: cached at {final}")
+    log.info(f"warm start: cached at {final}")
     return final
 
 
-def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
+def _build(cfg: JobConfig, directory: Path) -> None:
     ws = cfg.warmstart
     t0 = time.perf_counter()
     device, threads = _device(), torch.get_num_threads()
     if device == "cpu":
         torch.set_num_threads(sft_threads(cfg))
     try:
-        metrics = _train(cfg, directory, device, log)
+        metrics = _train(cfg, directory, device)
     finally:
         torch.set_num_threads(threads)
     manifest = {
@@ -150,20 +151,20 @@ def _build(cfg: JobConfig, directory: Path, log: Log) -> None:
     (directory / MANIFEST).write_text(json.dumps(seal_json(manifest), indent=2, sort_keys=True) + "\n")
 
 
-def _train(cfg: JobConfig, directory: Path, device: str, log: Log) -> dict[str, Any]:
+def _train(cfg: JobConfig, directory: Path, device: str) -> dict[str, Any]:
     """The SFT itself: ``cfg.model`` trained on the training rows and exported to ``directory``."""
     ws = cfg.warmstart
     policy, tokenizer = load_policy(cfg.model, device=device, dtype="float32")
     data = load_task_data(cfg.task, tokenizer=tokenizer)
     n_params = sum(p.numel() for p in policy.parameters())
-    log(
-        f"warm start: SFT of {cfg.model.preset or cfg.model.path} ({n_params / 1e6:.2f}M parameters) on "
-        f"{len(data.train)} {cfg.task.name} training rows, {ws.steps} steps of {ws.batch_size} on {device}"
-        + (f" ({torch.get_num_threads()} threads, " if device == "cpu" else " (") + f"seed {sft_seed(cfg)})"
+    log.info(
+             f"warm start: SFT of {cfg.model.preset or cfg.model.path} ({n_params / 1e6:.2f}M parameters) on "
+             f"{len(data.train)} {cfg.task.name} training rows, {ws.steps} steps of {ws.batch_size} on {device}"
+             + (f" ({torch.get_num_threads()} threads, " if device == "cpu" else " (") + f"seed {sft_seed(cfg)})"
     )
     metrics = run_sft(
         policy, tokenizer, data.train, data.task, ws, sft_seed(cfg),
-        gen_length=cfg.sampler.gen_length, log=lambda line: log(f"warm start: {line}"),
+        gen_length=cfg.sampler.gen_length, label="warm start: sft",
     )  # fmt: skip
     with quiet_progress():  # no transformers progress bar in the job's log
         export_hf(policy.to("cpu"), tokenizer, directory)

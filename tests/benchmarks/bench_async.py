@@ -67,8 +67,8 @@ def job_config(a: argparse.Namespace, eta: int, output_dir: str, gpus: bool):
 def run(a: argparse.Namespace, eta: int, gpus: bool) -> dict:
     from stabledrl.coordinator.driver import Driver
 
-    with tempfile.TemporaryDirectory(prefix=f"bench_async_eta{eta}_") as out_dir:
-        driver = Driver(job_config(a, eta, out_dir, gpus), log=bl.log)
+    with tempfile.TemporaryDirectory(prefix=f"bench_async_eta{eta}_") as out_dir, bl.job_log_shown():
+        driver = Driver(job_config(a, eta, out_dir, gpus))
         driver.setup()
         try:
             driver.train()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
+import logging
 import os
 import platform
 import statistics
@@ -149,6 +150,22 @@ def peak_memory_gib(dev: torch.device) -> Optional[float]:
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+@contextlib.contextmanager
+def job_log_shown() -> Iterator[None]:
+    """A job's own lines (the ``stabledrl`` loggers) on stdout, stamped as ``log`` stamps them."""
+    logger, handler = logging.getLogger("stabledrl"), logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+    handler.setLevel(logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 # ---- models ---------------------------------------------------------------------------------

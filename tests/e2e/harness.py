@@ -301,7 +301,7 @@ def run_driver(cfg: JobConfig, rollout_cls: type = InspectedRollout, learner_cls
                export: bool = False, workers: bool = False) -> tuple[Driver, dict, list]:
     """Set up, train to the end, let the rollouts land; returns the driver, rank 0's weights and,
     with ``workers`` (an InspectedRollout class), every rollout worker's (version, weights)."""
-    driver = Driver(cfg, rollout_cls=rollout_cls, learner_cls=learner_cls, log=lambda s: None, record_batches=True)
+    driver = Driver(cfg, rollout_cls=rollout_cls, learner_cls=learner_cls, record_batches=True)
     driver.setup()
     try:
         driver.train()

@@ -45,7 +45,7 @@ def cluster():
 
 def test_a_kill_during_a_slow_save_resumes_from_the_save_before(cluster, tmp_path):
     cfg = harness.job_config(tmp_path, run={"steps": 3, "checkpoint_every": 1}, algorithm={"max_staleness": 1})
-    driver = Driver(cfg, learner_cls=SlowWriterLearner, log=lambda s: None)
+    driver = Driver(cfg, learner_cls=SlowWriterLearner)
     driver.setup()
     try:
         driver.train()  # saves after steps 1 and 2; the step-2 files are still being written at the end
@@ -64,7 +64,7 @@ def test_a_kill_during_a_slow_save_resumes_from_the_save_before(cluster, tmp_pat
     assert records[3]["time/step"] < DELAY_S
     assert records[3]["time/learner0/checkpoint"] < DELAY_S / 4  # the save's own call returned at once
 
-    resume = checkpoint.verify(directory, driver.config_json(), log=lambda s: None)
+    resume = checkpoint.verify(directory, driver.config_json())
     assert resume.tag == "step1"
     resumed_cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume_from": directory})})
     resumed, _, _ = harness.run_driver(resumed_cfg)

@@ -20,6 +20,7 @@ from ray.util.placement_group import placement_group_table  # noqa: E402
 from stabledrl.coordinator.driver import Driver  # noqa: E402
 import harness  # noqa: E402
 from harness import DETERMINISTIC, InspectedLearner, job_config, read_records, recording_rollout  # noqa: E402
+from job_lines import job_lines  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -44,10 +45,10 @@ def placements(driver: Driver) -> tuple[list[dict], list[dict], dict]:
     return learners, workers, groups
 
 
-def run(cfg, rollout_cls: type, log=lambda s: None, learner_cls: type = InspectedLearner) -> dict:
+def run(cfg, rollout_cls: type, learner_cls: type = InspectedLearner) -> dict:
     """The job to its end, with where its actors ran before and after training, worker i's bundle
     index, and learner rank 0's final weights."""
-    driver = Driver(cfg, rollout_cls=rollout_cls, learner_cls=learner_cls, log=log, record_batches=True)
+    driver = Driver(cfg, rollout_cls=rollout_cls, learner_cls=learner_cls, record_batches=True)
     driver.setup()
     try:
         before = placements(driver)
@@ -77,10 +78,10 @@ def colocated(cluster, tmp_path_factory, request):
     CUDA IPC on a GPU), the replacement's its predecessor's rank's; ipc copy: each worker maps its
     rank's push buffer and copies it into its own model."""
     records = tmp_path_factory.mktemp("records")
-    lines: list[str] = []
     backend, ipc = request.param
-    out = run(config(tmp_path_factory.mktemp("colocated"), True, backend, ipc),
-              recording_rollout(records, die_on_call=2, die_index=1, hold_index=0), log=lines.append)
+    with job_lines() as lines:
+        out = run(config(tmp_path_factory.mktemp("colocated"), True, backend, ipc),
+                  recording_rollout(records, die_on_call=2, die_index=1, hold_index=0))
     return {**out, "records": records, "lines": lines, "views": backend == "ipc" and ipc == "auto"}
 
 

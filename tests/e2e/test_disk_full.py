@@ -62,7 +62,7 @@ def cluster():
 
 def test_a_full_disk_stops_the_job_naming_it_and_the_resume_is_exact(cluster, tmp_path):
     cfg = harness.job_config(tmp_path, run={"steps": 3, "checkpoint_every": 1}, algorithm={"in_order": True})
-    driver = Driver(cfg, learner_cls=FullDiskLearner, log=lambda s: None)
+    driver = Driver(cfg, learner_cls=FullDiskLearner)
     with pytest.raises(Exception) as info:
         driver.run()
     message = str(info.value)

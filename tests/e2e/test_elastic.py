@@ -67,7 +67,7 @@ def test_a_node_that_joins_gets_a_worker_and_one_that_leaves_loses_it(cluster, t
                      run={"steps": 8})
     gates = {1: records / "node_added", 2: records / "worker1_active", 6: records / "node_removed"}
     driver = Driver(cfg, rollout_cls=recording_rollout(records), learner_cls=recording_learner(records, gates=gates),
-                    log=lambda s: None, record_batches=True)
+                    record_batches=True)
     events: dict = {}
     driver.setup()
 

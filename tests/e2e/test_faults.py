@@ -80,7 +80,6 @@ def faulty(cluster, task, tmp_path_factory):
         config(out, task),
         rollout_cls=rollout,
         learner_cls=recording_learner(records, die_rank=1, die_version=3),
-        log=lambda s: None,
         record_batches=True,
     )
     driver.setup()
@@ -169,7 +168,7 @@ def test_the_export_carries_the_jobs_sealed_config(reference):
     assert text_is_sealed(carried) and carried == (out / "config.yaml").read_text()
 
 
-def test_a_resume_on_another_learner_shape_and_fleet_continues_the_run(reference, tmp_path):
+def test_a_resume_on_another_learner_shape_and_fleet_continues_the_run(reference, tmp_path, job_log):
     """`stabledrl train --resume RUN learner.num_ranks=1 learner.deepspeed.zero_stage=3
     rollout.num_workers=1` from the reference's step-2 checkpoint (written by 2 ranks, ZeRO-2, 2
     workers): steps 3-4 train the same samples at the same versions, with the same data cursor;
@@ -185,9 +184,9 @@ def test_a_resume_on_another_learner_shape_and_fleet_continues_the_run(reference
     args = argparse.Namespace(resume=str(run), config=str(cli.QUICKSTART), overrides=[
         "learner.num_ranks=1", "learner.deepspeed.zero_stage=3", "rollout.num_workers=1"])
     cfg = load_job_config(*cli.resume_source(args))
-    lines: list[str] = []
+    lines = job_log
     driver = Driver(cfg, rollout_cls=recording_rollout(tmp_path, nan_uids=frozenset({NAN_UID})),
-                    learner_cls=recording_learner(tmp_path), log=lines.append, record_batches=True)
+                    learner_cls=recording_learner(tmp_path), record_batches=True)
     driver.setup()
     try:
         assert len(driver.actors.learners) == 1 and len(driver.active_rollouts()) == 1
@@ -300,11 +299,11 @@ class DyingRollout:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def test_a_worker_that_keeps_dying_fails_the_job_naming_it(cluster, tmp_path):
+def test_a_worker_that_keeps_dying_fails_the_job_naming_it(cluster, tmp_path, job_log):
     cfg = job_config(tmp_path / "run", learner={"num_ranks": 1}, rollout={"num_workers": 2, "max_restarts": 2},
                      run={"steps": 2})
-    lines = []
-    driver = Driver(cfg, rollout_cls=DyingRollout, learner_cls=StubLearner, log=lines.append)
+    lines = job_log
+    driver = Driver(cfg, rollout_cls=DyingRollout, learner_cls=StubLearner)
     driver.setup()
     try:
         with pytest.raises(ActorFailure, match=r"rollout worker \d died 3 times, the last time: .*; giving up "

@@ -75,15 +75,15 @@ def alive(pid: int) -> bool:
         return f.read().split()[2] != "Z"
 
 
-def test_a_frozen_worker_is_killed_and_replaced_in_evaluation_and_in_training(cluster, tmp_path):
+def test_a_frozen_worker_is_killed_and_replaced_in_evaluation_and_in_training(cluster, tmp_path, job_log):
     records = tmp_path / "records"
     records.mkdir()
     cfg = job_config(tmp_path / "run", task={"held_out": 6, "source": {"kind": "generated", "n": 22}},
                      learner={"num_ranks": 1}, rollout={"request_timeout_s": TIMEOUT_S, "max_restarts": 2},
                      eval={"num_prompts": 6}, run={"steps": 4})
-    lines: list[str] = []
+    lines = job_log
     driver = Driver(cfg, rollout_cls=freezing_rollout(records), learner_cls=harness.InspectedLearner,
-                    log=lines.append, record_batches=True)
+                    record_batches=True)
     t0 = time.monotonic()
     result = driver.run()
     assert time.monotonic() - t0 < 600
@@ -110,7 +110,7 @@ def test_a_frozen_worker_is_killed_and_replaced_in_evaluation_and_in_training(cl
     assert {c["worker"] for c in calls if "uids" in c} == {0, 1}  # worker 1's replacement took work of its own
 
 
-def test_a_worker_frozen_in_the_protocol_evaluation_is_replaced_and_its_units_run_again(cluster, tmp_path):
+def test_a_worker_frozen_in_the_protocol_evaluation_is_replaced_and_its_units_run_again(cluster, tmp_path, job_log):
     """eval.protocol on the rollout workers survives a hang as the held-out evaluation does."""
     records = tmp_path / "records"
     records.mkdir()
@@ -135,9 +135,8 @@ def test_a_worker_frozen_in_the_protocol_evaluation_is_replaced_and_its_units_ru
 
     cfg = job_config(tmp_path / "run", learner={"num_ranks": 1}, eval={"protocol": protocol},
                      rollout={"request_timeout_s": TIMEOUT_S, "max_restarts": 1}, run={"steps": 1})
-    lines: list[str] = []
-    Driver(cfg, rollout_cls=FreezingInProtocol, learner_cls=harness.InspectedLearner, log=lines.append,
-           stages=JOB_STAGES).run()
+    lines = job_log
+    Driver(cfg, rollout_cls=FreezingInProtocol, learner_cls=harness.InspectedLearner, stages=JOB_STAGES).run()
     frozen = int((records / "froze_protocol").read_text())
     deadline = time.monotonic() + 30
     while alive(frozen) and time.monotonic() < deadline:

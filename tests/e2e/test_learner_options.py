@@ -258,7 +258,7 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
         weights={"backend": backend}, run={"steps": 2})
     from stabledrl.coordinator.driver import Driver
 
-    driver = Driver(cfg, rollout_cls=LoraRollout, learner_cls=LoraLearner, log=lambda s: None)
+    driver = Driver(cfg, rollout_cls=LoraRollout, learner_cls=LoraLearner)
     driver.setup()
     try:
         driver.train()
@@ -278,10 +278,10 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
     from stabledrl.coordinator.runtime import checkpoint
 
     config = driver.config_json()
-    assert checkpoint.verify(checkpoint.checkpoint_dir(tmp_path), config, log=lambda s: None).tag == "step2"
+    assert checkpoint.verify(checkpoint.checkpoint_dir(tmp_path), config).tag == "step2"
     config["learner"]["lora"]["rank"] = 8
     with pytest.raises(checkpoint.CheckpointError, match=r"learner\.lora\.rank: checkpoint 4, config 8"):
-        checkpoint.verify(checkpoint.checkpoint_dir(tmp_path), config, log=lambda s: None)
+        checkpoint.verify(checkpoint.checkpoint_dir(tmp_path), config)
 
     initial, _ = load_policy(cfg.model)
     initial_logits = initial(PROBE, logits_from=1).logits

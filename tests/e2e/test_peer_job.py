@@ -72,7 +72,7 @@ def test_workers_pulling_from_zero3_ranks_train_exactly_as_the_broadcast(broadca
 
 @pytest.mark.parametrize("refusing", ["worker", "rank"])
 def test_a_pull_that_auto_chose_and_that_fails_falls_back_to_the_broadcast(broadcast, tmp_path, monkeypatch,
-                                                                           refusing):
+                                                                           refusing, job_log):
     """``auto`` builds the group over peer (here: the job's broadcast offered peer for one host, as
     auto does on GPUs); the workers' pulls are refused, or a learner rank cannot export its
     partitions. Every end fails at once (not at its timeout), the push is made again over the
@@ -81,10 +81,10 @@ def test_a_pull_that_auto_chose_and_that_fails_falls_back_to_the_broadcast(broad
 
     monkeypatch.setattr(driver, "one_host_transport",
                         lambda requested, resolved, sources: resolved.model_copy(update={"backend": "peer"}))
-    lines: list[str] = []
+    lines = job_log
     t0 = time.perf_counter()
     fell_back = run(config(tmp_path / "fallback", False, "gloo", **JOB),
-                    RefusingRollout if refusing == "worker" else harness.InspectedRollout, log=lines.append,
+                    RefusingRollout if refusing == "worker" else harness.InspectedRollout,
                     learner_cls=RefusingLearner if refusing == "rank" else harness.InspectedLearner)
     assert time.perf_counter() - t0 < 150  # the senders did not wait out weights.timeout_s (300 s)
     chosen = [line for line in lines if line.startswith("weights: ")]

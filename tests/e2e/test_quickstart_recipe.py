@@ -56,7 +56,7 @@ def test_quickstart_recipe_raises_held_out_accuracy_from_each_warm_start(cluster
         "run.tensorboard=false", "run.progress=false",
     ])  # fmt: skip
     assert cfg.algorithm.in_order, "the quickstart is meant to be deterministic on one machine"
-    result = Driver(cfg, log=lambda line: None, stages=JOB_STAGES).run()
+    result = Driver(cfg, stages=JOB_STAGES).run()
 
     curve = held_out_curve(out)
     assert [s for s, _ in curve] == list(range(0, STEPS + 1, 10))

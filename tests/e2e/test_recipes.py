@@ -104,7 +104,7 @@ def test_a_recipe_trains_two_steps_on_cpu_with_its_chat_template(cluster, tmp_pa
     schedule = cfg.learner.optimizer.model_dump(exclude={"total_updates"})  # a decay spans the (2-step) run
     assert schedule == shipped.learner.optimizer.model_dump(exclude={"total_updates"})
     assert cfg.learner.lora == shipped.learner.lora
-    driver = Driver(cfg, log=lambda line: None, record_batches=True, stages=JOB_STAGES)
+    driver = Driver(cfg, record_batches=True, stages=JOB_STAGES)
     result = driver.run()
     assert result.steps == 2 and [r["version"] for r in driver.history] == [1, 2]
     tokenizer = load_tokenizer(model)

@@ -74,7 +74,7 @@ def operator(driver: Driver, records: Path, events: dict) -> None:
 def elastic_run(cluster, tmp_path_factory):
     out, records = tmp_path_factory.mktemp("async"), tmp_path_factory.mktemp("async_records")
     learner = recording_learner(records, gates={1: records / "requested", 3: records / "worker2_up"})
-    driver = Driver(config(out), rollout_cls=recording_rollout(records), learner_cls=learner, log=lambda s: None,
+    driver = Driver(config(out), rollout_cls=recording_rollout(records), learner_cls=learner,
                     record_batches=True)
     events: dict = {}
     driver.setup()

@@ -9,7 +9,6 @@ evaluation at its checkpoint's step (steps 0,0,1,0,1,0,1,2,3,4,4,4 against 0,0,1
 from __future__ import annotations
 
 import argparse
-import re
 
 import pytest
 
@@ -20,6 +19,7 @@ from stabledrl.common.config.job import load_job_config  # noqa: E402
 from stabledrl.common.metrics import read_metrics  # noqa: E402
 from stabledrl.coordinator.driver import Driver  # noqa: E402
 import harness  # noqa: E402
+from job_lines import stop_at  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -37,15 +37,6 @@ def config(out):
         run={"steps": 4, "checkpoint_every": 1, "async_checkpoint": False})
 
 
-def stop_at(pattern: str):
-    """A driver log that stops the job as Ctrl-C would, once ``pattern`` is logged."""
-    def log(line: str) -> None:
-        if re.search(pattern, line):
-            raise KeyboardInterrupt
-
-    return log
-
-
 def kinds(path) -> list[tuple[int, str]]:
     """(step, what) of every record of a metrics.jsonl."""
     def what(r: dict) -> str:
@@ -61,19 +52,18 @@ def kinds(path) -> list[tuple[int, str]]:
 
 def test_a_resumed_runs_metrics_read_as_the_uninterrupted_runs(cluster, tmp_path):
     reference = tmp_path / "reference"
-    Driver(config(reference), log=lambda line: None).run()
+    Driver(config(reference)).run()
     want = kinds(reference / "metrics.jsonl")
     assert [s for s, _ in want] == [0, 0, 1, 2, 2, 3, 4, 4, 4], want
 
     run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        Driver(config(run), log=stop_at(r"checkpoint: .*step1\b")).run()
+    with stop_at(r"checkpoint: .*step1\b"), pytest.raises(KeyboardInterrupt):
+        Driver(config(run)).run()
     for stop in (r"checkpoint: .*step2\b", None):
         args = argparse.Namespace(resume=str(run), config=str(cli.QUICKSTART), overrides=[])
-        driver = Driver(load_job_config(*cli.resume_source(args)),
-                        log=stop_at(stop) if stop else (lambda line: None))
+        driver = Driver(load_job_config(*cli.resume_source(args)))
         if stop:
-            with pytest.raises(KeyboardInterrupt):
+            with stop_at(stop), pytest.raises(KeyboardInterrupt):
                 driver.run()
         else:
             result = driver.run()

@@ -90,11 +90,11 @@ def ran(tmp_path_factory):
     study = tiny_study(tmp_path)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        result = run_study(study, log=print)
+        result = run_study(study)
         job = run_config(study, "stabledrl", 0, model_path=result.model_path).model_copy(deep=True)
         job.run.output_dir, job.run.name = tmp_path / "job", "study-e2e-job"
         job.run.save_final_checkpoint, job.run.export_final = True, True
-        Driver(job, log=print, stages=JOB_STAGES).run()
+        Driver(job, stages=JOB_STAGES).run()
     finally:
         ray.shutdown()
     config = tmp_path / "job.yaml"

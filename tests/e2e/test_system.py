@@ -180,13 +180,13 @@ def test_resources_the_cluster_lacks_fail_in_time_naming_the_role(cluster, tmp_p
     # more than the cluster has at all: refused before any actor starts, naming the sizing fields
     cfg = job_config(tmp_path, cluster={"learner": {"num_cpus": 0.5, "num_gpus": 1}, "start_timeout_s": 2})
     with pytest.raises(ConfigError, match=r"learner.num_ranks \(2\) × cluster.learner.num_gpus \(1.0\) .* = 2 GPUs"):
-        Driver(cfg, log=lambda s: None).run()
+        Driver(cfg).run()
     # resources that exist but are taken: the placement group times out in time, naming the role
     hog = ray.remote(num_cpus=3.5)(Hog).remote()
     ray.get(hog.ready.remote(), timeout=60)
     cfg = job_config(tmp_path, cluster={"start_timeout_s": 2})
     with pytest.raises(ActorFailure, match=r"placement group 'stabledrl-learner' \(2 x \{'CPU': 0.5\}"):
-        Driver(cfg, log=lambda s: None).run()
+        Driver(cfg).run()
     ray.kill(hog)
     assert not ray.util.placement_group_table() or all(
         pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())

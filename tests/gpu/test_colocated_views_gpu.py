@@ -76,7 +76,7 @@ def test_a_viewing_worker_holds_no_copy_and_the_ranks_weights(gpu_cluster, tmp_p
     cfg = job_config(tmp_path, ranks, zero_stage, ipc)
     resolved = cfg.resolved_weights()
     assert (resolved.backend, resolved.ipc) == ("ipc", "view" if ipc == "auto" else "copy")
-    driver = Driver(cfg, rollout_cls=InspectedRollout, learner_cls=InspectedLearner, log=print)
+    driver = Driver(cfg, rollout_cls=InspectedRollout, learner_cls=InspectedLearner)
     driver.setup()
     try:
         driver.train()

@@ -17,6 +17,7 @@ happened.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -97,20 +98,20 @@ def gpu_cluster():
 
 
 @pytest.mark.parametrize("backend", ["nccl", "auto"])
-def test_the_push_group_follows_scale_out_and_a_killed_worker(gpu_cluster, tmp_path, backend):
+def test_the_push_group_follows_scale_out_and_a_killed_worker(gpu_cluster, tmp_path, backend, job_log):
     cfg = job_config(tmp_path, backend)
-    lines: list[str] = []
-    joined = tmp_path / "joined"
+    lines, joined = job_log, tmp_path / "joined"
 
-    def log(line: str) -> None:
-        lines.append(line)
-        print(line)
-        started = {w for w in (0, 2) if any(x.startswith(f"rollout worker {w} started on node") for x in lines)}
-        if started == {0, 2}:  # the added worker and worker 0's replacement
-            joined.touch()
+    class Joined(logging.Handler):  # after job_log's handler: ``lines`` holds the line already
+        def emit(self, record: logging.LogRecord) -> None:
+            started = {w for w in (0, 2) if any(x.startswith(f"rollout worker {w} started on node") for x in lines)}
+            if started == {0, 2}:  # the added worker and worker 0's replacement
+                joined.touch()
 
+    watch = Joined()
+    logging.getLogger("stabledrl").addHandler(watch)
     driver = Driver(cfg, rollout_cls=dying_rollout(str(tmp_path / "died"), str(joined)), learner_cls=InspectedLearner,
-                    record_batches=True, log=log)
+                    record_batches=True)
     driver.setup()
     events = {}
 
@@ -128,6 +129,7 @@ def test_the_push_group_follows_scale_out_and_a_killed_worker(gpu_cluster, tmp_p
         held = ray.get([w.weights.remote() for w in driver.active_rollouts()], timeout=300)
     finally:
         driver.close()
+        logging.getLogger("stabledrl").removeHandler(watch)
     thread.join(timeout=10)
     assert "3 rollout workers requested" in events["scale"]
     last = driver.history[-1]

@@ -98,13 +98,12 @@ def gpu_cluster():
 @pytest.mark.parametrize("ranks, workers, backend, lora", [(1, 1, "nccl", False), (2, 2, "nccl", False),
                                                            (1, 1, "auto", False), (2, 2, "auto", False),
                                                            (2, 1, "auto", True)], ids=str)
-def test_system_run(gpu_cluster, tmp_path, ranks, workers, backend, lora):
+def test_system_run(gpu_cluster, tmp_path, ranks, workers, backend, lora, job_log):
     if gpu_cluster < ranks + workers:
         pytest.skip(f"needs {ranks + workers} GPUs")
     cfg = job_config(tmp_path, ranks, workers, backend, lora)
-    lines: list[str] = []
-    driver = Driver(cfg, rollout_cls=InspectedRollout, learner_cls=InspectedLearner, record_batches=True,
-                    log=lambda line: (lines.append(line), print(line)))
+    lines = job_log
+    driver = Driver(cfg, rollout_cls=InspectedRollout, learner_cls=InspectedLearner, record_batches=True)
     driver.setup()
     try:
         assert driver.actors.info["learners"][0]["dtype"] == "torch.bfloat16"

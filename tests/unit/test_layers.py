@@ -31,7 +31,7 @@ OLD_NAMES = {"common", "rollout", "learner", "coordinator", "cli", "recipes"}
 PARTS: dict[str, list[tuple[str, ...]]] = {
     "common": [
         ("seeding", "registry", "stats", "gil", "compiling", "attention", "actor_time", "actor_setup", "metrics",
-         "tokenizer", "llada_names"),  # the standard library and third-party packages only
+         "tokenizer", "llada_names", "job_log"),  # the standard library and third-party packages only
         ("config",),  # pydantic sections; knows no model family, task or transport
         ("tasks", "trust"),  # rows and rewards; the run seal and safe checkpoint reading
         ("types", "models", "sandbox", "transport"),  # wire types; model families; the reward sandbox; the push

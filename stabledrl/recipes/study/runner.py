@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
+from stabledrl.common.job_log import labelled, show_log
 from stabledrl.coordinator.driver import DeadlineReached, Driver
 from stabledrl.recipes.stages import JOB_STAGES
 from stabledrl.recipes.study.config import StudyConfig, run_config, warmstart_config
@@ -30,7 +32,7 @@ from stabledrl.recipes.warmstart import warm_start
 from stabledrl.coordinator.runtime.watchdog import watch_descendants
 from stabledrl.recipes.study.report import load_study_file
 
-Log = Callable[[str], None]
+log = logging.getLogger(__name__)
 OUTCOMES = "outcomes.jsonl"
 # a lane process; not `-m stabledrl.recipes.study.runner`, which the package has imported already (runpy warns)
 LANE_ENTRY = "import sys; from stabledrl.recipes.study.runner import main; sys.exit(main(sys.argv[1:]))"
@@ -57,7 +59,7 @@ class StudyResult:
         return {(o.method, o.seed): o.status for o in self.outcomes}
 
 
-def run_study(study: StudyConfig, *, log: Log = print, study_file: Optional[Path] = None) -> StudyResult:
+def run_study(study: StudyConfig, *, study_file: Optional[Path] = None) -> StudyResult:
     """Warm-start once, then every run (module docstring). Ray is started here (a local instance,
     or the cluster RAY_ADDRESS names) unless this process is already connected. ``study_file``:
     the study's JSON (report.save_study_config), which lane processes read; needed for K > 1."""
@@ -65,7 +67,7 @@ def run_study(study: StudyConfig, *, log: Log = print, study_file: Optional[Path
 
     t_start = time.time()
     result = StudyResult()
-    result.model_path = shared_warm_start(study, log)
+    result.model_path = shared_warm_start(study)
     result.warmstart_s = time.time() - t_start
     deadline = t_start + study.deadline_s if study.deadline_s else None
     (study.output_dir / OUTCOMES).unlink(missing_ok=True)
@@ -75,7 +77,7 @@ def run_study(study: StudyConfig, *, log: Log = print, study_file: Optional[Path
     try:
         lanes = min(study.concurrency, len(study.runs))
         if lanes == 1:
-            run_lane(study, study.runs, result.model_path, deadline, log)
+            run_lane(study, study.runs, result.model_path, deadline)
         else:
             if study_file is None:
                 raise ValueError("concurrency > 1 needs the study file the lane processes read (save_study_config)")
@@ -89,33 +91,33 @@ def run_study(study: StudyConfig, *, log: Log = print, study_file: Optional[Path
     return result
 
 
-def run_lane(study: StudyConfig, runs: Sequence[tuple[str, int]], model_path: Path, deadline: Optional[float],
-             log: Log) -> None:
+def run_lane(study: StudyConfig, runs: Sequence[tuple[str, int]], model_path: Path,
+             deadline: Optional[float]) -> None:
     """The runs of one lane, one after another, in this process's Ray connection."""
     for method, seed in runs:
         if deadline is not None and time.time() > deadline:
             outcome = RunOutcome(method, seed, "not started")
         else:
-            outcome = run_one(study, method, seed, model_path, log, deadline)
+            outcome = run_one(study, method, seed, model_path, deadline)
         with (study.output_dir / OUTCOMES).open("a") as f:  # one short line per write: no interleaving
             f.write(json.dumps(asdict(outcome)) + "\n")
 
 
-def run_one(study: StudyConfig, method: str, seed: int, model_path: Path, log: Log,
-            deadline: Optional[float]) -> RunOutcome:
+def run_one(study: StudyConfig, method: str, seed: int, model_path: Path, deadline: Optional[float]) -> RunOutcome:
     cfg = run_config(study, method, seed, model_path=model_path)
     name = f"{method}/seed{seed}"
     t0 = time.time()
     try:
-        run = Driver(cfg, log=lambda line: log(f"[{name}] {line}"), deadline=deadline, stages=JOB_STAGES).run()
+        with labelled(f"[{name}] "):  # every line of the run names it
+            run = Driver(cfg, deadline=deadline, stages=JOB_STAGES).run()
     except DeadlineReached as e:
-        log(f"[{name}] stopped: {e}")
+        log.info(f"[{name}] stopped: {e}")
         return RunOutcome(method, seed, "stopped", time.time() - t0, str(e))
     except Exception as e:  # one run's failure is reported; the study goes on
-        log(f"[{name}] failed: {type(e).__name__}: {e}")
+        log.info(f"[{name}] failed: {type(e).__name__}: {e}")
         return RunOutcome(method, seed, "failed", time.time() - t0, f"{type(e).__name__}: {e}")
     after = "n/a" if run.after is None else f"{100 * run.after.pass_at_1:.1f}%"
-    log(f"[{name}] done: {run.steps} steps in {time.time() - t0:.0f} s, held-out pass@1 {after}")
+    log.info(f"[{name}] done: {run.steps} steps in {time.time() - t0:.0f} s, held-out pass@1 {after}")
     return RunOutcome(method, seed, "finished", time.time() - t0)
 
 
@@ -149,7 +151,7 @@ def read_outcomes(study: StudyConfig) -> list[RunOutcome]:
     return [found.get(run, RunOutcome(run[0], run[1], "not started")) for run in study.runs]
 
 
-def shared_warm_start(study: StudyConfig, log: Log) -> Path:
+def shared_warm_start(study: StudyConfig) -> Path:
     """The one warm-started model every run starts from (cached by content hash), or the job's
     own model directory when the job has no warmstart section."""
     cfg = warmstart_config(study)
@@ -160,8 +162,8 @@ def shared_warm_start(study: StudyConfig, log: Log) -> Path:
         return Path(cfg.model.path)
 
     t0 = time.time()
-    path = warm_start(cfg, log=log)
-    log(f"warm start: {path} ({time.time() - t0:.1f} s)")
+    path = warm_start(cfg)
+    log.info(f"warm start: {path} ({time.time() - t0:.1f} s)")
     import torch
 
     if torch.cuda.is_available():
@@ -201,9 +203,11 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     study = load_study_file(a.study)
     start_ray(None, address=a.address, namespace=f"stabledrl-study-lane{a.lane}")
+    undo = show_log()  # a lane's lines go to its stdout, which the study's process reads line by line
     try:
-        run_lane(study, study.runs[a.lane :: a.lanes], Path(a.model), a.deadline, lambda line: print(line, flush=True))
+        run_lane(study, study.runs[a.lane :: a.lanes], Path(a.model), a.deadline)
     finally:
+        undo()
         ray.shutdown()
     return 0
 

@@ -138,7 +138,7 @@ def test_warm_start_weights_swapped_with_their_hashes_rewritten_are_refused(tmp_
     cfg = validate(JobConfig, {**data, "warmstart": {"steps": 1, "cache_dir": str(tmp_path / "cache")}})
     cached = model_dir(warmstart_dir(cfg))
     (cached / MANIFEST).write_text(json.dumps(seal_json({"files": file_hashes(cached)})))
-    assert warm_start(cfg, log=lambda line: None) == cached
+    assert warm_start(cfg) == cached
     weights = next(cached.glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:-8] + b"\1" * 8)  # other weights
     write(cached / "pytorch_model.bin", "zip_os_system", marker)
@@ -146,8 +146,8 @@ def test_warm_start_weights_swapped_with_their_hashes_rewritten_are_refused(tmp_
     manifest["files"] = file_hashes(cached)  # the attacker rewrites every hash; the seal they cannot
     (cached / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match=rf"{cached / MANIFEST} does not match its seal"):
-        warm_start(cfg, log=lambda line: None)
+        warm_start(cfg)
     del manifest["seal"]
     (cached / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="does not match its seal"):
-        warm_start(cfg, log=lambda line: None)
+        warm_start(cfg)

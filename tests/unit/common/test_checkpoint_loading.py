@@ -151,16 +151,16 @@ def test_the_warm_start_cache_is_checked_against_its_hashes(tmp_path, marker):
     cfg = validate(JobConfig, {**data, "warmstart": {"steps": 1, "cache_dir": str(tmp_path / "cache")}})
     cached = model_dir(warmstart_dir(cfg))  # as if an earlier job had built it
     (cached / MANIFEST).write_text(json.dumps(seal_json({"files": file_hashes(cached)})))
-    assert warm_start(cfg, log=lambda line: None) == cached  # intact: reused
+    assert warm_start(cfg) == cached  # intact: reused
     weights = next(cached.glob("*.safetensors"))
     original = weights.read_bytes()
     weights.write_bytes(original[:-8] + b"\0" * 8)  # same size, other bytes
     with pytest.raises(CheckpointError, match=rf"{weights} differs from the warm start's manifest"):
-        warm_start(cfg, log=lambda line: None)
+        warm_start(cfg)
     weights.write_bytes(original)
     file = write(cached / "pytorch_model.bin", "zip_os_system", marker)
     with pytest.raises(CheckpointError, match=rf"{file} is not in the warm start's manifest"):
-        warm_start(cfg, log=lambda line: None)
+        warm_start(cfg)
 
 
 LEARNER_SCRIPT = textwrap.dedent(

@@ -16,6 +16,7 @@ from stabledrl.common.metrics import restore_metrics
 from stabledrl.coordinator.runtime.checkpoint import CheckpointError, check_shapes, verify, write_state
 from stabledrl.coordinator.runtime.episode_io import load_episodes, save_episodes
 from stabledrl.common.types import Episode
+from job_lines import job_lines
 
 CONFIG = {
     "model": {"preset": "tiny-llada", "gradient_checkpointing": False},
@@ -125,8 +126,8 @@ def test_an_unfinished_save_falls_back_to_the_previous_complete_tag(tmp_path):
     make_checkpoint(tmp_path, step=2)
     (tmp_path / "step4").mkdir()  # DeepSpeed wrote 'latest', the job died before coordinator.json
     (tmp_path / "latest").write_text("step4")
-    lines = []
-    assert verify(tmp_path, CONFIG, log=lines.append).tag == "step2"
+    with job_lines() as lines:
+        assert verify(tmp_path, CONFIG).tag == "step2"
     assert "step4 is incomplete" in lines[0]
 
 

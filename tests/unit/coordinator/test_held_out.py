@@ -58,10 +58,10 @@ def test_a_resumed_run_takes_before_from_its_own_step_0_evaluation(tmp_path):
         {"step": 4, "eval/pass@1": 0.5, "eval/prompts": 8.0, "eval/version": 4.0},
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    before = Driver(cfg, log=lambda s: None).first_evaluation()
+    before = Driver(cfg).first_evaluation()
     assert isinstance(before, HeldOutResult) and before.pass_at_1 == 0.25 and before.version == 0
     (tmp_path / "metrics.jsonl").write_text(json.dumps(lines[2]) + "\n")
-    assert Driver(cfg, log=lambda s: None).first_evaluation() is None
+    assert Driver(cfg).first_evaluation() is None
 
 
 
@@ -70,7 +70,7 @@ def test_a_resumed_runs_final_window_covers_the_runs_evaluations_once_per_step(t
     evals = [(0, 0.25), (2, 0.5), (4, 0.625), (4, 0.75), (6, 0.875)]  # step 4 twice: the checkpoint's and the resume's
     lines = [{"step": s, "eval/pass@1": p, "eval/prompts": 8.0, "eval/version": float(s)} for s, p in evals]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    driver = Driver(cfg, log=lambda s: None)
+    driver = Driver(cfg)
     driver.evaluations = driver.recorded_evaluations()
     assert [r.pass_at_1 for r in driver.evaluations] == [0.25, 0.5, 0.75, 0.875]
     assert driver.final_window_text() == "; mean of the last 3 evaluations: 70.8%"  # (0.5 + 0.75 + 0.875) / 3
@@ -83,7 +83,7 @@ def test_a_resumed_runs_final_line_has_the_uninterrupted_runs_format(tmp_path):
     lines = [{"step": s, "eval/pass@1": p, "eval/prompts": 8.0, "eval/version": float(s)}
              for s, p in [(0, 0.25), (3, 0.5), (6, 0.75)]]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    driver = Driver(cfg, log=lambda s: None)
+    driver = Driver(cfg)
     driver.evaluations = driver.recorded_evaluations()
     assert [r.pass_at_1 for r in driver.evaluations] == [0.25, 0.75]
     assert driver.final_window_text() == ""

@@ -33,13 +33,13 @@ def test_the_final_line_gives_the_mean_of_the_last_evaluations_after_before():
     from stabledrl.coordinator.driver import Driver
 
     cfg = load_job_config("deploy/configs/quickstart.yaml", ["eval.final_window=3"])
-    driver = Driver(cfg, log=lambda line: None)
+    driver = Driver(cfg)
     driver.evaluations = [result(0.10, 200)]  # BEFORE alone: nothing to average
     assert driver.final_window_text() == ""
     driver.evaluations += [result(p, 200) for p in (0.50, 0.70, 0.80, 0.90)]  # BEFORE never enters the mean
     assert driver.final_window_text() == "; mean of the last 3 evaluations: 80.0%"
     driver.evaluations = driver.evaluations[:3]
     assert driver.final_window_text() == "; mean of the last 2 evaluations: 60.0%"
-    one = Driver(load_job_config("deploy/configs/quickstart.yaml", ["eval.final_window=1"]), log=lambda line: None)
+    one = Driver(load_job_config("deploy/configs/quickstart.yaml", ["eval.final_window=1"]))
     one.evaluations = driver.evaluations
     assert one.final_window_text() == ""

@@ -4,6 +4,7 @@ ETA from the mean step time; on a terminal the bar, and no lines."""
 from __future__ import annotations
 
 from stabledrl.coordinator.progress import Progress, duration
+from job_lines import job_lines
 
 
 class Clock:
@@ -20,12 +21,13 @@ def record(reward: float = 0.5) -> dict[str, float]:
 
 
 def run(terminal: bool, steps: int = 10, step_s: float = 12.0, initial: int = 0):
-    clock, lines = Clock(), []
-    progress = Progress(steps, initial, True, lines.append, every_s=30.0, clock=clock, terminal=terminal)
-    for step in range(initial + 1, steps + 1):
-        clock.now += step_s
-        progress.step(step, record())
-    progress.close()
+    clock = Clock()
+    with job_lines() as lines:
+        progress = Progress(steps, initial, True, every_s=30.0, clock=clock, terminal=terminal)
+        for step in range(initial + 1, steps + 1):
+            clock.now += step_s
+            progress.step(step, record())
+        progress.close()
     return lines
 
 

@@ -80,7 +80,7 @@ def test_the_driver_counts_prompt_tokens_with_the_models_tokenizer(tmp_path, lla
     ])
     monkeypatch.setattr(driver.ray, "cluster_resources", lambda: {"CPU": 64.0})
     monkeypatch.setattr(driver, "start_control", lambda *args: (_ for _ in ()).throw(_Stop()))  # the first actor
-    d = driver.Driver(validate(JobConfig, raw), log=lambda line: None)
+    d = driver.Driver(validate(JobConfig, raw))
     with pytest.raises(_Stop):
         d.setup()
     assert sorted(r.prompt for r in d.rows.values()) == sorted([QUESTIONS[0], QUESTIONS[2]])

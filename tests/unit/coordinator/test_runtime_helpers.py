@@ -89,7 +89,7 @@ def test_an_object_store_load_takes_the_handle_of_the_version_it_names_and_refus
         sync.load(0, 3)
 
 
-def test_an_auto_group_on_one_host_is_pulled_over_peer_and_one_that_spans_hosts_is_broadcast(monkeypatch):
+def test_an_auto_group_on_one_host_is_pulled_over_peer_and_one_that_spans_hosts_is_broadcast(monkeypatch, job_log):
     """The transport is chosen at each build of the group: peer while every learner rank and
     member runs on the learner's node, nccl once a member runs elsewhere (a worker added by
     scaling), peer again when it has left; every member's end and the load's handle follow it,
@@ -103,9 +103,8 @@ def test_an_auto_group_on_one_host_is_pulled_over_peer_and_one_that_spans_hosts_
     actors = Actors([_Actor("learner0", calls), _Actor("learner1", calls)],
                     [_Actor("worker0", calls), _Actor("worker1", calls)],
                     info={"learners": [{"node_id": "a"}] * 2, "rollouts": [{"node_id": "a"}] * 2})
-    nccl, lines = WeightPushConfig(backend="nccl"), []
-    sync = weight_sync.WeightSync(nccl, actors, 5.0, sources=2, one_host=nccl.model_copy(update={"backend": "peer"}),
-                                  log=lines.append)
+    nccl, lines = WeightPushConfig(backend="nccl"), job_log
+    sync = weight_sync.WeightSync(nccl, actors, 5.0, sources=2, one_host=nccl.model_copy(update={"backend": "peer"}))
 
     def built(receivers, nodes):
         calls.clear()
@@ -140,13 +139,13 @@ def test_an_auto_group_on_one_host_is_pulled_over_peer_and_one_that_spans_hosts_
                                    one_host=nccl.model_copy(update={"backend": "peer"}))
     assert blind.transport([0], {0: "a"}).backend == "nccl"
     # nothing offered for one host (the user chose nccl, or auto would not pull): always the one given
-    plain = weight_sync.WeightSync(nccl, actors, 5.0, sources=2, log=lines.append)
+    plain = weight_sync.WeightSync(nccl, actors, 5.0, sources=2)
     calls.clear()
     plain.push(1, [0], {0: "a"})
     assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"nccl"} and len(lines) == 3
 
 
-def test_a_failed_pull_of_a_group_auto_built_over_peer_falls_back_to_the_broadcast_once(monkeypatch):
+def test_a_failed_pull_of_a_group_auto_built_over_peer_falls_back_to_the_broadcast_once(monkeypatch, job_log):
     """CUDA IPC refused (containers apart, GPUs without peer access): the push fails, ``failed``
     says to push again, and every later group is broadcast, on one host too; a failure over the
     broadcast after that, or of a group the user's own choice built, is not retried this way."""
@@ -158,9 +157,8 @@ def test_a_failed_pull_of_a_group_auto_built_over_peer_falls_back_to_the_broadca
     calls: list = []
     actors = Actors([_Actor("learner0", calls)], [_Actor("worker0", calls)],
                     info={"learners": [{"node_id": "a"}], "rollouts": [{"node_id": "a"}]})
-    nccl, lines = WeightPushConfig(backend="nccl"), []
-    sync = weight_sync.WeightSync(nccl, actors, 5.0, sources=1, one_host=nccl.model_copy(update={"backend": "peer"}),
-                                  log=lines.append)
+    nccl, lines = WeightPushConfig(backend="nccl"), job_log
+    sync = weight_sync.WeightSync(nccl, actors, 5.0, sources=1, one_host=nccl.model_copy(update={"backend": "peer"}))
     sync.push(1, [0], {0: "a"})
     assert sync.cfg.backend == "peer"
     assert not sync.failed("rollout worker 0 died", died=True)  # a death: retried without it, still over peer

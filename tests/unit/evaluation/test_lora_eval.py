@@ -134,7 +134,7 @@ def test_the_protocol_workers_hold_a_lora_checkpoints_adapters(lora_run, tmp_pat
 
     run, learner = lora_run
     cfg = job(run)
-    model, described, folder = policy_model(cfg, tmp_path, model_dir=None, checkpoint=str(run), log=lambda s: None)
+    model, described, folder = policy_model(cfg, tmp_path, model_dir=None, checkpoint=str(run))
     assert model == cfg.model and folder == (tmp_path / "policy_adapter").resolve() and "checkpoint" in described
     policy, _ = load_with_adapter(model, folder)
     torch.testing.assert_close(logits(policy), learner["logits"], rtol=0, atol=0)

@@ -22,6 +22,7 @@ from stabledrl.common.tasks import load_task_data
 from stabledrl.common.tokenizer import build_char_tokenizer
 from stabledrl.common.types import SequenceBatch
 from stabledrl.learner.sft import draw_masks, encode_pairs, run_sft, sft_loss
+from job_lines import job_lines
 
 torch.set_num_threads(1)
 TOK = build_char_tokenizer()
@@ -183,7 +184,7 @@ def test_run_sft_is_deterministic_given_the_seed_and_reduces_the_loss():
     def train(seed: int, steps: int = cfg.steps):
         policy = tiny()
         metrics = run_sft(
-            policy, TOK, data.train, data.task, cfg.model_copy(update={"steps": steps}), seed, gen_length=3, log=None
+            policy, TOK, data.train, data.task, cfg.model_copy(update={"steps": steps}), seed, gen_length=3
         )
         return policy, metrics
 
@@ -223,22 +224,22 @@ def test_warm_start_trains_once_caches_by_content_and_loads_back(tmp_path):
     from stabledrl.common.models import load_policy
     from stabledrl.recipes.warmstart import MANIFEST, warm_start
 
-    lines: list[str] = []
-    path = warm_start(job(tmp_path), log=lines.append)
+    with job_lines() as lines:
+        path = warm_start(job(tmp_path))
     assert (path / MANIFEST).is_file() and any("sft step 4/4" in line for line in lines)
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary directory left behind
-    lines.clear()
-    assert warm_start(job(tmp_path, **{"warmstart.log_every": 1}), log=lines.append) == path  # log_every: same model
+    with job_lines() as lines:
+        assert warm_start(job(tmp_path, **{"warmstart.log_every": 1})) == path  # log_every: same model
     assert len(lines) == 1 and "reusing" in lines[0]
-    others = {warm_start(job(tmp_path, **{k: v}), log=lambda s: None) for k, v in
+    others = {warm_start(job(tmp_path, **{k: v})) for k, v in
               [("run.seed", 1), ("warmstart.steps", 5), ("sampler.gen_length", 8), ("task.held_out", 21),
                ("warmstart.seed", 2), ("warmstart.threads", 2)]}  # fmt: skip
     assert len(others | {path}) == 7  # each of these changes the weights, so each gets its own directory
     # warmstart.seed and warmstart.threads enter by their effective values: this run's seed (0) and thread count (1)
-    same = {warm_start(job(tmp_path, **over), log=lambda s: None) for over in
+    same = {warm_start(job(tmp_path, **over)) for over in
             [{"warmstart.seed": 0}, {"warmstart.threads": 1}, {"run.seed": 1, "warmstart.seed": 0}]}  # fmt: skip
     assert same == {path}
-    two = warm_start(job(tmp_path, **{"warmstart.threads": 2}), log=lambda s: None)
+    two = warm_start(job(tmp_path, **{"warmstart.threads": 2}))
     assert json.loads((path / MANIFEST).read_text())["threads"] == 1
     assert json.loads((two / MANIFEST).read_text())["threads"] == 2
     assert torch.get_num_threads() == 1  # the SFT's thread count is the process's again afterwards
@@ -249,6 +250,6 @@ def test_warm_start_trains_once_caches_by_content_and_loads_back(tmp_path):
     trained = dict(loaded.state_dict())
     assert trained.keys() == fresh.state_dict().keys()
     assert any(not torch.equal(trained[k], v) for k, v in fresh.state_dict().items())  # SFT moved the weights
-    rerun = warm_start(job(tmp_path / "again"), log=lambda s: None)  # the same config elsewhere: the same weights
+    rerun = warm_start(job(tmp_path / "again"))  # the same config elsewhere: the same weights
     again, _ = load_policy(ModelConfig(path=rerun))
     assert all(torch.equal(trained[k], v) for k, v in again.state_dict().items())
