@@ -1,6 +1,9 @@
-"""The background checkpoint written by a process of its own (``learner.checkpoint.writer: process``,
-the default): the snapshot goes into shared host memory reserved ahead of the save, and a child
-process, not the learner, turns it into files.
+"""The background checkpoint (``run.async_checkpoint``): the snapshot goes into shared host memory
+reserved ahead of the save, and a child process, not the learner, turns it into files.
+
+    save        DeepSpeed's own save (its collectives, file names, metadata) through ``ProcessWriter``,
+                a checkpoint engine whose ``save`` only collects the state: it returns at once,
+                no copy, no I/O (``LearnerEngine.save_checkpoint_async``)
 
     reserve     after the learner's first update (``ProcessWriter.reserve``, from a thread): a
                 shared-memory region (memfd) the size of this rank's checkpoint state, its pages
@@ -9,9 +12,11 @@ process, not the learner, turns it into files.
                 allocation; kept for the run and reused by every save (it grows if a save needs more)
     snapshot    the writer thread copies every tensor of the state into the region (CUDA: on a
                 stream of its own, after the update that produced it); storage sharing kept
-    write       the child process (``python -m stabledrl.learner.checkpoint_process``) maps the same
-                region, rebuilds the state around it and writes each file durably, then the
-                marker (learner/async_checkpoint.py: write_file, write_marker)
+    write       the child process (learner/checkpoint_child.py) maps the same region, rebuilds the
+                state around it and writes each file durably, then the marker
+                (learner/async_checkpoint.py: write_file, write_marker)
+    next update waits for the snapshot only (``wait_snapshot`` before the optimizer step: the
+                state is modified in place there and nowhere before)
 
 Why a process: torch.save's pickling and its Python-level writes take the GIL in turns with the
 training thread, which needs it for each of the tens of thousands of kernels it launches a step,
@@ -20,15 +25,14 @@ child, neither touches the learner.
 What the learner's writer thread still runs under the GIL is one pickling pass over the state's
 structure (tensors are replaced by their place in the region, no data is pickled).
 
-The previous writer (``writer: thread``: a fresh pageable host copy through one page-locked
-buffer, files written by a thread of the learner) stays selectable, for the before/after
-measurement. Durability is the same for both: files appear under their final names only once
-complete and fsynced, the marker last; the child ends within half a second of the learner (it
-watches its parent), so a killed run leaves the tag incomplete and a resume takes the one before.
+Durability: files appear under their final names only once complete and fsynced, the marker
+last; the coordinator writes the checkpoint's ``coordinator.json`` and ``latest`` only once every
+rank's marker is there (coordinator/runtime/checkpoint.py); the child ends within half a second of
+the learner (it watches its parent), so a killed run leaves the tag incomplete and a resume takes
+the one before. Host memory: one copy of this rank's state, for the run.
 """
 from __future__ import annotations
 
-import gc
 import io
 import mmap
 import os
@@ -39,12 +43,13 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import recv_handle, send_handle
+from multiprocessing.reduction import send_handle
 from typing import Any, Callable, Optional
 
 import torch
 
-from stabledrl.learner.async_checkpoint import BackgroundWriter, CheckpointWriteError, write_file, write_marker
+from stabledrl.learner.async_checkpoint import CheckpointWriteError, write_marker
+from stabledrl.learner.checkpoint_child import RegionRef
 
 ALIGN = 4096  # each storage starts on a page: the DMA and the child's views stay aligned
 CHUNK = 64 << 20  # bytes per device-to-host copy when the region could not be page-locked
@@ -128,19 +133,6 @@ def _land(buffer: torch.Tensor, done: Any, dest: torch.Tensor, n: int) -> None:
     dest.copy_(buffer[:n])
 
 
-class _Ref:
-    """A tensor in the region, as the child rebuilds it."""
-
-    __slots__ = ("offset", "nbytes", "dtype", "size", "stride", "storage_offset", "requires_grad", "parameter")
-
-    def __init__(self, *values: Any) -> None:
-        for name, value in zip(self.__slots__, values):
-            setattr(self, name, value)
-
-    def __reduce__(self):
-        return _Ref, tuple(getattr(self, name) for name in self.__slots__)
-
-
 def plan(files: list[tuple[Any, str]]) -> tuple[list[tuple[bytes, str]], list[tuple[torch.Tensor, int]], int]:
     """Each file's state pickled with its tensors replaced by their place in the region, the
     (source storage as uint8, offset) copies to make, and the region's bytes in use. Tensors that
@@ -164,7 +156,7 @@ def plan(files: list[tuple[Any, str]]) -> tuple[list[tuple[bytes, str]], list[tu
                 places[key] = end
                 copies.append((torch.empty(0, dtype=torch.uint8, device=obj.device).set_(s), end))
                 end += _aligned(s.nbytes())
-            return _Ref(places[key], s.nbytes(), obj.dtype, tuple(obj.size()), tuple(obj.stride()),
+            return RegionRef(places[key], s.nbytes(), obj.dtype, tuple(obj.size()), tuple(obj.stride()),
                         obj.storage_offset(), obj.requires_grad, isinstance(obj, torch.nn.Parameter))
 
     pickled = []
@@ -175,32 +167,23 @@ def plan(files: list[tuple[Any, str]]) -> tuple[list[tuple[bytes, str]], list[tu
     return pickled, copies, end
 
 
-def rebuild(pickled: bytes, region: Any) -> Any:
-    """The state of ``plan`` with its tensors as views of ``region`` (the child's mapping)."""
-    bases: dict[tuple[int, int], torch.Tensor] = {}  # an empty storage takes no room: its offset is the next one's
-
-    class Loader(pickle.Unpickler):
-        def persistent_load(self, ref: _Ref) -> torch.Tensor:
-            key = (ref.offset, ref.nbytes)
-            if key not in bases:
-                bases[key] = (torch.frombuffer(region, dtype=torch.uint8, count=ref.nbytes, offset=ref.offset)
-                              if ref.nbytes else torch.empty(0, dtype=torch.uint8))
-            t = torch.empty(0, dtype=ref.dtype).set_(bases[key].untyped_storage(), ref.storage_offset, ref.size,
-                                                     ref.stride)
-            return torch.nn.Parameter(t, ref.requires_grad) if ref.parameter else t.requires_grad_(ref.requires_grad)
-
-    return Loader(io.BytesIO(pickled)).load()
-
-
-class ProcessWriter(BackgroundWriter):
-    """BackgroundWriter whose snapshot goes into a reserved shared region and whose files are
-    written by a child process (module docstring). Same interface and phases: ``start``,
-    ``wait_snapshot``, ``wait_written``; ``reserve`` sizes the region ahead of a save."""
+class ProcessWriter:
+    """A DeepSpeed checkpoint engine (create / save / load / commit) whose ``save`` only collects a
+    save's files; ``start`` hands them to a thread that snapshots them into the reserved shared
+    region and has the child process write them (module docstring). ``wait_snapshot`` and
+    ``wait_written`` wait for the two phases; ``reserve`` sizes the region ahead of a save."""
 
     def __init__(self, zipfile_serialization: bool, on_written: Callable[[float], None] = lambda s: None,
                  pin: bool = True) -> None:
-        super().__init__(zipfile_serialization, on_written)
         self.name = "stabledrl.ProcessWriter"
+        self.zipfile_serialization = zipfile_serialization
+        self.on_written = on_written  # the save's seconds, once its files are durable (or it failed)
+        self.files: list[tuple[Any, str]] = []  # collected since the last start
+        self.snapshotted, self.written = threading.Event(), threading.Event()
+        self.snapshotted.set()
+        self.written.set()
+        self.error: Optional[BaseException] = None  # the last save's, raised in the training thread by wait_*
+        self.stream = None  # CUDA: the snapshot's copies run on a stream of their own
         self.pin = pin  # page-lock the region with CUDA (False: the copies go through the bounce buffers)
         self.arena: Optional[SharedArena] = None
         self.lock = threading.Lock()  # the region and the child: one user at a time (a reserve, a save)
@@ -209,6 +192,69 @@ class ProcessWriter(BackgroundWriter):
         self.snapshot_s: Optional[float] = None  # the last snapshot's seconds
         self.reserved = threading.Event()
         self.reserved.set()
+
+    # ---- DeepSpeed's checkpoint-engine interface ------------------------------------------------
+    def create(self, info: Any) -> None:
+        self.wait_written()
+
+    def save(self, state_dict: Any, path: str) -> None:
+        self.files.append((state_dict, path))
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        self.wait_written()
+        return torch.load(path, map_location=map_location, weights_only=False)
+
+    def commit(self, info: Any) -> bool:
+        return True
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        os.makedirs(path, exist_ok=exist_ok)
+
+    def is_data_parallel_writer(self, dp_rank: int) -> bool:
+        return dp_rank == 0
+
+    def is_decoupled(self) -> bool:
+        return False
+
+    def preserves_storage_sharing(self) -> bool:
+        return True
+
+    def cleanup(self) -> None:
+        pass
+
+    # ---- the two phases ---------------------------------------------------------------------------
+    def start(self, marker: str, written: list[str] = ()) -> None:
+        """Hand the collected files to a new thread (the last save's has finished), which has the
+        child write ``marker`` last, listing them and the files ``written`` already."""
+        files, self.files = self.files, []
+        self.snapshotted.clear()
+        self.written.clear()
+        self.error = None
+        after = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            self.stream = self.stream or torch.cuda.Stream()
+            after = torch.cuda.current_stream().record_event()  # the update that produced the state
+        threading.Thread(target=self._run, args=(files, after, marker, list(written)), name="checkpoint-writer",
+                         daemon=True).start()
+
+    def wait_snapshot(self) -> None:
+        """Until the state is copied (the training thread calls this before it changes the state)."""
+        self.snapshotted.wait()
+        self._raise()
+
+    def wait_written(self, timeout_s: Optional[float] = None) -> bool:
+        """Until every file is durable (False if ``timeout_s`` passed first); raises a write's error."""
+        if not self.written.wait(timeout_s):
+            return False
+        self._raise()
+        return True
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            if isinstance(error, CheckpointWriteError):  # the disk's own words, one line, not a collective's
+                raise CheckpointWriteError(error.errno, error.strerror, error.filename) from error
+            raise RuntimeError(f"background checkpoint write failed: {type(error).__name__}: {error}") from error
 
     # ---- the region ----------------------------------------------------------------------------
     def reserve(self, nbytes: int) -> None:
@@ -259,7 +305,7 @@ class ProcessWriter(BackgroundWriter):
         ours, theirs = socket.socketpair()
         # no GPU in the child: it only reads host memory (a CUDA context would take the learner's GPU memory)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "CUDA_VISIBLE_DEVICES": ""}
-        command = [sys.executable, "-m", "stabledrl.learner.checkpoint_process", str(theirs.fileno()), str(os.getpid())]
+        command = [sys.executable, "-m", "stabledrl.learner.checkpoint_child", str(theirs.fileno()), str(os.getpid())]
         self.child = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=env, close_fds=True)
         theirs.close()
         self.conn = Connection(ours.detach())
@@ -343,64 +389,3 @@ def _error(kind: str, code: Optional[int], strerror: Optional[str], filename: Op
     if kind == "CheckpointWriteError":
         return CheckpointWriteError(code, strerror, filename)
     return RuntimeError(f"checkpoint writer process: {text}")
-
-
-# ---- the child --------------------------------------------------------------------------------
-def _die_with_parent(parent: int, every_s: float = 0.5) -> None:
-    """End this process within ``every_s`` of the learner's end, mid-write or not: a checkpoint
-    whose learner died is never completed by its writer."""
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def child_main(fd: int, parent: int) -> None:
-    _die_with_parent(parent)
-    torch.set_num_threads(1)
-    try:  # the classes a DeepSpeed state unpickles, imported now rather than during the first write
-        import deepspeed  # noqa: F401
-    except Exception:  # noqa: BLE001 - a state without them needs none
-        pass
-    conn = Connection(fd)
-    region: Optional[mmap.mmap] = None
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return  # the learner closed its end or died
-        try:
-            if message[0] == "map":
-                handle = recv_handle(conn)
-                region = mmap.mmap(handle, message[1], flags=mmap.MAP_SHARED)
-                os.close(handle)
-                conn.send(("ok",))
-            elif message[0] == "unmap":
-                gc.collect()  # the last write's views of the region
-                if region is not None:
-                    region.close()
-                region = None
-                conn.send(("ok",))
-            elif message[0] == "write":
-                _, pickled, marker, paths, zipfile_serialization = message
-                try:
-                    for data, path in pickled:
-                        write_file(rebuild(data, region), path, zipfile_serialization)
-                    write_marker(marker, paths)
-                except BaseException as e:  # noqa: BLE001 - the marker says so, then the learner
-                    try:
-                        write_marker(marker, [], error=e)
-                    except OSError:
-                        pass
-                    raise
-                conn.send(("ok",))
-        except BaseException as e:  # noqa: BLE001 - sent to the learner's writer thread
-            ce = e if isinstance(e, CheckpointWriteError) else None
-            conn.send(("error", type(e).__name__, getattr(ce, "errno", None), getattr(ce, "strerror", None),
-                       getattr(ce, "filename", None), f"{type(e).__name__}: {e}"))
-
-
-if __name__ == "__main__":
-    child_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -48,7 +48,7 @@ from stabledrl.common.config.learner import LearnerConfig
 from stabledrl.common.seeding import derive_seed
 from stabledrl.common.transport.adapters import adapter_names
 from stabledrl.common.transport.shards import partition_numel
-from stabledrl.learner.async_checkpoint import BackgroundWriter, marker_name, write_file
+from stabledrl.learner.async_checkpoint import marker_name, write_file
 from stabledrl.learner.group import local_device
 from stabledrl.learner.fused import fuse_elementwise
 from stabledrl.learner.lora import adapter_named_parameters, add_adapters, plain_named_parameters
@@ -97,7 +97,7 @@ class LearnerEngine:
         self.optimizer_s = 0.0  # seconds in DeepSpeed's step (reduce, clip, update, gather), over the engine's life
         self.skipped_steps = 0  # steps skipped for a non-finite loss or grad norm
         self._bad_loss = False
-        self.writer: Optional[BackgroundWriter] = None  # save_checkpoint_async's (learner/async_checkpoint.py)
+        self.writer: Optional[ProcessWriter] = None  # save_checkpoint_async's (learner/checkpoint_process.py)
         self.reserve_due = False  # expect_background_saves
         self.resharded_from: Optional[tuple[int, int]] = None  # (ranks, stage) of a re-sharded checkpoint loaded
 
@@ -393,11 +393,11 @@ class LearnerEngine:
     # ---- checkpoints off the training path ---------------------------------------------------
     def save_checkpoint_async(self, directory: str | os.PathLike, client_state: Optional[dict] = None,
                               tag: Optional[str] = None, on_written: Callable[[float], None] = lambda s: None) -> str:
-        """``save_checkpoint`` whose files are copied and written by a background thread
-        (learner/async_checkpoint.py): returns once DeepSpeed has collected the state; the next
-        update waits only for the copy to host memory. Writes no ``latest``: the caller marks the
+        """``save_checkpoint`` whose files are copied to shared host memory and written by a child
+        process (learner/checkpoint_process.py): returns once DeepSpeed has collected the state;
+        the next update waits only for the copy. Writes no ``latest``: the caller marks the
         checkpoint complete once every rank's marker file (``marker_name``) is there.
-        ``on_written(s)`` gets the thread's seconds."""
+        ``on_written(s)`` gets the save's seconds."""
         self.checkpoint_written(timeout_s=None)  # one save at a time
         torch_engine = self.engine.checkpoint_engine
         self._background_writer().on_written = on_written
@@ -417,18 +417,15 @@ class LearnerEngine:
         return tag
 
     def expect_background_saves(self) -> None:
-        """The run will save in the background: with the process writer (``learner.checkpoint``),
-        reserve its host memory after the next applied update (the optimizer state is whole then)."""
-        self.reserve_due = self.cfg.checkpoint.writer == "process" and self.cfg.checkpoint.reserve
+        """The run will save in the background: reserve the writer's host memory after the next
+        applied update (the optimizer state is whole then), unless ``learner.checkpoint.reserve`` is off."""
+        self.reserve_due = self.cfg.checkpoint.reserve
 
-    def _background_writer(self) -> BackgroundWriter:
-        """This rank's writer, made once (``learner.checkpoint.writer``)."""
+    def _background_writer(self) -> ProcessWriter:
+        """This rank's writer, made once."""
         if self.writer is None:
             zipfile = bool(getattr(self.engine.checkpoint_engine, "zipfile_serialization", True))
-            if self.cfg.checkpoint.writer == "process":
-                self.writer = ProcessWriter(zipfile)
-            else:
-                self.writer = BackgroundWriter(zipfile)
+            self.writer = ProcessWriter(zipfile)
         return self.writer
 
     def _reserve_checkpoint_memory(self) -> None:
@@ -439,9 +436,7 @@ class LearnerEngine:
                                       self.engine.module_state_dict(exclude_frozen_parameters=bool(self.adapted))])
         except Exception:  # noqa: BLE001 - an estimate only: the first save reserves what it needs
             return
-        writer = self._background_writer()
-        if hasattr(writer, "reserve"):
-            writer.reserve(nbytes)
+        self._background_writer().reserve(nbytes)
 
     def checkpoint_written(self, timeout_s: Optional[float] = 0.0) -> bool:
         """Whether this rank's last ``save_checkpoint_async`` is durable, waiting at most

@@ -307,8 +307,8 @@ class LearnerWorker:
 
     def save_checkpoint(self, directory: str, client_state: dict, tag: str, background: bool = False) -> str:
         """DeepSpeed checkpoint of this rank (collective). ``background``: its files are written by
-        a thread of this rank while training goes on, which leaves a marker file once they are
-        durable (learner/async_checkpoint.py)."""
+        a child process of this rank while training goes on, which leaves a marker file once they
+        are durable (learner/checkpoint_process.py)."""
         with self.clock.timed("checkpoint"):
             try:
                 if background:
@@ -325,7 +325,7 @@ class LearnerWorker:
         """The background save's seconds (its thread's, from the save to the marker) and, within
         them, its copy to host memory (what the next optimizer step may wait for)."""
         self.clock.add("checkpoint_write", seconds)
-        snapshot_s = getattr(self.engine.writer, "snapshot_s", None)
+        snapshot_s = self.engine.writer.snapshot_s
         if snapshot_s is not None:
             self.clock.add("checkpoint_snapshot", snapshot_s)
 

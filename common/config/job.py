@@ -10,10 +10,11 @@ with the dotted name of the field before Ray is even started.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from stabledrl.common.config.base import MAX_SECONDS, ConfigError, StrictModel, apply_overrides, load_yaml, validate
 from stabledrl.common.config.estimator import UNIFORM_NOISE_ESTIMATORS, EstimatorConfig
@@ -168,11 +169,12 @@ class RunConfig(StrictModel):
     output_dir: Path = Field(Path("runs/latest"), description="metrics.jsonl, TensorBoard events, checkpoints")
     checkpoint_every: int = Field(0, ge=0, description="save a checkpoint every N steps (0: only at the end)")
     async_checkpoint: bool = Field(
-        True, description="learner ranks write checkpoint files from a background thread while training goes on "
-        "(one host-memory copy of each rank's state while it is written); the checkpoint counts as complete, and a "
-        "resume uses it, only once every file is durable. false: training waits for the write"
+        True, description="a child process of each learner rank writes its checkpoint files from shared host memory "
+        "while training goes on (one host-memory copy of the rank's state, learner.checkpoint); the checkpoint counts "
+        "as complete, and a resume uses it, only once every file is durable. false: training waits for the write"
     )
     save_final_checkpoint: bool = Field(True, description="save a checkpoint after the last step")
+
     export_final: bool = Field(
         True, description="write the trained policy in its family's released format, output_dir/final_model (the "
         "config and weight names the family's own code loads; model.path and `stabledrl eval --model` read it too); "
@@ -197,6 +199,14 @@ class RunConfig(StrictModel):
     @property
     def job_name(self) -> str:
         return self.name or Path(self.output_dir).resolve().name
+
+    @field_validator("async_checkpoint")
+    @classmethod
+    def _shared_memory_here(cls, v: bool) -> bool:
+        if v and not hasattr(os, "memfd_create"):
+            raise ValueError("the background writer's shared host memory needs Linux (os.memfd_create); set "
+                             "run.async_checkpoint false here")
+        return v
 
 
 class JobConfig(StrictModel):

@@ -9,11 +9,11 @@ The learning rate (1e-6 for Sudoku / Countdown, 2e-6 for MATH / GSM8K) is the ta
       optimizer: {lr: 2.0e-6, warmup_steps: 0, schedule: linear}     # linear decay to 0 over the run
       deepspeed: {zero_stage: 3, dtype: auto, gradient_checkpointing: true}
       lora: {rank: 128, alpha: 64}                                     # adapters instead of full fine-tuning
-      checkpoint: {writer: process}                                    # background saves: shared memory + a child
+      checkpoint: {reserve: true}                                      # background saves: host memory reserved ahead
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
@@ -209,28 +209,26 @@ class LoraConfig(StrictModel):
 
 
 class CheckpointWriterConfig(StrictModel):
-    """How a learner rank writes a checkpoint in the background (run.async_checkpoint; learner/async_checkpoint.py)."""
+    """How a learner rank writes a checkpoint in the background (run.async_checkpoint): the state is
+    copied into shared host memory reserved ahead (page-locked with CUDA: a copy at the link's
+    speed) and a child process writes the files, so neither the copy nor the write holds the
+    training thread up (learner/checkpoint_process.py)."""
 
-    writer: Literal["process", "thread"] = Field(
-        "process", description="process: the state is copied into shared host memory reserved ahead (page-locked "
-        "with CUDA: a copy at the link's speed) and a child process writes the files, so neither the copy nor the "
-        "write holds the training thread up (learner/checkpoint_process.py); thread: the earlier writer, a fresh "
-        "host copy through one page-locked buffer and the files written by a thread of the learner (kept to compare)"
-    )
     reserve: bool = Field(
-        True, description="process writer: reserve the host memory (one copy of this rank's state) after the first "
-        "update, so that the first save's copy does not fault it in; it stays reserved for the run. Only where the "
-        "job saves in the background during the run (run.async_checkpoint and run.checkpoint_every > 0); false: at "
-        "the first save"
+        True, description="reserve the host memory (one copy of this rank's state) after the first update, so that "
+        "the first save's copy does not fault it in; it stays reserved for the run. Only where the job saves in the "
+        "background during the run (run.async_checkpoint and run.checkpoint_every > 0); false: at the first save"
     )
 
-    @model_validator(mode="after")
-    def _process_needs_memfd(self) -> "CheckpointWriterConfig":
-        import os
-
-        if self.writer == "process" and not hasattr(os, "memfd_create"):
-            raise ValueError("learner.checkpoint.writer: process needs Linux (os.memfd_create); use thread here")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _writer_removed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "writer" in data:
+            raise ValueError(
+                f"learner.checkpoint.writer ({data['writer']!r}) is gone: a background checkpoint is always written "
+                "by a child process from shared host memory (the thread writer it chose between was removed); "
+                "delete the line")
+        return data
 
 
 class LearnerConfig(StrictModel):

@@ -92,7 +92,7 @@ def save(actors: Actors, output_dir: Path, step: int, state: dict[str, Any], epi
 
 def begin_save(actors: Actors, output_dir: Path, step: int, state: dict[str, Any], episodes: list[Episode],
                timeout_s: float) -> "PendingSave":
-    """``save`` with the learner files written in the background (learner/async_checkpoint.py):
+    """``save`` with the learner files written in the background (learner/checkpoint_process.py):
     returns once every rank has handed its state to its writer. The tag is complete only after
     ``PendingSave.finish``: every rank's marker file says its files are durable, then the episodes,
     coordinator.json and ``latest`` are written."""

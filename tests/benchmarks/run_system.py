@@ -364,7 +364,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="the full jobs' steps (system_llada, system_trado)")
     ap.add_argument("--no-resume", action="store_true", help="the full jobs without their `train --resume` check")
     ap.add_argument("--job-set", action="append", default=[],
-                    help="an override key=value for the full jobs (repeatable), e.g. learner.checkpoint.writer=thread")
+                    help="an override key=value for the full jobs (repeatable), e.g. learner.checkpoint.reserve=false")
     ap.add_argument("--short-set", action="append", default=[],
                     help="an override key=value for the short jobs (lora_llada, offload_llada*, the variants), "
                          "e.g. weights.backend=nccl")

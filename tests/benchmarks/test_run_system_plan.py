@@ -68,16 +68,16 @@ def test_eight_gpus_run_the_one_node_configs_as_shipped(tmp_path):
 
 def test_the_checkpoint_measurement_options_reach_the_full_jobs(tmp_path):
     """The before/after of the background checkpoint (BENCHMARKS.md): 6 steps, the save after step
-    4, no resume, the writer chosen by an override; the short jobs take their own overrides."""
+    4, no resume, the writer's reserve set by an override; the short jobs take their own overrides."""
     _, chosen = plan(["ckpt_llada_short", "system_llada", "lora_llada"], False, tmp_path, tmp_path / "records", 2,
                      checkpoint_at=4, steps=6, resume=False, profile=False,
-                     job_set=("learner.checkpoint.writer=thread",), short_set=("weights.backend=nccl",))
+                     job_set=("learner.checkpoint.reserve=false",), short_set=("weights.backend=nccl",))
     parts = {p.name: p for p in chosen}
     system, lora = parts["system_llada"], parts["lora_llada"]
     assert arg(system, "--steps") == "6" and arg(system, "--checkpoint-at") == "4"
     assert "--resume-check" not in system.args and "--profile-step" not in system.args
-    assert "--set=learner.checkpoint.writer=thread" in system.args
-    assert "--set=learner.checkpoint.writer=thread" not in lora.args and arg(lora, "--steps") == "2"
+    assert "--set=learner.checkpoint.reserve=false" in system.args
+    assert "--set=learner.checkpoint.reserve=false" not in lora.args and arg(lora, "--steps") == "2"
     assert "--set=weights.backend=nccl" in lora.args and "--set=weights.backend=nccl" not in system.args
 
 

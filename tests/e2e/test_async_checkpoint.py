@@ -1,7 +1,8 @@
-"""Checkpoints written in the background (run.async_checkpoint, learner/async_checkpoint.py), on
-real actors: with the learner's file writes slowed to 20 s from the second save on, the steps after
-a save do not wait for it; a job killed while that write runs leaves it incomplete (no marker, no
-coordinator.json), so the resume continues from the save before, and the resumed run finishes."""
+"""Checkpoints written in the background (run.async_checkpoint, learner/checkpoint_process.py), on
+real actors: with each learner rank's writer asking its child process for the files 20 s late from
+the second save on, the steps after a save do not wait for it; a job killed while that save is out
+leaves it incomplete (no marker, no coordinator.json; the child ends with its learner), so the
+resume continues from the save before, and the resumed run finishes."""
 from __future__ import annotations
 
 import time
@@ -22,18 +23,19 @@ DELAY_S = 20.0
 
 
 class SlowWriterLearner(LearnerWorker):
-    """Writes its checkpoint files DELAY_S late from the second save on (the first is fast)."""
+    """Its writer has the files written DELAY_S late from the second save on (the first at once)."""
 
     def start(self, *args, **kwargs):
         out = super().start(*args, **kwargs)
-        from stabledrl.learner.async_checkpoint import BackgroundWriter, write_file
+        from stabledrl.learner.checkpoint_process import ProcessWriter
 
-        def slow(state, path, zipfile_serialization):
-            if "step1" not in path:
-                time.sleep(DELAY_S)
-            write_file(state, path, zipfile_serialization)
+        class SlowWriter(ProcessWriter):
+            def _ask(self, message):
+                if message[0] == "write" and "step1" not in message[2]:  # ("write", files, marker, ...)
+                    time.sleep(DELAY_S)
+                return super()._ask(message)
 
-        self.engine.writer = BackgroundWriter(True, write=slow)
+        self.engine.writer = SlowWriter(True)
         return out
 
 

@@ -1,12 +1,14 @@
-"""A full disk during a background checkpoint, on real actors: the learner's file writes fail
-with ENOSPC part-way from the second save on (injected where the bytes are written). The job
+"""A full disk during a background checkpoint, on real actors: the checkpoint writer's file writes
+fail with ENOSPC part-way from the second save on (injected where the bytes are written: the
+writer's child process opens its files through an ``open`` that fills up). The job
 stops with "No space left on device" and the file, not torch's stream positions or a collective
 timeout; the previous complete checkpoint stays `latest`; the resume after space is freed trains
 step 2 again exactly as the interrupted run trained it."""
 from __future__ import annotations
 
-import errno
-import os
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -21,37 +23,53 @@ import harness  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 
+# Run first in the writer's child process (a ``sitecustomize`` on its path): from the second save on,
+# every file it opens for writing takes 4 KB, then the disk is full.
+FULL_DISK = """
+import builtins, errno, os
+
+_open = builtins.open
+
+
+class _Full:
+    def __init__(self, f):
+        self.f, self.taken = f, 0
+
+    def write(self, data):
+        if self.taken + len(data) > 4096:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.taken += len(data)
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def _filling_open(file, mode="r", *args, **kwargs):
+    f = _open(file, mode, *args, **kwargs)
+    name = str(file)
+    return _Full(f) if "w" in mode and name.endswith(".tmp") and "/step1/" not in name else f
+
+
+builtins.open = _filling_open
+"""
+
+
 class FullDiskLearner(LearnerWorker):
-    """From the second save on, every file takes 4 KB and then the disk is full."""
+    """Its checkpoint writer's child starts with FULL_DISK: the learner puts it on the path the
+    child inherits (learner/checkpoint_process.py passes its sys.path on)."""
 
     def start(self, *args, **kwargs):
-        out = super().start(*args, **kwargs)
-        from stabledrl.learner.async_checkpoint import BackgroundWriter, write_file
-
-        class Full:
-            def __init__(self, path, mode):
-                self.f, self.taken = open(path, mode), 0
-
-            def write(self, data):
-                if self.taken + len(data) > 4096:
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                self.taken += len(data)
-                return self.f.write(data)
-
-            def __getattr__(self, name):
-                return getattr(self.f, name)
-
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                self.f.close()
-
-        def write(state, path, zipfile_serialization):
-            write_file(state, path, zipfile_serialization, opener=open if "step1" in path else Full)
-
-        self.engine.writer = BackgroundWriter(True, write=write)
-        return out
+        fault = Path(tempfile.mkdtemp(prefix="full-disk-"))
+        (fault / "sitecustomize.py").write_text(FULL_DISK)
+        sys.path.insert(0, str(fault))
+        return super().start(*args, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,14 @@
 """The CUDA paths of the background checkpoint writer and of weight staging (one GPU, seconds):
-the writer copies device state on a stream of its own after the update that produced it, so the
-snapshot is the state at the save even while later kernels change it; a push staged into a CUDA
-copy on a side stream lands whole and reaches the parameters only at ``apply``.
+the writer copies device state into its reserved host memory on a stream of its own, after the
+update that produced it, so the snapshot is the state at the save even while later kernels change
+it; a push staged into a CUDA copy on a side stream lands whole and reaches the parameters only at
+``apply``.
 
     python -m pytest -q -m gpu tests/gpu/test_async_paths_gpu.py
 """
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -16,42 +16,10 @@ from torch import nn
 
 from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
 from stabledrl.common.transport.staging import StagedWeights
-from stabledrl.learner.async_checkpoint import BackgroundWriter, HostBounce, marker_name, snapshot
+from stabledrl.learner.async_checkpoint import marker_name
 from stabledrl.learner.group import reserve_port
 
 pytestmark = pytest.mark.gpu
-
-
-def test_the_snapshot_is_the_device_state_at_the_save(tmp_path):
-    dev = torch.device("cuda", 0)
-    big = torch.zeros(64 << 20, device=dev)  # 256 MB: the copy takes a while
-    big.add_(1.0)  # still running on the default stream when the save starts
-    state = {"w": big, "view": big[:10]}
-    writer = BackgroundWriter(True)
-    writer.save(state, str(tmp_path / "a.pt"))
-    writer.start(str(tmp_path / marker_name(0)))
-    writer.wait_snapshot()
-    big.mul_(7.0)  # the next update
-    assert writer.wait_written(timeout_s=120)
-    saved = torch.load(tmp_path / "a.pt")
-    assert saved["w"].device.type == "cpu" and bool((saved["w"] == 1.0).all())
-    assert saved["view"].untyped_storage().data_ptr() == saved["w"].untyped_storage().data_ptr()
-
-
-def test_the_bounce_snapshot_of_a_large_state_is_exact_across_chunks():
-    dev = torch.device("cuda", 0)
-    g = torch.Generator(device=dev).manual_seed(0)
-    state = {"master": torch.rand(300 << 20, device=dev, generator=g),  # 1.2 GB fp32, 19 chunks of 64 MB
-             "moment": torch.rand((5 << 20) + 3, device=dev, generator=g).to(torch.bfloat16)}
-    expected = {k: v.cpu() for k, v in state.items()}
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    t0 = time.perf_counter()
-    snap = snapshot(state, stream, HostBounce(chunk_bytes=64 << 20))
-    seconds = time.perf_counter() - t0
-    nbytes = sum(v.numel() * v.element_size() for v in state.values())
-    print(f"bounce snapshot: {nbytes / 2**30:.2f} GiB in {seconds:.2f} s ({nbytes / seconds / 1e9:.1f} GB/s)")
-    assert all(torch.equal(snap[k], expected[k]) for k in state)
 
 
 @pytest.mark.parametrize("pinned", [True, False])

@@ -18,7 +18,7 @@ from stabledrl.common.metrics import restore_metrics
 from stabledrl.coordinator.runtime.checkpoint import PendingSave, write_state
 from stabledrl.coordinator.runtime.episode_io import save_episodes
 from stabledrl.learner.async_checkpoint import (
-    BackgroundWriter, CheckpointWriteError, disk_cause, marker_name, write_file,
+    CheckpointWriteError, disk_cause, marker_name, write_file,
 )
 
 STATE = {"w": torch.randn(64, 64), "b": torch.randn(64)}
@@ -64,20 +64,6 @@ def test_a_refused_write_names_the_cause_and_the_file_not_torchs_stream_position
     message = str(info.value)
     assert message.startswith(f"{words} ({path})") and "\n" not in message and "pos" not in message, message
     assert not path.exists() and not Path(f"{path}.tmp").exists()  # nothing half written stays
-
-
-def test_the_background_writer_reports_a_full_disk_in_one_line(tmp_path):
-    def full(state, path, zipfile_serialization):
-        write_file(state, path, zipfile_serialization, opener=filling_opener())
-
-    writer = BackgroundWriter(True, write=full)
-    writer.save(STATE, str(tmp_path / "a.pt"))
-    writer.start(str(tmp_path / marker_name(0)))
-    with pytest.raises(
-        CheckpointWriteError, match=rf"^No space left on device \({tmp_path / 'a.pt'}\): free space there$"
-    ):
-        writer.wait_written(timeout_s=30)
-    assert json.loads((tmp_path / marker_name(0)).read_text())["error"].startswith("No space left on device")
 
 
 def test_a_failed_background_save_keeps_the_previous_checkpoint_and_says_so(tmp_path):
