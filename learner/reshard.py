@@ -187,7 +187,9 @@ def place(engine: Any, params: Iterator[tuple[str, dict[str, torch.Tensor]]], st
                 partitioned.data = q.data
         optimizer.checkpoint_event_epilogue()  # persistent parameters gathered again, hpZ copies dropped
     else:
-        optimizer._link_all_hp_params()  # the moments' fragments point at the new state
+        optimizer._link_all_hp_params()  # each parameter's fragment of the new masters
+        optimizer._hp_optimizer_states_linked = False  # and of the new moments, now, not at the next step:
+        optimizer._lazy_init_hp_params_optimizer_state()  # deepspeed.utils.safe_get_full_optimizer_state reads them
         optimizer.update_lp_params()
     return len(placed)
 

@@ -107,6 +107,13 @@ class LearnerRank:
     def rng(self) -> tuple[int, object]:
         return torch.initial_seed(), self.engine.resharded_from
 
+    def moments(self) -> dict:
+        """Every parameter's Adam moments, whole, as DeepSpeed's own accessor reads them (collective)."""
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        return {n: {k: safe_get_full_optimizer_state(p, k).clone() for k in ("exp_avg", "exp_avg_sq")}
+                for n, p in self.engine.engine.module.named_parameters()}
+
 
 @pytest.fixture(scope="module")
 def ranks():
@@ -335,6 +342,8 @@ def test_a_checkpoint_resumes_at_another_rank_count_and_zero_stage(ranks, solo, 
         assert [s for s, _ in ray.get([r.rng.remote() for r in ranks])] == [rank_rng_seed(0, 1, r) for r in (0, 1)]
         restored = gathered(ranks)
         assert all(torch.equal(saved[n], restored[n]) for n in saved), stage
+        moments = ray.get([r.moments.remote() for r in ranks])[0]  # read before any step: linked at the load
+        assert all(torch.equal(moments[n][k], b[n][k]) for n in b for k in ("exp_avg", "exp_avg_sq")), stage
         again = step(ranks, shard(STEP2))
         assert again["train/loss"] == pytest.approx(uninterrupted["train/loss"], rel=1e-9)
         close(expected, gathered(ranks))
