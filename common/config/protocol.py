@@ -24,6 +24,18 @@ from stabledrl.common.config.task import DataSource
 MATH_VERIFY_MISSING = ("the MATH grader 'math-verify' needs the math-verify package, a dependency of stabledrl "
                        "missing from this environment: reinstall stabledrl, or pip install 'math-verify[antlr4_13_2]'")
 
+# the world size each of d1's published generation files came from (its batches depend on it)
+D1_PUBLISHED_WORLD_SIZES = {("countdown", n): 7 for n in (128, 256, 512)} | {
+    ("sudoku", n): 7 for n in (128, 256, 512)} | {("math500", 128): 2, ("math500", 256): 6, ("math500", 512): 6}
+D1_RUN_EVAL_WORLD_SIZE = 8  # d1's eval/run_eval.sh: GPU_IDS=(0 1 2 3 4 5 6 7)
+
+
+def d1_world_size(benchmark: str, gen_length: int) -> int:
+    """The ranks d1's published files of ``benchmark`` at ``gen_length`` came from (run_eval.sh's 8 where
+    the files do not say)."""
+    return D1_PUBLISHED_WORLD_SIZES.get((benchmark, gen_length), D1_RUN_EVAL_WORLD_SIZE)
+
+
 BenchmarkName = Literal["gsm8k", "math500", "countdown", "sudoku"]
 
 
@@ -95,7 +107,7 @@ class ProtocolConfig(StrictModel):
         None, ge=1, description="generation d1: the GPUs d1's run was spread over (its rank r decodes rows r, r + W, "
         "...); with the batch size it fixes which rows share a padded batch. None: the count d1's published files "
         "came from, per benchmark and length (Countdown and Sudoku 7; MATH500 2 at 128 tokens, 6 at 256 and 512; "
-        "GSM8K, whose files do not say, run_eval.sh's 8: stabledrl.common.tasks.protocols.d1_world_size)"
+        "GSM8K, whose files do not say, run_eval.sh's 8: stabledrl.common.config.protocol.d1_world_size)"
     )
     d1_batch_size: Optional[int] = Field(
         None, ge=1, description="generation d1: prompts per d1 batch; None: d1's run_eval.sh (4 at length 512, "
@@ -107,8 +119,6 @@ class ProtocolConfig(StrictModel):
 
     def d1_ranks(self, benchmark: str, gen_length: int) -> int:
         """generation d1: the world size whose rank split decides ``benchmark``'s batches at ``gen_length``."""
-        from stabledrl.common.tasks.protocols import d1_world_size
-
         return self.d1_world_size or d1_world_size(benchmark, gen_length)
 
     @field_validator("math_graders")

@@ -366,9 +366,16 @@ _MATH_VERIFY_GRADER = (
 )
 
 
-def _math_verify_installed(grader: str) -> str:
-    from stabledrl.common.tasks.whole_completion import math_verify_available
+def math_verify_available() -> Optional[str]:
+    """None when Math-Verify imports, else what to install (common/tasks/whole_completion.py grades with it)."""
+    try:
+        import math_verify  # noqa: F401  (imported only when a config names the grader that uses it)
+    except ImportError:
+        return "the math-verify package: pip install 'math-verify[antlr4_13_2]'"
+    return None
 
+
+def _math_verify_installed(grader: str) -> str:
     missing = math_verify_available() if grader == "math-verify" else None
     if missing:
         raise ValueError(f"grader 'math-verify' needs {missing}")

@@ -181,17 +181,6 @@ def d1_batches(n_rows: int, world_size: int, batch_size: int) -> list[list[int]]
 # 7 files of 37 and 36 rows at every length, in that split of d1's subsample; MATH500: 2 files at 128
 # tokens, 6 at 256 and 512, the same order either way. GSM8K's 10 files (1,130 of the 1,319 test
 # questions) are no such split of the test set for any W: unknown, so run_eval.sh's 8 GPUs.
-D1_PUBLISHED_WORLD_SIZES = {("countdown", n): 7 for n in (128, 256, 512)} | {
-    ("sudoku", n): 7 for n in (128, 256, 512)} | {("math500", 128): 2, ("math500", 256): 6, ("math500", 512): 6}
-D1_RUN_EVAL_WORLD_SIZE = 8  # d1's eval/run_eval.sh: GPU_IDS=(0 1 2 3 4 5 6 7)
-
-
-def d1_world_size(benchmark: str, gen_length: int) -> int:
-    """The ranks d1's published files of ``benchmark`` at ``gen_length`` came from (run_eval.sh's 8 where
-    the files do not say)."""
-    return D1_PUBLISHED_WORLD_SIZES.get((benchmark, gen_length), D1_RUN_EVAL_WORLD_SIZE)
-
-
 def d1_prompt_ids(tokenizer: Any, task: Task, row: Row) -> list[int]:
     """The prompt as d1 encodes it: the same text, through ``tokenizer(text)`` with the tokenizer's
     special tokens added (LLaDA's: a second BOS in front of the template's own)."""

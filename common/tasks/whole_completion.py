@@ -15,21 +15,11 @@ called from a worker's thread) the check runs without one, as the evaluation gra
 from __future__ import annotations
 
 import threading
-from typing import Optional
 
 from stabledrl.common.tasks.base import Row
 
 TIMEOUT_S = 5  # the release's timeout_seconds (and Math-Verify's default parsing_timeout)
 REFERENCE_TEXT = "reference_text"  # the Row.meta key of the text the release parses as the reference
-
-
-def math_verify_available() -> Optional[str]:
-    """None when Math-Verify imports, else what to install."""
-    try:
-        import math_verify  # noqa: F401
-    except ImportError:
-        return "the math-verify package: pip install 'math-verify[antlr4_13_2]'"
-    return None
 
 
 def math_verify_correct(completion: str, reference_text: str) -> bool:
