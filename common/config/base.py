@@ -12,6 +12,7 @@ from typing import Any, Optional, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+from stabledrl.common.config import schema
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -134,8 +135,6 @@ def _drop_other_members_keys(model: type[BaseModel], parts: list[str], node: dic
                              keep: set[str]) -> None:
     """``parts`` sets the tag field of the union at ``parts[:-1]`` (``node``) to ``tag``: drop the
     keys of ``node`` the member ``tag`` names does not take, but those an override sets."""
-    from stabledrl.common.config import schema
-
     walked = schema.walk(model, parts[:-1])
     members = {t: m for c in walked.candidates for t, m in schema.variants(c).items()}
     field = schema.tag_field(list(dict.fromkeys(members.values())))
@@ -164,8 +163,6 @@ _LEADING_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*")
 
 def error_line(model: type[BaseModel], err: Any) -> str:
     """One pydantic error as a line that starts with the field's override path."""
-    from stabledrl.common.config import schema
-
     kind, loc, ctx = err["type"], tuple(err["loc"]), err.get("ctx") or {}
     walked = schema.walk(model, loc)
     path = walked.dotted
@@ -194,8 +191,6 @@ def _suggestion(model: type[BaseModel], key: str, valid: list[str], section: str
     """'; did you mean X?' for a misspelled key: the closest key of its section; else the closest
     key of another member of the section's union (``task.source.path`` on a generated source: a
     file's); else the same key in another section (``algorithm.lr``: ``learner.optimizer.lr``)."""
-    from stabledrl.common.config import schema
-
     close = schema.did_you_mean(key, valid)
     if close is not None:
         return f"; did you mean {close}?"
@@ -215,8 +210,6 @@ def _suggestion(model: type[BaseModel], key: str, valid: list[str], section: str
 def _tag_line(model: type[BaseModel], loc: tuple, path: str, ctx: dict[str, Any]) -> str:
     """A union member named wrongly (``task.name=chess``) or not at all: the tag field's path, the
     tags allowed and the closest one."""
-    from stabledrl.common.config import schema
-
     walked = schema.walk(model, loc)
     members = {tag: m for c in walked.candidates for tag, m in schema.variants(c).items()}
     field = schema.tag_field(list(dict.fromkeys(members.values()))) or str(ctx.get("discriminator", "")).strip("'")
@@ -232,8 +225,6 @@ def _model_rule_line(model: type[BaseModel], path: str, msg: str) -> str:
     """A rule of a whole section (a model validator): its message starts with the field to change,
     named relative to the section (``min_numbers must be ...``) or from the top (``learner.lr ...``);
     the line starts with that field's full path."""
-    from stabledrl.common.config import schema
-
     lead = _LEADING_PATH.match(msg)
     if lead and path and schema.resolves(model, f"{path}.{lead.group(0)}"):
         return f"{path}.{msg}"

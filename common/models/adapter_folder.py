@@ -24,6 +24,7 @@ from stabledrl.common.models.convert import llada_project_path, llada_released_p
 from stabledrl.common.models.families import CheckpointError
 from stabledrl.common.models.lora import adapted_paths, attach_adapters, load_adapters
 from stabledrl.common.models.model_dir import read_json_file
+from stabledrl.common.models.loading import load_policy
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 PREFIX = "base_model.model."  # PeftModel's path to the base model
@@ -123,7 +124,5 @@ def read_adapter_folder(directory: Union[str, Path], family: str) -> Adapters:
 def load_with_adapter(model: Any, adapter: Union[str, Path]) -> tuple[Any, Any]:
     """(policy, tokenizer) of the model section ``model`` with the PEFT folder ``adapter`` held
     unmerged: an evaluation worker's loader (rollout/eval_worker.py)."""
-    from stabledrl.common.models.loading import load_policy
-
     policy, tokenizer = load_policy(model)
     return hold(policy, read_adapter_folder(adapter, policy.spec.name)), tokenizer

@@ -24,6 +24,7 @@ from typing import Any, Optional
 from stabledrl.common.trust.checkpoint_files import CheckpointError  # a model directory that cannot be loaded, and why
 from stabledrl.common.models.base import DiffusionPolicy, FamilySpec
 from stabledrl.common.models.diffusion_gemma import DiffusionGemmaPolicy
+from stabledrl.common.models.full_precision_rope import full_precision_rope
 
 FAMILIES: dict[str, FamilySpec] = {
     "llada": FamilySpec("llada", attention="full", shifted_logits=False, default_block_size=32),
@@ -100,8 +101,6 @@ def make_policy(
     can fall back to a causal kernel when no mask is passed; LLaDA rotates at full precision)."""
     spec = FAMILIES[family]
     if family == "llada":  # LLaDA's code rotates q and k in fp32 (common/models/full_precision_rope.py)
-        from stabledrl.common.models.full_precision_rope import full_precision_rope
-
         full_precision_rope(model)
     if spec.attention == "full":
         model.config.is_causal = False

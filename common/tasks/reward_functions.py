@@ -160,7 +160,7 @@ class RewardFunctions:
 
     def load(self) -> list[RewardFunction]:
         if self._functions is None:
-            from stabledrl.common.tasks.build import load_reward_function
+            from stabledrl.common.tasks.build import load_reward_function  # build imports this module
 
             load_one = self._load_one or load_reward_function
             functions = []

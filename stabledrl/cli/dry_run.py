@@ -31,6 +31,7 @@ from stabledrl.common.models.job_check import check_sampler_layout
 from stabledrl.common.models.families import CheckpointError
 from stabledrl.common.models.model_dir import hub_cache_dir, resolve_model_dir
 from stabledrl.common.tasks.protocols import PROTOCOLS
+from stabledrl.common.tasks import build_task
 
 
 @dataclass(frozen=True)
@@ -236,8 +237,6 @@ def elastic_line(cfg: JobConfig) -> str:
 def task_lines(cfg: JobConfig) -> list[str]:
     """What the model reads and what rewards it: the prompt template (an instruction a task adds is
     shown here, never added silently) and the reward's terms."""
-    from stabledrl.common.tasks import build_task
-
     task, reward = build_task(cfg.task), cfg.task.reward  # builds no reward code: user functions load lazily
     if task.template == "{prompt}":
         prompt = "prompts: the data's prompt as it is, nothing added (task.template '{prompt}')"
