@@ -28,6 +28,7 @@ import ray
 from stabledrl.common.config.job import JobConfig
 from stabledrl.common.metrics import MetricsLogger
 from stabledrl.common.tasks import PromptStream
+from stabledrl.common.trust.seal import EXPORT_CONFIG
 from stabledrl.common.types import Episode
 from stabledrl.coordinator.runtime import checkpoint
 from stabledrl.coordinator.decisions import events as ev
@@ -199,8 +200,6 @@ class Driver:
         """The trained policy in its family's released format (final_model) and, for a LoRA run, its
         adapters as a PEFT folder for the base model (final_adapter): docs/exports.md. Each carries
         the job's sealed config (`stabledrl eval --model DIR` / `--adapter DIR` needs no other)."""
-        from stabledrl.common.trust.seal import EXPORT_CONFIG
-
         directory = self.cfg.run.output_dir / "final_model"
         adapters = self.cfg.run.output_dir / "final_adapter" if self.cfg.learner.lora is not None else None
         self.runtime.export(directory, adapters)

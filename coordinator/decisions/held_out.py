@@ -162,8 +162,6 @@ def recorded_evaluations(output_dir: Any, every: int, steps: int) -> list[HeldOu
 def evaluated_steps(output_dir: Any, protocol: bool = False) -> set[int]:
     """The steps at which output_dir/metrics.jsonl records an evaluation: the held-out rows' (and,
     with ``protocol``, the published protocol's, which runs first)."""
-    from stabledrl.common.metrics import read_metrics
-
     path = output_dir / "metrics.jsonl"
     records = read_metrics(path) if path.is_file() else []
     return {int(r["step"]) for r in records if "eval/pass@1" in r or (protocol and "protocol/time_s" in r)}

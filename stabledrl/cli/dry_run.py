@@ -18,6 +18,7 @@ at hand (as ``train`` checks it); a layout that cannot work exits 2 like any bad
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any, Optional, TextIO
 import yaml
 
 from stabledrl.common.config.base import ConfigError
-from stabledrl.common.config.job import JobConfig
+from stabledrl.common.config.job import JobConfig, check_resources
 from stabledrl.common.models.job_check import check_sampler_layout
 from stabledrl.common.models.families import CheckpointError
 from stabledrl.common.models.model_dir import hub_cache_dir, resolve_model_dir
@@ -262,10 +263,6 @@ def resource_lines(cfg: JobConfig) -> list[str]:
     """What a real start says of the resources the job asks for: where it would start its own Ray
     instance, checked against this machine as ``train`` checks them (a refusal becomes a warning
     line: the plan may be meant for another machine); on a cluster, when the job starts."""
-    import os
-
-    from stabledrl.common.config.job import check_resources
-
     if os.environ.get("RAY_ADDRESS"):
         return [f"resources: checked against the cluster at {os.environ['RAY_ADDRESS']} when the job starts"]
     offered = {"CPU": float(cfg.cluster.local_num_cpus or os.cpu_count() or 1), "GPU": float(_gpus())}
