@@ -161,12 +161,13 @@ def _gather_rank(rank: int, sources: int, port: int, results) -> None:
 
 def test_zero3_ranks_gather_each_parameter_into_the_buffer_the_worker_views():
     import multiprocessing
+    import socket
 
-    from stabledrl.learner.group import free_port
-
+    with socket.socket() as probe:  # free now: the spawned rank 0 binds it (a port held here could not be)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
     procs = [ctx.Process(target=_gather_rank, args=(r, 2, port, results)) for r in range(2)]
     for p in procs:
         p.start()
