@@ -86,7 +86,7 @@ def test_a_viewing_worker_holds_no_copy_and_the_ranks_weights(gpu_cluster, tmp_p
         memory = ray.get([w.memory.remote() for w in driver.active_rollouts()], timeout=300)
     finally:
         driver.close()
-    assert driver.worker_versions == [cfg.run.steps] * ranks
+    assert driver.snapshot().worker_versions == [cfg.run.steps] * ranks
     for version, weights in held:
         assert version == cfg.run.steps and weights.keys() == learner.keys()
         assert all(torch.equal(weights[n], learner[n].cpu()) for n in learner), \
