@@ -92,7 +92,8 @@ def test_a_full_disk_stops_the_job_naming_it_and_the_resume_is_exact(cluster, tm
     first = {int(r["step"]): r["train/loss"] for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r}
 
     resumed_cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume_from": directory})})
-    resumed, _, _ = harness.run_driver(resumed_cfg)  # space freed: the ordinary learner
+    resumed = Driver(resumed_cfg)  # space freed: the ordinary learner
+    resumed.run()  # which, unlike a bare train, waits for step 2's background save to complete
     assert resumed.step == 3
     again = {int(r["step"]): r["train/loss"] for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r}
     assert sorted(again) == [1, 2, 3] and again[2] == first[2]  # step 2 recomputed bit for bit
