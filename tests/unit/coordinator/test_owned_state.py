@@ -41,6 +41,24 @@ def test_the_fleet_moves_a_worker_only_along_its_diagram():
     assert replaced.state == "starting" and replaced.restarts == 1 and f[0] is replaced
 
 
+@pytest.mark.parametrize("state", ["starting", "syncing", "active", "retiring"])
+def test_a_worker_takes_only_the_edges_of_its_diagram(state):
+    """fleet.py's diagram, edge by edge: starting -> syncing, active or retiring; syncing -> active
+    or retiring; active -> retiring; retiring -> none (removal only)."""
+    edges = {("starting", "syncing"), ("starting", "active"), ("starting", "retiring"), ("syncing", "active"),
+             ("syncing", "retiring"), ("active", "retiring")}
+    for to in ("starting", "syncing", "active", "retiring"):
+        f = fleet()
+        worker = f.add()
+        worker.state = state  # the test puts it there: a worker in each state
+        if (state, to) in edges:
+            f.move(worker, to)
+            assert worker.state == to
+        else:
+            with pytest.raises(IllegalTransition, match=f"{state} -> {to} is not a transition"):
+                f.move(worker, to)
+
+
 def worker_writes(path: Path) -> list[str]:
     """Assignments to a worker's fields (``x.state = ...``, ``x.version += ...``) in ``path``, as
     'line: .field'."""
@@ -84,6 +102,21 @@ def test_an_agenda_task_goes_pending_started_sent_done_and_no_other_way():
     assert task.done and task.state is TaskState.DONE
     with pytest.raises(RuntimeError, match="done -> sent"):
         task.send()
+
+
+@pytest.mark.parametrize("state", list(TaskState))
+def test_a_task_takes_only_the_edges_of_its_diagram(state):
+    """pending -> started -> (sent ->) done, done again harmless: every other edge is refused."""
+    edges = {(TaskState.PENDING, TaskState.STARTED), (TaskState.STARTED, TaskState.SENT),
+             (TaskState.STARTED, TaskState.DONE), (TaskState.SENT, TaskState.DONE), (TaskState.DONE, TaskState.DONE)}
+    for to in TaskState:
+        task = Task(TaskKind.CHECKPOINT, state=state)
+        if (state, to) in edges:
+            task._go(to)
+            assert task.state is to
+        else:
+            with pytest.raises(RuntimeError, match=f"{state.value} -> {to.value} is not a transition"):
+                task._go(to)
 
 
 def test_every_task_kind_has_a_handler_and_every_goal_names_kinds():
