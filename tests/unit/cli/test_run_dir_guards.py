@@ -89,3 +89,25 @@ def test_the_lock_is_taken_once_per_process_and_given_back(tmp_path):
     other = subprocess.run([sys.executable, "-c", HOLD.replace("time.sleep(600)", "pass"), str(run)],
                            capture_output=True, text=True)
     assert other.returncode == 0, other.stderr
+
+
+def test_a_filesystem_without_locks_is_said_on_stderr_and_the_job_goes_on(tmp_path, monkeypatch, capsys):
+    """A filesystem that cannot lock (some network mounts): the job is not refused, and the user
+    is told on stderr, through the job's log, that nothing keeps a second job out."""
+    import errno
+
+    from stabledrl.common.job_log import show_log
+    from stabledrl.common.trust import run_lock
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(run_lock.fcntl, "flock", no_locks)
+    undo = show_log()
+    try:
+        run_lock.lock_output_dir(tmp_path / "run")
+    finally:
+        undo()
+    out = capsys.readouterr()
+    assert out.out == "" and "no lock on this filesystem (No locks available); make sure no other job" in out.err
+    assert (tmp_path / "run").is_dir()
