@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import subprocess
 import sys
 import tempfile
@@ -156,9 +157,10 @@ def describe(e: BaseException) -> str:
 
 
 def run_ranks(target: Any, ranks: int, *args: Any) -> None:
-    from stabledrl.learner.group import free_port
-
-    mp.spawn(target, args=(ranks, free_port(), *args), nprocs=ranks, join=True)
+    with socket.socket() as probe:  # free now: the spawned rank 0 binds it (a port held here could not be)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(target, args=(ranks, port, *args), nprocs=ranks, join=True)
 
 
 def compare(saved: dict, loaded: dict) -> dict[str, Any]:
