@@ -1,12 +1,12 @@
-"""The table of issue 4's targets from run_all's ``results.json`` (every lookup tolerates a missing
-job or part: a failed benchmark shows as "-" with its status, never breaks the table).
+"""The table of the component benchmarks' targets from run_all's ``results.json`` (every lookup
+tolerates a missing job or part: a failed benchmark shows as "-" with its status, never breaks the
+table); another suite's table lists its jobs (their figures are in the record).
 
     python tests/benchmarks/report.py tests/benchmarks/results/<run>.json   # re-print a table
 """
 from __future__ import annotations
 
 import json
-import re
 import sys
 from typing import Any, Optional
 
@@ -40,11 +40,6 @@ def card(data: dict) -> str:
         if gpu:
             return gpu
     return "CPU" if data.get("tiny") else "?"
-
-
-def card_slug(data: dict) -> str:
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", card(data)).strip("-").lower() or "unknown"
-    return ("tiny-" if data.get("tiny") else "") + slug
 
 
 def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
@@ -393,10 +388,14 @@ def _ms(x: Optional[float]) -> Optional[float]:
 
 
 def table(data: dict) -> str:
-    lines = [f"card: {card(data)}  gpus: {data.get('gpus')}  tiny: {data.get('tiny')}  wall: {data.get('wall_s')} s",
-             "", "| target | measured | goal | met | detail |", "|---|---|---|---|---|"]
-    lines += [f"| {' | '.join(str(c).replace('|', '/') for c in r)} |" for r in rows(data)]
-    lines += ["", "| job | status | wall s | failed parts |", "|---|---|---|---|"]
+    suite = data.get("suite", "components")
+    lines = [f"suite: {suite}  card: {card(data)}  gpus: {data.get('gpus')}  tiny: {data.get('tiny')}  "
+             f"wall: {data.get('wall_s')} s", ""]
+    if suite == "components":
+        lines += ["| target | measured | goal | met | detail |", "|---|---|---|---|---|"]
+        lines += [f"| {' | '.join(str(c).replace('|', '/') for c in r)} |" for r in rows(data)]
+        lines.append("")
+    lines += ["| job | status | wall s | failed parts |", "|---|---|---|---|"]
     for name, rec in (data.get("jobs") or {}).items():
         errors = ", ".join(get(rec, "result", "errors") or {}) or rec.get("reason", "")
         lines.append(f"| {name} | {rec.get('status')} | {rec.get('wall_s', '-')} | {errors} |")

@@ -1,36 +1,36 @@
-"""Run every GPU benchmark of issue 4 once, each in its own process with its own timeout, and always
-write what came back: ``results.json`` (every job's full record), ``table.md`` (one row per
-target) and ``run.log`` (all output) into ``--out`` (default ``$OUT``, else tests/benchmarks/results/
-latest), rewritten after every job (a run cut short still leaves them), plus a dated copy under
-tests/benchmarks/results/ at the end. Jobs write their own JSON into a scratch directory, so
-``--out`` only ever holds those three files ($OUT brings back at most 8).
+"""The component benchmarks: each job its own process with its own timeout, and always what came
+back: ``results.json`` (every job's full record), ``table.md`` (one row per target) and ``run.log``
+(all output) in ``--out`` (default ``$OUT``, else runs/bench/components), rewritten after every job
+(a run cut short keeps what it measured), and at the end a copy of the first two under
+tests/benchmarks/results/ named by the suite and the card (a GPU run only: commit it with the
+BENCHMARKS.md rows it backs). Jobs write their own JSON into a scratch directory.
 
-Schedule on a machine with 2+ GPUs (two lanes at once, then the jobs that need both GPUs):
+``--suite NAME`` (tests/benchmarks/suites.py) picks what runs; ``components``, the default, is the
+two-lane plan on 2 GPUs:
 
-    lane GPU 0:  matmul -> full_attention -> ipc_push (targets 1-3, 9)
-    lane GPU 1:  matmul -> block_diffusion -> lora_push -> learner_1gpu (targets 1, 4, 8, 5)
-    then:        push -> async -> learner_2gpu (targets 6, 7, 5)
+    lane GPU 0:  matmul -> full_attention -> ipc_push (the denominators, samplers, same-device push)
+    lane GPU 1:  matmul -> block_diffusion -> lora_push -> learner_1gpu
+    then:        push -> async -> learner_2gpu
 
-With one GPU the lanes run one after the other and the 2-GPU jobs are skipped; on a CPU only
-``--tiny`` runs (toy shapes, gloo), which is how the suite is validated before GPU time is spent.
+With one GPU the lanes run one after the other and the 2-GPU jobs are skipped; another suite runs its
+jobs one after another, skipping those that need more GPUs than there are. ``--tiny`` runs a suite
+on the CPU at toy shapes (gloo), which is how it is rehearsed before GPU time is spent.
 
-``--quick`` is the short re-measure (~2.5 min on 2 GPUs, deadline 190 s): fewer and shorter runs
-per job (full_attention/block_diffusion ``--quick``: block diffusion eager and with the sampler's
-CUDA graphs; learner_1gpu: ZeRO-2 as the project runs it (fused AdamW on CUDA) and with overlap_comm
-(2t), checkpointing off, micro-batches of 2, 3 and 4 groups (32/48/64 rows), 2 timed steps, one
+``--quick`` (components only) is the short re-measure: fewer and shorter runs per job
+(full_attention/block_diffusion ``--quick``; learner_1gpu: ZeRO-2 as the project runs it and with
+overlap_comm (2t), checkpointing off, micro-batches of 2, 3 and 4 groups, 2 timed steps, one
 profiled step of 2t, on GPU 0 after full_attention; push: 2 repetitions; ipc_push: 4 layers, 2
-repetitions). Combine with ``--only`` to run the changed jobs alone; on one GPU:
+repetitions). Combine with ``--only`` to run some jobs alone.
 
-    source .whl/install.sh &&
-        DEADLINE_S=210 bash tests/benchmarks/run_gpu.sh --quick --only block_diffusion,learner_1gpu
 A job that fails or times out is recorded as such and the next one starts; a job that exits 0 but
 recorded a failed part (its ``errors``) or no result is ``failed`` too, and any failed, timed-out or
 deadline-skipped job makes the run exit 1 (a table of what did run is still written); a global deadline
-(``--deadline-s``) shortens the last timeouts so the whole run ends inside one device call.
+(``--deadline-s``) shortens the last timeouts so the whole run ends in time.
 
-    source .whl/install.sh && python3 tests/benchmarks/run_all.py            # GPU machine
-    .venv/bin/python tests/benchmarks/run_all.py --tiny                      # CPU check
-    .venv/bin/python tests/benchmarks/run_all.py --rehearsal --no-copy       # what `make test` runs
+    python3 tests/benchmarks/run_all.py --out runs/bench/components        # 2 GPUs
+    python3 tests/benchmarks/run_all.py --suite sampler --out runs/bench/sampler
+    .venv/bin/python tests/benchmarks/run_all.py --suite sampler --tiny --out /tmp/sampler   # CPU rehearsal
+    .venv/bin/python tests/benchmarks/run_all.py --rehearsal --out /tmp/bench      # components, fewest reps
 """
 from __future__ import annotations
 
@@ -50,8 +50,11 @@ from pathlib import Path
 from typing import Optional
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
-# NVLink multicast stays off on the lent machines (KINDS.md): forced for every child process
+sys.path.insert(0, str(HERE))
+
+import suites  # noqa: E402
+
+# NVLink multicast stays off (NCCL, torch's symmetric memory, NVSHMEM): every child process
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
             "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -177,6 +180,32 @@ def plan(n_gpus: int, tiny: bool, work: Path, quick: bool = False, rehearsal: bo
     raise SystemExit("no CUDA device: run with --tiny (toy shapes on the CPU) to check the suite")
 
 
+def plan_suite(name: str, n_gpus: int, tiny: bool, work: Path) -> tuple[list[list[Job]], list[Job], dict[str, str]]:
+    """A named suite's plan: its jobs one after another in one lane, those needing more than ``n_gpus``
+    GPUs skipped and named; ``tiny`` adds ``--tiny`` and each job's rehearsal arguments (on a machine
+    without CUDA every job runs on the CPU, ``n_gpus`` then the plan being rehearsed)."""
+    chosen = suites.suite("run_all", name)
+    if name == "components":
+        raise ValueError("components is run_all's own plan (plan())")
+    cpu = tiny and not _has_cuda()
+    lane, skipped = [], {}
+    for spec in chosen.jobs:
+        if max(spec.gpus) >= n_gpus:
+            skipped[spec.name] = f"needs {max(spec.gpus) + 1} GPUs"
+            continue
+        args = [*(["--tiny"] if tiny else []), *spec.args, *(spec.tiny if tiny else ()),
+                "--out", str(work / f"{spec.name}.json")]
+        lane.append(Job(spec.name, spec.script, args, [] if cpu else list(spec.gpus),
+                        spec.timeout_s * (3.0 if tiny else 1.0), spec.peak))
+    return [lane], [], skipped
+
+
+def _has_cuda() -> bool:
+    import torch  # no CUDA context in this process: device_count reads the driver only
+
+    return torch.cuda.device_count() > 0
+
+
 def select(lanes: list[list[Job]], after: list[Job], skipped: dict[str, str], only: str | None):
     """The plan restricted to the jobs named in ``only`` (a comma list; the matmul jobs always run:
     they are the denominators); the others are added to ``skipped``."""
@@ -199,6 +228,7 @@ class Runner:
         self.lock = threading.Lock()
         self.jobs: dict[str, Job] = {}
         self.skipped: dict[str, str] = {}
+        self.suite = "components"
 
     def say(self, text: str) -> None:
         line = f"[{time.monotonic() - self.t0:7.1f}s] {text}"
@@ -261,8 +291,9 @@ class Runner:
         with self.lock:
             records = {name: job.record for name, job in self.jobs.items() if job.record}
             records.update({name: {"status": "skipped", "reason": why} for name, why in self.skipped.items()})
-            data = {"finished": dt.datetime.now().isoformat(timespec="seconds"), "gpus": self.n_gpus,
-                    "tiny": self.tiny, "wall_s": round(time.monotonic() - self.t0, 1), "jobs": records}
+            data = {"suite": self.suite, "finished": dt.datetime.now().isoformat(timespec="seconds"),
+                    "gpus": self.n_gpus, "tiny": self.tiny, "wall_s": round(time.monotonic() - self.t0, 1),
+                    "jobs": records}
             _write(self.out / "results.json", json.dumps(data, indent=1))
             try:
                 table = report.table(data)
@@ -317,23 +348,35 @@ def _worth_echoing(line: str) -> bool:
     return not any(n in line for n in noisy)
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command line, a suite's arguments first (suites.expand)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiny", action="store_true", help="toy shapes (CPU validation)")
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(RESULTS / "latest"))
-    ap.add_argument("--deadline-s", type=float, default=None, help="the whole run ends within this (510; --quick 190)")
+    ap.add_argument("--suite", default="components", help=f"what runs: {', '.join(suites.RUN_ALL)} (suites.py)")
+    ap.add_argument("--tiny", action="store_true", help="toy shapes (the suite's CPU rehearsal)")
+    ap.add_argument("--out", default=os.environ.get("OUT") or None, help="default runs/bench/SUITE")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="the whole run ends within this (components 510, --quick 190; other suites 7200)")
     ap.add_argument("--only", default=None, help="comma list of job names to run (others skipped)")
-    ap.add_argument("--quick", action="store_true", help="the short re-measure (see the module docstring)")
+    ap.add_argument("--quick", action="store_true", help="components: the short re-measure (the module docstring)")
     ap.add_argument("--rehearsal", action="store_true",
-                    help="every job at the tiny shapes with the fewest repetitions (the CPU check `make test` runs)")
-    ap.add_argument("--no-copy", action="store_true", help="no dated copy under tests/benchmarks/results/ (tests)")
+                    help="components at the tiny shapes with the fewest repetitions (the CPU check `make test` runs)")
+    ap.add_argument("--no-copy", action="store_true", help="no copy of the record under tests/benchmarks/results/")
+    ap.add_argument("--prompt-lengths-from", default=None,
+                    help="graph_pool: a JSONL of prompts to take the lengths from (e.g. GSM8K's train.jsonl)")
     ap.add_argument("--gpus", type=int, default=None,
-                    help="GPUs to schedule for (default: all visible); with --tiny on a CPU, --gpus 1 rehearses the "
-                    "one-GPU schedule")
-    a = ap.parse_args()
+                    help="GPUs to schedule for (default: all visible); with --tiny on a CPU, the plan to rehearse")
+    return ap.parse_args(suites.expand("run_all", argv))
+
+
+def main() -> None:
+    a = parse(sys.argv[1:])
+    chosen = suites.suite("run_all", a.suite)
+    if a.suite != "components" and (a.quick or a.rehearsal):
+        raise SystemExit(f"--quick and --rehearsal are the components suite's; --suite {a.suite} --tiny rehearses it")
     a.tiny = a.tiny or a.rehearsal
-    a.deadline_s = a.deadline_s or (1200.0 if a.rehearsal else 190.0 if a.quick else 510.0)
-    out = Path(a.out)
+    default_deadline = 1200.0 if a.rehearsal else 190.0 if a.quick else 510.0 if a.suite == "components" else 7200.0
+    a.deadline_s = a.deadline_s or default_deadline
+    out = Path(a.out or Path("runs") / "bench" / a.suite)
     out.mkdir(parents=True, exist_ok=True)
     import torch  # no CUDA context in this process: device_count reads the driver only
 
@@ -342,13 +385,27 @@ def main() -> None:
         if a.gpus > n_gpus and not a.tiny:
             raise SystemExit(f"--gpus {a.gpus}: only {n_gpus} visible")
         n_gpus = a.gpus
+    if a.tiny and not torch.cuda.device_count() and a.gpus is None and a.suite != "components":
+        n_gpus = chosen.min_gpus  # a CPU rehearsal of the plan for the suite's own GPUs
+    if not a.tiny and n_gpus < chosen.min_gpus:
+        raise SystemExit(f"--suite {a.suite} needs {chosen.min_gpus} GPUs, {n_gpus} here; --tiny rehearses it on a CPU")
     runner = Runner(out, a.deadline_s, n_gpus, a.tiny)
-    runner.say(f"stabledrl benchmarks: {n_gpus} GPU(s), torch {torch.__version__}, tiny={a.tiny}, quick={a.quick}, "
-               f"deadline {a.deadline_s:.0f} s, out={out}")
-    lanes, after, skipped = select(*plan(n_gpus, a.tiny, runner.work, a.quick, a.rehearsal), a.only)
+    runner.suite = a.suite
+    runner.say(f"stabledrl benchmarks: suite {a.suite}, {n_gpus} GPU(s), torch {torch.__version__}, tiny={a.tiny}, "
+               f"quick={a.quick}, deadline {a.deadline_s:.0f} s, out={out}")
+    if a.suite == "components":
+        planned = plan(n_gpus, a.tiny, runner.work, a.quick, a.rehearsal)
+    else:
+        planned = plan_suite(a.suite, n_gpus, a.tiny, runner.work)
+    lanes, after, skipped = select(*planned, a.only)
+    if a.prompt_lengths_from:
+        for job in [j for lane in lanes for j in lane] + after:
+            if job.script == "bench_full_attention.py":
+                job.args += ["--prompt-lengths-from", a.prompt_lengths_from]
     runner.skipped = skipped
     runner.run_plan(lanes, after)
-    finish(runner, copy=not a.no_copy)
+    name = a.suite + ("-quick" if a.quick else "")
+    finish(runner, name, copy=not (a.no_copy or a.tiny))
     failed = runner.failures()
     if failed:
         runner.say("FAILED: " + ", ".join(f"{name} ({status})" for name, status in failed.items()))
@@ -371,22 +428,20 @@ def stop_group(
             continue
 
 
-def finish(runner: Runner, copy: bool = True) -> None:
-    """The final results.json and table.md (the table is printed last), and the dated copies."""
+def finish(runner: Runner, name: str, copy: bool = True) -> None:
+    """The final results.json and table.md (the table is printed last), and their copies under
+    tests/benchmarks/results/ (suites.keep)."""
     import report
 
     data, table = runner.snapshot()
     shutil.rmtree(runner.work, ignore_errors=True)
-    card = report.card_slug(data)
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M")
-    RESULTS.mkdir(exist_ok=True)
-    if copy and runner.out.resolve() != RESULTS.resolve():
-        shutil.copy(runner.out / "results.json", RESULTS / f"{stamp}_{card}.json")
-        shutil.copy(runner.out / "table.md", RESULTS / f"{stamp}_{card}.md")
-    runner.say(f"wrote {runner.out}/results.json, table.md, run.log (copies: {RESULTS}/{stamp}_{card}.*)")
+    if copy:
+        shape = suites.RUN_ALL[runner.suite].shape
+        kept = suites.keep(runner.out, suites.record_name(name, shape, report.card(data), data["gpus"]), "table.md")
+        runner.say(f"copied results.json and table.md to {kept}.*")
+    runner.say(f"wrote {runner.out}/results.json, table.md, run.log")
     print("\n" + table, flush=True)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE))
     main()

@@ -1,10 +1,11 @@
-"""The system benchmark of issues 11 and 15 in one device call: random 8B checkpoints, the
-denominators (matmul rate, raw broadcast, the rollout engine alone), then the shipped configs as
-real jobs, in priority order, each part in its own process with its own timeout inside a global
-deadline. A part that fails (its exit code, or a sub-part it recorded as failed), times out or is
-skipped for one that did not finish makes the run exit 1. After every part ``--out`` ($OUT) holds
-``results.json`` (every part's full record), ``summary.md`` (the targets and each job's per-actor
-table) and ``run.log`` (all output): a call cut short keeps what it measured.
+"""The system benchmark: random 8B checkpoints, the denominators (matmul rate, raw broadcast, the
+rollout engine alone), then the shipped configs as real jobs, in priority order, each part in its
+own process with its own timeout inside a global deadline. A part that fails (its exit code, or a
+sub-part it recorded as failed), times out or is skipped for one that did not finish makes the run
+exit 1. After every part ``--out`` holds ``results.json`` (every part's full record), ``summary.md``
+(the targets and each job's per-actor table) and ``run.log`` (all output): a run cut short keeps
+what it measured. ``--suite NAME`` (tests/benchmarks/suites.py) picks the parts and options of one
+table of BENCHMARKS.md.
 
 4 GPUs (the stand-in of the 8-GPU configs: 3 learner ranks + 1 rollout worker, since 2 ZeRO-3
 ranks of 8B with AdamW need ~64 GiB each before activations):
@@ -18,8 +19,8 @@ ranks of 8B with AdamW need ~64 GiB each before activations):
 4 rollout workers, as shipped.
 
 ``lora_llada`` is LLaDA-8B's job with learner.lora (rank 128, alpha 64) for 2 steps: each learner
-rank's peak GPU memory (learner/peak_gpu_gb/rank<r>) and the in-job push of the merged adapted
-matrices (time/weight_push, time/<actor>/push*).
+rank's peak GPU memory (learner/peak_gpu_gb/rank<r>) and the in-job push of the adapters
+(time/weight_push, time/<actor>/push*).
 
 2 GPUs: the parts run one after another; a job takes both GPUs with 1 learner rank and 1 rollout
 worker. One 80 GB card cannot hold a full-parameter 8B learner (bf16 weights and gradients, fp32
@@ -31,14 +32,14 @@ the full-parameter 8B job on one learner GPU with ZeRO-2 and ``learner.deepspeed
 cpu`` (bf16 weights and gradients on the GPU, 32 GB; fp32 master weights and moments, 96 GB, and
 the AdamW step on the host), 2 steps (the second timed), to set against ``system_llada``'s 11-layer stand-in.
 
-``--parts`` picks and orders them (default: everything for llada, then trado); parts whose
-inputs are missing are skipped. ``--tiny`` runs the same parts on the CPU at the tiny shapes,
-one after another (the rehearsal: tests/benchmarks/test_bench_system.py runs one job part);
-``--plan-gpus 2`` plans for 2 GPUs (only the plan: the tiny rehearsal of the 2-GPU call).
+``--parts`` picks and orders them (default: the suite's, else everything for llada, then trado);
+parts whose inputs are missing are skipped. ``--tiny`` runs the same parts on the CPU at the tiny
+shapes, one after another (the rehearsal); ``--plan-gpus 2`` plans for 2 GPUs on a larger machine,
+or on the CPU with ``--tiny``.
 
-    source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh
-    source .whl/install.sh && bash tests/benchmarks/run_system_gpu.sh --parts ckpt_llada_short,matmul,system_llada
-    .venv/bin/python tests/benchmarks/run_system.py --tiny --out /tmp/system
+    python3 tests/benchmarks/run_system.py --suite llada --out runs/bench/llada
+    python3 tests/benchmarks/run_system.py --parts ckpt_llada_short,matmul,system_llada --out runs/bench/system
+    .venv/bin/python tests/benchmarks/run_system.py --suite llada --tiny --out /tmp/llada
     .venv/bin/python tests/benchmarks/run_system.py --tiny --plan-gpus 2 --out /tmp/system2
 """
 from __future__ import annotations
@@ -56,6 +57,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import run_all  # noqa: E402
+import suites  # noqa: E402
 import system_report  # noqa: E402
 
 CONFIGS = {"llada": "deploy/configs/llada8b_1node.yaml", "trado": "deploy/configs/trado8b_1node.yaml"}
@@ -64,7 +66,7 @@ VARIANTS = {
     "variant_prefetch_5e7": ["learner.deepspeed.prefetch_bucket_size=50000000"],
     "variant_micro_batch_32": ["algorithm.micro_batch_size=32"],
     "variant_draw_batch_1": ["estimator.draw_batch=1"],
-    "variant_push_gather": ["weights.source=gather"],  # the push before issue 20 (rank 0 gathers, then sends)
+    "variant_push_gather": ["weights.source=gather"],  # rank 0 gathers every parameter, then sends
 }
 DEFAULT_PARTS = ("ckpt_llada,matmul,push,engine_llada,system_llada,lora_llada,ckpt_sdar,system_trado,"
                  "variant_prefetch_5e7,variant_micro_batch_32")
@@ -145,8 +147,7 @@ def plan(parts: list[str], tiny: bool, work: Path, records: Path, n_gpus: int,
         "system_llada": system("system_llada", "llada", CONFIGS["llada"], full, system_timeout_s, steps),
         "lora_llada": system("lora_llada", "llada", CONFIGS["llada"], [*short, *(f"--set={o}" for o in LORA)], 360, 2,
                              full_parameter=False),
-        # 2 steps, the second timed: at 8B the first step alone took 177 s on an H100, so a third step did
-        # not fit 400 s (20261127-0953_offload_llada_h100x4)
+        # 2 steps, the second timed: at 8B the first step alone takes ~3 minutes on an H100
         "offload_llada": system("offload_llada", "llada", CONFIGS["llada"], [*short, *(f"--set={o}" for o in OFFLOAD)],
                                 440, 2, full_parameter=False),
         # the same with 32-row micro-batches: half the gradient copies to the host per update (the shipped
@@ -196,9 +197,9 @@ class SystemRunner(run_all.Runner):
     def snapshot(self):
         with self.lock:
             records = {name: job.record for name, job in self.jobs.items() if job.record}
-            data = {"finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "gpus": self.n_gpus, "tiny": self.tiny,
-                    "plan_gpus": self.plan_gpus,
-                    "wall_s": round(time.monotonic() - self.t0, 1), "parts": records}
+            data = {"suite": self.suite, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "gpus": self.n_gpus,
+                    "tiny": self.tiny, "plan_gpus": self.plan_gpus, "wall_s": round(time.monotonic() - self.t0, 1),
+                    "parts": records}
             run_all._write(self.out / "results.json", json.dumps(data, indent=1, default=str))
             try:
                 text = summary(data)
@@ -209,7 +210,7 @@ class SystemRunner(run_all.Runner):
 
 
 def summary(data: dict) -> str:
-    """The targets of issue 11 (one row each, from this run only) and each job's table."""
+    """The system job's targets (one row each, from this run only) and each job's table."""
     parts = {k: v for k, v in data["parts"].items()}
     res = lambda name: (parts.get(name) or {}).get("result") or {}  # noqa: E731
     got = lambda name, *keys: _dig(res(name), "parts", *keys)  # noqa: E731
@@ -326,6 +327,15 @@ def summary(data: dict) -> str:
     return "\n".join(lines)
 
 
+def card(data: dict) -> str:
+    """The card the parts measured on (the first part that recorded one)."""
+    for part in data["parts"].values():
+        gpu = _dig(part, "result", "environment", "gpu")
+        if gpu:
+            return gpu
+    return "unknown"
+
+
 def _dig(d, *keys):
     for k in keys:
         if not isinstance(d, dict) or k not in d:
@@ -348,16 +358,19 @@ def _f(x, fmt: str) -> str:
     return "n/a" if x is None else fmt.format(x)
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command line, a suite's arguments first (suites.expand)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", default=None, help=f"one of {', '.join(suites.RUN_SYSTEM)} (suites.py): its parts and "
+                    "options")
     ap.add_argument("--tiny", action="store_true", help="the tiny shapes on the CPU (rehearsal)")
-    ap.add_argument("--parts", default=None, help="comma list, in priority order (default: DEFAULT_PARTS, on 2 GPUs "
-                    "DEFAULT_PARTS_2GPU)")
+    ap.add_argument("--parts", default=None, help="comma list, in priority order (default: the suite's; without one "
+                    "DEFAULT_PARTS, on 2 GPUs DEFAULT_PARTS_2GPU)")
     ap.add_argument("--plan-gpus", type=int, default=None,
                     help="plan for this many GPUs (4+ or 2; default: the GPUs here); with --tiny only the plan changes")
     ap.add_argument("--deadline-s", type=float, default=540.0)
     ap.add_argument("--work", default=None, help="checkpoints and runs (default: /dev/shm when it has room, else /tmp)")
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "results" / "system_latest"))
+    ap.add_argument("--out", default=os.environ.get("OUT") or None, help="default runs/bench/system (or the suite's)")
     ap.add_argument("--release-tokenizer", action="store_true",
                     help="--tiny: the released tokenizers (chat templates) instead of the character one (slower)")
     ap.add_argument("--checkpoint-at", type=int, default=3, help="the full jobs save after this step (of --steps)")
@@ -369,9 +382,14 @@ def main() -> None:
                     help="an override key=value for the short jobs (lora_llada, offload_llada*, the variants), "
                          "e.g. weights.backend=nccl")
     ap.add_argument("--no-profile", action="store_true", help="the full jobs run without the profiled step")
+    ap.add_argument("--no-copy", action="store_true", help="no copy of the suite's record in tests/benchmarks/results/")
     ap.add_argument("--system-timeout-s", type=float, default=450.0, help="each full job's limit (job + resume)")
-    a = ap.parse_args()
-    out = Path(a.out)
+    return ap.parse_args(suites.expand("run_system", argv))
+
+
+def main() -> None:
+    a = parse(sys.argv[1:])
+    out = Path(a.out or Path("runs") / "bench" / (a.suite or "system"))
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
@@ -381,7 +399,11 @@ def main() -> None:
     plan_gpus = n_gpus if a.plan_gpus is None else a.plan_gpus
     if n_gpus and plan_gpus > n_gpus:
         raise SystemExit(f"--plan-gpus {plan_gpus}: only {n_gpus} GPU(s) here")
-    parts = a.parts or (DEFAULT_PARTS_2GPU if plan_gpus == 2 else DEFAULT_PARTS)
+    chosen = suites.suite("run_system", a.suite) if a.suite else None
+    if chosen:
+        parts = a.parts or (chosen.parts_2gpu if plan_gpus == 2 else chosen.parts)
+    else:
+        parts = a.parts or (DEFAULT_PARTS_2GPU if plan_gpus == 2 else DEFAULT_PARTS)
     runner = SystemRunner(out, a.deadline_s, n_gpus, a.tiny)
     runner.plan_gpus = plan_gpus
     work = Path(a.work) if a.work else scratch(a.tiny)
@@ -392,10 +414,15 @@ def main() -> None:
                         job_set=tuple(a.job_set), short_set=tuple(a.short_set))
     for part in [p for lane in lanes for p in lane] + after:
         runner.ended[part.name] = threading.Event()
-    runner.say(f"system benchmark: {n_gpus} GPU(s), planned for {plan_gpus}, torch {torch.__version__}, "
-               f"tiny={a.tiny}, deadline {a.deadline_s:.0f} s, work {work}, parts {parts}")
+    runner.suite = a.suite or "system"
+    runner.say(f"system benchmark: suite {runner.suite}, {n_gpus} GPU(s), planned for {plan_gpus}, "
+               f"torch {torch.__version__}, tiny={a.tiny}, deadline {a.deadline_s:.0f} s, work {work}, parts {parts}")
     runner.run_plan(lanes, after)
-    _, text = runner.snapshot()
+    data, text = runner.snapshot()
+    if a.suite and not (a.tiny or a.no_copy):
+        shape = chosen.shape_2gpu if plan_gpus == 2 else chosen.shape
+        kept = suites.keep(out, suites.record_name(f"system-{a.suite}", shape, card(data), plan_gpus), "summary.md")
+        runner.say(f"copied results.json and summary.md to {kept}.*")
     runner.say(f"wrote {out}/results.json, summary.md, run.log")
     print("\n" + text, flush=True)
     failed = runner.failures()

@@ -1,8 +1,8 @@
 """The component suite's CPU rehearsal (``run_all.py --rehearsal``): every job of the 2-GPU plan runs
 through its own script, at the tiny shapes with the fewest repetitions, under the same runner as
 on the GPUs. A refactor that breaks a benchmark (an API it calls, a part that now raises) fails
-here: the run must exit 0 with every job ``ok`` and every part measured. The system benchmark's
-runner gets the same check with its component parts (its job part: test_bench_system.py)."""
+here: the run must exit 0 with every job ``ok`` and every part measured. The other suites'
+rehearsals: test_suite_rehearsals.py; here also the benchmark modes no suite runs."""
 from __future__ import annotations
 
 import json
@@ -57,21 +57,6 @@ def test_every_component_benchmark_runs_its_tiny_path(tmp_path):
     assert "| learner_2gpu | ok |" in table
 
 
-def test_the_system_runner_runs_its_component_parts(tmp_path):
-    done = _run(HERE / "run_system.py", "--tiny", "--parts", "ckpt_llada,matmul,engine_llada", "--work", tmp_path / "w",
-                "--out", tmp_path / "out")
-    data = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert done.returncode == 0, done.stdout[-4000:]
-    assert {k: p["status"] for k, p in data["parts"].items()} == {
-        "ckpt_llada": "ok",
-        "matmul": "ok",
-        "engine_llada": "ok",
-    }
-    engine = data["parts"]["engine_llada"]["result"]["parts"]["engine"]
-    assert engine["tokens_per_s"] > 0
-    assert "| engine_llada | ok |" in (tmp_path / "out" / "summary.md").read_text()
-
-
 def test_the_d1_learner_mode_runs_its_tiny_path(tmp_path):
     """bench_learner's d1 mode (mean-field, GRPO, LoRA) through its own command line: 4- and 8-row
     forwards with every layer, the first one and no layer checkpointed, each setting measured."""
@@ -96,25 +81,19 @@ def test_the_d1_learner_mode_runs_its_tiny_path(tmp_path):
 
 
 def test_the_block_diffusion_splits_and_replay_profiles_run_their_tiny_path(tmp_path):
-    """bench_block_diffusion's diagnostic parts (not in --quick, so not in run_all's rehearsal): the
-    compiled part's generations with the counter-based draw, the graphed and the compiled generation
-    split into their calls (the generators' draw and the counter's), the token choice alone, and
-    each static step replayed on its own, eager and compiled."""
+    """bench_block_diffusion's diagnostic parts that no suite runs (the sampler suite runs the compiled
+    generations, the counter draw's split and the token choice alone): the graphed and the compiled
+    generation split into their calls, and each static step replayed on its own, eager and compiled,
+    with torch's fused RMSNorm."""
     out = tmp_path / "bd.json"
     done = _run(HERE / "bench_block_diffusion.py", "--tiny", "--norms", "fused", "--parts",
-                "compiled,split,split_compiled,split_counter,decode,replay_profile,replay_profile_compiled",
-                "--replay-reps", "2",
-                "--out", out)
+                "split,split_compiled,replay_profile,replay_profile_compiled", "--replay-reps", "2", "--out", out)
     data = json.loads(out.read_text())
     assert done.returncode == 0 and not data["errors"], (done.stdout[-3000:], data["errors"])
     parts = data["parts"]
     assert parts["norms"]["fused"] > 0
-    runs = parts["compiled"]["by_run"]  # the counter-based draw on the compiled pool
-    assert runs["32_counter_again"]["speedup_vs_generator"] > 0 and runs["32_counter_again"]["captures"] == 0
-    for split in ("split", "split_compiled", "split_counter"):
+    for split in ("split", "split_compiled"):
         assert set(parts[split]["by_kind"]) == {"prefill", "enter", "inside", "decode"}, parts[split]
-    assert {f"{c}{n}_{m}_ms" for c in ("", "counter_") for n in ("float64", "float32") for m in ("eager", "fused")} \
-        <= set(parts["decode"])
     for name in ("replay_profile", "replay_profile_compiled"):
         steps = parts[name]
         assert set(steps) == {"inside", "enter_8"}, steps  # block 4: [current] and [previous | current]

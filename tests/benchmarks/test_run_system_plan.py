@@ -114,31 +114,31 @@ def test_each_step_keeps_every_actors_push_clocks():
 
 def test_the_summary_gives_the_in_job_pushes_spread_beside_its_median():
     """A staged push shares the worker's GPU with its generation, so the summary's push row gives
-    the timed steps' range beside the median (the 4-GPU LLaDA-8B record of 2026-11-28)."""
+    the timed steps' range beside the median (the 4-GPU LLaDA-8B record)."""
     import json
 
     from run_system import summary
 
-    record = Path(__file__).resolve().parent / "results" / "20261128-0159_system_llada_4gpu_push_own_groups_h100x4.json"
+    record = Path(__file__).resolve().parent / "results" / "system-llada_llada8b_h200x4.json"
     row = [line for line in summary(json.loads(record.read_text())).splitlines() if "in-job push" in line]
-    assert row == ["| system_llada: in-job push / raw broadcast of the same 14.9 GiB | 0.156 s / 0.044 s = 3.6x "
-                   "(timed steps 0.064-0.467 s) | <= 1.5x |"]
+    assert row == ["| system_llada: in-job push / raw broadcast of the same 14.9 GiB | 0.061 s / 0.044 s = 1.4x "
+                   "(timed steps 0.056-0.075 s) | <= 1.5x |"]
 
 
 def test_the_summary_splits_the_in_job_push_into_the_wait_to_join_and_the_transfer():
-    """The 4-GPU job of 2026-11-28 06:57: nobody waited for the other end (0.000 s on the learner
-    ranks, 0.007 s on the worker), so its 0.23 s push is the transfer itself; a record from before
-    those clocks gives no such row."""
+    """The 4-GPU LLaDA-8B job: nobody waited for the other end (0.000 s on the learner ranks, 0.006 s
+    on the worker), so its 0.06 s push is the transfer itself; a record from before those clocks
+    gives no such row."""
     import json
 
     from run_system import summary
 
     results = Path(__file__).resolve().parent / "results"
-    record = json.loads((results / "20261128-0657_system_llada_4gpu_as_is_h200x4.json").read_text())
+    record = json.loads((results / "system-llada_llada8b_h200x4.json").read_text())
     row = [line for line in summary(record).splitlines() if "waiting for the other end" in line]
     assert row == ["| system_llada: of each push, waiting for the other end to join (learner ranks / workers) | "
-                   "0.000 s / 0.007 s | - |"]
-    older = json.loads((results / "20261128-0159_system_llada_4gpu_push_own_groups_h100x4.json").read_text())
+                   "0.000 s / 0.006 s | - |"]
+    older = json.loads((results / "system-all_llada8b_h100x4.json").read_text())
     assert not [line for line in summary(older).splitlines() if "waiting for the other end" in line]
 
 

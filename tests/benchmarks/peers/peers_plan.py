@@ -1,6 +1,6 @@
 """What the peer benchmark runs (run_peers.py): each pair's release and recipe, the project loops'
-overrides (the recipe as committed and its named variants), what a pair's project loops always set so
-that both sides run the same algorithm, and the named suites of device calls."""
+overrides (the recipe as committed and its named variants) and what a pair's project loops always set so
+that both sides run the same algorithm. The named suites are tests/benchmarks/suites.py's."""
 from __future__ import annotations
 
 # the shipped fast paths (deploy/configs/llada8b_1node.yaml): Fast-dLLM's dual cache, threshold decoding (the
@@ -24,22 +24,6 @@ VARIANTS = {"release_sampler": [],  # the recipe as committed (colocated)
 # what a pair's project loops always set, so that both sides run the same estimator on the same prompts
 PAIR_SETS = {"stabledrl": [], "d1": ["estimator.masks=per_iteration", "task.long_prompts=keep_last"]}
 FULL_LAYERS = 32  # LLaDA-8B's
-
-# the compact plans for one H200 (BENCHMARKS.md, "The depth budget"): each call's arguments, one device command
-# of at most 10 minutes each (estimated from the issue's 24-layer figures on one H200: the project ~48 s a step of
-# 2 groups, the release ~66 s a round of 2 accumulation rounds, ~2.5 min of start-up each)
-SUITES = {"depth-budget": {
-    # the StableDRL recipe as committed (colocated, the workers viewing their ranks' weights) at 24 layers for 5
-    # steps: its peak per GPU against the release's 104.7 GiB, and its rate; steps of 2 groups a GPU (the
-    # learner's micro-batches and the worker's requests as in the full step); then the release on the same
-    # halved round (2 accumulation rounds), one warm-up round and one timed
-    1: ["--pairs", "stabledrl", "--layers", "24", "--loops", "release_sampler,peer", "--cycles", "4",
-        "--peer-cycles", "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5", "--part-timeout-s", "360"],
-    # d1's pair at its full 32 layers (LoRA fits one GPU), the release then the project, a warm-up and 2 timed
-    # cycles each
-    2: ["--pairs", "d1", "--layers", "32", "--loops", "peer,release_sampler", "--cycles", "2", "--runs", "1",
-        "--part-timeout-s", "320"],
-}}
 
 
 def pair_spec(name: str, n_gpus: int, round_scale: float = 1.0) -> dict:

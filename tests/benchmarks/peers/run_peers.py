@@ -40,9 +40,12 @@ learner against the card's measured matmul rate, ``--peak-from`` or measured fir
 shares; the ceiling of the release's sampler); and project / peer. After every part ``--out`` holds
 ``results.json`` and ``table.md`` (peers_table.py).
 
-``--suite depth-budget --call N`` runs the compact plan for one H200 (``SUITES``; each call fits one
-device command of 10 minutes).
+``--suite NAME`` runs a named suite (tests/benchmarks/suites.py: the comparisons BENCHMARKS.md cites
+and the depth budget's plans for one H200); a GPU run of a suite keeps its record in
+tests/benchmarks/results/, named by the suite, the model shape and the card.
 
+    python tests/benchmarks/peers/run_peers.py --suite stabledrl --peer-root /tmp/peers \\
+        --peer-pythonpath /tmp/peerlib --out runs/bench/peers
     python tests/benchmarks/peers/run_peers.py --peer-root /tmp/peers --peer-pythonpath /tmp/peerlib \\
         --layers 8,16,24 --cycles 5 --runs 3 --loops peer,colocated --out $OUT
     python tests/benchmarks/peers/run_peers.py --tiny --peer-root /tmp/peers --peer-pythonpath /tmp/peerlib --out /tmp/p
@@ -69,10 +72,11 @@ sys.path.insert(0, str(BENCH))
 
 import peer_events as pe  # noqa: E402
 import peers_table as pt  # noqa: E402
+import suites  # noqa: E402
 import yaml  # noqa: E402
 
 from peers_plan import (  # noqa: E402,F401  (the plan: tests and the suites read these names here too)
-    APART, COLOCATED, FAST, FULL_LAYERS, PAIR_SETS, SAMPLER_FAST, SUITES, VARIANTS, pair_spec,
+    APART, COLOCATED, FAST, FULL_LAYERS, PAIR_SETS, SAMPLER_FAST, VARIANTS, pair_spec,
 )
 
 
@@ -80,8 +84,8 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer-root", required=True, help="directory holding the releases' checkouts")
     ap.add_argument("--peer-pythonpath", default=None, help="packages the releases pin, first on the peers' path")
-    ap.add_argument("--suite", choices=sorted(SUITES), default=None, help="a named plan (SUITES); with --call")
-    ap.add_argument("--call", type=int, default=1, help="which call of the suite")
+    ap.add_argument("--suite", default=None, help=f"one of {', '.join(suites.RUN_PEERS)} (suites.py): its pairs, "
+                    "layers, loops and protocol")
     ap.add_argument("--pairs", default="stabledrl", help="comma list: stabledrl, d1")
     ap.add_argument("--loops", default="peer,release_sampler,fast", help="which of each pair's loops run, in order")
     ap.add_argument("--tiny", action="store_true", help="tiny LLaDA on the CPU, short generations (the rehearsal)")
@@ -111,9 +115,8 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--peak-from", default=None, help="bench_matmul JSON (default: measured first, GPUs only)")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", required=True)
-    a = ap.parse_args(argv)
-    if a.suite:  # the suite's arguments, then the command line's (which win: a CPU rehearsal's longer timeouts)
-        a = ap.parse_args(SUITES[a.suite][a.call] + list(argv if argv is not None else sys.argv[1:]))
+    # the suite's arguments, then the command line's (which win: a CPU rehearsal's longer timeouts)
+    a = ap.parse_args(suites.expand("run_peers", sys.argv[1:] if argv is None else list(argv)))
     a.layer_list = [int(x) for x in a.layers.split(",")] if a.layers else [None]
     return a
 
@@ -185,6 +188,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                     ok &= rec["rc"] == 0
                     save()
     save()
+    if a.suite and not a.tiny:  # a record of the suite on this card
+        shape = suites.RUN_PEERS[a.suite].shape
+        suites.keep(out, suites.record_name(f"peers-{a.suite}", shape, results["card"]["name"], n_gpus), "table.md")
     print(pt.header(results) + pt.markdown(results["rows"]), flush=True)
     if not ok:
         raise SystemExit("a loop failed: see results.json")

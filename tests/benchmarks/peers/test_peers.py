@@ -232,14 +232,14 @@ def test_a_loop_on_the_gpus_reads_its_layout_and_roofline_with_the_steps_groups(
         assert roof["samples"] == 4 and cfg.algorithm.groups_per_step == spec["groups"]
 
 
-def test_the_budget_suite_fits_its_calls():
-    for call in run_peers.SUITES["depth-budget"]:
-        a = run_peers.parse(["--peer-root", "/x", "--out", "/y", "--suite", "depth-budget", "--call", str(call)])
+def test_the_depth_budget_suites_fit_one_command_each():
+    for name in ("depth-budget-stabledrl", "depth-budget-d1"):
+        a = run_peers.parse(["--peer-root", "/x", "--out", "/y", "--suite", name])
         assert a.runs == 1 and a.part_timeout_s <= 360 and a.layer_list
-    a = run_peers.parse(["--peer-root", "/x", "--out", "/y", "--suite", "depth-budget", "--call", "1"])
+    a = run_peers.parse(["--peer-root", "/x", "--out", "/y", "--suite", "depth-budget-stabledrl"])
     assert a.layer_list == [24] and a.loops.startswith("release_sampler") and a.project_skip + a.cycles >= 5
-    a = run_peers.parse(["--peer-root", "/x", "--out", "/y", "--suite", "depth-budget", "--part-timeout-s", "900"])
-    assert a.part_timeout_s == 900 and a.call == 1  # the command line wins (a CPU rehearsal's longer timeouts)
+    a = run_peers.parse(["--peer-root", "/x", "--out", "/y", "--suite", "depth-budget-d1", "--part-timeout-s", "900"])
+    assert a.part_timeout_s == 900 and a.layer_list == [32]  # the command line wins (a CPU rehearsal's timeouts)
 
 
 def test_d1_pair_alternates_its_runs_and_records_the_depth_card_and_host(tmp_path):

@@ -1,0 +1,260 @@
+"""The named benchmark suites: what each runner runs for a table of BENCHMARKS.md, on your own GPUs.
+
+A suite is one runner's command line under a name; every row of BENCHMARKS.md names the suite whose
+run made its record. ``--tiny`` rehearses a suite on the CPU at toy shapes through the same scripts
+(``make test`` runs every rehearsal: tests/benchmarks/test_suites.py).
+
+    python tests/benchmarks/run_all.py --suite sampler --out runs/bench/sampler
+    python tests/benchmarks/run_system.py --suite llada --out runs/bench/llada
+    python tests/benchmarks/peers/run_peers.py --suite stabledrl --peer-root DIR --peer-pythonpath LIB \\
+        --out runs/bench/peers
+    python tests/benchmarks/run_all.py --suite sampler --tiny --out /tmp/sampler     # the CPU rehearsal
+
+Arguments given on the command line after the suite's win (the last of a repeated flag counts), so
+``--suite llada --steps 5`` is the suite with five steps.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One benchmark script of a ``run_all`` suite, in its own process."""
+
+    name: str
+    script: str
+    args: tuple[str, ...] = ()
+    gpus: tuple[int, ...] = (0,)  # the GPU indices it uses
+    timeout_s: float = 600.0
+    peak: Optional[str] = None  # the matmul job whose measured rate is its denominator
+    tiny: tuple[str, ...] = ()  # added for the CPU rehearsal
+
+
+@dataclass(frozen=True)
+class ComponentSuite:
+    """``run_all.py --suite NAME``: the jobs in order; a job needing more GPUs than the machine has
+    is skipped and named. ``jobs`` empty: run_all's own two-lane plan (``components``)."""
+
+    what: str
+    min_gpus: int
+    jobs: tuple[Job, ...] = ()
+    shape: str = ""  # the model shape its records are named by ("" for several)
+
+
+@dataclass(frozen=True)
+class SystemSuite:
+    """``run_system.py --suite NAME``: its parts for a 2-GPU plan and for 4 or more GPUs, and the
+    runner's options."""
+
+    what: str
+    parts: str
+    parts_2gpu: str
+    shape: str  # the model shape its records are named by, 4 GPUs or more
+    shape_2gpu: str
+    args: tuple[str, ...] = ()
+    tiny: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PeerSuite:
+    """``run_peers.py --suite NAME``: the peer benchmark's options (the pair, its loops, the
+    project's variants); ``--peer-root`` and ``--peer-pythonpath`` are the user's."""
+
+    what: str
+    shape: str
+    args: tuple[str, ...]
+    tiny: tuple[str, ...] = ()
+
+
+MATMUL = Job("matmul_gpu0", "bench_matmul.py", timeout_s=120, tiny=("--reps", "3"))
+# bench_push --engine: the receiver generating as a rollout worker does while the push is staged
+# (busy), idle (staged), the raw broadcast beside the same generation (raw_busy), and the pull
+# (peer_*). The rehearsal runs every mode (gathered first, a larger round, beside a thread running
+# Python, row by row); the tiny head's logits are ~1000x smaller than the 8B stand-in's, hence its scale
+PUSH_MODES = "raw_busy,staged,busy,peer_staged,peer_busy"
+PUSH_TINY = ("--learners", "2", "--reps", "1", "--bucket-mb", "0.05", "--busy-head-scale", "3000", "--modes",
+             "gather,shards,raw_busy,staged,busy,busy@0.1,peer_staged,peer_busy,peer_busy_rows,peer_python,"
+             "peer_python_rows")
+
+RUN_ALL: dict[str, ComponentSuite] = {
+    "components": ComponentSuite(
+        "every component benchmark on two GPUs in two lanes: matmul rate, samplers, learner, push, asynchrony "
+        "(run_all's own plan; --quick its short form)", min_gpus=1),
+    "sampler": ComponentSuite(
+        "the samplers at 8B on one GPU: LLaDA-8B's exact sampler against the matmul rate, the engine's graph "
+        "pool over a spread of prompt lengths, SDAR-8B block diffusion compiled and graphed with both draws",
+        min_gpus=1, shape="llada8b-sdar8b",
+        jobs=(MATMUL,
+              Job("naive", "bench_full_attention.py", ("--parts", "naive"), peak="matmul_gpu0"),
+              Job("graph_pool", "bench_full_attention.py", ("--parts", "graph_pool"), peak="matmul_gpu0",
+                  tiny=("--pool-requests", "3")),
+              Job("block_diffusion", "bench_block_diffusion.py",
+                  ("--quick", "--parts", "compiled,split_counter,decode"), peak="matmul_gpu0", timeout_s=900))),
+    "push": ComponentSuite(
+        "the learner's weight push against the raw broadcast of the same bytes: 1 ZeRO-3 rank to 1 receiver at "
+        "LLaDA-8B's width with 11 layers, idle and beside the receiver's generation, broadcast and pull; the "
+        "copy engines' pull; a LoRA push; the same-device push; on 4 GPUs 3 ZeRO-3 ranks at LLaDA-8B",
+        min_gpus=2, shape="llada8b",
+        jobs=(Job("push_1rank", "bench_push.py",
+                  ("--engine", "--learners", "1", "--receivers", "1", "--layers", "11", "--reps", "5",
+                   "--modes", PUSH_MODES), gpus=(0, 1), tiny=PUSH_TINY),
+              Job("peer_pull", "bench_peer_pull.py", ("--sources", "1", "--layers", "11"), gpus=(0, 1),
+                  tiny=("--reps", "1", "--busy-head-scale", "3000")),
+              Job("lora_push", "bench_lora_push.py", ("--engine",), tiny=("--reps", "1", "--rank", "4")),
+              Job("ipc_push", "bench_ipc_push.py", tiny=("--reps", "1")),
+              Job("push_3ranks", "bench_push.py",
+                  ("--engine", "--learners", "3", "--receivers", "1", "--reps", "3", "--modes", "shards,peer_staged"),
+                  gpus=(0, 1, 2, 3), tiny=PUSH_TINY))),
+    "learner": ComponentSuite(
+        "the 8B ZeRO-3 learner over 4 ranks (LLaDA-8B, 64-row forwards, activation checkpointing), eager and "
+        "with learner.compile, against the measured matmul rate",
+        min_gpus=4, shape="llada8b",
+        jobs=(MATMUL,
+              Job("learner_8b", "bench_learner.py",
+                  ("--shape", "llada-8b", "--world", "4", "--stages", "3t", "--checkpointing", "on",
+                   "--micro-batch-groups", "4", "--groups-per-step", "8", "--compile", "off,on", "--steps", "2"),
+                  gpus=(0, 1, 2, 3), peak="matmul_gpu0", timeout_s=900,
+                  tiny=("--shape", "tiny-llada", "--world", "2", "--micro-batch-groups", "1", "--groups-per-step",
+                        "2", "--steps", "1")))),
+}
+
+# the full jobs' options on your own GPUs: steps enough for a baseline before the save and a step
+# after it, and a limit that an 8B job with its resume check fits
+SYSTEM_TIME = ("--system-timeout-s", "1500", "--deadline-s", "3600")
+SYSTEM_TINY = ("--steps", "3", "--checkpoint-at", "2", "--system-timeout-s", "450", "--deadline-s", "900")
+RUN_SYSTEM: dict[str, SystemSuite] = {
+    "llada": SystemSuite(
+        "LLaDA-8B's job as shipped (llada8b_1node.yaml): the push in the job against the raw broadcast, the step "
+        "after a checkpoint, learner MFU, rollout against the engine alone, the resume. 2 GPUs: 1 learner rank + 1 "
+        "worker at LLaDA-8B's width with 11 layers; 4: 3 ZeRO-3 ranks + 1 worker at 8B; 8: the config's 4 + 4",
+        parts="ckpt_llada,matmul,push,engine_llada,system_llada",
+        parts_2gpu="ckpt_llada_short,matmul,push,system_llada", shape="llada8b", shape_2gpu="llada8b-11l",
+        args=("--steps", "7", "--checkpoint-at", "3", *SYSTEM_TIME), tiny=SYSTEM_TINY),
+    "trado": SystemSuite(
+        "TraDo's job as shipped (trado8b_1node.yaml, SDAR-8B's width with 11 layers, 1 rank + 1 worker): the "
+        "staircase learner's MFU, the push, the step after a checkpoint",
+        parts="ckpt_sdar_short,matmul,push,system_trado", parts_2gpu="ckpt_sdar_short,matmul,push,system_trado",
+        shape="sdar8b-11l", shape_2gpu="sdar8b-11l",
+        args=("--plan-gpus", "2", "--steps", "6", "--checkpoint-at", "3", "--no-resume", *SYSTEM_TIME),
+        tiny=(*SYSTEM_TINY, "--no-profile")),
+    "lora": SystemSuite(
+        "LLaDA-8B's job with learner.lora (r 128, alpha 64, all 32 layers, 1 rank + 1 worker): the adapters' push "
+        "in the job, the learner's peak memory",
+        parts="ckpt_llada,matmul,push,lora_llada", parts_2gpu="ckpt_llada,matmul,push,lora_llada",
+        shape="llada8b-r128", shape_2gpu="llada8b-r128",
+        args=("--plan-gpus", "2", *SYSTEM_TIME)),
+    "offload": SystemSuite(
+        "full-parameter LLaDA-8B on 2 GPUs with the optimizer on the host (ZeRO-2, offload_optimizer cpu), at the "
+        "shipped 16-row micro-batches and at 32",
+        parts="ckpt_llada,matmul,offload_llada,offload_llada_mb32",
+        parts_2gpu="ckpt_llada,matmul,offload_llada,offload_llada_mb32", shape="llada8b", shape_2gpu="llada8b",
+        args=("--plan-gpus", "2", *SYSTEM_TIME), tiny=("--parts", "ckpt_llada,matmul,offload_llada_mb32")),
+}
+
+# the project's loops at the recipes with the releases' own layout: a learner rank and a rollout worker
+# on every GPU taking turns (cluster.colocate); the fast paths: Fast-dLLM's dual cache, threshold
+# decoding at 0.9, the dual-cache step replayed as a CUDA graph
+COLOCATED = "cluster.colocate=true;weights.backend=auto;algorithm.max_staleness=0"
+FAST_GRAPH = "sampler.cache=dual;sampler.threshold=0.9;sampler.compile=false;sampler.cuda_graph=true"
+# d1's recipe colocated on 80 GB: the merged push (no unmerged copy on the worker), the first 8
+# layers checkpointed (the learner's activations beside the worker's copy)
+def d1_colocated(layers: int) -> str:
+    return f"{COLOCATED};learner.lora.push=merged;model.gradient_checkpointing=true;model.checkpointed_layers={layers}"
+
+
+D1 = d1_colocated(8)
+# the releases' protocol at the cited records: one run of each loop; the release's first round a warm-up and
+# its second timed, the project's third step timed (d1: its first two steps, and so its first push, left out)
+ONE_ROUND = ("--runs", "1", "--cycles", "1", "--peer-cycles", "1")
+RUN_PEERS: dict[str, PeerSuite] = {
+    "stabledrl": PeerSuite(
+        "the StableDRL release's training loop against stabledrl train at its recipe, LLaDA-8B's width with 8 of "
+        "its 32 layers: the recipe colocated (the release's sampler) and with the fast paths",
+        shape="llada8b-8l",
+        args=("--pairs", "stabledrl", "--layers", "8", "--loops", "peer,colocated,colocated_fast_graph",
+              "--variant", f"colocated_fast_graph={COLOCATED};{FAST_GRAPH}", *ONE_ROUND, "--project-steps", "3",
+              "--part-timeout-s", "900"),
+        tiny=("--project-steps", "2", "--part-timeout-s", "400")),
+    "d1": PeerSuite(
+        "d1's diffu-GRPO against stabledrl train at its LoRA recipe, all 32 layers of LLaDA-8B: the release's "
+        "sampler and the fast paths, colocated, timed at the third step",
+        shape="llada8b-lora",
+        args=("--pairs", "d1", "--loops", "peer,colocated_ckpt8,colocated_fast_graph_ckpt8",
+              "--variant", f"colocated_ckpt8={D1}", "--variant", f"colocated_fast_graph_ckpt8={D1};{FAST_GRAPH}",
+              *ONE_ROUND, "--project-steps", "3", "--project-skip", "2", "--part-timeout-s", "900"),
+        # the tiny LLaDA has 2 decoder layers: its first checkpointed
+        tiny=("--loops", "peer,colocated_fast_graph_ckpt8", "--part-timeout-s", "400",
+              "--variant", f"colocated_fast_graph_ckpt8={d1_colocated(1)};{FAST_GRAPH}")),
+    # the depth budget: each suite one command of at most 10 minutes on one H200 (estimated from the 24-layer
+    # figures on one H200: the project ~48 s a step of 2 groups, the release ~66 s a round of 2 accumulation
+    # rounds, ~2.5 min of start-up each)
+    "depth-budget-stabledrl": PeerSuite(
+        "the StableDRL recipe as committed (colocated, the workers viewing their ranks' weights) at 24 of "
+        "LLaDA-8B's 32 layers for 5 steps of 2 groups a GPU: its peak memory per GPU against the release's, and "
+        "its rate; then the release on the same halved round (2 accumulation rounds), a warm-up round and one "
+        "timed. One H200, one command of at most 10 minutes",
+        shape="llada8b-24l",
+        args=("--pairs", "stabledrl", "--layers", "24", "--loops", "release_sampler,peer", "--cycles", "4",
+              "--peer-cycles", "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5",
+              "--part-timeout-s", "360"),
+        tiny=("--part-timeout-s", "400")),
+    "depth-budget-d1": PeerSuite(
+        "d1's pair at its full 32 layers (LoRA fits one GPU): the release then the recipe as committed, a "
+        "warm-up and 2 timed cycles each. One H200, one command of at most 10 minutes",
+        shape="llada8b-lora",
+        args=("--pairs", "d1", "--layers", "32", "--loops", "peer,release_sampler", "--cycles", "2", "--runs", "1",
+              "--part-timeout-s", "320"),
+        tiny=("--part-timeout-s", "400")),
+}
+
+SUITES = {"run_all": RUN_ALL, "run_system": RUN_SYSTEM, "run_peers": RUN_PEERS}
+
+
+def suite(runner: str, name: str):
+    """The suite ``name`` of ``runner`` (run_all, run_system, run_peers); SystemExit naming the known ones."""
+    known = SUITES[runner]
+    if name not in known:
+        raise SystemExit(f"{runner}: unknown suite {name!r}; known: {', '.join(known)}")
+    return known[name]
+
+
+def expand(runner: str, argv: list[str]) -> list[str]:
+    """``argv`` with ``--suite NAME`` replaced by the suite's arguments (and its rehearsal's under
+    ``--tiny``), placed first so that the arguments given after them win; ``--suite NAME`` itself stays
+    for the runner to read. A command line without ``--suite`` is returned as it is."""
+    if "--suite" not in argv:
+        return list(argv)
+    at = argv.index("--suite")
+    if at + 1 >= len(argv):
+        raise SystemExit(f"{runner}: --suite needs a name; known: {', '.join(SUITES[runner])}")
+    chosen = suite(runner, argv[at + 1])
+    extra = [*getattr(chosen, "args", ()), *(getattr(chosen, "tiny", ()) if "--tiny" in argv else ())]
+    return [*extra, *argv]
+
+
+def record_name(suite_name: str, shape: str, card: str, count: int) -> str:
+    """What a record is, as its file name: ``system-llada_llada8b-11l_h200x2`` (the suite, the model
+    shape, the card and how many of it)."""
+    match = re.search(r"\b([A-Z]{1,2}\d{2,3}[A-Z]?)\b", card)  # H100, H200, A100, L40S, B200
+    short = match.group(1) if match else card
+    words = [suite_name, shape, f"{re.sub(r'[^A-Za-z0-9]+', '-', short).strip('-')}x{count}"]
+    return "_".join(w for w in words if w).lower()
+
+
+def keep(out: Path, record: str, table: str) -> Path:
+    """A GPU run's ``out/results.json`` and its ``table`` markdown copied to
+    tests/benchmarks/results/RECORD.json and .md. A record is named by what it is (the suite, the
+    card and how many), so a later run of the suite on the same card replaces it; BENCHMARKS.md cites
+    the records by these names."""
+    RESULTS.mkdir(exist_ok=True)
+    if out.resolve() != RESULTS.resolve():
+        shutil.copy(out / "results.json", RESULTS / f"{record}.json")
+        shutil.copy(out / table, RESULTS / f"{record}.md")
+    return RESULTS / record

@@ -1,0 +1,173 @@
+"""Every named suite's CPU rehearsal (``--tiny``, suites.py): the suite's scripts at the tiny shapes
+through its runner, as a user runs the suite on their GPUs; each must exit 0 with every part
+measured. The component suite's rehearsal with the fewest repetitions is test_rehearsal.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+RUNNERS = {"run_all": HERE / "run_all.py", "run_system": HERE / "run_system.py",
+           "run_peers": HERE / "peers" / "run_peers.py"}
+FAKE_PEER = HERE / "peers" / "fake_peer.py"
+pytestmark = pytest.mark.e2e
+
+
+def run(runner: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(RUNNERS[runner]), *map(str, args)], cwd=REPO, timeout=1500,
+                          capture_output=True, text=True)
+
+
+def rehearse(runner: str, name: str, tmp_path: Path, *args) -> dict:
+    """The suite's CPU rehearsal; its results.json (the run must have exited 0)."""
+    out = tmp_path / "out"
+    done = run(runner, "--suite", name, "--tiny", "--out", out, *args)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    return json.loads((out / "results.json").read_text())
+
+
+
+def parts_of(results: dict, job: str) -> dict:
+    record = results["jobs"][job]
+    assert record["status"] == "ok", record
+    return record["result"]["parts"]
+
+
+def test_the_sampler_suite(tmp_path):
+    results = rehearse("run_all", "sampler", tmp_path)
+    assert set(results["jobs"]) == {"matmul_gpu0", "naive", "graph_pool", "block_diffusion"}
+    naive = parts_of(results, "naive")["naive"]
+    assert naive["by_steps"] and naive["pct_of_measured_matmul"] > 0, naive
+    pool = parts_of(results, "graph_pool")["graph_pool"]
+    graphed = pool["graphed_capacity_2"]
+    assert len(graphed["seconds"]) == len(pool["eager"]["seconds"]) == pool["requests"]
+    assert graphed["tokens_equal_eager_mean"] == 1.0  # fp32 on the CPU: the static path's tokens are eager's
+    bd = parts_of(results, "block_diffusion")
+    runs = bd["compiled"]["by_run"]  # the counter-based draw on the compiled pool
+    assert runs["32_counter_again"]["speedup_vs_generator"] > 0 and runs["32_counter_again"]["captures"] == 0
+    assert set(bd["split_counter"]["by_kind"]) == {"prefill", "enter", "inside", "decode"}
+    assert {f"{c}{n}_{m}_ms" for c in ("", "counter_") for n in ("float64", "float32") for m in ("eager", "fused")} \
+        <= set(bd["decode"])
+
+
+def test_the_push_suite(tmp_path):
+    """2 ZeRO-3 learner ranks of a real DeepSpeed engine (gloo) and a receiver: the raw broadcast,
+    the gathered and the sharded push, into a rollout engine's staging copy idle and beside requests
+    it generates, and the pull (peer: the receiver reads each rank's buffer; beside a thread running
+    Python; row by row as before), each delivering the learner's weights bit for bit; the copy
+    engines' pull, the LoRA push and the same-device push likewise."""
+    staged = ("staged", "busy", "busy@0.1", "peer_staged", "peer_busy", "peer_busy_rows", "peer_python",
+              "peer_python_rows")
+    results = rehearse("run_all", "push", tmp_path)
+    assert results["jobs"]["push_3ranks"] == {"status": "skipped", "reason": "needs 4 GPUs"}
+    parts = parts_of(results, "push_1rank")  # every mode in the rehearsal (the GPU run times the suite's five)
+    assert parts["setup"]["sources"] == 2 and parts["raw"]["median_s"] > 0
+    for mode, sources in (("gather", 0), ("shards", 2)):
+        push = parts[f"push_{mode}"]
+        assert push["weights_bit_identical"] and push["median_s"] > 0 and push["sources"] == sources
+    segments = parts["push_shards"]["rank0_segments"]
+    assert segments["rounds"] > 1 and segments["segments_as_they_lie"] == segments["rounds"]
+    assert segments["segments_packed"] == 0
+    for mode in staged:
+        push = parts[f"push_{mode}"]
+        assert push["weights_bit_identical"] and push["median_s"] > 0 and push["sources"] == 2, mode
+        assert ("receiver_requests" in push) == ("busy" in mode), mode
+        assert ("receiver_python_loops" in push) == ("python" in mode), mode
+    for mode in (m for m in staged if "busy" in m):  # it was generating, more than one token per row a forward
+        requests = parts[f"push_{mode}"]["receiver_requests"]
+        assert requests["done"] >= 1 and requests["tokens_per_forward"] > 32, (mode, requests)  # 32 rows
+    assert parts["push_busy@0.1"]["bucket_mb"] == 0.1 and parts["push_busy"]["bucket_mb"] == 0.05
+    raw_busy = parts["raw_busy"]  # the raw broadcast beside the same requests: the busy pushes' denominator
+    assert raw_busy["median_s"] > 0 and raw_busy["receiver_requests"]["done"] >= 1
+    assert parts["push_busy"]["ratio_to_raw_busy"] == parts["push_busy"]["median_s"] / raw_busy["median_s"]
+    assert parts["push_staged"]["ratio_to_raw_busy"] is None  # idle: set against the idle raw only
+    assert parts["push_busy@0.1"]["rank0_segments"]["rounds"] < segments["rounds"]
+    pull = parts_of(results, "peer_pull")
+    assert pull["pull_idle"]["median_s"] > 0 and pull["pull_busy"]["median_s"] > 0
+    lora = parts_of(results, "lora_push")
+    assert lora["ratio"]["receiver_weights_equal"] is True and lora["ratio"]["receiver_weights_equal_shards"] is True
+    ipc = parts_of(results, "ipc_push")  # the same-device push: first and later pushes, bit for bit
+    assert ipc["first_push"]["weights_bit_identical"] and ipc["push"]["weights_bit_identical"]
+
+
+def test_the_learner_suite(tmp_path):
+    results = rehearse("run_all", "learner", tmp_path)
+    parts = parts_of(results, "learner_8b")
+    for name in ("zero3t_ckpt_on", "zero3t_ckpt_on_compiled"):  # eager, then learner.compile on one engine
+        assert parts[name]["step_s_median"] > 0 and parts[name]["skipped_steps_total"] == 0, name
+
+
+def system_part(results: dict, name: str) -> dict:
+    part = results["parts"][name]
+    assert part["status"] == "ok", part
+    return part["result"]["parts"]
+
+
+def test_the_llada_system_suite(tmp_path):
+    """The shipped LLaDA-8B config through ``stabledrl train`` with the tiny LLaDA in the released
+    sharded layout, 2 gloo learner ranks and 1 rollout worker, 3 steps with a checkpoint after step
+    2, held-out evaluations and a profiled step, then ``train --resume`` to step 3; beside it the
+    denominators (matmul, the raw broadcast, the engine alone). Each actor's busy seconds plus idle
+    must equal its wall time, and the resume must continue from the checkpoint."""
+    results = rehearse("run_system", "llada", tmp_path, "--work", tmp_path / "work")
+    assert {k: p["status"] for k, p in results["parts"].items()} == dict.fromkeys(
+        ["ckpt_llada", "matmul", "push", "engine_llada", "system_llada"], "ok")
+    assert system_part(results, "engine_llada")["engine"]["tokens_per_s"] > 0
+    parts = system_part(results, "system_llada")
+    job = parts["job"]
+    assert job["rc"] == 0 and job["problems"] == [], job["log_tail"]
+    f = job["figures"]
+    assert f["steps"] == 3 and f["timed_steps"] == [3]
+    assert set(f["actors"]) == {"learner0", "learner1", "rollout0"}
+    for name, actor in f["actors"].items():
+        activities = {"train", "push"} if name.startswith("learner") else {"generate", "score", "reward"}
+        assert activities <= set(actor["seconds"]) and 0 < actor["busy_fraction"] <= 1
+    assert f["actors"]["learner0"]["seconds"]["checkpoint"] > 0  # the save after step 2, timed in step 3
+    assert 0 < f["learner_mfu"] < 1 and f["learner_mfu_against_tflops"] > 0
+    assert f["rollout_tokens_per_s_generating"] > 0 and f["samples_per_s"] > 0 and f["first_step_s"] > 0
+    assert f["step_after_checkpoint_ratio"] > 0
+    assert [s["step"] for s in f["per_step"]] == [1, 2, 3]
+    profile = job["learner_profile"][0]  # learner rank 0's 2nd step under torch.profiler
+    assert profile["step"] == 2 and profile["wall_s"] > 0 and profile["top_host_ops"]
+    assert profile["forwards_profiled"] == 1 <= profile["forwards_in_step"]  # a window, not the whole step
+    assert parts["resume_check"] == {"resumed_at_step": 2, "expected": 2, "last_step": 3, "continued": True}
+    assert parts["resume"]["problems"] == []
+    assert not (tmp_path / "work" / "system_llada" / "run" / "checkpoints").exists()  # removed after the check
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| system_llada: in-job push / raw broadcast" in summary and "| engine_llada | ok |" in summary
+
+
+@pytest.mark.parametrize("name, job", [("trado", "system_trado"), ("lora", "lora_llada"),
+                                       ("offload", "offload_llada_mb32")])
+def test_the_other_system_suites(name, job, tmp_path):
+    """TraDo's job, the LoRA job and the offload job, each planned for 2 GPUs (1 rank + 1 worker)."""
+    results = rehearse("run_system", name, tmp_path, "--work", tmp_path / "work")
+    assert all(p["status"] == "ok" for p in results["parts"].values()), results["parts"]
+    assert results["plan_gpus"] == 2
+    f = system_part(results, job)["job"]["figures"]
+    assert f["steps"] >= 2 and set(f["actors"]) == {"learner0", "rollout0"} and f["push_s_median"] > 0
+
+
+@pytest.mark.parametrize("name, pair", [("stabledrl", "stabledrl"), ("d1", "d1")])
+def test_the_peer_suites(name, pair, tmp_path):
+    """The peer driver with a fake peer of known timings (the releases' code is never part of the
+    project), then the project's loops of the suite through the system benchmark at the tiny LLaDA:
+    the figures of each, colocated, and their ratio to the peer."""
+    results = rehearse("run_peers", name, tmp_path, "--peer-root", tmp_path / "none",
+                       "--peer-script", f"{pair}={FAKE_PEER}")
+    peer = results["parts"][f"{pair}_peer"]
+    assert peer["rc"] == 0 and peer["figures"]["samples"] > 0
+    loops = [k for k in results["parts"] if k.startswith(f"{pair}_colocated")]
+    assert loops
+    for key in loops:
+        rec = results["parts"][key]
+        assert rec["rc"] == 0 and rec["figures"]["samples_per_s_per_gpu"] > 0, rec["log_tail"]
+        assert "cluster.colocate=true" in rec["overrides"] and "--ranks 1 --workers 1" in rec["command"]
+        assert rec["actors"]["learner0"]["seconds"]["train"] > 0 and rec["actors"]["rollout0"]["seconds"]
+    row = next(r for r in results["rows"] if r["name"].startswith(f"{pair}: "))
+    assert row["ratio"]["samples_per_s_per_gpu"] > 0

@@ -1,0 +1,71 @@
+"""The named benchmark suites (suites.py): every name resolves in its runner (its jobs, parts or
+loops exist; its overrides load). The rehearsals of the suites: test_suite_rehearsals.py."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "peers"))
+
+import run_all  # noqa: E402
+import run_peers  # noqa: E402
+import run_system  # noqa: E402
+import suites  # noqa: E402
+
+
+
+@pytest.mark.parametrize("name", [n for n in suites.RUN_ALL if n != "components"])
+def test_a_component_suite_plans_every_job_on_its_gpus(name, tmp_path):
+    chosen = suites.RUN_ALL[name]
+    most = max(max(j.gpus) + 1 for j in chosen.jobs)
+    lanes, after, skipped = run_all.plan_suite(name, most, False, tmp_path)
+    assert [j.name for j in lanes[0]] == [j.name for j in chosen.jobs] and not after and not skipped
+    names = {j.name for j in chosen.jobs}
+    for job in chosen.jobs:
+        assert (HERE / job.script).is_file(), job.script
+        assert job.peak is None or job.peak in names, (name, job.peak)
+    fewer = run_all.plan_suite(name, chosen.min_gpus, False, tmp_path)[2]
+    assert all(reason.startswith("needs ") for reason in fewer.values())
+    assert run_all.parse(["--suite", name]).suite == name
+
+
+@pytest.mark.parametrize("name", list(suites.RUN_SYSTEM))
+def test_a_system_suite_names_known_parts_for_every_plan(name, tmp_path):
+    chosen = suites.RUN_SYSTEM[name]
+    a = run_system.parse(["--suite", name])
+    for plan_gpus, parts in ((4, chosen.parts), (8, chosen.parts), (2, chosen.parts_2gpu), (0, chosen.parts)):
+        lanes, after = run_system.plan(parts.split(","), plan_gpus == 0, tmp_path, tmp_path, plan_gpus,
+                                       checkpoint_at=a.checkpoint_at, steps=a.steps, job_set=tuple(a.job_set))
+        planned = [p.name for lane in lanes for p in lane] + [p.name for p in after]
+        assert sorted(planned) == sorted(parts.split(",")), (name, plan_gpus)
+    tiny = run_system.parse(["--suite", name, "--tiny", "--steps", "4"])
+    assert tiny.steps == 4  # the command line after the suite wins
+
+
+@pytest.mark.parametrize("name", list(suites.RUN_PEERS))
+def test_a_peer_suite_runs_known_loops_whose_overrides_load(name, tmp_path):
+    from stabledrl.common.config.job import load_job_config
+
+    for tiny in (False, True):
+        a = run_peers.parse(["--suite", name, "--peer-root", "x", "--out", str(tmp_path),
+                             *(["--tiny"] if tiny else [])])
+        variants = {**run_peers.VARIANTS, **dict(v.split("=", 1) for v in a.variant)}
+        for pair in a.pairs.split(","):
+            recipe = run_peers.pair_spec(pair, 2)["recipe"]
+            config = run_peers.project_config(recipe, tmp_path)
+            for loop in a.loops.split(","):
+                if loop == "peer":
+                    continue
+                sets = variants[loop] if isinstance(variants[loop], list) else variants[loop].split(";")
+                load_job_config(str(config), [f"task.source.path={tmp_path / 'rows.jsonl'}", *sets])
+
+
+def test_an_unknown_suite_is_named_with_the_known_ones():
+    with pytest.raises(SystemExit, match="unknown suite 'nope'; known: components, sampler"):
+        suites.expand("run_all", ["--suite", "nope"])
+    assert suites.expand("run_system", ["--tiny"]) == ["--tiny"]  # no suite: the command line as it is
