@@ -41,7 +41,7 @@ test-e2e: $(STAMP)
 test-gpu:
 	python -m pytest -q -m gpu tests/gpu
 
-bench: $(STAMP)  # the GPU benchmarks' CPU check (toy shapes); on a GPU: bash tests/benchmarks/run_gpu.sh
+bench: $(STAMP)  # the component suite's CPU rehearsal (toy shapes); on GPUs: BENCHMARKS.md, "Running them"
 	$(BIN)/python tests/benchmarks/run_all.py --tiny --quick --out runs/bench_cpu
 
 clean:

@@ -14,7 +14,7 @@ activation checkpointing runs the forward ones twice. Here the two functions the
 The modules are still called as modules, so ZeRO-3's gathers and releases, LoRA's adapted Linears
 and checkpointing see the same calls in the same order: compiling whole layers instead would
 trace through DeepSpeed's hooks, which it excludes from tracing, and break the graph around every
-gathered module (tried on an H100 under ZeRO-3: no gain, BENCHMARKS.md). The arithmetic is the
+gathered module (tried on an H100 under ZeRO-3: no gain). The arithmetic is the
 modules' own, operation for operation; compiled kernels round differently, so the results match
 eager to rounding (tests/unit/learner/test_learner_fused.py).
 """

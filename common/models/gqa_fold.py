@@ -15,7 +15,8 @@ computes exactly the same attention (each query row still reads only its own key
 its own mask row) and reads the cache once. transformers does this for a single query token
 (``pack_gqa``); this does it for any query length. The sampler's CUDA-graph steps run with it
 (rollout/sampling/graphs.py: they read all cache slots through a mask, where ``repeat_kv`` made
-the graphed step slower than eager, 0.78x, and the fold 1.57x faster; BENCHMARKS.md 4d).
+the graphed step slower than eager, 0.78x, and the fold 1.57x faster on an H200: tests/benchmarks/results/
+components-quick_h200x2.md, target 4d).
 
 It is an attention implementation of transformers' ``AttentionInterface`` (name ``sdpa_gqa_fold``)
 and falls back to the stock sdpa function wherever folding does not apply (no grouping, no mask or

@@ -5,8 +5,9 @@ activation: RMSNorm's fp32 cast, square, mean, rsqrt and scale (twice a layer), 
 SiLU and the gate product, residual adds. At a full forward over a canvas (the exact sampler:
 32 rows of ~450 tokens at LLaDA-8B's width) each pass moves ~100-300 MB, so together they cost
 about a quarter of the forward. Compiled, they fuse into a few kernels per layer. Measured on an
-H100 at LLaDA-8B, 32 rows x 384 tokens: 370 ms -> 279 ms a forward, the exact sampler's step from
-60% to 77% of the card's measured matmul rate (BENCHMARKS.md, "The compiled forward").
+H100 at LLaDA-8B, 32 rows x 384 tokens: 371 ms -> 280 ms a forward; with the token choice fused as
+well, the exact sampler's step goes from 62% to 83% of the card's measured matmul rate
+(BENCHMARKS.md, "Sampler speed").
 
 Two forms, one flag:
 

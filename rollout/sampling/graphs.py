@@ -2,8 +2,8 @@
 
 Why. At SDAR-8B shape, batch 128, block 4, an eager cached step takes ~54 ms of wall time for
 ~35 ms of GPU work: a Qwen3 forward of 36 layers issues ~7,800 aten ops and ~2,300 kernels, each
-paying Python, dispatch and a launch (BENCHMARKS.md, 4c). A CUDA graph replays the whole forward's
-kernels with one launch (4d: 1.57x, 3,744 tokens/s).
+paying Python, dispatch and a launch (the profile 4c of tests/benchmarks/results/components-quick_h200x2.md).
+A CUDA graph replays the whole forward's kernels with one launch (4d there: 1.57x, 3,744 tokens/s).
 
 What is static. A graph replays fixed kernels on fixed addresses, so the replayed step keeps one
 shape for the whole generation and reads its inputs from buffers it owns:
@@ -22,8 +22,8 @@ shape for the whole generation and reads its inputs from buffers it owns:
 The prompt prefill, the dual cache's refresh and the steps of rows that are not in lockstep
 (threshold decoding) stay eager and write into the same cache buffers; the decode step (token
 choice with per-row generators) stays eager. (The entering step is a quarter of the forwards at
-one token per step and block 4; graphed, it takes 26% of a generation's time at SDAR-8B on an
-H100, BENCHMARKS.md 4.)
+one token per step and block 4; graphed and compiled, it takes 28-29% of a generation's time at
+SDAR-8B: BENCHMARKS.md, "Sampler speed".)
 
 Compiled (``SamplerConfig.compile``): a replayed graph still runs every kernel the eager forward
 launches, ~2,500 per forward at SDAR-8B's 36 layers, most of them small elementwise kernels (fp32

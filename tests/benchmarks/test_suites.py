@@ -1,7 +1,9 @@
 """The named benchmark suites (suites.py): every name resolves in its runner (its jobs, parts or
-loops exist; its overrides load). The rehearsals of the suites: test_suite_rehearsals.py."""
+loops exist; its overrides load), and BENCHMARKS.md cites only suites and records that exist, and
+every record in results/. The rehearsals of the suites: test_suite_rehearsals.py."""
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -69,3 +71,17 @@ def test_an_unknown_suite_is_named_with_the_known_ones():
     with pytest.raises(SystemExit, match="unknown suite 'nope'; known: components, sampler"):
         suites.expand("run_all", ["--suite", "nope"])
     assert suites.expand("run_system", ["--tiny"]) == ["--tiny"]  # no suite: the command line as it is
+
+
+def test_benchmarks_md_cites_existing_suites_and_every_kept_record():
+    text = (REPO / "BENCHMARKS.md").read_text()
+    cited_suites = re.findall(r"(run_all|run_system|run_peers)\.py --suite ([\w-]+)", text)
+    assert cited_suites
+    for runner, name in cited_suites:
+        assert name in suites.SUITES[runner], (runner, name)
+    for runner, known in suites.SUITES.items():
+        for name in known:
+            assert f"{runner}.py --suite {name}" in text, f"BENCHMARKS.md does not say what {runner} {name} is for"
+    cited = set(re.findall(r"results/([\w.+-]+?)\.(?:json|md|\{json,md\})", text))
+    kept = {p.name.rsplit(".", 1)[0] for p in (HERE / "results").iterdir() if not p.name.startswith(".")}
+    assert cited == kept, {"cited, missing": cited - kept, "kept, not cited": kept - cited}

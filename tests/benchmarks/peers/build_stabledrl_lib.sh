@@ -9,7 +9,7 @@
 # travels with the working tree; add it to .git/info/exclude and carry it): DIR/peerlib.tar.gz (OUTDIR,
 # ~13 MB) and DIR/peers/StableDRL, a copy of the release from PEERS (default /tmp/peers; github
 # JianyuanZhong/StableDRL) without its git history, datasets and assets (the harness feeds generated rows).
-# The device call then runs `tar -xzf DIR/peerlib.tar.gz -C /tmp/peerlib` (issue20_gpu.sh call38).
+# The GPU machine then runs `tar -xzf DIR/peerlib.tar.gz -C /tmp/peerlib` and passes --peer-pythonpath /tmp/peerlib.
 #
 # - transformers 4.51.3 as the release pins it, with tokenizers and huggingface-hub at versions it accepts,
 #   and requests (the hub client) with its dependencies;
