@@ -132,7 +132,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     st = sub.add_parser("study", help="GRPO vs StableDRL vs StableDRL+DiPOD vs DRPO over seeds: table + figure")
     st.add_argument("--config", default=str(STUDY_CPU), help=f"study config (default: {STUDY_CPU})")
     st.add_argument("--report", metavar="STUDY_DIR", default=None,
-                    help="only rebuild table.md, results.json, figure.png (and the STUDY.md section) from STUDY_DIR")
+                    help="only rebuild table.md, results.json, figure.png (and the docs/study.md section) from "
+                    "STUDY_DIR")
     st.add_argument("--dry-run", action="store_true", help="print the runs and the first run's config, then exit")
     st.add_argument("overrides", nargs="*", help="dotted overrides, e.g. job.run.steps=10 seeds=[0] output_dir=/tmp/s")
 

@@ -6,7 +6,7 @@ several inner iterations, stale samples), with a table and a figure of the outco
     stabledrl study --report runs/study_cpu                    (table + figure from the files)
 
 config.py: the study config; runner.py: warm start, Ray, the runs (in lanes when concurrent);
-analysis.py: collapses, spikes, tables; report.py: table.md, results.json, figure.png, STUDY.md.
+analysis.py: collapses, spikes, tables; report.py: table.md, results.json, figure.png, the docs/study.md section.
 """
 from stabledrl.recipes.study.config import CollapseRule, StudyConfig, load_study_config, run_config
 from stabledrl.recipes.study.report import load_study_dir, load_study_file, save_study_config, write_report

@@ -42,7 +42,7 @@ class CollapseRule(StrictModel):
 class ReportTarget(StrictModel):
     """Where the study also publishes its table and figure (a committed markdown file)."""
 
-    markdown: Path = Field(Path("STUDY.md"), description="file holding a <!-- study:NAME --> section")
+    markdown: Path = Field(Path("docs/study.md"), description="file holding a <!-- study:NAME --> section")
     section: str = Field(
         description="NAME of the section replaced between <!-- study:NAME --> and <!-- /study:NAME -->"
     )

@@ -1,5 +1,5 @@
 """A study's report, from its files alone: table.md, results.json, figure.png, and optionally a
-section of a committed markdown file (STUDY.md) with the table and a copy of the figure.
+section of a committed markdown file (docs/study.md) with the table and a copy of the figure.
 
     write_report(study)                       # after (or during) run_study
     stabledrl study --report runs/study_gpu   # the same from a directory fetched from elsewhere

@@ -1,5 +1,5 @@
 """The study config (every run validated up front, method sections merged, seed-major order) and
-its report (table, results, figure, the STUDY.md section), built from metrics files alone."""
+its report (table, results, figure, the docs/study.md section), built from metrics files alone."""
 from __future__ import annotations
 
 import json
