@@ -41,8 +41,8 @@ class StagedWeights:
     def __init__(self, module: nn.Module, defer: bool = True, prompt: bool = True) -> None:
         self.params = dict(module.named_parameters())
         # False: a peer push writes the staging tensors row by row; the receive keeps Python's switch
-        # interval and lets the collector start (common/gil.py); both as before 2026-11-28
-        # (bench_push's ``_rows`` modes)
+        # interval and lets the collector start (common/gil.py): the slower receive that bench_push's
+        # ``_rows`` modes measure against
         self.defer, self.prompt = defer, prompt
         self.tensors: dict[str, torch.Tensor] = {}  # the staging copy, allocated as parameters first arrive
         self.version: Optional[int] = None  # staged and not yet applied

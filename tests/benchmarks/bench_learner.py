@@ -28,10 +28,10 @@ defaults are in learner/zero.py): overlap_comm, stage3_prefetch_bucket_size 2e8 
 4 layers ahead instead of less than one), stage3_param_persistence_threshold 1e6 (the small
 projections stay gathered), stage3_max_live_parameters / max_reuse_distance 1e9.
 The optimizer is the project's (learner/zero.build_optimizer: torch AdamW under DeepSpeed ZeRO,
-``fused=True`` on CUDA since the 2026-11-26 1x H200 run measured it against foreach as stage
-``2f``): it steps on DeepSpeed's flat fp32 partitions (one tensor per parameter group). Stage
-``2t`` is a benchmark-only experiment on top of ZeRO-2 (the project's defaults stay in learner/):
-``overlap_comm`` (gradient bucket copies on a side stream, overlapped with the backward).
+``fused=True`` on CUDA, measured against foreach as stage ``2f``): it steps on DeepSpeed's flat
+fp32 partitions (one tensor per parameter group). Stage ``2t`` is a benchmark-only experiment on
+top of ZeRO-2 (the project's defaults stay in learner/): ``overlap_comm`` (gradient bucket copies
+on a side stream, overlapped with the backward).
 ``--compile off,on`` times every setting eager, then again with ``learner.compile`` (the norms and the
 gated activation fused, learner/fused.py) on the same engine, parts suffixed ``_compiled``.
 ``--profile STAGE`` runs torch.profiler over one more step of that stage's first setting: wall vs

@@ -17,7 +17,7 @@ computed from the shape (bf16). Times on a shared CPU say little about a GPU; th
     python tests/benchmarks/bench_lora_push.py --shape small --reps 3
 
 ``--engine`` measures the project's own push end to end in one process on one device (the GPU
-measurement of issue 20): a ``LearnerEngine`` (1 rank, ZeRO-3) with LoRA at LLaDA-8B's shape
+measurement): a ``LearnerEngine`` (1 rank, ZeRO-3) with LoRA at LLaDA-8B's shape
 (``--tiny``: the tiny LLaDA on the CPU) and a plain receiving policy beside it. For each
 ``learner.lora.push`` (merged, adapters) the learner's seconds per push (draining
 ``named_parameters_for_push``: the ZeRO-3 gathers, and for merged the merges), the bytes it

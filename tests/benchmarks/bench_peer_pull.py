@@ -2,7 +2,7 @@
 ``cudaMemcpyAsync``, no kernel, no SM) beside its own generation, against the same pull idle: does a
 transfer that needs none of the receiver's SMs keep its speed while the receiver's forwards fill
 them? (The in-job push, NCCL broadcasts whose kernels share the worker's SMs with its forwards,
-took 5.2x the raw broadcast idle at 3 ranks -> 1 worker: BENCHMARKS.md.)
+took 5.2x the raw broadcast idle at 3 ranks -> 1 worker.)
 
 One process sees S + 1 GPUs: GPUs 0..S-1 each hold one source's share of LLaDA-8B's bf16 bytes
 (ceil(total / S), random), GPU S holds a receiver policy of that shape and a staging copy of every

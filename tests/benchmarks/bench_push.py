@@ -18,7 +18,7 @@ together after a barrier. A checksum of every tensor checks the pushed weights b
     python tests/benchmarks/bench_push.py --out push.json          # needs 2 GPUs
     python tests/benchmarks/bench_push.py --tiny --out push.json   # CPU, gloo
 
-``--engine`` measures the learner's own push (issue 20): L learner ranks of a real DeepSpeed engine
+``--engine`` measures the learner's own push: L learner ranks of a real DeepSpeed engine
 (``LearnerEngine``, ZeRO ``--zero``, LLaDA-8B's width at ``--layers`` layers, one GPU each) and N
 receivers (a policy each, loaded through ``ParameterLoader``), L + N GPUs, against the raw bucketed
 broadcast of the same bytes from rank 0 to the receivers in the same run:
@@ -86,7 +86,7 @@ import torch.distributed as dist
 from stabledrl.common.transport.store import open_store
 
 # --engine's staged modes: whether the receiver generates meanwhile. Two weights options timed beside
-# generation at de86cdd were not kept (BENCHMARKS.md): weights.high_priority, weights.stage_pause
+# generation were not kept (neither shortened the push): weights.high_priority, weights.stage_pause
 STAGED = {"staged": False, "busy": True, "peer_staged": False, "peer_busy": True, "peer_python": True,
           "peer_busy_rows": True, "peer_python_rows": True}
 # the pull push (weights.backend: peer): the receiver reads each rank's buffer

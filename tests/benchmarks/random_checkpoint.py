@@ -15,7 +15,7 @@ Values: matrices and embeddings N(0, 0.02) (transformers' initializer_range, as 
 benchmark's models), RMSNorm weights 1. ``head_scale`` multiplies the LM head: a random model's
 top-1 probability is about 1/V, so threshold decoding would commit one token per step; the engine
 benchmark scales the head of this very initialisation by 13.5 at LLaDA-8B's shape so that the
-median top-1 probability of a step reaches 0.9 (BENCHMARKS.md 3b), and the system benchmark does
+median top-1 probability of a step reaches 0.9 (bench_full_attention's threshold run), and the system benchmark does
 the same so that a threshold sampler commits several tokens per forward as a trained model does.
 
 ``layers`` keeps the shape's width and takes fewer layers (a full-parameter learner on one GPU

@@ -75,7 +75,7 @@ def test_scale_sends_the_token_without_ray_auth_mode_set_by_hand(tmp_path, monke
 
 
 def test_a_reward_that_cannot_run_is_refused_at_dry_run(tmp_path, monkeypatch, capsys, no_training):
-    """Issue 22: a relative reward path is the working directory's and is checked at --dry-run; a
+    """A relative reward path is the working directory's and is checked at --dry-run; a
     reward whose import hangs stops there too, naming the file, before any actor starts."""
     import ray
 

@@ -1,4 +1,4 @@
-"""Issue 22: with a reward taking its whole timeout on every call, Ctrl-C did not end the driver
+"""With a reward taking its whole timeout on every call, Ctrl-C did not end the driver
 within 15 s: closing the pool waited grace_s for each busy worker's close, then grace_s again for
 its exit. A worker whose close does not answer is killed at once."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 22: huge rewards made train/loss NaN at 3 of 4 steps and the job ended with the weights it
+"""Huge rewards made train/loss NaN at 3 of 4 steps and the job ended with the weights it
 started from, exit 0, nothing in the log. A skipped update is now said in the log, and
 MAX_SKIPPED_IN_A_ROW of them in a row stop the job naming the likely causes."""
 from __future__ import annotations

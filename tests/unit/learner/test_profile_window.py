@@ -1,5 +1,5 @@
 """The learner's profiled step records a short window (its first forwards), not the whole step:
-the profiler's slowdown must not eat a job's time budget (issue 20)."""
+the profiler's slowdown must not eat a job's time budget."""
 from __future__ import annotations
 
 import json
