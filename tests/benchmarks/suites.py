@@ -125,10 +125,10 @@ RUN_ALL: dict[str, ComponentSuite] = {
                         "2", "--steps", "1")))),
 }
 
-# the full jobs' options on your own GPUs: steps enough for a baseline before the save and a step
-# after it, and a limit that an 8B job with its resume check fits
+# the full jobs' options on your own GPUs: timed steps before the save (the baseline: from step 3)
+# and after it, and a limit that an 8B job with its resume check fits
 SYSTEM_TIME = ("--system-timeout-s", "1500", "--deadline-s", "3600")
-SYSTEM_TINY = ("--steps", "3", "--checkpoint-at", "2", "--system-timeout-s", "450", "--deadline-s", "900")
+SYSTEM_TINY = ("--steps", "4", "--checkpoint-at", "3", "--system-timeout-s", "450", "--deadline-s", "900")
 RUN_SYSTEM: dict[str, SystemSuite] = {
     "llada": SystemSuite(
         "LLaDA-8B's job as shipped (llada8b_1node.yaml): the push in the job against the raw broadcast, the step "
@@ -136,7 +136,7 @@ RUN_SYSTEM: dict[str, SystemSuite] = {
         "worker at LLaDA-8B's width with 11 layers; 4: 3 ZeRO-3 ranks + 1 worker at 8B; 8: the config's 4 + 4",
         parts="ckpt_llada,matmul,push,engine_llada,system_llada",
         parts_2gpu="ckpt_llada_short,matmul,push,system_llada", shape="llada8b", shape_2gpu="llada8b-11l",
-        args=("--steps", "7", "--checkpoint-at", "3", *SYSTEM_TIME), tiny=SYSTEM_TINY),
+        args=("--steps", "7", "--checkpoint-at", "4", *SYSTEM_TIME), tiny=SYSTEM_TINY),
     "trado": SystemSuite(
         "TraDo's job as shipped (trado8b_1node.yaml, SDAR-8B's width with 11 layers, 1 rank + 1 worker): the "
         "staircase learner's MFU, the push, the step after a checkpoint",

@@ -110,8 +110,8 @@ def system_part(results: dict, name: str) -> dict:
 
 def test_the_llada_system_suite(tmp_path):
     """The shipped LLaDA-8B config through ``stabledrl train`` with the tiny LLaDA in the released
-    sharded layout, 2 gloo learner ranks and 1 rollout worker, 3 steps with a checkpoint after step
-    2, held-out evaluations and a profiled step, then ``train --resume`` to step 3; beside it the
+    sharded layout, 2 gloo learner ranks and 1 rollout worker, 4 steps with a checkpoint after step
+    3, held-out evaluations and a profiled step, then ``train --resume`` to step 4; beside it the
     denominators (matmul, the raw broadcast, the engine alone). Each actor's busy seconds plus idle
     must equal its wall time, and the resume must continue from the checkpoint."""
     results = rehearse("run_system", "llada", tmp_path, "--work", tmp_path / "work")
@@ -122,20 +122,20 @@ def test_the_llada_system_suite(tmp_path):
     job = parts["job"]
     assert job["rc"] == 0 and job["problems"] == [], job["log_tail"]
     f = job["figures"]
-    assert f["steps"] == 3 and f["timed_steps"] == [3]
+    assert f["steps"] == 4 and f["timed_steps"] == [3, 4]
     assert set(f["actors"]) == {"learner0", "learner1", "rollout0"}
     for name, actor in f["actors"].items():
         activities = {"train", "push"} if name.startswith("learner") else {"generate", "score", "reward"}
         assert activities <= set(actor["seconds"]) and 0 < actor["busy_fraction"] <= 1
-    assert f["actors"]["learner0"]["seconds"]["checkpoint"] > 0  # the save after step 2, timed in step 3
+    assert f["actors"]["learner0"]["seconds"]["checkpoint"] > 0  # the save after step 3, timed in step 4
     assert 0 < f["learner_mfu"] < 1 and f["learner_mfu_against_tflops"] > 0
     assert f["rollout_tokens_per_s_generating"] > 0 and f["samples_per_s"] > 0 and f["first_step_s"] > 0
-    assert f["step_after_checkpoint_ratio"] > 0
-    assert [s["step"] for s in f["per_step"]] == [1, 2, 3]
+    assert f["step_after_checkpoint_ratio"] > 0 and f["step_plain_steps"] == 1  # step 4 against step 3
+    assert [s["step"] for s in f["per_step"]] == [1, 2, 3, 4]
     profile = job["learner_profile"][0]  # learner rank 0's 2nd step under torch.profiler
     assert profile["step"] == 2 and profile["wall_s"] > 0 and profile["top_host_ops"]
     assert profile["forwards_profiled"] == 1 <= profile["forwards_in_step"]  # a window, not the whole step
-    assert parts["resume_check"] == {"resumed_at_step": 2, "expected": 2, "last_step": 3, "continued": True}
+    assert parts["resume_check"] == {"resumed_at_step": 3, "expected": 3, "last_step": 4, "continued": True}
     assert parts["resume"]["problems"] == []
     assert not (tmp_path / "work" / "system_llada" / "run" / "checkpoints").exists()  # removed after the check
     summary = (tmp_path / "out" / "summary.md").read_text()
