@@ -8,7 +8,7 @@ RUN_DIR ?= runs/quickstart
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER = 0
 export RAY_USAGE_STATS_ENABLED = 0
 
-.PHONY: install run test lint test-unit test-e2e test-gpu study bench clean
+.PHONY: install run test test-fast lint test-unit test-e2e test-gpu study bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -25,9 +25,13 @@ run: $(STAMP)
 study: $(STAMP)
 	$(BIN)/stabledrl study --config deploy/configs/study_cpu.yaml
 
-test: $(STAMP)
+test: $(STAMP)  # the whole suite, as CI runs it: unit, end-to-end and every benchmark's CPU rehearsal
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not gpu" tests
+
+test-fast: $(STAMP)  # ruff and the unit tests that start no Ray, DeepSpeed or job process (e2e-marked ones)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not e2e and not gpu" tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,4 +1,6 @@
-"""Shared test set-up: CPU-only defaults, GPU tests skipped where there is no CUDA."""
+"""Shared test set-up: CPU-only defaults, GPU tests skipped where there is no CUDA, and a time limit
+on every test (pytest-timeout): the default of pyproject.toml for the fast tier, E2E_TIMEOUT_S for
+a test marked e2e or gpu that names no limit of its own."""
 from __future__ import annotations
 
 import os
@@ -20,7 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "helpers"))
 from job_lines import job_lines  # noqa: E402  (from the folder just put on the path)
 
 
+# an end-to-end test starts Ray and DeepSpeed processes and runs a job (its module's fixtures count
+# towards its first test): minutes under load on a shared 2-core machine, never a quarter of an hour
+E2E_TIMEOUT_S = 1200
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if ("e2e" in item.keywords or "gpu" in item.keywords) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-pytestmark = pytest.mark.e2e
+# each rehearsal is a runner with its own limit of 1500 s (its subprocess timeout)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 JOBS = {"matmul_gpu0", "matmul_gpu1", "full_attention", "block_diffusion", "lora_push", "ipc_push", "learner_1gpu",
         "push", "async", "learner_2gpu"}

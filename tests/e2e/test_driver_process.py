@@ -57,6 +57,15 @@ def alive(processes: dict[int, int]) -> list[str]:
     return out
 
 
+def left_after(processes: dict[int, int], seconds: float) -> list[str]:
+    """The noted processes still running ``seconds`` from now (polled: an empty answer as soon as
+    every one has ended)."""
+    deadline = time.monotonic() + seconds
+    while (left := alive(processes)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
 def listeners(pid: int) -> list[str]:
     out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
     return [line.split()[3] for line in out.splitlines() if f"pid={pid}," in line]
@@ -85,8 +94,7 @@ def test_sigkill_of_the_driver_leaves_no_process_of_the_job_and_no_listener_on_e
     finally:
         os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    time.sleep(10)
-    assert alive(job) == [], "processes of the job outlived its driver by 10 s"
+    assert left_after(job, 10) == [], "processes of the job outlived its driver by 10 s"
 
 
 def test_ctrl_c_ends_with_one_line_and_the_resume_command(tmp_path):
@@ -106,8 +114,7 @@ def test_ctrl_c_ends_with_one_line_and_the_resume_command(tmp_path):
     run = tmp_path / "run"
     assert re.fullmatch(rf"stabledrl: interrupted at step (\d+) of 200; continue with: stabledrl train --resume {run} "
                         r"\(from step(\d+)\)", lines[0]), lines[0]
-    time.sleep(10)
-    assert alive(job) == []
+    assert left_after(job, 10) == []
 
 
 def test_sigterm_ends_with_one_line_and_the_resume_command(tmp_path):

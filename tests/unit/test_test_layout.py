@@ -1,9 +1,12 @@
 """The suite's own layout: pytest imports test modules by their basename (no packages under tests/),
-so two test files of one name in different folders stop the whole run at collection."""
+so two test files of one name in different folders stop the whole run at collection; and every
+test runs under a time limit."""
 from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -12,3 +15,21 @@ def test_no_two_test_files_share_a_name():
     names = Counter(p.name for p in TESTS.rglob("test_*.py") if "__pycache__" not in p.parts)
     assert not [n for n, c in names.items() if c > 1], {n: sorted(str(p.relative_to(TESTS)) for p in
                                                         TESTS.rglob(n)) for n, c in names.items() if c > 1}
+
+
+def test_every_test_has_a_time_limit(request):
+    """pytest-timeout is on with a default limit (pyproject.toml), and every e2e or gpu test of this
+    run carries the longer one tests/conftest.py gives it, unless it names its own."""
+    assert request.config.pluginmanager.hasplugin("timeout")
+    assert float(request.config.getini("timeout")) > 0
+    slow = [item for item in request.session.items if "e2e" in item.keywords or "gpu" in item.keywords]
+    assert all(item.get_closest_marker("timeout") is not None for item in slow), [
+        item.nodeid for item in slow if item.get_closest_marker("timeout") is None]
+
+
+def test_a_fast_test_that_starts_ray_is_told_to_be_marked_e2e():
+    """tests/unit/conftest.py refuses ray.init in a test of the fast tier (this one, unmarked)."""
+    ray = pytest.importorskip("ray")
+    with pytest.raises(AssertionError, match=r"calls ray.init: mark it @pytest.mark.e2e"):
+        ray.init(address="local", num_cpus=1, include_dashboard=False)
+    assert not ray.is_initialized()

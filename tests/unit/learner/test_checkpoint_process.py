@@ -228,6 +228,7 @@ def _engine_run(directory: str, out) -> None:
              "changed": changed, "restored": restored, "client": client, "child": writer.child.pid != os.getpid()})
 
 
+@pytest.mark.e2e  # a DeepSpeed engine in a process of its own: not in make test-fast
 def test_a_zero3_engine_reserves_its_state_after_the_first_update_and_the_save_restores(tmp_path):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
