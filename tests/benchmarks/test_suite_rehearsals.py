@@ -62,11 +62,14 @@ def test_the_push_suite(tmp_path):
     the gathered and the sharded push, into a rollout engine's staging copy idle and beside requests
     it generates, and the pull (peer: the receiver reads each rank's buffer; beside a thread running
     Python; row by row as before), each delivering the learner's weights bit for bit; the copy
-    engines' pull, the LoRA push and the same-device push likewise."""
+    engines' pull likewise. The suite's LoRA push and same-device push are the component suite's
+    jobs with its arguments, rehearsed there (test_rehearsal.py); the 3-rank push is this script
+    with more learner ranks."""
     staged = ("staged", "busy", "busy@0.1", "peer_staged", "peer_busy", "peer_busy_rows", "peer_python",
               "peer_python_rows")
-    results = rehearse("run_all", "push", tmp_path)
+    results = rehearse("run_all", "push", tmp_path, "--only", "push_1rank,peer_pull")
     assert results["jobs"]["push_3ranks"] == {"status": "skipped", "reason": "needs 4 GPUs"}
+    assert results["jobs"]["lora_push"]["status"] == results["jobs"]["ipc_push"]["status"] == "skipped"
     parts = parts_of(results, "push_1rank")  # every mode in the rehearsal (the GPU run times the suite's five)
     assert parts["setup"]["sources"] == 2 and parts["raw"]["median_s"] > 0
     for mode, sources in (("gather", 0), ("shards", 2)):
@@ -91,10 +94,6 @@ def test_the_push_suite(tmp_path):
     assert parts["push_busy@0.1"]["rank0_segments"]["rounds"] < segments["rounds"]
     pull = parts_of(results, "peer_pull")
     assert pull["pull_idle"]["median_s"] > 0 and pull["pull_busy"]["median_s"] > 0
-    lora = parts_of(results, "lora_push")
-    assert lora["ratio"]["receiver_weights_equal"] is True and lora["ratio"]["receiver_weights_equal_shards"] is True
-    ipc = parts_of(results, "ipc_push")  # the same-device push: first and later pushes, bit for bit
-    assert ipc["first_push"]["weights_bit_identical"] and ipc["push"]["weights_bit_identical"]
 
 
 def test_the_learner_suite(tmp_path):
