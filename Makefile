@@ -4,6 +4,10 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 CONFIG  ?= deploy/configs/quickstart.yaml
+# tests run on this many cores (pytest-xdist); a module's tests stay on one of them (tests/conftest.py),
+# so its Ray instance and job fixtures start once
+JOBS    ?= 2
+PYTEST  := $(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup
 RUN_DIR ?= runs/quickstart
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER = 0
 export RAY_USAGE_STATS_ENABLED = 0
@@ -27,11 +31,11 @@ study: $(STAMP)
 
 test: $(STAMP)  # the whole suite, as CI runs it: unit, end-to-end and every benchmark's CPU rehearsal
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not gpu" tests
+	$(PYTEST) -m "not gpu" tests
 
 test-fast: $(STAMP)  # ruff and the unit tests that start no Ray, DeepSpeed or job process (e2e-marked ones)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not e2e and not gpu" tests/unit
+	$(PYTEST) -m "not e2e and not gpu" tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

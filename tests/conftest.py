@@ -29,6 +29,12 @@ E2E_TIMEOUT_S = 1200
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        # pytest-xdist (--dist loadgroup, make test): a module's tests stay on one worker, so that its
+        # Ray instance and module fixtures start once; a module of tests that share nothing says so
+        # (TESTS_STAND_ALONE) and its tests spread over the workers
+        module = getattr(item, "module", None)
+        if item.get_closest_marker("xdist_group") is None and not getattr(module, "TESTS_STAND_ALONE", False):
+            item.add_marker(pytest.mark.xdist_group(getattr(module, "__name__", "")))
         if ("e2e" in item.keywords or "gpu" in item.keywords) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
     if torch.cuda.is_available():

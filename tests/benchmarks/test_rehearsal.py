@@ -15,6 +15,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 # each rehearsal is a runner with its own limit of 1500 s (its subprocess timeout)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+TESTS_STAND_ALONE = True  # each rehearsal is a runner of its own: they spread over the test workers
 
 JOBS = {"matmul_gpu0", "matmul_gpu1", "full_attention", "block_diffusion", "lora_push", "ipc_push", "learner_1gpu",
         "push", "async", "learner_2gpu"}

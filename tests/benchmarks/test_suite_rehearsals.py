@@ -17,6 +17,7 @@ RUNNERS = {"run_all": HERE / "run_all.py", "run_system": HERE / "run_system.py",
 FAKE_PEER = HERE / "peers" / "fake_peer.py"
 # each rehearsal is a runner with its own limit of 1500 s (its subprocess timeout)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+TESTS_STAND_ALONE = True  # each rehearsal is a runner of its own: they spread over the test workers
 
 
 def run(runner: str, *args) -> subprocess.CompletedProcess:
