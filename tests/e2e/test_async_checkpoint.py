@@ -39,12 +39,6 @@ class SlowWriterLearner(LearnerWorker):
         return out
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with harness.local_ray(__name__):
-        yield
-
-
 def test_a_kill_during_a_slow_save_resumes_from_the_save_before(cluster, tmp_path):
     cfg = harness.job_config(tmp_path, run={"steps": 3, "checkpoint_every": 1}, algorithm={"max_staleness": 1})
     driver = Driver(cfg, learner_cls=SlowWriterLearner)

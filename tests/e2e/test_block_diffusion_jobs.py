@@ -18,7 +18,6 @@ ray = pytest.importorskip("ray")
 from stabledrl.common.config.base import validate  # noqa: E402
 from stabledrl.common.config.job import JobConfig  # noqa: E402
 from stabledrl.common.models import load_policy  # noqa: E402
-import harness  # noqa: E402
 from harness import run_driver  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -51,10 +50,7 @@ def block_job(output_dir: Path, preset: str) -> JobConfig:
     })
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with harness.local_ray(__name__, num_cpus=2):
-        yield
+RAY_CPUS = 2  # the logical CPUs of its Ray instance (tests/e2e/conftest.py)
 
 
 @pytest.mark.parametrize("preset", list(FAMILIES))

@@ -25,12 +25,6 @@ from job_lines import job_lines  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with harness.local_ray(__name__):
-        yield
-
-
 def config(out, colocate: bool, backend: str = "auto", ipc: str = "auto", **extra):
     return job_config(out, run={"steps": 3}, cluster={"colocate": colocate, "learner": {"num_cpus": 0.5},
                                                        "rollout": {"num_cpus": 0.5}},

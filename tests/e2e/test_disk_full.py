@@ -72,12 +72,6 @@ class FullDiskLearner(LearnerWorker):
         return super().start(*args, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with harness.local_ray(__name__):
-        yield
-
-
 def test_a_full_disk_stops_the_job_naming_it_and_the_resume_is_exact(cluster, tmp_path):
     cfg = harness.job_config(tmp_path, run={"steps": 3, "checkpoint_every": 1}, algorithm={"in_order": True})
     driver = Driver(cfg, learner_cls=FullDiskLearner)

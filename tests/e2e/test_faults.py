@@ -47,12 +47,6 @@ NAN_UID = 9  # the second prompt of batch 3 (uids 8..11): step 3 sees a NaN rati
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with harness.local_ray(__name__):
-        yield
-
-
-@pytest.fixture(scope="module")
 def task(tmp_path_factory):
     return harness.bad_rows_task(tmp_path_factory.mktemp("data"))
 

@@ -26,12 +26,6 @@ pytestmark = pytest.mark.e2e
 TIMEOUT_S = 20.0  # rollout.request_timeout_s: a request of this tiny model takes well under a second
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with harness.local_ray(__name__):
-        yield
-
-
 def freezing_rollout(records):
     """Worker 1 freezes its own process (SIGSTOP) in its first held-out evaluation, worker 0 in its
     third rollout request; the frozen pids are kept in marker files."""

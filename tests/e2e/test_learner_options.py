@@ -91,12 +91,6 @@ class LearnerRank:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with harness.local_ray(__name__):
-        yield
-
-
-@pytest.fixture(scope="module")
 def ranks(cluster):
     actors = [LearnerRank.remote(r) for r in range(2)]
     addr, port = ray.get(actors[0].rendezvous_address.remote())

@@ -18,12 +18,6 @@ from test_colocate import assert_trained_alike, config, run  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with harness.local_ray(__name__):
-        yield
-
-
 # η = 1: how many rollouts had been scored when a step was recorded depends on how far the workers ran ahead
 SCORED = ("rollout/reward_calls/calls", "rollout/reward_calls/failed")
 JOB = {"learner": {"num_ranks": 2, "dist_timeout_s": 120, "optimizer": {"lr": 1e-2}, "deepspeed": {"zero_stage": 3}},

@@ -13,7 +13,6 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-import harness  # noqa: E402
 from stabledrl.common.config.job import load_job_config  # noqa: E402
 from stabledrl.common.models import load_tokenizer  # noqa: E402
 from stabledrl.common.models.release_tokenizers import write_tiny_release_checkpoint  # noqa: E402
@@ -30,10 +29,7 @@ RECIPES = {  # config -> (family, the first tokens of every prompt: the chat tem
 }
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with harness.local_ray(__name__, num_cpus=2):
-        yield
+RAY_CPUS = 2  # the logical CPUs of its Ray instance (tests/e2e/conftest.py)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> str:

@@ -25,7 +25,6 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-import harness  # noqa: E402
 from stabledrl.cli.scale import scale  # noqa: E402
 from stabledrl.coordinator.runtime.control import start_control  # noqa: E402
 from stabledrl.coordinator.driver import Driver  # noqa: E402
@@ -34,12 +33,6 @@ from harness import DETERMINISTIC, job_config, recording_learner, recording_roll
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "async-elastic"
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with harness.local_ray(__name__):
-        yield
 
 
 def config(out):

@@ -74,12 +74,6 @@ def slow_rollout(metrics_path: Path, total_steps: int) -> type:
     return SlowRollout
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with harness.local_ray(__name__):
-        yield
-
-
 def run_driver(cfg: JobConfig, rollout_cls: type = InspectedRollout) -> tuple[Driver, dict, list]:
     """Run the loop to the end; return the driver, rank 0's weights and every worker's (version, weights)."""
     return harness.run_driver(cfg, rollout_cls, workers=True)
