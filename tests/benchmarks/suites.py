@@ -121,7 +121,8 @@ RUN_ALL: dict[str, ComponentSuite] = {
                   ("--shape", "llada-8b", "--world", "4", "--stages", "3t", "--checkpointing", "on",
                    "--micro-batch-groups", "4", "--groups-per-step", "8", "--compile", "off,on", "--steps", "2"),
                   gpus=(0, 1, 2, 3), peak="matmul_gpu0", timeout_s=900,
-                  tiny=("--shape", "tiny-llada", "--world", "2", "--micro-batch-groups", "1", "--groups-per-step",
+                  # one rank: the component suite's rehearsal runs the learner over 2 (learner_2gpu)
+                  tiny=("--shape", "tiny-llada", "--world", "1", "--micro-batch-groups", "1", "--groups-per-step",
                         "2", "--steps", "1")))),
 }
 
@@ -181,7 +182,9 @@ RUN_PEERS: dict[str, PeerSuite] = {
         args=("--pairs", "stabledrl", "--layers", "8", "--loops", "peer,colocated,colocated_fast_graph",
               "--variant", f"colocated_fast_graph={COLOCATED};{FAST_GRAPH}", *ONE_ROUND, "--project-steps", "3",
               "--part-timeout-s", "900"),
-        tiny=("--project-steps", "2", "--part-timeout-s", "400")),
+        # the rehearsal runs the fast loop (the colocated loop is the same job with the recipe's own
+        # sampler; its overrides are checked by test_suites.py)
+        tiny=("--loops", "peer,colocated_fast_graph", "--project-steps", "2", "--part-timeout-s", "400")),
     "d1": PeerSuite(
         "d1's diffu-GRPO against stabledrl train at its LoRA recipe, all 32 layers of LLaDA-8B: the release's "
         "sampler and the fast paths, colocated, timed at the third step",
@@ -189,7 +192,8 @@ RUN_PEERS: dict[str, PeerSuite] = {
         args=("--pairs", "d1", "--loops", "peer,colocated_ckpt8,colocated_fast_graph_ckpt8",
               "--variant", f"colocated_ckpt8={D1}", "--variant", f"colocated_fast_graph_ckpt8={D1};{FAST_GRAPH}",
               *ONE_ROUND, "--project-steps", "3", "--project-skip", "2", "--part-timeout-s", "900"),
-        # the tiny LLaDA has 2 decoder layers: its first checkpointed
+        # the rehearsal runs the fast loop (as for stabledrl); the tiny LLaDA has 2 decoder layers: its
+        # first checkpointed
         tiny=("--loops", "peer,colocated_fast_graph_ckpt8", "--part-timeout-s", "400",
               "--variant", f"colocated_fast_graph_ckpt8={d1_colocated(1)};{FAST_GRAPH}")),
     # the depth budget: each suite one command of at most 10 minutes on one H200 (estimated from the 24-layer

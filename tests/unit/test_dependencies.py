@@ -34,7 +34,7 @@ def test_every_optional_extra_installs_something_the_code_imports():
 def test_no_page_tells_to_install_a_core_dependency():
     from stabledrl.cli.reports import PROTOCOL_NEEDS
 
-    pages = {p: p.read_text() for p in [ROOT / "README.md", ROOT / "STUDY.md", *ROOT.glob("docs/*.md"),
+    pages = {p: p.read_text() for p in [ROOT / "README.md", *ROOT.glob("docs/*.md"),
                                         ROOT / "deploy" / "README.md"] if p.is_file()}
     pages["stabledrl eval --help"] = PROTOCOL_NEEDS
     for requirement in PROJECT["dependencies"]:
