@@ -10,8 +10,8 @@ The job runs through the peer benchmark's project loop (peers/run_peers.py: the 
 task source the generated rows, ``groups_per_step`` = GPUs x ``--groups``), so its record is the same as a
 table row's. Memory per GPU: nvidia-smi's ``memory.used`` sampled every 200 ms over the whole job (both
 processes, their CUDA contexts and allocator caches: what has to fit), and each actor's allocator peak
-(``max_memory_allocated``). The release's figure is its own allocator peak on one H200 from the issue's
-measurement (``RELEASE_PEAK_GIB``); a peer run of the same depth (run_peers.py --loops peer) measures it
+(``max_memory_allocated``). The release's figure is its own allocator peak on one H200, measured outside these
+records (``RELEASE_PEAK_GIB``); a peer run of the same depth (run_peers.py --loops peer) measures it
 again beside. ``weights.ipc=copy`` (``--set``) gives the job as it was before views (three copies of the
 weights on each GPU).
 

@@ -1,5 +1,6 @@
 """The repository holds the product, its tests and its benchmarks, not the history of making them:
-no tracked file names an issue number, a host by a letter of its own or a calendar date. Measurement
+no tracked file names an issue (by its number or as the one at hand), a host by a letter of its own,
+a calendar date or a measuring session's calls to a GPU machine. Measurement
 records (tests/benchmarks/results/) are data and carry their own timestamps; git keeps the history."""
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ PATTERNS = {
     "an issue number": re.compile(r"\biss" + r"ues?\s*#?\d+", re.IGNORECASE),
     "a lettered host": re.compile(r"\b[Hh]" + r"osts? [A-Z]\b(?!['\w])"),
     "a calendar date": re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b"),
+    "an issue referred to": re.compile(r"\bthe iss" + r"ue's\b", re.IGNORECASE),
+    "a session's GPU call": re.compile(r"\bdevice c" + r"alls?\b", re.IGNORECASE),
 }
 DATA = ("tests/benchmarks/results/",)  # measurement records: data with their own timestamps
 BINARY = (".png", ".jpg", ".gz", ".xz", ".tgz", ".whl", ".pt", ".safetensors", ".parquet")
@@ -49,11 +52,12 @@ def test_no_tracked_file_names_an_issue_a_lettered_host_or_a_date():
 
 def test_the_check_finds_each_kind(tmp_path, monkeypatch):
     monkeypatch.setattr("test_no_notebook.REPO", tmp_path)
-    (tmp_path / "a.py").write_text("# as measured for iss" + "ue 20 on h" + "ost J, 2026" + "-11-28\nx = 1\n")
+    (tmp_path / "a.py").write_text("# as measured for iss" + "ue 20 on h" + "ost J, 2026" + "-11-28 (the iss"
+                                   + "ue's figure, dev" + "ice call 3)\nx = 1\n")
     (tmp_path / "fine.md").write_text("ZeRO-3 on a host of 4 GPUs; a hostname; issues are tracked elsewhere\n")
     (tmp_path / "tests/benchmarks/results").mkdir(parents=True)
     (tmp_path / "tests/benchmarks/results/r.json").write_text('{"started": "2026' + '-11-28"}')
     found = findings(["a.py", "fine.md", "tests/benchmarks/results/r.json"])
-    assert [f.split(": ", 1)[1].split(" (")[0] for f in found] == ["an issue number", "a lettered host",
-                                                                   "a calendar date"]
+    assert [f.split(": ", 1)[1].split(" (")[0] for f in found] == [
+        "an issue number", "a lettered host", "a calendar date", "an issue referred to", "a session's GPU call"]
     assert all(f.startswith("a.py:1:") for f in found)

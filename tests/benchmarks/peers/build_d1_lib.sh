@@ -5,9 +5,10 @@
 #   bash tests/benchmarks/peers/build_d1_lib.sh /tmp/peerlib_d1          # for the GPU machine (Python 3.12)
 #   PYVER=3.11 bash tests/benchmarks/peers/build_d1_lib.sh /tmp/peerlib_d1   # for this machine's venv
 #
-# BUNDLE=DIR also packs what the d1 loop's device call needs into DIR (an untracked folder of the repository
-# travels with the working tree): DIR/peerlib_d1.tar.gz (OUTDIR, ~18 MB), DIR/wheels (pydantic for the
-# driver's own imports: the device call carries no .whl), DIR/peers/d1/diffu-grpo and
+# BUNDLE=DIR also packs into DIR what the d1 loop needs on a GPU machine without a package index (an
+# untracked folder of the repository travels with the working tree): DIR/peerlib_d1.tar.gz (OUTDIR,
+# ~18 MB), DIR/wheels (pydantic for the driver's own imports: that machine has no .whl),
+# DIR/peers/d1/diffu-grpo and
 # DIR/peers/StableDRL/networks/{modeling,configuration}_llada.py copied from PEERS (default /tmp/peers).
 #
 # - TRL: d1 pins the git commit 0f88c179 (0.16.0.dev0); no release has its GRPOTrainer (0.15.2 has no

@@ -5,7 +5,7 @@
 #   bash tests/benchmarks/peers/build_stabledrl_lib.sh /tmp/peerlib            # for the GPU machine (Python 3.12)
 #   PYVER=3.11 bash tests/benchmarks/peers/build_stabledrl_lib.sh /tmp/peerlib # for this machine's venv
 #
-# BUNDLE=DIR also packs what the release's device call needs into DIR (an untracked folder of the repository
+# BUNDLE=DIR also packs what the release needs on a GPU machine into DIR (an untracked folder of the repository
 # travels with the working tree; add it to .git/info/exclude and carry it): DIR/peerlib.tar.gz (OUTDIR,
 # ~13 MB) and DIR/peers/StableDRL, a copy of the release from PEERS (default /tmp/peers; github
 # JianyuanZhong/StableDRL) without its git history, datasets and assets (the harness feeds generated rows).

@@ -24,8 +24,8 @@ import peer_events as pe  # noqa: E402
 import roofline as rl  # noqa: E402
 
 FAST_TARGET = 5.0
-# the StableDRL release's allocator peak on one H200 at LLaDA-8B's width, by layers (the outside
-# measurement): the reference of a colocated job's memory where no release ran beside it
+# the StableDRL release's allocator peak on one H200 at LLaDA-8B's width, by layers (measured outside these
+# records): the reference of a colocated job's memory where no release ran beside it
 RELEASE_PEAK_GIB = {8: 57.2, 16: 80.9, 24: 104.7}
 MEDIAN_FIGURES = pe.FIGURES + ("gpu_memory_used_max_gib",)
 

@@ -38,7 +38,7 @@ the releases: the time their events do not cover is counted as the learner's, wa
 
 The ceiling (``ceiling``): the project's own FLOPs per sample at the release's sampler, generation
 and scoring at ``BEST["generate"]`` and the learner at ``BEST["learner"]`` of the matmul rate (the
-issue's targets for each: the best a loop is held to), nothing else in the way (no push, no idle):
+project's targets for each: the best a loop is held to), nothing else in the way (no push, no idle):
 the samples/s/GPU no implementation of the same work reaches, and that over the release's. The
 target a pair is held to is then ``min(1.5, 0.9 x that ratio)``.
 """
@@ -48,7 +48,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-BEST = {"generate": 0.75, "learner": 0.55}  # the issue's efficiency targets: the ceiling's assumed rates
+BEST = {"generate": 0.75, "learner": 0.55}  # the efficiency targets: the ceiling's assumed rates
 SPEED_TARGET = 1.5  # at the release's sampler, project / release samples/s/GPU
 
 

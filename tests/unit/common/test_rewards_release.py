@@ -148,7 +148,7 @@ def _release_checker(name: str, grader: str):
 @pytest.mark.parametrize("name, cases, default, differ", [("gsm8k", RELEASE_GSM8K, "number", 4),
                                                           ("math", RELEASE_MATH, "latex", 6)])
 def test_math_verify_grader_decides_as_the_stabledrl_release(name, cases, default, differ):
-    """grader: math-verify gives the release's decision on every case (the issue's '\\boxed{18} dollars,
+    """grader: math-verify gives the release's decision on every case (the reported '\\boxed{18} dollars,
     since 9 eggs cost 2 each' among them); the project's own checker differs on some."""
     release = _release_checker(name, "math-verify")
     assert [release(ref, completion) for ref, completion, _ in cases] == [float(r > 0) for _, _, r in cases]
