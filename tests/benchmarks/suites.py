@@ -208,14 +208,14 @@ RUN_PEERS: dict[str, PeerSuite] = {
         args=("--pairs", "stabledrl", "--layers", "24", "--loops", "release_sampler,peer", "--cycles", "4",
               "--peer-cycles", "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5",
               "--part-timeout-s", "360"),
-        tiny=("--part-timeout-s", "400")),
+        tiny=("--cycles", "1", "--part-timeout-s", "400")),  # the rehearsal: one timed step, one round
     "depth-budget-d1": PeerSuite(
         "d1's pair at its full 32 layers (LoRA fits one GPU): the release then the recipe as committed, a "
         "warm-up and 2 timed cycles each. One H200, one command of at most 10 minutes",
         shape="llada8b-lora",
         args=("--pairs", "d1", "--layers", "32", "--loops", "peer,release_sampler", "--cycles", "2", "--runs", "1",
               "--part-timeout-s", "320"),
-        tiny=("--part-timeout-s", "400")),
+        tiny=("--cycles", "1", "--part-timeout-s", "400")),
 }
 
 SUITES = {"run_all": RUN_ALL, "run_system": RUN_SYSTEM, "run_peers": RUN_PEERS}

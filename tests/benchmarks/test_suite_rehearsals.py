@@ -155,21 +155,23 @@ def test_the_other_system_suites(name, job, tmp_path):
     assert f["steps"] >= 2 and set(f["actors"]) == {"learner0", "rollout0"} and f["push_s_median"] > 0
 
 
-@pytest.mark.parametrize("name, pair", [("stabledrl", "stabledrl"), ("d1", "d1")])
+@pytest.mark.parametrize("name, pair", [("stabledrl", "stabledrl"), ("d1", "d1"),
+                                        ("depth-budget-stabledrl", "stabledrl"), ("depth-budget-d1", "d1")])
 def test_the_peer_suites(name, pair, tmp_path):
     """The peer driver with a fake peer of known timings (the releases' code is never part of the
-    project), then the project's loops of the suite through the system benchmark at the tiny LLaDA:
-    the figures of each, colocated, and their ratio to the peer."""
+    project), then the project's loops of the suite through the system benchmark at the tiny LLaDA
+    (2 decoder layers, colocated: 1 rank and 1 worker): the figures of each and their ratio to the peer."""
     results = rehearse("run_peers", name, tmp_path, "--peer-root", tmp_path / "none",
                        "--peer-script", f"{pair}={FAKE_PEER}")
-    peer = results["parts"][f"{pair}_peer"]
-    assert peer["rc"] == 0 and peer["figures"]["samples"] > 0
-    loops = [k for k in results["parts"] if k.startswith(f"{pair}_colocated")]
-    assert loops
-    for key in loops:
-        rec = results["parts"][key]
-        assert rec["rc"] == 0 and rec["figures"]["samples_per_s_per_gpu"] > 0, rec["log_tail"]
-        assert "cluster.colocate=true" in rec["overrides"] and "--ranks 1 --workers 1" in rec["command"]
-        assert rec["actors"]["learner0"]["seconds"]["train"] > 0 and rec["actors"]["rollout0"]["seconds"]
-    row = next(r for r in results["rows"] if r["name"].startswith(f"{pair}: "))
-    assert row["ratio"]["samples_per_s_per_gpu"] > 0
+    loops = results["args"]["loops"].split(",")
+    assert set(results["parts"]) == {f"{pair}_L2_{k}" for k in ("checkpoint", *loops)}
+    peer = results["parts"][f"{pair}_L2_peer"]
+    assert peer["finished"] == len(peer["runs"]) == 1 and peer["figures"]["samples_per_s_per_gpu"] > 0
+    for loop in (x for x in loops if x != "peer"):
+        part = results["parts"][f"{pair}_L2_{loop}"]
+        assert part["finished"] == len(part["runs"]) == 1, part["runs"][0].get("log_tail")
+        run = part["runs"][0]
+        assert run["figures"]["samples_per_s_per_gpu"] > 0 and "--ranks 1 --workers 1" in run["command"]
+        assert run["actors"]["learner0"]["seconds"]["train"] > 0 and run["actors"]["rollout0"]["seconds"]
+        row = next(r for r in results["rows"] if r["name"] == f"{pair}: stabledrl train, {loop.replace('_', ' ')}")
+        assert row["ratio"]["samples_per_s_per_gpu"] > 0
