@@ -24,7 +24,6 @@ from stabledrl.common.metrics import read_metrics  # noqa: E402
 from stabledrl.coordinator.driver import Driver  # noqa: E402
 from stabledrl.recipes.stages import JOB_STAGES  # noqa: E402
 
-from tests.e2e.harness import local_ray  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -32,12 +31,7 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "quick
 STEPS = 70
 MARGIN = 5.0  # points
 WARM_STARTS = {"sft-seed-0": 0, "sft-seed-1": 1}  # warmstart.seed; 300 SFT steps each
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with local_ray(__name__, num_cpus=2):
-        yield
+RAY_CPUS = 2  # the Ray instance's logical CPUs (tests/e2e/conftest.py)
 
 
 def held_out_curve(run_dir: Path) -> list[tuple[int, float]]:

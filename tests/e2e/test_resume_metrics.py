@@ -24,12 +24,6 @@ from job_lines import stop_at  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with harness.local_ray(__name__):
-        yield
-
-
 def config(out):
     return harness.job_config(
         out, task={"held_out": 4, "source": {"kind": "generated", "n": 24}},
