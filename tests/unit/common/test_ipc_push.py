@@ -198,7 +198,7 @@ def test_zero3_ranks_fill_every_buffer_with_one_all_gather_and_the_worker_puts_p
     from ports import rendezvous
 
     # spawned, not forked: a child forked from a test process that has run hundreds of tests (their
-    # threads inherited mid-lock) crashed once with a double free before it reported (make test, 11-28)
+    # threads inherited mid-lock) crashed once with a double free before it reported (make test)
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     listener, port = rendezvous()

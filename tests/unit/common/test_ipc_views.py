@@ -127,16 +127,17 @@ def test_a_worker_of_another_dtype_or_a_copy_is_refused():
         sender.close()
 
 
-def _gather_rank(rank: int, sources: int, port: int, results) -> None:
+def _gather_rank(rank: int, sources: int, port: int, results, listener=None) -> None:
     """ZeRO-3 rank ``rank`` of ``sources`` (spawned, gloo): its partitions all-gathered into its buffer,
     which a worker's model then views, whole, at two versions."""
     import torch.distributed as dist
 
+    from ports import join_group
     from tests.unit.common.test_sharded_push import full_weights, partitions
 
     try:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=sources)
+        join_group("gloo", rank, sources, port, listener)
         sender = setup_weight_push(VIEW, rank=rank, sources=sources)
         receiver = ViewPush(VIEW)
         worker = {n: nn.Parameter(torch.zeros_like(t), requires_grad=False) for n, t in full_weights(0)}
@@ -161,16 +162,17 @@ def _gather_rank(rank: int, sources: int, port: int, results) -> None:
 
 def test_zero3_ranks_gather_each_parameter_into_the_buffer_the_worker_views():
     import multiprocessing
-    import socket
 
-    with socket.socket() as probe:  # free now: the spawned rank 0 binds it (a port held here could not be)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from ports import rendezvous
+
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
-    procs = [ctx.Process(target=_gather_rank, args=(r, 2, port, results)) for r in range(2)]
+    listener, port = rendezvous()  # bound here, handed to rank 0: no other process can take the port
+    procs = [ctx.Process(target=_gather_rank, args=(r, 2, port, results) + ((listener,) if r == 0 else ()))
+             for r in range(2)]
     for p in procs:
         p.start()
+    listener.close()  # rank 0 holds its own copy
     got = dict(results.get(timeout=120) for _ in procs)
     for p in procs:
         p.join(30)
