@@ -198,6 +198,7 @@ LEARNER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e  # a DeepSpeed engine in a process of its own: not in make test-fast
 def test_each_learner_rank_refuses_a_malicious_file_of_its_tag(tmp_path, marker):
     """LearnerEngine.load_checkpoint (what ``train --resume`` runs on every rank) on a real
     DeepSpeed checkpoint: each file in turn replaced by a payload, with the manifest rewritten."""

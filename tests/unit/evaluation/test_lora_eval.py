@@ -90,6 +90,7 @@ def logits(policy) -> torch.Tensor:
         return policy(PROBE).logits
 
 
+@pytest.mark.e2e  # a LoRA run trained by a DeepSpeed engine in a process of its own (lora_run)
 def test_a_lora_checkpoint_evaluates_as_the_learner_computed(lora_run):
     run, learner = lora_run
     policy, _ = load_eval_policy(job(run), checkpoint=run, device="cpu")
@@ -107,6 +108,7 @@ def test_a_lora_checkpoint_evaluates_as_the_learner_computed(lora_run):
                for n, t in learner["adapters"].items() if n.endswith(".lora_A"))
 
 
+@pytest.mark.e2e  # a LoRA run trained by a DeepSpeed engine in a process of its own (lora_run)
 def test_the_cli_evaluates_a_lora_run_directory(lora_run, capsys):
     from stabledrl.cli.main import main
 
@@ -118,6 +120,7 @@ def test_the_cli_evaluates_a_lora_run_directory(lora_run, capsys):
     assert f"checkpoint {run}" in out and "pass@1" in out
 
 
+@pytest.mark.e2e  # a LoRA run trained by a DeepSpeed engine in a process of its own (lora_run)
 def test_a_checkpoint_of_other_weights_than_the_configs_lora_is_refused(lora_run):
     from stabledrl.common.trust.checkpoint_files import CheckpointError
 
@@ -128,6 +131,7 @@ def test_a_checkpoint_of_other_weights_than_the_configs_lora_is_refused(lora_run
         load_eval_policy(plain, checkpoint=run, device="cpu")
 
 
+@pytest.mark.e2e  # a LoRA run trained by a DeepSpeed engine in a process of its own (lora_run)
 def test_the_protocol_workers_hold_a_lora_checkpoints_adapters(lora_run, tmp_path):
     from stabledrl.common.models.adapter_folder import load_with_adapter
     from stabledrl.evaluation.protocol_command import policy_model
