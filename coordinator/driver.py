@@ -30,6 +30,7 @@ from stabledrl.common.metrics import MetricsLogger
 from stabledrl.common.tasks import PromptStream
 from stabledrl.common.trust.seal import EXPORT_CONFIG
 from stabledrl.common.types import Episode
+from stabledrl.common.transport.plan import PushInputs, plan_push
 from stabledrl.coordinator.runtime import checkpoint
 from stabledrl.coordinator.decisions import events as ev
 from stabledrl.coordinator.decisions import held_out
@@ -43,7 +44,7 @@ from stabledrl.coordinator.progress import Progress
 from stabledrl.coordinator.runtime.executor import RayRuntime
 from stabledrl.coordinator.decisions.scheduler import Scheduler
 from stabledrl.coordinator.decisions.snapshot import SchedulerSnapshot
-from stabledrl.coordinator.runtime.weight_sync import WeightSync, one_host_transport, push_sources
+from stabledrl.coordinator.runtime.weight_sync import WeightSync
 from stabledrl.learner.worker import LearnerWorker
 from stabledrl.rollout.worker import RolloutWorker
 
@@ -120,16 +121,12 @@ class Driver:
         t1 = time.perf_counter()
         t0 = t1 - job.seconds
         c = cfg.cluster
-        weights = cfg.resolved_weights()
+        inputs = PushInputs.of(cfg)
         self.scheduler = Scheduler(cfg, PromptStream(data.train, seed=cfg.run.seed), job.held_out,
-                                   collective_push=weights.collective)
+                                   collective_push=plan_push(inputs).collective)
         self.control = start_control(cfg.run.job_name, cfg.rollout.min_workers, cfg.rollout.worker_limit)
         actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls)
-        lora, sources = cfg.learner.lora, push_sources(weights, cfg.learner)
-        sync = WeightSync(weights, actors, c.start_timeout_s, partial=lora is not None,
-                          keep_order=cfg.algorithm.in_order,
-                          lora=lora if lora is not None and lora.push == "adapters" else None,
-                          sources=sources, one_host=one_host_transport(cfg.weights, weights, sources))
+        sync = WeightSync(inputs, actors, c.start_timeout_s)
         self.runtime = RayRuntime(actors, sync, control=self.control,
                                   output_dir=cfg.run.output_dir, config=self.config_json(),
                                   start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale,

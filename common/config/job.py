@@ -306,14 +306,6 @@ class JobConfig(StrictModel):
         return self.cluster.colocate and self.algorithm.max_staleness == 0 and r.worker_limit == r.num_workers \
             and not r.autoscale
 
-    def resolved_weights(self) -> WeightPushConfig:
-        """``weights`` with ``auto`` replaced by the transport the driver sets up for this cluster
-        (the actors' GPU resources, ``cluster.colocate``, ``in_turns``)."""
-        c = self.cluster
-        gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
-        return self.weights.resolve(actors_have_gpus=gpus, colocated=c.colocate, in_turns=self.in_turns,
-                                    views=self.ipc_view_problem(gpus))
-
     def ipc_view_problem(self, gpus: bool) -> Optional[str]:
         """Why a rollout worker could not view its learner rank's parameters (``weights.ipc: view``),
         or None: a view is the parameter as the learner holds it, so the worker's dtype must be the

@@ -1,7 +1,7 @@
 """The weight push's config section (``weights``); the transports are in common/transport/."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field
 
@@ -62,25 +62,3 @@ class WeightPushConfig(StrictModel):
         """Every receiver takes part in every push, set up as a group: a broadcast through a process
         group of its own (nccl, gloo) or a pull from the learner ranks' memory (peer)."""
         return self.backend in ("nccl", "gloo", "peer")
-
-    def resolve(self, actors_have_gpus: bool, colocated: bool = False, in_turns: bool = False,
-                views: Optional[str] = None) -> "WeightPushConfig":
-        """This config with ``auto`` replaced by a transport: nccl when every learner rank and rollout worker
-        holds a GPU (``cluster.*.num_gpus``: the actors' resources, not this process's devices) of
-        its own (the driver builds a group on one host over peer instead, where
-        coordinator/runtime/weight_sync.py's ``one_host_transport`` allows); ``colocated`` (workers share
-        their learner ranks' GPUs, where NCCL cannot hold both): ipc on GPUs when rank and worker
-        take turns (``in_turns``: no staleness, no workers beyond the shared GPUs), else the object
-        store. The driver resolves once and passes the result to every actor, so all ends of a push
-        agree. ``views``: why the ipc push cannot let the worker view its rank's parameters (None: it
-        can): ``ipc: auto`` is resolved to view or copy by it."""
-        backend = self.backend
-        if backend == "auto":
-            if colocated:
-                backend = "ipc" if actors_have_gpus and in_turns else "object_store"
-            else:
-                backend = "nccl" if actors_have_gpus else "object_store"
-        ipc = self.ipc if self.ipc != "auto" else "copy" if views else "view"
-        if backend == self.backend and ipc == self.ipc:
-            return self
-        return self.model_copy(update={"backend": backend, "ipc": ipc})

@@ -26,7 +26,7 @@ def setup_weight_push(
     peer_names: Optional[Sequence[str]] = None,
     sources: int = 0,
 ) -> WeightPush:
-    """Build this process's end of the push. ``cfg.backend`` must be resolved (``WeightPushConfig.resolve``).
+    """Build this process's end of the push. ``cfg.backend`` must be resolved (``plan_push``: common/transport/plan.py).
     Object store: no arguments needed. ipc (a worker beside its learner rank, common/transport/ipc.py;
     ``weights.ipc: view``, common/transport/views.py): none either, or ``rank`` and ``sources`` for a
     learner rank that sends its ZeRO-3 partitions.
@@ -36,7 +36,7 @@ def setup_weight_push(
     ``sources`` S >= 1: the sharded push (common/transport/shards.py): ranks 0..S-1 are the learner ranks that send
     their partitions (``send_shards``), the receivers ranks S..world_size-1."""
     if cfg.backend == "auto":
-        raise ValueError("weights.backend 'auto' must be resolved against the cluster first (WeightPushConfig.resolve)")
+        raise ValueError("weights.backend 'auto' must be resolved against the cluster first (plan_push)")
     if cfg.backend == "object_store":
         return ObjectStorePush(cfg)
     if cfg.backend == "ipc" and cfg.ipc == "view":  # the worker views its rank's parameters (views.py)

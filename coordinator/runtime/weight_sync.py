@@ -1,6 +1,6 @@
-"""The driver's end of the weight push: the transport set up on every learner rank and rollout
-worker, and one push carried out as the Ray calls of one transfer (common/transport does the
-transfer itself).
+"""The driver's end of the weight push: it carries out the plan ``plan_push`` makes
+(common/transport/plan.py: transport, sending ranks, staging, LoRA) as the Ray calls of the
+set-up and of each push; common/transport does the transfer itself.
 
 Object store: learner rank 0's ``push_weights`` returns a handle to the object it put; each
 worker's ``receive_weights`` is called with the *reference* to that handle, so it is queued at
@@ -8,37 +8,35 @@ once behind the worker's earlier requests and runs as soon as the object exists;
 waits for the put. A worker that starts later sets up its end and loads the newest handle before
 its first request.
 
-Collective (nccl / gloo): every receiver must take part in every broadcast, so a push is a
+Collective (nccl / gloo / peer): every receiver must take part in every push, so a push is a
 barrier across its receivers, explicit in the Push command (the scheduler sends them no new
 requests until it is over). The group is built with its members; a push to another set of
 members, or after a failed push (a broken communicator cannot be trusted), builds it again, in
-the same order of calls on each actor, so nothing blocks but the rendezvous address.
+the same order of calls on each actor, so nothing blocks but the rendezvous address. Each build
+asks ``plan_push`` again, telling it whether every learner rank and member runs on one Ray node
+(the start-up reports' and each started worker's ``node_id``): ``auto`` pulls over peer there and
+broadcasts otherwise, and the job's log says which, once per change. A push over such a peer group
+that fails falls back (``failed``): every later plan is the broadcast, and the push is made again.
 
-``auto`` on GPUs (``one_host``): each build of the group chooses its transport by where its members
-run, peer while every learner rank and member is on one Ray node (the start-up reports' and each
-started worker's ``node_id``), NCCL once one runs elsewhere; every end of a group is set up over the
-same one, and the job's log says which, once per change. A push over such a peer group that fails
-falls back (``failed``): every later group is broadcast, and the push is made again.
-
-Sharded (``weights.source: shards``, ``sources`` learner ranks): the group's ranks 0..S-1 are the
-learner ranks that hold partitions (``push_sources``: every ZeRO-3 rank, or rank 0), each calling
-``send_shards`` from its ``push_weights``; the workers are ranks S.. .
+Sharded (``plan.sources`` S >= 1): the group's ranks 0..S-1 are the learner ranks that hold
+partitions, each calling ``send_shards`` from its ``push_weights``; the workers are ranks S.. .
 
 ipc with ``weights.ipc: view`` (common/transport/views.py): the set-up also makes a push of version 0,
 so every worker points its parameters at its learner rank's before its first request and frees the
 copy it loaded; every later push is a version check.
 
-Staging (``weights.staging``, collective pushes): each receiver takes the push with
-``stage_weights``, in its "weights" concurrency group, into a second copy of its weights while it
-generates, so the push does not wait for the request it is running; a later ``receive_weights``
-of that version (a LoadWeights) swaps the copy in, in order with its requests. With
-``keep_order`` (in-order runs) a staged version is never replaced before it is applied. A push
-that rebuilds the group is not staged: the members' set-up runs in order with their requests, and
-a stage on the other thread could start before it.
+Staging (``plan.staged``): each receiver takes the push with ``stage_weights``, in its "weights"
+concurrency group, into a second copy of its weights while it generates, so the push does not
+wait for the request it is running; a later ``receive_weights`` of that version (a LoadWeights)
+swaps the copy in, in order with its requests. With ``keep_order`` (in-order runs) a staged
+version is never replaced before it is applied. A push that rebuilds the group is not staged: the
+members' set-up runs in order with their requests, and a stage on the other thread could start
+before it.
 
-LoRA (``partial``): the learner pushes only the matrices it adapts, merged, or (``lora``) their
-adapters A and B, which every worker holds unmerged (common/models/lora.py); every worker's
-end is set up to accept a push that carries only some of its parameters (and stages only those).
+LoRA (``plan.partial``): the learner pushes only the matrices it adapts, merged, or their
+adapters A and B (``plan.adapters``), which every worker holds unmerged (common/models/lora.py);
+every worker's end is set up to accept a push that carries only some of its parameters (and
+stages only those).
 """
 from __future__ import annotations
 
@@ -47,8 +45,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import ray
 
-from stabledrl.common.config.learner import LearnerConfig, LoraConfig
-from stabledrl.common.transport import WeightHandle, WeightPushConfig
+from stabledrl.common.transport import WeightHandle
+from stabledrl.common.transport.plan import PULL, PushInputs, plan_push
 from stabledrl.coordinator.runtime.actors import Actors, wait
 
 log = logging.getLogger(__name__)
@@ -71,108 +69,70 @@ def push_calls(backend: str, learners: Sequence[Any], workers: Sequence[Any], ve
     return sends, [w.receive_weights.remote(handle) for w in workers]
 
 
-def push_sources(cfg: WeightPushConfig, learner: LearnerConfig) -> int:
-    """The learner ranks that send their partitions (``weights.source: shards``; 0: rank 0
-    gathers and sends, the earlier path). A collective push: every rank under ZeRO-3 (each holds a
-    partition), rank 0 alone under ZeRO-1/2 (it holds every parameter whole). ipc: every rank under
-    ZeRO-3 with several ranks (one all-gather fills each rank's buffer, common/transport/ipc.py), else 0
-    (each rank's parameters are whole: it copies them as they lie). A LoRA job that pushes its
-    adapters over a collective backend sends their partitions the same way (the workers put A and B
-    together and hold them unmerged); one that pushes merged matrices, or over ipc, gathers (a merged matrix is
-    W + s·B·A of gathered parameters: learner/lora.py)."""
-    lora = learner.lora
-    if cfg.source != "shards" or (lora is not None and (lora.push != "adapters" or cfg.backend == "ipc")):
-        return 0
-    zero3 = learner.deepspeed.zero_stage == 3
-    if cfg.backend == "ipc":
-        return learner.num_ranks if zero3 and learner.num_ranks > 1 else 0
-    if not cfg.collective:
-        return 0
-    return learner.num_ranks if zero3 else 1
-
-
-def one_host_transport(requested: WeightPushConfig, resolved: WeightPushConfig, sources: int
-                       ) -> Optional[WeightPushConfig]:
-    """The transport ``auto`` gives a push group whose learner ranks and rollout workers all run on
-    one host, where it differs from ``resolved``: the peer pull (each worker reads the ranks'
-    weights with its copy engines; the broadcast's kernels take the SMs of a worker that is
-    generating: BENCHMARKS.md). Only where it needs no memory the broadcast does not: a sharded
-    push (``sources`` >= 1, the partitions read where they lie) in the learner's dtype; a gathered
-    push would keep a whole copy on learner rank 0's GPU. A LoRA job's adapter push is sharded
-    (each rank's partitions of A and B, which the workers hold unmerged); its merged push gathers, so it
-    stays on ``resolved``. None: every group uses ``resolved``."""
-    if requested.backend != "auto" or resolved.backend != "nccl" or not sources or resolved.dtype != "keep":
-        return None
-    return resolved.model_copy(update={"backend": "peer"})
-
-
 class WeightSync:
-    def __init__(self, cfg: WeightPushConfig, actors: Actors, timeout_s: float, partial: bool = False,
-                 keep_order: bool = False, lora: Optional[LoraConfig] = None, sources: int = 0,
-                 one_host: Optional[WeightPushConfig] = None) -> None:
-        if cfg.backend == "auto":
-            raise ValueError("WeightSync needs a resolved weights config (WeightPushConfig.resolve)")
-        self.cfg, self.actors, self.timeout_s, self.partial = cfg, actors, timeout_s, partial
-        # collective: ``cfg`` as given, and ``one_host`` (``one_host_transport``) for a group on one host;
-        # ``cfg`` is then the transport of the group as built
-        self.spread, self.one_host = cfg, one_host
+    """The driver's end of the push: carries out the plan ``plan_push`` makes (common/transport/plan.py)
+    at the job's start and at each build of a push group."""
+
+    def __init__(self, inputs: PushInputs, actors: Actors, timeout_s: float) -> None:
+        self.inputs, self.actors, self.timeout_s = inputs, actors, timeout_s
+        self.peer_failed = False  # a pull that auto chose failed: every later group is broadcast
+        self.plan = plan_push(inputs)  # the job's start; each group built replaces it with its own
         self.learner_nodes = {info.get("node_id") for info in actors.info.get("learners", [])}
-        # the workers' end: partial pushes, and the LoRA adapters they hold unmerged
-        self.receiving = {"partial": partial, "lora": lora}
-        self.collective = cfg.collective
-        # sharded (collective, or ipc): learner ranks 0..sources-1 each send their partitions (``push_sources``)
-        self.sources = sources if self.collective or cfg.backend == "ipc" else 0
-        self.staging, self.keep_order = self.collective and cfg.staging, keep_order
         self.members: Optional[tuple[int, ...]] = None  # the collective group as built, in rank order
         self.built: Optional[str] = None  # the transport of the last group built
         # object store: version -> [rank 0's handle]; ipc: every rank's (the newest version only)
         self.handles: dict[int, list[ray.ObjectRef]] = {}
 
+    @property
+    def receiving(self) -> dict[str, Any]:
+        """The workers' end: partial pushes, and the LoRA adapters they hold unmerged."""
+        return {"partial": self.plan.partial, "lora": self.plan.adapters}
+
     def setup(self, nodes: Mapping[int, Optional[str]]) -> None:
         """Set up every learner rank and every worker of the job's start (blocking, named timeouts);
         ``nodes``: each worker's Ray node (the runtime's, from their start-up reports)."""
-        if not self.collective:
-            pool = self.actors.pool
-            refs = self.actors.call_learners("setup_weight_push", self.cfg, sources=self.sources)
-            refs += [pool[i].setup_weight_push.remote(self.cfg, **self.receiving) for i in sorted(pool.processes)]
+        plan, pool = self.plan, self.actors.pool
+        if not plan.collective:
+            refs = self.actors.call_learners("setup_weight_push", plan.transport, sources=plan.sources)
+            refs += [pool[i].setup_weight_push.remote(plan.transport, **self.receiving) for i in sorted(pool.processes)]
             wait(refs, self.timeout_s, "weight push set-up on every learner rank and rollout worker")
-            if self.cfg.backend == "ipc" and self.cfg.ipc == "view":
-                # every worker views its rank's parameters before its first request, and frees the copy it loaded
+            if plan.views:  # every worker views its rank's parameters before its first request, and frees its copy
                 sends, receives, _ = self.push(0, sorted(pool.processes))
                 wait([ref for _, ref in sends + receives], self.timeout_s,
                      "the first push in place (weights.ipc view) on every learner rank and rollout worker")
             return
-        members = tuple(sorted(self.actors.pool.processes))
+        members = tuple(sorted(pool.processes))
         wait(self._setup_group(members, nodes), self.timeout_s,
              "weight push set-up on every learner rank and rollout worker")
 
-    def transport(self, members: Sequence[int], nodes: Mapping[int, Optional[str]]) -> WeightPushConfig:
-        """The transport of a group of ``members`` (worker index -> Ray node in ``nodes``):
-        ``one_host`` where every learner rank and member runs on one known node, else the one given."""
+    def on_one_host(self, members: Sequence[int], nodes: Mapping[int, Optional[str]]) -> bool:
+        """Every learner rank and member (worker index -> Ray node in ``nodes``) runs on one known node."""
         hosts = self.learner_nodes | {nodes.get(i) for i in members}
         known = bool(self.learner_nodes) and None not in hosts  # every learner rank reported its node
-        return self.one_host if self.one_host is not None and known and len(hosts) == 1 else self.spread
+        return known and len(hosts) == 1
 
     def _setup_group(self, members: tuple[int, ...], nodes: Mapping[int, Optional[str]]) -> list[ray.ObjectRef]:
         """Every member's ``setup_weight_push`` for a group of the sending learner ranks (rank 0,
         or sharded ranks 0..sources-1) and ``members`` (the learner ranks' calls first, one each,
-        then the workers' in ``members`` order), over ``transport``."""
-        cfg = self.transport(members, nodes)
-        if self.one_host is not None and cfg.backend != self.built:
-            where = ("every learner rank and rollout worker runs on one host" if cfg is self.one_host else
+        then the workers' in ``members`` order), over the transport the group's plan names."""
+        one_host = self.on_one_host(members, nodes)
+        self.plan = plan = plan_push(self.inputs, one_host=one_host, peer_failed=self.peer_failed)
+        cfg = plan.transport
+        if plan.by_host and cfg.backend != self.built:
+            where = ("every learner rank and rollout worker runs on one host" if one_host else
                      "the learner ranks and rollout workers run on more than one host")
             log.info(f"weights: the push group of rollout workers {list(members)} is built over {cfg.backend} "
                      f"(auto: {where})")
-        self.cfg, self.built = cfg, cfg.backend
+        self.built = cfg.backend
         learners, pool = self.actors.learners, self.actors.pool
         addr, port = wait([learners[0].rendezvous_address.remote()], self.timeout_s, "learner rank 0 (address)")[0]
-        first = max(self.sources, 1)  # the first worker's rank in the group
+        first = max(plan.sources, 1)  # the first worker's rank in the group
         world = first + len(members)
         refs = self.actors.call_learners("setup_weight_push", cfg, rank=0, world_size=world, master_addr=addr,
                                          master_port=port, peer_names=[f"rollout worker {i}" for i in members],
-                                         sources=self.sources)
+                                         sources=plan.sources)
         refs += [pool[index].setup_weight_push.remote(cfg, rank=first + r, world_size=world, master_addr=addr,
-                                                      master_port=port, sources=self.sources, **self.receiving)
+                                                      master_port=port, sources=plan.sources, **self.receiving)
                  for r, index in enumerate(members)]
         self.members = members
         return refs
@@ -185,16 +145,17 @@ class WeightSync:
         pool, m = self.actors.pool, len(self.actors.learners)
         learner_calls: list[tuple[int, ray.ObjectRef]] = []
         worker_calls: list[tuple[int, ray.ObjectRef]] = []
-        staged = self.staging
-        if self.collective and tuple(receivers) != self.members:
+        staged = self.plan.staged
+        if self.plan.collective and tuple(receivers) != self.members:
             setup = self._setup_group(tuple(receivers), nodes or {})
             learner_calls += list(enumerate(setup[:m]))
             worker_calls += list(zip(receivers, setup[m:]))
             staged = False  # the set-up runs in order with the requests; the stage would not wait for it
-        partners = [self.partner(i) for i in receivers] if self.cfg.backend == "ipc" else None
-        sends, receives = push_calls(self.cfg.backend, self.actors.learners, [pool[i] for i in receivers], version,
-                                     stage=self.keep_order if staged else None, partners=partners)
-        if not self.collective:  # an older version is never loaded again: its object may go
+        backend = self.plan.backend
+        partners = [self.partner(i) for i in receivers] if backend == "ipc" else None
+        sends, receives = push_calls(backend, self.actors.learners, [pool[i] for i in receivers], version,
+                                     stage=self.plan.keep_order if staged else None, partners=partners)
+        if not self.plan.collective:  # an older version is never loaded again: its object may go
             self.handles = {version: sends}
         return learner_calls + list(enumerate(sends)), worker_calls + list(zip(receivers, receives)), staged
 
@@ -213,26 +174,27 @@ class WeightSync:
         transport): every later group is built over the broadcast (CUDA IPC may be refused between
         these processes or GPUs); True: it falls back now, and the push is made again."""
         self.members = None
-        if died or self.one_host is None or self.built != self.one_host.backend:
+        if died or not self.plan.by_host or self.built != PULL:
             return False
-        self.one_host = None
+        self.peer_failed = True
         short = detail if len(detail) <= 300 else detail[:300].rsplit(" ", 1)[0] + " …"  # every member's error
+        spread = plan_push(self.inputs, peer_failed=True).backend
         log.info(f"weights: the push over peer failed ({short}); auto builds every push group over "
-                 f"{self.spread.backend} from now on")
+                 f"{spread} from now on")
         return True
 
     def setup_worker(self, index: int) -> ray.ObjectRef:
         """Object store: a worker that started later sets up its end (before its first load)."""
-        return self.actors.pool[index].setup_weight_push.remote(self.cfg, **self.receiving)
+        return self.actors.pool[index].setup_weight_push.remote(self.plan.transport, **self.receiving)
 
     def load(self, index: int, version: int) -> ray.ObjectRef:
         """Worker ``index`` holds ``version`` before its next request. Object store: it loads that
         version's object (a LoadWeights follows its Push at once, so it is the newest); a staged
         push: it applies the copy of that version it staged."""
-        if self.collective:
-            handle = WeightHandle(version, self.cfg.backend)
+        if self.plan.collective:
+            handle = WeightHandle(version, self.plan.backend)
         elif version in self.handles:
-            handle = self.handles[version][self.partner(index) if self.cfg.backend == "ipc" else 0]
+            handle = self.handles[version][self.partner(index) if self.plan.backend == "ipc" else 0]
         else:
             raise ValueError(f"weights version {version} was not pushed through the object store (newest: "
                              f"{max(self.handles, default=None)}); LoadWeights must follow its Push")

@@ -33,6 +33,7 @@ from stabledrl.common.models.families import CheckpointError
 from stabledrl.common.models.model_dir import hub_cache_dir, resolve_model_dir
 from stabledrl.common.tasks.protocols import PROTOCOLS
 from stabledrl.common.tasks import build_task
+from stabledrl.common.transport.plan import PushInputs, plan_push
 
 
 @dataclass(frozen=True)
@@ -165,22 +166,41 @@ WEIGHT_PATHS = {"nccl": "an NCCL broadcast from the learner to the workers",
 
 
 def weights_line(cfg: JobConfig) -> str:
-    """The weight push the driver will set up (``weights.backend`` resolved as it resolves it; where
-    ``auto`` builds each push group by where its members run, both transports)."""
-    from stabledrl.coordinator.runtime.weight_sync import ( # imports Ray: only for a plan
-        one_host_transport, push_sources,
-    )
-
-    resolved = cfg.resolved_weights()
+    """The weight push the driver will set up, from the plan it sets up (``plan_push``); where
+    ``auto`` builds each push group by where its members run, both transports."""
+    inputs = PushInputs.of(cfg)
+    spread, near = plan_push(inputs), plan_push(inputs, one_host=True)
     how = "" if cfg.weights.backend != "auto" else " (weights.backend auto)"
-    one_host = one_host_transport(cfg.weights, resolved, push_sources(resolved, cfg.learner))
-    if one_host is not None:
-        return (f"weights: pushed through {WEIGHT_PATHS[one_host.backend]} while every learner rank and rollout "
-                f"worker runs on one host, else through {WEIGHT_PATHS[resolved.backend]}{how}")
-    if resolved.backend == "ipc" and resolved.ipc == "view":
+    if near.backend != spread.backend:
+        return (f"weights: pushed through {WEIGHT_PATHS[near.backend]} while every learner rank and rollout "
+                f"worker runs on one host, else through {WEIGHT_PATHS[spread.backend]}{how}")
+    if spread.views:
         return ("weights: read in place: each rollout worker's parameters are views of its learner rank's, on the GPU "
                 f"they share (CUDA IPC; one copy of the weights a GPU, weights.ipc view){how}")
-    return f"weights: pushed through {WEIGHT_PATHS[resolved.backend]}{how}"
+    return f"weights: pushed through {WEIGHT_PATHS[spread.backend]}{how}"
+
+
+def push_plan_line(cfg: JobConfig) -> str:
+    """The rest of the plan: which learner ranks send, whether the workers stage, what of a LoRA
+    learner travels, and the bytes' dtype."""
+    plan = plan_push(PushInputs.of(cfg))
+    if plan.views:
+        sent = "nothing is sent: every push checks the version the workers read"
+    elif plan.sources > 1:
+        sent = f"learner ranks 0..{plan.sources - 1} each send their own ZeRO-3 partitions"
+    elif plan.sources == 1:
+        sent = "learner rank 0 sends its parameters as they lie"
+    elif plan.backend == "ipc":
+        sent = "every learner rank copies what it sends, whole, into a buffer the worker on its device maps"
+    else:
+        sent = "learner rank 0 sends the full parameters (gathered first under ZeRO-3)"
+    carried = {"none": "every parameter", "adapters": "the LoRA adapters A and B, held unmerged by the workers",
+               "merged": "the adapted matrices, merged"}[plan.lora]
+    staged = ("staged beside generation (weights.staging)" if plan.staged else
+              "received between requests" if not plan.views else "")
+    dtype = "the learner's dtype" if plan.transport.dtype == "keep" else plan.transport.dtype
+    return "push plan: " + "; ".join(part for part in (sent, f"carries {carried}", f"on the wire in {dtype}", staged)
+                                     if part)
 
 
 def plan_lines(cfg: JobConfig) -> list[str]:
@@ -219,6 +239,7 @@ def plan_lines(cfg: JobConfig) -> list[str]:
         f"{'' if cfg.sampler.stop_at_eos else ' only with stop_at_eos'}), {canvas * run.steps:,} over the run",
         f"staleness: η = {a.max_staleness} ({'synchronous' if a.max_staleness == 0 else 'asynchronous'})",
         weights_line(cfg),
+        push_plan_line(cfg),
         elastic_line(cfg),
     ]
     return lines[:1] + resource_lines(cfg) + lines[1:] + task_lines(cfg) + eval_lines(cfg) + output_lines(cfg)

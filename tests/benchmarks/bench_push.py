@@ -260,7 +260,7 @@ def engine_main(a: argparse.Namespace) -> None:
     """``--engine`` (the module docstring): this process is learner rank r < L or receiver r - L."""
     from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig
     from stabledrl.common.transport import ParameterLoader, WeightHandle, WeightPushConfig, setup_weight_push
-    from stabledrl.coordinator.runtime.weight_sync import push_sources
+    from stabledrl.common.transport.plan import PushInputs, plan_push
     from stabledrl.common.gil import settle_heap
     from stabledrl.common.transport.staging import StagedWeights
     from stabledrl.rollout.engine import TorchRolloutEngine
@@ -287,7 +287,7 @@ def engine_main(a: argparse.Namespace) -> None:
     lcfg = LearnerConfig(num_ranks=learners, optimizer=OptimizerConfig(lr=1e-6),
                          deepspeed=DeepSpeedConfig(zero_stage=a.zero, dtype="bf16" if cuda else "fp32",
                                                    param_persistence_threshold=0 if a.tiny else 100_000))
-    sources = push_sources(WeightPushConfig(backend=backend), lcfg)
+    sources = plan_push(PushInputs(WeightPushConfig(backend=backend), lcfg)).sources
 
     def barrier() -> None:
         bl.sync(dev)

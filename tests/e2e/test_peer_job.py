@@ -6,6 +6,7 @@ batches (a run that is a function of config and seed, whatever the timing) and t
 beside the workers' requests. Same metrics at every step, same final weights, bit for bit."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -71,10 +72,16 @@ def test_a_pull_that_auto_chose_and_that_fails_falls_back_to_the_broadcast(broad
     auto does on GPUs); the workers' pulls are refused, or a learner rank cannot export its
     partitions. Every end fails at once (not at its timeout), the push is made again over the
     broadcast, and the job trains exactly as the broadcast job, every later group broadcast too."""
-    from stabledrl.coordinator import driver
+    from stabledrl.coordinator.runtime import weight_sync
 
-    monkeypatch.setattr(driver, "one_host_transport",
-                        lambda requested, resolved, sources: resolved.model_copy(update={"backend": "peer"}))
+    def offered(inputs, one_host=False, peer_failed=False):  # the plan auto makes on GPUs, over gloo
+        plan = planned(inputs, one_host, peer_failed)
+        pull = one_host and not peer_failed
+        transport = plan.transport.model_copy(update={"backend": "peer"}) if pull else plan.transport
+        return dataclasses.replace(plan, transport=transport, by_host=not peer_failed)
+
+    planned = weight_sync.plan_push
+    monkeypatch.setattr(weight_sync, "plan_push", offered)
     lines = job_log
     t0 = time.perf_counter()
     fell_back = run(config(tmp_path / "fallback", False, "gloo", **JOB),

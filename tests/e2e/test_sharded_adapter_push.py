@@ -16,7 +16,8 @@ ray = pytest.importorskip("ray")
 from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig, OptimizerConfig  # noqa: E402
 from stabledrl.common.models.presets import build_tiny_policy  # noqa: E402
 from stabledrl.common.transport.base import WeightHandle, WeightPushConfig  # noqa: E402
-from stabledrl.coordinator.runtime.weight_sync import push_calls, push_sources  # noqa: E402
+from stabledrl.common.transport.plan import PushInputs, plan_push  # noqa: E402
+from stabledrl.coordinator.runtime.weight_sync import push_calls  # noqa: E402
 import harness  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -83,7 +84,7 @@ class AdapterReceiver(harness.PushReceiver):
 def test_lora_ranks_push_their_adapter_partitions_and_the_worker_holds_the_adapters(backend):
     cfg = WeightPushConfig(backend=backend, timeout_s=60, bucket_mb=0.01)  # several rounds
     learner_cfg = LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3), lora=LORA)
-    sources = push_sources(cfg, learner_cfg)
+    sources = plan_push(PushInputs(cfg, learner_cfg)).sources
     assert sources == RANKS
     with harness.local_ray(__name__):
         learners = [LoraLearnerRank.remote(r, RANKS) for r in range(RANKS)]

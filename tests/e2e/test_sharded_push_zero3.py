@@ -21,7 +21,8 @@ ray = pytest.importorskip("ray")
 from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, OptimizerConfig  # noqa: E402
 from stabledrl.common.models.presets import build_tiny_policy  # noqa: E402
 from stabledrl.common.transport.base import WeightPushConfig  # noqa: E402
-from stabledrl.coordinator.runtime.weight_sync import push_calls, push_sources  # noqa: E402
+from stabledrl.common.transport.plan import PushInputs, plan_push  # noqa: E402
+from stabledrl.coordinator.runtime.weight_sync import push_calls  # noqa: E402
 import harness  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -106,7 +107,7 @@ def test_three_zero3_ranks_push_their_partitions_and_the_receiver_holds_the_gath
     assert all(ray.get([a.tied.remote() for a in learners]))
     learner_cfg = LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3))
     cfg = WeightPushConfig(backend=backend, timeout_s=60, bucket_mb=0.05)  # several rounds
-    sources = push_sources(cfg, learner_cfg)
+    sources = plan_push(PushInputs(cfg, learner_cfg)).sources
     assert sources == RANKS
     setup(cluster, cfg, sources)
     before = ray.get(receiver.weights.remote())[1]
@@ -135,7 +136,8 @@ def test_three_zero3_ranks_push_their_partitions_and_the_receiver_holds_the_gath
 def test_the_gather_path_stays_selectable(cluster, backend):
     learners, receiver = cluster
     cfg = WeightPushConfig(backend=backend, timeout_s=60, bucket_mb=0.05, source="gather")
-    sources = push_sources(cfg, LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3)))
+    zero3 = LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3))
+    sources = plan_push(PushInputs(cfg, zero3)).sources
     assert sources == 0
     setup(cluster, cfg, sources)
     version = 20 if backend == "gloo" else 30

@@ -24,6 +24,7 @@ ray = pytest.importorskip("ray")
 
 from stabledrl.common.config.base import validate  # noqa: E402
 from stabledrl.common.config.job import JobConfig  # noqa: E402
+from stabledrl.common.transport.plan import PushInputs, plan_push  # noqa: E402
 from stabledrl.coordinator.driver import Driver  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import harness  # noqa: E402  (the test workers the e2e tests share)
@@ -74,7 +75,7 @@ def test_a_viewing_worker_holds_no_copy_and_the_ranks_weights(gpu_cluster, tmp_p
     if gpu_cluster < ranks:
         pytest.skip(f"needs {ranks} GPUs")
     cfg = job_config(tmp_path, ranks, zero_stage, ipc)
-    resolved = cfg.resolved_weights()
+    resolved = plan_push(PushInputs.of(cfg)).transport
     assert (resolved.backend, resolved.ipc) == ("ipc", "view" if ipc == "auto" else "copy")
     driver = Driver(cfg, rollout_cls=InspectedRollout, learner_cls=InspectedLearner)
     driver.setup()

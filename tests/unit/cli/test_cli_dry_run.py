@@ -91,6 +91,14 @@ def test_dry_run_plan_of_the_d1_recipe(capsys, empty_caches):
     assert "weights: pushed through each worker's read of the learner ranks' GPU memory with its copy engines (CUDA " \
         "IPC, one host) while every learner rank and rollout worker runs on one host, else through an NCCL broadcast " \
         "from the learner to the workers (weights.backend auto)" in "\n".join(full)
+    assert "push plan: learner rank 0 sends its parameters as they lie; carries every parameter; on the wire in the " \
+        "learner's dtype; staged beside generation (weights.staging)" in "\n".join(full)  # ZeRO-2
+    _, _, zero3 = dry_run(capsys, *apart, "learner.lora=null", "learner.deepspeed.zero_stage=3")
+    assert "push plan: learner ranks 0..3 each send their own ZeRO-3 partitions" in "\n".join(zero3)
+    _, _, merged = dry_run(capsys, *apart, "learner.lora.push=merged", "weights.dtype=bf16", "weights.staging=false",
+                           "learner.deepspeed.zero_stage=3")
+    assert "push plan: learner rank 0 sends the full parameters (gathered first under ZeRO-3); carries the adapted " \
+        "matrices, merged; on the wire in bf16; received between requests" in "\n".join(merged)
     _, _, peer = dry_run(capsys, *apart, "weights.backend=peer")  # a transport named outright
     assert "weights: pushed through each worker's read of the learner ranks' GPU memory" in "\n".join(peer)
 

@@ -8,7 +8,9 @@ import yaml
 
 from stabledrl.common.config.base import ConfigError
 from stabledrl.common.config.job import load_job_config
+from stabledrl.common.config.learner import LearnerConfig
 from stabledrl.common.models.job_check import check_sampler_layout
+from stabledrl.common.transport.plan import PushInputs, plan_push
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = sorted(p for p in (ROOT / "deploy" / "configs").glob("*.yaml") if not p.name.startswith("study_"))
@@ -59,35 +61,21 @@ def test_the_auto_weight_push_follows_the_actors_gpus_not_this_process():
     from stabledrl.common.transport.base import WeightPushConfig
 
     auto = WeightPushConfig()
-    assert auto.resolve(actors_have_gpus=False).backend == "object_store"
-    assert auto.resolve(actors_have_gpus=True).backend == "nccl"  # whatever this (CPU) process has
-    assert WeightPushConfig(backend="gloo").resolve(actors_have_gpus=True).backend == "gloo"  # a choice stays
+    assert resolved(auto, gpus=False).backend == "object_store"
+    assert resolved(auto, gpus=True).backend == "nccl"  # whatever this (CPU) process has
+    assert resolved(WeightPushConfig(backend="gloo"), gpus=True).backend == "gloo"  # a choice stays
     with pytest.raises(ValueError, match="must be resolved"):
         setup_weight_push(auto)
 
 
-def test_auto_offers_the_peer_pull_for_groups_on_one_host_only_where_it_costs_no_memory():
-    """``auto`` on GPUs (resolved nccl): a group whose members all share the learner's host is
-    pulled over peer, where the push is sharded (the partitions read where they lie) in the
-    learner's dtype (a LoRA job's adapters too; its merged push gathers); a choice the user made
-    is kept."""
-    from stabledrl.common.config.learner import LearnerConfig
-    from stabledrl.common.transport.base import WeightPushConfig
-    from stabledrl.coordinator.runtime.weight_sync import one_host_transport, push_sources
+def resolved(weights, gpus: bool, colocated: bool = False, in_turns: bool = False):
+    """The transport the plan of the job's start sets up (common/transport/plan.py)."""
+    return plan_push(PushInputs(weights, LearnerConfig(), gpus=gpus, colocated=colocated, in_turns=in_turns)).transport
 
-    auto, nccl = WeightPushConfig(), WeightPushConfig(backend="nccl")
-    assert one_host_transport(auto, nccl, sources=3).backend == "peer"
-    assert one_host_transport(auto, nccl, sources=3).staging == nccl.staging
-    assert one_host_transport(nccl, nccl, sources=3) is None  # chosen, not resolved
-    assert one_host_transport(auto, WeightPushConfig(backend="object_store"), sources=3) is None
-    assert one_host_transport(auto, nccl, sources=0) is None  # gathered: a whole copy on rank 0's GPU
-    bf16 = WeightPushConfig(dtype="bf16")
-    assert one_host_transport(bf16, bf16.model_copy(update={"backend": "nccl"}), sources=3) is None
-    # LoRA under ZeRO-3: the adapters' partitions are pulled as well; the merged push gathers (stays)
-    for push, backend in (("adapters", "peer"), ("merged", None)):
-        lora = LearnerConfig(num_ranks=2, lora={"rank": 8, "push": push})
-        chosen = one_host_transport(auto, nccl, sources=push_sources(nccl, lora))
-        assert (chosen and chosen.backend) == backend, push
+
+def planned(cfg):
+    """The transport the plan of ``cfg``'s start sets up."""
+    return plan_push(PushInputs.of(cfg)).transport
 
 
 @pytest.mark.parametrize(
@@ -143,7 +131,7 @@ def test_colocation_needs_a_worker_per_rank_the_same_gpu_and_no_nccl(tmp_path):
     path = write(tmp_path, GOOD)
     gpus = ["cluster.learner.num_gpus=1", "cluster.rollout.num_gpus=1"]
     cfg = load_job_config(path, ["cluster.colocate=true", "rollout.num_workers=2", *gpus])
-    assert cfg.weights.resolve(actors_have_gpus=True, colocated=True).backend == "object_store"  # not in turns
+    assert resolved(cfg.weights, gpus=True, colocated=True).backend == "object_store"  # not in turns
     check_resources(cfg, {"CPU": 2.0, "GPU": 2.0})  # 2 GPUs shared by 2 ranks and 2 workers
     with pytest.raises(ConfigError, match=r"learner.num_ranks \(2\) × cluster.learner.num_gpus \(1.0\) \(cluster"):
         check_resources(cfg, {"CPU": 2.0, "GPU": 1.0})
@@ -164,15 +152,15 @@ def test_colocated_ranks_and_workers_in_turns_push_through_ipc_and_only_then(tmp
                  "cluster.rollout.num_gpus=1"]
     cfg = load_job_config(path, [*colocated, "algorithm.max_staleness=0"])
     assert cfg.in_turns
-    assert cfg.weights.resolve(actors_have_gpus=True, colocated=True, in_turns=cfg.in_turns).backend == "ipc"
-    assert cfg.weights.resolve(actors_have_gpus=False, colocated=True, in_turns=True).backend == "object_store"
-    assert cfg.weights.resolve(actors_have_gpus=True, colocated=False, in_turns=False).backend == "nccl"
+    assert resolved(cfg.weights, gpus=True, colocated=True, in_turns=cfg.in_turns).backend == "ipc"
+    assert resolved(cfg.weights, gpus=False, colocated=True, in_turns=True).backend == "object_store"
+    assert resolved(cfg.weights, gpus=True, colocated=False, in_turns=False).backend == "nccl"
     assert load_job_config(path, [*colocated, "algorithm.max_staleness=0", "weights.backend=ipc"]).weights.collective \
         is False
     for overrides in (["algorithm.max_staleness=1"], ["algorithm.max_staleness=0", "rollout.max_workers=3"]):
         cfg = load_job_config(path, [*colocated, *overrides])
         assert not cfg.in_turns
-        assert cfg.weights.resolve(actors_have_gpus=True, colocated=True, in_turns=cfg.in_turns).backend == \
+        assert resolved(cfg.weights, gpus=True, colocated=True, in_turns=cfg.in_turns).backend == \
             "object_store"
         with pytest.raises(ConfigError, match=r"weights.backend 'ipc' .* algorithm.max_staleness 0"):
             load_job_config(path, [*colocated, *overrides, "weights.backend=ipc"])
@@ -187,17 +175,17 @@ def test_colocated_workers_view_their_ranks_parameters_where_they_can(tmp_path):
     gpus = ["cluster.colocate=true", "rollout.num_workers=2", "cluster.learner.num_gpus=1",
             "cluster.rollout.num_gpus=1", "algorithm.max_staleness=0"]
     bf16 = ["model.dtype=bfloat16"]  # the learner's auto dtype on GPUs
-    assert load_job_config(path, [*gpus, *bf16]).resolved_weights().model_dump(include={"backend", "ipc"}) == \
+    assert planned(load_job_config(path, [*gpus, *bf16])).model_dump(include={"backend", "ipc"}) == \
         {"backend": "ipc", "ipc": "view"}
     cpu = ["cluster.colocate=true", "rollout.num_workers=2", "algorithm.max_staleness=0", "weights.backend=ipc"]
-    assert load_job_config(path, cpu).resolved_weights().ipc == "view"  # fp32 on both sides on the CPU
+    assert planned(load_job_config(path, cpu)).ipc == "view"  # fp32 on both sides on the CPU
     lora = ["learner.lora.rank=4", "learner.lora.target_modules=[q_proj]"]
     for overrides, why in ((["model.dtype=float32"], "model.dtype 'float32' differs"),
                            ([*bf16, *lora], "learner.lora"), ([*bf16, "weights.dtype=fp16"], "weights.dtype 'fp16'"),
                            ([*bf16, "learner.deepspeed.zero_stage=3", "learner.deepspeed.offload_optimizer=cpu",
                              "learner.deepspeed.offload_params=cpu"], "offload_params")):
         cfg = load_job_config(path, [*gpus, *overrides])
-        assert cfg.resolved_weights().ipc == "copy" and why in cfg.ipc_view_problem(True), overrides
+        assert planned(cfg).ipc == "copy" and why in cfg.ipc_view_problem(True), overrides
         with pytest.raises(ConfigError, match=rf"weights.ipc 'view' .*: .*{why}"):
             load_job_config(path, [*gpus, *overrides, "weights.ipc=view"])
-    assert load_job_config(path, [*gpus, *bf16, "weights.ipc=copy"]).resolved_weights().ipc == "copy"
+    assert planned(load_job_config(path, [*gpus, *bf16, "weights.ipc=copy"])).ipc == "copy"

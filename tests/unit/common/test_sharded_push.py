@@ -427,30 +427,11 @@ def test_the_deferred_pull_calls_into_torch_a_few_times_per_source_whatever_the_
         assert Count.calls >= 2 * 2 * len(full_weights(5)), Count.calls
 
 
-def test_push_sources_and_the_group_the_driver_builds(monkeypatch):
-    from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, LoraConfig
+def test_the_group_the_driver_builds_puts_the_sending_ranks_first(monkeypatch):
+    from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig
+    from stabledrl.common.transport.plan import PushInputs
     from stabledrl.coordinator.runtime import weight_sync
     from stabledrl.coordinator.runtime.actors import Actors
-
-    def learner(stage: int, ranks: int = 3, lora_push: str | None = None) -> LearnerConfig:
-        lora = None if lora_push is None else LoraConfig(rank=8, alpha=16, push=lora_push)
-        return LearnerConfig(num_ranks=ranks, deepspeed=DeepSpeedConfig(zero_stage=stage), lora=lora)
-
-    nccl = WeightPushConfig(backend="nccl")
-    assert weight_sync.push_sources(nccl, learner(3)) == 3  # every ZeRO-3 rank holds a partition
-    assert weight_sync.push_sources(nccl, learner(2)) == 1  # ZeRO-1/2: rank 0 holds it all
-    assert weight_sync.push_sources(nccl, learner(3, lora_push="merged")) == 0  # merged LoRA pushes gather
-    assert weight_sync.push_sources(nccl, learner(3, lora_push="adapters")) == 3  # the adapters' partitions
-    assert weight_sync.push_sources(nccl.model_copy(update={"source": "gather"}), learner(3)) == 0
-    assert weight_sync.push_sources(WeightPushConfig(backend="object_store"), learner(3)) == 0
-    ipc = WeightPushConfig(backend="ipc")  # every ZeRO-3 rank fills its own buffer through one all-gather
-    assert weight_sync.push_sources(ipc, learner(3)) == 3
-    assert weight_sync.push_sources(ipc, learner(3, ranks=1)) == 0  # one rank: whole parameters
-    assert weight_sync.push_sources(ipc, learner(2)) == 0
-    assert weight_sync.push_sources(ipc, learner(3, lora_push="merged")) == 0
-    assert weight_sync.push_sources(ipc, learner(3, lora_push="adapters")) == 0  # ipc: LoRA pushes gather
-    assert weight_sync.push_sources(nccl, learner(2, lora_push="adapters")) == 1  # ZeRO-2: rank 0's whole A, B
-    assert weight_sync.push_sources(ipc.model_copy(update={"source": "gather"}), learner(3)) == 0
 
     calls: list = []
 
@@ -471,7 +452,8 @@ def test_push_sources_and_the_group_the_driver_builds(monkeypatch):
 
     monkeypatch.setattr(weight_sync, "wait", lambda refs, timeout_s, what: [("127.0.0.1", 29500)])
     actors = Actors([Actor(f"learner{r}") for r in range(3)], [Actor("worker0"), Actor("worker1")])
-    sync = weight_sync.WeightSync(WeightPushConfig(backend="gloo"), actors, 5.0, sources=3)
+    zero3 = LearnerConfig(num_ranks=3, deepspeed=DeepSpeedConfig(zero_stage=3))  # 3 sources (test_push_plan.py)
+    sync = weight_sync.WeightSync(PushInputs(WeightPushConfig(backend="gloo"), zero3), actors, 5.0)
     sync.push(1, [0, 1])
     setups = {name: kw for name, method, kw in calls if method == "setup_weight_push"}
     assert {kw["world_size"] for kw in setups.values()} == {5} and {kw["sources"] for kw in setups.values()} == {3}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig
+from stabledrl.common.transport.plan import PushInputs
 from stabledrl.coordinator.runtime.actors import first_line
 from stabledrl.coordinator.runtime.pool import gcs_alive
 
@@ -55,7 +57,8 @@ def test_a_collective_push_is_staged_unless_it_rebuilds_the_group_and_the_load_a
     monkeypatch.setattr(weight_sync, "wait", lambda refs, timeout_s, what: [("127.0.0.1", 29500)])
     calls: list = []
     actors = Actors([_Actor("learner0", calls)], [_Actor("worker0", calls), _Actor("worker1", calls)])
-    sync = weight_sync.WeightSync(WeightPushConfig(backend="gloo"), actors, 5.0, keep_order=True)
+    gloo = PushInputs(WeightPushConfig(backend="gloo"), LearnerConfig(), keep_order=True)
+    sync = weight_sync.WeightSync(gloo, actors, 5.0)
     _, receives, staged = sync.push(1, [0, 1])  # the first push builds the group: received in order
     assert not staged and [c[1] for c in calls if c[0] != "learner0"][-2:] == ["receive_weights"] * 2
     calls.clear()
@@ -67,7 +70,8 @@ def test_a_collective_push_is_staged_unless_it_rebuilds_the_group_and_the_load_a
     assert calls[-1] == ("worker1", "receive_weights", (WeightHandle(2, "gloo"),))
     _, _, staged = sync.push(3, [0])  # a receiver left: the group is rebuilt
     assert not staged
-    off = weight_sync.WeightSync(WeightPushConfig(backend="gloo", staging=False), actors, 5.0)
+    off = weight_sync.WeightSync(PushInputs(WeightPushConfig(backend="gloo", staging=False), LearnerConfig()),
+                                 actors, 5.0)
     off.push(1, [0, 1])
     assert not off.push(2, [0, 1])[2]
 
@@ -81,7 +85,7 @@ def test_an_object_store_load_takes_the_handle_of_the_version_it_names_and_refus
 
     calls: list = []
     actors = Actors([_Actor("learner0", calls)], [_Actor("worker0", calls)])
-    sync = weight_sync.WeightSync(WeightPushConfig(backend="object_store"), actors, 5.0)
+    sync = weight_sync.WeightSync(PushInputs(WeightPushConfig(backend="object_store"), LearnerConfig()), actors, 5.0)
     learner_calls, _, _ = sync.push(4, [])
     sync.load(0, 4)
     assert calls[-1] == ("worker0", "receive_weights", (learner_calls[0][1],))  # rank 0's handle of version 4
@@ -103,8 +107,9 @@ def test_an_auto_group_on_one_host_is_pulled_over_peer_and_one_that_spans_hosts_
     actors = Actors([_Actor("learner0", calls), _Actor("learner1", calls)],
                     [_Actor("worker0", calls), _Actor("worker1", calls)],
                     info={"learners": [{"node_id": "a"}] * 2, "rollouts": [{"node_id": "a"}] * 2})
-    nccl, lines = WeightPushConfig(backend="nccl"), job_log
-    sync = weight_sync.WeightSync(nccl, actors, 5.0, sources=2, one_host=nccl.model_copy(update={"backend": "peer"}))
+    zero3, lines = LearnerConfig(num_ranks=2, deepspeed=DeepSpeedConfig(zero_stage=3)), job_log
+    auto = PushInputs(WeightPushConfig(), zero3, gpus=True)  # the broadcast, pulled on one host (2 sources)
+    sync = weight_sync.WeightSync(auto, actors, 5.0)
 
     def built(receivers, nodes):
         calls.clear()
@@ -135,14 +140,17 @@ def test_an_auto_group_on_one_host_is_pulled_over_peer_and_one_that_spans_hosts_
     sync.setup({0: "a", 1: "a"})
     assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"peer"}
     # the learner ranks' nodes not reported (actors started elsewhere): never assumed to be the workers'
-    blind = weight_sync.WeightSync(nccl, Actors(actors.learners, [_Actor("worker0", calls)]), 5.0, sources=2,
-                                   one_host=nccl.model_copy(update={"backend": "peer"}))
-    assert blind.transport([0], {0: "a"}).backend == "nccl"
-    # nothing offered for one host (the user chose nccl, or auto would not pull): always the one given
-    plain = weight_sync.WeightSync(nccl, actors, 5.0, sources=2)
+    blind = weight_sync.WeightSync(auto, Actors(actors.learners, [_Actor("worker0", calls)]), 5.0)
+    calls.clear()
+    blind.push(1, [0], {0: "a"})
+    assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"nccl"}
+    assert lines[3:] == ["weights: the push group of rollout workers [0] is built over nccl (auto: the learner ranks "
+                         "and rollout workers run on more than one host)"]
+    # nothing offered for one host (the user chose nccl, or auto would not pull): always the one given, unlogged
+    plain = weight_sync.WeightSync(PushInputs(WeightPushConfig(backend="nccl"), zero3, gpus=True), actors, 5.0)
     calls.clear()
     plain.push(1, [0], {0: "a"})
-    assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"nccl"} and len(lines) == 3
+    assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"nccl"} and len(lines) == 4
 
 
 def test_a_failed_pull_of_a_group_auto_built_over_peer_falls_back_to_the_broadcast_once(monkeypatch, job_log):
@@ -157,10 +165,11 @@ def test_a_failed_pull_of_a_group_auto_built_over_peer_falls_back_to_the_broadca
     calls: list = []
     actors = Actors([_Actor("learner0", calls)], [_Actor("worker0", calls)],
                     info={"learners": [{"node_id": "a"}], "rollouts": [{"node_id": "a"}]})
-    nccl, lines = WeightPushConfig(backend="nccl"), job_log
-    sync = weight_sync.WeightSync(nccl, actors, 5.0, sources=1, one_host=nccl.model_copy(update={"backend": "peer"}))
+    lines = job_log
+    sync = weight_sync.WeightSync(PushInputs(WeightPushConfig(), LearnerConfig(), gpus=True), actors,
+                                  5.0)  # ZeRO-2: rank 0 sends its parameters as they lie
     sync.push(1, [0], {0: "a"})
-    assert sync.cfg.backend == "peer"
+    assert sync.plan.backend == "peer"
     assert not sync.failed("rollout worker 0 died", died=True)  # a death: retried without it, still over peer
     calls.clear()
     sync.push(1, [0], {0: "a"})
@@ -172,6 +181,6 @@ def test_a_failed_pull_of_a_group_auto_built_over_peer_falls_back_to_the_broadca
     sync.push(1, [0], {0: "a"})  # the push again: rebuilt over the broadcast, on one host as it is
     assert {c[2][0].backend for c in calls if c[1] == "setup_weight_push"} == {"nccl"}
     assert not sync.failed("learner rank 0 raised: timed out")  # over the broadcast: the job stops (the scheduler)
-    chosen = weight_sync.WeightSync(WeightPushConfig(backend="peer"), actors, 5.0, sources=1)
+    chosen = weight_sync.WeightSync(PushInputs(WeightPushConfig(backend="peer"), LearnerConfig()), actors, 5.0)
     chosen.push(1, [0], {0: "a"})
     assert not chosen.failed("refused") and chosen.members is None  # named outright: rebuilt, not replaced
