@@ -235,6 +235,12 @@ class LearnerEngine:
                                             receive=all_ranks or self.rank == 0)
         return self._plain_parameters(all_ranks, only_adapted=bool(self.adapted))
 
+    @property
+    def partition_holders(self) -> int:
+        """The ranks every parameter is partitioned among: all of them under ZeRO-3, else 1 (rank 0
+        holds every parameter whole)."""
+        return self.world_size if self.cfg.deepspeed.zero_stage == 3 else 1
+
     def partitions_for_push(self, sources: int) -> Iterator[tuple[str, tuple[int, ...], torch.Tensor]]:
         """This rank's part of every parameter for the sharded push (common/transport/shards.py):
         (name, full shape, flat partition) in the module's order, read where it lies, no gather,

@@ -260,43 +260,28 @@ class LearnerWorker:
         self.push = setup_weight_push(cfg, **{**kwargs, "rank": self.rank if sources else 0}) if member else None
 
     def push_weights(self, version: int) -> Optional[WeightHandle]:
-        """Send the full weights as ``version`` (rank 0; every rank joins the ZeRO-3 gathers), or,
-        sharded, this rank's partitions."""
+        """Send the weights as ``version`` through this rank's end of the push (``send_weights``: the
+        transport reads them gathered, as this rank's partitions or in place). A rank without an end
+        joins rank 0's ZeRO-3 gathers of a gathered push, and has nothing to do in a sharded one."""
+        handle = None
         with self.clock.timed("push"), prompt_gil():  # beside a checkpoint's writer thread (common/gil.py)
             with self.clock.timed("push_pending"):  # GPU work the step left queued, so it is not billed below
                 settle_gpu(self.engine.device)
-            views = hasattr(self.push, "send_views")  # weights.ipc view: the worker reads the parameters in place
-            if self.push_sources and not views:
-                if self.push is None:  # ZeRO-1/2: rank 0 sends alone
-                    return None
-                with self.clock.timed("push_send"):
-                    handle = self.push.send_shards(self.engine.partitions_for_push(self.push_sources), version)
-                self._add_wait()
-                return handle
+            if self.push is None and self.push_sources:  # ZeRO-1/2 sharded: rank 0 sends alone
+                return None
             with self.clock.timed("push_send"):  # the ZeRO-3 gathers and the copies or sends, settled
-                zero3 = self.cfg.deepspeed.zero_stage == 3
-                named = self.engine.partitions_for_push(self.world_size if zero3 else 1) if views else \
-                    self.engine.named_parameters_for_push(all_ranks=self.push is not None)
-                handle = None
-                if views:
-                    handle = self.push.send_views(named, version)
-                elif self.push is None:
-                    for _ in named:
-                        pass
+                if self.push is not None:
+                    handle = self.push.send_weights(self.engine, version)
                 else:
-                    handle = self.push.send(named, version)
-                    self._add_wait()
+                    for _ in self.engine.named_parameters_for_push():
+                        pass
                 settle_gpu(self.engine.device)
+            waited = getattr(self.push, "waited_s", None)  # push_wait: a part of push_send
+            if waited is not None:
+                self.clock.add("push_wait", waited)
             with self.clock.timed("push_release"):
                 hand_back_gpu_memory(self.share_gpu)  # the gathered buckets
-            return handle
-
-    def _add_wait(self) -> None:
-        """push_wait, a part of push_send: the seconds the last transfer waited for its receivers to
-        join (a collective push; the other transports do not measure it)."""
-        waited = getattr(self.push, "waited_s", None)
-        if waited is not None:
-            self.clock.add("push_wait", waited)
+        return handle
 
     def parameter_shapes(self) -> dict[str, list[int]]:
         """Full shape of every parameter (ZeRO-3 partitions report their unpartitioned ``ds_shape``),

@@ -1,4 +1,4 @@
-"""Weight push from the learner to the rollout workers: the interface both transports fill.
+"""Weight push from the learner to the rollout workers: the interface every transport fills.
 
 - ``object_store`` (common/transport/object_store.py, CPU): learner rank 0 puts the full
   parameters in the Ray object store once; every rollout worker fetches that one object.
@@ -9,13 +9,22 @@
   (``weights.source: shards``, common/transport/shards.py): the group's first ranks are the learner
   ranks that hold partitions (every ZeRO-3 rank; ZeRO-1/2: rank 0), each broadcasting its own
   (``send_shards``), and the workers put the parameters together.
+- ``ipc`` (common/transport/ipc.py; ``weights.ipc: view``, common/transport/views.py): each worker
+  maps the buffer, or the parameters, of the learner rank on its own device.
+- ``peer`` (common/transport/peer.py): every worker reads the sending ranks' buffers on other GPUs
+  of its host with its copy engines, scheduled as the broadcast is.
 
 Every transfer carries the policy version and every wait has a timeout whose error names who or
-what it waited for. Roles: the learner side calls ``send`` on rank 0 (other learner ranks drain
-``LearnerEngine.named_parameters_for_push()`` alongside: the ZeRO-3 gathers are collective); each
-rollout worker's engine calls ``receive`` with a loader that copies each bucket into its model
-and checks, once the transfer is over, that every parameter arrived (``ParameterLoader``).
-``stabledrl.common.transport.setup_weight_push`` builds either end from a resolved config.
+what it waited for.
+
+The interface every transport fills (``WeightPush``): ``setup_weight_push`` (common/transport/__init__.py)
+builds this process's end from the plan's transport (common/transport/plan.py); a learner rank
+with an end calls ``send_weights`` with its weights (``PushSource``: the engine), and the end reads
+them as it sends them: gathered (``send``: full tensors, rank 0; the other learner ranks drain
+``named_parameters_for_push()`` alongside, since the ZeRO-3 gathers are collective), sharded
+(``send_shards``: each sending rank's own partitions) or in place (``send_views``); each rollout
+worker's engine calls ``receive`` with a loader that copies each bucket into its model and checks,
+once the transfer is over, that every parameter arrived (``ParameterLoader``); ``close`` releases it.
 """
 from __future__ import annotations
 
@@ -29,6 +38,7 @@ from stabledrl.common.config.weights import WeightPushConfig  # noqa: F401  (its
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 LoadFn = Callable[[list[tuple[str, torch.Tensor]]], None]
+Parts = Iterable[tuple[str, tuple[int, ...], torch.Tensor]]  # (name, full shape, flat partition or tensor)
 
 WIRE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -43,9 +53,26 @@ class WeightHandle:
     ref: Any = None
 
 
+class PushSource(Protocol):
+    """A learner rank's weights as a transport reads them (learner/engine.py's LearnerEngine)."""
+
+    @property
+    def partition_holders(self) -> int:
+        """The learner ranks every parameter is partitioned among (ZeRO-3: all; else 1, rank 0's whole)."""
+
+    def named_parameters_for_push(self, all_ranks: bool = False) -> NamedTensors:
+        """The full parameters, gathered bucket by bucket (collective under ZeRO-3)."""
+
+    def partitions_for_push(self, sources: int) -> Parts:
+        """This rank's (name, full shape, flat partition) of every parameter, where it lies."""
+
+
 class WeightPush(Protocol):
-    def send(self, named_tensors: NamedTensors, version: int) -> WeightHandle:
-        """Learner rank 0. Consumes ``named_tensors`` to the end, also when it fails."""
+    cfg: WeightPushConfig
+
+    def send_weights(self, source: PushSource, version: int) -> WeightHandle:
+        """A learner rank with an end: send ``source``'s weights as ``version``, reading them as the
+        transport sends them (gathered, its own partitions, or in place)."""
 
     def receive(self, handle: WeightHandle, load: LoadFn) -> int:
         """Rollout worker. Hands every tensor to ``load`` (bucket by bucket); returns the version
@@ -53,6 +80,18 @@ class WeightPush(Protocol):
 
     def close(self) -> None:
         """Release the transport (before a new one replaces it)."""
+
+
+class SendsWeights:
+    """``send_weights`` of a transport that sends gathered tensors (``send``) or, with ``sources``
+    S >= 1 sending ranks, this rank's own partitions (``send_shards``)."""
+
+    sources: int = 0
+
+    def send_weights(self, source: PushSource, version: int) -> WeightHandle:
+        if self.sources:
+            return self.send_shards(source.partitions_for_push(self.sources), version)  # type: ignore[attr-defined]
+        return self.send(source.named_parameters_for_push(all_ranks=True), version)  # type: ignore[attr-defined]
 
 
 class ParameterLoader:

@@ -56,13 +56,15 @@ from stabledrl.common.transport.shards import (
     Round, assemble, decode_plan, encode_plan, iter_segments, plan_rounds, segment_view,
 )
 from stabledrl.common.transport.store import decode_meta, encode_meta, open_store
-from stabledrl.common.transport.base import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig
+from stabledrl.common.transport.base import (
+    WIRE_DTYPES, LoadFn, NamedTensors, SendsWeights, WeightHandle, WeightPushConfig,
+)
 
 ALIGN = 16  # byte alignment of each tensor inside a bucket (any dtype can be viewed in place)
 SENDER = "learner rank 0"
 
 
-class BroadcastPush:
+class BroadcastPush(SendsWeights):
     def __init__(self, cfg: WeightPushConfig, backend: str, rank: int, world_size: int, master_addr: str,
                  master_port: int, peer_names: Optional[Sequence[str]] = None, sources: int = 0) -> None:
         if backend not in ("nccl", "gloo"):

@@ -48,13 +48,15 @@ from typing import Any, Iterator, Optional
 import torch
 
 from stabledrl.common.transport.shards import Round, assemble, decode_plan, encode_plan, iter_segments, plan_rounds
-from stabledrl.common.transport.base import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig
+from stabledrl.common.transport.base import (
+    WIRE_DTYPES, LoadFn, NamedTensors, SendsWeights, WeightHandle, WeightPushConfig,
+)
 
 ALIGN = 256  # bytes: every parameter's offset (and the header's slot) in its block
 BLOCK_BYTES = 1 << 30  # a block of the buffer (a parameter larger than this gets a block of its own size)
 
 
-class IpcPush:
+class IpcPush(SendsWeights):
     """One learner rank's buffer (``send``) or one worker's mapping of its rank's (``receive``)."""
 
     def __init__(self, cfg: WeightPushConfig, rank: int = 0, sources: int = 0,

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-from stabledrl.common.transport.base import WIRE_DTYPES, LoadFn, NamedTensors, WeightHandle, WeightPushConfig
+from stabledrl.common.transport.base import (
+    WIRE_DTYPES, LoadFn, NamedTensors, SendsWeights, WeightHandle, WeightPushConfig,
+)
 
 
-class ObjectStorePush:
+class ObjectStorePush(SendsWeights):
     """Rank 0 puts {version, tensors} in the Ray object store; receivers ray.get it."""
 
     def __init__(self, cfg: WeightPushConfig) -> None:

@@ -41,17 +41,15 @@ from __future__ import annotations
 
 import socket
 import uuid
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import torch
 
-from stabledrl.common.transport.base import LoadFn, WeightHandle
+from stabledrl.common.transport.base import LoadFn, Parts, PushSource, WeightHandle
 from stabledrl.common.transport.ipc import ALIGN, IpcPush, _aligned, device_uuid, header
 from stabledrl.common.transport.shards import partition_numel
 
 TRAINING = -1  # the header's value while the learner rank changes its parameters
-
-Parts = Iterable[tuple[str, tuple[int, ...], torch.Tensor]]
 
 
 class ViewPush(IpcPush):
@@ -65,6 +63,10 @@ class ViewPush(IpcPush):
         self._header: Optional[torch.Tensor] = None  # receiver: the mapped header of the views bound
 
     # ---- learner rank ---------------------------------------------------------------------
+    def send_weights(self, source: PushSource, version: int) -> WeightHandle:
+        """Every parameter where it lies (each rank's partition under ZeRO-3), shared in place."""
+        return self.send_views(source.partitions_for_push(source.partition_holders), version)
+
     def send_views(self, parts: Parts, version: int, group: Any = None) -> WeightHandle:
         """Every parameter (name, full shape, the tensor where it lies: the parameter, or its ZeRO-3
         partition flat; ``LearnerEngine.partitions_for_push``). One rank (``sources`` 0 or 1): the
