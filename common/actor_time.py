@@ -29,16 +29,9 @@ from typing import Iterable, Iterator, Optional
 import torch
 
 PREFIX = "clock/"
-# a rollout worker's staging beside its generation (and its parts: waiting for the sender before a
-# byte moved; a pull's mapping, a yield of the GIL, version check, issuing its copies, waiting for
-# them, and the receiving thread's own CPU time over the pull: common/transport/peer.py); a
-# learner's background checkpoint write
-BACKGROUND = ("push_stage", "push_stage_wait", "push_stage_map", "push_stage_gil", "push_stage_check",
-              "push_stage_issue", "push_stage_copy", "push_stage_cpu", "checkpoint_write", "checkpoint_snapshot")
-# the parts of a learner rank's push, timed inside "push": the GPU work the step left queued, the
-# ZeRO-3 gathers with the copies or sends (settled), of those the wait for the receivers to join,
-# the memory handed back (cluster.colocate)
-PUSH_PARTS = ("push_pending", "push_send", "push_wait", "push_release")
+# a learner's background checkpoint write (a push's activities on threads of their own, and its
+# parts: common/transport/clocks.py)
+BACKGROUND = ("checkpoint_write", "checkpoint_snapshot")
 # the parts of a learner rank's step, timed inside "train": DeepSpeed's optimizer step (the gradients' reduction,
 # clipping, the update and the parameters' gather) and its estimates without a gradient (the frozen reference's of a
 # KL term; the old policy's under per-iteration masks)

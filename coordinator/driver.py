@@ -30,6 +30,7 @@ from stabledrl.common.metrics import MetricsLogger
 from stabledrl.common.tasks import PromptStream
 from stabledrl.common.trust.seal import EXPORT_CONFIG
 from stabledrl.common.types import Episode
+from stabledrl.common.transport.clocks import push_metrics
 from stabledrl.common.transport.plan import PushInputs, plan_push
 from stabledrl.coordinator.runtime import checkpoint
 from stabledrl.coordinator.decisions import events as ev
@@ -253,7 +254,8 @@ class Driver:
     def _record(self, command: ev.Record) -> None:
         metrics = command.metrics
         if command.batch is not None:  # a step's record: every actor's time since the step before
-            metrics = {**metrics, **self.runtime.times.step_metrics()}
+            times = self.runtime.times.step_metrics()
+            metrics = {**metrics, **times, **push_metrics(times)}
         written = self.metrics.log(command.step, metrics)
         if command.batch is None:
             return

@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 import ray
 import torch
 
-from stabledrl.common.actor_time import BACKGROUND, PUSH_PARTS, TRAIN_PARTS, ActorClock
+from stabledrl.common.actor_time import BACKGROUND, TRAIN_PARTS, ActorClock
 from stabledrl.common.gil import prompt_gil, settle_heap
 from stabledrl.common.config.estimator import EstimatorConfig
 from stabledrl.common.config.learner import LearnerConfig
@@ -42,6 +42,7 @@ from stabledrl.common.models.adapter_folder import Adapters
 from stabledrl.common.models.export import export_adapters, export_policy
 from stabledrl.common.actor_setup import hand_back_gpu_memory, settle_gpu, setup_actor_process
 from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+from stabledrl.common.transport.clocks import PUSH_PARTS, STAGE, PushTimer
 from stabledrl.common.stats import Reduce, Stat, combine
 from stabledrl.common.types import Group, StepResult
 from stabledrl.learner.lora import adapters_off
@@ -82,7 +83,7 @@ class LearnerWorker:
         self._scoring = False  # inside the step's scoring pass (per_iteration), which its own clock times
         self.push_sources = 0  # a sharded push's learner ranks that send (setup_weight_push)
         self.steps = 0
-        self.clock = ActorClock(background=BACKGROUND, within=PUSH_PARTS + TRAIN_PARTS)
+        self.clock = ActorClock(background=BACKGROUND + STAGE, within=PUSH_PARTS + TRAIN_PARTS)
 
     def rendezvous_address(self) -> tuple[str, int]:
         return rendezvous_address()
@@ -263,23 +264,22 @@ class LearnerWorker:
         """Send the weights as ``version`` through this rank's end of the push (``send_weights``: the
         transport reads them gathered, as this rank's partitions or in place). A rank without an end
         joins rank 0's ZeRO-3 gathers of a gathered push, and has nothing to do in a sharded one."""
+        timer = PushTimer(self.clock)
         handle = None
-        with self.clock.timed("push"), prompt_gil():  # beside a checkpoint's writer thread (common/gil.py)
-            with self.clock.timed("push_pending"):  # GPU work the step left queued, so it is not billed below
+        with timer.part(), prompt_gil():  # beside a checkpoint's writer thread (common/gil.py)
+            with timer.part("pending"):  # GPU work the step left queued, so it is not billed below
                 settle_gpu(self.engine.device)
             if self.push is None and self.push_sources:  # ZeRO-1/2 sharded: rank 0 sends alone
                 return None
-            with self.clock.timed("push_send"):  # the ZeRO-3 gathers and the copies or sends, settled
+            with timer.part("send"):  # the ZeRO-3 gathers and the copies or sends, settled
                 if self.push is not None:
                     handle = self.push.send_weights(self.engine, version)
                 else:
                     for _ in self.engine.named_parameters_for_push():
                         pass
                 settle_gpu(self.engine.device)
-            waited = getattr(self.push, "waited_s", None)  # push_wait: a part of push_send
-            if waited is not None:
-                self.clock.add("push_wait", waited)
-            with self.clock.timed("push_release"):
+            timer.transfer(self.push)  # push_wait: a part of push_send
+            with timer.part("release"):
                 hand_back_gpu_memory(self.share_gpu)  # the gathered buckets
         return handle
 

@@ -34,6 +34,7 @@ from stabledrl.common.actor_setup import hand_back_gpu_memory, setup_actor_proce
 from stabledrl.common.sandbox.scorer import RewardScorer
 from stabledrl.common.tasks import Row, build_task
 from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+from stabledrl.common.transport.clocks import STAGE, PushTimer
 from stabledrl.common.types import EvalResult, PromptRequest, RolloutResult, WorkerInfo
 from stabledrl.rollout.engine import TorchRolloutEngine
 from stabledrl.rollout.evaluate import evaluate
@@ -56,7 +57,7 @@ class RolloutWorker:
     ) -> None:
         t0 = time.perf_counter()
         self.share_gpu = share_gpu  # cluster.colocate: a learner rank trains on this GPU between requests
-        self.clock = ActorClock(background=BACKGROUND)
+        self.clock = ActorClock(background=BACKGROUND + STAGE)
         self.index = index
         self.device = setup_actor_process()
         policy, self.tokenizer = load_policy(model, device=self.device)
@@ -130,14 +131,11 @@ class RolloutWorker:
         (rollout/engine.py). Returns the version staged."""
         if self.push is None:
             raise RuntimeError(f"rollout worker {self.index}: setup_weight_push was never called")
-        with self.clock.timed("push_stage"):
+        timer = PushTimer(self.clock)
+        with timer.part("stage"):
             version = self.engine.stage_weights(self.push, handle, partial=self.partial_push, keep_order=keep_order,
                                                 timeout_s=self.push.cfg.timeout_s)
-        waited = getattr(self.push, "waited_s", None)  # a collective push's wait for the sender's first byte
-        if waited is not None:
-            self.clock.add("push_stage_wait", waited)
-        for part, seconds in (getattr(self.push, "parts_s", None) or {}).items():  # a pull's parts
-            self.clock.add(f"push_stage_{part}", seconds)
+        timer.transfer(self.push, "stage")  # the wait for the sender's first byte; a pull's parts
         return version
 
     def receive_weights(self, handle: WeightHandle) -> int:
@@ -145,7 +143,7 @@ class RolloutWorker:
         staged copy where ``stage_weights`` received it, else received now. Returns the version held."""
         if self.push is None:
             raise RuntimeError(f"rollout worker {self.index}: setup_weight_push was never called")
-        with self.clock.timed("push_receive"):
+        with PushTimer(self.clock).part("receive"):
             version = self.engine.update_weights(self.push, handle, partial=self.partial_push)
         hand_back_gpu_memory(self.share_gpu)
         return version

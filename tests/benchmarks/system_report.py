@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for a script run from anywhere
-from stabledrl.common.actor_time import BACKGROUND, PUSH_PARTS, TRAIN_PARTS  # noqa: E402
+from stabledrl.common.actor_time import BACKGROUND, TRAIN_PARTS  # noqa: E402
+from stabledrl.common.transport.clocks import PUSH_PARTS, STAGE  # noqa: E402
 
 
 def read_gpu_samples(path: str) -> list[tuple[float, int, float, float]]:
@@ -150,7 +151,7 @@ def check(figures: dict[str, Any]) -> list[str]:
             problems.append(f"{name}: no wall time")
         if a["idle_s"] < 0 or a["idle_s"] > a["wall_s"] + 1e-6:
             problems.append(f"{name}: idle {a['idle_s']:.3f} s outside [0, wall {a['wall_s']:.3f} s]")
-        main = busy - sum(v for k, v in a["seconds"].items() if k in BACKGROUND + PUSH_PARTS + TRAIN_PARTS)
+        main = busy - sum(v for k, v in a["seconds"].items() if k in BACKGROUND + STAGE + PUSH_PARTS + TRAIN_PARTS)
         if main > a["wall_s"] * 1.001 + 1e-3:
             problems.append(f"{name}: main-thread busy {main:.3f} s exceeds wall {a['wall_s']:.3f} s")
         if abs(main + a["idle_s"] - a["wall_s"]) > max(1e-3, 1e-3 * a["wall_s"]) and main <= a["wall_s"]:
