@@ -264,8 +264,8 @@ class LearnerEngine:
                 continue
             part, size = getattr(p, "ds_tensor", None), partition_numel(p.ds_numel, sources)
             if part is None or part.numel() != size:
-                raise RuntimeError(f"weight push: {name} has no ZeRO-3 partition of {size} elements in memory; "
-                                   "set weights.source: gather")
+                raise RuntimeError(f"weight push: {name} has no ZeRO-3 partition of {size} elements in memory, "
+                                   "which the sharded push reads where it lies")
             yield name, tuple(p.ds_shape), part.detach().reshape(-1)
 
     def state_dict_for_push(self, all_ranks: bool = False) -> Optional[dict[str, torch.Tensor]]:

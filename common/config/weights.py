@@ -1,11 +1,19 @@
 """The weight push's config section (``weights``); the transports are in common/transport/."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from stabledrl.common.config.base import MAX_SECONDS, StrictModel
+
+
+# options that are gone, with what to do instead (a config that sets one is refused, saying so)
+REMOVED = {
+    "source": "every push that can read the learner ranks' partitions where they lie does so (each ZeRO-3 "
+              "rank sends its own; ZeRO-1/2: rank 0 its whole parameters), and the others gather (the object "
+              "store, a merged LoRA push, LoRA over ipc); delete weights.source",
+}
 
 
 class WeightPushConfig(StrictModel):
@@ -15,8 +23,8 @@ class WeightPushConfig(StrictModel):
         "auto",
         description="auto = when the learner ranks and rollout workers have GPUs (cluster.*.num_gpus) of their "
         "own: peer for a push group whose members all run on the learner's host, where the push sends each rank's "
-        "own partitions in the learner's dtype (weights.source shards, dtype keep; a LoRA job's adapters too, not "
-        "its merged push), the nccl broadcast "
+        "own partitions in the learner's dtype (weights.dtype keep; a LoRA job's adapters too, not its merged "
+        "push), the nccl broadcast "
         "otherwise, chosen again each time the group is rebuilt (a worker added on another host; a pull that "
         "fails makes the push again over nccl, and nccl from then on); with "
         "cluster.colocate on GPUs, ipc where rank and worker take turns "
@@ -30,15 +38,9 @@ class WeightPushConfig(StrictModel):
     timeout_s: float = Field(300.0, gt=0.0, le=MAX_SECONDS, description="longest any one wait of a transfer may take")
     bucket_mb: float = Field(512.0, gt=0.0, description="broadcast bucket size in MiB (one flat byte buffer each)")
     dtype: Literal["keep", "bf16", "fp16", "fp32"] = Field(
-        "keep", description="dtype on the wire; keep = the learner's parameter dtype (bf16 on GPU)"
-    )
-    source: Literal["shards", "gather"] = Field(
-        "shards", description="collective pushes: shards = every learner rank broadcasts its own ZeRO-3 partition "
-        "of each parameter straight from the learner's memory and the workers put the full parameters together "
-        "(ZeRO-1/2: learner rank 0 broadcasts its parameters as they lie); gather = learner rank 0 gathers the "
-        "full parameters (the ZeRO-3 all-gather) and packs them into buckets first (the earlier path). LoRA jobs "
-        "always gather. ipc under ZeRO-3: shards = each rank copies its own partitions into its buffer and one "
-        "all-gather over the learner's ranks fills every rank's buffer; gather = every rank gathers through DeepSpeed"
+        "keep", description="dtype on the wire; keep = the learner's parameter dtype (bf16 on GPU). bf16 or fp16 "
+        "halves the bytes of each push of a learner that trains in fp32 (learner.deepspeed.dtype fp32) to workers "
+        "that sample in 16 bits; the workers then sample the learner's weights rounded"
     )
     ipc: Literal["auto", "view", "copy"] = Field(
         "auto", description="the ipc push: view = the rollout worker's parameters become views of its learner rank's "
@@ -56,6 +58,13 @@ class WeightPushConfig(StrictModel):
         "the request a worker is running (costs one more copy of the weights in the worker's memory); false: the "
         "worker receives between requests and the push waits for it"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_removed(cls, data: Any) -> Any:
+        for key in sorted(REMOVED.keys() & (data.keys() if isinstance(data, dict) else set())):
+            raise ValueError(f"weights.{key} was removed: {REMOVED[key]}")
+        return data
 
     @property
     def collective(self) -> bool:

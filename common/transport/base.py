@@ -6,7 +6,7 @@
   its own between learner rank 0 (rank 0) and the rollout workers (ranks 1..N), apart from the
   learner's default group; the weights go out as flat byte buckets, loaded bucket by bucket.
   NCCL on GPU; gloo runs the same code on CPU (that is how the tests exercise it). Sharded
-  (``weights.source: shards``, common/transport/shards.py): the group's first ranks are the learner
+  (common/transport/shards.py): the group's first ranks are the learner
   ranks that hold partitions (every ZeRO-3 rank; ZeRO-1/2: rank 0), each broadcasting its own
   (``send_shards``), and the workers put the parameters together.
 - ``ipc`` (common/transport/ipc.py; ``weights.ipc: view``, common/transport/views.py): each worker

@@ -29,7 +29,7 @@ the last collective of a transfer is waited for on the host, with the transfer's
 before it are bounded by the group's own timeout (NCCL's watchdog aborts a stuck collective).
 Memory: two buckets on each end (2 x ``bucket_mb``).
 
-That is the gathered push (``weights.source: gather``: ``send``). The sharded one (``send_shards``,
+That is the gathered push (``send``: a merged LoRA push, a ZeRO-1/2 learner's rank 0). The sharded one (``send_shards``,
 ``sources`` S >= 1: ranks 0..S-1 are learner ranks, the receivers follow) publishes one plan per
 version instead of per-bucket metadata and sends each learner rank's partitions from where they lie;
 its wire format and the receivers' reassembly are in common/transport/shards.py.

@@ -27,7 +27,7 @@ it read (possible only when rank and worker do not take turns, which the config 
 the receive, naming both versions, instead of loading a mix. A worker on another device than its
 rank (CUDA: the GPUs' UUIDs differ) is refused with the fix.
 
-ZeRO-3 over several ranks (``weights.source: shards``, ``send_shards``): gathering every
+ZeRO-3 over several ranks (``send_shards``): gathering every
 parameter through DeepSpeed before copying it cost 2.6 s a push at LLaDA's width with 8 layers on
 2 ranks (the push's ``push_send`` part, BENCHMARKS.md). Instead each rank copies its own ZeRO-3
 partitions (common/transport/shards.py: rank r holds elements [r·p, (r+1)·p) of every parameter,

@@ -15,9 +15,9 @@ The rules, in the order ``plan_push`` applies them:
    broadcast when every learner rank and rollout worker holds a GPU (the actors' resources, not
    this process's devices), else the object store. ipc: the worker views its rank's parameters in
    place (``weights.ipc`` view) where it can (``views`` is None), else copies them.
-2. sources. The learner ranks that send their own partitions (``weights.source: shards``): every
-   ZeRO-3 rank or rank 0 alone for a collective push; under ipc every ZeRO-3 rank of several. 0:
-   learner rank 0 gathers the full parameters and sends them. A LoRA learner's adapters travel as
+2. sources. The learner ranks that send their own partitions, read where they lie: every ZeRO-3
+   rank or rank 0 alone for a collective push; under ipc every ZeRO-3 rank of several. 0 (the
+   object store): learner rank 0 gathers the full parameters and sends them. A LoRA learner's adapters travel as
    the parameters do; its merged matrices (W + s·B·A of gathered parameters), or any LoRA push over
    ipc, gather.
 3. one host. ``auto``'s broadcast, sharded and in the learner's dtype, becomes the peer pull for a
@@ -119,7 +119,7 @@ def plan_push(inputs: PushInputs, one_host: bool = False, peer_failed: bool = Fa
 def _sources(transport: WeightPushConfig, learner: LearnerConfig) -> int:
     """Rule 2 for a resolved ``transport``: the learner ranks that send their own partitions."""
     lora = learner.lora
-    if transport.source != "shards" or (lora is not None and (lora.push != "adapters" or transport.backend == "ipc")):
+    if lora is not None and (lora.push != "adapters" or transport.backend == "ipc"):
         return 0
     zero3 = learner.deepspeed.zero_stage == 3
     if transport.backend == "ipc":  # one all-gather fills each rank's buffer (common/transport/ipc.py)

@@ -1,4 +1,4 @@
-"""The sharded weight push (``weights.source: shards``): every learner rank that holds a part of
+"""The sharded weight push (common/transport/plan.py, rule 2): every learner rank that holds a part of
 the weights broadcasts that part straight from where it lies, and each receiver puts the full
 parameters together.
 

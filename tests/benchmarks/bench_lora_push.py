@@ -24,7 +24,7 @@ measurement): a ``LearnerEngine`` (1 rank, ZeRO-3) with LoRA at LLaDA-8B's shape
 yields, and the receiver's seconds to load them (a ParameterLoader: for adapters into the
 adapters a worker holds unmerged), median of ``--reps`` after a warm-up; the adapters' receiver
 ends holding the learner's A and B bit for bit. Then ``adapters_shards``: the adapters through the
-sharded push's learner end (``weights.source: shards``: every rank's partitions of A and B, no
+sharded push's learner end (every rank's partitions of A and B, no
 gather, packed into the rounds' segments) and the worker's assembly. The wire time is not included
 (the bytes set it: bench_push.py measures the broadcast).
 
@@ -74,7 +74,7 @@ def same_adapters(held: dict | None, engine) -> bool | None:
 
 
 def adapters_sharded(engine, receiver, a: argparse.Namespace, dev: torch.device, res, held: dict) -> None:
-    """``adapters_shards``: the learner's end of the sharded push (``weights.source: shards``) of the
+    """``adapters_shards``: the learner's end of the sharded push of the
     adapters, without the wire: this rank's partitions of every A and B (no gather), the plan's
     rounds (512 MB), each round's segment as it lies or packed; the worker puts each round
     together into the adapters it holds (``shards.assemble``)."""

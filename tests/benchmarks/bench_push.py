@@ -25,9 +25,9 @@ broadcast of the same bytes from rank 0 to the receivers in the same run:
 
 raw              the full parameters' bytes as broadcasts of one bucket (``--bucket-mb``) from
                  GPU 0 to the receivers (their own group)
-push_gather      ``weights.source: gather`` (before): every learner rank takes part in the ZeRO-3
+push_gather      the gathered push (a merged LoRA push's path): every learner rank joins the ZeRO-3
                  gathers, rank 0 packs the gathered tensors into buckets and broadcasts them
-push_shards      ``weights.source: shards`` (after): every learner rank holding partitions (ZeRO-3:
+push_shards      the sharded push (the job's): every learner rank holding partitions (ZeRO-3:
                  all L; ZeRO-1/2: rank 0) broadcasts them straight from the engine's memory to the
                  receivers (one group of the sources and the receivers), which put the parameters
                  together
@@ -398,7 +398,7 @@ def engine_main(a: argparse.Namespace) -> None:
             generating = STAGED.get(base, False)
             source = "gather" if base == "gather" else "shards"
             cfg = WeightPushConfig(backend="peer" if base in PEER else backend, timeout_s=a.timeout_s,
-                                   bucket_mb=float(mode_mb or bucket_mb), source=source)
+                                   bucket_mb=float(mode_mb or bucket_mb))
             s = sources if source == "shards" else 0
             first = max(s, 1)
             member = (rank < first) if learner else True

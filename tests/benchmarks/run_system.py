@@ -66,7 +66,6 @@ VARIANTS = {
     "variant_prefetch_5e7": ["learner.deepspeed.prefetch_bucket_size=50000000"],
     "variant_micro_batch_32": ["algorithm.micro_batch_size=32"],
     "variant_draw_batch_1": ["estimator.draw_batch=1"],
-    "variant_push_gather": ["weights.source=gather"],  # rank 0 gathers every parameter, then sends
 }
 DEFAULT_PARTS = ("ckpt_llada,matmul,push,engine_llada,system_llada,lora_llada,ckpt_sdar,system_trado,"
                  "variant_prefetch_5e7,variant_micro_batch_32")

@@ -1,5 +1,5 @@
-"""The sharded push of a LoRA job's adapters (``learner.lora.push: adapters`` with ``weights.source:
-shards``): 2 learner ranks of a real DeepSpeed ZeRO-3 engine with LoRA (CPU, gloo) each broadcast
+"""The sharded push of a LoRA job's adapters (``learner.lora.push: adapters``, sharded as
+the plan decides): 2 learner ranks of a real DeepSpeed ZeRO-3 engine with LoRA (CPU, gloo) each broadcast
 their own partitions of every adapted module's A and B, nothing gathered, to a receiver that puts
 them together into the adapters its rollout engine holds unmerged (common/models/lora.py). What it
 holds equals the learner's adapters, bit for bit, and its base weights stay as loaded, after two

@@ -1,4 +1,4 @@
-"""The sharded weight push end to end (``weights.source: shards``): 3 learner ranks of a real
+"""The sharded weight push end to end: 3 learner ranks of a real
 DeepSpeed ZeRO-3 engine (CPU, gloo) each broadcast their own partitions, straight from the
 engine's memory, to a receiver that puts the full parameters together through its rollout engine;
 what it holds equals the full weights gathered by DeepSpeed, bit for bit. With 3 ranks and the
@@ -6,7 +6,7 @@ tiny model's sizes (64, 97·64, 64·64, 32·64, ...) most element counts do not 
 last partitions carry padding; the input and output embeddings are tied (one parameter, one name);
 parameters under 2,000 elements (the norms) stay gathered (ZeRO-3's persistent ones), the others not.
 The learner end is ``LearnerWorker``'s own set-up and push; the same group also carries the
-earlier path (rank 0 gathers: ``weights.source: gather``) for comparison. Both run again over the
+gathered path (rank 0 gathers, as a merged LoRA push does) for comparison. Both run again over the
 pull push (``weights.backend: peer``): the receiver reads each rank's buffer instead."""
 from __future__ import annotations
 
@@ -133,13 +133,11 @@ def test_three_zero3_ranks_push_their_partitions_and_the_receiver_holds_the_gath
 
 
 @pytest.mark.parametrize("backend", ["gloo", "peer"])
-def test_the_gather_path_stays_selectable(cluster, backend):
+def test_the_gathered_path_of_a_zero3_learner_delivers_the_same_weights(cluster, backend):
+    """Rank 0 gathers and sends (sources 0), the path of a merged LoRA push and of the object store."""
     learners, receiver = cluster
-    cfg = WeightPushConfig(backend=backend, timeout_s=60, bucket_mb=0.05, source="gather")
-    zero3 = LearnerConfig(num_ranks=RANKS, deepspeed=DeepSpeedConfig(zero_stage=3))
-    sources = plan_push(PushInputs(cfg, zero3)).sources
-    assert sources == 0
-    setup(cluster, cfg, sources)
+    cfg = WeightPushConfig(backend=backend, timeout_s=60, bucket_mb=0.05)
+    setup(cluster, cfg, 0)
     version = 20 if backend == "gloo" else 30
     ray.get([a.train_once.remote(version) for a in learners])
     t0 = time.perf_counter()

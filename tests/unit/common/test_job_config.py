@@ -189,3 +189,13 @@ def test_colocated_workers_view_their_ranks_parameters_where_they_can(tmp_path):
         with pytest.raises(ConfigError, match=rf"weights.ipc 'view' .*: .*{why}"):
             load_job_config(path, [*gpus, *overrides, "weights.ipc=view"])
     assert planned(load_job_config(path, [*gpus, *bf16, "weights.ipc=copy"])).ipc == "copy"
+
+
+@pytest.mark.parametrize("value", ["shards", "gather"])
+def test_a_removed_weights_option_is_refused_naming_what_to_do(tmp_path, value):
+    """weights.source is gone (the plan reads partitions where they lie wherever it can): a config
+    that still sets it fails before any actor starts, naming the field and what to do."""
+    with pytest.raises(ConfigError, match=r"weights: weights.source was removed: .*; delete weights.source"):
+        load_job_config(write(tmp_path, GOOD), [f"weights.source={value}"])
+    with pytest.raises(ConfigError, match=r"weights.source was removed"):
+        load_job_config(write(tmp_path, {**GOOD, "weights": {"backend": "gloo", "source": value}}))

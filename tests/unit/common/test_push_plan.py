@@ -25,7 +25,6 @@ def test_the_sending_ranks_follow_the_zero_stage_the_transport_and_the_lora_push
     assert sources(nccl, learner(2)) == 1  # ZeRO-1/2: rank 0 holds it all
     assert sources(nccl, learner(3, lora_push="merged")) == 0  # merged LoRA pushes gather
     assert sources(nccl, learner(3, lora_push="adapters")) == 3  # the adapters' partitions
-    assert sources(nccl.model_copy(update={"source": "gather"}), learner(3)) == 0
     assert sources(WeightPushConfig(backend="object_store"), learner(3)) == 0
     ipc = WeightPushConfig(backend="ipc")  # every ZeRO-3 rank fills its own buffer through one all-gather
     assert sources(ipc, learner(3)) == 3
@@ -34,7 +33,6 @@ def test_the_sending_ranks_follow_the_zero_stage_the_transport_and_the_lora_push
     assert sources(ipc, learner(3, lora_push="merged")) == 0
     assert sources(ipc, learner(3, lora_push="adapters")) == 0  # ipc: LoRA pushes gather
     assert sources(nccl, learner(2, lora_push="adapters")) == 1  # ZeRO-2: rank 0's whole A, B
-    assert sources(ipc.model_copy(update={"source": "gather"}), learner(3)) == 0
     # auto resolves first, and the rule reads the resolved transport
     assert plan_push(PushInputs(WeightPushConfig(), learner(3), gpus=True)).sources == 3
     assert plan_push(PushInputs(WeightPushConfig(), learner(3), gpus=False)).sources == 0  # the object store
@@ -52,8 +50,6 @@ def test_auto_offers_the_peer_pull_for_groups_on_one_host_only_where_it_costs_no
     chosen = PushInputs(WeightPushConfig(backend="nccl"), learner(3), gpus=True)
     assert plan_push(chosen, one_host=True).backend == "nccl" and not plan_push(chosen).by_host
     assert plan_push(PushInputs(WeightPushConfig(), learner(3)), one_host=True).backend == "object_store"  # no GPUs
-    gathered = PushInputs(WeightPushConfig(source="gather"), learner(3), gpus=True)
-    assert plan_push(gathered, one_host=True).backend == "nccl"  # a whole copy on rank 0's GPU
     bf16 = PushInputs(WeightPushConfig(dtype="bf16"), learner(3), gpus=True)
     assert plan_push(bf16, one_host=True).backend == "nccl"
     for push, backend in (("adapters", "peer"), ("merged", "nccl")):
