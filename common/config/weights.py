@@ -49,8 +49,9 @@ class WeightPushConfig(StrictModel):
         "ZeRO-3 over several ranks all-gathers every parameter into one buffer per rank, which the worker's "
         "parameters view); needs the worker's model.dtype equal to the learner's parameter dtype, full-parameter "
         "training (no learner.lora), weights.dtype keep and no parameter offload. copy = every rank copies its "
-        "weights into a buffer of its own and the worker copies them into its model (three copies on the GPU). "
-        "auto = view where it can, else copy"
+        "weights into a buffer of its own and the worker copies them into its model (three copies on the GPU): "
+        "set it where the first push refuses a view (its error says so: a learner parameter that is not one "
+        "contiguous run, a worker that cannot bind views). auto = view where the config allows it, else copy"
     )
     staging: bool = Field(
         True, description="broadcast and peer pushes: each rollout worker receives the new version into a second "
