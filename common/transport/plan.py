@@ -31,13 +31,11 @@ The rules, in the order ``plan_push`` applies them:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import Literal, Optional
 
+from stabledrl.common.config.job import JobConfig
 from stabledrl.common.config.learner import LearnerConfig, LoraConfig
 from stabledrl.common.config.weights import WeightPushConfig
-
-if TYPE_CHECKING:  # the job's config is read by ``PushInputs.of`` only
-    from stabledrl.common.config.job import JobConfig
 
 PULL = "peer"  # auto's transport for a group on one host
 
@@ -55,7 +53,7 @@ class PushInputs:
     keep_order: bool = False  # in-order runs: a staged version is never replaced before it is applied
 
     @classmethod
-    def of(cls, cfg: "JobConfig") -> "PushInputs":
+    def of(cls, cfg: JobConfig) -> "PushInputs":
         c = cfg.cluster
         gpus = c.learner.num_gpus > 0 and c.rollout.num_gpus > 0
         return cls(cfg.weights, cfg.learner, gpus, c.colocate, cfg.in_turns, cfg.ipc_view_problem(gpus),

@@ -54,6 +54,22 @@ class RefusingLearner(harness.InspectedLearner):
             self.push.buffer.send_shards = refused
 
 
+def test_a_jobs_record_reports_every_part_of_its_pushes_once_per_actor_and_as_time_push(broadcast):
+    """The push's clocks (common/transport/clocks.py): each learner rank's parts and the wait its
+    transport measured, each worker's staging and its wait, per actor, and ``time/push/<part>`` the
+    slowest actor's."""
+    history = broadcast["driver"].history
+    timed = [r for r in history if "time/push/total" in r]
+    assert timed, history[-1].keys()
+    for part in ("pending", "send", "wait", "release", "stage", "stage_wait"):
+        assert any(f"time/push/{part}" in r for r in timed), part
+    for record in timed:
+        for part in ("send", "wait"):
+            keys = [f"time/learner{k}/push_{part}" for k in range(2)]
+            ends = [record[key] for key in keys if key in record]
+            assert ends and record[f"time/push/{part}"] == max(ends), (part, record)
+
+
 def test_workers_pulling_from_zero3_ranks_train_exactly_as_the_broadcast(broadcast, tmp_path):
     pulled = run(config(tmp_path / "peer", False, "peer", **JOB), harness.InspectedRollout)
     assert [p["push_sources"] for p in pulled["before"][0]] == [2, 2]  # both ranks offer their partitions
