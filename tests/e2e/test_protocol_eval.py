@@ -141,7 +141,13 @@ def test_pass_at_1_is_the_hand_computed_value_and_a_rerun_skips_what_is_graded(t
     assert len(keys) == len(set(keys)) == (5 + 2 + 1 + 2) * 2  # every prompt at every length, once
 
     (out / "results.jsonl").write_text("".join(lines[:7]) + lines[7][:30])  # killed while writing line 8
-    again = protocol_command(cfg, cfg.eval.protocol, out=str(out), workers=2, loader=forced_loader(answers))
+    from stabledrl.common.job_log import show_log
+
+    undo = show_log()  # the job's lines on stdout, as the CLI shows them
+    try:
+        again = protocol_command(cfg, cfg.eval.protocol, out=str(out), workers=2, loader=forced_loader(answers))
+    finally:
+        undo()
     assert "13 to go" in capsys.readouterr().out
     relines = (out / "results.jsonl").read_text().splitlines(keepends=True)
     assert relines[:7] == lines[:7] and len(relines) == len(lines)  # the graded 7 were kept, not sampled again
