@@ -209,6 +209,25 @@ RUN_PEERS: dict[str, PeerSuite] = {
               "--peer-cycles", "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5",
               "--part-timeout-s", "360"),
         tiny=("--cycles", "1", "--part-timeout-s", "400")),  # the rehearsal: one timed step, one round
+    # the budget's pair again with a longer window for the recipe's rate (its memory run's 5 steps cut to 4 to
+    # leave room for the release's), and the recipe with the shipped fast paths (Fast-dLLM's dual cache,
+    # threshold decoding 0.9; deploy/configs/llada8b_1node.yaml) against the release in the same command
+    "depth-runs-stabledrl": PeerSuite(
+        "the StableDRL pair at 24 of LLaDA-8B's 32 layers: the recipe as committed (a warm-up step and 3 timed), "
+        "then the release (a warm-up round and one timed); --loops peer,release_sampler for the other order. "
+        "One H200, one command of at most 10 minutes",
+        shape="llada8b-24l",
+        args=("--pairs", "stabledrl", "--layers", "24", "--loops", "release_sampler,peer", "--cycles", "3",
+              "--peer-cycles", "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5",
+              "--part-timeout-s", "330"),
+        tiny=("--cycles", "1", "--part-timeout-s", "400")),
+    "depth-fast-stabledrl": PeerSuite(
+        "the StableDRL pair at 24 of LLaDA-8B's 32 layers: the release (a warm-up round and one timed), then the "
+        "recipe with the fast paths (a warm-up step and 3 timed). One H200, one command of at most 10 minutes",
+        shape="llada8b-24l",
+        args=("--pairs", "stabledrl", "--layers", "24", "--loops", "peer,fast", "--cycles", "3", "--peer-cycles",
+              "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5", "--part-timeout-s", "330"),
+        tiny=("--cycles", "1", "--part-timeout-s", "400")),
     "depth-budget-d1": PeerSuite(
         "d1's pair at its full 32 layers (LoRA fits one GPU): the release then the recipe as committed, a "
         "warm-up and 2 timed cycles each. One H200, one command of at most 10 minutes",

@@ -156,7 +156,8 @@ def test_the_other_system_suites(name, job, tmp_path):
 
 
 @pytest.mark.parametrize("name, pair", [("stabledrl", "stabledrl"), ("d1", "d1"),
-                                        ("depth-budget-stabledrl", "stabledrl"), ("depth-budget-d1", "d1")])
+                                        ("depth-budget-stabledrl", "stabledrl"), ("depth-runs-stabledrl", "stabledrl"),
+                                        ("depth-fast-stabledrl", "stabledrl"), ("depth-budget-d1", "d1")])
 def test_the_peer_suites(name, pair, tmp_path):
     """The peer driver with a fake peer of known timings (the releases' code is never part of the
     project), then the project's loops of the suite through the system benchmark at the tiny LLaDA
