@@ -118,7 +118,7 @@ class LearnerWorker:
         v_l the batch trains at; the returned ``learner/staleness_max`` is measured here, from the
         samples' own stamps, as an independent check of the coordinator's bound."""
         t0 = time.perf_counter()
-        if hasattr(self.push, "begin_update"):  # a worker that views these parameters must not read them now
+        if self.push is not None:  # a worker that views these parameters must not read them now
             self.push.begin_update()
         optimizer_s = self.engine.optimizer_s
         try:

@@ -105,9 +105,8 @@ class RolloutWorker:
     def _check_turn(self, when: str) -> None:
         """``weights.ipc: view``: the learner rank's parameters this worker reads in place are still
         the version it holds (common/transport/views.py); a no-op for the other transports."""
-        check = getattr(self.push, "check_turn", None)
-        if check is not None:
-            check(self.engine.policy_version, when)
+        if self.push is not None:
+            self.push.check_turn(self.engine.policy_version, when)
 
     # ---- weights --------------------------------------------------------------------------
     def setup_weight_push(self, cfg: WeightPushConfig, *, partial: bool = False, lora: Optional[LoraConfig] = None,

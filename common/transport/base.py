@@ -81,10 +81,19 @@ class WeightPush(Protocol):
     def close(self) -> None:
         """Release the transport (before a new one replaces it)."""
 
+    def begin_update(self) -> None:
+        """A learner rank with an end, before it changes its parameters. Only a transport whose workers
+        read the rank's parameters in place (``weights.ipc: view``) acts: it marks them as changing."""
+
+    def check_turn(self, version: int, when: str) -> None:
+        """A rollout worker, ``before`` and ``after`` each request: the weights it reads are still
+        ``version``'s. Only the in-place views can fail it (the rank changed them under the worker)."""
+
 
 class SendsWeights:
-    """``send_weights`` of a transport that sends gathered tensors (``send``) or, with ``sources``
-    S >= 1 sending ranks, this rank's own partitions (``send_shards``)."""
+    """What every transport shares: ``send_weights`` for one that sends gathered tensors (``send``)
+    or, with ``sources`` S >= 1 sending ranks, this rank's own partitions (``send_shards``); the turn
+    hooks, which only the in-place views fill (common/transport/views.py)."""
 
     sources: int = 0
 
@@ -92,6 +101,12 @@ class SendsWeights:
         if self.sources:
             return self.send_shards(source.partitions_for_push(self.sources), version)  # type: ignore[attr-defined]
         return self.send(source.named_parameters_for_push(all_ranks=True), version)  # type: ignore[attr-defined]
+
+    def begin_update(self) -> None:  # the weights leave the rank as copies: nothing reads them in place
+        pass
+
+    def check_turn(self, version: int, when: str) -> None:  # the worker holds its own copy
+        pass
 
 
 class ParameterLoader:

@@ -1,6 +1,8 @@
 """The transport interface (common/transport/base.py): every transport is built by
-``setup_weight_push`` and has ``send_weights`` (a learner rank), ``receive`` (a rollout worker) and
-``close``; ``send_weights`` reads the learner's weights the way the transport sends them."""
+``setup_weight_push`` and has ``send_weights`` (a learner rank), ``receive`` (a rollout worker),
+``close`` and the turn hooks (``begin_update``, ``check_turn``: acting only where the worker reads the
+rank's parameters in place); ``send_weights`` reads the learner's weights the way the transport sends
+them."""
 from __future__ import annotations
 
 import torch
@@ -32,8 +34,19 @@ class Source:
 
 
 def test_every_transport_fills_the_interface():
+    hooks = ("send_weights", "receive", "close", "begin_update", "check_turn")
     for cls in (ObjectStorePush, BroadcastPush, PeerPush, IpcPush, ViewPush):
-        assert all(callable(getattr(cls, name, None)) for name in ("send_weights", "receive", "close")), cls
+        assert all(callable(getattr(cls, name, None)) for name in hooks), cls
+    # only the views act on a turn: a copying transport's worker holds its own weights whatever the rank does
+    for cls in (ObjectStorePush, BroadcastPush, PeerPush, IpcPush):
+        assert cls.begin_update is SendsWeights.begin_update and cls.check_turn is SendsWeights.check_turn, cls
+    assert ViewPush.begin_update is not SendsWeights.begin_update and ViewPush.check_turn is not SendsWeights.check_turn
+    copying = setup_weight_push(WeightPushConfig(backend="ipc", ipc="copy"))
+    try:
+        copying.begin_update()
+        copying.check_turn(7, "after")  # any version: nothing is read in place
+    finally:
+        copying.close()
 
 
 def test_a_gathered_push_reads_the_full_parameters_and_the_worker_loads_them():
