@@ -85,3 +85,19 @@ def labelled(prefix: str) -> Iterator[None]:
     finally:
         for handler in handlers:
             handler.setFormatter(_format())
+
+
+@contextmanager
+def attached(handler: logging.Handler) -> Iterator[logging.Handler]:
+    """``handler`` receives the ``stabledrl`` loggers' records, INFO and above (whatever its own
+    level lets through), while the block runs; the logger's level is restored after. What a caller
+    that reads the job's lines itself attaches: a benchmark printing them, a test collecting them."""
+    logger = logging.getLogger(ROOT)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

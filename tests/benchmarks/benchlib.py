@@ -155,17 +155,13 @@ def log(msg: str) -> None:
 @contextlib.contextmanager
 def job_log_shown() -> Iterator[None]:
     """A job's own lines (the ``stabledrl`` loggers) on stdout, stamped as ``log`` stamps them."""
-    logger, handler = logging.getLogger("stabledrl"), logging.StreamHandler(sys.stdout)
+    from stabledrl.common.job_log import attached
+
+    handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
     handler.setLevel(logging.INFO)
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with attached(handler):
         yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 # ---- models ---------------------------------------------------------------------------------

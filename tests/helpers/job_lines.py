@@ -7,6 +7,8 @@ import re
 from contextlib import contextmanager
 from typing import Iterator
 
+from stabledrl.common.job_log import attached
+
 
 class _Lines(logging.Handler):
     def __init__(self, lines: list[str]) -> None:
@@ -20,15 +22,8 @@ class _Lines(logging.Handler):
 @contextmanager
 def job_lines() -> Iterator[list[str]]:
     lines: list[str] = []
-    logger, handler = logging.getLogger("stabledrl"), _Lines(lines)
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with attached(_Lines(lines)):
         yield lines
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
 
 
 class _Stop(logging.Handler):
@@ -44,12 +39,5 @@ class _Stop(logging.Handler):
 @contextmanager
 def stop_at(pattern: str) -> Iterator[None]:
     """While the block runs, the first job line that matches ``pattern`` stops the job as Ctrl-C would."""
-    logger, handler = logging.getLogger("stabledrl"), _Stop(pattern)
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with attached(_Stop(pattern)):
         yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
