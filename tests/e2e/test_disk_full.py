@@ -23,38 +23,24 @@ import harness  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 
+# tests/helpers: full_disk.FillingFile, a file whose writes past its room raise OSError(ENOSPC)
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+
 # Run first in the writer's child process (a ``sitecustomize`` on its path): from the second save on,
 # every file it opens for writing takes 4 KB, then the disk is full.
-FULL_DISK = """
-import builtins, errno, os
+FULL_DISK = f"""
+import builtins, sys
+
+sys.path.append({str(HELPERS)!r})
+from full_disk import FillingFile
 
 _open = builtins.open
-
-
-class _Full:
-    def __init__(self, f):
-        self.f, self.taken = f, 0
-
-    def write(self, data):
-        if self.taken + len(data) > 4096:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self.taken += len(data)
-        return self.f.write(data)
-
-    def __getattr__(self, name):
-        return getattr(self.f, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.f.close()
 
 
 def _filling_open(file, mode="r", *args, **kwargs):
     f = _open(file, mode, *args, **kwargs)
     name = str(file)
-    return _Full(f) if "w" in mode and name.endswith(".tmp") and "/step1/" not in name else f
+    return FillingFile(f, 4096) if "w" in mode and name.endswith(".tmp") and "/step1/" not in name else f
 
 
 builtins.open = _filling_open

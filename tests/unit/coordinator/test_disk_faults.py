@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -20,33 +19,14 @@ from stabledrl.coordinator.runtime.episode_io import save_episodes
 from stabledrl.learner.async_checkpoint import (
     CheckpointWriteError, disk_cause, marker_name, write_file,
 )
+from full_disk import FillingFile
 
 STATE = {"w": torch.randn(64, 64), "b": torch.randn(64)}
 
 
 def filling_opener(code: int = errno.ENOSPC, after: int = 6038):
     """open() whose file takes ``after`` bytes, then raises OSError(code) on every write."""
-
-    class Full:
-        def __init__(self, path, mode):
-            self.f, self.taken = open(path, mode), 0
-
-        def write(self, data):
-            if self.taken + len(data) > after:
-                raise OSError(code, os.strerror(code))
-            self.taken += len(data)
-            return self.f.write(data)
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-    return Full
+    return lambda path, mode: FillingFile(open(path, mode), after, code)
 
 
 @pytest.mark.parametrize(
