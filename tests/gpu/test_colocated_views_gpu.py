@@ -13,7 +13,6 @@ copying worker at least the weights' bytes.
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from stabledrl.coordinator.driver import Driver  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import harness  # noqa: E402  (the test workers the e2e tests share)
 from harness import InspectedLearner, InspectedRollout  # noqa: E402
+from gpu_ray import local_gpu_ray  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -59,14 +59,8 @@ def job_config(output_dir, ranks: int, zero_stage: int, ipc: str) -> JobConfig:
 
 @pytest.fixture(scope="module")
 def gpu_cluster():
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    sys.path.insert(0, os.getcwd())
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.cloudpickle.register_pickle_by_value(harness)
-    ray.init(address="local", num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=True)
-    yield torch.cuda.device_count()
-    ray.shutdown()
+    with local_gpu_ray(1, sys.modules[__name__], harness) as gpus:
+        yield gpus
 
 
 @pytest.mark.parametrize("ranks, zero_stage, ipc", [(1, 2, "auto"), (1, 2, "copy"), (1, 3, "auto"), (2, 3, "auto")],

@@ -37,6 +37,7 @@ from stabledrl.coordinator.driver import Driver  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import harness  # noqa: E402  (the test workers the e2e tests share)
 from harness import InspectedLearner, InspectedRollout  # noqa: E402
+from gpu_ray import local_gpu_ray  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NAME = "gpu-elastic"
@@ -87,14 +88,8 @@ def job_config(output_dir, backend: str = "nccl") -> JobConfig:
 
 @pytest.fixture(scope="module")
 def gpu_cluster():
-    if torch.cuda.device_count() < 4:
-        pytest.skip("needs 4 GPUs")
-    sys.path.insert(0, os.getcwd())
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.cloudpickle.register_pickle_by_value(harness)
-    ray.init(address="local", num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=True)
-    yield
-    ray.shutdown()
+    with local_gpu_ray(4, sys.modules[__name__], harness) as gpus:
+        yield gpus
 
 
 @pytest.mark.parametrize("backend", ["nccl", "auto"])

@@ -10,7 +10,6 @@ rank 0's weights (bit for bit, bf16) under the final version; the learner ran in
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from stabledrl.coordinator.driver import Driver  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import harness  # noqa: E402  (the test workers the e2e tests share)
 from harness import InspectedLearner, InspectedRollout  # noqa: E402
+from gpu_ray import local_gpu_ray  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -85,14 +85,8 @@ def job_config(output_dir, ranks: int, workers: int, backend: str = "nccl", lora
 
 @pytest.fixture(scope="module")
 def gpu_cluster():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
-    sys.path.insert(0, os.getcwd())
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.cloudpickle.register_pickle_by_value(harness)
-    ray.init(address="local", num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=True)
-    yield torch.cuda.device_count()
-    ray.shutdown()
+    with local_gpu_ray(2, sys.modules[__name__], harness) as gpus:
+        yield gpus
 
 
 @pytest.mark.parametrize("ranks, workers, backend, lora", [(1, 1, "nccl", False), (2, 2, "nccl", False),
