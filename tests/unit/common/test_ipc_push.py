@@ -156,36 +156,26 @@ def test_a_wire_dtype_is_applied_on_the_sending_side():
         sender.close()
 
 
-def _partition_rank(rank: int, sources: int, port: int, versions, results, listener=None) -> None:
+def _partition_rank(rank: int, sources: int, versions) -> None:
     """Learner rank ``rank`` of ``sources`` (a spawned process, gloo): sends every version's ZeRO-3
     partitions through ``send_shards``, then reads its own buffer back as its worker would."""
-    import torch.distributed as dist
-
-    from ports import join_group
     from tests.unit.common.test_sharded_push import full_weights, partitions
 
-    try:
-        torch.set_num_threads(1)
-        join_group("gloo", rank, sources, port, listener)
-        sender = setup_weight_push(WeightPushConfig(backend="ipc"), rank=rank, sources=sources)
-        receiver = IpcPush(WeightPushConfig(backend="ipc"))
-        seen = []
-        for version in versions:
-            handle = sender.send_shards(iter(partitions(full_weights(version), rank, sources, flat=True)), version)
-            seen.append(keys(handle))
-            model = {n: torch.zeros_like(t) for n, t in full_weights(0)}
-            loader = ParameterLoader(model)
-            assert receiver.receive(handle, loader) == version
-            loader.finish()
-            for name, t in full_weights(version):
-                assert torch.equal(model[name], t), (version, name)
-        assert len(seen[0]) == 1 and seen[0] == seen[-1], "one layout: one block, kept"
-        receiver.close()
-        sender.close()
-        dist.destroy_process_group()
-        results.put((rank, None))
-    except BaseException as e:  # noqa: BLE001 - reported by the test
-        results.put((rank, repr(e)))
+    sender = setup_weight_push(WeightPushConfig(backend="ipc"), rank=rank, sources=sources)
+    receiver = IpcPush(WeightPushConfig(backend="ipc"))
+    seen = []
+    for version in versions:
+        handle = sender.send_shards(iter(partitions(full_weights(version), rank, sources, flat=True)), version)
+        seen.append(keys(handle))
+        model = {n: torch.zeros_like(t) for n, t in full_weights(0)}
+        loader = ParameterLoader(model)
+        assert receiver.receive(handle, loader) == version
+        loader.finish()
+        for name, t in full_weights(version):
+            assert torch.equal(model[name], t), (version, name)
+    assert len(seen[0]) == 1 and seen[0] == seen[-1], "one layout: one block, kept"
+    receiver.close()
+    sender.close()
 
 
 @pytest.mark.parametrize("sources", [2, 3])
@@ -193,25 +183,9 @@ def test_zero3_ranks_fill_every_buffer_with_one_all_gather_and_the_worker_puts_p
     """ZeRO-3 partitions (element counts not divisible by the ranks, padding that must never reach
     a worker, three dtypes in several rounds): every rank's buffer holds every partition, and the
     worker beside each rank loads exactly the full weights, at every version."""
-    import multiprocessing
+    from spawned_ranks import run_ranks
 
-    from ports import rendezvous
-
-    # spawned, not forked: a child forked from a test process that has run hundreds of tests (their
-    # threads inherited mid-lock) crashed once with a double free before it reported (make test)
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    listener, port = rendezvous()
-    procs = [ctx.Process(target=_partition_rank, args=(r, sources, port, (1, 2), results) + ((listener,) if r == 0
-                                                                                              else ()))
-             for r in range(sources)]
-    for p in procs:
-        p.start()
-    listener.close()  # rank 0 holds its own copy
-    got = dict(results.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(30)
-    assert got == {r: None for r in range(sources)}
+    assert run_ranks(_partition_rank, sources, (1, 2)) == {r: None for r in range(sources)}
 
 
 def test_a_plan_larger_than_the_buffer_is_refused_before_anything_is_loaded():

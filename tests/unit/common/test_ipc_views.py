@@ -127,53 +127,30 @@ def test_a_worker_of_another_dtype_or_a_copy_is_refused():
         sender.close()
 
 
-def _gather_rank(rank: int, sources: int, port: int, results, listener=None) -> None:
+def _gather_rank(rank: int, sources: int) -> None:
     """ZeRO-3 rank ``rank`` of ``sources`` (spawned, gloo): its partitions all-gathered into its buffer,
     which a worker's model then views, whole, at two versions."""
-    import torch.distributed as dist
-
-    from ports import join_group
     from tests.unit.common.test_sharded_push import full_weights, partitions
 
-    try:
-        torch.set_num_threads(1)
-        join_group("gloo", rank, sources, port, listener)
-        sender = setup_weight_push(VIEW, rank=rank, sources=sources)
-        receiver = ViewPush(VIEW)
-        worker = {n: nn.Parameter(torch.zeros_like(t), requires_grad=False) for n, t in full_weights(0)}
-        for version in (1, 2):
-            handle = sender.send_views(iter(partitions(full_weights(version), rank, sources, flat=True)), version)
-            assert len(handle.ref["blocks"]) == 1, "one buffer: the header and every parameter gathered"
-            loader = ParameterLoader(worker)
-            assert receiver.receive(handle, loader) == version
-            loader.finish()
-            mapped = receiver.map_blocks(handle.ref["blocks"])[0]
-            for name, t in full_weights(version):
-                assert torch.equal(worker[name], t), (version, name)
-                # a view of the rank's buffer as this process maps it: no copy of its own
-                assert mapped.data_ptr() <= worker[name].data_ptr() < mapped.data_ptr() + mapped.numel(), name
-        receiver.close()
-        sender.close()
-        dist.destroy_process_group()
-        results.put((rank, None))
-    except BaseException as e:  # noqa: BLE001 - reported by the test
-        results.put((rank, repr(e)))
+    sender = setup_weight_push(VIEW, rank=rank, sources=sources)
+    receiver = ViewPush(VIEW)
+    worker = {n: nn.Parameter(torch.zeros_like(t), requires_grad=False) for n, t in full_weights(0)}
+    for version in (1, 2):
+        handle = sender.send_views(iter(partitions(full_weights(version), rank, sources, flat=True)), version)
+        assert len(handle.ref["blocks"]) == 1, "one buffer: the header and every parameter gathered"
+        loader = ParameterLoader(worker)
+        assert receiver.receive(handle, loader) == version
+        loader.finish()
+        mapped = receiver.map_blocks(handle.ref["blocks"])[0]
+        for name, t in full_weights(version):
+            assert torch.equal(worker[name], t), (version, name)
+            # a view of the rank's buffer as this process maps it: no copy of its own
+            assert mapped.data_ptr() <= worker[name].data_ptr() < mapped.data_ptr() + mapped.numel(), name
+    receiver.close()
+    sender.close()
 
 
 def test_zero3_ranks_gather_each_parameter_into_the_buffer_the_worker_views():
-    import multiprocessing
+    from spawned_ranks import run_ranks
 
-    from ports import rendezvous
-
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    listener, port = rendezvous()  # bound here, handed to rank 0: no other process can take the port
-    procs = [ctx.Process(target=_gather_rank, args=(r, 2, port, results) + ((listener,) if r == 0 else ()))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    listener.close()  # rank 0 holds its own copy
-    got = dict(results.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(30)
-    assert got == {0: None, 1: None}
+    assert run_ranks(_gather_rank, 2) == {0: None, 1: None}
