@@ -3,13 +3,12 @@ many small buckets and a tensor larger than a bucket arrive bit for bit (gloo, t
 threads of this process), and the packer never refills a buffer before its broadcast is done."""
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from stabledrl.common.transport.broadcast import _Packer, _unpack
-from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+from stabledrl.common.transport import WeightHandle, WeightPushConfig
 from stabledrl.learner.group import reserve_port
+from thread_push import sending_thread
 
 torch.set_num_threads(1)
 
@@ -60,27 +59,11 @@ def test_gloo_push_of_many_buckets_is_bit_identical():
     port = reserve_port()
     source = tensors(1)
     received: dict[str, torch.Tensor] = {}
-    errors: list[BaseException] = []
-
-    def sender() -> None:
-        try:
-            push = setup_weight_push(cfg, rank=0, world_size=2, master_addr="127.0.0.1", master_port=port)
-            for version in (1, 2):
-                push.send(iter(source), version)
-            push.close()
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
-
-    thread = threading.Thread(target=sender)
-    thread.start()
-    push = setup_weight_push(cfg, rank=1, world_size=2, master_addr="127.0.0.1", master_port=port)
-    for version in (1, 2):
-        received.clear()
-        assert push.receive(WeightHandle(version, "gloo"),
-                            lambda items: received.update({n: t.clone() for n, t in items})) == version
-        assert set(received) == {n for n, _ in source}
-        for name, t in source:
-            assert received[name].dtype == t.dtype and torch.equal(received[name], t)
-    push.close()
-    thread.join(timeout=60)
-    assert not errors, errors
+    with sending_thread(cfg, port, source, (1, 2)) as push:
+        for version in (1, 2):
+            received.clear()
+            assert push.receive(WeightHandle(version, "gloo"),
+                                lambda items: received.update({n: t.clone() for n, t in items})) == version
+            assert set(received) == {n for n, _ in source}
+            for name, t in source:
+                assert received[name].dtype == t.dtype and torch.equal(received[name], t)

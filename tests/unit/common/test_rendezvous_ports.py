@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import errno
 import socket
-import threading
 
 import pytest
 import torch
 
-from stabledrl.common.transport import WeightHandle, WeightPushConfig, setup_weight_push
+from stabledrl.common.transport import WeightHandle, WeightPushConfig
 from stabledrl.learner.group import reserve_port
+from thread_push import sending_thread
 
 torch.set_num_threads(1)
 
@@ -37,23 +37,8 @@ def push_once(port: int, version: int) -> dict[str, torch.Tensor]:
     cfg = WeightPushConfig(backend="gloo", timeout_s=60)
     source = [("a", torch.arange(6.0) * version), ("b", torch.ones(3, 2) + version)]
     received: dict[str, torch.Tensor] = {}
-    errors: list[BaseException] = []
-
-    def sender() -> None:
-        try:
-            push = setup_weight_push(cfg, rank=0, world_size=2, master_addr="127.0.0.1", master_port=port)
-            push.send(iter(source), version)
-            push.close()
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
-
-    thread = threading.Thread(target=sender)
-    thread.start()
-    push = setup_weight_push(cfg, rank=1, world_size=2, master_addr="127.0.0.1", master_port=port)
-    push.receive(WeightHandle(version, "gloo"), lambda items: received.update({n: t.clone() for n, t in items}))
-    push.close()
-    thread.join(timeout=60)
-    assert not errors, errors
+    with sending_thread(cfg, port, source, (version,)) as push:
+        push.receive(WeightHandle(version, "gloo"), lambda items: received.update({n: t.clone() for n, t in items}))
     assert all(torch.equal(received[n], t) for n, t in source)
     return received
 
