@@ -1,6 +1,7 @@
 """Every named suite's CPU rehearsal (``--tiny``, suites.py): the suite's scripts at the tiny shapes
 through its runner, as a user runs the suite on their GPUs; each must exit 0 with every part
-measured. The component suite's rehearsal with the fewest repetitions is test_rehearsal.py."""
+measured (a peer suite that runs the same pair, loops and variants as a rehearsed one is checked to,
+not run again). The component suite's rehearsal with the fewest repetitions is test_rehearsal.py."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import suites  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -155,9 +159,26 @@ def test_the_other_system_suites(name, job, tmp_path):
     assert f["steps"] >= 2 and set(f["actors"]) == {"learner0", "rollout0"} and f["push_s_median"] > 0
 
 
-@pytest.mark.parametrize("name, pair", [("stabledrl", "stabledrl"), ("d1", "d1"),
-                                        ("depth-budget-stabledrl", "stabledrl"), ("depth-runs-stabledrl", "stabledrl"),
-                                        ("depth-fast-stabledrl", "stabledrl"), ("depth-budget-d1", "d1")])
+# every peer suite but those that run the same pair, loops and variants as one of these (only counts differ:
+# layers, cycles, runs, timeouts; checked below, and their options by test_suites.py)
+PEER_REHEARSALS = [("stabledrl", "stabledrl"), ("d1", "d1"), ("depth-budget-stabledrl", "stabledrl"),
+                   ("depth-fast-stabledrl", "stabledrl"), ("depth-budget-d1", "d1")]
+
+
+def _what_runs(name: str) -> tuple:
+    argv = suites.expand("run_peers", ["--suite", name])
+    value = {k: v for k, v in zip(argv, argv[1:]) if k in ("--pairs", "--loops")}
+    variants = sorted(v for k, v in zip(argv, argv[1:]) if k == "--variant")
+    return value["--pairs"], value["--loops"], tuple(variants)
+
+
+def test_every_peer_suite_is_rehearsed_or_runs_what_a_rehearsed_one_runs():
+    rehearsed = {_what_runs(name) for name, _ in PEER_REHEARSALS}
+    for name in suites.RUN_PEERS:
+        assert _what_runs(name) in rehearsed, f"{name}: add its rehearsal to PEER_REHEARSALS"
+
+
+@pytest.mark.parametrize("name, pair", PEER_REHEARSALS)
 def test_the_peer_suites(name, pair, tmp_path):
     """The peer driver with a fake peer of known timings (the releases' code is never part of the
     project), then the project's loops of the suite through the system benchmark at the tiny LLaDA
