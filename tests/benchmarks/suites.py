@@ -174,6 +174,14 @@ D1 = d1_colocated(8)
 # the releases' protocol at the cited records: one run of each loop; the release's first round a warm-up and
 # its second timed, the project's third step timed (d1: its first two steps, and so its first push, left out)
 ONE_ROUND = ("--runs", "1", "--cycles", "1", "--peer-cycles", "1")
+# the StableDRL pair at 24 of LLaDA-8B's 32 layers on one H200: the release one warm-up round and one timed of
+# the halved round (2 accumulation rounds), the project timed after its first step
+def stabledrl_24l(loops: str, cycles: int, part_timeout_s: int) -> tuple[str, ...]:
+    return ("--pairs", "stabledrl", "--layers", "24", "--loops", loops, "--cycles", str(cycles), "--peer-cycles",
+            "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5", "--part-timeout-s", str(part_timeout_s))
+
+
+DEPTH_TINY = ("--cycles", "1", "--part-timeout-s", "400")  # a depth suite's rehearsal: one timed step, one round
 RUN_PEERS: dict[str, PeerSuite] = {
     "stabledrl": PeerSuite(
         "the StableDRL release's training loop against stabledrl train at its recipe, LLaDA-8B's width with 8 of "
@@ -205,10 +213,7 @@ RUN_PEERS: dict[str, PeerSuite] = {
         "its rate; then the release on the same halved round (2 accumulation rounds), a warm-up round and one "
         "timed. One H200, one command of at most 10 minutes",
         shape="llada8b-24l",
-        args=("--pairs", "stabledrl", "--layers", "24", "--loops", "release_sampler,peer", "--cycles", "4",
-              "--peer-cycles", "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5",
-              "--part-timeout-s", "360"),
-        tiny=("--cycles", "1", "--part-timeout-s", "400")),  # the rehearsal: one timed step, one round
+        args=stabledrl_24l("release_sampler,peer", cycles=4, part_timeout_s=360), tiny=DEPTH_TINY),
     # the budget's pair again with a longer window for the recipe's rate (its memory run's 5 steps cut to 4 to
     # leave room for the release's), and the recipe with the shipped fast paths (Fast-dLLM's dual cache,
     # threshold decoding 0.9; deploy/configs/llada8b_1node.yaml) against the release in the same command
@@ -217,24 +222,19 @@ RUN_PEERS: dict[str, PeerSuite] = {
         "then the release (a warm-up round and one timed); --loops peer,release_sampler for the other order. "
         "One H200, one command of at most 10 minutes",
         shape="llada8b-24l",
-        args=("--pairs", "stabledrl", "--layers", "24", "--loops", "release_sampler,peer", "--cycles", "3",
-              "--peer-cycles", "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5",
-              "--part-timeout-s", "330"),
-        tiny=("--cycles", "1", "--part-timeout-s", "400")),
+        args=stabledrl_24l("release_sampler,peer", cycles=3, part_timeout_s=330), tiny=DEPTH_TINY),
     "depth-fast-stabledrl": PeerSuite(
         "the StableDRL pair at 24 of LLaDA-8B's 32 layers: the release (a warm-up round and one timed), then the "
         "recipe with the fast paths (a warm-up step and 3 timed). One H200, one command of at most 10 minutes",
         shape="llada8b-24l",
-        args=("--pairs", "stabledrl", "--layers", "24", "--loops", "peer,fast", "--cycles", "3", "--peer-cycles",
-              "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5", "--part-timeout-s", "330"),
-        tiny=("--cycles", "1", "--part-timeout-s", "400")),
+        args=stabledrl_24l("peer,fast", cycles=3, part_timeout_s=330), tiny=DEPTH_TINY),
     "depth-budget-d1": PeerSuite(
         "d1's pair at its full 32 layers (LoRA fits one GPU): the release then the recipe as committed, a "
         "warm-up and 2 timed cycles each. One H200, one command of at most 10 minutes",
         shape="llada8b-lora",
         args=("--pairs", "d1", "--layers", "32", "--loops", "peer,release_sampler", "--cycles", "2", "--runs", "1",
               "--part-timeout-s", "320"),
-        tiny=("--cycles", "1", "--part-timeout-s", "400")),
+        tiny=DEPTH_TINY),
 }
 
 SUITES = {"run_all": RUN_ALL, "run_system": RUN_SYSTEM, "run_peers": RUN_PEERS}
