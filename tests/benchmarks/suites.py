@@ -176,9 +176,11 @@ D1 = d1_colocated(8)
 ONE_ROUND = ("--runs", "1", "--cycles", "1", "--peer-cycles", "1")
 # the StableDRL pair at 24 of LLaDA-8B's 32 layers on one H200: the release one warm-up round and one timed of
 # the halved round (2 accumulation rounds), the project timed after its first step
-def stabledrl_24l(loops: str, cycles: int, part_timeout_s: int) -> tuple[str, ...]:
-    return ("--pairs", "stabledrl", "--layers", "24", "--loops", loops, "--cycles", str(cycles), "--peer-cycles",
-            "1", "--runs", "1", "--project-skip", "1", "--round-scale", "0.5", "--part-timeout-s", str(part_timeout_s))
+def stabledrl_depth(loops: str, cycles: int, part_timeout_s: int, layers: int = 24, peer_cycles: int = 1
+                    ) -> tuple[str, ...]:
+    return ("--pairs", "stabledrl", "--layers", str(layers), "--loops", loops, "--cycles", str(cycles),
+            "--peer-cycles", str(peer_cycles), "--runs", "1", "--project-skip", "1", "--round-scale", "0.5",
+            "--part-timeout-s", str(part_timeout_s))
 
 
 DEPTH_TINY = ("--cycles", "1", "--part-timeout-s", "400")  # a depth suite's rehearsal: one timed step, one round
@@ -213,7 +215,7 @@ RUN_PEERS: dict[str, PeerSuite] = {
         "its rate; then the release on the same halved round (2 accumulation rounds), a warm-up round and one "
         "timed. One H200, one command of at most 10 minutes",
         shape="llada8b-24l",
-        args=stabledrl_24l("release_sampler,peer", cycles=4, part_timeout_s=360), tiny=DEPTH_TINY),
+        args=stabledrl_depth("release_sampler,peer", cycles=4, part_timeout_s=360), tiny=DEPTH_TINY),
     # the budget's pair again with a longer window for the recipe's rate (its memory run's 5 steps cut to 4 to
     # leave room for the release's), and the recipe with the shipped fast paths (Fast-dLLM's dual cache,
     # threshold decoding 0.9; deploy/configs/llada8b_1node.yaml) against the release in the same command
@@ -222,12 +224,23 @@ RUN_PEERS: dict[str, PeerSuite] = {
         "then the release (a warm-up round and one timed); --loops peer,release_sampler for the other order. "
         "One H200, one command of at most 10 minutes",
         shape="llada8b-24l",
-        args=stabledrl_24l("release_sampler,peer", cycles=3, part_timeout_s=330), tiny=DEPTH_TINY),
+        args=stabledrl_depth("release_sampler,peer", cycles=3, part_timeout_s=330), tiny=DEPTH_TINY),
     "depth-fast-stabledrl": PeerSuite(
         "the StableDRL pair at 24 of LLaDA-8B's 32 layers: the release (a warm-up round and one timed), then the "
         "recipe with the fast paths (a warm-up step and 3 timed). One H200, one command of at most 10 minutes",
         shape="llada8b-24l",
-        args=stabledrl_24l("peer,fast", cycles=3, part_timeout_s=330), tiny=DEPTH_TINY),
+        args=stabledrl_depth("peer,fast", cycles=3, part_timeout_s=330), tiny=DEPTH_TINY),
+    # all 32 layers, full-parameter: the release's FSDP and the recipe's ZeRO-3 over two GPUs, the same halved
+    # round a GPU as at 24 layers (4 groups a step over the 2 GPUs); each side is one command of at most 10
+    # minutes: --loops release_sampler, then --loops peer --merge OUT/results.json for the table of both
+    "depth32-stabledrl": PeerSuite(
+        "the StableDRL pair at all 32 of LLaDA-8B's layers, full-parameter on two GPUs: the recipe as committed "
+        "(a warm-up step and 5 timed; its peak memory per GPU over the 6 steps), then the release (a warm-up "
+        "round and 4 timed). Two H200s; on a machine that limits a command to 10 minutes, one loop a command",
+        shape="llada8b-32l",
+        args=(*stabledrl_depth("release_sampler,peer", cycles=5, part_timeout_s=545, layers=32, peer_cycles=4),
+              "--gpus", "2"),
+        tiny=(*DEPTH_TINY, "--peer-cycles", "1", "--gpus", "1")),
     "depth-budget-d1": PeerSuite(
         "d1's pair at its full 32 layers (LoRA fits one GPU): the release then the recipe as committed, a "
         "warm-up and 2 timed cycles each. One H200, one command of at most 10 minutes",
