@@ -13,8 +13,11 @@
 #
 # - transformers 4.51.3 as the release pins it, with tokenizers and huggingface-hub at versions it accepts,
 #   and requests (the hub client) with its dependencies;
+# - datasets 3.5.0, which accepts that huggingface-hub: accelerate imports datasets when the machine has it,
+#   and a newer one there fails against the release's hub client (peer_stabledrl.py stubs the release's own
+#   use of it);
 # - not installed: torch, accelerate, numpy, safetensors, pyyaml, regex, tqdm, filelock, packaging (the
-#   machine's own); datasets and math_verify (peer_stabledrl.py stubs them).
+#   machine's own); math_verify (peer_stabledrl.py stubs it).
 set -euo pipefail
 OUT=${1:?usage: build_stabledrl_lib.sh OUTDIR}
 PYVER=${PYVER:-3.12}
@@ -22,7 +25,7 @@ PY=${PYTHON:-python3}
 "$PY" -m pip install -q --no-deps --no-compile --upgrade --target "$OUT" --python-version "$PYVER" \
   --implementation cp --platform manylinux2014_x86_64 --only-binary=:all: \
   transformers==4.51.3 tokenizers==0.21.1 huggingface-hub==0.30.2 requests==2.32.3 urllib3==2.3.0 idna==3.10 \
-  certifi==2025.1.31 charset-normalizer==3.4.1
+  certifi==2025.1.31 charset-normalizer==3.4.1 datasets==3.5.0
 rm -rf "$OUT"/bin
 du -sh "$OUT"
 if [ -n "${BUNDLE:-}" ]; then
