@@ -8,7 +8,6 @@ hide behind Adam's normalisation; the grad norm is compared too.
 from __future__ import annotations
 
 import math
-import sys
 import time
 
 import pytest
@@ -116,18 +115,13 @@ class LearnerRank:
 
 
 @pytest.fixture(scope="module")
-def ranks():
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    t0 = time.perf_counter()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    TIMES["ray_start"] = time.perf_counter() - t0
+def ranks(cluster):
     actors = [LearnerRank.remote() for _ in range(2)]
     t0 = time.perf_counter()
     addr, port = ray.get(actors[0].rendezvous_address.remote())
     TIMES["first_actor_call"] = time.perf_counter() - t0
     TIMES["group_init"] = max(ray.get([a.init_group.remote(addr, port, r, 2) for r, a in enumerate(actors)]))
     yield actors
-    ray.shutdown()
     print("\ntimes (s):", {k: round(v, 2) for k, v in TIMES.items()})
 
 

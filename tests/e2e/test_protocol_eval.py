@@ -23,17 +23,11 @@ from stabledrl.common.config.protocol import ProtocolConfig
 from stabledrl.common.models.base import DiffusionPolicy, FamilySpec
 from stabledrl.common.tokenizer import build_char_tokenizer
 from stabledrl.evaluation.protocol import pending_units, prepare, run_units
-from harness import local_ray  # noqa: E402  (tests/e2e on sys.path: pytest rootdir-relative import)
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("cluster")]
+RAY_CPUS = 2  # the logical CPUs of its Ray instance (tests/e2e/conftest.py)
 TOK = build_char_tokenizer()
 SOLUTION, SOLUTION_2 = "3142243142131324", "2143432114323214"  # of puzzles with 8 and 10 empty cells
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_instance():
-    with local_ray(__name__, num_cpus=2):
-        yield
 
 
 class ForcedAnswers(nn.Module):

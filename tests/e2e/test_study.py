@@ -85,18 +85,14 @@ def series(records: list[dict], key: str) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def ran(tmp_path_factory):
+def ran(cluster, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("study")
     study = tiny_study(tmp_path)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        result = run_study(study)
-        job = run_config(study, "stabledrl", 0, model_path=result.model_path).model_copy(deep=True)
-        job.run.output_dir, job.run.name = tmp_path / "job", "study-e2e-job"
-        job.run.save_final_checkpoint, job.run.export_final = True, True
-        Driver(job, stages=JOB_STAGES).run()
-    finally:
-        ray.shutdown()
+    result = run_study(study)
+    job = run_config(study, "stabledrl", 0, model_path=result.model_path).model_copy(deep=True)
+    job.run.output_dir, job.run.name = tmp_path / "job", "study-e2e-job"
+    job.run.save_final_checkpoint, job.run.export_final = True, True
+    Driver(job, stages=JOB_STAGES).run()
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False))
     return study, result, job, config

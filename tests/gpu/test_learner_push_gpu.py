@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -21,6 +20,7 @@ from stabledrl.common.config.learner import DeepSpeedConfig, LearnerConfig, Opti
 from stabledrl.common.models.presets import build_tiny_policy  # noqa: E402
 from stabledrl.common.transport.base import WeightHandle, WeightPushConfig  # noqa: E402
 from stabledrl.coordinator.runtime.weight_sync import push_calls  # noqa: E402
+from gpu_ray import local_gpu_ray  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -139,11 +139,8 @@ class GpuReceiver:
 
 @pytest.fixture(scope="module")
 def gpu_ray():
-    sys.path.insert(0, os.getcwd())
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address="local", num_gpus=2, num_cpus=8, include_dashboard=False, log_to_driver=True)
-    yield
-    ray.shutdown()
+    with local_gpu_ray(2, sys.modules[__name__]):
+        yield
 
 
 def fp32_reference_norm() -> float:

@@ -1,6 +1,6 @@
 """The suite's own layout: pytest imports test modules by their basename (no packages under tests/),
-so two test files of one name in different folders stop the whole run at collection; and every
-test runs under a time limit."""
+so two test files of one name in different folders stop the whole run at collection; every test
+runs under a time limit; and the tests' Ray instances start in one place."""
 from __future__ import annotations
 
 from collections import Counter
@@ -33,3 +33,15 @@ def test_a_fast_test_that_starts_ray_is_told_to_be_marked_e2e():
     with pytest.raises(AssertionError, match=r"calls ray.init: mark it @pytest.mark.e2e"):
         ray.init(address="local", num_cpus=1, include_dashboard=False)
     assert not ray.is_initialized()
+
+
+# where a test's Ray instance may start: the e2e modules' (tests/e2e/harness.py: local_ray, behind
+# tests/e2e/conftest.py's ``cluster``), the GPU tests' (tests/helpers/gpu_ray.py), the elastic test's
+# cluster of several nodes, and the fast tier's guard above
+RAY_STARTS = {"e2e/harness.py", "helpers/gpu_ray.py", "e2e/test_elastic.py", "unit/test_test_layout.py"}
+
+
+def test_tests_start_ray_only_through_the_shared_helpers():
+    starts = {str(p.relative_to(TESTS)) for p in TESTS.rglob("*.py")
+              if "__pycache__" not in p.parts and "benchmarks" not in p.parts and "ray.init(" in p.read_text()}
+    assert starts <= RAY_STARTS, sorted(starts - RAY_STARTS)
