@@ -174,8 +174,9 @@ D1 = d1_colocated(8)
 # the releases' protocol at the cited records: one run of each loop; the release's first round a warm-up and
 # its second timed, the project's third step timed (d1: its first two steps, and so its first push, left out)
 ONE_ROUND = ("--runs", "1", "--cycles", "1", "--peer-cycles", "1")
-# the StableDRL pair at 24 of LLaDA-8B's 32 layers on one H200: the release one warm-up round and one timed of
-# the halved round (2 accumulation rounds), the project timed after its first step
+# the StableDRL pair at ``layers`` of LLaDA-8B's 32 (24 on one H200, 32 on two): the release on the halved
+# round (2 accumulation rounds a GPU), a warm-up round and ``peer_cycles`` timed, the project timed after its
+# first step
 def stabledrl_depth(loops: str, cycles: int, part_timeout_s: int, layers: int = 24, peer_cycles: int = 1
                     ) -> tuple[str, ...]:
     return ("--pairs", "stabledrl", "--layers", str(layers), "--loops", loops, "--cycles", str(cycles),

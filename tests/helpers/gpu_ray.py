@@ -25,5 +25,7 @@ def local_gpu_ray(needs: int, *by_value: ModuleType) -> Iterator[int]:
     for module in by_value:
         ray.cloudpickle.register_pickle_by_value(module)
     ray.init(address="local", num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=True)
-    yield torch.cuda.device_count()
-    ray.shutdown()
+    try:
+        yield torch.cuda.device_count()
+    finally:
+        ray.shutdown()
