@@ -138,6 +138,7 @@ class WorkerInfo(TypedDict):
     reward_sandbox: str  # what the reward sandbox confines, in words (RewardScorer.confinement)
     parameters: int
     version: int
+    loaded_on: str  # where it loaded its policy: the host for a worker whose first push binds it on its GPU
 
 
 @dataclass

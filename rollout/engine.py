@@ -34,6 +34,7 @@ DiffusionGemma), so no such backend ships and the project installs no vLLM. The 
 """
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Optional, Protocol, Sequence, runtime_checkable
 
@@ -47,6 +48,7 @@ from stabledrl.common.models.base import DiffusionPolicy
 from stabledrl.common.models.lora import attach_adapters, target_paths
 from stabledrl.common.transport.staging import StagedWeights
 from stabledrl.common.transport.base import ParameterLoader, WeightHandle, WeightPush
+from stabledrl.common.transport.views import ViewPush
 from stabledrl.common.types import SequenceBatch
 from stabledrl.rollout.sampling import GenerationOutput, StepGraphs, generate
 from stabledrl.rollout.sampling.compiled import forget_compiled
@@ -113,10 +115,20 @@ class TorchRolloutEngine:
     captured once and replayed by every later request of that shape, across weight updates
     (``update_weights`` copies in place, where the graphs read; a push that points the parameters
     elsewhere, ``weights.ipc: view``, has the steps built again, rollout/sampling/graphs.py).
+
+    ``device``: where the policy runs, when it was loaded elsewhere: a rollout worker whose pushes
+    bind its parameters to views of its learner rank's on their GPU loads it on the host
+    (rollout/worker.py), so that the GPU never holds a copy of its own. The first push that binds
+    (``ViewPush``) leaves on the host only what it did not bind (buffers such as the rotary tables),
+    which ``place`` then moves to ``device``; any other push, a stage, a generation or a score moves
+    the whole policy there first, so nothing is received into, or runs on, the host by mistake.
     """
 
-    def __init__(self, policy: DiffusionPolicy, policy_version: int = 0, graph_capacity: int = 2) -> None:
+    def __init__(self, policy: DiffusionPolicy, policy_version: int = 0, graph_capacity: int = 2,
+                 device: Optional[torch.device] = None) -> None:
         self.policy = policy.eval()
+        self.device = policy.device if device is None else torch.device(device)
+        self.on_host = policy.device != self.device  # waits for the first push, or ``place``
         self.eos_token_id, self.pad_token_id = policy.eos_token_id, policy.pad_token_id
         self.vocab_size = policy.vocab_size
         self._version = int(policy_version)
@@ -132,6 +144,7 @@ class TorchRolloutEngine:
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds; give one seed per row")
         if not prompts:
             raise ValueError("generate needs at least one prompt")
+        self.place()
         t0 = time.perf_counter()
         seeds = torch.as_tensor(seeds, dtype=torch.long).cpu()
         by_length = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
@@ -151,6 +164,7 @@ class TorchRolloutEngine:
 
     @torch.no_grad()
     def score(self, batch: SequenceBatch, seeds: torch.Tensor, estimator: EstimatorConfig) -> LogLikelihood:
+        self.place()
         return estimate(self.policy, batch, seeds, estimator)
 
     def update_weights(self, push: WeightPush, handle: WeightHandle, partial: bool = False) -> int:
@@ -158,20 +172,25 @@ class TorchRolloutEngine:
         a parameter the policy does not have is an error, and so is one that never arrives unless
         the push is ``partial`` (then at least one must). A version ``stage_weights`` received
         (or a newer one) is applied from the staging copy instead; one already applied leaves the
-        weights as they are."""
+        weights as they are. A policy on the host (``device``) is moved to its device first, or,
+        where the push binds its parameters to views there, what the push did not bind right after."""
+        if not isinstance(push, ViewPush):
+            self.place()  # the push copies into the parameters where they lie
         if self.staged is not None and (self.staged.last or -1) >= handle.version:
             applied = self.staged.apply()  # None: a newer staged version was applied already
             self._version = self._version if applied is None else int(applied)
             return self._version
-        loader = ParameterLoader(self.policy, partial=partial)
+        loader = ParameterLoader(self.policy, partial=partial, device=self.device)
         version = push.receive(handle, loader)
         loader.finish()
+        self.place()
         self._version = int(version)
         return self._version
 
     def stage_weights(self, push: WeightPush, handle: WeightHandle, partial: bool = False, *, keep_order: bool,
                       timeout_s: float) -> int:
         """Receive into the staging copy (common/transport/staging.py; allocated at the first push)."""
+        self.place()  # the copy is allocated where the parameters lie
         if self.staged is None:
             self.staged = StagedWeights(self.policy)
         return self.staged.receive(push, handle, keep_order=keep_order, timeout_s=timeout_s, partial=partial)
@@ -191,6 +210,17 @@ class TorchRolloutEngine:
 
     def discard_staged(self) -> None:
         self.staged = None
+
+    @torch.no_grad()
+    def place(self) -> None:
+        """A policy still on the host: every parameter and buffer not yet on ``device`` moves there
+        (a view a push bound stays where it is); a no-op once the policy is there."""
+        if not self.on_host:
+            return
+        for tensor in itertools.chain(self.policy.parameters(), self.policy.buffers()):
+            if tensor.device != self.device:
+                tensor.data = tensor.data.to(self.device)
+        self.on_host = False
 
     @property
     def num_parameters(self) -> int:

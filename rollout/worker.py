@@ -12,7 +12,10 @@ weights with their version all go through it.
 The class is plain Python; the coordinator makes it an actor with the resources of the config
 (``ray.remote(RolloutWorker).options(num_cpus=..., num_gpus=...)``). On a GPU the policy sits on
 ``cuda:0`` (Ray exposes the one GPU it assigned); on a CPU the actor uses one torch thread, so
-several actors share the cores without oversubscribing them.
+several actors share the cores without oversubscribing them. A worker whose first push makes its
+parameters views of its learner rank's on that GPU (``view_weights``) loads the policy on the host
+instead (``load_device``): loaded on the GPU it would be a second copy of the weights on the
+learner's card until that push.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import time
 from typing import Any, Optional, Sequence
 
 import ray
+import torch
 
 from stabledrl.common.actor_time import BACKGROUND, ActorClock
 from stabledrl.common.gil import settle_heap
@@ -42,6 +46,13 @@ from stabledrl.rollout.workflow import behaviour_estimator, run_episodes
 from stabledrl.rollout.eval_worker import complete
 
 
+def load_device(device: torch.device, view_weights: bool) -> torch.device:
+    """Where a worker on ``device`` loads its policy: the host where its first push binds the
+    parameters to views of its learner rank's on a GPU (the engine moves the rest there after that
+    push, or the whole policy before any other: rollout/engine.py), else ``device`` itself."""
+    return torch.device("cpu") if view_weights and device.type == "cuda" else device
+
+
 class RolloutWorker:
     def __init__(
         self,
@@ -54,14 +65,17 @@ class RolloutWorker:
         group_size: int,
         seed: int,
         share_gpu: bool = False,
+        view_weights: bool = False,
     ) -> None:
         t0 = time.perf_counter()
         self.share_gpu = share_gpu  # cluster.colocate: a learner rank trains on this GPU between requests
         self.clock = ActorClock(background=BACKGROUND + STAGE)
         self.index = index
         self.device = setup_actor_process()
-        policy, self.tokenizer = load_policy(model, device=self.device)
-        self.engine = TorchRolloutEngine(policy, policy_version=0)
+        # view_weights: the pushes make the parameters views of that rank's (weights.ipc: view)
+        self.loaded_on = load_device(self.device, view_weights)
+        policy, self.tokenizer = load_policy(model, device=self.loaded_on)
+        self.engine = TorchRolloutEngine(policy, policy_version=0, device=self.device)
         self.sampler, self.group_size, self.seed = sampler, group_size, seed
         self.estimator = behaviour_estimator(estimator)
         self.task, self.task_cfg = build_task(task), task
@@ -76,7 +90,7 @@ class RolloutWorker:
         """What the coordinator logs once the actor is up, and where it runs (elasticity: which node)."""
         return {"worker": self.index, "device": str(self.device), "pid": os.getpid(), "load_s": self.start_s,
                 "node_id": ray.get_runtime_context().get_node_id(), "reward_sandbox": self.scorer.confinement,
-                "parameters": self.engine.num_parameters, "version": self.version()}
+                "parameters": self.engine.num_parameters, "version": self.version(), "loaded_on": str(self.loaded_on)}
 
     def version(self) -> int:
         return self.engine.policy_version

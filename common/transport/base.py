@@ -29,7 +29,7 @@ once the transfer is over, that every parameter arrived (``ParameterLoader``); `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol, Union
+from typing import Any, Callable, Iterable, Optional, Protocol, Union
 
 import torch
 from torch import nn
@@ -113,11 +113,15 @@ class ParameterLoader:
     """Copies received tensors into a module's parameters by name (casting dtype and device),
     bucket by bucket, and checks at the end that every parameter arrived once (``partial``: that
     some did; a LoRA learner pushes only the matrices it adapts). A dictionary of named tensors (a
-    staging copy) takes the place of a module the same way."""
+    staging copy) takes the place of a module the same way. ``device``: where the parameters are
+    bound (``bind``), given for a module that waits on the host for views on its device (a rollout
+    worker's: rollout/engine.py); default: where each parameter lies."""
 
-    def __init__(self, module: Union[nn.Module, dict[str, torch.Tensor]], partial: bool = False) -> None:
+    def __init__(self, module: Union[nn.Module, dict[str, torch.Tensor]], partial: bool = False,
+                 device: Optional[torch.device] = None) -> None:
         self.params = dict(module) if isinstance(module, dict) else dict(module.named_parameters())
         self.partial = partial
+        self.device = device
         self.loaded: set[str] = set()
 
     @torch.no_grad()
@@ -154,9 +158,10 @@ class ParameterLoader:
         if not isinstance(param, nn.Parameter):
             raise TypeError(f"weight push (ipc view): {name} is received into a copy, not a model; "
                             "set weights.ipc: copy")
-        if param.dtype != tensor.dtype or param.device != tensor.device:
+        device = param.device if self.device is None else self.device
+        if param.dtype != tensor.dtype or device != tensor.device:
             raise ValueError(f"weight push (ipc view): {name} is {tensor.dtype} on {tensor.device} on the learner, "
-                             f"{param.dtype} on {param.device} in this worker's model; set model.dtype to the "
+                             f"{param.dtype} on {device} in this worker's model; set model.dtype to the "
                              "learner's parameter dtype (learner.deepspeed.dtype) or weights.ipc: copy")
         if param.data_ptr() != tensor.data_ptr():  # the same address: bound by an earlier push already
             param.data = tensor

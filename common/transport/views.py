@@ -21,9 +21,10 @@ Each distinct storage is exported once (CUDA IPC on GPUs; on CPUs the storage is
 shared-memory segment in place, ``UntypedStorage._share_filename_cpu_``, so every tensor that views
 it, DeepSpeed's included, keeps working) and exported again only if the parameters move to another
 storage (the handle's keys are their addresses and sizes). The worker maps each exported block once
-and points each of its parameters at its slice (``ParameterLoader.bind``): its own copy is freed at
-the first push, and every later push is a version check. The driver makes that first push at
-set-up (coordinator/runtime/weight_sync.py), before the first generation.
+and points each of its parameters at its slice (``ParameterLoader.bind``): its own copy, which a
+worker on a GPU loads on the host (rollout/worker.py), is freed at the first push, and every later
+push is a version check. The driver makes that first push at set-up
+(coordinator/runtime/weight_sync.py), before the first generation.
 
 ZeRO-3 over several ranks: a rank holds 1/S of each parameter, and the worker needs them whole.
 Each rank all-gathers every parameter into one buffer of its own (one collective a parameter, its S

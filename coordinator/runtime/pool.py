@@ -8,7 +8,9 @@ replacement takes its predecessor's bundle (Ray moves a bundle whose node died w
 has room). A worker added later takes a bundle freed by a retired or lost worker, else a
 placement group of its own (one bundle), removed with it. With ``cluster.colocate`` the start
 workers take the bundles of the learner's shared group instead (coordinator/runtime/placement.py), and a
-replacement or a worker on a freed one of them shares that learner rank's GPU as well.
+replacement or a worker on a freed one of them shares that learner rank's GPU as well; where the job's
+push plan makes the workers view their ranks' parameters (``weights.ipc: view``), each worker in such a
+bundle is told so, and loads its policy on the host until its first push (rollout/worker.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 
 from stabledrl.common.config.job import JobConfig
 from stabledrl.common.config.model import ModelConfig
+from stabledrl.common.transport.plan import PushInputs, plan_push
 from stabledrl.coordinator.runtime.placement import bundle, has_room, in_group, reserve, shared_gpus
 
 
@@ -49,7 +52,9 @@ class RolloutPool:
     def __init__(self, cfg: Optional[JobConfig], rollout_cls: Optional[type]) -> None:
         self.cfg = cfg
         self.actor_cls = None
+        self.views = False  # the job's push makes every worker's parameters views of its learner rank's
         if cfg is not None:
+            self.views = plan_push(PushInputs.of(cfg)).views
             res = cfg.cluster.rollout
             # "weights": a worker stages a broadcast push on a thread of its own while it generates
             self.actor_cls = ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus,
@@ -110,7 +115,7 @@ class RolloutPool:
             options["num_gpus"] = shared_gpus(cfg.cluster.rollout)
         actor = self.actor_cls.options(**options).remote(
             index, rollout_model(cfg), cfg.sampler, cfg.estimator, cfg.task, group_size=a.group_size, seed=cfg.run.seed,
-            share_gpu=placement.shared)
+            share_gpu=placement.shared, view_weights=placement.shared and self.views)
         self.processes[index] = Process(actor, placement)
         return actor
 

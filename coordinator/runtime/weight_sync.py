@@ -23,7 +23,7 @@ partitions, each calling ``send_shards`` from its ``push_weights``; the workers 
 
 ipc with ``weights.ipc: view`` (common/transport/views.py): the set-up also makes a push of version 0,
 so every worker points its parameters at its learner rank's before its first request and frees the
-copy it loaded; every later push is a version check.
+copy it loaded (on the host, on a GPU: rollout/worker.py); every later push is a version check.
 
 Staging (``plan.staged``): each receiver takes the push with ``stage_weights``, in its "weights"
 concurrency group, into a second copy of its weights while it generates, so the push does not
