@@ -1,7 +1,8 @@
 """Every named suite's CPU rehearsal (``--tiny``, suites.py): the suite's scripts at the tiny shapes
 through its runner, as a user runs the suite on their GPUs; each must exit 0 with every part
-measured (a peer suite that runs the same pair, loops and variants as a rehearsed one is checked to,
-not run again). The component suite's rehearsal with the fewest repetitions is test_rehearsal.py."""
+measured. The peer suites are rehearsed a pair at a time: one run of every loop and variant of the
+pair's suites (they differ only in counts at the tiny shape). The component suite's rehearsal with the
+fewest repetitions is test_rehearsal.py."""
 from __future__ import annotations
 
 import json
@@ -159,41 +160,85 @@ def test_the_other_system_suites(name, job, tmp_path):
     assert f["steps"] >= 2 and set(f["actors"]) == {"learner0", "rollout0"} and f["push_s_median"] > 0
 
 
-# every peer suite but those that run the same pair, loops and variants as one of these (only counts differ:
-# layers, cycles, runs, timeouts; checked below, and their options by test_suites.py)
-PEER_REHEARSALS = [("stabledrl", "stabledrl"), ("d1", "d1"), ("depth-budget-stabledrl", "stabledrl"),
-                   ("depth-fast-stabledrl", "stabledrl"), ("depth-budget-d1", "d1")]
+def _peer_options(name: str) -> tuple[str, list[str], dict[str, str]]:
+    """A peer suite's pair, loops and variants at its rehearsal (the last of a repeated flag wins,
+    as in the runner: a suite's tiny variant takes the place of its GPU one)."""
+    argv = suites.expand("run_peers", ["--suite", name, "--tiny"])
+    flags = dict(zip(argv, argv[1:]))
+    variants = dict(v.partition("=")[::2] for k, v in zip(argv, argv[1:]) if k == "--variant")
+    return flags["--pairs"], flags["--loops"].split(","), variants
 
 
-def _what_runs(name: str) -> tuple:
-    argv = suites.expand("run_peers", ["--suite", name])
-    value = {k: v for k, v in zip(argv, argv[1:]) if k in ("--pairs", "--loops")}
-    variants = sorted(v for k, v in zip(argv, argv[1:]) if k == "--variant")
-    return value["--pairs"], value["--loops"], tuple(variants)
-
-
-def test_every_peer_suite_is_rehearsed_or_runs_what_a_rehearsed_one_runs():
-    rehearsed = {_what_runs(name) for name, _ in PEER_REHEARSALS}
+def pair_rehearsal(pair: str) -> tuple[list[str], dict[str, str]]:
+    """Every loop and variant of the peer suites of ``pair``: the suites differ in their counts
+    (layers, cycles, runs, rounds, timeouts; test_suites.py checks those), and the tiny shape has
+    one of each, so one rehearsal runs what all of them run."""
+    loops, variants = [], {}
     for name in suites.RUN_PEERS:
-        assert _what_runs(name) in rehearsed, f"{name}: add its rehearsal to PEER_REHEARSALS"
+        of, suite_loops, suite_variants = _peer_options(name)
+        if of == pair:
+            loops += [loop for loop in suite_loops if loop not in loops]
+            variants.update(suite_variants)
+    return loops, variants
 
 
-@pytest.mark.parametrize("name, pair", PEER_REHEARSALS)
-def test_the_peer_suites(name, pair, tmp_path):
+PAIRS = sorted({_peer_options(name)[0] for name in suites.RUN_PEERS})
+# the StableDRL pair also placed apart (the layout the recipes do not ship, as the peer benchmark's table
+# compares it)
+EXTRA_LOOPS = {"stabledrl": ["apart"]}
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_the_peer_suites_of_each_pair(pair, tmp_path):
     """The peer driver with a fake peer of known timings (the releases' code is never part of the
-    project), then the project's loops of the suite through the system benchmark at the tiny LLaDA
-    (2 decoder layers, colocated: 1 rank and 1 worker): the figures of each and their ratio to the peer."""
-    results = rehearse("run_peers", name, tmp_path, "--peer-root", tmp_path / "none",
-                       "--peer-script", f"{pair}={FAKE_PEER}")
-    loops = results["args"]["loops"].split(",")
+    project), then every loop of the pair's suites through the system benchmark at the tiny LLaDA
+    (2 decoder layers, 1 rank and 1 worker): the figures of each, their ratio to the peer and their
+    roofline in results.json and table.md."""
+    loops, variants = pair_rehearsal(pair)
+    loops = ["peer", *(x for x in loops + EXTRA_LOOPS.get(pair, []) if x != "peer")]
+    out = tmp_path / "out"
+    done = run("run_peers", "--tiny", "--pairs", pair, "--loops", ",".join(loops), "--cycles", "1", "--runs", "1",
+               "--peer-cycles", "1", "--part-timeout-s", "400", "--peer-root", tmp_path / "none",
+               "--peer-script", f"{pair}={FAKE_PEER}", "--out", out,
+               *(x for name, sets in variants.items() for x in ("--variant", f"{name}={sets}")))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
     assert set(results["parts"]) == {f"{pair}_L2_{k}" for k in ("checkpoint", *loops)}
     peer = results["parts"][f"{pair}_L2_peer"]
     assert peer["finished"] == len(peer["runs"]) == 1 and peer["figures"]["samples_per_s_per_gpu"] > 0
-    for loop in (x for x in loops if x != "peer"):
+    table = (out / "table.md").read_text()
+    for loop in loops[1:]:
         part = results["parts"][f"{pair}_L2_{loop}"]
         assert part["finished"] == len(part["runs"]) == 1, part["runs"][0].get("log_tail")
-        run = part["runs"][0]
-        assert run["figures"]["samples_per_s_per_gpu"] > 0 and "--ranks 1 --workers 1" in run["command"]
-        assert run["actors"]["learner0"]["seconds"]["train"] > 0 and run["actors"]["rollout0"]["seconds"]
+        run_ = part["runs"][0]
+        f = run_["figures"]
+        assert run_["rc"] == 0 and run_["layers"] == 2 and "--ranks 1 --workers 1" in run_["command"], run_["command"]
+        assert f["steps"] == 2 and f["timed_steps"] == [2] and f["samples"] == 8  # tiny: 2 groups of 4
+        assert f["samples_per_s_per_gpu"] > 0 and f["rollout_tokens_per_s_per_gpu"] > 0 and f["first_step_s"] > 0
+        assert run_["actors"]["learner0"]["seconds"]["train"] > 0 and run_["actors"]["rollout0"]["seconds"]
+        assert ("cluster.colocate=false" in run_["overrides"]) == (loop == "apart"), run_["overrides"]
+        if loop == "release_sampler":  # the recipe file as committed
+            assert not any("colocate" in x for x in run_["overrides"]), run_["overrides"]
+        assert f["learner_s_per_sample"] > 0
         row = next(r for r in results["rows"] if r["name"] == f"{pair}: stabledrl train, {loop.replace('_', ' ')}")
-        assert row["ratio"]["samples_per_s_per_gpu"] > 0
+        assert row["ratio"]["samples_per_s_per_gpu"] == pytest.approx(
+            f["samples_per_s_per_gpu"] / peer["figures"]["samples_per_s_per_gpu"])
+        assert f"| {pair}: stabledrl train, {loop.replace('_', ' ')} | 2 |" in table
+    # the roofline's inputs for the recipe as committed: the generation's forwards counted, the optimizer timed
+    if "release_sampler" in loops:
+        f = results["parts"][f"{pair}_L2_release_sampler"]["runs"][0]["figures"]
+        roof = f["roofline"]
+        assert roof["flops"]["generate"] > 0 and roof["flops"]["train"] > roof["flops"]["score"] > 0
+        assert roof["seconds"]["generate"] > 0 and roof["seconds"]["optimizer"] > 0 and roof["gpu_s"] > 0
+        row = next(r for r in results["rows"] if r["name"] == f"{pair}: stabledrl train, release sampler")
+        assert row["roofline"]["generate_tflops"] > 0 and row["roofline"]["ceiling_samples_per_s_per_gpu"] > 0
+
+
+def test_the_suites_of_a_pair_agree_on_each_variant():
+    """A pair's rehearsal runs each variant once: two of its suites that name one must mean the same
+    overrides by it."""
+    seen: dict[tuple[str, str], str] = {}
+    for name in suites.RUN_PEERS:
+        pair, _, variants = _peer_options(name)
+        for variant, sets in variants.items():
+            assert seen.setdefault((pair, variant), sets) == sets, (name, variant)

@@ -1,8 +1,9 @@
 """The peer benchmark's CPU rehearsal: the driver (run_peers.py) with a fake peer whose timings and
 forwards are known, the figures, ranges, ratios and roofline it derives (peers_table.py, roofline.py),
-the dry run that refuses a config before its loop starts, and the project's loop through the system
-benchmark (bench_system.py --tiny: the shipped StableDRL recipe's job at the tiny LLaDA, on the CPU), so
-a refactor that breaks any of them fails the suite. The releases' own code is not part of the project
+and the dry run that refuses a config before its loop starts, so a refactor that breaks any of them
+fails the suite; the project's loops through the system benchmark (bench_system.py --tiny: the shipped
+recipes' jobs at the tiny LLaDA, on the CPU) are rehearsed with the peer suites
+(tests/benchmarks/test_suite_rehearsals.py). The releases' own code is not part of the project
 and is not run here (it is fetched by whoever runs the GPU benchmark)."""
 from __future__ import annotations
 
@@ -266,39 +267,3 @@ def test_d1_pair_alternates_its_runs_and_records_the_depth_card_and_host(tmp_pat
         assert r["figures"]["roofline"]["flops"]["generate"] > 0
     table = (tmp_path / "out" / "table.md").read_text()
     assert "| d1 release (peer) | 2 | 2 of 2 |" in table and "host " in table
-
-
-@pytest.mark.e2e
-def test_tiny_peer_benchmark_runs_the_project_loop_and_compares(tmp_path):
-    """The driver end to end on the CPU: the fake peer, then the StableDRL recipe's job (tiny LLaDA,
-    2 steps) through bench_system.py, as committed (colocated) and placed apart, the figures of each,
-    their ratio and their roofline in results.json and table.md."""
-    done = subprocess.run(
-        [sys.executable, str(HERE / "run_peers.py"), "--tiny", "--peer-root", str(tmp_path / "none"),
-         "--peer-script", f"stabledrl={HERE / 'fake_peer.py'}", "--loops", "peer,release_sampler,apart",
-         "--cycles", "1", "--runs", "1", "--part-timeout-s", "400", "--out", str(tmp_path / "out")],
-        cwd=REPO, capture_output=True, text=True, timeout=900)
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    peer, project = (results["parts"][f"stabledrl_L2_{k}"] for k in ("peer", "release_sampler"))
-    assert peer["runs"][0]["rc"] == 0 and peer["figures"]["samples_per_s_per_gpu"] > 0
-    run = project["runs"][0]
-    f = run["figures"]
-    assert run["rc"] == 0 and f["steps"] == 2 and f["timed_steps"] == [2] and run["layers"] == 2
-    assert f["samples_per_s_per_gpu"] > 0 and f["rollout_tokens_per_s_per_gpu"] > 0 and f["learner_s_per_sample"] > 0
-    assert f["first_step_s"] > 0 and f["samples"] == 8  # tiny: 2 groups of 4
-    assert {"learner0", "rollout0"} <= set(run["actors"]) and run["actors"]["learner0"]["seconds"]["train"] > 0
-    # the roofline's inputs: the generation's forwards counted, the learner's optimizer timed
-    roof = f["roofline"]
-    assert roof["flops"]["generate"] > 0 and roof["flops"]["train"] > roof["flops"]["score"] > 0
-    assert roof["seconds"]["generate"] > 0 and roof["seconds"]["optimizer"] > 0 and roof["gpu_s"] > 0
-    rows = results["rows"]
-    assert rows[1]["ratio"]["samples_per_s_per_gpu"] == pytest.approx(
-        f["samples_per_s_per_gpu"] / peer["figures"]["samples_per_s_per_gpu"])
-    assert rows[1]["roofline"]["generate_tflops"] > 0 and rows[1]["roofline"]["ceiling_samples_per_s_per_gpu"] > 0
-    assert "| stabledrl: stabledrl train, release sampler | 2 |" in (tmp_path / "out" / "table.md").read_text()
-    assert "cluster.colocate=true" not in run["overrides"] and "--ranks 1 --workers 1" in run["command"]
-    apart = results["parts"]["stabledrl_L2_apart"]["runs"][0]
-    assert apart["rc"] == 0 and apart["figures"]["steps"] == 2, apart["log_tail"]
-    assert "cluster.colocate=false" in apart["overrides"] and "--ranks 1 --workers 1" in apart["command"]
-    assert apart["actors"]["learner0"]["seconds"]["train"] > 0 and apart["actors"]["rollout0"]["seconds"]
