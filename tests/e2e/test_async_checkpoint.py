@@ -40,7 +40,8 @@ class SlowWriterLearner(LearnerWorker):
 
 
 def test_a_kill_during_a_slow_save_resumes_from_the_save_before(cluster, tmp_path):
-    cfg = harness.job_config(tmp_path, run={"steps": 3, "checkpoint_every": 1}, algorithm={"max_staleness": 1})
+    cfg = harness.job_config(tmp_path, run={"steps": 3, "checkpoint_every": 1}, algorithm={"max_staleness": 1},
+                             rollout={"num_workers": 1})  # the learner ranks' saves are what it checks
     driver = Driver(cfg, learner_cls=SlowWriterLearner)
     driver.setup()
     try:

@@ -59,7 +59,8 @@ class FullDiskLearner(LearnerWorker):
 
 
 def test_a_full_disk_stops_the_job_naming_it_and_the_resume_is_exact(cluster, tmp_path):
-    cfg = harness.job_config(tmp_path, run={"steps": 3, "checkpoint_every": 1}, algorithm={"in_order": True})
+    cfg = harness.job_config(tmp_path, run={"steps": 3, "checkpoint_every": 1}, algorithm={"in_order": True},
+                             rollout={"num_workers": 1})  # the learner ranks' saves are what it checks
     driver = Driver(cfg, learner_cls=FullDiskLearner)
     with pytest.raises(Exception) as info:
         driver.run()

@@ -249,7 +249,7 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
         tmp_path, model={"preset": f"tiny-{family}"},
         learner={"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0},
                  "lora": {**LORA.model_dump(), "push": push}},
-        weights={"backend": backend}, run={"steps": 2})
+        weights={"backend": backend}, run={"steps": 2}, rollout={"num_workers": 1})
     from stabledrl.coordinator.driver import Driver
 
     driver = Driver(cfg, rollout_cls=LoraRollout, learner_cls=LoraLearner)
@@ -341,7 +341,7 @@ def test_a_resumed_lora_job_repeats_the_uninterrupted_one(cluster, tmp_path):
             out, task={"source": {"kind": "generated", "n": 64}}, algorithm={"max_staleness": 0, "in_order": True},
             learner={"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0}, "lora": LORA.model_dump(),
                      "optimizer": {"lr": 1e-2, "schedule": "linear"}},
-            run={"steps": 3, "checkpoint_every": 2, **run})
+            rollout={"num_workers": 1}, run={"steps": 3, "checkpoint_every": 2, **run})
 
     straight, straight_weights, _ = harness.run_driver(config(tmp_path / "straight"), learner_cls=MergedLearner)
     resumed, weights, workers = harness.run_driver(
@@ -374,7 +374,7 @@ def test_a_d1_shaped_lora_job_forwards_two_micro_batches_at_once_to_the_same_upd
             learner={"lora": LORA.model_dump(), "loss_normalisation": "micro_batch",
                      "micro_batches_per_forward": per_forward, "optimizer": {"lr": 1e-3, "eps": 1e-3},
                      "deepspeed": {"zero_stage": 2, "dtype": "fp32"}},
-            run={"steps": 1})
+            rollout={"num_workers": 1}, run={"steps": 1})
         return validate(JobConfig, {**cfg.model_dump(), "estimator": {"name": "mean_field"},
                                     "loss": {"name": "grpo", "kl_beta": 0.04, "level": "token"}})
 
