@@ -34,7 +34,6 @@ DiffusionGemma), so no such backend ships and the project installs no vLLM. The 
 """
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Optional, Protocol, Sequence, runtime_checkable
 
@@ -211,16 +210,13 @@ class TorchRolloutEngine:
     def discard_staged(self) -> None:
         self.staged = None
 
-    @torch.no_grad()
     def place(self) -> None:
         """A policy still on the host: every parameter and buffer not yet on ``device`` moves there
-        (a view a push bound stays where it is); a no-op once the policy is there."""
-        if not self.on_host:
-            return
-        for tensor in itertools.chain(self.policy.parameters(), self.policy.buffers()):
-            if tensor.device != self.device:
-                tensor.data = tensor.data.to(self.device)
-        self.on_host = False
+        (``Module.to`` leaves a tensor already there as it is: a view a push bound stays the
+        learner's); a no-op once the policy is there."""
+        if self.on_host:
+            self.policy.to(self.device)
+            self.on_host = False
 
     @property
     def num_parameters(self) -> int:
