@@ -32,8 +32,13 @@ def run(runner: str, *args) -> subprocess.CompletedProcess:
 
 def rehearse(runner: str, name: str, tmp_path: Path, *args) -> dict:
     """The suite's CPU rehearsal; its results.json (the run must have exited 0)."""
+    return tiny(runner, tmp_path, "--suite", name, *args)
+
+
+def tiny(runner: str, tmp_path: Path, *args) -> dict:
+    """The runner at the tiny shapes, its output in tmp_path/out; its results.json (it must have exited 0)."""
     out = tmp_path / "out"
-    done = run(runner, "--suite", name, "--tiny", "--out", out, *args)
+    done = run(runner, "--tiny", "--out", out, *args)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     return json.loads((out / "results.json").read_text())
 
@@ -196,29 +201,27 @@ def test_the_peer_suites_of_each_pair(pair, tmp_path):
     roofline in results.json and table.md."""
     loops, variants = pair_rehearsal(pair)
     loops = ["peer", *(x for x in loops + EXTRA_LOOPS.get(pair, []) if x != "peer")]
-    out = tmp_path / "out"
-    done = run("run_peers", "--tiny", "--pairs", pair, "--loops", ",".join(loops), "--cycles", "1", "--runs", "1",
-               "--peer-cycles", "1", "--part-timeout-s", "400", "--peer-root", tmp_path / "none",
-               "--peer-script", f"{pair}={FAKE_PEER}", "--out", out,
-               *(x for name, sets in variants.items() for x in ("--variant", f"{name}={sets}")))
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
+    results = tiny("run_peers", tmp_path, "--pairs", pair, "--loops", ",".join(loops), "--cycles", "1", "--runs", "1",
+                   "--peer-cycles", "1", "--part-timeout-s", "400", "--peer-root", tmp_path / "none",
+                   "--peer-script", f"{pair}={FAKE_PEER}",
+                   *(x for name, sets in variants.items() for x in ("--variant", f"{name}={sets}")))
     assert set(results["parts"]) == {f"{pair}_L2_{k}" for k in ("checkpoint", *loops)}
     peer = results["parts"][f"{pair}_L2_peer"]
     assert peer["finished"] == len(peer["runs"]) == 1 and peer["figures"]["samples_per_s_per_gpu"] > 0
-    table = (out / "table.md").read_text()
+    table = (tmp_path / "out" / "table.md").read_text()
     for loop in loops[1:]:
         part = results["parts"][f"{pair}_L2_{loop}"]
         assert part["finished"] == len(part["runs"]) == 1, part["runs"][0].get("log_tail")
-        run_ = part["runs"][0]
-        f = run_["figures"]
-        assert run_["rc"] == 0 and run_["layers"] == 2 and "--ranks 1 --workers 1" in run_["command"], run_["command"]
+        record = part["runs"][0]
+        f = record["figures"]
+        assert record["rc"] == 0 and record["layers"] == 2, record.get("log_tail")
+        assert "--ranks 1 --workers 1" in record["command"], record["command"]
         assert f["steps"] == 2 and f["timed_steps"] == [2] and f["samples"] == 8  # tiny: 2 groups of 4
         assert f["samples_per_s_per_gpu"] > 0 and f["rollout_tokens_per_s_per_gpu"] > 0 and f["first_step_s"] > 0
-        assert run_["actors"]["learner0"]["seconds"]["train"] > 0 and run_["actors"]["rollout0"]["seconds"]
-        assert ("cluster.colocate=false" in run_["overrides"]) == (loop == "apart"), run_["overrides"]
+        assert record["actors"]["learner0"]["seconds"]["train"] > 0 and record["actors"]["rollout0"]["seconds"]
+        assert ("cluster.colocate=false" in record["overrides"]) == (loop == "apart"), record["overrides"]
         if loop == "release_sampler":  # the recipe file as committed
-            assert not any("colocate" in x for x in run_["overrides"]), run_["overrides"]
+            assert not any("colocate" in x for x in record["overrides"]), record["overrides"]
         assert f["learner_s_per_sample"] > 0
         row = next(r for r in results["rows"] if r["name"] == f"{pair}: stabledrl train, {loop.replace('_', ' ')}")
         assert row["ratio"]["samples_per_s_per_gpu"] == pytest.approx(
