@@ -123,11 +123,12 @@ class Driver:
         t0 = t1 - job.seconds
         c = cfg.cluster
         inputs = PushInputs.of(cfg)
+        plan = plan_push(inputs)  # the weight push at the start: the scheduler, the pool and the sync read it
         self.scheduler = Scheduler(cfg, PromptStream(data.train, seed=cfg.run.seed), job.held_out,
-                                   collective_push=plan_push(inputs).collective)
+                                   collective_push=plan.collective)
         self.control = start_control(cfg.run.job_name, cfg.rollout.min_workers, cfg.rollout.worker_limit)
-        actors = start_actors(cfg, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls)
-        sync = WeightSync(inputs, actors, c.start_timeout_s)
+        actors = start_actors(cfg, plan, rollout_cls=self.rollout_cls, learner_cls=self.learner_cls)
+        sync = WeightSync(inputs, actors, c.start_timeout_s, plan=plan)
         self.runtime = RayRuntime(actors, sync, control=self.control,
                                   output_dir=cfg.run.output_dir, config=self.config_json(),
                                   start_timeout_s=c.start_timeout_s, autoscale=cfg.rollout.autoscale,

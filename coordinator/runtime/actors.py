@@ -18,6 +18,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from stabledrl.common.config.job import JobConfig
+from stabledrl.common.transport.plan import PushPlan
 from stabledrl.common.types import Group
 from stabledrl.coordinator.decisions.events import ActorFailure
 from stabledrl.coordinator.runtime.placement import in_group, reserve, shared_bundle, shared_gpus
@@ -102,8 +103,9 @@ class Actors:
             remove_placement_group(group)
 
 
-def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type) -> Actors:
-    """Reserve both roles, start every actor, form the learner group and build its engine."""
+def start_actors(cfg: JobConfig, plan: PushPlan, *, rollout_cls: type, learner_cls: type) -> Actors:
+    """Reserve both roles, start every actor, form the learner group and build its engine; ``plan``:
+    the job's weight push at its start (whether the workers will view their ranks' parameters)."""
     t0 = time.perf_counter()
     timeout = cfg.cluster.start_timeout_s
     m, n = cfg.learner.num_ranks, cfg.rollout.num_workers
@@ -112,7 +114,7 @@ def start_actors(cfg: JobConfig, *, rollout_cls: type, learner_cls: type) -> Act
         learner_pg = reserve("stabledrl-colocated", shared_bundle(c.learner, c.rollout), m, c.learner_strategy, timeout)
     else:
         learner_pg = reserve("stabledrl-learner", c.learner, m, c.learner_strategy, timeout)
-    pool = RolloutPool(cfg, rollout_cls)
+    pool = RolloutPool(cfg, rollout_cls, views=plan.views)
     try:
         workers = pool.start(n, shared=learner_pg if c.colocate else None)
     except ActorFailure:

@@ -23,7 +23,6 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 
 from stabledrl.common.config.job import JobConfig
 from stabledrl.common.config.model import ModelConfig
-from stabledrl.common.transport.plan import PushInputs, plan_push
 from stabledrl.coordinator.runtime.placement import bundle, has_room, in_group, reserve, shared_gpus
 
 
@@ -49,12 +48,13 @@ def rollout_model(cfg: JobConfig) -> ModelConfig:
 
 
 class RolloutPool:
-    def __init__(self, cfg: Optional[JobConfig], rollout_cls: Optional[type]) -> None:
+    def __init__(self, cfg: Optional[JobConfig], rollout_cls: Optional[type], views: bool = False) -> None:
+        """``views``: the job's push plan makes every worker's parameters views of its learner rank's
+        (``PushPlan.views``): a worker beside its rank loads its policy on the host until the first push."""
         self.cfg = cfg
         self.actor_cls = None
-        self.views = False  # the job's push makes every worker's parameters views of its learner rank's
+        self.views = views
         if cfg is not None:
-            self.views = plan_push(PushInputs.of(cfg)).views
             res = cfg.cluster.rollout
             # "weights": a worker stages a broadcast push on a thread of its own while it generates
             self.actor_cls = ray.remote(num_cpus=res.num_cpus, num_gpus=res.num_gpus,

@@ -46,7 +46,7 @@ from typing import Any, Mapping, Optional, Sequence
 import ray
 
 from stabledrl.common.transport import WeightHandle
-from stabledrl.common.transport.plan import PULL, PushInputs, plan_push
+from stabledrl.common.transport.plan import PULL, PushInputs, PushPlan, plan_push
 from stabledrl.coordinator.runtime.actors import Actors, wait
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,12 @@ class WeightSync:
     """The driver's end of the push: carries out the plan ``plan_push`` makes (common/transport/plan.py)
     at the job's start and at each build of a push group."""
 
-    def __init__(self, inputs: PushInputs, actors: Actors, timeout_s: float) -> None:
+    def __init__(self, inputs: PushInputs, actors: Actors, timeout_s: float,
+                 plan: Optional[PushPlan] = None) -> None:
         self.inputs, self.actors, self.timeout_s = inputs, actors, timeout_s
         self.peer_failed = False  # a pull that auto chose failed: every later group is broadcast
-        self.plan = plan_push(inputs)  # the job's start; each group built replaces it with its own
+        # the job's start (the driver's, else planned here); each group built replaces it with its own
+        self.plan = plan if plan is not None else plan_push(inputs)
         self.learner_nodes = {info.get("node_id") for info in actors.info.get("learners", [])}
         self.members: Optional[tuple[int, ...]] = None  # the collective group as built, in rank order
         self.built: Optional[str] = None  # the transport of the last group built

@@ -1,10 +1,13 @@
 """The pool tells a rollout worker whether its pushes make its parameters views of its learner
 rank's (``weights.ipc: view``): only a worker in a bundle beside that rank (``cluster.colocate``)
-of a job whose push plan views, which then loads its policy on the host (rollout/worker.py)."""
+of a job whose push plan views, which then loads its policy on the host (rollout/worker.py). The
+plan is the driver's, handed down through ``start_actors``; the whole path runs in
+tests/e2e/test_colocate.py."""
 from __future__ import annotations
 
 from stabledrl.common.config.base import validate
 from stabledrl.common.config.job import JobConfig
+from stabledrl.common.transport.plan import PushInputs, plan_push
 from stabledrl.coordinator.runtime.pool import Placement, RolloutPool
 from stabledrl.rollout.worker import RolloutWorker
 
@@ -37,7 +40,7 @@ class Started:
 
 
 def started(cfg: JobConfig, shared: bool) -> dict:
-    pool = RolloutPool(cfg, RolloutWorker)
+    pool = RolloutPool(cfg, RolloutWorker, views=plan_push(PushInputs.of(cfg)).views)
     pool.actor_cls = Started()
     pool.free = [Placement(group=None, bundle=0, owned=False, shared=shared)]
     pool.launch(0, replaces=False)
