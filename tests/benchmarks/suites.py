@@ -242,6 +242,15 @@ RUN_PEERS: dict[str, PeerSuite] = {
         args=(*stabledrl_depth("release_sampler,peer", cycles=5, part_timeout_s=545, layers=32, peer_cycles=4),
               "--gpus", "2"),
         tiny=(*DEPTH_TINY, "--peer-cycles", "1", "--gpus", "1")),
+    # the same release side with the recipe's shipped fast paths (the fast sampler at 24 layers:
+    # depth-fast-stabledrl): --loops peer, then --loops fast --merge OUT/results.json
+    "depth32-fast-stabledrl": PeerSuite(
+        "the StableDRL pair at all 32 of LLaDA-8B's layers, full-parameter on two GPUs: the release (a warm-up "
+        "round and 4 timed), then the recipe with the fast paths (a warm-up step and 5 timed). Two H200s; on a "
+        "machine that limits a command to 10 minutes, one loop a command",
+        shape="llada8b-32l",
+        args=(*stabledrl_depth("peer,fast", cycles=5, part_timeout_s=545, layers=32, peer_cycles=4), "--gpus", "2"),
+        tiny=(*DEPTH_TINY, "--peer-cycles", "1", "--gpus", "1")),
     "depth-budget-d1": PeerSuite(
         "d1's pair at its full 32 layers (LoRA fits one GPU): the release then the recipe as committed, a "
         "warm-up and 2 timed cycles each. One H200, one command of at most 10 minutes",
