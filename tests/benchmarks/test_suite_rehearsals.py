@@ -1,8 +1,8 @@
 """Every named suite's CPU rehearsal (``--tiny``, suites.py): the suite's scripts at the tiny shapes
 through its runner, as a user runs the suite on their GPUs; each must exit 0 with every part
-measured. The peer suites are rehearsed a pair at a time: one run of every loop and variant of the
-pair's suites (they differ only in counts at the tiny shape). The component suite's rehearsal with the
-fewest repetitions is test_rehearsal.py."""
+measured. The peer suites are rehearsed a pair at a time: every loop and variant of the pair's suites
+validated, and one run of each that another's run does not cover (they differ only in counts at the tiny
+shape). The component suite's rehearsal with the fewest repetitions is test_rehearsal.py."""
 from __future__ import annotations
 
 import json
@@ -191,21 +191,32 @@ PAIRS = sorted({_peer_options(name)[0] for name in suites.RUN_PEERS})
 # the StableDRL pair also placed apart (the layout the recipes do not ship, as the peer benchmark's table
 # compares it)
 EXTRA_LOOPS = {"stabledrl": ["apart"]}
+# loops that another loop's run covers at the tiny shape, validated by the runner's dry run instead of
+# started: the fast sampler's settings are a subset of the colocated fast loop's (checked below), and the
+# apart layout is the recipe's loop placed as the system suites' jobs are (the LLaDA system suite's
+# rehearsal runs one through the same job harness)
+CHECKED_ONLY = {"stabledrl": {"fast": "colocated_fast_graph", "apart": "release_sampler"}}
 
 
 @pytest.mark.parametrize("pair", PAIRS)
 def test_the_peer_suites_of_each_pair(pair, tmp_path):
     """The peer driver with a fake peer of known timings (the releases' code is never part of the
-    project), then every loop of the pair's suites through the system benchmark at the tiny LLaDA
-    (2 decoder layers, 1 rank and 1 worker): the figures of each, their ratio to the peer and their
-    roofline in results.json and table.md."""
+    project), every loop of the pair's suites validated, then each that no other covers through the
+    system benchmark at the tiny LLaDA (2 decoder layers, 1 rank and 1 worker): the figures of each,
+    their ratio to the peer and their roofline in results.json and table.md."""
     loops, variants = pair_rehearsal(pair)
-    loops = ["peer", *(x for x in loops + EXTRA_LOOPS.get(pair, []) if x != "peer")]
+    checked = CHECKED_ONLY.get(pair, {})
+    every = ["peer", *(x for x in loops + EXTRA_LOOPS.get(pair, []) if x != "peer")]
+    loops = [x for x in every if x not in checked]
     results = tiny("run_peers", tmp_path, "--pairs", pair, "--loops", ",".join(loops), "--cycles", "1", "--runs", "1",
-                   "--peer-cycles", "1", "--part-timeout-s", "400", "--peer-root", tmp_path / "none",
-                   "--peer-script", f"{pair}={FAKE_PEER}",
+                   "--check-loops", ",".join(checked), "--peer-cycles", "1", "--part-timeout-s", "400",
+                   "--peer-root", tmp_path / "none", "--peer-script", f"{pair}={FAKE_PEER}",
                    *(x for name, sets in variants.items() for x in ("--variant", f"{name}={sets}")))
     assert set(results["parts"]) == {f"{pair}_L2_{k}" for k in ("checkpoint", *loops)}
+    assert results["dry_runs"] == {f"{pair}_L2_{k}": None for k in every if k != "peer"}  # every loop validates
+    for loop, by in checked.items():
+        assert by in loops and set(results["variants"][loop]) <= set(results["variants"][by]) | {
+            "cluster.colocate=false", "weights.backend=auto"}, (loop, by)
     peer = results["parts"][f"{pair}_L2_peer"]
     assert peer["finished"] == len(peer["runs"]) == 1 and peer["figures"]["samples_per_s_per_gpu"] > 0
     table = (tmp_path / "out" / "table.md").read_text()

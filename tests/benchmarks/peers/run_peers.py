@@ -88,6 +88,8 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
                     "layers, loops and protocol")
     ap.add_argument("--pairs", default="stabledrl", help="comma list: stabledrl, d1")
     ap.add_argument("--loops", default="peer,release_sampler,fast", help="which of each pair's loops run, in order")
+    ap.add_argument("--check-loops", default="",
+                    help="comma list: project loops whose configs are only validated (the dry run), never started")
     ap.add_argument("--tiny", action="store_true", help="tiny LLaDA on the CPU, short generations (the rehearsal)")
     ap.add_argument("--gpus", type=int, default=None, help="GPUs of every loop (default: all visible; tiny: 1)")
     ap.add_argument("--layers", default=None,
@@ -141,7 +143,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     results["variants"] = variants
     scripts = dict(item.split("=", 1) for item in a.peer_script)
     loops = [x for x in a.loops.split(",") if x]
-    unknown = [x for x in loops if x != "peer" and x not in variants]
+    checked = [x for x in a.check_loops.split(",") if x]
+    unknown = [x for x in loops + checked if x != "peer" and x not in variants]
     if unknown:
         raise SystemExit(f"unknown loops {unknown}: peer, {', '.join(variants)} or a --variant")
     ok = True
@@ -160,7 +163,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             ckpt = checkpoint(a, work, layers)
             results["parts"][f"{pair}_L{ckpt['layers']}_checkpoint"] = ckpt
             data = rows(work)
-            ready = {loop: dry_run(pair, spec, variants[loop], work) for loop in loops if loop != "peer"}
+            ready = {loop: dry_run(pair, spec, variants[loop], work) for loop in loops + checked if loop != "peer"}
+            ok &= not any(ready[loop] for loop in checked)
             results["dry_runs"].update({f"{pair}_L{ckpt['layers']}_{k}": v for k, v in ready.items()})
             for run in range(a.runs):
                 for loop in loops:  # alternating: every loop once, then every loop again
