@@ -35,6 +35,12 @@ def pytest_collection_modifyitems(config, items):
         module = getattr(item, "module", None)
         if item.get_closest_marker("xdist_group") is None and not getattr(module, "TESTS_STAND_ALONE", False):
             item.add_marker(pytest.mark.xdist_group(getattr(module, "__name__", "")))
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if getattr(config.option, "loadgroup", False) and groups and hasattr(item, "_id"):
+            # the group goes into the test's id, where the scheduler reads it: pytest-xdist writes it
+            # to item._nodeid, which pytest 9 no longer reads (its id is item._id)
+            item._id = type(item._id).parse(f"{item.nodeid}@{'_'.join(groups)}")
         if ("e2e" in item.keywords or "gpu" in item.keywords) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
     if torch.cuda.is_available():
