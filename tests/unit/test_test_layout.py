@@ -45,3 +45,16 @@ def test_tests_start_ray_only_through_the_shared_helpers():
     starts = {str(p.relative_to(TESTS)) for p in TESTS.rglob("*.py")
               if "__pycache__" not in p.parts and "benchmarks" not in p.parts and "ray.init(" in p.read_text()}
     assert starts <= RAY_STARTS, sorted(starts - RAY_STARTS)
+
+
+def test_under_loadgroup_a_modules_tests_carry_its_group_in_their_ids(request):
+    """``make test`` (``--dist loadgroup``) keeps a module's tests on one worker, so that its Ray
+    instance and module fixtures start once: the scheduler reads the group from each test's id
+    (tests/conftest.py writes it there). Run without it, the ids carry no group."""
+    if not getattr(request.config.option, "loadgroup", False):
+        assert "@" not in request.node.nodeid
+        return
+    assert request.node.nodeid.endswith("@test_test_layout"), request.node.nodeid
+    for item in request.session.items:
+        alone = getattr(getattr(item, "module", None), "TESTS_STAND_ALONE", False)
+        assert alone or "@" in item.nodeid, item.nodeid
