@@ -392,10 +392,15 @@ def device_uuid(device: torch.device) -> str:
 
 
 def _close(shm: Any) -> None:
-    """Close a shared block; a tensor still viewing it keeps the mapping until it is collected."""
+    """Close a shared block; a tensor still viewing it keeps the mapping until it is collected. A
+    full collection (slow in a process holding many objects) runs only where a view is left."""
     import gc
 
-    gc.collect()
+    try:
+        shm.close()
+        return
+    except BufferError:
+        gc.collect()  # views only unreachable cycles still hold
     try:
         shm.close()
     except BufferError:
