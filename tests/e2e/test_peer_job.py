@@ -2,8 +2,9 @@
 peer``, common/transport/peer.py; on CPU actors each rank's buffer is a set of shared-memory
 blocks) trains exactly as the same job pushing by gloo broadcast: ZeRO-3 over 2 ranks, each
 offering its own partitions, 2 workers each reading both ranks' buffers, η = 1 with in-order
-batches (a run that is a function of config and seed, whatever the timing) and the push staged
-beside the workers' requests. Same metrics at every step, same final weights, bit for bit."""
+batches (a run that is a function of config and seed, whatever the timing and the fleet: the
+broadcast job has 1 worker) and the push staged beside the workers' requests. Same metrics at every
+step, same final weights, bit for bit."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,7 +28,9 @@ JOB = {"learner": {"num_ranks": 2, "dist_timeout_s": 120, "optimizer": {"lr": 1e
 
 @pytest.fixture(scope="module")
 def broadcast(cluster, tmp_path_factory):
-    return run(config(tmp_path_factory.mktemp("gloo"), False, "gloo", **JOB), harness.InspectedRollout)
+    """The job pushing by gloo broadcast, to 1 rollout worker."""
+    job = {**JOB, "rollout": {"num_workers": 1}}
+    return run(config(tmp_path_factory.mktemp("gloo"), False, "gloo", **job), harness.InspectedRollout)
 
 
 class RefusingRollout(harness.InspectedRollout):
