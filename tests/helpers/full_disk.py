@@ -1,6 +1,6 @@
 """A file on a disk that fills up, for the tests of checkpoint writes the disk refuses: the fault is
 injected where the bytes are written, as a full disk (a quota, a permission) refuses them part-way.
-tests/unit/coordinator/test_disk_faults.py opens its files through it; tests/e2e/test_disk_full.py
+tests/unit/coordinator/test_disk_faults.py opens its files through it; tests/e2e/test_async_checkpoint.py
 puts it in the checkpoint writer's child process (a ``sitecustomize`` imports it from this folder)."""
 from __future__ import annotations
 
