@@ -9,6 +9,7 @@ Families: the tiny LLaDA and Dream presets (Dream has biased q/k/v projections a
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -240,16 +241,17 @@ class LoraRollout(harness.InspectedRollout):
             return self.engine.policy(ids, logits_from=1).logits.float()
 
 
-@pytest.mark.parametrize("family, backend, push", [("llada", "object_store", "merged"), ("dream", "gloo", "adapters")])
-def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tmp_path, family, backend, push):
-    """``push: merged``: the merged adapted matrices travel; ``adapters`` (the default): only A and
-    B, which the workers hold unmerged (the gloo push is received at the first push, which builds
-    the group, and staged at the second)."""
-    cfg = harness.job_config(
-        tmp_path, model={"preset": f"tiny-{family}"},
-        learner={"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0},
-                 "lora": {**LORA.model_dump(), "push": push}},
-        weights={"backend": backend}, run={"steps": 2}, rollout={"num_workers": 1})
+def lora_config(out, family: str, backend: str, push: str, **sections):
+    """A LoRA job under ZeRO-3 (2 ranks, 1 rollout worker); ``sections`` update the sections key by key."""
+    learner = {"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0},
+               "lora": {**LORA.model_dump(), "push": push}, **sections.pop("learner", {})}
+    return harness.job_config(out, model={"preset": f"tiny-{family}"}, learner=learner, weights={"backend": backend},
+                              rollout={"num_workers": 1}, **sections)
+
+
+def run_lora_job(cfg, final_save: bool) -> SimpleNamespace:
+    """Train, let the rollouts land, save (``final_save``: a checkpoint after the last step), export;
+    then what the learner pushes and exports, its logits of PROBE, and each worker's weights and logits."""
     from stabledrl.coordinator.driver import Driver
 
     driver = Driver(cfg, rollout_cls=LoraRollout, learner_cls=LoraLearner)
@@ -257,7 +259,8 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
     try:
         driver.train()
         driver.drain()
-        driver.save_checkpoint()
+        if final_save:
+            driver.save_checkpoint()
         driver.export()
         driver.finish_checkpoint(120)  # as Driver.run: the background write completes before the close
         learners = driver.actors.learners
@@ -268,14 +271,48 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
         worker_logits = ray.get([w.logits.remote(PROBE) for w in driver.active_rollouts()])
     finally:
         driver.close()
-    # its final checkpoint passes a resume's checks, and only with the same adapters
+    return SimpleNamespace(cfg=cfg, out=cfg.run.output_dir, driver=driver, pushed=pushed, exported=exported,
+                           learner_logits=learner_logits, workers=workers, worker_logits=worker_logits)
+
+
+def resumable(out, **run):
+    """η = 0, in-order batches, a linear lr decay: 3 steps, a checkpoint after step 2 (Dream, the adapters
+    pushed by gloo)."""
+    return lora_config(out, "dream", "gloo", "adapters", task={"source": {"kind": "generated", "n": 64}},
+                       algorithm={"max_staleness": 0, "in_order": True},
+                       learner={"optimizer": {"lr": 1e-2, "schedule": "linear"}},
+                       run={"steps": 3, "checkpoint_every": 2, **run})
+
+
+@pytest.fixture(scope="module")
+def adapters_job(cluster, tmp_path_factory):
+    """The ``push: adapters`` job, which is also the uninterrupted run a resumed job repeats: its
+    checkpoint is the one after step 2 (no save after the last step)."""
+    return run_lora_job(resumable(tmp_path_factory.mktemp("straight")), final_save=False)
+
+
+@pytest.mark.parametrize("family, backend, push", [("llada", "object_store", "merged"), ("dream", "gloo", "adapters")])
+def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, request, tmp_path, family, backend,
+                                                                    push):
+    """``push: merged``: the merged adapted matrices travel; ``adapters`` (the default): only A and
+    B, which the workers hold unmerged (the gloo push is received at the first push, which builds
+    the group, and staged at the second). The merged job trains 2 steps and saves after the last;
+    the adapters job is ``adapters_job`` (3 steps, its checkpoint after step 2)."""
+    if push == "adapters":
+        job = request.getfixturevalue("adapters_job")
+    else:
+        job = run_lora_job(lora_config(tmp_path, family, backend, push, run={"steps": 2}), final_save=True)
+    assert job.cfg.model.preset == f"tiny-{family}" and job.cfg.learner.lora.push == push
+    cfg, out, driver, pushed, exported = job.cfg, job.out, job.driver, job.pushed, job.exported
+    learner_logits, workers, worker_logits = job.learner_logits, job.workers, job.worker_logits
+    # its checkpoint passes a resume's checks, and only with the same adapters
     from stabledrl.coordinator.runtime import checkpoint
 
     config = driver.config_json()
-    assert checkpoint.verify(checkpoint.checkpoint_dir(tmp_path), config).tag == "step2"
+    assert checkpoint.verify(checkpoint.checkpoint_dir(out), config).tag == "step2"
     config["learner"]["lora"]["rank"] = 8
     with pytest.raises(checkpoint.CheckpointError, match=r"learner\.lora\.rank: checkpoint 4, config 8"):
-        checkpoint.verify(checkpoint.checkpoint_dir(tmp_path), config)
+        checkpoint.verify(checkpoint.checkpoint_dir(out), config)
 
     initial, _ = load_policy(cfg.model)
     initial_logits = initial(PROBE, logits_from=1).logits
@@ -310,14 +347,14 @@ def test_a_lora_job_pushes_what_changed_and_exports_the_merged_model(cluster, tm
         assert all(0.1 < record[f"learner/peak_rss_gb/rank{r}"] < 64 for r in (0, 1))
 
     # the export is a plain checkpoint of the merged policy, read back by the loader
-    model, _ = load_policy(cfg.model.model_copy(update={"path": tmp_path / "final_model", "preset": None}))
+    model, _ = load_policy(cfg.model.model_copy(update={"path": out / "final_model", "preset": None}))
     assert {n: p for n, p in model.named_parameters()}.keys() == exported.keys()
     assert all(torch.equal(p, exported[n]) for n, p in model.named_parameters())
     assert push == "adapters" or all(torch.equal(exported[n], pushed[n]) for n in pushed)
     # and the adapters themselves, a PEFT folder for the base (model.path): the learner's A and B
     from stabledrl.common.models.adapter_folder import read_adapter_folder
 
-    folder = read_adapter_folder(tmp_path / "final_adapter", family)
+    folder = read_adapter_folder(out / "final_adapter", family)
     assert (folder.rank, folder.alpha) == (LORA.rank, LORA.alpha)
     held = {f"model.{p}{s}": t for p, pair in folder.pairs.items() for s, t in zip((".lora_A", ".lora_B"), pair)}
     assert held.keys() == {n[: -len(".weight")] + s for n in adapted for s in (".lora_A", ".lora_B")}
@@ -332,20 +369,15 @@ class MergedLearner(LearnerWorker):
         return None if merged is None else {**merged, **adapters}
 
 
-def test_a_resumed_lora_job_repeats_the_uninterrupted_one(cluster, tmp_path):
-    """η = 0, in-order batches, ZeRO-3, a linear lr decay: 3 steps straight, against steps 1-2, a
-    checkpoint, and step 3 in a second job resumed from it (the frozen weights come from the
-    preset again, the adapters, Adam's moments and the schedule position from the checkpoint)."""
-    def config(out, **run):
-        return harness.job_config(
-            out, task={"source": {"kind": "generated", "n": 64}}, algorithm={"max_staleness": 0, "in_order": True},
-            learner={"deepspeed": {"zero_stage": 3, "param_persistence_threshold": 0}, "lora": LORA.model_dump(),
-                     "optimizer": {"lr": 1e-2, "schedule": "linear"}},
-            rollout={"num_workers": 1}, run={"steps": 3, "checkpoint_every": 2, **run})
-
-    straight, straight_weights, _ = harness.run_driver(config(tmp_path / "straight"), learner_cls=MergedLearner)
+def test_a_resumed_lora_job_repeats_the_uninterrupted_one(adapters_job, tmp_path):
+    """η = 0, in-order batches, ZeRO-3, a linear lr decay: the 3 steps of ``adapters_job``, against
+    its steps 1-2, its checkpoint, and step 3 in a second job resumed from it (the frozen weights
+    come from the preset again, the adapters, Adam's moments and the schedule position from the
+    checkpoint)."""
+    straight = adapters_job.driver
+    straight_weights = {**adapters_job.exported, **adapters_job.pushed}  # what MergedLearner.weights gives
     resumed, weights, workers = harness.run_driver(
-        config(tmp_path / "resumed", resume_from=tmp_path / "straight" / "checkpoints"), learner_cls=MergedLearner,
+        resumable(tmp_path / "resumed", resume_from=adapters_job.out / "checkpoints"), learner_cls=MergedLearner,
         workers=True)
     assert [r["version"] for r in resumed.history] == [3.0]
     for key in (*harness.DETERMINISTIC, "train/lr"):
@@ -354,6 +386,7 @@ def test_a_resumed_lora_job_repeats_the_uninterrupted_one(cluster, tmp_path):
     assert weights.keys() == straight_weights.keys()
     assert all(torch.equal(weights[n], straight_weights[n]) for n in weights), "the resumed step differs"
     adapted = {n.removesuffix(".lora_A") + ".weight" for n in weights if n.endswith(".lora_A")}
+    assert adapted
     for version, held in workers:  # the adapters, and every weight but the adapted ones (merged, frozen there)
         assert version == 3 and held.keys() == weights.keys()
         assert all(torch.equal(held[n], weights[n]) for n in weights if n not in adapted)
