@@ -148,8 +148,9 @@ def test_a_reward_that_times_out_in_the_first_evaluation_stops_the_job(tmp_path)
     (which runs with eval.every=0 too), silent: the failure-rate stop covered training only."""
     reward = tmp_path / "slow_reward.py"
     reward.write_text("import time\n\ndef score(completion, row):\n    time.sleep(60)\n    return 1.0\n")
+    # the tiny job's 8 held-out prompts: more than half of failure_check_after = 8 fail, the verdict is certain
     proc, log = start(tmp_path, f"task.reward.custom={reward}:score", "task.reward.isolation=process",
-                      "task.reward.timeout_s=0.2", "task.held_out=40", "eval.num_prompts=40", "eval.every=0", *ONE_EACH)
+                      "task.reward.timeout_s=0.2", "task.reward.failure_check_after=8", "eval.every=0", *ONE_EACH)
     try:
         assert proc.wait(600) == 1
     finally:
