@@ -1,9 +1,10 @@
 """Every published recipe (deploy/configs/recipe_*.yaml) runs 2 steps end to end on CPU: real Ray
 actors, a DeepSpeed learner on gloo, a tiny checkpoint of the recipe's family at the released
 vocabulary with the family's real chat template. Only what sets the shape is overridden (the model,
-lengths, batch sizes, one learner rank and one rollout worker on CPU, local data files); the rest
-runs as shipped: estimator, loss, optimizer and schedule, LoRA, μ, rewards, templates, and the d1
-protocol evaluated on the rollout workers before and after training (eval.protocol)."""
+lengths, batch sizes, one learner rank and one rollout worker on CPU, local data files, no checkpoint
+or export); the rest runs as shipped: estimator, loss, optimizer and schedule, LoRA, μ, rewards,
+templates, and the d1 protocol evaluated on the rollout workers before and after training
+(eval.protocol)."""
 from __future__ import annotations
 
 import json
@@ -81,14 +82,27 @@ def shape_overrides(name: str, model: Path, out: Path) -> list[str]:
         "cluster.learner={num_cpus: 0.5, num_gpus: 0}", "cluster.rollout={num_cpus: 0.5, num_gpus: 0}",
         "cluster.start_timeout_s=300", "weights.backend=object_store", *protocol,
         "run.steps=2", f"run.output_dir={out}", "run.progress=false", "run.tensorboard=false",
-        "run.save_final_checkpoint=false", "run.export_final=false",
+        "run.checkpoint_every=0", "run.save_final_checkpoint=false", "run.export_final=false",
     ]
 
 
+@pytest.fixture(scope="module")
+def tiny_checkpoints(tmp_path_factory):
+    """family -> its tiny release checkpoint, written once for the recipes of that family (they only read it)."""
+    written: dict[str, Path] = {}
+
+    def checkpoint(family: str) -> Path:
+        if family not in written:
+            written[family] = write_tiny_release_checkpoint(family, tmp_path_factory.mktemp(family) / "model")
+        return written[family]
+
+    return checkpoint
+
+
 @pytest.mark.parametrize("name", sorted(RECIPES))
-def test_a_recipe_trains_two_steps_on_cpu_with_its_chat_template(cluster, tmp_path, name):
+def test_a_recipe_trains_two_steps_on_cpu_with_its_chat_template(cluster, tiny_checkpoints, tmp_path, name):
     family, opening = RECIPES[name]
-    model = write_tiny_release_checkpoint(family, tmp_path / "model")
+    model = tiny_checkpoints(family)
     shipped = load_job_config(ROOT / "deploy" / "configs" / name)
     cfg = load_job_config(ROOT / "deploy" / "configs" / name,
                           shape_overrides(name, model, tmp_path / "run") + data_overrides(name, tmp_path))
