@@ -3,9 +3,9 @@ stabledrl/evaluation/protocol.py).
 
 A policy double whose answer is forced per (prompt, generation length) goes through the real
 sampler on two EvalWorker actors: the table must equal the hand-computed accuracies, every
-(benchmark, length, prompt) must be graded exactly once, and a rerun after a kill must skip what
-was graded and give the same table. The command itself runs on the tiny LLaDA preset and prints one
-column per generation length."""
+(benchmark, length, prompt) must be graded exactly once, and a rerun after a kill (on one worker)
+must skip what was graded and give the same table. The command itself runs on the tiny LLaDA preset
+(one worker) and prints one column per generation length."""
 from __future__ import annotations
 
 import json
@@ -139,7 +139,7 @@ def test_pass_at_1_is_the_hand_computed_value_and_a_rerun_skips_what_is_graded(t
 
     undo = show_log()  # the job's lines on stdout, as the CLI shows them
     try:
-        again = protocol_command(cfg, cfg.eval.protocol, out=str(out), workers=2, loader=forced_loader(answers))
+        again = protocol_command(cfg, cfg.eval.protocol, out=str(out), workers=1, loader=forced_loader(answers))
     finally:
         undo()
     assert "13 to go" in capsys.readouterr().out
@@ -186,7 +186,7 @@ def test_the_command_prints_one_column_per_generation_length(tmp_path, capsys):
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(job(tmp_path).model_dump(mode="json")))  # d1's defaults: 128, 256, 512
     code = main(["eval", "--config", str(config), "--protocol", "d1", "--benchmarks", "gsm8k,sudoku",
-                 "--lengths", "32,64,96", "--num-prompts", "1", "--workers", "2", "--out", str(tmp_path / "tiny")])
+                 "--lengths", "32,64,96", "--num-prompts", "1", "--workers", "1", "--out", str(tmp_path / "tiny")])
     printed = capsys.readouterr().out
     assert code == 0
     assert "| Benchmark | Prompts | 32 | 64 | 96 |" in printed
