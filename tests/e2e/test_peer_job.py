@@ -3,8 +3,8 @@ peer``, common/transport/peer.py; on CPU actors each rank's buffer is a set of s
 blocks) trains exactly as the same job pushing by gloo broadcast: ZeRO-3 over 2 ranks, each
 offering its own partitions, 2 workers each reading both ranks' buffers, η = 1 with in-order
 batches (a run that is a function of config and seed, whatever the timing and the fleet: the
-broadcast job has 1 worker) and the push staged beside the workers' requests. Same metrics at every
-step, same final weights, bit for bit."""
+broadcast job and the jobs that fall back to it run 1 worker) and the push staged beside the
+workers' requests. Same metrics at every step, same final weights, bit for bit."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,13 +24,13 @@ pytestmark = pytest.mark.e2e
 SCORED = ("rollout/reward_calls/calls", "rollout/reward_calls/failed")
 JOB = {"learner": {"num_ranks": 2, "dist_timeout_s": 120, "optimizer": {"lr": 1e-2}, "deepspeed": {"zero_stage": 3}},
        "rollout": {"num_workers": 2}, "algorithm": {"max_staleness": 1, "in_order": True}}
+ONE_WORKER = {**JOB, "rollout": {"num_workers": 1}}
 
 
 @pytest.fixture(scope="module")
 def broadcast(cluster, tmp_path_factory):
     """The job pushing by gloo broadcast, to 1 rollout worker."""
-    job = {**JOB, "rollout": {"num_workers": 1}}
-    return run(config(tmp_path_factory.mktemp("gloo"), False, "gloo", **job), harness.InspectedRollout)
+    return run(config(tmp_path_factory.mktemp("gloo"), False, "gloo", **ONE_WORKER), harness.InspectedRollout)
 
 
 class RefusingRollout(harness.InspectedRollout):
@@ -88,9 +88,10 @@ def test_workers_pulling_from_zero3_ranks_train_exactly_as_the_broadcast(broadca
 def test_a_pull_that_auto_chose_and_that_fails_falls_back_to_the_broadcast(broadcast, tmp_path, monkeypatch,
                                                                            refusing, job_log):
     """``auto`` builds the group over peer (here: the job's broadcast offered peer for one host, as
-    auto does on GPUs); the workers' pulls are refused, or a learner rank cannot export its
-    partitions. Every end fails at once (not at its timeout), the push is made again over the
-    broadcast, and the job trains exactly as the broadcast job, every later group broadcast too."""
+    auto does on GPUs); the rollout worker's pull is refused, or a learner rank cannot export its
+    partitions. Every end (2 learner ranks, 1 worker) fails at once (not at its timeout), the push is
+    made again over the broadcast, and the job trains exactly as the broadcast job, every later group
+    broadcast too."""
     from stabledrl.coordinator.runtime import weight_sync
 
     def offered(inputs, one_host=False, peer_failed=False):  # the plan auto makes on GPUs, over gloo
@@ -103,12 +104,12 @@ def test_a_pull_that_auto_chose_and_that_fails_falls_back_to_the_broadcast(broad
     monkeypatch.setattr(weight_sync, "plan_push", offered)
     lines = job_log
     t0 = time.perf_counter()
-    fell_back = run(config(tmp_path / "fallback", False, "gloo", **JOB),
+    fell_back = run(config(tmp_path / "fallback", False, "gloo", **ONE_WORKER),
                     RefusingRollout if refusing == "worker" else harness.InspectedRollout,
                     learner_cls=RefusingLearner if refusing == "rank" else harness.InspectedLearner)
     assert time.perf_counter() - t0 < 150  # the senders did not wait out weights.timeout_s (300 s)
     chosen = [line for line in lines if line.startswith("weights: ")]
-    assert chosen[0] == ("weights: the push group of rollout workers [0, 1] is built over peer (auto: every learner "
+    assert chosen[0] == ("weights: the push group of rollout workers [0] is built over peer (auto: every learner "
                          "rank and rollout worker runs on one host)"), lines
     why = "could not map" if refusing == "worker" else "cannot export"
     assert chosen[1].startswith("weights: the push over peer failed (") and why in chosen[1], chosen
