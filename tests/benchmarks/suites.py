@@ -258,6 +258,14 @@ RUN_PEERS: dict[str, PeerSuite] = {
         args=("--pairs", "d1", "--layers", "32", "--loops", "peer,release_sampler", "--cycles", "2", "--runs", "1",
               "--part-timeout-s", "320"),
         tiny=DEPTH_TINY),
+    "depth-fast-d1": PeerSuite(
+        "d1's pair at its full 32 layers: the release, then the recipe as committed with the shipped fast "
+        "sampler (Fast-dLLM's dual cache, threshold decoding 0.9), a warm-up and 2 timed cycles each. One H200, "
+        "one command of at most 10 minutes",
+        shape="llada8b-lora",
+        args=("--pairs", "d1", "--layers", "32", "--loops", "peer,fast", "--cycles", "2", "--runs", "1",
+              "--part-timeout-s", "320"),
+        tiny=DEPTH_TINY),
 }
 
 SUITES = {"run_all": RUN_ALL, "run_system": RUN_SYSTEM, "run_peers": RUN_PEERS}

@@ -197,7 +197,8 @@ EXTRA_LOOPS = {"stabledrl": ["apart"]}
 # started: the fast sampler's settings are a subset of the colocated fast loop's (checked below), and the
 # apart layout is the recipe's loop placed as the system suites' jobs are (the LLaDA system suite's
 # rehearsal runs one through the same job harness)
-CHECKED_ONLY = {"stabledrl": {"fast": "colocated_fast_graph", "apart": "release_sampler"}}
+CHECKED_ONLY = {"stabledrl": {"fast": "colocated_fast_graph", "apart": "release_sampler"},
+                "d1": {"fast": "colocated_fast_graph_ckpt8"}}
 
 
 @pytest.mark.parametrize("pair", PAIRS)
