@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
 import pytest
 import torch
@@ -259,10 +260,11 @@ def holder(weights: list[tuple[str, torch.Tensor]]) -> torch.nn.Module:
 
 
 def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float = 0.0, backend: str = "gloo",
-                         timeout_s: float = 60.0):
+                         timeout_s: float = 60.0, before_receive: Callable[[], None] = lambda: None):
     """Version 5 (``full_weights(5)``) from 2 sources (``backend``), threads of this process, staged into
     ``staged`` by the receiver (rank 2); ``late``: "sources" or "receiver" join ``delay_s`` after the
-    other end is set up and about to transfer (so a slow set-up under load cannot hide the delay).
+    other end is set up and about to transfer (so a slow set-up under load cannot hide the delay);
+    ``before_receive`` runs once the receiver's end is set up, just before it receives.
     Returns (the version staged, the receiver's end, {source rank: its end's ``waited_s``})."""
     cfg = WeightPushConfig(backend=backend, timeout_s=timeout_s, bucket_mb=1500 / 2**20)
     port = reserve_port()
@@ -292,6 +294,7 @@ def sharded_into_staging(staged: StagedWeights, late: str = "", delay_s: float =
     if late == "receiver":
         assert all(e.wait(60) for e in sources_set_up)
         time.sleep(delay_s)
+    before_receive()
     receiving.set()
     try:
         version = staged.receive(end, WeightHandle(5, backend), keep_order=False, timeout_s=60)
@@ -378,7 +381,8 @@ def test_the_pulls_gil_probe_shows_a_thread_that_holds_the_gil():
     """``push_stage_gil``: the pull gives Python's GIL up once before its first read; a thread of
     the worker inside one long C call (here ``sum`` over ~10^6 numbers, tens of ms) makes it wait
     for the call's end, which a wait for the GPU or for a lock would not. Without another thread it
-    takes its 0.1 ms sleep."""
+    takes its 0.1 ms sleep. The holding thread starts once the ends are set up (it would slow
+    their set-up down, not the probe)."""
     stop = threading.Event()
 
     def hold() -> None:
@@ -386,16 +390,22 @@ def test_the_pulls_gil_probe_shows_a_thread_that_holds_the_gil():
             sum(range(2 * 10**6))  # one C call: the GIL is not given up inside it
 
     busy = threading.Thread(target=hold, daemon=True)
-    busy.start()
+
+    def start_holding() -> None:  # at the first pull's receive
+        if busy.ident is None:
+            busy.start()
+
     waits = []
     try:
         # a probe: a busy machine may not run the holder while the pull sleeps; up to 5 pulls
         while len(waits) < 5 and max(waits, default=0.0) < 0.003:
-            _, end, _ = sharded_into_staging(StagedWeights(holder(full_weights(0))), backend="peer")
+            _, end, _ = sharded_into_staging(StagedWeights(holder(full_weights(0))), backend="peer",
+                                             before_receive=start_holding)
             waits.append(end.parts_s["gil"])
     finally:
         stop.set()
-        busy.join(30)
+        if busy.ident is not None:
+            busy.join(30)
     assert max(waits) >= 0.003, waits
 
 
