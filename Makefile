@@ -5,9 +5,11 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 CONFIG  ?= deploy/configs/quickstart.yaml
 # tests run on this many cores (pytest-xdist); a module's tests stay on one of them (tests/conftest.py),
-# so its Ray instance and job fixtures start once
+# so its Ray instance and job fixtures start once. The modules go out in the order collected (the long
+# benchmark rehearsals and end-to-end modules first, the short unit modules last), not reordered by their
+# count of tests, which left the single-test rehearsals to the end, on one worker while the other idled
 JOBS    ?= 2
-PYTEST  := $(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup
+PYTEST  := $(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup --no-loadscope-reorder
 RUN_DIR ?= runs/quickstart
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER = 0
 export RAY_USAGE_STATS_ENABLED = 0
