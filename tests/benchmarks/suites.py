@@ -185,6 +185,21 @@ def stabledrl_depth(loops: str, cycles: int, part_timeout_s: int, layers: int = 
 
 
 DEPTH_TINY = ("--cycles", "1", "--part-timeout-s", "400")  # a depth suite's rehearsal: one timed step, one round
+# the StableDRL pair at all 32 layers over two GPUs (a warm-up step and 5 timed, a warm-up round and 4 timed),
+# rehearsed on one
+DEPTH32_TINY = (*DEPTH_TINY, "--peer-cycles", "1", "--gpus", "1")
+
+
+def stabledrl_depth32(loops: str) -> tuple[str, ...]:
+    return (*stabledrl_depth(loops, cycles=5, part_timeout_s=545, layers=32, peer_cycles=4), "--gpus", "2")
+
+
+# d1's pair at its full 32 layers on one GPU (LoRA): a warm-up and 2 timed cycles a loop
+def d1_depth(loops: str) -> tuple[str, ...]:
+    return ("--pairs", "d1", "--layers", "32", "--loops", loops, "--cycles", "2", "--runs", "1",
+            "--part-timeout-s", "320")
+
+
 RUN_PEERS: dict[str, PeerSuite] = {
     "stabledrl": PeerSuite(
         "the StableDRL release's training loop against stabledrl train at its recipe, LLaDA-8B's width with 8 of "
@@ -239,9 +254,7 @@ RUN_PEERS: dict[str, PeerSuite] = {
         "(a warm-up step and 5 timed; its peak memory per GPU over the 6 steps), then the release (a warm-up "
         "round and 4 timed). Two H200s; on a machine that limits a command to 10 minutes, one loop a command",
         shape="llada8b-32l",
-        args=(*stabledrl_depth("release_sampler,peer", cycles=5, part_timeout_s=545, layers=32, peer_cycles=4),
-              "--gpus", "2"),
-        tiny=(*DEPTH_TINY, "--peer-cycles", "1", "--gpus", "1")),
+        args=stabledrl_depth32("release_sampler,peer"), tiny=DEPTH32_TINY),
     # the same release side with the recipe's shipped fast paths (the fast sampler at 24 layers:
     # depth-fast-stabledrl): --loops peer, then --loops fast --merge OUT/results.json
     "depth32-fast-stabledrl": PeerSuite(
@@ -249,23 +262,18 @@ RUN_PEERS: dict[str, PeerSuite] = {
         "round and 4 timed), then the recipe with the fast paths (a warm-up step and 5 timed). Two H200s; on a "
         "machine that limits a command to 10 minutes, one loop a command",
         shape="llada8b-32l",
-        args=(*stabledrl_depth("peer,fast", cycles=5, part_timeout_s=545, layers=32, peer_cycles=4), "--gpus", "2"),
-        tiny=(*DEPTH_TINY, "--peer-cycles", "1", "--gpus", "1")),
+        args=stabledrl_depth32("peer,fast"), tiny=DEPTH32_TINY),
     "depth-budget-d1": PeerSuite(
         "d1's pair at its full 32 layers (LoRA fits one GPU): the release then the recipe as committed, a "
         "warm-up and 2 timed cycles each. One H200, one command of at most 10 minutes",
         shape="llada8b-lora",
-        args=("--pairs", "d1", "--layers", "32", "--loops", "peer,release_sampler", "--cycles", "2", "--runs", "1",
-              "--part-timeout-s", "320"),
-        tiny=DEPTH_TINY),
+        args=d1_depth("peer,release_sampler"), tiny=DEPTH_TINY),
     "depth-fast-d1": PeerSuite(
         "d1's pair at its full 32 layers: the release, then the recipe as committed with the shipped fast "
         "sampler (Fast-dLLM's dual cache, threshold decoding 0.9), a warm-up and 2 timed cycles each. One H200, "
         "one command of at most 10 minutes",
         shape="llada8b-lora",
-        args=("--pairs", "d1", "--layers", "32", "--loops", "peer,fast", "--cycles", "2", "--runs", "1",
-              "--part-timeout-s", "320"),
-        tiny=DEPTH_TINY),
+        args=d1_depth("peer,fast"), tiny=DEPTH_TINY),
 }
 
 SUITES = {"run_all": RUN_ALL, "run_system": RUN_SYSTEM, "run_peers": RUN_PEERS}
