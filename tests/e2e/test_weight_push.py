@@ -106,12 +106,15 @@ def setup(learners, receivers, cfg: WeightPushConfig, sources: int, names: list[
                                    sources=sources) for i, r in enumerate(receivers)])
 
 
-def push(learners, receivers, backend: str, version: int, timing: str) -> None:
+def push(learners, receivers, backend: str, version: int, timing: str, every_rank_sends: bool = False) -> None:
+    """The driver's calls of one push; rank 0 sends in every push, every rank where each sends its
+    own partitions (``every_rank_sends``)."""
     t0 = time.perf_counter()
     sends, receives = push_calls(backend, learners, receivers, version)
     assert ray.get(receives, timeout=120) == [version] * len(receivers)
     handles = ray.get(sends, timeout=120)
-    assert handles[0].version == version  # rank 0 sends in every push
+    senders = handles if every_rank_sends else handles[:1]
+    assert all(h.version == version for h in senders), handles
     TIMES[timing] = time.perf_counter() - t0
 
 
@@ -136,11 +139,7 @@ def test_three_zero3_ranks_push_their_partitions_and_the_receiver_holds_the_gath
     base = 0 if backend == "gloo" else 10
     for version in (base + 1, base + 2):  # the group and its buffers are reused
         ray.get([a.train_once.remote(version) for a in learners])
-        t0 = time.perf_counter()
-        sends, receives = push_calls(backend, learners, [receiver], version)
-        assert ray.get(receives, timeout=120) == [version]
-        assert all(h.version == version for h in ray.get(sends, timeout=120))
-        TIMES[f"push_shards_{backend}_v{version}"] = time.perf_counter() - t0
+        push(learners, [receiver], backend, version, f"push_shards_{backend}_v{version}", every_rank_sends=True)
         assert_delivered(learners, [receiver], version)
     after = ray.get(receiver.weights.remote())[1]
     assert not all(torch.equal(before[n], after[n]) for n in before)
