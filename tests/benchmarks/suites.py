@@ -274,6 +274,16 @@ RUN_PEERS: dict[str, PeerSuite] = {
         "one command of at most 10 minutes",
         shape="llada8b-lora",
         args=d1_depth("peer,fast"), tiny=DEPTH_TINY),
+    # the full protocol for d1's pair at 32 layers, spread over commands of at most 10 minutes on one machine:
+    # --loops peer; --loops fast,peer --merge PREV/results.json, twice; --loops fast --merge PREV/results.json
+    # (each command's runs numbered on from the merged record's; the header says whether one machine ran them)
+    "protocol-fast-d1": PeerSuite(
+        "d1's pair at its full 32 layers, the protocol: the release and the recipe as committed with the shipped "
+        "fast sampler, 3 runs each in alternating order, a warm-up and 5 timed cycles a run. One H200; one or two "
+        "loops a command, each command merging the one before",
+        shape="llada8b-32l",
+        args=("--pairs", "d1", "--layers", "32", "--loops", "peer", "--cycles", "5", "--runs", "1",
+              "--part-timeout-s", "420"), tiny=DEPTH_TINY),
 }
 
 SUITES = {"run_all": RUN_ALL, "run_system": RUN_SYSTEM, "run_peers": RUN_PEERS}

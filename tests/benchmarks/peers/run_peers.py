@@ -132,7 +132,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     n_gpus = gpu_count(a)
     results = {"args": {k: v for k, v in vars(a).items()}, "card": card(), "host": socket.gethostname(),
-               "n_gpus": n_gpus, "parts": {}, "rows": [], "merged": [], "dry_runs": {}}
+               "machine": machine(), "n_gpus": n_gpus, "parts": {}, "rows": [], "merged": [], "dry_runs": {}}
     results["matmul_tflops"] = matmul_rate(a, work)
     for path in a.merge:
         pt.merge(results, json.loads(Path(path).read_text()), path)
@@ -166,13 +166,14 @@ def main(argv: Optional[list[str]] = None) -> None:
             ready = {loop: dry_run(pair, spec, variants[loop], work) for loop in loops + checked if loop != "peer"}
             ok &= not any(ready[loop] for loop in checked)
             results["dry_runs"].update({f"{pair}_L{ckpt['layers']}_{k}": v for k, v in ready.items()})
-            for run in range(a.runs):
+            for _ in range(a.runs):
                 for loop in loops:  # alternating: every loop once, then every loop again
                     if not time_left():
                         break
                     key = f"{pair}_L{ckpt['layers']}_{loop}"
                     part = results["parts"].setdefault(key, {"pair": pair, "loop": loop, "layers": ckpt["layers"],
                                                              "runs": []})
+                    run = len(part["runs"])  # numbered on from the runs of earlier commands (--merge)
                     try:
                         if loop == "peer":
                             script = Path(scripts.get(pair) or HERE / spec["script"])
@@ -186,7 +187,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                     except Exception:  # noqa: BLE001 - a harness error fails the run, after the other loops
                         rec = {"rc": 1, "harness_error": traceback.format_exc()[-2000:], "figures": {}}
                         print(rec["harness_error"], file=sys.stderr, flush=True)
-                    rec.update(run=run, host=results["host"], card=results["card"], layers=ckpt["layers"])
+                    rec.update(run=run, host=results["host"], machine=results["machine"], card=results["card"],
+                               layers=ckpt["layers"])
                     part["runs"].append(rec)
                     pt.summarise(part)
                     ok &= rec["rc"] == 0
@@ -207,6 +209,24 @@ def gpu_count(a: argparse.Namespace) -> int:
     import torch
 
     return a.gpus or torch.cuda.device_count()
+
+
+def machine() -> dict:
+    """What tells one machine from another where every host has the same name: the kernel's boot id
+    and the GPUs' UUIDs (nvidia-smi), so that runs merged from several commands show whether they ran
+    on one machine."""
+    out: dict = {}
+    try:
+        out["boot_id"] = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        pass
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
+                                text=True, timeout=30)
+        out["gpus"] = [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError):
+        out["gpus"] = []
+    return out
 
 
 def card() -> dict:

@@ -245,25 +245,35 @@ def test_the_depth_budget_suites_fit_one_command_each():
 
 def test_d1_pair_alternates_its_runs_and_records_the_depth_card_and_host(tmp_path):
     """The driver's d1 path: the fake peer as d1's harness (its CPU arguments, 2 rounds of mu = 12 over
-    12 rows a rank), run twice; every run records its layer count, card, host and overrides."""
+    12 rows a rank), run twice, then once more by a second command that merges the first's record (a
+    protocol spread over commands): the runs are numbered on, and every run records its layer count,
+    card, host, machine and overrides."""
     env = dict(os.environ, FAKE_PEER_MU="12", FAKE_PEER_ROWS="12", FAKE_PEER_GEN_S="0.05", FAKE_PEER_TRAIN_S="0.01")
-    done = subprocess.run(
-        [sys.executable, str(HERE / "run_peers.py"), "--tiny", "--pairs", "d1", "--loops", "peer", "--cycles", "1",
-         "--runs", "2", "--peer-root", str(tmp_path / "none"), "--peer-script", f"d1={HERE / 'fake_peer.py'}",
-         "--part-timeout-s", "60", "--out", str(tmp_path / "out")],
-        cwd=REPO, capture_output=True, text=True, timeout=180, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
+
+    def run(out: str, *more: str) -> dict:
+        done = subprocess.run(
+            [sys.executable, str(HERE / "run_peers.py"), "--tiny", "--pairs", "d1", "--loops", "peer", "--cycles",
+             "1", "--peer-root", str(tmp_path / "none"), "--peer-script", f"d1={HERE / 'fake_peer.py'}",
+             "--part-timeout-s", "60", "--out", str(tmp_path / out), *more],
+            cwd=REPO, capture_output=True, text=True, timeout=180, env=env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+        return json.loads((tmp_path / out / "results.json").read_text())
+
+    first = run("first", "--runs", "2")
+    assert [r["run"] for r in first["parts"]["d1_L2_peer"]["runs"]] == [0, 1]
+    results = run("out", "--runs", "1", "--merge", str(tmp_path / "first" / "results.json"))
+    assert results["merged"][0]["machine"] == results["machine"] and results["machine"]["boot_id"]
     assert results["host"] and results["matmul_tflops"] > 0
     layers = results["parts"]["d1_L2_checkpoint"]["layers"]
     assert layers == 2  # the tiny preset's: stated, never null
     peer = results["parts"]["d1_L2_peer"]
-    assert [r["run"] for r in peer["runs"]] == [0, 1] and peer["finished"] == 2
+    assert [r["run"] for r in peer["runs"]] == [0, 1, 2] and peer["finished"] == 3
     for r in peer["runs"]:
         assert r["layers"] == 2 and r["host"] == results["host"] and r["card"] == {"name": "cpu", "count": 0}
+        assert r["machine"] == results["machine"]
         assert r["overrides"][0] == "steps=24" and "max_completion_length=64" in r["overrides"]
         f = r["figures"]
         assert (f["steps"], f["skip"], f["samples"], f["tokens"]) == (24, 12, 12, 12 * 256)
         assert r["figures"]["roofline"]["flops"]["generate"] > 0
     table = (tmp_path / "out" / "table.md").read_text()
-    assert "| d1 release (peer) | 2 | 2 of 2 |" in table and "host " in table
+    assert "| d1 release (peer) | 2 | 3 of 3 |" in table and "host " in table and "; one machine" in table
