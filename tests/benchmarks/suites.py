@@ -194,10 +194,10 @@ def stabledrl_depth32(loops: str) -> tuple[str, ...]:
     return (*stabledrl_depth(loops, cycles=5, part_timeout_s=545, layers=32, peer_cycles=4), "--gpus", "2")
 
 
-# d1's pair at its full 32 layers on one GPU (LoRA): a warm-up and 2 timed cycles a loop
-def d1_depth(loops: str) -> tuple[str, ...]:
-    return ("--pairs", "d1", "--layers", "32", "--loops", loops, "--cycles", "2", "--runs", "1",
-            "--part-timeout-s", "320")
+# d1's pair at its full 32 layers on one GPU (LoRA), one run of each loop: a warm-up and ``cycles`` timed
+def d1_depth(loops: str, cycles: int = 2, part_timeout_s: int = 320) -> tuple[str, ...]:
+    return ("--pairs", "d1", "--layers", "32", "--loops", loops, "--cycles", str(cycles), "--runs", "1",
+            "--part-timeout-s", str(part_timeout_s))
 
 
 RUN_PEERS: dict[str, PeerSuite] = {
@@ -282,8 +282,7 @@ RUN_PEERS: dict[str, PeerSuite] = {
         "fast sampler, 3 runs each in alternating order, a warm-up and 5 timed cycles a run. One H200; one or two "
         "loops a command, each command merging the one before",
         shape="llada8b-32l",
-        args=("--pairs", "d1", "--layers", "32", "--loops", "peer", "--cycles", "5", "--runs", "1",
-              "--part-timeout-s", "420"), tiny=DEPTH_TINY),
+        args=d1_depth("peer", cycles=5, part_timeout_s=420), tiny=DEPTH_TINY),
 }
 
 SUITES = {"run_all": RUN_ALL, "run_system": RUN_SYSTEM, "run_peers": RUN_PEERS}

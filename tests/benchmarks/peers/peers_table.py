@@ -204,12 +204,13 @@ def header(results: dict) -> str:
     c = results["card"]
     hosts = sorted({results.get("host")} | {m.get("host") for m in results.get("merged", []) if m.get("host")})
     rate = results.get("matmul_tflops")
-    machines = {json.dumps(r["machine"], sort_keys=True) for p in results.get("parts", {}).values()
-                for r in p.get("runs", []) if r.get("machine")}
+    machines = len({json.dumps(r["machine"], sort_keys=True) for p in results.get("parts", {}).values()
+                    for r in p.get("runs", []) if r.get("machine")})
+    # runs from records older than the machine field leave it out
+    count = "one machine" if machines == 1 else f"{machines} machines"
+    on = f"; {count} (boot id and GPU UUIDs)" if machines else ""
     return (f"Card: {c['name']} x {results['n_gpus']} used (every loop holds all of them); host "
-            f"{', '.join(h for h in hosts if h)}"
-            f"{'' if not machines else '; one machine' if len(machines) == 1 else f'; {len(machines)} machines'}"
-            f" (boot id and GPU UUIDs); measured bf16 matmul rate "
+            f"{', '.join(h for h in hosts if h)}{on}; measured bf16 matmul rate "
             f"{'%.3g TFLOP/s' % rate if rate else 'not measured'}. Figures: median over a loop's runs (range); "
             f"ratios project / peer (> 1: the project is better).\n\n")
 
