@@ -283,6 +283,16 @@ RUN_PEERS: dict[str, PeerSuite] = {
         "loops a command, each command merging the one before",
         shape="llada8b-32l",
         args=d1_depth("peer", cycles=5, part_timeout_s=420), tiny=DEPTH_TINY),
+    # the full protocol for the StableDRL pair at 32 layers, full-parameter on two GPUs: 3 runs a side in
+    # alternating order, a warm-up and 5 timed cycles a run (a run of the release ~10 minutes, of the recipe
+    # ~8); split over commands as protocol-fast-d1 is, each merging the one before
+    "protocol-stabledrl": PeerSuite(
+        "the StableDRL pair at all 32 of LLaDA-8B's layers, full-parameter on two GPUs, the protocol: the recipe "
+        "as committed (the release's sampler) and the release on the halved round, 3 runs each in alternating "
+        "order, a warm-up and 5 timed cycles a run. Two H200s",
+        shape="llada8b-32l",
+        args=(*stabledrl_depth("release_sampler,peer", cycles=5, part_timeout_s=900, layers=32, peer_cycles=5),
+              "--gpus", "2", "--runs", "3"), tiny=DEPTH32_TINY),
 }
 
 SUITES = {"run_all": RUN_ALL, "run_system": RUN_SYSTEM, "run_peers": RUN_PEERS}
