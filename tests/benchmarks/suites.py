@@ -283,6 +283,13 @@ RUN_PEERS: dict[str, PeerSuite] = {
         "loops a command, each command merging the one before",
         shape="llada8b-32l",
         args=d1_depth("peer", cycles=5, part_timeout_s=420), tiny=DEPTH_TINY),
+    # the same protocol for d1's recipe as committed (the release's sampler), split the same way
+    "protocol-d1": PeerSuite(
+        "d1's pair at its full 32 layers, the protocol: the release and the recipe as committed (the release's "
+        "sampler), 3 runs each in alternating order, a warm-up and 5 timed cycles a run. One H200; one or two "
+        "loops a command, each command merging the one before",
+        shape="llada8b-32l",
+        args=(*d1_depth("peer,release_sampler", cycles=5, part_timeout_s=420), "--runs", "3"), tiny=DEPTH_TINY),
     # the full protocol for the StableDRL pair at 32 layers, full-parameter on two GPUs: 3 runs a side in
     # alternating order, a warm-up and 5 timed cycles a run (a run of the release ~10 minutes, of the recipe
     # ~8); split over commands as protocol-fast-d1 is, each merging the one before
