@@ -17,7 +17,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from stabledrl.common.estimators import learner_seeds
-from stabledrl.common.estimators.base import PER_ITERATION_SEEDS
+from stabledrl.common.estimators.base import PER_ITERATION_SEEDS, per_iteration_index
 from stabledrl.common.types import Group, SequenceBatch, collate_samples
 from stabledrl.learner.losses import group_advantages, local_counts
 
@@ -48,19 +48,28 @@ class MicroBatch:
     counts: dict[str, Float[Tensor, ""]]  # num_groups, num_samples, num_tokens the loss divides by (the step's)
     share: float  # b / num_samples: this micro-batch's weight in row-averaged metrics
     parts: tuple[LossPart, ...] = ()  # () : one loss over every row, with ``counts`` and ``share``
+    unit: int = 0  # the rank-wide index of its first micro-batch (a loss part is one; per_iteration's masks)
+    units: int = 1  # micro-batches this rank trains in one update
 
     def loss_parts(self) -> tuple[LossPart, ...]:
         return self.parts or (LossPart(slice(None), self.counts, self.share),)
 
-    def for_iteration(self, masks: str, inner_iteration: int) -> "MicroBatch":
+    def for_iteration(self, masks: str, inner_iteration: int, iterations: Optional[int] = None) -> "MicroBatch":
         """This micro-batch with inner iteration ``inner_iteration``'s estimator seeds. Under
-        ``per_iteration`` each loss part (a micro-batch of d1's) draws its own mask: part j's rows
-        carry j·PER_ITERATION_SEEDS + its seed, so that two parts never read as one stream even
-        when their seeds coincide (the estimator draws from the seed modulo PER_ITERATION_SEEDS)."""
+        ``per_iteration`` (``iterations``: μ) each loss part (a micro-batch of d1's) reads mask
+        ``per_iteration_index`` of its μ, as d1's counters pick it, drawn from a seed of (its rows'
+        mask seeds, that index); part j's rows carry j·PER_ITERATION_SEEDS + its seed, so that two
+        parts never read as one stream even when their seeds coincide (the estimator draws from the
+        seed modulo PER_ITERATION_SEEDS)."""
         if masks != "per_iteration":
             return replace(self, seeds=learner_seeds(self.mask_seeds, masks, inner_iteration))
-        seeds = torch.cat([learner_seeds(self.mask_seeds[part.rows], masks, inner_iteration) + j * PER_ITERATION_SEEDS
-                           for j, part in enumerate(self.loss_parts())])
+        if iterations is None:
+            raise ValueError("per_iteration masks need the step's inner iterations (iterations=)")
+        seeds = torch.cat([
+            learner_seeds(self.mask_seeds[part.rows], masks,
+                          per_iteration_index(inner_iteration, self.unit + j, self.units, iterations))
+            + j * PER_ITERATION_SEEDS
+            for j, part in enumerate(self.loss_parts())])
         return replace(self, seeds=seeds)
 
 
@@ -152,6 +161,8 @@ def micro_batches(
             counts=mb_counts,
             share=(hi - lo) / num_samples,
             parts=parts,
+            unit=j,
+            units=len(cuts),
         ))
     return out
 

@@ -10,8 +10,9 @@ One RL step on a batch of groups (``train``), as StableDRL / SPG / d1 run it:
 
 ``ELBO_μ`` is the behaviour estimate the rollout worker shipped with each sample (version v_b).
 Under ``estimator.masks: per_iteration`` (d1's scheme) it is the learner's own instead: before the
-first update, the old policy (these weights) and the reference are scored under each iteration's
-mask, and iteration k's ratio and KL read the values under mask k (``_score_iterations``); with
+first update, the old policy (these weights) and the reference are scored under each mask the
+iterations read (d1's counters: micro-batch m of M reads mask (M·k + m + 1) mod μ), and iteration
+k's ratio and KL read the values under its mask (``_score_iterations``); with
 μ = 1 the old value is the new one detached, as d1 takes it.
 With the SPG sandwich, ℓ_θ is the sandwich but ratios must compare ELBOs: the loss receives
 ``behaviour_logp + (ℓ_θ − ELBO_θ).detach()`` so that ℓ_θ − behaviour = ELBO_θ − ELBO_μ exactly,
@@ -164,7 +165,7 @@ class LearnerWorker:
                 _settle()
                 self.clock.add("train_score", time.perf_counter() - t0)
             for k in range(self.inner_iterations):
-                batch = [mb.for_iteration(self.estimator.masks, k) for mb in mbs]
+                batch = [mb.for_iteration(self.estimator.masks, k, self.inner_iterations) for mb in mbs]
                 per_iteration.append(self.engine.train_step(batch, self._loss))
         finally:
             self._reference_cache, self._old_cache = {}, {}
@@ -176,11 +177,16 @@ class LearnerWorker:
 
     def _score_iterations(self, model: Any, mb: MicroBatch) -> None:
         """per_iteration, before the step's first update: the old policy's estimate of ``mb`` under
-        every iteration's mask, and the reference's where the loss has a KL term (as d1 scores both
-        when it generates). Iteration k's loss reads them back (``_loss``, ``_reference_estimate``)."""
+        each mask its iterations read, and the reference's where the loss has a KL term (d1 scores
+        both under all μ masks when it generates; a mask that two iterations read is scored once here:
+        with 2 micro-batches a update and μ = 12, 6 of 12). Iteration k's loss reads them back
+        (``_loss``, ``_reference_estimate``)."""
         for k in range(self.inner_iterations):
-            mb_k = mb.for_iteration(self.estimator.masks, k)
-            self._old_cache[_cache_key(mb_k)] = estimate(model, mb_k.batch, mb_k.seeds, self.estimator).detach()
+            mb_k = mb.for_iteration(self.estimator.masks, k, self.inner_iterations)
+            key = _cache_key(mb_k)
+            if key in self._old_cache:
+                continue
+            self._old_cache[key] = estimate(model, mb_k.batch, mb_k.seeds, self.estimator).detach()
             if self.reference is not None or self.reference_is_base:
                 self._reference_estimate(model, mb_k)
 

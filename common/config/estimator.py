@@ -6,9 +6,11 @@ estimator comes from; the docstring of each field names its source.
 (``stabledrl.common.estimators.learner_seeds``): ``shared`` re-uses the behaviour estimate's masks (common
 random numbers: coupled-GRPO, FPO), ``independent`` draws fresh, still deterministic, masks for
 every inner iteration (the released StableDRL / SPG code). ``per_iteration`` (mean_field only) is
-d1's scheme: a new prompt mask at every inner iteration, drawn for a whole micro-batch from one
-seed, under which the learner scores the old and the reference policy too (before the step's first
-update), so each iteration's ratio and KL compare estimates under one mask.
+d1's scheme: μ prompt masks per micro-batch, each drawn for the whole micro-batch from one seed, of
+which iteration k reads the one d1's counters pick (micro-batch m of M a rank trains per update:
+mask (M·k + m + 1) mod μ), and under which the learner scores the old and the reference policy too
+(before the step's first update, once per mask read), so each iteration's ratio and KL compare
+estimates under one mask.
 """
 from __future__ import annotations
 
@@ -57,10 +59,11 @@ class MeanFieldConfig(StrictModel):
     masks: MeanFieldMasks = Field(
         "shared",
         description=_MASKS_DOC + "; 'per_iteration' = d1's: at inner iteration k every micro-batch draws one prompt "
-        "mask from a seed of (its rows' mask seeds, k) in [0, 4096), as d1's torch.randint(0, 2**12) seeds do, the "
-        "rows taking successive slices of one uniform stream as d1's forward_process does; the old (the weights "
-        "before the step's first update) and the reference policy are scored under that iteration's mask "
-        "(common/estimators/mean_field.py)",
+        "mask, mask i of its μ, from a seed of (its rows' mask seeds, i) in [0, 4096), as d1's torch.randint(0, 2**12) "
+        "seeds do, the rows taking successive slices of one uniform stream as d1's forward_process does; i is what "
+        "d1's counters pick, (M·k + m + 1) mod μ for micro-batch m of the M a rank trains per update (M = 2, μ = 12: "
+        "6 of its 12 masks, each twice); the old (the weights before the step's first update) and the reference "
+        "policy are scored once under each mask read (common/estimators/mean_field.py)",
     )
     draw_batch: Optional[int] = Field(None, ge=1, description=_DRAW_BATCH_DOC)
 

@@ -20,7 +20,8 @@ the others corrupt with the [MASK] token, which such a model never saw.
 """
 from stabledrl.common.estimators import block_random, coupled, elbo, mean_field, staircase, trajectory, uniform  # noqa: F401  (registration)
 from stabledrl.common.estimators.base import (
-    ESTIMATORS, UNIFORM_NOISE_ESTIMATORS, LogLikelihood, estimate, get_estimator, learner_seeds,
+    ESTIMATORS, UNIFORM_NOISE_ESTIMATORS, LogLikelihood, distinct_iteration_masks, estimate, get_estimator,
+    learner_seeds, per_iteration_index,
 )
 from stabledrl.common.estimators.scoring import build_inputs, score_views
 
@@ -31,6 +32,8 @@ __all__ = [
     "estimate",
     "get_estimator",
     "learner_seeds",
+    "per_iteration_index",
+    "distinct_iteration_masks",
     "build_inputs",
     "score_views",
 ]

@@ -6,6 +6,7 @@ that depends only on that sample), differentiable when grad is enabled.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Sequence
 
@@ -82,6 +83,20 @@ def estimate(
 # d1 draws the seeds of its per-iteration masks with torch.randint(0, 2**12): its masks per batch shape are
 # these 4,096 (accelerate's set_seed, which d1 seeds them with, also takes no seed of 2**32 or more)
 PER_ITERATION_SEEDS = 2**12
+
+
+def per_iteration_index(inner_iteration: int, unit: int, units: int, iterations: int) -> int:
+    """Which of its ``iterations`` (μ) masks micro-batch ``unit`` (of the ``units`` a learner rank
+    trains in one update) reads at inner iteration k under ``per_iteration``: (units·k + unit + 1)
+    mod μ, as d1's counters make it (TRL counts micro-steps from 1 and d1 reads that count mod μ).
+    With d1's 2 micro-batches a update and μ = 12, each micro-batch meets 6 of its 12 masks, each twice."""
+    return (units * inner_iteration + unit + 1) % iterations
+
+
+def distinct_iteration_masks(units: int, iterations: int) -> int:
+    """How many different masks one micro-batch meets over the μ iterations (per_iteration_index):
+    the old policy and the reference are scored once under each."""
+    return iterations // math.gcd(units, iterations)
 
 
 def learner_seeds(

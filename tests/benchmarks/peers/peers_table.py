@@ -12,6 +12,7 @@ the fast loops 5x; at the release's sampler 1.5x, or 90% of the ceiling's ratio 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -153,6 +154,7 @@ def project_roofline(f: dict, shape: dict, config: Path, sets: list[str], rows: 
     """A project run's roofline inputs from its report (system_report.analyse: the timed steps'
     totals and every actor's seconds) and its config (what one sample's estimates cost)."""
     from stabledrl.common.config.job import load_job_config
+    from stabledrl.common.estimators import distinct_iteration_masks
     from stabledrl.coordinator.decisions.step_metrics import forwards_per_estimate
 
     totals = f.get("timed_totals") or {}
@@ -162,9 +164,14 @@ def project_roofline(f: dict, shape: dict, config: Path, sets: list[str], rows: 
     kl = getattr(cfg.loss, "kl_beta", 0.0) or getattr(getattr(cfg.loss, "base", None), "kl_beta", 0.0)
     mu, masks = cfg.algorithm.inner_iterations, getattr(cfg.estimator, "masks", "shared")
     # the learner's estimates without a gradient, per sample a step: a reference's (once with shared masks, else
-    # once an iteration) and, under per-iteration masks, the old policy's once an iteration (learner/worker.py)
-    reference = 0.0 if not kl else (1.0 if masks == "shared" else float(mu))
-    reference += float(mu) if masks == "per_iteration" and mu > 1 else 0.0
+    # once an iteration) and, under per-iteration masks, the old policy's and the reference's once per mask that a
+    # micro-batch's iterations read (d1's counters: with 2 micro-batches a rank and update, 6 of 12; learner/worker.py)
+    per_mask = float(mu)
+    if masks == "per_iteration":
+        rows = cfg.algorithm.groups_per_step * cfg.algorithm.group_size / max(1, n_gpus)
+        per_mask = float(distinct_iteration_masks(max(1, math.ceil(rows / cfg.algorithm.micro_batch_size)), mu))
+    reference = 0.0 if not kl else (1.0 if masks == "shared" else per_mask)
+    reference += per_mask if masks == "per_iteration" and mu > 1 else 0.0
     family_block = cfg.sampler.block_length or cfg.sampler.gen_length
     flops = rl.project_flops(totals, shape, gen_length=cfg.sampler.gen_length, block_length=family_block,
                              views=forwards_per_estimate(cfg.estimator), inner_iterations=mu,

@@ -231,6 +231,8 @@ def test_a_loop_on_the_gpus_reads_its_layout_and_roofline_with_the_steps_groups(
         roof = pt.project_roofline({"timed_totals": totals, "actors": {}}, shape, config, job_sets,
                                    tmp_path / "train.jsonl", 1)
         assert roof["samples"] == 4 and cfg.algorithm.groups_per_step == spec["groups"]
+        if pair == "d1":  # 2 micro-batches on the one rank: each meets 6 of its 12 masks, old policy and reference
+            assert roof["flops"]["learner_score"] == pytest.approx((6 + 6) * roof["flops"]["score"])
 
 
 def test_the_depth_budget_suites_fit_one_command_each():

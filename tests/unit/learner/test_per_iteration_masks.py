@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from stabledrl.common.config.estimator import ElboMCConfig, MeanFieldConfig
-from stabledrl.common.estimators import learner_seeds
+from stabledrl.common.estimators import distinct_iteration_masks, learner_seeds, per_iteration_index
 from stabledrl.common.estimators.base import PER_ITERATION_SEEDS
 from stabledrl.common.estimators.mean_field import mean_field_views
 from stabledrl.common.types import collate_samples
@@ -24,26 +24,41 @@ _spec = importlib.util.spec_from_file_location("d1_masks_parity",
 parity = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(parity)
 
-SEEDS = [1426, 1402, 1753, 2077]  # the project's per-iteration seeds of tiny_case's micro-batch
-D1_MASKS = [  # prompt positions d1's forward_process masked, [iteration][row]
-    [[], [3], [0, 6], [2], [2, 6, 8], [1]],
-    [[1], [6], [0, 7], [4, 5, 8], [8], [6]],
-    [[], [3], [4], [4], [4, 6], [1, 6]],
-    [[0, 1], [], [], [3, 7], [0, 7], [3, 7, 8]],
+SEEDS = [[1426, 1402, 1753, 2077], [3848, 1343, 3332, 1915]]  # each micro-batch's μ = 4 seeds, by mask index
+D1_INDEX = [[1, 2], [3, 0], [1, 2], [3, 0]]  # the mask index d1's counters read, [iteration][micro-batch]
+D1_MASKS = [  # prompt positions d1's forward_process masked, [iteration][micro-batch][row]
+    [[[1], [6], [0, 7], [4, 5, 8], [8], [6]], [[1], [2, 4], [6], [6, 7], [1, 8], [6]]],
+    [[[0, 1], [], [], [3, 7], [0, 7], [3, 7, 8]], [[1, 5, 7], [], [1], [], [2, 4], [0, 4]]],
+    [[[1], [6], [0, 7], [4, 5, 8], [8], [6]], [[1], [2, 4], [6], [6, 7], [1, 8], [6]]],
+    [[[0, 1], [], [], [3, 7], [0, 7], [3, 7, 8]], [[1, 5, 7], [], [1], [], [2, 4], [0, 4]]],
 ]
-D1_LOSSES = [0.21529938280582428, 0.2047470360994339, 0.22590115666389465, 0.13219887018203735]
-D1_WEIGHTS = 14881.245622616272  # Σ|w| after the 4 SGD updates
+D1_LOSSES = [0.06428609043359756, -0.010587252676486969, -0.045657381415367126, -0.025632403790950775]
+D1_WEIGHTS = 14881.421029786581  # Σ|w| after the 4 SGD updates
+# d1's index over a round of μ = 12 with its gradient accumulation 2, [update][micro-step]
+D1_INDEX_MU12 = [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 0]] * 2
 
 
 def test_a_step_under_per_iteration_masks_is_d1s():
-    """Same seeds -> d1's masks at every iteration; each iteration's loss (ratio to the old policy and
-    KL to the reference, both under that iteration's mask, scored before the first update) and the
-    weights after the four updates are d1's."""
+    """Two of d1's micro-batches, μ = 4, d1's own counters on its side: the same mask index and masks
+    at every (iteration, micro-batch); each iteration's loss (ratio to the old policy and KL to the
+    reference, both under that iteration's mask, scored before the first update) and the weights
+    after the four updates are d1's. Each micro-batch meets 2 of its 4 masks, so the scoring pass
+    runs the old policy 4 times, not 8."""
     ours = parity.project_figures(4)
     assert ours["seeds"] == SEEDS
+    assert ours["index"] == D1_INDEX
     assert ours["masks"] == D1_MASKS
-    assert ours["losses"] == pytest.approx(D1_LOSSES, rel=2e-6)
+    assert ours["losses"] == pytest.approx(D1_LOSSES, rel=1e-5)
     assert ours["weights"] == pytest.approx(D1_WEIGHTS, rel=1e-9)
+    assert ours["scoring_forwards"] == 2 * distinct_iteration_masks(2, 4) == 4
+
+
+def test_the_mask_index_is_d1s_counters():
+    assert [[per_iteration_index(k, m, 2, 12) for m in range(2)] for k in range(12)] == D1_INDEX_MU12
+    assert distinct_iteration_masks(2, 12) == 6 and distinct_iteration_masks(1, 12) == 12
+    assert distinct_iteration_masks(3, 12) == 4 and distinct_iteration_masks(2, 1) == 1
+    # one micro-batch a update (gradient accumulation 1): every mask once, from the second on
+    assert [per_iteration_index(k, 0, 1, 4) for k in range(4)] == [1, 2, 3, 0]
 
 
 def test_per_iteration_seeds_are_one_per_micro_batch_and_iteration_in_d1s_range():
@@ -65,8 +80,8 @@ def test_each_micro_batch_of_a_forward_draws_its_own_stream():
     estimator = MeanFieldConfig(masks="per_iteration", prompt_mask_prob=0.5)
     cut = dict(group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=3, whole_groups=False,
                counts=global_counts(gs))
-    joint = micro_batches(gs, per_forward=2, **cut)[0].for_iteration("per_iteration", 2)
-    apart = [mb.for_iteration("per_iteration", 2) for mb in micro_batches(gs, **cut)]
+    joint = micro_batches(gs, per_forward=2, **cut)[0].for_iteration("per_iteration", 2, 12)
+    apart = [mb.for_iteration("per_iteration", 2, 12) for mb in micro_batches(gs, **cut)]
 
     def assert_drawn_apart(seeds, seeds_apart):
         views = mean_field_views(joint.batch, seeds, estimator)
@@ -83,10 +98,12 @@ def test_each_micro_batch_of_a_forward_draws_its_own_stream():
     assert_drawn_apart(same, [apart[0].seeds, apart[0].seeds])
 
 
-def test_old_and_reference_are_scored_once_per_iteration_before_the_first_update():
-    """μ = 3: the old policy and the reference each run 3 forwards (one per iteration's mask) before
-    any update, none afterwards; the policy then runs one forward per iteration."""
-    policy, reference, group = parity.tiny_case()
+@pytest.mark.parametrize("groups, iterations, scored", [(1, 3, 3), (2, 4, 4), (2, 12, 12)])
+def test_old_and_reference_are_scored_once_per_mask_before_the_first_update(groups, iterations, scored):
+    """Before any update the old policy and the reference each run one forward per mask that a
+    micro-batch's iterations read, none afterwards; the policy then runs one forward per micro-batch
+    and iteration. One micro-batch a update: μ masks; two: μ / 2 each (d1's 6 of 12)."""
+    policy, reference, group = parity.tiny_case(groups)
     events = []
     policy.register_forward_hook(lambda *_: events.append("policy"))
     reference.register_forward_hook(lambda *_: events.append("reference"))
@@ -102,12 +119,13 @@ def test_old_and_reference_are_scored_once_per_iteration_before_the_first_update
 
     worker = LearnerWorker(0, 1, ModelConfig(preset="tiny-llada"), LearnerConfig(),
                            MeanFieldConfig(masks="per_iteration"), GrpoLossConfig(kl_beta=0.04, level="token"),
-                           inner_iterations=3, advantage_scale="none", micro_batch_size=6)
+                           inner_iterations=iterations, advantage_scale="none", micro_batch_size=6)
     worker.reference, worker.pad_token_id, worker.engine = reference, 0, Engine(policy)
-    worker._updates([group], version=0, group_offset=0)
+    worker._updates(group if groups > 1 else [group], version=0, group_offset=0)
     first = events.index("update")
-    assert sorted(events[:first]) == ["policy"] * 3 + ["reference"] * 3
-    assert events[first:] == ["update", "policy"] * 3
+    assert scored == groups * distinct_iteration_masks(groups, iterations)
+    assert sorted(events[:first]) == ["policy"] * scored + ["reference"] * scored
+    assert events[first:] == (["update"] + ["policy"] * groups) * iterations
     assert worker._old_cache == {} and worker._reference_cache == {}
 
 
@@ -125,7 +143,7 @@ def test_one_iteration_takes_the_new_estimate_detached_as_the_old_one():
                            inner_iterations=1, advantage_scale="none", micro_batch_size=6)
     worker.pad_token_id = 0
     mb = micro_batches([group], group_offset=0, pad_token_id=0, advantage_scale="none", micro_batch_size=6,
-                       whole_groups=False, counts=global_counts([group]))[0].for_iteration("per_iteration", 0)
+                       whole_groups=False, counts=global_counts([group]))[0].for_iteration("per_iteration", 0, 1)
     _, metrics = worker._loss(policy, mb)
     assert float(metrics["ratio/max"].value) == 1.0
     assert float(metrics["log_ratio/min"].value) == float(metrics["log_ratio/max"].value) == 0.0
