@@ -23,6 +23,7 @@ import torch
 from stabledrl.common.config.base import validate
 from stabledrl.common.config.job import JobConfig
 from stabledrl.coordinator.driver import Driver
+from stabledrl.learner.async_checkpoint import marker_name
 from stabledrl.learner.worker import LearnerWorker
 from stabledrl.rollout.worker import RolloutWorker
 
@@ -269,15 +270,27 @@ def recording_rollout(records: Path, *, nan_uids: frozenset = frozenset(), die_o
 def recording_learner(records: Path, *, die_rank: Optional[int] = None, die_version: Optional[int] = None,
                       gates: Optional[dict[int, Path]] = None) -> type:
     """A learner rank that records every finished step; rank ``die_rank`` SIGKILLs itself when
-    asked to train at ``die_version`` (once per test); a step at version v waits for the file
-    ``gates[v]`` first (the test's way to hold the learner while it acts on the cluster)."""
+    asked to train at ``die_version`` (once per test), once the files of the last checkpoint begun
+    before it are durable on every rank (a background save's child ends with its rank, and the step
+    between may be shorter than the write: the death then always follows a complete save); a step
+    at version v waits for the file ``gates[v]`` first (the test's way to hold the learner while it
+    acts on the cluster)."""
     died = records / "learner_died"
 
     class RecordingLearner(InspectedLearner):
+        saved: Optional[Path] = None
+
+        def save_checkpoint(self, directory, client_state, tag, background=False):
+            self.saved = Path(directory) / tag if background else None  # a marker per rank: background saves
+            return super().save_checkpoint(directory, client_state, tag, background)
+
         def train(self, groups, version, group_offset):
             if gates and version in gates:
                 wait_for(gates[version])
             if self.rank == die_rank and version == die_version and not died.exists():
+                if self.saved is not None:
+                    for rank in range(self.world_size):
+                        wait_for(self.saved / marker_name(rank))
                 died.touch()
                 os.kill(os.getpid(), signal.SIGKILL)
             out = super().train(groups, version, group_offset)
