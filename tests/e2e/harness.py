@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,10 +34,15 @@ REWARD = f"{Path(__file__).with_name('rewards.py')}:digit_fraction"
 @contextmanager
 def local_ray(module: str, num_cpus: int = 4) -> Iterator[None]:
     """Ray on this machine for one test module's fixture. The module and this harness are pickled
-    by value: the actors' classes are defined there, and the workers cannot import them."""
+    by value: the actors' classes are defined there, and the workers cannot import them. Its worker
+    processes are forked from one that has imported torch, transformers and DeepSpeed already
+    (tests/helpers/warm_workers.py): each then costs a fraction of a fresh process's start."""
+    import warm_workers
+
     ray.cloudpickle.register_pickle_by_value(sys.modules[module])
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             runtime_env={"py_executable": warm_workers.start(tempfile.gettempdir())})
     try:
         yield
     finally:

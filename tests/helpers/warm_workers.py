@@ -1,0 +1,277 @@
+"""Ray worker processes for the tests' local Ray instances (tests/e2e/harness.py: local_ray), forked
+from a process that has already imported torch, transformers and DeepSpeed.
+
+A Ray actor's process spends ~4 CPU-seconds importing torch, transformers and DeepSpeed before its
+first line of work, and the end-to-end tests start a few hundred such processes on a 2-core
+machine. Here the raylet starts each worker as ``py_executable`` (a job runtime_env field), this
+file's client: it hands its command line, environment, working directory and standard streams to
+the warm process (``serve``), which forks a child that runs Ray's default_worker.py as the new
+process would have; the client stays as the raylet's process and exits as the child exits (with
+its status), and a client that dies takes its child with it. The child registers with the raylet
+under its own pid, as the workers of a ``uv run`` py_executable do. Nothing of the project is
+imported before the fork (only third-party packages, and no Ray: gRPC must not start before a
+fork), so each worker imports and runs the project's code as a freshly started one does; its random
+states are a fresh process's (Python's and NumPy's reseeded from the OS, torch's as at its import).
+
+    python warm_workers.py serve SOCKET     the warm process (started by ``start``)
+    python -S warm_workers.py SOCKET ARGS   the client, as the raylet runs it
+"""
+from __future__ import annotations
+
+import array
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+
+HEADER = struct.Struct("!I")
+# what every actor of the tests imports before its first line of work (third-party only)
+PRELOAD = ("torch", "numpy", "yaml", "pydantic", "safetensors.torch", "transformers",
+           "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
+           "transformers.models.qwen3.modeling_qwen3", "deepspeed", "peft")
+
+
+# ------------------------------------------------------------------------------------------- client
+def client(path: str, args: list[str]) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            break
+        except OSError:
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    body = json.dumps({"argv": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    s.sendmsg([HEADER.pack(len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+    s.sendall(body)
+    reader = s.makefile("r")
+    child = int(reader.readline())
+
+    def forward(signum, _frame):
+        try:
+            os.kill(child, signum)
+        except OSError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    line = reader.readline().split()
+    if len(line) == 2 and line[0] == "signal":
+        signal.signal(int(line[1]), signal.SIG_DFL)
+        os.kill(os.getpid(), int(line[1]))
+        time.sleep(1)
+    os._exit(int(line[1]) if len(line) == 2 and line[0] == "exit" else 1)
+
+
+# --------------------------------------------------------------------------------------- warm side
+def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    head, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
+    while len(head) < HEADER.size:
+        head += conn.recv(HEADER.size - len(head))
+    (size,) = HEADER.unpack(head)
+    body = b""
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise EOFError("the client left before its request was read")
+        body += chunk
+    return json.loads(body), fds
+
+
+def _become_worker(request: dict, fds: list[int], torch_rng) -> None:
+    """In the forked child: the process the client's command line would have started."""
+    import random
+
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    script, *args = request["argv"]
+    script = os.path.abspath(script)
+    # sys.path as `python script` builds it: the script's folder, then PYTHONPATH, then the rest
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.path.dirname(script), *extra, *(p for p in sys.path[1:] if p not in extra)]
+    sys.argv = [script, *args]
+    random.seed()
+    import numpy
+    import torch
+
+    numpy.random.seed()
+    torch.set_rng_state(torch_rng)
+    import runpy
+
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+    os._exit(code)
+
+
+def serve(path: str) -> None:
+    import ctypes
+    import selectors
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the test process that started us
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as the actors set it (common/actor_setup.py)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as Ray sets it for an actor of < 2 CPUs
+    import torch
+
+    torch_rng = torch.get_rng_state()  # a fresh process's, before anything draws from it
+    import importlib
+    import threading
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in PRELOAD:
+            importlib.import_module(name)
+    assert threading.active_count() == 1, threading.enumerate()  # nothing may run beside the fork
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = f"{path}.{os.getpid()}"
+    listener.bind(tmp)
+    listener.listen(64)
+    os.rename(tmp, path)  # the clients connect only once everything is imported
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    children: dict[int, socket.socket] = {}  # child pid -> its client's connection
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(wake_r, selectors.EVENT_READ, "wake")
+    while not stop:
+        for key, _ in sel.select(timeout=1.0):
+            if key.data == "accept":
+                conn, _ = listener.accept()
+                try:
+                    request, fds = _recv_request(conn)
+                except (OSError, EOFError, ValueError):
+                    conn.close()
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    sel.close()
+                    for other in children.values():
+                        other.close()
+                    conn.close()
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    _become_worker(request, fds, torch_rng)
+                for fd in fds:
+                    os.close(fd)
+                children[pid] = conn
+                sel.register(conn, selectors.EVENT_READ, pid)
+                try:
+                    conn.sendall(f"{pid}\n".encode())
+                except OSError:
+                    pass
+            elif key.data == "wake":
+                os.read(wake_r, 4096)
+            else:  # a client's connection: closed, so its child goes too
+                try:
+                    alive = key.fileobj.recv(1)
+                except OSError:
+                    alive = b""
+                if not alive:
+                    sel.unregister(key.fileobj)
+                    try:
+                        os.kill(key.data, signal.SIGKILL)
+                    except OSError:
+                        pass
+        while children:  # reap, and tell each ended child's client how it ended
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is None:
+                continue
+            if os.WIFSIGNALED(status):
+                how = f"signal {os.WTERMSIG(status)}"
+            else:
+                how = f"exit {os.waitstatus_to_exitcode(status)}"
+            try:
+                conn.sendall(f"{how}\n".encode())
+            except OSError:
+                pass
+            try:
+                sel.unregister(conn)
+            except (KeyError, ValueError):
+                pass
+            conn.close()
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------------------- test process
+_SERVER: dict = {}
+
+
+def start(directory: str) -> str:
+    """The warm process of this test process (started once; it ends with this process): the
+    runtime_env ``py_executable`` that starts Ray's workers through it."""
+    import atexit
+    import subprocess
+
+    if not _SERVER or _SERVER["proc"].poll() is not None:
+        path = os.path.join(directory, f"warm-{os.getpid()}.sock")
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", path], stdin=subprocess.DEVNULL)
+        if not _SERVER:
+            atexit.register(stop)
+        _SERVER.update(proc=proc, path=path)
+    return f"{sys.executable} -S {os.path.abspath(__file__)} {_SERVER['path']}"
+
+
+def stop() -> None:
+    proc = _SERVER.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except Exception:
+            proc.kill()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve(sys.argv[2])
+    else:
+        client(sys.argv[1], sys.argv[2:])
