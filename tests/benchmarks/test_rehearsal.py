@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+import warm_workers  # tests/helpers, on the path: tests/conftest.py
 
 HERE = Path(__file__).resolve().parent
 # each rehearsal is a runner with its own limit of 1500 s (its subprocess timeout)
@@ -22,8 +24,9 @@ JOBS = {"matmul_gpu0", "matmul_gpu1", "full_attention", "block_diffusion", "lora
 
 
 def _run(*args) -> subprocess.CompletedProcess:
+    """The script; the Ray jobs it starts take their workers from a warm process (warm_workers.py)."""
     return subprocess.run([sys.executable, *map(str, args)], cwd=HERE.parents[1], timeout=1500, capture_output=True,
-                          text=True)
+                          text=True, env=warm_workers.job_env(tempfile.gettempdir()))
 
 
 def test_every_component_benchmark_runs_its_tiny_path(tmp_path):

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suites  # noqa: E402
+import warm_workers  # noqa: E402  (tests/helpers, on the path: tests/conftest.py)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -26,8 +28,9 @@ TESTS_STAND_ALONE = True  # each rehearsal is a runner of its own: they spread o
 
 
 def run(runner: str, *args) -> subprocess.CompletedProcess:
+    """The runner; the Ray jobs it starts take their workers from a warm process (warm_workers.py)."""
     return subprocess.run([sys.executable, str(RUNNERS[runner]), *map(str, args)], cwd=REPO, timeout=1500,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=warm_workers.job_env(tempfile.gettempdir()))
 
 
 def rehearse(runner: str, name: str, tmp_path: Path, *args) -> dict:

@@ -15,6 +15,9 @@ states are a fresh process's (Python's and NumPy's reseeded from the OS, torch's
 
     python warm_workers.py serve SOCKET     the warm process (started by ``start``)
     python -S warm_workers.py SOCKET ARGS   the client, as the raylet runs it
+
+``job_env`` gives the same to the Ray instances that a test's subprocesses start (the benchmark
+rehearsals' ``stabledrl train`` jobs).
 """
 from __future__ import annotations
 
@@ -91,6 +94,7 @@ def _become_worker(request: dict, fds: list[int], torch_rng) -> None:
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
+    os.setpgid(0, 0)  # a process group of its own, as the raylet gives a worker (it kills a worker's group)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -253,11 +257,20 @@ def start(directory: str) -> str:
 
     if not _SERVER or _SERVER["proc"].poll() is not None:
         path = os.path.join(directory, f"warm-{os.getpid()}.sock")
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", path], stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", path], stdin=subprocess.DEVNULL,
+                                start_new_session=True)  # no process group shared with the tests
         if not _SERVER:
             atexit.register(stop)
         _SERVER.update(proc=proc, path=path)
     return f"{sys.executable} -S {os.path.abspath(__file__)} {_SERVER['path']}"
+
+
+def job_env(directory: str) -> dict[str, str]:
+    """This process's environment, with every Ray job that a child process of it starts (a
+    ``stabledrl train`` under a benchmark runner) taking its workers from the warm process: the
+    job runtime_env that ``ray job submit`` hands its driver the same way."""
+    job = {"runtime_env": {"py_executable": start(directory)}}
+    return {**os.environ, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(job)}
 
 
 def stop() -> None:
