@@ -167,6 +167,12 @@ def micro_batches(
     return out
 
 
+def micro_batch_count(group_sizes: list[int], micro_batch_size: int, whole_groups: bool) -> int:
+    """How many micro-batches ``micro_batches`` cuts groups of these sizes into (a rank's micro-batches
+    per update: ``MicroBatch.units``)."""
+    return len(_cuts(group_sizes, micro_batch_size, whole_groups))
+
+
 def _cuts(group_sizes: list[int], micro_batch_size: int, whole_groups: bool) -> list[tuple[int, int]]:
     """[lo, hi) row ranges: at most ``micro_batch_size`` rows each, or whole groups (at least one)."""
     total = sum(group_sizes)

@@ -12,7 +12,6 @@ the fast loops 5x; at the release's sampler 1.5x, or 90% of the ceiling's ratio 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -155,6 +154,8 @@ def project_roofline(f: dict, shape: dict, config: Path, sets: list[str], rows: 
     totals and every actor's seconds) and its config (what one sample's estimates cost)."""
     from stabledrl.common.config.job import load_job_config
     from stabledrl.common.estimators import distinct_iteration_masks
+    from stabledrl.learner.losses import needs_whole_groups
+    from stabledrl.learner.rl_batch import micro_batch_count
     from stabledrl.coordinator.decisions.step_metrics import forwards_per_estimate
 
     totals = f.get("timed_totals") or {}
@@ -167,9 +168,10 @@ def project_roofline(f: dict, shape: dict, config: Path, sets: list[str], rows: 
     # once an iteration) and, under per-iteration masks, the old policy's and the reference's once per mask that a
     # micro-batch's iterations read (d1's counters: with 2 micro-batches a rank and update, 6 of 12; learner/worker.py)
     per_mask = float(mu)
-    if masks == "per_iteration":
-        rows = cfg.algorithm.groups_per_step * cfg.algorithm.group_size / max(1, n_gpus)
-        per_mask = float(distinct_iteration_masks(max(1, math.ceil(rows / cfg.algorithm.micro_batch_size)), mu))
+    if masks == "per_iteration":  # a rank's micro-batches per update, cut as the learner cuts them
+        groups = [cfg.algorithm.group_size] * max(1, cfg.algorithm.groups_per_step // max(1, n_gpus))
+        units = micro_batch_count(groups, cfg.algorithm.micro_batch_size, needs_whole_groups(cfg.loss))
+        per_mask = float(distinct_iteration_masks(units, mu))
     reference = 0.0 if not kl else (1.0 if masks == "shared" else per_mask)
     reference += per_mask if masks == "per_iteration" and mu > 1 else 0.0
     family_block = cfg.sampler.block_length or cfg.sampler.gen_length

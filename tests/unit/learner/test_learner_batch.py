@@ -14,7 +14,7 @@ from stabledrl.common.estimators import estimate
 from stabledrl.common.models import load_policy
 from stabledrl.common.types import Group, Sample, collate_samples
 from stabledrl.learner.losses import Metric, Reduce
-from stabledrl.learner.rl_batch import _cuts, global_counts, micro_batches
+from stabledrl.learner.rl_batch import _cuts, global_counts, micro_batch_count, micro_batches
 from stabledrl.learner.worker import LearnerWorker, _engine_metrics, step_stats
 
 
@@ -49,6 +49,8 @@ def test_micro_batches_carry_step_counts_and_shares_summing_to_one():
     mbs = micro_batches(gs, group_offset=10, pad_token_id=0, advantage_scale="none", micro_batch_size=5,
                         whole_groups=True, counts=counts)
     assert [len(mb.mask_seeds) for mb in mbs] == [3, 4, 2]
+    assert [(mb.unit, mb.units) for mb in mbs] == [(0, 3), (1, 3), (2, 3)]
+    assert micro_batch_count([3, 4, 2], 5, whole_groups=True) == 3
     assert sum(mb.share for mb in mbs) == pytest.approx(1.0)
     assert torch.equal(torch.cat([mb.group_index for mb in mbs]), torch.tensor([10] * 3 + [11] * 4 + [12] * 2))
     for mb in mbs:  # group-relative advantages: each group's sum is 0
