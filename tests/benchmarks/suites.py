@@ -177,10 +177,10 @@ ONE_ROUND = ("--runs", "1", "--cycles", "1", "--peer-cycles", "1")
 # the StableDRL pair at ``layers`` of LLaDA-8B's 32 (24 on one H200, 32 on two): the release on the halved
 # round (2 accumulation rounds a GPU), a warm-up round and ``peer_cycles`` timed, the project timed after its
 # first step
-def stabledrl_depth(loops: str, cycles: int, part_timeout_s: int, layers: int = 24, peer_cycles: int = 1
-                    ) -> tuple[str, ...]:
+def stabledrl_depth(loops: str, cycles: int, part_timeout_s: int, layers: int = 24, peer_cycles: int = 1,
+                    runs: int = 1) -> tuple[str, ...]:
     return ("--pairs", "stabledrl", "--layers", str(layers), "--loops", loops, "--cycles", str(cycles),
-            "--peer-cycles", str(peer_cycles), "--runs", "1", "--project-skip", "1", "--round-scale", "0.5",
+            "--peer-cycles", str(peer_cycles), "--runs", str(runs), "--project-skip", "1", "--round-scale", "0.5",
             "--part-timeout-s", str(part_timeout_s))
 
 
@@ -195,8 +195,8 @@ def stabledrl_depth32(loops: str) -> tuple[str, ...]:
 
 
 # d1's pair at its full 32 layers on one GPU (LoRA), one run of each loop: a warm-up and ``cycles`` timed
-def d1_depth(loops: str, cycles: int = 2, part_timeout_s: int = 320) -> tuple[str, ...]:
-    return ("--pairs", "d1", "--layers", "32", "--loops", loops, "--cycles", str(cycles), "--runs", "1",
+def d1_depth(loops: str, cycles: int = 2, part_timeout_s: int = 320, runs: int = 1) -> tuple[str, ...]:
+    return ("--pairs", "d1", "--layers", "32", "--loops", loops, "--cycles", str(cycles), "--runs", str(runs),
             "--part-timeout-s", str(part_timeout_s))
 
 
@@ -289,7 +289,7 @@ RUN_PEERS: dict[str, PeerSuite] = {
         "sampler), 3 runs each in alternating order, a warm-up and 5 timed cycles a run. One H200; one or two "
         "loops a command, each command merging the one before",
         shape="llada8b-32l",
-        args=(*d1_depth("peer,release_sampler", cycles=5, part_timeout_s=420), "--runs", "3"), tiny=DEPTH_TINY),
+        args=d1_depth("peer,release_sampler", cycles=5, part_timeout_s=420, runs=3), tiny=DEPTH_TINY),
     # the full protocol for the StableDRL pair at 32 layers, full-parameter on two GPUs: 3 runs a side in
     # alternating order, a warm-up and 5 timed cycles a run (a run of the release ~10 minutes, of the recipe
     # ~8); split over commands as protocol-fast-d1 is, each merging the one before
@@ -298,8 +298,8 @@ RUN_PEERS: dict[str, PeerSuite] = {
         "as committed (the release's sampler) and the release on the halved round, 3 runs each in alternating "
         "order, a warm-up and 5 timed cycles a run. Two H200s",
         shape="llada8b-32l",
-        args=(*stabledrl_depth("release_sampler,peer", cycles=5, part_timeout_s=900, layers=32, peer_cycles=5),
-              "--gpus", "2", "--runs", "3"), tiny=DEPTH32_TINY),
+        args=(*stabledrl_depth("release_sampler,peer", cycles=5, part_timeout_s=900, layers=32, peer_cycles=5,
+                               runs=3), "--gpus", "2"), tiny=DEPTH32_TINY),
 }
 
 SUITES = {"run_all": RUN_ALL, "run_system": RUN_SYSTEM, "run_peers": RUN_PEERS}
