@@ -6,7 +6,7 @@ table again from a record (the GPU run's, or several merged).
 A loop's figure is the median over its runs that finished (exit 0, not stopped); its range is the
 least and the most of them. project / peer is the ratio of the medians; its range pairs the worst
 run of one side with the best of the other (the ratio no pairing of runs falls outside). A target:
-the fast loops 5x; at the release's sampler 1.5x, or 90% of the ceiling's ratio where that is lower
+the fast loops 5x; at the release's sampler 1.5x, or 90% of the ceiling's ratio where the ceiling is below 1.5x
 (roofline.target). Every row names its layer count, and the header its card and host.
 """
 from __future__ import annotations
@@ -128,16 +128,18 @@ def roofline_of(part: dict, matmul: Optional[float], ceiling: bool = True) -> Op
         if not raw:
             continue
         flops, seconds, gpu_s = raw["flops"], raw["seconds"], raw["gpu_s"]
-        one = {**rl.rates(flops, seconds, matmul), **{f"share_{k}": v for k, v in rl.shares(seconds, gpu_s).items()}}
+        rate = r.get("matmul_tflops") or matmul  # the run's own machine's rate, where recorded
+        one = {**rl.rates(flops, seconds, rate), **{f"share_{k}": v for k, v in rl.shares(seconds, gpu_s).items()}}
         if ceiling:
-            one["ceiling_samples_per_s_per_gpu"] = rl.ceiling(flops, raw["samples"], matmul)
+            one["ceiling_samples_per_s_per_gpu"] = rl.ceiling(flops, raw["samples"], rate)
         per_run.append(one)
     if not per_run:
         return None
     keys = sorted({k for one in per_run for k in one})
     out = {k: statistics.median(xs) if (xs := [o[k] for o in per_run if o.get(k) is not None]) else None
            for k in keys}
-    out["matmul_tflops"] = matmul
+    out["matmul_tflops"] = statistics.median(r.get("matmul_tflops") or matmul for r in part["runs"]) \
+        if part["runs"] and matmul else matmul
     return out
 
 
@@ -203,6 +205,9 @@ def merge(results: dict, earlier: dict, path: str) -> None:
         results["merged"].append({"path": str(path), "skipped": f"measured on {earlier.get('card')} x "
                                   f"{earlier.get('n_gpus')}, not on {results['card']} x {results['n_gpus']}"})
         return
+    for part in earlier.get("parts", {}).values():  # each run keeps the matmul rate of its own machine
+        for run in part.get("runs", []):
+            run.setdefault("matmul_tflops", earlier.get("matmul_tflops"))
     results["parts"].update(earlier.get("parts", {}))
     results["variants"] = {**earlier.get("variants", {}), **results.get("variants", {})}
     results["merged"].append({"path": str(path), "parts": sorted(earlier.get("parts", {})),
@@ -212,15 +217,17 @@ def merge(results: dict, earlier: dict, path: str) -> None:
 def header(results: dict) -> str:
     c = results["card"]
     hosts = sorted({results.get("host")} | {m.get("host") for m in results.get("merged", []) if m.get("host")})
-    rate = results.get("matmul_tflops")
-    machines = len({json.dumps(r["machine"], sort_keys=True) for p in results.get("parts", {}).values()
-                    for r in p.get("runs", []) if r.get("machine")})
+    runs = [r for p in results.get("parts", {}).values() for r in p.get("runs", [])]
+    rates = sorted({round(r["matmul_tflops"]) for r in runs if r.get("matmul_tflops")}) or (
+        [round(results["matmul_tflops"])] if results.get("matmul_tflops") else [])
+    machines = len({json.dumps(r["machine"], sort_keys=True) for r in runs if r.get("machine")})
     # runs from records older than the machine field leave it out
     count = "one machine" if machines == 1 else f"{machines} machines"
     on = f"; {count} (boot id and GPU UUIDs)" if machines else ""
     return (f"Card: {c['name']} x {results['n_gpus']} used (every loop holds all of them); host "
             f"{', '.join(h for h in hosts if h)}{on}; measured bf16 matmul rate "
-            f"{'%.3g TFLOP/s' % rate if rate else 'not measured'}. Figures: median over a loop's runs (range); "
+            f"{' and '.join(map(str, rates)) + ' TFLOP/s' if rates else 'not measured'}"
+            f"{' (each run against its own machine)' if len(rates) > 1 else ''}. Figures: median over a loop's runs (range); "
             f"ratios project / peer (> 1: the project is better).\n\n")
 
 

@@ -155,5 +155,7 @@ def ceiling(flops: dict[str, Optional[float]], samples: float, matmul_tflops: Op
 
 
 def target(ceiling_ratio: Optional[float]) -> float:
-    """The release-sampler target: 1.5x, or 90% of the ceiling's ratio where that is lower."""
-    return SPEED_TARGET if ceiling_ratio is None else min(SPEED_TARGET, 0.9 * ceiling_ratio)
+    """The release-sampler target: 1.5x; where the ceiling itself is below 1.5x, 90% of it."""
+    if ceiling_ratio is None or ceiling_ratio >= SPEED_TARGET:
+        return SPEED_TARGET
+    return 0.9 * ceiling_ratio

@@ -188,7 +188,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                         rec = {"rc": 1, "harness_error": traceback.format_exc()[-2000:], "figures": {}}
                         print(rec["harness_error"], file=sys.stderr, flush=True)
                     rec.update(run=run, host=results["host"], machine=results["machine"], card=results["card"],
-                               layers=ckpt["layers"])
+                               layers=ckpt["layers"], matmul_tflops=results["matmul_tflops"])
                     part["runs"].append(rec)
                     pt.summarise(part)
                     ok &= rec["rc"] == 0

@@ -120,6 +120,7 @@ def test_rates_shares_and_the_ceiling():
     assert rl.ceiling(flops, 20, 1.0) == pytest.approx(20 / (7 / 0.75 + 4 / 0.55))
     assert rl.ceiling({**flops, "generate": None}, 20, 1.0) is None
     assert rl.target(None) == 1.5 and rl.target(2.0) == 1.5 and rl.target(1.2) == pytest.approx(1.08)
+    assert rl.target(1.6) == 1.5  # a ceiling above 1.5x leaves the target at 1.5x, not 90% of the ceiling
 
 
 def run(sps, rc=0, **figures):
@@ -188,6 +189,21 @@ def test_merge_takes_only_a_run_on_the_same_card():
     pt.merge(results, {"card": {"name": "H100"}, "n_gpus": 2, "parts": {"stabledrl_L8_peer": {}}, "host": "b"},
              "b.json")
     assert set(results["parts"]) == {"stabledrl_L8_fast", "stabledrl_L8_peer"} and results["merged"][1]["host"] == "b"
+
+
+def test_merged_runs_keep_the_matmul_rate_of_their_own_machine():
+    roof = {"flops": {"generate": 6e12, "score": 1e12, "learner_score": 0.0, "train": 4e12},
+            "seconds": {"generate": 10.0, "score": 2.0, "learner": 6.0, "optimizer": 2.0}, "gpu_s": 25.0,
+            "samples": 20}
+    earlier = {"card": {"name": "H200"}, "n_gpus": 2, "host": "a", "matmul_tflops": 1.0, "parts": {
+        "stabledrl_L8_colocated": part("stabledrl", "colocated", 8, run(1.1, roofline=roof))}}
+    results = {"card": {"name": "H200"}, "n_gpus": 2, "host": "b", "matmul_tflops": 2.0, "merged": [], "parts": {}}
+    pt.merge(results, earlier, "a.json")
+    results["parts"]["stabledrl_L8_colocated"]["runs"].append({**run(1.1, roofline=roof), "matmul_tflops": 2.0})
+    (row,) = pt.table_rows(results)
+    # generation at 0.6 TFLOP/s: 60% of the first machine's rate, 30% of the second's; the median of the two
+    assert row["roofline"]["generate_of_matmul"] == pytest.approx(0.45)
+    assert "matmul rate 1 and 2 TFLOP/s (each run against its own machine)" in pt.header(results)
 
 
 def test_each_pair_runs_its_releases_estimator_and_a_config_that_does_not_validate_never_starts(tmp_path):
