@@ -227,8 +227,8 @@ def header(results: dict) -> str:
     return (f"Card: {c['name']} x {results['n_gpus']} used (every loop holds all of them); host "
             f"{', '.join(h for h in hosts if h)}{on}; measured bf16 matmul rate "
             f"{' and '.join(map(str, rates)) + ' TFLOP/s' if rates else 'not measured'}"
-            f"{' (each run against its own machine)' if len(rates) > 1 else ''}. Figures: median over a loop's runs (range); "
-            f"ratios project / peer (> 1: the project is better).\n\n")
+            f"{' (each run against its own machine)' if len(rates) > 1 else ''}. Figures: median over a loop's "
+            f"runs (range); ratios project / peer (> 1: the project is better).\n\n")
 
 
 def _fmt(x: Any, digits: int = 2) -> str:
