@@ -75,6 +75,10 @@ def shape_overrides(name: str, model: Path, out: Path) -> list[str]:
     return [
         f"model.path={model}", "model.dtype=float32", "model.checkpointed_layers=null",  # the tiny model has 2 layers
         "sampler.gen_length=8", *block, "sampler.max_batch_size=8",
+        # compiled forwards are tested where they are the subject (tests/unit/rollout/test_sampler_compile.py,
+        # tests/unit/learner/test_learner_fused.py, test_learner_engine's compiled ZeRO-3 steps); here each
+        # recipe's new tiny shapes would cost inductor's CPU build about 25 s on a machine without its cache
+        "sampler.compile=false", "learner.compile=false",
         "algorithm.group_size=2", "algorithm.groups_per_step=1", "algorithm.micro_batch_size=2",
         "rollout.num_workers=1", "rollout.prompts_per_request=1", "rollout.request_timeout_s=300",
         "learner.num_ranks=1", "learner.dist_timeout_s=300", "learner.deepspeed.dtype=fp32",
