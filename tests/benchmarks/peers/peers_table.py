@@ -120,8 +120,9 @@ def ratio_range(part: dict, peer: dict) -> Optional[tuple[float, float]]:
 
 
 def roofline_of(part: dict, matmul: Optional[float], ceiling: bool = True) -> Optional[dict]:
-    """The median over a part's finished runs of each run's rates and shares (roofline.py), and
-    (a project loop's) the ceiling of its FLOPs per sample, where its generation FLOPs are counted."""
+    """The median over a part's finished runs of each run's rates and shares (roofline.py), of the
+    matmul rate each was measured against (its own machine's, where recorded), and (a project loop's)
+    the ceiling of its FLOPs per sample, where its generation FLOPs are counted."""
     per_run = []
     for r in part["runs"]:
         raw = r.get("figures", {}).get("roofline") if finished(r) else None
@@ -129,18 +130,16 @@ def roofline_of(part: dict, matmul: Optional[float], ceiling: bool = True) -> Op
             continue
         flops, seconds, gpu_s = raw["flops"], raw["seconds"], raw["gpu_s"]
         rate = r.get("matmul_tflops") or matmul  # the run's own machine's rate, where recorded
-        one = {**rl.rates(flops, seconds, rate), **{f"share_{k}": v for k, v in rl.shares(seconds, gpu_s).items()}}
+        one = {**rl.rates(flops, seconds, rate), **{f"share_{k}": v for k, v in rl.shares(seconds, gpu_s).items()},
+               "matmul_tflops": rate}
         if ceiling:
             one["ceiling_samples_per_s_per_gpu"] = rl.ceiling(flops, raw["samples"], rate)
         per_run.append(one)
     if not per_run:
         return None
     keys = sorted({k for one in per_run for k in one})
-    out = {k: statistics.median(xs) if (xs := [o[k] for o in per_run if o.get(k) is not None]) else None
-           for k in keys}
-    out["matmul_tflops"] = statistics.median(r.get("matmul_tflops") or matmul for r in part["runs"]) \
-        if part["runs"] and matmul else matmul
-    return out
+    return {k: statistics.median(xs) if (xs := [o[k] for o in per_run if o.get(k) is not None]) else None
+            for k in keys}
 
 
 def peer_roofline(figures: dict, shape: dict, lora: bool) -> Optional[dict]:
