@@ -150,8 +150,11 @@ class TorchRolloutEngine:
         parts = []
         for rows in call_rows(by_length, [len(p) for p in prompts], cfg):
             part = generate(self.policy, [prompts[i] for i in rows], seeds[rows], cfg, self.graphs)
-            part.forward_rows = part.num_forwards * len(rows)
-            part.forward_tokens = part.forward_rows * (max(len(prompts[i]) for i in rows) + cfg.gen_length)
+            if not part.forward_tokens:  # a sampler that does not count: every forward one of the whole canvas
+                width = max(len(prompts[i]) for i in rows) + cfg.gen_length
+                part.forward_rows = part.num_forwards * len(rows)
+                part.forward_tokens = part.forward_rows * width
+                part.forward_attended = part.forward_tokens * width
             parts.append(part)
         out = GenerationOutput.concat(parts)
         inverse = torch.empty(len(by_length), dtype=torch.long)

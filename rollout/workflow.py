@@ -116,6 +116,7 @@ def run_episodes(
     stats = {"generate_s": (t1 - t0) / n, "reward_s": (t2 - t1) / n, "estimate_s": (t3 - t2) / n,
              "tokens": out.tokens_generated / n, "forwards": out.num_forwards / n,
              "forward_rows": out.forward_rows / n, "forward_tokens": out.forward_tokens / n,
+             "forward_attended": out.forward_attended / n,
              "prompt_tokens": sum(len(prompts[q]) for q, _ in rows) / n}
     return [
         Episode(uid=r.uid, prompt_id=r.row.prompt_id, group=Group(r.row.prompt_id, s) if s else None,

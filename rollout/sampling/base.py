@@ -34,10 +34,13 @@ class GenerationOutput:
     tokens_generated: int  # sum of completion_length
     time_s: float  # wall-clock seconds of generation
     policy_version: int = 0  # version of the weights that generated it
-    # rows x forwards and rows x forwards x canvas width (the call's longest prompt + gen_length) over the
-    # calls: the tokens full forwards of the canvas carry (the roofline's FLOPs, tests/benchmarks/peers/roofline.py)
+    # what the forwards carried, summed over them (the roofline's FLOPs, tests/benchmarks/peers/roofline.py):
+    # rows, the tokens fed (rows x the query's length: the whole canvas, or a cached step's block), and
+    # attention's query-key pairs (rows x the query's length x the keys it reads). A sampler that does not
+    # count them leaves them to the engine, which counts every forward as one of the whole canvas
     forward_rows: int = 0
     forward_tokens: int = 0
+    forward_attended: int = 0
 
     @staticmethod
     def concat(parts: Sequence["GenerationOutput"]) -> "GenerationOutput":
@@ -51,6 +54,7 @@ class GenerationOutput:
             policy_version=parts[0].policy_version if parts else 0,
             forward_rows=sum(p.forward_rows for p in parts),
             forward_tokens=sum(p.forward_tokens for p in parts),
+            forward_attended=sum(p.forward_attended for p in parts),
         )
 
     def select(self, rows: torch.Tensor) -> "GenerationOutput":
@@ -59,7 +63,7 @@ class GenerationOutput:
         return GenerationOutput(
             self.completion_ids[rows], self.completion_length[rows], self.decode_step[rows],
             self.num_forwards, self.tokens_generated, self.time_s, self.policy_version,
-            self.forward_rows, self.forward_tokens,
+            self.forward_rows, self.forward_tokens, self.forward_attended,
         )
 
 

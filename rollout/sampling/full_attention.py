@@ -54,6 +54,7 @@ class FullAttentionLogits:
     def __init__(self, policy: DiffusionPolicy, canvas: Canvas, block_length: int, mode: str,
                  graphs: Optional[StepGraphs] = None, compile: bool = False) -> None:
         self.policy, self.canvas, self.block_length, self.mode = policy, canvas, block_length, mode
+        self.rows = self.fed = self.attended = 0  # what the forwards carried (``_count``)
         self.shift = int(policy.spec.shifted_logits)
         self.mask = full_mask(canvas.valid)  # [B, 1, T, T], fixed for the whole generation
         t = canvas.total_length
@@ -70,9 +71,23 @@ class FullAttentionLogits:
             self.static.mask.copy_(canvas.valid[:, None, None, :].expand_as(self.static.mask))  # [B, 1, Lq, T]
 
     def __call__(self, state: DecodeState, view: HostView) -> torch.Tensor:
+        t = self.canvas.total_length
         if self.cache is None or view.refresh:
+            self._count(t, t)
             return self._full(state, view)
-        return self._prefix(state, view) if self.mode == "prefix" else self._dual(state)
+        if self.mode == "prefix":
+            self._count(t - (self.canvas.prompt_width + view.lo - self.shift), t)
+            return self._prefix(state, view)
+        self._count(self.block_length + self.shift, t)
+        return self._dual(state)
+
+    def _count(self, query: int, keys: int) -> None:
+        """What a forward carries, from the host's view alone: every row feeds ``query`` tokens that
+        read ``keys`` keys (the GenerationOutput's forward_* totals)."""
+        rows = self.canvas.batch_size
+        self.rows += rows
+        self.fed += rows * query
+        self.attended += rows * query * keys
 
     def _offsets(self, state: DecodeState, view: HostView) -> torch.Tensor | None:
         return None if view.lo == view.hi else state.block_start - view.lo
@@ -151,8 +166,11 @@ def generate_full_attention(
         )
         block_logits = FullAttentionLogits(policy, canvas, block_length, mode, graphs if cfg.cuda_graph else None,
                                            compile=cfg.compile)
-        return run_denoising(
+        out = run_denoising(
             canvas, seeds, cfg, block_length=block_length, steps_per_block=steps_per_block,
             mask_token_id=policy.mask_token_id, eos_token_id=policy.eos_token_id,
             block_logits=block_logits, block_sync=mode != "none",
         )
+    out.forward_rows, out.forward_tokens, out.forward_attended = block_logits.rows, block_logits.fed, \
+        block_logits.attended
+    return out

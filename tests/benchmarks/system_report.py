@@ -93,7 +93,7 @@ def analyse(records: list[dict], gpu_samples: list[tuple[float, int, float, floa
     out["timed_totals"] = {name: sum_of(key) for name, key in (
         ("step_s", "time/step"), ("samples", "learner/samples"), ("prompt_tokens", "rollout/prompt_tokens"),
         ("forward_rows", "rollout/forward_rows"), ("forward_tokens", "rollout/forward_tokens"),
-        ("tokens", "rollout/tokens"))}
+        ("forward_attended", "rollout/forward_attended"), ("tokens", "rollout/tokens"))}
     generate_s = sum_of("rollout/generate_s")
     out["rollout_tokens_per_s_generating"] = sum_of("rollout/tokens") / generate_s if generate_s else None
     out["rollout_tokens_per_forward"] = sum_of("rollout/tokens") / max(1.0, sum_of("rollout/forwards"))

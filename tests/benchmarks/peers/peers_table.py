@@ -121,8 +121,9 @@ def ratio_range(part: dict, peer: dict) -> Optional[tuple[float, float]]:
 
 def roofline_of(part: dict, matmul: Optional[float], ceiling: bool = True) -> Optional[dict]:
     """The median over a part's finished runs of each run's rates and shares (roofline.py), of the
-    matmul rate each was measured against (its own machine's, where recorded), and (a project loop's)
-    the ceiling of its FLOPs per sample, where its generation FLOPs are counted."""
+    matmul rate each was measured against (its own machine's, where recorded), of the completion
+    positions its generation committed per row and forward, and (a project loop at the release's sampler) the ceiling
+    of its FLOPs per sample, where its generation FLOPs are counted."""
     per_run = []
     for r in part["runs"]:
         raw = r.get("figures", {}).get("roofline") if finished(r) else None
@@ -131,8 +132,8 @@ def roofline_of(part: dict, matmul: Optional[float], ceiling: bool = True) -> Op
         flops, seconds, gpu_s = raw["flops"], raw["seconds"], raw["gpu_s"]
         rate = r.get("matmul_tflops") or matmul  # the run's own machine's rate, where recorded
         one = {**rl.rates(flops, seconds, rate), **{f"share_{k}": v for k, v in rl.shares(seconds, gpu_s).items()},
-               "matmul_tflops": rate}
-        if ceiling:
+               "matmul_tflops": rate, "positions_per_row_forward": raw.get("positions_per_row_forward")}
+        if ceiling and not raw.get("cached"):  # the ceiling is the release's sampler's
             one["ceiling_samples_per_s_per_gpu"] = rl.ceiling(flops, raw["samples"], rate)
         per_run.append(one)
     if not per_run:
@@ -146,8 +147,10 @@ def peer_roofline(figures: dict, shape: dict, lora: bool) -> Optional[dict]:
     """A peer run's roofline inputs: FLOPs of the forwards its harness counted, its GPU-seconds by activity."""
     if not figures.get("samples"):
         return None
+    generate = (figures.get("forwards") or {}).get("generate") or {}
     return {"flops": rl.peer_flops(figures.get("forwards") or {}, shape, lora), "seconds": figures["seconds"],
-            "gpu_s": figures["gpu_s"], "samples": figures["samples"]}
+            "gpu_s": figures["gpu_s"], "samples": figures["samples"],
+            "positions_per_row_forward": per_row_forward(figures.get("tokens"), generate.get("rows"))}
 
 
 def project_roofline(f: dict, shape: dict, config: Path, sets: list[str], rows: Path, n_gpus: int) -> Optional[dict]:
@@ -176,10 +179,10 @@ def project_roofline(f: dict, shape: dict, config: Path, sets: list[str], rows: 
     reference = 0.0 if not kl else (1.0 if masks == "shared" else per_mask)
     reference += per_mask if masks == "per_iteration" and mu > 1 else 0.0
     family_block = cfg.sampler.block_length or cfg.sampler.gen_length
+    cached = cfg.sampler.resolved_cache(False) != "none"
     flops = rl.project_flops(totals, shape, gen_length=cfg.sampler.gen_length, block_length=family_block,
                              views=forwards_per_estimate(cfg.estimator), inner_iterations=mu,
-                             lora=cfg.learner.lora is not None, reference_forwards=reference,
-                             cached=cfg.sampler.resolved_cache(False) != "none")
+                             lora=cfg.learner.lora is not None, reference_forwards=reference, cached=cached)
     seconds = {"generate": 0.0, "score": 0.0, "reward": 0.0, "learner": 0.0, "optimizer": 0.0,
                "learner_score": 0.0, "push": 0.0}
     for name, actor in (f.get("actors") or {}).items():
@@ -195,7 +198,16 @@ def project_roofline(f: dict, shape: dict, config: Path, sets: list[str], rows: 
                 sec.get("train_score", 0.0)
             seconds["push"] += sec.get("push", 0.0)
     return {"flops": flops, "seconds": seconds, "gpu_s": totals.get("step_s", 0.0) * max(1, n_gpus),
-            "samples": totals["samples"]}
+            "samples": totals["samples"], "cached": cached,
+            "positions_per_row_forward": per_row_forward(totals["samples"] * cfg.sampler.gen_length,
+                                                         totals.get("forward_rows"))}
+
+
+def per_row_forward(positions: Optional[float], rows: Optional[float]) -> Optional[float]:
+    """Completion positions committed per row and forward of generation: a fixed-step sampler's
+    gen_length / steps; with threshold decoding what the forwards committed, a row that waits for its
+    batch's block (a cached sampler's) counting its forwards too."""
+    return positions / rows if positions and rows else None
 
 
 def merge(results: dict, earlier: dict, path: str) -> None:
@@ -275,9 +287,9 @@ def markdown(rows: list[dict]) -> str:
                      f"{_cell(r, 'samples_per_s_per_gpu', 3)} | {_cell(r, 'rollout_tokens_per_s_per_gpu', 0)} | "
                      f"{_cell(r, 'learner_s_per_sample', 3)} | {_cell(r, 'first_step_s', 1)} | "
                      f"{_fmt(f.get('peak_memory_gib'), 1)} / {_fmt(f.get('gpu_memory_used_max_gib'), 1)} | {cell} |")
-    lines += ["", "| loop | layers | generate TFLOP/s (of matmul) | score TFLOP/s | learner TFLOP/s (of matmul) | "
-              "shares: generate / score / learner / optimizer / push / reward / idle | ceiling samples/s/GPU "
-              "(over the release) |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| loop | layers | generate TFLOP/s (of matmul) | positions / row-forward | score TFLOP/s | "
+              "learner TFLOP/s (of matmul) | shares: generate / score / learner / optimizer / push / reward / idle | "
+              "ceiling samples/s/GPU (over the release) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         roof = r.get("roofline") or {}
         if not roof:
@@ -288,7 +300,8 @@ def markdown(rows: list[dict]) -> str:
         if r.get("ceiling_ratio"):
             ceiling += f" ({_fmt(r['ceiling_ratio'])}×)"
         lines.append(f"| {r['name']} | {r['layers']} | {_rate(roof.get('generate_tflops'))} "
-                     f"({_pct(roof.get('generate_of_matmul'))}) | {_rate(roof.get('score_tflops'))} | "
+                     f"({_pct(roof.get('generate_of_matmul'))}) | {_fmt(roof.get('positions_per_row_forward'), 2)} | "
+                     f"{_rate(roof.get('score_tflops'))} | "
                      f"{_rate(roof.get('learner_tflops'))} ({_pct(roof.get('learner_of_matmul'))}) | {shares} | "
                      f"{ceiling} |")
     lines += ["", "| loop | layers | peak per GPU (nvidia-smi) GiB | allocator peaks GiB | the release here: "

@@ -19,8 +19,14 @@ recomputed forward is not counted: these are model FLOPs, as MFU counts them.
 - generation at the release's sampler (no cache, a fixed number of steps): every step a forward of
   the whole canvas (prompt + completion, padded to the call's longest prompt). The releases compute
   the head at every position (H = T, then fp32 logits and Gumbel noise over T x V); the project only
-  at the block being decoded (H = the block length). A cached sampler's forwards carry the block
-  alone and are not counted here (its rows show no generation rate).
+  at the block being decoded (H = the block length).
+- generation with a cache (Fast-dLLM's prefix or dual cache): a full forward of the canvas when a
+  block starts, then forwards of the block alone (dual) or of the block and what follows it (prefix)
+  that read the other positions' keys and values from the cache: per row, Lq tokens through the
+  layers and Lq x T query-key pairs in attention. The sampler counts both as it runs
+  (``rollout/forward_tokens``, ``rollout/forward_attended``); records from before it counted them
+  show no generation rate for a cached sampler. The ceiling is the release's sampler's: a cached
+  loop gets none.
 - scoring (the behaviour policy's, a reference's, d1's old policy's log-likelihoods; no gradient) and
   the learner's forwards: T = prompt + completion per view; the project's head at the completion
   (H = gen), the releases' at every position.
@@ -28,7 +34,8 @@ recomputed forward is not counted: these are model FLOPs, as MFU counts them.
 Where the FLOPs come from. The releases' harnesses count every forward the release's own code runs
 (peer_events.Recorder.forward: its rows, T, whether it builds a graph, whether it is inside the
 sampler): nothing is modelled. The project's are counted from its job's records: the generation's
-rows x forwards and tokens (``rollout/forward_rows``, ``rollout/forward_tokens``), the samples' prompt
+rows x forwards, tokens and attention pairs (``rollout/forward_rows``, ``rollout/forward_tokens``,
+``rollout/forward_attended``), the samples' prompt
 tokens (``rollout/prompt_tokens``), the estimator's views and the inner iterations.
 
 Wall-time shares (of the loop's GPU-seconds: window x GPUs): generate, score (behaviour / old /
@@ -101,15 +108,17 @@ def project_flops(totals: dict[str, float], shape: dict[str, int], *, gen_length
     of generation, ``samples`` and ``prompt_tokens`` (every sample's prompt). ``views``: forwards of
     one estimate (the estimator's draws); ``reference_forwards``: the learner's estimates without a
     gradient per sample over the step (a reference's, an old policy's under per-iteration masks).
-    ``cached``: the sampler's forwards carry the block alone (no generation FLOPs counted)."""
+    ``forward_attended``: attention's query-key pairs (rows x T^2 for full forwards of T tokens); without
+    it (older records) every forward is taken as one of the whole canvas, which a ``cached`` sampler's
+    are not: no generation FLOPs then."""
     samples = totals.get("samples", 0.0)
     tokens = totals.get("prompt_tokens", 0.0) + samples * gen_length  # one view of every sample
     mean_t = tokens / samples if samples else 0.0
     one = views * forward_flops(shape, samples, tokens, tokens * mean_t, samples * gen_length)  # an estimate each
     gen = None
-    if not cached and totals.get("forward_rows"):
-        rows, ft = totals["forward_rows"], totals["forward_tokens"]
-        gen = forward_flops(shape, rows, ft, ft * ft / rows, rows * block_length)
+    rows, ft, attended = totals.get("forward_rows"), totals.get("forward_tokens"), totals.get("forward_attended")
+    if rows and (attended or not cached):
+        gen = forward_flops(shape, rows, ft, attended or ft * ft / rows, rows * block_length)
     return {"generate": gen, "score": one, "learner_score": one * reference_forwards,
             "train": one * inner_iterations * backward_factor(lora)}
 

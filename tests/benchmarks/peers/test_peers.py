@@ -106,6 +106,13 @@ def test_flops_are_counted_from_the_shapes():
     assert f["train"] == 3 * 3 * f["score"]
     assert rl.project_flops(totals, SHAPE, gen_length=4, block_length=2, views=2, inner_iterations=3, lora=False,
                             reference_forwards=0, cached=True)["generate"] is None
+    # a cached sampler that counted its forwards: 8 rows of a full forward (T = 10), 8 of the block alone (2
+    # tokens reading all 10 keys); the head at the block either way
+    counted = {**totals, "forward_rows": 16, "forward_tokens": 8 * 10 + 8 * 2, "forward_attended": 8 * 100 + 8 * 20}
+    cached = rl.project_flops(counted, SHAPE, gen_length=4, block_length=2, views=2, inner_iterations=3, lora=False,
+                              reference_forwards=0, cached=True)["generate"]
+    block_alone = 8 * (2 * 2 * 1280 + 20 * 4 * 2 * 8) + 8 * 2 * 2 * 8 * 32
+    assert cached == flops_of(8, 10, 2) + block_alone
 
 
 def test_rates_shares_and_the_ceiling():
@@ -240,13 +247,24 @@ def test_a_loop_on_the_gpus_reads_its_layout_and_roofline_with_the_steps_groups(
         assert not run_peers.colocated(config, sets + run_peers.VARIANTS["apart"], tmp_path)
         cfg = load_job_config(str(config), [f"task.source.path={tmp_path / 'train.jsonl'}", *sets,
                                             "learner.num_ranks=1", "rollout.num_workers=1"])
-        totals = {"samples": 4, "step_s": 2.0, "rollout_forwards": 8, "rollout_rows": 32, "canvas_tokens": 512,
-                  "prompt_tokens": 100}
+        totals = {"samples": 4, "step_s": 2.0, "forward_rows": 32, "forward_tokens": 512, "prompt_tokens": 100}
         shape = {"d": 64, "m": 128, "layers": 2, "vocab": 97}
         job_sets = [*sets, "learner.num_ranks=1", "rollout.num_workers=1"]
         roof = pt.project_roofline({"timed_totals": totals, "actors": {}}, shape, config, job_sets,
                                    tmp_path / "train.jsonl", 1)
         assert roof["samples"] == 4 and cfg.algorithm.groups_per_step == spec["groups"]
+        # 4 samples of gen_length positions over 32 row-forwards; the recipe's sampler is the exact one
+        assert roof["positions_per_row_forward"] == pytest.approx(4 * cfg.sampler.gen_length / 32)
+        assert roof["cached"] is False
+        fast = pt.project_roofline({"timed_totals": totals, "actors": {}}, shape, config,
+                                   [*job_sets, "sampler.cache=dual", "sampler.threshold=0.9", "sampler.compile=false"],
+                                   tmp_path / "train.jsonl", 1)
+        assert fast["cached"] is True and fast["flops"]["generate"] is None  # no attention pairs counted
+        one = {"rc": 0, "stopped": False, "figures": {"samples_per_s_per_gpu": 1.0, "roofline": {
+            **fast, "flops": {**fast["flops"], "generate": 1e12}, "seconds": {"generate": 1.0}, "gpu_s": 2.0}}}
+        assert pt.roofline_of({"runs": [one]}, 1.0).get("ceiling_samples_per_s_per_gpu") is None  # the release's
+        one["figures"]["roofline"]["cached"] = False  # only: the same figures at its sampler have one
+        assert pt.roofline_of({"runs": [one]}, 1.0)["ceiling_samples_per_s_per_gpu"] > 0
         if pair == "d1":  # 2 micro-batches on the one rank: each meets 6 of its 12 masks, old policy and reference
             assert roof["flops"]["learner_score"] == pytest.approx((6 + 6) * roof["flops"]["score"])
 

@@ -56,6 +56,8 @@ def test_micro_batches_of_sorted_prompts_give_the_rows_of_one_big_batch(family, 
     assert out.forward_rows == sum(f * len(c) for f, c in zip(forwards, calls))
     assert out.forward_tokens == sum(f * len(c) * (max(len(prompts[i]) for i in c) + 16)
                                      for f, c in zip(forwards, calls))
+    assert out.forward_attended == sum(f * len(c) * (max(len(prompts[i]) for i in c) + 16) ** 2
+                                       for f, c in zip(forwards, calls))
 
 
 def test_update_weights_switches_the_policy_and_owns_the_version():
@@ -124,3 +126,29 @@ def test_uniform_noise_families_run_their_own_sampler_never_mask_canvases():
     finally:
         hook.remove()
     assert out.completion_ids.shape == (1, 8) and seen and not any((s == policy.mask_token_id).all() for s in seen)
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_full_attention_counts_what_each_forward_carries(cache):
+    """The roofline's generation FLOPs: the exact sampler's forwards carry the whole canvas; a cached
+    one's a full forward when a block starts, then the block (dual) or the block and what follows it
+    (prefix), each query token reading every key of the canvas."""
+    policy = build_tiny_policy("llada")
+    prompts, seeds = prompts_of([5, 3]), torch.tensor([1, 2])
+    gen, block, steps = 16, 4, 8  # 4 blocks of 2 fixed steps each
+    cfg = SamplerConfig(gen_length=gen, block_length=block, steps=steps, temperature=0.9, cache=cache)
+    out = generate(policy, prompts, seeds, cfg)
+    rows, t = 2, 5 + gen
+    assert out.num_forwards == steps and out.forward_rows == rows * steps
+    if cache == "none":
+        queries = [t] * steps
+    else:  # a block's first step is its refresh, the second reads the cache
+        starts = [5 + b * block for b in range(gen // block)]
+        queries = [q for s in starts for q in (t, block if cache == "dual" else t - s)]
+    assert out.forward_tokens == rows * sum(queries)
+    assert out.forward_attended == rows * t * sum(queries)
+    # the engine keeps the sampler's counts (one call: the same rows)
+    engine = TorchRolloutEngine(policy)
+    counted = engine.generate(prompts, seeds, cfg)
+    assert (counted.forward_rows, counted.forward_tokens, counted.forward_attended) == \
+        (out.forward_rows, out.forward_tokens, out.forward_attended)
