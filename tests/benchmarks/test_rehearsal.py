@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import warm_workers  # tests/helpers, on the path: tests/conftest.py
+from without_inductor import WITHOUT_INDUCTOR
 
 HERE = Path(__file__).resolve().parent
 # each rehearsal is a runner with its own limit of 1500 s (its subprocess timeout)
@@ -24,9 +25,12 @@ JOBS = {"matmul_gpu0", "matmul_gpu1", "full_attention", "block_diffusion", "lora
 
 
 def _run(*args) -> subprocess.CompletedProcess:
-    """The script; the Ray jobs it starts take their workers from a warm process (warm_workers.py)."""
+    """The script; the Ray jobs it starts take their workers from a warm process (warm_workers.py).
+    Its compiled parts trace and run without inductor's C++ build (without_inductor.py): these
+    rehearsals check that each part runs and what it records; the compiled tokens are checked
+    against eager ones, with inductor, by the sampler suite's rehearsal and the unit tests."""
     return subprocess.run([sys.executable, *map(str, args)], cwd=HERE.parents[1], timeout=1500, capture_output=True,
-                          text=True, env=warm_workers.job_env(tempfile.gettempdir()))
+                          text=True, env={**warm_workers.job_env(tempfile.gettempdir()), **WITHOUT_INDUCTOR})
 
 
 def test_every_component_benchmark_runs_its_tiny_path(tmp_path):
