@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suites  # noqa: E402
 import warm_workers  # noqa: E402  (tests/helpers, on the path: tests/conftest.py)
+from without_inductor import WITHOUT_INDUCTOR  # noqa: E402  (tests/helpers)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -27,21 +28,24 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 TESTS_STAND_ALONE = True  # each rehearsal is a runner of its own: they spread over the test workers
 
 
-def run(runner: str, *args) -> subprocess.CompletedProcess:
-    """The runner; the Ray jobs it starts take their workers from a warm process (warm_workers.py)."""
+def run(runner: str, *args, inductor: bool = True) -> subprocess.CompletedProcess:
+    """The runner; the Ray jobs it starts take their workers from a warm process (warm_workers.py).
+    Without ``inductor`` its compiled forwards trace and run without inductor's C++ build
+    (without_inductor.py)."""
+    env = warm_workers.job_env(tempfile.gettempdir())
     return subprocess.run([sys.executable, str(RUNNERS[runner]), *map(str, args)], cwd=REPO, timeout=1500,
-                          capture_output=True, text=True, env=warm_workers.job_env(tempfile.gettempdir()))
+                          capture_output=True, text=True, env=env if inductor else {**env, **WITHOUT_INDUCTOR})
 
 
-def rehearse(runner: str, name: str, tmp_path: Path, *args) -> dict:
+def rehearse(runner: str, name: str, tmp_path: Path, *args, inductor: bool = True) -> dict:
     """The suite's CPU rehearsal; its results.json (the run must have exited 0)."""
-    return tiny(runner, tmp_path, "--suite", name, *args)
+    return tiny(runner, tmp_path, "--suite", name, *args, inductor=inductor)
 
 
-def tiny(runner: str, tmp_path: Path, *args) -> dict:
+def tiny(runner: str, tmp_path: Path, *args, inductor: bool = True) -> dict:
     """The runner at the tiny shapes, its output in tmp_path/out; its results.json (it must have exited 0)."""
     out = tmp_path / "out"
-    done = run(runner, "--tiny", "--out", out, *args)
+    done = run(runner, "--tiny", "--out", out, *args, inductor=inductor)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     return json.loads((out / "results.json").read_text())
 
@@ -113,7 +117,10 @@ def test_the_push_suite(tmp_path):
 
 
 def test_the_learner_suite(tmp_path):
-    results = rehearse("run_all", "learner", tmp_path)
+    """The bench's steps eager and with learner.compile, the compiled ones traced and run without
+    inductor's C++ build: the fused norms and activation with inductor are checked against eager
+    gradients and updates in test_learner_fused.py and test_learner_engine.py."""
+    results = rehearse("run_all", "learner", tmp_path, inductor=False)
     parts = parts_of(results, "learner_8b")
     for name in ("zero3t_ckpt_on", "zero3t_ckpt_on_compiled"):  # eager, then learner.compile on one engine
         assert parts[name]["step_s_median"] > 0 and parts[name]["skipped_steps_total"] == 0, name
