@@ -71,23 +71,17 @@ class FullAttentionLogits:
             self.static.mask.copy_(canvas.valid[:, None, None, :].expand_as(self.static.mask))  # [B, 1, Lq, T]
 
     def __call__(self, state: DecodeState, view: HostView) -> torch.Tensor:
-        t = self.canvas.total_length
         if self.cache is None or view.refresh:
-            self._count(t, t)
             return self._full(state, view)
-        if self.mode == "prefix":
-            self._count(t - (self.canvas.prompt_width + view.lo - self.shift), t)
-            return self._prefix(state, view)
-        self._count(self.block_length + self.shift, t)
-        return self._dual(state)
+        return self._prefix(state, view) if self.mode == "prefix" else self._dual(state)
 
-    def _count(self, query: int, keys: int) -> None:
-        """What a forward carries, from the host's view alone: every row feeds ``query`` tokens that
-        read ``keys`` keys (the GenerationOutput's forward_* totals)."""
+    def _count(self, query: int) -> None:
+        """What a forward carries, from the host's view alone: every row feeds ``query`` tokens, each
+        reading every key of the canvas (the GenerationOutput's forward_* totals)."""
         rows = self.canvas.batch_size
         self.rows += rows
         self.fed += rows * query
-        self.attended += rows * query * keys
+        self.attended += rows * query * self.canvas.total_length
 
     def _offsets(self, state: DecodeState, view: HostView) -> torch.Tensor | None:
         return None if view.lo == view.hi else state.block_start - view.lo
@@ -96,6 +90,7 @@ class FullAttentionLogits:
         c = self.canvas
         if self.cache is not None:
             self.cache.set_slots(self.all_slots, c.total_length)
+        self._count(c.total_length)
         return forward_block_logits(
             self.policy, c.ids, attention_mask=self.mask, position_ids=c.position_ids,
             logits_from=c.prompt_width + view.lo, offsets=self._offsets(state, view),
@@ -109,6 +104,7 @@ class FullAttentionLogits:
         # a row ahead of the slowest keeps its cached prefix: its tokens before its block go to scratch
         keep = slot[None, :] < (c.prompt_width + state.block_start)[:, None]  # [B, Lq]
         cache.set_slots(torch.where(keep, cache.scratch_slot, slot[None, :]), c.total_length)
+        self._count(c.total_length - start)
         return forward_block_logits(
             self.policy,
             c.ids[:, start:],
@@ -127,6 +123,7 @@ class FullAttentionLogits:
         if self.shift:
             query = torch.cat([query[:, :1] - 1, query], dim=1)  # [B, 1 + Lb]
             slots = torch.cat([torch.full_like(query[:, :1], cache.scratch_slot), slots], dim=1)
+        self._count(query.shape[1])
         if self.static is not None:
             return self.static(c.ids.gather(1, query), c.position_ids.gather(1, query), slots)
         cache.set_slots(slots, c.total_length)

@@ -371,15 +371,11 @@ def run_project(a: argparse.Namespace, pair: str, spec: dict, variant: str, over
     figures = pe.project_figures(job, n_gpus=n_gpus if not a.tiny else 1)
     figures["gpu_memory_used_max_gib"] = max((x.get("gpu_memory_used_max_gib") or 0.0
                                               for x in (f.get("actors") or {}).values()), default=0.0) or None
-    # the config as the job ran it: the one it saved in its run folder (bench_system's ranks, workers and, on the
-    # CPU, its tiny canvas); else the recipe with the ranks and workers beside the loop's overrides
+    # the config as the job ran it, saved in its run folder (bench_system's ranks, workers and, on the CPU, its
+    # tiny canvas); a job that never wrote it recorded no step to count either
     ran = work / "job" / "run" / "config.yaml"
-    if ran.is_file():
-        figures["roofline"] = pt.project_roofline(f, ckpt["shape_dims"], ran, [], work / "job" / "train.jsonl", n_gpus)
-    else:
-        job_sets = [*sets, f"learner.num_ranks={actors}", f"rollout.num_workers={actors}"]
-        figures["roofline"] = pt.project_roofline(f, ckpt["shape_dims"], config, job_sets, work / "train.jsonl",
-                                                  n_gpus)
+    figures["roofline"] = pt.project_roofline(f, ckpt["shape_dims"], ran, [], work / "job" / "train.jsonl",
+                                              n_gpus) if ran.is_file() else None
     print(f"[{pair}_{variant}] rc {rc} wall {wall:.0f}s {json.dumps(figures, default=str)[:600]}", flush=True)
     # each actor's own clock over the timed steps (the profile of where a step's time goes)
     actors = {name: {k: v for k, v in actor.items() if k in ("wall_s", "idle_s", "seconds", "busy_fraction",
