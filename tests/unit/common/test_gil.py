@@ -58,7 +58,9 @@ def test_settle_heap_freezes_only_in_an_actor_unless_told():
     assert settle_heap() == 0 and gc.get_freeze_count() == 0  # this test process is no actor
     try:
         frozen = settle_heap(actors_only=False)
-        assert frozen > 1000 and gc.get_freeze_count() == frozen
+        # An object freed by its reference count leaves the frozen set, and another thread of this
+        # process (the test runner's) may free a few between the two counts: at most, never more.
+        assert frozen > 1000 and frozen - 100 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
