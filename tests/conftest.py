@@ -9,6 +9,9 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# no idle workers at a Ray instance's first driver: the tests' jobs start theirs through a warm process
+# (tests/helpers/warm_workers.py, a runtime_env), which such a worker cannot serve
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
 import sys
 from pathlib import Path

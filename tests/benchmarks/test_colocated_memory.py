@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import bench_colocated_memory as bench  # noqa: E402
+import warm_workers  # noqa: E402  (tests/helpers, on the path: tests/conftest.py)
 
 
 def record(rc: int, steps: int, gpu_peak: float) -> dict:
@@ -37,7 +39,8 @@ def test_the_verdict_needs_every_step_and_a_peak_below_the_card():
 def test_the_tiny_colocated_job_runs_its_steps_with_views(tmp_path):
     done = subprocess.run([sys.executable, str(HERE / "bench_colocated_memory.py"), "--tiny", "--steps", "2",
                            "--set", "weights.backend=ipc", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+                          cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env=warm_workers.job_env(tempfile.gettempdir()))  # its job's workers forked warm
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     out = json.loads((tmp_path / "memory.json").read_text())
     v, run = out["verdict"], out["record"]

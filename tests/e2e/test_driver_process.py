@@ -11,10 +11,12 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+import warm_workers  # tests/helpers, on the path: tests/conftest.py
 
 from stabledrl.coordinator.runtime.watchdog import descendants
 
@@ -29,11 +31,14 @@ WILDCARD = re.compile(r"^(0\.0\.0\.0|\*|\[::\]|::):\d+$")
 ONE_EACH = ("learner.num_ranks=1", "rollout.num_workers=1")
 
 
-def start(tmp_path: Path, *overrides: str) -> tuple[subprocess.Popen, Path]:
+def start(tmp_path: Path, *overrides: str, warm: bool = False) -> tuple[subprocess.Popen, Path]:
+    """The job as an operator starts it; ``warm``: its Ray workers forked from the tests' warm process
+    (warm_workers.py), for a test of what the job reports rather than of the processes it leaves."""
     log = tmp_path / "job.log"
     cmd = [*STABLEDRL, "train", "--config", "tests/e2e/tiny_job.yaml", f"run.output_dir={tmp_path / 'run'}",
            "run.steps=200", "run.progress=false", *overrides]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**(warm_workers.job_env(tempfile.gettempdir()) if warm else os.environ), "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return proc, log
@@ -150,7 +155,8 @@ def test_a_reward_that_times_out_in_the_first_evaluation_stops_the_job(tmp_path)
     reward.write_text("import time\n\ndef score(completion, row):\n    time.sleep(60)\n    return 1.0\n")
     # the tiny job's 8 held-out prompts: more than half of failure_check_after = 8 fail, the verdict is certain
     proc, log = start(tmp_path, f"task.reward.custom={reward}:score", "task.reward.isolation=process",
-                      "task.reward.timeout_s=0.2", "task.reward.failure_check_after=8", "eval.every=0", *ONE_EACH)
+                      "task.reward.timeout_s=0.2", "task.reward.failure_check_after=8", "eval.every=0", *ONE_EACH,
+                      warm=True)
     try:
         assert proc.wait(600) == 1
     finally:
@@ -167,7 +173,7 @@ def test_a_reward_that_always_fails_stops_the_job_naming_it(tmp_path):
     reward = tmp_path / "broken_reward.py"
     reward.write_text("def score(completion, row):\n    raise RuntimeError('broken reward')\n")
     proc, log = start(tmp_path, f"task.reward.custom={reward}:score", "task.reward.isolation=process",
-                      "task.reward.failure_check_after=16", *ONE_EACH)
+                      "task.reward.failure_check_after=16", *ONE_EACH, warm=True)
     try:
         assert proc.wait(600) == 1
     finally:

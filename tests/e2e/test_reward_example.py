@@ -6,12 +6,13 @@ evaluation runs before and after training."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+import warm_workers  # tests/helpers, on the path: tests/conftest.py
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +22,7 @@ def test_the_reward_example_trains_through_stabledrl_train(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "stabledrl", "train", "--config", "docs/examples/rewards/job.yaml",
            f"run.output_dir={out}", "run.save_final_checkpoint=false", "run.export_final=false"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**warm_workers.job_env(tempfile.gettempdir()), "OMP_NUM_THREADS": "1"}  # its workers forked warm
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]

@@ -12,6 +12,9 @@ under its own pid, as the workers of a ``uv run`` py_executable do. Nothing of t
 imported before the fork (only third-party packages, and no Ray: gRPC must not start before a
 fork), so each worker imports and runs the project's code as a freshly started one does; its random
 states are a fresh process's (Python's and NumPy's reseeded from the OS, torch's as at its import).
+What the warm process imported is frozen (``gc.freeze``) before the first fork, as an actor's
+settle_heap freezes its set-up (common/gil.py): a worker's collections never walk those objects,
+which also keeps their pages shared with the warm process instead of copied into each worker.
 
     python warm_workers.py serve SOCKET     the warm process (started by ``start``)
     python -S warm_workers.py SOCKET ARGS   the client, as the raylet runs it
@@ -22,6 +25,7 @@ rehearsals' ``stabledrl train`` jobs).
 from __future__ import annotations
 
 import array
+import gc
 import json
 import os
 import signal
@@ -154,6 +158,10 @@ def serve(path: str) -> None:
         for name in PRELOAD:
             importlib.import_module(name)
     assert threading.active_count() == 1, threading.enumerate()  # nothing may run beside the fork
+    # what is imported now is each worker's before its first line, and stays alive in each: frozen, so
+    # no collection in a worker walks it (and copies its pages, which fork shares until written)
+    gc.collect()
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     tmp = f"{path}.{os.getpid()}"
     listener.bind(tmp)
