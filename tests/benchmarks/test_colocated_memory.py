@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,7 +39,7 @@ def test_the_tiny_colocated_job_runs_its_steps_with_views(tmp_path):
     done = subprocess.run([sys.executable, str(HERE / "bench_colocated_memory.py"), "--tiny", "--steps", "2",
                            "--set", "weights.backend=ipc", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env=warm_workers.job_env(tempfile.gettempdir()))  # its job's workers forked warm
+                          env=warm_workers.job_env())  # its job's workers forked warm
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     out = json.loads((tmp_path / "memory.json").read_text())
     v, run = out["verdict"], out["record"]

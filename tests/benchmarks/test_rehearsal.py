@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ def _run(*args) -> subprocess.CompletedProcess:
     rehearsals check that each part runs and what it records; the compiled tokens are checked
     against eager ones, with inductor, by the sampler suite's rehearsal and the unit tests."""
     return subprocess.run([sys.executable, *map(str, args)], cwd=HERE.parents[1], timeout=1500, capture_output=True,
-                          text=True, env={**warm_workers.job_env(tempfile.gettempdir()), **WITHOUT_INDUCTOR})
+                          text=True, env={**warm_workers.job_env(), **WITHOUT_INDUCTOR})
 
 
 def test_every_component_benchmark_runs_its_tiny_path(tmp_path):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,7 @@ def run(runner: str, *args, inductor: bool = True) -> subprocess.CompletedProces
     """The runner; the Ray jobs it starts take their workers from a warm process (warm_workers.py).
     Without ``inductor`` its compiled forwards trace and run without inductor's C++ build
     (without_inductor.py)."""
-    env = warm_workers.job_env(tempfile.gettempdir())
+    env = warm_workers.job_env()
     return subprocess.run([sys.executable, str(RUNNERS[runner]), *map(str, args)], cwd=REPO, timeout=1500,
                           capture_output=True, text=True, env=env if inductor else {**env, **WITHOUT_INDUCTOR})
 

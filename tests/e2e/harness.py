@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,7 +41,7 @@ def local_ray(module: str, num_cpus: int = 4) -> Iterator[None]:
     ray.cloudpickle.register_pickle_by_value(sys.modules[module])
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             runtime_env={"py_executable": warm_workers.start(tempfile.gettempdir())})
+             runtime_env={"py_executable": warm_workers.start()})
     try:
         yield
     finally:

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +36,7 @@ def start(tmp_path: Path, *overrides: str, warm: bool = False) -> tuple[subproce
     log = tmp_path / "job.log"
     cmd = [*STABLEDRL, "train", "--config", "tests/e2e/tiny_job.yaml", f"run.output_dir={tmp_path / 'run'}",
            "run.steps=200", "run.progress=false", *overrides]
-    env = {**(warm_workers.job_env(tempfile.gettempdir()) if warm else os.environ), "OMP_NUM_THREADS": "1",
+    env = {**(warm_workers.job_env() if warm else os.environ), "OMP_NUM_THREADS": "1",
            "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ def test_the_reward_example_trains_through_stabledrl_train(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "stabledrl", "train", "--config", "docs/examples/rewards/job.yaml",
            f"run.output_dir={out}", "run.save_final_checkpoint=false", "run.export_final=false"]
-    env = {**warm_workers.job_env(tempfile.gettempdir()), "OMP_NUM_THREADS": "1"}  # its workers forked warm
+    env = {**warm_workers.job_env(), "OMP_NUM_THREADS": "1"}  # its workers forked warm
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]

@@ -257,14 +257,15 @@ def serve(path: str) -> None:
 _SERVER: dict = {}
 
 
-def start(directory: str) -> str:
+def start() -> str:
     """The warm process of this test process (started once; it ends with this process): the
     runtime_env ``py_executable`` that starts Ray's workers through it."""
     import atexit
     import subprocess
+    import tempfile
 
     if not _SERVER or _SERVER["proc"].poll() is not None:
-        path = os.path.join(directory, f"warm-{os.getpid()}.sock")
+        path = os.path.join(tempfile.gettempdir(), f"warm-{os.getpid()}.sock")
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", path], stdin=subprocess.DEVNULL,
                                 start_new_session=True)  # no process group shared with the tests
         if not _SERVER:
@@ -273,11 +274,11 @@ def start(directory: str) -> str:
     return f"{sys.executable} -S {os.path.abspath(__file__)} {_SERVER['path']}"
 
 
-def job_env(directory: str) -> dict[str, str]:
+def job_env() -> dict[str, str]:
     """This process's environment, with every Ray job that a child process of it starts (a
     ``stabledrl train`` under a benchmark runner) taking its workers from the warm process: the
     job runtime_env that ``ray job submit`` hands its driver the same way."""
-    job = {"runtime_env": {"py_executable": start(directory)}}
+    job = {"runtime_env": {"py_executable": start()}}
     return {**os.environ, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(job)}
 
 
