@@ -12,6 +12,9 @@ under its own pid, as the workers of a ``uv run`` py_executable do. Nothing of t
 imported before the fork (only third-party packages, and no Ray: gRPC must not start before a
 fork), so each worker imports and runs the project's code as a freshly started one does; its random
 states are a fresh process's (Python's and NumPy's reseeded from the OS, torch's as at its import).
+Those packages read some environment variables as they are imported (torch.compile's backend
+override, inductor's and DeepSpeed's settings): a worker whose environment differs from the warm
+process's in one of them is exec'd as a fresh process instead (``IMPORT_TIME_ENV``).
 What the warm process imported is frozen (``gc.freeze``) before the first fork, as an actor's
 settle_heap freezes its set-up (common/gil.py): a worker's collections never walk those objects,
 which also keeps their pages shared with the warm process instead of copied into each worker.
@@ -35,10 +38,23 @@ import sys
 import time
 
 HEADER = struct.Struct("!I")
-# what every actor of the tests imports before its first line of work (third-party only)
+# what every actor of the tests imports before its first line of work (third-party only; torch.compile's
+# dynamo and inductor too: DeepSpeed's engine imports them at its optimizer check, through
+# its Muon optimizer's module-level torch.compile, ~0.8 CPU-seconds in every learner rank)
 PRELOAD = ("torch", "numpy", "yaml", "pydantic", "safetensors.torch", "transformers",
            "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
-           "transformers.models.qwen3.modeling_qwen3", "deepspeed", "peft")
+           "transformers.models.qwen3.modeling_qwen3", "deepspeed", "peft", "torch._dynamo",
+           "torch._inductor.compile_fx", "deepspeed.runtime.zero.muon.muon_optimizer")
+# environment the packages read as they are imported (torch._dynamo.config reads
+# TORCH_COMPILE_OVERRIDE_BACKENDS, inductor's config TORCHINDUCTOR_*, DeepSpeed DS_*): a worker whose
+# environment differs from the warm process's in one of them starts cold, as Ray would start it. Not
+# inductor's cache folder: read at each compile, and written into the environment by torch itself
+IMPORT_TIME_ENV = ("TORCH", "PYTORCH", "TRITON", "DS_", "DEEPSPEED", "TRANSFORMERS", "HF_", "TOKENIZERS", "PEFT")
+READ_LATER = {"TORCHINDUCTOR_CACHE_DIR"}
+
+
+def import_time_env(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k not in READ_LATER}
 
 
 # ------------------------------------------------------------------------------------------- client
@@ -91,8 +107,9 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(body), fds
 
 
-def _become_worker(request: dict, fds: list[int], torch_rng) -> None:
-    """In the forked child: the process the client's command line would have started."""
+def _become_worker(request: dict, fds: list[int], torch_rng, imported_with: dict) -> None:
+    """In the forked child: the process the client's command line would have started (a fresh one,
+    exec'd, where the request's import-time environment is not ``imported_with``)."""
     import random
 
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -111,6 +128,8 @@ def _become_worker(request: dict, fds: list[int], torch_rng) -> None:
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.path.dirname(script), *extra, *(p for p in sys.path[1:] if p not in extra)]
     sys.argv = [script, *args]
+    if import_time_env(os.environ) != imported_with:
+        os.execv(sys.executable, [sys.executable, script, *args])
     random.seed()
     import numpy
     import torch
@@ -144,6 +163,7 @@ def serve(path: str) -> None:
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the test process that started us
+    imported_with = import_time_env(os.environ)  # what the test process's workers are started with
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as the actors set it (common/actor_setup.py)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as Ray sets it for an actor of < 2 CPUs
     import torch
@@ -197,7 +217,7 @@ def serve(path: str) -> None:
                     conn.close()
                     os.close(wake_r)
                     os.close(wake_w)
-                    _become_worker(request, fds, torch_rng)
+                    _become_worker(request, fds, torch_rng, imported_with)
                 for fd in fds:
                     os.close(fd)
                 children[pid] = conn
