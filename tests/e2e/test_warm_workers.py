@@ -33,9 +33,14 @@ def worker(tmp_path, **env) -> list[str]:
 
 
 def test_a_worker_is_forked_with_the_preloaded_packages_where_its_environment_agrees(tmp_path):
+    warm_workers.start()
+    now, then = warm_workers.import_time_env(os.environ), warm_workers._SERVER["imported_with"]
+    changed = {k: (then.get(k), now.get(k)) for k in set(now) | set(then) if now.get(k) != then.get(k)}
+    assert not changed, f"since the warm process began, this process changed what its workers import with: {changed}"
     assert worker(tmp_path) == ["True", "''"]
-    # inductor's cache folder is read at each compile, not at import: no reason to start cold
-    assert worker(tmp_path, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")) == ["True", "''"]
+    # inductor's cache folder is read at each compile, not at import; DeepSpeed's accelerator is the one
+    # every actor sets: no reason to start cold
+    assert worker(tmp_path, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), DS_ACCELERATOR="cpu") == ["True", "''"]
 
 
 def test_a_worker_whose_import_time_environment_differs_starts_fresh(tmp_path):

@@ -51,10 +51,14 @@ PRELOAD = ("torch", "numpy", "yaml", "pydantic", "safetensors.torch", "transform
 # inductor's cache folder: read at each compile, and written into the environment by torch itself
 IMPORT_TIME_ENV = ("TORCH", "PYTORCH", "TRITON", "DS_", "DEEPSPEED", "TRANSFORMERS", "HF_", "TOKENIZERS", "PEFT")
 READ_LATER = {"TORCHINDUCTOR_CACHE_DIR"}
+# what the warm process sets before its imports, as every actor sets it (common/actor_setup.py) and Ray
+# sets it for an actor of < 2 CPUs: a worker's environment without them reads as with them
+WARM_DEFAULTS = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
 
 
 def import_time_env(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k not in READ_LATER}
+    """What of ``env`` the preloaded packages read as they are imported (WARM_DEFAULTS where unset)."""
+    return {k: v for k, v in {**WARM_DEFAULTS, **env}.items() if k.startswith(IMPORT_TIME_ENV) and k not in READ_LATER}
 
 
 # ------------------------------------------------------------------------------------------- client
@@ -163,9 +167,9 @@ def serve(path: str) -> None:
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the test process that started us
-    imported_with = import_time_env(os.environ)  # what the test process's workers are started with
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as the actors set it (common/actor_setup.py)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as Ray sets it for an actor of < 2 CPUs
+    for key, value in WARM_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    imported_with = import_time_env(os.environ)
     import torch
 
     torch_rng = torch.get_rng_state()  # a fresh process's, before anything draws from it
@@ -290,7 +294,7 @@ def start() -> str:
                                 start_new_session=True)  # no process group shared with the tests
         if not _SERVER:
             atexit.register(stop)
-        _SERVER.update(proc=proc, path=path)
+        _SERVER.update(proc=proc, path=path, imported_with=import_time_env(os.environ))
     return f"{sys.executable} -S {os.path.abspath(__file__)} {_SERVER['path']}"
 
 
