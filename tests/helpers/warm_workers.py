@@ -56,9 +56,10 @@ READ_LATER = {"TORCHINDUCTOR_CACHE_DIR"}
 WARM_DEFAULTS = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
 
 
-def import_time_env(env: dict) -> dict:
-    """What of ``env`` the preloaded packages read as they are imported (WARM_DEFAULTS where unset)."""
-    return {k: v for k, v in {**WARM_DEFAULTS, **env}.items() if k.startswith(IMPORT_TIME_ENV) and k not in READ_LATER}
+def import_time_env(env: dict, defaults: dict = WARM_DEFAULTS) -> dict:
+    """What of ``env`` the preloaded packages read as they are imported (``defaults`` where unset: what
+    the warm process sets, and what the packages set for themselves as they are imported)."""
+    return {k: v for k, v in {**defaults, **env}.items() if k.startswith(IMPORT_TIME_ENV) and k not in READ_LATER}
 
 
 # ------------------------------------------------------------------------------------------- client
@@ -111,7 +112,7 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(body), fds
 
 
-def _become_worker(request: dict, fds: list[int], torch_rng, imported_with: dict) -> None:
+def _become_worker(request: dict, fds: list[int], torch_rng, imported_with: dict, defaults: dict) -> None:
     """In the forked child: the process the client's command line would have started (a fresh one,
     exec'd, where the request's import-time environment is not ``imported_with``)."""
     import random
@@ -132,7 +133,10 @@ def _become_worker(request: dict, fds: list[int], torch_rng, imported_with: dict
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.path.dirname(script), *extra, *(p for p in sys.path[1:] if p not in extra)]
     sys.argv = [script, *args]
-    if import_time_env(os.environ) != imported_with:
+    mine = import_time_env(os.environ, defaults)
+    if mine != imported_with:
+        differs = sorted(k for k in set(mine) | set(imported_with) if mine.get(k) != imported_with.get(k))
+        print(f"warm_workers: started fresh, the environment differs in {', '.join(differs)}", file=sys.stderr)
         os.execv(sys.executable, [sys.executable, script, *args])
     random.seed()
     import numpy
@@ -169,7 +173,7 @@ def serve(path: str) -> None:
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the test process that started us
     for key, value in WARM_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    imported_with = import_time_env(os.environ)
+    before = dict(os.environ)
     import torch
 
     torch_rng = torch.get_rng_state()  # a fresh process's, before anything draws from it
@@ -182,6 +186,10 @@ def serve(path: str) -> None:
         for name in PRELOAD:
             importlib.import_module(name)
     assert threading.active_count() == 1, threading.enumerate()  # nothing may run beside the fork
+    # what the imports set for themselves (DeepSpeed: PYTORCH_NVML_BASED_CUDA_CHECK), as they would in a
+    # fresh worker whose environment lacks it
+    defaults = {**WARM_DEFAULTS, **{k: v for k, v in os.environ.items() if before.get(k) != v}}
+    imported_with = import_time_env(os.environ, defaults)
     # what is imported now is each worker's before its first line, and stays alive in each: frozen, so
     # no collection in a worker walks it (and copies its pages, which fork shares until written)
     gc.collect()
@@ -221,7 +229,7 @@ def serve(path: str) -> None:
                     conn.close()
                     os.close(wake_r)
                     os.close(wake_w)
-                    _become_worker(request, fds, torch_rng, imported_with)
+                    _become_worker(request, fds, torch_rng, imported_with, defaults)
                 for fd in fds:
                     os.close(fd)
                 children[pid] = conn
@@ -294,7 +302,7 @@ def start() -> str:
                                 start_new_session=True)  # no process group shared with the tests
         if not _SERVER:
             atexit.register(stop)
-        _SERVER.update(proc=proc, path=path, imported_with=import_time_env(os.environ))
+        _SERVER.update(proc=proc, path=path)
     return f"{sys.executable} -S {os.path.abspath(__file__)} {_SERVER['path']}"
 
 
