@@ -65,11 +65,15 @@ def gsm8k_like_loader(batch_size: int = 1, num_workers: int = 0, **_):
     import torch
     from torch_utils import distributed as dist
 
+    before = sys.modules.get("datasets", ...)
     stub_modules()
     try:
         from dataloaders import math as release_data
     finally:  # the stub only serves this import (transformers probes for the real package)
-        del sys.modules["datasets"]
+        if before is ...:
+            del sys.modules["datasets"]
+        else:
+            sys.modules["datasets"] = before
 
     items = [{"problem": r["prompt"], "answer": r["answer"], "source": "gsm8k", "use_boxed": True} for r in ROWS]
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -90,8 +94,18 @@ def stub_modules() -> None:
     sys.modules["math_verify"] = mv
 
 
+def datasets_or_absent() -> None:
+    """Mark ``datasets`` absent where the one on the path does not import (the release's pinned one on a
+    machine without its own dependencies): accelerate's data loader imports any it finds."""
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        sys.modules["datasets"] = None  # find_spec answers None: transformers and accelerate skip it
+
+
 def main() -> None:
     a = parse()
+    datasets_or_absent()
     sys.modules.setdefault("peer_stabledrl", sys.modules[__name__])  # the config names the loader by module
     import torch
     import yaml

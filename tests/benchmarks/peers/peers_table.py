@@ -211,15 +211,23 @@ def per_row_forward(positions: Optional[float], rows: Optional[float]) -> Option
 
 
 def merge(results: dict, earlier: dict, path: str) -> None:
-    """Take an earlier run's loops (same card and GPU count only: ratios never mix cards)."""
+    """Take an earlier run's loops (same card and GPU count only: ratios never mix cards); a loop that an
+    earlier merge brought too gets this record's runs after its own."""
     if earlier.get("card", {}).get("name") != results["card"]["name"] or earlier.get("n_gpus") != results["n_gpus"]:
         results["merged"].append({"path": str(path), "skipped": f"measured on {earlier.get('card')} x "
                                   f"{earlier.get('n_gpus')}, not on {results['card']} x {results['n_gpus']}"})
         return
-    for part in earlier.get("parts", {}).values():  # each run keeps the matmul rate of its own machine
+    for key, part in earlier.get("parts", {}).items():  # each run keeps the matmul rate of its own machine
         for run in part.get("runs", []):
             run.setdefault("matmul_tflops", earlier.get("matmul_tflops"))
-    results["parts"].update(earlier.get("parts", {}))
+        mine = results["parts"].get(key)
+        if mine is None or "runs" not in part or "runs" not in mine:
+            results["parts"][key] = part
+            continue
+        # a loop in several merged records: its runs joined, numbered on
+        for run in part["runs"]:
+            mine["runs"].append({**run, "run": len(mine["runs"])})
+        summarise(mine)
     results["variants"] = {**earlier.get("variants", {}), **results.get("variants", {})}
     results["merged"].append({"path": str(path), "parts": sorted(earlier.get("parts", {})),
                               "host": earlier.get("host"), "machine": earlier.get("machine")})
@@ -234,7 +242,10 @@ def header(results: dict) -> str:
     machines = len({json.dumps(r["machine"], sort_keys=True) for r in runs if r.get("machine")})
     # runs from records older than the machine field leave it out
     count = "one machine" if machines == 1 else f"{machines} machines"
+    unnamed = sum(1 for r in runs if not r.get("machine"))
     on = f"; {count} (boot id and GPU UUIDs)" if machines else ""
+    if machines and unnamed:
+        on += f", and {unnamed} run{'s' if unnamed > 1 else ''} of a record that kept no machine id"
     return (f"Card: {c['name']} x {results['n_gpus']} used (every loop holds all of them); host "
             f"{', '.join(h for h in hosts if h)}{on}; measured bf16 matmul rate "
             f"{' and '.join(map(str, rates)) + ' TFLOP/s' if rates else 'not measured'}"

@@ -198,6 +198,28 @@ def test_merge_takes_only_a_run_on_the_same_card():
     assert set(results["parts"]) == {"stabledrl_L8_fast", "stabledrl_L8_peer"} and results["merged"][1]["host"] == "b"
 
 
+def test_a_loop_in_two_merged_records_joins_their_runs():
+    """Two records that both ran the release (a protocol's runs kept in different records): the loop's
+    runs are the union, numbered on, and its figures the median over all of them."""
+    def record(host, *sps):
+        runs = [{**run(x), "run": i, "host": host} for i, x in enumerate(sps)]
+        return {"card": {"name": "H200"}, "n_gpus": 2, "host": host, "matmul_tflops": 700.0, "parts": {
+            "stabledrl_L32_checkpoint": {"layers": 32},
+            "stabledrl_L32_peer": part("stabledrl", "peer", 32, *runs)}}
+
+    results = {"card": {"name": "H200"}, "n_gpus": 2, "host": "c", "merged": [], "parts": {}}
+    pt.merge(results, record("a", 0.34), "a.json")
+    pt.merge(results, record("b", 0.35, 0.33), "b.json")
+    peer = results["parts"]["stabledrl_L32_peer"]
+    assert [(r["run"], r["host"]) for r in peer["runs"]] == [(0, "a"), (1, "b"), (2, "b")]
+    assert peer["finished"] == 3 and peer["figures"]["samples_per_s_per_gpu"] == pytest.approx(0.34)
+    assert peer["spread"]["samples_per_s_per_gpu"] == (0.33, 0.35)
+    assert "; a machine" not in pt.header(results)  # no run names its machine: the header claims none
+    peer["runs"][1]["machine"] = peer["runs"][2]["machine"] = {"boot_id": "b"}
+    assert "; one machine (boot id and GPU UUIDs), and 1 run of a record that kept no machine id" in pt.header(
+        {**results, "card": {"name": "H200", "count": 2}})
+
+
 def test_merged_runs_keep_the_matmul_rate_of_their_own_machine():
     roof = {"flops": {"generate": 6e12, "score": 1e12, "learner_score": 0.0, "train": 4e12},
             "seconds": {"generate": 10.0, "score": 2.0, "learner": 6.0, "optimizer": 2.0}, "gpu_s": 25.0,
@@ -313,3 +335,20 @@ def test_d1_pair_alternates_its_runs_and_records_the_depth_card_and_host(tmp_pat
         assert r["figures"]["roofline"]["flops"]["generate"] > 0
     table = (tmp_path / "out" / "table.md").read_text()
     assert "| d1 release (peer) | 2 | 3 of 3 |" in table and "host " in table and "; one machine" in table
+
+
+def test_a_datasets_that_does_not_import_is_marked_absent_for_the_release(tmp_path, monkeypatch):
+    """The release's pinned datasets on a machine without its dependencies: accelerate's data loader
+    would import it and fail, so the StableDRL harness marks it absent (find_spec answers None)."""
+    import importlib.util
+
+    import peer_stabledrl
+
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "datasets" / "__init__.py").write_text("import a_dependency_this_machine_lacks\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "datasets", None)  # the test's way out: the entry as it was before
+    del sys.modules["datasets"]
+    assert importlib.util.find_spec("datasets") is not None
+    peer_stabledrl.datasets_or_absent()
+    assert sys.modules["datasets"] is None and importlib.util.find_spec("datasets") is None
