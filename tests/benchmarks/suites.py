@@ -300,6 +300,16 @@ RUN_PEERS: dict[str, PeerSuite] = {
         shape="llada8b-32l",
         args=(*stabledrl_depth("release_sampler,peer", cycles=5, part_timeout_s=900, layers=32, peer_cycles=5,
                                runs=3), "--gpus", "2"), tiny=DEPTH32_TINY),
+    # the same protocol with the recipe's shipped fast paths: --loops fast, peer, fast, ... each command merging
+    # the one before; the release loop is the one protocol-stabledrl runs, so that record's release runs may be
+    # merged too (a loop's runs from several records are joined)
+    "protocol-fast-stabledrl": PeerSuite(
+        "the StableDRL pair at all 32 of LLaDA-8B's layers, full-parameter on two GPUs, the protocol: the recipe "
+        "with the shipped fast paths and the release on the halved round, 3 runs each in alternating order, a "
+        "warm-up and 5 timed cycles a run. Two H200s; one loop a command, each command merging the one before",
+        shape="llada8b-32l",
+        args=(*stabledrl_depth("peer,fast", cycles=5, part_timeout_s=900, layers=32, peer_cycles=5, runs=3),
+              "--gpus", "2"), tiny=DEPTH32_TINY),
 }
 
 SUITES = {"run_all": RUN_ALL, "run_system": RUN_SYSTEM, "run_peers": RUN_PEERS}
