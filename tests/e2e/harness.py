@@ -37,20 +37,31 @@ def local_ray(module: str, num_cpus: int = 4) -> Iterator[None]:
     processes are forked from one that has imported torch, transformers and DeepSpeed already
     (tests/helpers/warm_workers.py): each then costs a fraction of a fresh process's start. The raylet
     starts each through tests/helpers/ray_setup/setup_worker.py, which hands it to the warm process
-    without importing Ray as Ray's own setup script does (~0.4 CPU-seconds a worker)."""
+    without importing Ray as Ray's own setup script does (~0.4 CPU-seconds a worker). The instance
+    starts without the log monitor (the workers' logs are not sent to this process) and the
+    autoscaler's monitor (one node, nothing to scale), which ``ray.init`` cannot switch off: about
+    2 CPU-seconds an instance."""
     import warm_workers
 
-    from ray._private import ray_constants
+    from ray._private import parameter, ray_constants
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[module])
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray_setup = ray_constants.SETUP_WORKER_FILENAME  # an absolute path replaces Ray's workers/ folder
     ray_constants.SETUP_WORKER_FILENAME = str(Path(warm_workers.__file__).parent / "ray_setup" / "setup_worker.py")
+    params_init = parameter.RayParams.__init__
+
+    def without_monitors(params, *args, **kwargs) -> None:
+        params_init(params, *args, **kwargs)
+        params.include_log_monitor, params.no_monitor = False, True
+
+    parameter.RayParams.__init__ = without_monitors
     try:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                  runtime_env={"py_executable": warm_workers.start()})
     finally:
         ray_constants.SETUP_WORKER_FILENAME = ray_setup
+        parameter.RayParams.__init__ = params_init
     try:
         yield
     finally:

@@ -193,3 +193,15 @@ def test_missing_receiver_fails_the_sender_in_time_and_names_it(cluster):
     for ref in receives:  # the receivers that came fail too, naming whom they waited for
         with pytest.raises(ray.exceptions.RayTaskError, match="learner rank 0"):
             ray.get(ref, timeout=60)
+
+
+def test_the_tests_ray_instance_runs_without_its_monitors(cluster):
+    """harness.local_ray starts the instance without the log monitor and the autoscaler's monitor
+    (the tests read no worker logs and scale no nodes); the raylet, GCS and workers run as always."""
+    from ray._private import ray_constants
+
+    started = set(ray._private.worker._global_node.all_processes)
+    assert ray_constants.PROCESS_TYPE_RAYLET in started and ray_constants.PROCESS_TYPE_GCS_SERVER in started
+    assert ray_constants.PROCESS_TYPE_LOG_MONITOR not in started
+    assert ray_constants.PROCESS_TYPE_MONITOR not in started
+    assert ray.get(ray.remote(lambda: 1).remote()) == 1
