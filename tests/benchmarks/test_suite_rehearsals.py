@@ -168,9 +168,11 @@ def test_the_llada_system_suite(tmp_path):
 @pytest.mark.parametrize("name, job", [("trado", "system_trado"), ("lora", "lora_llada"),
                                        ("offload", "offload_llada_mb32")])
 def test_the_other_system_suites(name, job, tmp_path):
-    """TraDo's job, the LoRA job and the offload job, each planned for 2 GPUs (1 rank + 1 worker)."""
+    """TraDo's job, the LoRA job and the offload job, each planned for 2 GPUs (1 rank + 1 worker). The
+    push part, the same in every suite, is the LLaDA suite's rehearsal's."""
     results = rehearse("run_system", name, tmp_path, "--work", tmp_path / "work")
     assert all(p["status"] == "ok" for p in results["parts"].values()), results["parts"]
+    assert "push" not in results["parts"] and "matmul" in results["parts"]
     assert results["plan_gpus"] == 2
     f = system_part(results, job)["job"]["figures"]
     assert f["steps"] >= 2 and set(f["actors"]) == {"learner0", "rollout0"} and f["push_s_median"] > 0
