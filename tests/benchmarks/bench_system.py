@@ -40,7 +40,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -48,6 +47,7 @@ from pathlib import Path
 
 import benchlib as bl
 import run_all
+import suites
 import system_report as report
 import yaml
 
@@ -221,7 +221,7 @@ def run_and_report(a: argparse.Namespace, res: bl.Result, args: list[str], run_d
     started = time.time()
     record: dict = {"command": " ".join(["stabledrl", *args])}
     with GpuSampler(samples):
-        rc, stopped = run_logged([sys.executable, "-m", "stabledrl", *args], env, log, timeout_s)
+        rc, stopped = run_logged([suites.python(), "-m", "stabledrl", *args], env, log, timeout_s)
     record.update(rc=rc, stopped=stopped, wall_s=time.time() - started)
     records = [r for r in _read_jsonl(run_dir / "metrics.jsonl") if not resumed or r.get("time", 0) >= started]
     figures = report.analyse(records, report.read_gpu_samples(str(samples)), skip=0 if resumed else a.skip,

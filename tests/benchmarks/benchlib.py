@@ -33,6 +33,9 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import suites  # noqa: E402
+
 if not torch.cuda.is_available():
     torch.set_num_threads(1)  # CPU checks share 2 cores: one intra-op thread is the fastest there
 
@@ -376,7 +379,7 @@ def launch_ranks(script: str, argv_for: Callable[[int], list[str]], world: int, 
             env["CUDA_VISIBLE_DEVICES"] = devices[rank]
         if rank == 0 and fds:
             env[LISTEN_FDS] = ",".join(map(str, fds))
-        procs.append(subprocess.Popen([sys.executable, script, *argv_for(rank)], env=env,
+        procs.append(subprocess.Popen([suites.python(), script, *argv_for(rank)], env=env,
                                       pass_fds=fds if rank == 0 else ()))
     for sock in listeners:
         sock.close()  # rank 0 holds them now

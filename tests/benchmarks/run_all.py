@@ -250,7 +250,7 @@ class Runner:
         env = dict(os.environ, **SAFE_ENV)
         if job.gpus:
             env["CUDA_VISIBLE_DEVICES"] = device_list(job.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        cmd = [sys.executable, str(HERE / job.script), *args]
+        cmd = [suites.python(), str(HERE / job.script), *args]
         self.say(f"START {job.name} on {'GPU ' + ','.join(map(str, job.gpus)) if job.gpus else 'CPU'} "
                  f"(timeout {timeout:.0f} s): {' '.join(cmd[1:])}")
         start = time.monotonic()

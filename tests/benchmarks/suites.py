@@ -15,13 +15,22 @@ Arguments given on the command line after the suite's win (the last of a repeate
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def python() -> str:
+    """The interpreter the runners and benchmarks start their scripts with: STABLEDRL_BENCH_PYTHON where
+    set (the tests set one that forks each script from a process that has imported torch already), else
+    this one's."""
+    return os.environ.get("STABLEDRL_BENCH_PYTHON") or sys.executable
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,10 @@ def test_the_verdict_needs_every_step_and_a_peak_below_the_card():
 
 @pytest.mark.e2e
 def test_the_tiny_colocated_job_runs_its_steps_with_views(tmp_path):
-    done = subprocess.run([sys.executable, str(HERE / "bench_colocated_memory.py"), "--tiny", "--steps", "2",
+    python, env = warm_workers.python()  # the script, the job it starts and its workers forked warm
+    done = subprocess.run([python, str(HERE / "bench_colocated_memory.py"), "--tiny", "--steps", "2",
                            "--set", "weights.backend=ipc", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env=warm_workers.job_env())  # its job's workers forked warm
+                          cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     out = json.loads((tmp_path / "memory.json").read_text())
     v, run = out["verdict"], out["record"]

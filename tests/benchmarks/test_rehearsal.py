@@ -14,6 +14,9 @@ import pytest
 import warm_workers  # tests/helpers, on the path: tests/conftest.py
 from without_inductor import WITHOUT_INDUCTOR
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_all import SAFE_ENV  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 # each rehearsal is a runner with its own limit of 1500 s (its subprocess timeout)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -24,12 +27,14 @@ JOBS = {"matmul_gpu0", "matmul_gpu1", "full_attention", "block_diffusion", "lora
 
 
 def _run(*args) -> subprocess.CompletedProcess:
-    """The script; the Ray jobs it starts take their workers from a warm process (warm_workers.py).
+    """The script; it, the scripts it starts and the Ray jobs' workers are forked from a warm process
+    (warm_workers.py).
     Its compiled parts trace and run without inductor's C++ build (without_inductor.py): these
     rehearsals check that each part runs and what it records; the compiled tokens are checked
     against eager ones, with inductor, by the sampler suite's rehearsal and the unit tests."""
-    return subprocess.run([sys.executable, *map(str, args)], cwd=HERE.parents[1], timeout=1500, capture_output=True,
-                          text=True, env={**warm_workers.job_env(), **WITHOUT_INDUCTOR})
+    python, env = warm_workers.python({**SAFE_ENV, **WITHOUT_INDUCTOR})  # the scripts' environment (run_all)
+    return subprocess.run([python, *map(str, args)], cwd=HERE.parents[1], timeout=1500, capture_output=True,
+                          text=True, env=env)
 
 
 def test_every_component_benchmark_runs_its_tiny_path(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suites  # noqa: E402
+from run_all import SAFE_ENV  # noqa: E402
 import warm_workers  # noqa: E402  (tests/helpers, on the path: tests/conftest.py)
 from without_inductor import WITHOUT_INDUCTOR  # noqa: E402  (tests/helpers)
 
@@ -28,12 +29,13 @@ TESTS_STAND_ALONE = True  # each rehearsal is a runner of its own: they spread o
 
 
 def run(runner: str, *args, inductor: bool = True) -> subprocess.CompletedProcess:
-    """The runner; the Ray jobs it starts take their workers from a warm process (warm_workers.py).
-    Without ``inductor`` its compiled forwards trace and run without inductor's C++ build
-    (without_inductor.py)."""
-    env = warm_workers.job_env()
-    return subprocess.run([sys.executable, str(RUNNERS[runner]), *map(str, args)], cwd=REPO, timeout=1500,
-                          capture_output=True, text=True, env=env if inductor else {**env, **WITHOUT_INDUCTOR})
+    """The runner; it, the scripts it starts and the Ray jobs' workers are forked from a warm process
+    (warm_workers.py). Without ``inductor`` its compiled forwards trace and run without inductor's C++
+    build (without_inductor.py)."""
+    # the environment run_all gives each script (SAFE_ENV): their warm process is that environment's
+    python, env = warm_workers.python({**SAFE_ENV, **({} if inductor else WITHOUT_INDUCTOR)})
+    return subprocess.run([python, str(RUNNERS[runner]), *map(str, args)], cwd=REPO, timeout=1500,
+                          capture_output=True, text=True, env=env)
 
 
 def rehearse(runner: str, name: str, tmp_path: Path, *args, inductor: bool = True) -> dict:

@@ -38,6 +38,7 @@ import sys
 import time
 
 HEADER = struct.Struct("!I")
+MAX_FDS = 64  # the descriptors a client hands on: its streams and those its parent passed it
 # what every actor of the tests imports before its first line of work (third-party only; torch.compile's
 # dynamo and inductor too: DeepSpeed's engine imports them at its optimizer check, through
 # its Muon optimizer's module-level torch.compile, ~0.8 CPU-seconds in every learner rank)
@@ -64,6 +65,13 @@ def import_time_env(env: dict, defaults: dict = WARM_DEFAULTS) -> dict:
 
 # ------------------------------------------------------------------------------------------- client
 def client(path: str, args: list[str]) -> None:
+    inherited = []  # the descriptors this process was started with: its streams, and any a parent passed on
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            os.fstat(int(name))
+        except OSError:  # the listing's own descriptor, closed by now
+            continue
+        inherited.append(int(name))
     deadline = time.monotonic() + 120
     while True:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -75,8 +83,8 @@ def client(path: str, args: list[str]) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-    body = json.dumps({"argv": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
-    s.sendmsg([HEADER.pack(len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+    body = json.dumps({"argv": args, "env": dict(os.environ), "cwd": os.getcwd(), "fds": inherited}).encode()
+    s.sendmsg([HEADER.pack(len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", inherited))])
     s.sendall(body)
     reader = s.makefile("r")
     child = int(reader.readline())
@@ -99,7 +107,7 @@ def client(path: str, args: list[str]) -> None:
 
 # --------------------------------------------------------------------------------------- warm side
 def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
-    head, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
+    head, fds, _, _ = socket.recv_fds(conn, HEADER.size, MAX_FDS)
     while len(head) < HEADER.size:
         head += conn.recv(HEADER.size - len(head))
     (size,) = HEADER.unpack(head)
@@ -112,6 +120,29 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(body), fds
 
 
+# interpreter options a forked child can honour (-S and -s: the warm process's site is already set up)
+FLAGS = {"-u", "-B", "-S", "-s", "-q"}
+
+
+def python_command(argv: list[str]):
+    """What a ``python`` command line runs, as (kind, target, args, flags): ``script`` and its path,
+    ``module`` (-m) and its name, or ``code`` (-c) and its text; None for any other option (-I, -E,
+    -X, -W, ...), which the child leaves to a fresh interpreter."""
+    flags = set()
+    for i, arg in enumerate(argv):
+        if arg in ("-c", "-m"):
+            if i + 1 >= len(argv):
+                return None
+            return ("code" if arg == "-c" else "module", argv[i + 1], argv[i + 2:], flags)
+        if arg in FLAGS:
+            flags.add(arg)
+            continue
+        if arg.startswith("-"):
+            return None
+        return ("script", arg, argv[i + 1:], flags)
+    return None
+
+
 def _become_worker(request: dict, fds: list[int], torch_rng, imported_with: dict, defaults: dict) -> None:
     """In the forked child: the process the client's command line would have started (a fresh one,
     exec'd, where the request's import-time environment is not ``imported_with``)."""
@@ -121,23 +152,36 @@ def _become_worker(request: dict, fds: list[int], torch_rng, imported_with: dict
         signal.signal(sig, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
     os.setpgid(0, 0)  # a process group of its own, as the raylet gives a worker (it kills a worker's group)
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
+    import fcntl
+
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1024) for fd in fds]  # out of the targets' way first
+    for fd in fds:
+        os.close(fd)
+    for target, fd in zip(request["fds"], high):
+        os.dup2(fd, target)  # inheritable, as the client's was
         os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    script, *args = request["argv"]
-    script = os.path.abspath(script)
-    # sys.path as `python script` builds it: the script's folder, then PYTHONPATH, then the rest
-    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [os.path.dirname(script), *extra, *(p for p in sys.path[1:] if p not in extra)]
-    sys.argv = [script, *args]
+    command = python_command(request["argv"])
     mine = import_time_env(os.environ, defaults)
-    if mine != imported_with:
+    if command is None or mine != imported_with:
         differs = sorted(k for k in set(mine) | set(imported_with) if mine.get(k) != imported_with.get(k))
-        print(f"warm_workers: started fresh, the environment differs in {', '.join(differs)}", file=sys.stderr)
-        os.execv(sys.executable, [sys.executable, script, *args])
+        why = f"the environment differs in {', '.join(differs)}" if differs else "a command line it does not run"
+        print(f"warm_workers: started fresh, {why}", file=sys.stderr)
+        os.execv(sys.executable, [sys.executable, *request["argv"]])
+    kind, target, args, flags = command
+    # sys.path as `python` builds it: the script's folder (the working directory for -m and -c), then
+    # PYTHONPATH, then the rest
+    first = os.path.dirname(os.path.abspath(target)) if kind == "script" else os.getcwd()
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [first, *extra, *(p for p in sys.path[1:] if p not in extra)]
+    sys.argv = [os.path.abspath(target) if kind == "script" else "-c" if kind == "code" else target, *args]
+    if "-B" in flags:
+        sys.dont_write_bytecode = True
+    if "-u" in flags or os.environ.get("PYTHONUNBUFFERED"):
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=True, write_through=True)
     random.seed()
     import numpy
     import torch
@@ -148,7 +192,14 @@ def _become_worker(request: dict, fds: list[int], torch_rng, imported_with: dict
 
     code = 0
     try:
-        runpy.run_path(script, run_name="__main__")
+        if kind == "script":
+            runpy.run_path(os.path.abspath(target), run_name="__main__")
+        elif kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            import builtins
+
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": builtins})
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:
@@ -286,42 +337,70 @@ def serve(path: str) -> None:
 
 
 # ---------------------------------------------------------------------------------- test process
-_SERVER: dict = {}
+_SERVERS: dict[str, dict] = {}  # the import-time environment (JSON) -> its warm process: proc, path
 
 
-def start() -> str:
-    """The warm process of this test process (started once; it ends with this process): the
-    runtime_env ``py_executable`` that starts Ray's workers through it."""
+def start(env: dict | None = None) -> str:
+    """The warm process of this test process for ``env`` (default: this process's environment), started
+    once for each import-time environment (it ends with this process): the runtime_env
+    ``py_executable`` that starts Ray's workers through it."""
     import atexit
     import subprocess
     import tempfile
 
-    if not _SERVER or _SERVER["proc"].poll() is not None:
-        path = os.path.join(tempfile.gettempdir(), f"warm-{os.getpid()}.sock")
+    env = dict(os.environ if env is None else env)
+    key = json.dumps(import_time_env(env), sort_keys=True)
+    server = _SERVERS.get(key)
+    if server is None or server["proc"].poll() is not None:
+        path = os.path.join(tempfile.gettempdir(), f"warm-{os.getpid()}-{len(_SERVERS)}.sock")
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", path], stdin=subprocess.DEVNULL,
-                                start_new_session=True)  # no process group shared with the tests
-        if not _SERVER:
+                                env=env, start_new_session=True)  # no process group shared with the tests
+        if not _SERVERS:
             atexit.register(stop)
-        _SERVER.update(proc=proc, path=path)
-    return f"{sys.executable} -S {os.path.abspath(__file__)} {_SERVER['path']}"
+        server = _SERVERS[key] = {"proc": proc, "path": path}
+    return f"{sys.executable} -S {os.path.abspath(__file__)} {server['path']}"
 
 
-def job_env() -> dict[str, str]:
-    """This process's environment, with every Ray job that a child process of it starts (a
-    ``stabledrl train`` under a benchmark runner) taking its workers from the warm process: the
-    job runtime_env that ``ray job submit`` hands its driver the same way."""
-    job = {"runtime_env": {"py_executable": start()}}
-    return {**os.environ, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(job)}
+def job_env(env: dict | None = None) -> dict[str, str]:
+    """This process's environment updated with ``env``, with every Ray job that a child process of it
+    starts (a ``stabledrl train`` under a benchmark runner) taking its workers from the warm process
+    of that environment: the job runtime_env that ``ray job submit`` hands its driver the same way."""
+    full = {**os.environ, **(env or {})}
+    job = {"runtime_env": {"py_executable": start(full)}}
+    return {**full, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(job)}
+
+
+def python(env: dict | None = None) -> tuple[str, dict[str, str]]:
+    """A ``python`` for a benchmark runner and the scripts it starts: an executable that runs each of
+    its command lines as a child forked from the warm process (a fresh interpreter for an option
+    ``python_command`` does not take), and the runner's environment: ``job_env(env)`` naming that
+    executable in STABLEDRL_BENCH_PYTHON, which the benchmark scripts start their scripts with
+    (tests/benchmarks/benchlib.py: ``python``)."""
+    import stat
+    import tempfile
+
+    full = job_env(env)
+    client = start(full)
+    path = os.path.join(tempfile.gettempdir(), f"warm-python-{abs(hash(client)) % 10**12}")
+    text = f'#!/bin/sh\nexec {client} "$@"\n'
+    if not os.path.exists(path) or open(path).read() != text:
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        os.replace(tmp, path)
+    return path, {**full, "STABLEDRL_BENCH_PYTHON": path}
 
 
 def stop() -> None:
-    proc = _SERVER.get("proc")
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except Exception:
-            proc.kill()
+    for server in _SERVERS.values():
+        proc = server["proc"]
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except Exception:
+                proc.kill()
 
 
 if __name__ == "__main__":

@@ -247,7 +247,7 @@ def matmul_rate(a: argparse.Namespace, work: Path) -> Optional[float]:
 
     path = a.matmul_json = a.peak_from or str(work / "matmul.json")
     if not a.peak_from:
-        cmd = [sys.executable, str(BENCH / "bench_matmul.py"), "--out", path, *(["--tiny"] if a.tiny else [])]
+        cmd = [suites.python(), str(BENCH / "bench_matmul.py"), "--out", path, *(["--tiny"] if a.tiny else [])]
         subprocess.run(cmd, cwd=REPO, capture_output=True, timeout=300)
     return bl.read_peak_tflops(path)
 
@@ -321,7 +321,7 @@ def run_peer(a: argparse.Namespace, pair: str, spec: dict, script: Path, ckpt: d
                "--work", str(work)]
     sets = list(spec["tiny"] if a.tiny else spec["peer_sets"])
     if a.tiny:  # one CPU process, a short generation (the pair's "tiny" overrides)
-        cmd = [sys.executable, *harness, "--device", "cpu"]
+        cmd = [suites.python(), *harness, "--device", "cpu"]
     else:  # the release's own accelerate config (FSDP; d1: DeepSpeed ZeRO-2), on this machine's GPUs
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n_gpus),
                "--num_machines", "1", "--machine_rank", "0", "--main_process_port", str(a.peer_port),
@@ -354,7 +354,7 @@ def run_project(a: argparse.Namespace, pair: str, spec: dict, variant: str, over
         PAIR_SETS[pair] + list(overrides)
     # colocated (the recipes as committed): a rank and a worker on every GPU; apart: 1 learner rank + 1 worker on 2
     actors = str(max(1, n_gpus) if colocated(config, sets, work) else 1)
-    cmd = [sys.executable, str(BENCH / "bench_system.py"), "--config", str(config), "--model-dir", ckpt["directory"],
+    cmd = [suites.python(), str(BENCH / "bench_system.py"), "--config", str(config), "--model-dir", ckpt["directory"],
            "--ranks", actors, "--workers", actors, "--steps", str(a.project_steps or a.project_skip + a.cycles),
            "--skip", str(a.project_skip), "--eval-prompts", "0", "--work", str(work / "job"),
            "--timeout-s", str(a.part_timeout_s - 20), "--name", f"{pair}_{variant}", "--out", str(record),

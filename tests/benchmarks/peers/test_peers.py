@@ -306,11 +306,15 @@ def test_d1_pair_alternates_its_runs_and_records_the_depth_card_and_host(tmp_pat
     12 rows a rank), run twice, then once more by a second command that merges the first's record (a
     protocol spread over commands): the runs are numbered on, and every run records its layer count,
     card, host, machine and overrides."""
-    env = dict(os.environ, FAKE_PEER_MU="12", FAKE_PEER_ROWS="12", FAKE_PEER_GEN_S="0.05", FAKE_PEER_TRAIN_S="0.01")
+    import warm_workers  # tests/helpers, on the path (tests/conftest.py)
+
+    # the runner and what it starts forked from the warm process
+    python, env = warm_workers.python(dict(FAKE_PEER_MU="12", FAKE_PEER_ROWS="12", FAKE_PEER_GEN_S="0.05",
+                                           FAKE_PEER_TRAIN_S="0.01"))
 
     def run(out: str, *more: str) -> dict:
         done = subprocess.run(
-            [sys.executable, str(HERE / "run_peers.py"), "--tiny", "--pairs", "d1", "--loops", "peer", "--cycles",
+            [python, str(HERE / "run_peers.py"), "--tiny", "--pairs", "d1", "--loops", "peer", "--cycles",
              "1", "--peer-root", str(tmp_path / "none"), "--peer-script", f"d1={HERE / 'fake_peer.py'}",
              "--part-timeout-s", "60", "--out", str(tmp_path / out), *more],
             cwd=REPO, capture_output=True, text=True, timeout=180, env=env)
