@@ -31,10 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import suites  # noqa: E402  (beside this file, on the path of whatever imports it)
 import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import suites  # noqa: E402
 
 if not torch.cuda.is_available():
     torch.set_num_threads(1)  # CPU checks share 2 cores: one intra-op thread is the fastest there

@@ -14,10 +14,9 @@ import pytest
 import warm_workers  # tests/helpers, on the path: tests/conftest.py
 from without_inductor import WITHOUT_INDUCTOR
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_all import SAFE_ENV  # noqa: E402
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from run_all import SAFE_ENV  # noqa: E402
 # each rehearsal is a runner with its own limit of 1500 s (its subprocess timeout)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 TESTS_STAND_ALONE = True  # each rehearsal is a runner of its own: they spread over the test workers

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import array
 import gc
+import itertools
 import json
 import os
 import signal
@@ -338,12 +339,12 @@ def serve(path: str) -> None:
 
 # ---------------------------------------------------------------------------------- test process
 _SERVERS: dict[str, dict] = {}  # the import-time environment (JSON) -> its warm process: proc, path
+_STARTED = itertools.count()  # warm processes started by this process: each socket's own number
 
 
-def start(env: dict | None = None) -> str:
+def _server(env: dict | None) -> dict:
     """The warm process of this test process for ``env`` (default: this process's environment), started
-    once for each import-time environment (it ends with this process): the runtime_env
-    ``py_executable`` that starts Ray's workers through it."""
+    once for each import-time environment (it ends with this process)."""
     import atexit
     import subprocess
     import tempfile
@@ -352,13 +353,19 @@ def start(env: dict | None = None) -> str:
     key = json.dumps(import_time_env(env), sort_keys=True)
     server = _SERVERS.get(key)
     if server is None or server["proc"].poll() is not None:
-        path = os.path.join(tempfile.gettempdir(), f"warm-{os.getpid()}-{len(_SERVERS)}.sock")
+        path = os.path.join(tempfile.gettempdir(), f"warm-{os.getpid()}-{next(_STARTED)}.sock")
         proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", path], stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)  # no process group shared with the tests
         if not _SERVERS:
             atexit.register(stop)
         server = _SERVERS[key] = {"proc": proc, "path": path}
-    return f"{sys.executable} -S {os.path.abspath(__file__)} {server['path']}"
+    return server
+
+
+def start(env: dict | None = None) -> str:
+    """The client of the warm process for ``env`` (default: this process's environment): the runtime_env
+    ``py_executable`` that starts Ray's workers through it."""
+    return f"{sys.executable} -S {os.path.abspath(__file__)} {_server(env)['path']}"
 
 
 def job_env(env: dict | None = None) -> dict[str, str]:
@@ -375,21 +382,15 @@ def python(env: dict | None = None) -> tuple[str, dict[str, str]]:
     its command lines as a child forked from the warm process (a fresh interpreter for an option
     ``python_command`` does not take), and the runner's environment: ``job_env(env)`` naming that
     executable in STABLEDRL_BENCH_PYTHON, which the benchmark scripts start their scripts with
-    (tests/benchmarks/benchlib.py: ``python``)."""
-    import stat
-    import tempfile
-
+    (tests/benchmarks/suites.py: ``python``)."""
     full = job_env(env)
-    client = start(full)
-    path = os.path.join(tempfile.gettempdir(), f"warm-python-{abs(hash(client)) % 10**12}")
-    text = f'#!/bin/sh\nexec {client} "$@"\n'
-    if not os.path.exists(path) or open(path).read() != text:
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.chmod(tmp, os.stat(tmp).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        os.replace(tmp, path)
-    return path, {**full, "STABLEDRL_BENCH_PYTHON": path}
+    server = _server(full)
+    launcher = f"{server['path']}.python"  # one per warm process, written once
+    if not os.path.exists(launcher):
+        with open(launcher, "w") as f:
+            f.write(f'#!/bin/sh\nexec {start(full)} "$@"\n')
+        os.chmod(launcher, 0o755)
+    return launcher, {**full, "STABLEDRL_BENCH_PYTHON": launcher}
 
 
 def stop() -> None:
@@ -401,6 +402,10 @@ def stop() -> None:
                 proc.wait(10)
             except Exception:
                 proc.kill()
+        try:
+            os.unlink(f"{server['path']}.python")
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":
