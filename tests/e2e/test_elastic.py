@@ -63,7 +63,7 @@ def test_a_node_that_joins_gets_a_worker_and_one_that_leaves_loses_it(cluster, t
     records.mkdir()
     cfg = job_config(tmp_path / "run", task={"source": {"kind": "generated", "n": 64}}, learner={"num_ranks": 1},
                      rollout={"num_workers": 1, "max_workers": 2, "autoscale": True},
-                     cluster={"learner": {"num_cpus": 0.5}, "rollout": {"num_cpus": 0.5}, "start_timeout_s": 120},
+                     cluster={"learner": {"num_cpus": 0.5}, "rollout": {"num_cpus": 0.5}, "start_timeout_s": 240},
                      run={"steps": 8})
     gates = {1: records / "node_added", 2: records / "worker1_active", 6: records / "node_removed"}
     driver = Driver(cfg, rollout_cls=recording_rollout(records), learner_cls=recording_learner(records, gates=gates),
