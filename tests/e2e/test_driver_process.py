@@ -32,7 +32,9 @@ ONE_EACH = ("learner.num_ranks=1", "rollout.num_workers=1")
 
 def start(tmp_path: Path, *overrides: str, warm: bool = False) -> tuple[subprocess.Popen, Path]:
     """The job as an operator starts it; ``warm``: its Ray workers forked from the tests' warm process
-    (warm_workers.py), for a test of what the job reports rather than of the processes it leaves."""
+    (warm_workers.py). A warm worker is not the driver's descendant, but the client the raylet started
+    for it is, and a client ends only once its worker has ended: a worker that outlives the job shows
+    as its client outliving it. The SIGKILL test starts cold, to name the learner's own process."""
     log = tmp_path / "job.log"
     cmd = [*STABLEDRL, "train", "--config", "tests/e2e/tiny_job.yaml", f"run.output_dir={tmp_path / 'run'}",
            "run.steps=200", "run.progress=false", *overrides]
@@ -107,7 +109,7 @@ def test_sigkill_of_the_driver_leaves_no_process_of_the_job_and_no_listener_on_e
 
 
 def test_ctrl_c_ends_with_one_line_and_the_resume_command(tmp_path):
-    proc, log = start(tmp_path, "run.checkpoint_every=1", *ONE_EACH)
+    proc, log = start(tmp_path, "run.checkpoint_every=1", *ONE_EACH, warm=True)
     try:
         wait_for(log, r"checkpoint: .*step2\b", proc)
         job = descendants(proc.pid)
@@ -129,7 +131,7 @@ def test_ctrl_c_ends_with_one_line_and_the_resume_command(tmp_path):
 def test_sigterm_ends_with_one_line_and_the_resume_command(tmp_path):
     """Finding: SIGTERM (a scheduler's, `kill`'s) printed Ray's stack dump, or nothing, instead of the
     resume hint Ctrl-C gives."""
-    proc, log = start(tmp_path, "run.checkpoint_every=1", *ONE_EACH)
+    proc, log = start(tmp_path, "run.checkpoint_every=1", *ONE_EACH, warm=True)
     try:
         wait_for(log, r"checkpoint: .*step2\b", proc)  # step1's is complete by then (latest)
         job = descendants(proc.pid)

@@ -29,8 +29,11 @@ def cluster():
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.cloudpickle.register_pickle_by_value(harness)
+    import warm_workers
+
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    ray.init(address=cluster.address, log_to_driver=False)
+    # the workers of every node (one machine) fork from the warm process, as local_ray's do
+    ray.init(address=cluster.address, log_to_driver=False, runtime_env={"py_executable": warm_workers.start()})
     yield cluster
     ray.shutdown()
     cluster.shutdown()
