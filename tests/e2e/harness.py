@@ -38,12 +38,12 @@ def local_ray(module: str, num_cpus: int = 4) -> Iterator[None]:
     (tests/helpers/warm_workers.py): each then costs a fraction of a fresh process's start. The raylet
     starts each through tests/helpers/ray_setup/setup_worker.py, which hands it to the warm process
     without importing Ray as Ray's own setup script does (~0.4 CPU-seconds a worker). The instance
-    starts without the log monitor (the workers' logs are not sent to this process) and the
-    autoscaler's monitor (one node, nothing to scale), which ``ray.init`` cannot switch off: about
-    2 CPU-seconds an instance."""
+    starts without the log monitor (the workers' logs are not sent to this process), the
+    autoscaler's monitor (one node, nothing to scale) and the dashboard's API server (no test asks
+    it), which ``ray.init`` cannot switch off: about 3 CPU-seconds an instance."""
     import warm_workers
 
-    from ray._private import parameter, ray_constants
+    from ray._private import node, parameter, ray_constants
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[module])
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -55,13 +55,18 @@ def local_ray(module: str, num_cpus: int = 4) -> Iterator[None]:
         params_init(params, *args, **kwargs)
         params.include_log_monitor, params.no_monitor = False, True
 
+    def without_api_server(ray_node, **_) -> None:  # no dashboard head: nothing of a test asks it
+        ray_node._webui_url = None
+
     parameter.RayParams.__init__ = without_monitors
+    api_server, node.Node.start_api_server = node.Node.start_api_server, without_api_server
     try:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                  runtime_env={"py_executable": warm_workers.start()})
     finally:
         ray_constants.SETUP_WORKER_FILENAME = ray_setup
         parameter.RayParams.__init__ = params_init
+        node.Node.start_api_server = api_server
     try:
         yield
     finally:

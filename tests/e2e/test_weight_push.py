@@ -196,12 +196,14 @@ def test_missing_receiver_fails_the_sender_in_time_and_names_it(cluster):
 
 
 def test_the_tests_ray_instance_runs_without_its_monitors(cluster):
-    """harness.local_ray starts the instance without the log monitor and the autoscaler's monitor
-    (the tests read no worker logs and scale no nodes); the raylet, GCS and workers run as always."""
+    """harness.local_ray starts the instance without the log monitor, the autoscaler's monitor and the
+    dashboard's API server (the tests read no worker logs, scale no nodes and query no dashboard);
+    the raylet, GCS and workers run as always."""
     from ray._private import ray_constants
 
     started = set(ray._private.worker._global_node.all_processes)
     assert ray_constants.PROCESS_TYPE_RAYLET in started and ray_constants.PROCESS_TYPE_GCS_SERVER in started
     assert ray_constants.PROCESS_TYPE_LOG_MONITOR not in started
     assert ray_constants.PROCESS_TYPE_MONITOR not in started
+    assert ray_constants.PROCESS_TYPE_DASHBOARD not in started
     assert ray.get(ray.remote(lambda: 1).remote()) == 1
