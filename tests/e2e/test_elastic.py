@@ -17,6 +17,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import harness  # noqa: E402
+import warm_workers  # noqa: E402  (tests/helpers, on the path: tests/conftest.py)
 from stabledrl.coordinator.driver import Driver  # noqa: E402
 from harness import job_config, read_records, recording_learner, recording_rollout, wait_until  # noqa: E402
 
@@ -29,11 +30,9 @@ def cluster():
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.cloudpickle.register_pickle_by_value(harness)
-    import warm_workers
-
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     # the workers of every node (one machine) fork from the warm process, as local_ray's do
-    ray.init(address=cluster.address, log_to_driver=False, runtime_env={"py_executable": warm_workers.start()})
+    ray.init(address=cluster.address, log_to_driver=False, runtime_env=warm_workers.runtime_env())
     yield cluster
     ray.shutdown()
     cluster.shutdown()

@@ -368,12 +368,17 @@ def start(env: dict | None = None) -> str:
     return f"{sys.executable} -S {os.path.abspath(__file__)} {_server(env)['path']}"
 
 
+def runtime_env(env: dict | None = None) -> dict:
+    """The Ray runtime_env whose workers start through the warm process for ``env``."""
+    return {"py_executable": start(env)}
+
+
 def job_env(env: dict | None = None) -> dict[str, str]:
     """This process's environment updated with ``env``, with every Ray job that a child process of it
     starts (a ``stabledrl train`` under a benchmark runner) taking its workers from the warm process
     of that environment: the job runtime_env that ``ray job submit`` hands its driver the same way."""
     full = {**os.environ, **(env or {})}
-    job = {"runtime_env": {"py_executable": start(full)}}
+    job = {"runtime_env": runtime_env(full)}
     return {**full, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps(job)}
 
 
