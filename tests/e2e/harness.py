@@ -41,14 +41,13 @@ def local_ray(module: str, num_cpus: int = 4) -> Iterator[None]:
     starts without the log monitor (the workers' logs are not sent to this process), the
     autoscaler's monitor (one node, nothing to scale) and the dashboard's API server (no test asks
     it), which ``ray.init`` cannot switch off: about 3 CPU-seconds an instance."""
-    import warm_workers
+    from unittest import mock
 
+    import warm_workers
     from ray._private import node, parameter, ray_constants
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[module])
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray_setup = ray_constants.SETUP_WORKER_FILENAME  # an absolute path replaces Ray's workers/ folder
-    ray_constants.SETUP_WORKER_FILENAME = str(Path(warm_workers.__file__).parent / "ray_setup" / "setup_worker.py")
     params_init = parameter.RayParams.__init__
 
     def without_monitors(params, *args, **kwargs) -> None:
@@ -58,15 +57,13 @@ def local_ray(module: str, num_cpus: int = 4) -> Iterator[None]:
     def without_api_server(ray_node, **_) -> None:  # no dashboard head: nothing of a test asks it
         ray_node._webui_url = None
 
-    parameter.RayParams.__init__ = without_monitors
-    api_server, node.Node.start_api_server = node.Node.start_api_server, without_api_server
-    try:
+    setup_worker = str(Path(warm_workers.__file__).parent / "ray_setup" / "setup_worker.py")
+    # an absolute path replaces Ray's workers/ folder
+    with mock.patch.object(ray_constants, "SETUP_WORKER_FILENAME", setup_worker), \
+            mock.patch.object(parameter.RayParams, "__init__", without_monitors), \
+            mock.patch.object(node.Node, "start_api_server", without_api_server):
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"py_executable": warm_workers.start()})
-    finally:
-        ray_constants.SETUP_WORKER_FILENAME = ray_setup
-        parameter.RayParams.__init__ = params_init
-        node.Node.start_api_server = api_server
+                 runtime_env=warm_workers.runtime_env())
     try:
         yield
     finally:
