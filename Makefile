@@ -6,10 +6,11 @@ STAMP   := $(VENV)/.installed
 CONFIG  ?= deploy/configs/quickstart.yaml
 # tests run in this many pytest-xdist workers, one more than this machine's 2 cores: the job tests wait
 # on their processes about a third of the time, and a third worker fills it (14.1 against 14.7 minutes
-# of pytest with 2); a fourth only adds contention (20.3 against 17.3 minutes, back to back). A module's tests stay on one worker (tests/conftest.py), so its Ray instance and job
-# fixtures start once. The modules go out in the order collected (the long benchmark rehearsals and
-# end-to-end modules first, the short unit modules last), not reordered by their count of tests, which
-# left the single-test rehearsals to the end, on one worker while the others idled.
+# of pytest with 2); a fourth only adds contention (20.3 against 17.3 minutes, back to back). A
+# module's tests stay on one worker (tests/conftest.py), so its Ray instance and job fixtures start
+# once. The modules go out in the order collected (the long benchmark rehearsals and end-to-end
+# modules first, the short unit modules last), not reordered by their count of tests, which left the
+# single-test rehearsals to the end, on one worker while the others idled.
 JOBS    ?= 3
 PYTEST  := $(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup --no-loadscope-reorder
 RUN_DIR ?= runs/quickstart
