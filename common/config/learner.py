@@ -257,8 +257,9 @@ class LearnerConfig(StrictModel):
     )
     compile: bool = Field(
         False, description="the elementwise work between each decoder layer's matrix products (both RMSNorms, the "
-        "SiLU-gated activation) through torch.compile: one fused kernel forward and one backward where eager runs "
-        "several passes each over the activation. Only those two functions are compiled; the modules are still "
+        "rotation of queries and keys, the SiLU-gated activation) through torch.compile: one fused kernel forward "
+        "and one backward where eager runs several passes each over the activation (LLaDA rotates in float32). "
+        "Only those three functions are compiled; the modules are still "
         "called as modules, so ZeRO-3's gathers, LoRA and checkpointing are unchanged. Llama / Qwen2 / Qwen3 "
         "classes (LLaDA, Dream, SDAR, TraDo); the first micro-batch of a new shape compiles (seconds)"
     )

@@ -21,14 +21,14 @@ import types
 
 import torch
 from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half
 
 
-def _rotate_in_table_dtype(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                           unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def rotate_in_table_dtype(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """q and k rotated in the dtype of ``cos`` / ``sin``, returned in their own dtypes (LLaDA's
-    ``apply_rotary_pos_emb(...).type_as(q)``)."""
-    from transformers.models.llama.modeling_llama import rotate_half
-
+    ``apply_rotary_pos_emb(...).type_as(q)``). With tables in the activations' dtype this is
+    transformers' own ``apply_rotary_pos_emb``, operation for operation."""
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     q_, k_ = q.to(cos.dtype), k.to(cos.dtype)
     return (q_ * cos + rotate_half(q_) * sin).to(q.dtype), (k_ * cos + rotate_half(k_) * sin).to(k.dtype)
@@ -53,4 +53,4 @@ def full_precision_rope(model: nn.Module) -> None:
         raise ValueError(f"full-precision RoPE needs a Llama model with default RoPE, got {type(rotary).__name__}")
     rotary.inv_freq_fp32, _ = type(rotary).compute_default_rope_parameters(rotary.config)  # not a buffer: no cast
     rotary.forward = types.MethodType(_fp32_tables, rotary)
-    modeling_llama.apply_rotary_pos_emb = _rotate_in_table_dtype
+    modeling_llama.apply_rotary_pos_emb = rotate_in_table_dtype
