@@ -209,7 +209,8 @@ class LearnerEngine:
         """Asked by GuardedAdamW inside DeepSpeed's step, after the global grad norm is known."""
         norm = getattr(self.engine.optimizer, "_global_grad_norm", None)
         norm = None if norm is None else float(norm)
-        return not self._bad_loss and (norm is None or is_finite(norm))
+        # DeepSpeed marks a non-finite norm inf (or -1 in some helpers): both refused
+        return not self._bad_loss and (norm is None or (is_finite(norm) and norm >= 0))
 
     def _reduce_extremes(self, extremes: dict[str, tuple[Reduce, torch.Tensor]]) -> dict[str, float]:
         """One MAX all-reduce for every ``max`` metric and the negated ``min`` ones."""

@@ -57,7 +57,11 @@ def deepspeed_config(cfg: DeepSpeedConfig, opt: OptimizerConfig, dtype: torch.dt
         "train_batch_size": world_size,
         "gradient_clipping": opt.grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": dtype == torch.bfloat16},
+        # ZeRO-1/2 would test every gradient tensor for inf/NaN before the step: seven kernel launches a
+        # tensor (d1's LoRA trains 256) and a host sync. A bf16 step has no loss scale to adjust, and a
+        # non-finite gradient makes the global norm non-finite, which LearnerEngine._may_step refuses: the
+        # step is skipped as before, nothing moves
+        "bf16": {"enabled": dtype == torch.bfloat16, "check_grad_overflow": False},
         # GuardedAdamW subclasses torch's AdamW; DeepSpeed's allow-list checks the exact type
         "zero_allow_untested_optimizer": True,
         # offload steps GuardedAdamW on the host partitions (DeepSpeed would insist on its compiled CPU Adam)
