@@ -31,9 +31,13 @@ The optimizer is the project's (learner/zero.build_optimizer: torch AdamW under 
 ``fused=True`` on CUDA, measured against foreach as stage ``2f``): it steps on DeepSpeed's flat
 fp32 partitions (one tensor per parameter group). Stage ``2t`` is a benchmark-only experiment on
 top of ZeRO-2 (the project's defaults stay in learner/): ``overlap_comm`` (gradient bucket copies
-on a side stream, overlapped with the backward).
-``--compile off,on`` times every setting eager, then again with ``learner.compile`` (the norms and the
-gated activation fused, learner/fused.py) on the same engine, parts suffixed ``_compiled``.
+on a side stream, overlapped with the backward). Stage ``2c`` is ZeRO-2 with DeepSpeed's bf16 test of
+every gradient tensor for inf/NaN before the step, which the project leaves out (learner/zero.py):
+each setting's ``optimizer_s_mean`` is the seconds of DeepSpeed's step.
+``--compile off,on`` times every setting eager, then again with ``learner.compile`` (the norms, the
+attention's rotation and the gated activation fused, learner/fused.py) on the same engine, parts
+suffixed ``_compiled``; ``norms`` (before ``on``: ``--compile norms,on``) fuses the norms and the
+activation but rotates eagerly, parts suffixed ``_compiled_norms``: the before of the rotation's fusion.
 ``--profile STAGE`` runs torch.profiler over one more step of that stage's first setting: wall vs
 GPU-busy time per step, the top kernels and host ops (what explains the rest of the step). Stages
 ``2o`` and ``3o`` offload to the CPU as ``learner.deepspeed.offload_optimizer: cpu`` does (``3o``
@@ -83,12 +87,14 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--world", type=int, default=1, help="learner ranks (one GPU each)")
     ap.add_argument("--stages", default="2,3", help="comma list of 2, 3, 3t (ZeRO-3 tuned), "
-                    "2t (ZeRO-2 + overlap_comm), 2o / 3o (CPU offload); see above")
+                    "2t (ZeRO-2 + overlap_comm), 2c (ZeRO-2 + DeepSpeed's per-tensor overflow test), 2o / 3o "
+                    "(CPU offload); see above")
     ap.add_argument("--profile", default=None, help="profile one step of this stage's first setting (e.g. 2t)")
     ap.add_argument("--micro-batch-groups", default="1", help="comma list of groups per micro-batch")
     ap.add_argument("--checkpointing", default="on,off", help="activation checkpointing settings, in order: on, off, "
                     "or N (the first N decoder layers checkpointed, model.checkpointed_layers)")
-    ap.add_argument("--compile", default="off", help="learner.compile settings, in order: off, on, or off,on "
+    ap.add_argument("--compile", default="off", help="learner.compile settings, in order: off, on, off,on, "
+                    "norms,on or off,norms,on (norms: the rotation eager) "
                     "(the same engine: on fuses its norms and activation in place, after the off settings)")
     ap.add_argument("--group-size", type=int, default=8, help="G: samples per group = per micro-batch")
     ap.add_argument("--groups-per-step", type=int, default=4, help="micro-batches per rank per step")
@@ -236,6 +242,21 @@ def overlap_comm_zero2():
     return config
 
 
+def overflow_test_zero2():
+    """stabledrl.learner.engine.deepspeed_config of stage ``2c``: the project's, with DeepSpeed's own bf16
+    test of every gradient tensor for inf/NaN before the step turned back on (the before of its removal)."""
+    import stabledrl.learner.engine
+
+    base_config = stabledrl.learner.engine.deepspeed_config
+
+    def config(*args, **kwargs) -> dict:
+        out = base_config(*args, **kwargs)
+        out["bf16"]["check_grad_overflow"] = True
+        return out
+
+    return config
+
+
 def stabledrl_loss_fn(est_cfg, loss_cfg):
     from stabledrl.common.estimators import estimate
     from stabledrl.learner.losses import LossInputs, compute_loss
@@ -348,7 +369,7 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
     if staircase and not policy.is_block_diffusion:
         raise ValueError(f"--estimator staircase needs a block-diffusion shape, got {a.shape}")
     sc = bl.count_shape(policy)
-    stage = int(stage_name.rstrip("to"))
+    stage = int(stage_name.rstrip("toc"))
     offload = {"offload_optimizer": "cpu", "offload_params": "cpu" if stage == 3 else "none"} \
         if stage_name.endswith("o") else {}
     lora = None
@@ -366,6 +387,10 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
         import stabledrl.learner.engine
 
         stabledrl.learner.engine.deepspeed_config = overlap_comm_zero2()
+    elif stage_name == "2c":
+        import stabledrl.learner.engine
+
+        stabledrl.learner.engine.deepspeed_config = overflow_test_zero2()
     engine, init_s = bl.timed(lambda: LearnerEngine(policy, cfg), dev)
     # the LM head runs at the scored (masked) positions only (common/estimators/scoring.py): half the
     # completion in expectation, the masking level being uniform
@@ -384,19 +409,21 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
     # each checkpointing setting with every kernel before the next setting (a run that fails for
     # memory without checkpointing comes after the comparison it would otherwise disturb)
     compiles = a.compile.split(",")
-    if compiles not in (["off"], ["on"], ["off", "on"]):
-        raise ValueError(f"--compile takes off, on or off,on, got {a.compile!r}")
+    if compiles not in (["off"], ["on"], ["off", "on"], ["norms", "on"], ["off", "norms", "on"]):
+        raise ValueError(f"--compile takes off, on, off,on, norms,on or off,norms,on, got {a.compile!r}")
     settings = [(c, ckpt, kernel) for c in compiles for ckpt in a.checkpointing.split(",") for kernel in kernels]
-    fused = False  # learner.compile applied to the engine's module (in place, once)
+    fused = False  # learner.compile applied to the engine's module (in place)
     for comp, ckpt, kernel in settings:
-        if comp == "on" and not fused:
+        if comp in ("norms", "on"):
             from stabledrl.learner.fused import fuse_elementwise
 
-            fused = bool(fuse_elementwise(engine.module))
+            fused = bool(fuse_elementwise(engine.module))  # again for "on": the rotation wrapped anew
+            if comp == "norms":
+                eager_rotation(engine.module)
         set_staircase_attention(policy, kernel)
         for k in sizes:
             name = f"zero{stage_name}_ckpt_{ckpt}" + (f"_mb{k}" if len(sizes) > 1 else "")
-            name += (f"_{kernel}" if kernel else "") + ("_compiled" if comp == "on" else "")
+            name += (f"_{kernel}" if kernel else "") + {"off": "", "norms": "_compiled_norms", "on": "_compiled"}[comp]
             n_groups = -(-a.groups_per_step // k) * k  # a multiple of k: equal micro-batches
             mbs = merge(micro_batches(a, rank, policy.vocab_size, n_groups), k)
             with res.part(name, dev):
@@ -438,7 +465,9 @@ def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, f
         torch.cuda.reset_peak_memory_stats(dev)
     last: dict = {}
     warm = timed_step(engine, mbs, loss_fn, dev, last)
+    optimizer_s = engine.optimizer_s
     secs = [timed_step(engine, mbs, loss_fn, dev, last) for _ in range(a.steps)]
+    optimizer_s = (engine.optimizer_s - optimizer_s) / a.steps  # DeepSpeed's step: norm, clip, AdamW, bf16 copy
     step_s = bl.median(secs)
     # training = forward + backward: 3F, or 2F with the base frozen (LoRA: no weight gradients but the
     # adapters', which are r/width of them); checkpointing adds the recompute of its layers' forward
@@ -452,7 +481,7 @@ def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, f
         "micro_batch_rows": rows_per_group(a) * k, "micro_batches_per_rank": len(mbs),
         "groups_per_step_per_rank": n_groups,
         "dtype": str(engine.dtype), "build_s": build_s, "deepspeed_init_s": init_s,
-        "warmup_step_s": warm, "step_s": secs, "step_s_median": step_s,
+        "warmup_step_s": warm, "step_s": secs, "step_s_median": step_s, "optimizer_s_mean": optimizer_s,
         "samples_per_s": a.group_size * n_groups * a.world / step_s,
         "sequence_tokens_per_s": a.group_size * n_groups * a.world * (a.prompt + a.gen) / step_s,
         "model_tflop_per_step": model_flops / 1e12, "model_tflops_per_card": per_card,
@@ -472,6 +501,16 @@ def run_setting(a, res, name, engine, mbs, loss_fn, dev, *, ckpt, k, n_groups, f
                 "each sequence is fed twice per step (2 masked views); model FLOPs count both, the LM head at "
                 "half the completion (the scored positions in expectation)",
     })
+
+
+def eager_rotation(model) -> None:
+    """Undo learner/fused.py's rotation on ``model`` (each attention module back to its class's forward),
+    keeping its fused norms and activation."""
+    from stabledrl.learner.fused import ATTENTIONS
+
+    for module in model.modules():
+        if type(module).__name__ in ATTENTIONS and "forward" in vars(module):
+            del module.forward
 
 
 def set_staircase_attention(policy, kernel) -> None:
