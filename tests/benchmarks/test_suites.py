@@ -67,6 +67,19 @@ def test_a_peer_suite_runs_known_loops_whose_overrides_load(name, tmp_path):
                 load_job_config(str(config), [f"task.source.path={tmp_path / 'rows.jsonl'}", *sets])
 
 
+@pytest.mark.parametrize("pair", ["stabledrl", "d1"])
+def test_every_named_variant_loads_on_each_pair_recipe(pair, tmp_path):
+    """A loop that BENCHMARKS.md names with ``--loops`` (not only a suite's own) must validate too."""
+    from stabledrl.common.config.job import load_job_config
+
+    config = run_peers.project_config(run_peers.pair_spec(pair, 1)["recipe"], tmp_path)
+    for name, sets in run_peers.VARIANTS.items():
+        cfg = load_job_config(str(config), [f"task.source.path={tmp_path / 'rows.jsonl'}",
+                                            *run_peers.PAIR_SETS[pair], *sets])
+        if "sampler.cuda_graph=true" in sets:
+            assert cfg.sampler.cuda_graph and cfg.sampler.cache == "dual", name
+
+
 def test_an_unknown_suite_is_named_with_the_known_ones():
     with pytest.raises(SystemExit, match="unknown suite 'nope'; known: components, sampler"):
         suites.expand("run_all", ["--suite", "nope"])

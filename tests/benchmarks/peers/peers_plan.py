@@ -20,7 +20,12 @@ VARIANTS = {"release_sampler": [],  # the recipe as committed (colocated)
             # memory at its second step): for a learner on a GPU of its own
             "colocated_no_ckpt": COLOCATED + ["model.gradient_checkpointing=false", "model.checkpointed_layers=null"],
             "colocated_fast_no_ckpt": SAMPLER_FAST + COLOCATED + ["model.gradient_checkpointing=false",
-                                                                  "model.checkpointed_layers=null"]}
+                                                                  "model.checkpointed_layers=null"],
+            # the fast sampler with its dual-cache step replayed as a CUDA graph (sampler.cuda_graph): at the few
+            # rows a colocated worker decodes, the eager step waits on its kernels' launches
+            "fast_graph": SAMPLER_FAST + ["sampler.cuda_graph=true"],
+            "fast_graph_no_ckpt": SAMPLER_FAST + ["sampler.cuda_graph=true", "model.gradient_checkpointing=false",
+                                                  "model.checkpointed_layers=null"]}
 # what a pair's project loops always set, so that both sides run the same estimator on the same prompts
 PAIR_SETS = {"stabledrl": [], "d1": ["estimator.masks=per_iteration", "task.long_prompts=keep_last"]}
 FULL_LAYERS = 32  # LLaDA-8B's
