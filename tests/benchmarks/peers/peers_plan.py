@@ -25,7 +25,10 @@ VARIANTS = {"release_sampler": [],  # the recipe as committed (colocated)
             # rows a colocated worker decodes, the eager step waits on its kernels' launches
             "fast_graph": SAMPLER_FAST + ["sampler.cuda_graph=true"],
             "fast_graph_no_ckpt": SAMPLER_FAST + ["sampler.cuda_graph=true", "model.gradient_checkpointing=false",
-                                                  "model.checkpointed_layers=null"]}
+                                                  "model.checkpointed_layers=null"],
+            # the graphed step compiled before its capture (sampler.compile with cuda_graph): its elementwise
+            # kernels fused, each of which a graph still runs on its own
+            "fast_graph_compiled": SAMPLER_FAST + ["sampler.cuda_graph=true", "sampler.compile=true"]}
 # what a pair's project loops always set, so that both sides run the same estimator on the same prompts
 PAIR_SETS = {"stabledrl": [], "d1": ["estimator.masks=per_iteration", "task.long_prompts=keep_last"]}
 FULL_LAYERS = 32  # LLaDA-8B's

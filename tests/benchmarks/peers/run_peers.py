@@ -19,9 +19,10 @@ sampler, its forward compiled; a learner rank and a rollout worker on every GPU 
 releases run: ``cluster.colocate``); ``fast``, the same with the shipped fast sampler (``SAMPLER_FAST``);
 ``apart`` and ``apart_fast`` (1 learner rank and 1 worker, each on a GPU of its own; the fast one a step
 ahead, ``FAST``); ``colocated``, ``colocated_fast``, ``colocated_eager``, ``colocated_no_ckpt``,
-``colocated_fast_no_ckpt`` (the colocated variants named outright); ``fast_graph`` and ``fast_graph_no_ckpt``
-(``fast`` with the dual-cache step as a CUDA graph, ``sampler.cuda_graph``; the second without activation
-checkpointing); ``--variant NAME=k=v;k=v`` adds more.
+``colocated_fast_no_ckpt`` (the colocated variants named outright); ``fast_graph``, ``fast_graph_no_ckpt`` and
+``fast_graph_compiled`` (``fast`` with the dual-cache step as a CUDA graph, ``sampler.cuda_graph``; the second
+without activation checkpointing, the third with the step compiled before its capture, ``sampler.compile``);
+``--variant NAME=k=v;k=v`` adds more.
 The project's jobs run through the system benchmark (bench_system.py) with the recipe's task source
 replaced by the generated rows the peer reads too, no held-out evaluation, and ``groups_per_step`` set
 so that a step trains as many samples as one round of the peer on all its GPUs.
