@@ -25,9 +25,11 @@ therefore also feeds the token just before the block, whose logit predicts the b
 
 With ``cfg.cuda_graph`` (dual cache only) the cached step runs from static buffers and is replayed
 as one CUDA graph (graphs.py); its shape is the same whatever the block, so it computes what the
-eager dual step computes. Refreshes stay eager.
+eager dual step computes. Refreshes are not graphed (their width is the canvas's).
 
-With ``cfg.compile`` and no cache, the full forward's decoder layers run compiled (compiled.py).
+With ``cfg.compile`` the full forward's decoder layers run compiled (compiled.py): every step's
+forward without a cache, and the refresh at each block start of a graphed dual cache (whose cached
+step is compiled before its capture, graphs.py).
 """
 from __future__ import annotations
 
@@ -61,6 +63,8 @@ class FullAttentionLogits:
         self.cache = None if mode == "none" else SlotKVCache(t)
         self.all_slots = torch.arange(t, device=canvas.ids.device).expand(canvas.batch_size, t)
         self.static = None
+        # a graphed, compiled dual cache: its refreshes through the compiled decoder layers too
+        self.compiled_refresh = compile and graphs is not None
         if graphs is not None:
             if mode != "dual":
                 raise ValueError(f"only the dual-cache step has a static shape, not cache={mode!r}")
@@ -91,11 +95,12 @@ class FullAttentionLogits:
         if self.cache is not None:
             self.cache.set_slots(self.all_slots, c.total_length)
         self._count(c.total_length)
-        return forward_block_logits(
-            self.policy, c.ids, attention_mask=self.mask, position_ids=c.position_ids,
-            logits_from=c.prompt_width + view.lo, offsets=self._offsets(state, view),
-            block_length=self.block_length, cache=self.cache,
-        )
+        with compiled_layers(self.policy) if self.compiled_refresh else contextlib.nullcontext():
+            return forward_block_logits(
+                self.policy, c.ids, attention_mask=self.mask, position_ids=c.position_ids,
+                logits_from=c.prompt_width + view.lo, offsets=self._offsets(state, view),
+                block_length=self.block_length, cache=self.cache,
+            )
 
     def _prefix(self, state: DecodeState, view: HostView) -> torch.Tensor:
         c, cache = self.canvas, self.cache

@@ -61,6 +61,32 @@ def test_a_new_canvas_width_still_runs_compiled(llada):
     assert torch.equal(got.completion_ids, ref.completion_ids)
 
 
+def test_a_graphed_dual_cache_refreshes_through_the_compiled_layers(llada, monkeypatch):
+    """With ``cuda_graph`` and ``compile`` the dual cache's refresh at each block start (a full
+    forward, never graphed) runs the compiled decoder layers as the exact path does; without
+    ``compile`` it stays eager. The tokens are the eager dual cache's."""
+    import contextlib
+
+    import stabledrl.rollout.sampling.full_attention as full_attention
+
+    entered, real = [], full_attention.compiled_layers
+
+    @contextlib.contextmanager
+    def spy(policy):
+        with real(policy) as n:
+            entered.append(n)
+            yield n
+
+    monkeypatch.setattr(full_attention, "compiled_layers", spy)
+    dual = cfg(cache="dual", threshold=0.012)
+    got = generate(llada, MIXED, SEEDS, dual.model_copy(update={"cuda_graph": True, "compile": True}))
+    assert entered == [2, 2]  # one refresh a block (2 blocks), each over the 2 compiled layers
+    ref = generate(llada, MIXED, SEEDS, dual)
+    assert torch.equal(got.completion_ids, ref.completion_ids) and torch.equal(got.decode_step, ref.decode_step)
+    generate(llada, MIXED, SEEDS, dual.model_copy(update={"cuda_graph": True}))
+    assert entered == [2, 2]  # graphed without compile: the refreshes eager
+
+
 def test_compile_is_refused_where_no_compiled_path_exists():
     with pytest.raises(Exception, match="compile"):
         SamplerConfig(gen_length=32, cache="dual", compile=True)
