@@ -211,50 +211,33 @@ def rows_per_group(a: argparse.Namespace) -> int:
     return 2 * a.group_size if a.estimator == "elbo_mc" else a.group_size
 
 
-def tuned_zero3(cfg):
-    """(LearnerConfig, deepspeed_config wrapper) of stage ``3t`` (see the module docstring)."""
+def edited_deepspeed_config(edit):
+    """stabledrl.learner.engine.deepspeed_config with ``edit(config)`` applied to what it returns: a
+    benchmark stage's departure from the project's DeepSpeed settings (which stay in learner/)."""
     import stabledrl.learner.engine
 
-    cfg = cfg.model_copy(update={"deepspeed": cfg.deepspeed.model_copy(update={
-        "prefetch_bucket_size": 200_000_000, "param_persistence_threshold": 1_000_000})})
     base = stabledrl.learner.engine.deepspeed_config
 
     def config(*args, **kwargs) -> dict:
         out = base(*args, **kwargs)
-        out["zero_optimization"].update(overlap_comm=True, stage3_max_live_parameters=1_000_000_000,
-                                        stage3_max_reuse_distance=1_000_000_000)
-        return out
-
-    return cfg, config
-
-
-def overlap_comm_zero2():
-    """stabledrl.learner.engine.deepspeed_config of stage ``2t``: the project's, plus ZeRO's overlap_comm."""
-    import stabledrl.learner.engine
-
-    base_config = stabledrl.learner.engine.deepspeed_config
-
-    def config(*args, **kwargs) -> dict:
-        out = base_config(*args, **kwargs)
-        out["zero_optimization"].update(overlap_comm=True)
+        edit(out)
         return out
 
     return config
 
 
-def overflow_test_zero2():
-    """stabledrl.learner.engine.deepspeed_config of stage ``2c``: the project's, with DeepSpeed's own bf16
-    test of every gradient tensor for inf/NaN before the step turned back on (the before of its removal)."""
-    import stabledrl.learner.engine
+def tuned_zero3(cfg):
+    """(LearnerConfig, deepspeed_config wrapper) of stage ``3t`` (see the module docstring)."""
+    cfg = cfg.model_copy(update={"deepspeed": cfg.deepspeed.model_copy(update={
+        "prefetch_bucket_size": 200_000_000, "param_persistence_threshold": 1_000_000})})
+    return cfg, edited_deepspeed_config(lambda out: out["zero_optimization"].update(
+        overlap_comm=True, stage3_max_live_parameters=1_000_000_000, stage3_max_reuse_distance=1_000_000_000))
 
-    base_config = stabledrl.learner.engine.deepspeed_config
 
-    def config(*args, **kwargs) -> dict:
-        out = base_config(*args, **kwargs)
-        out["bf16"]["check_grad_overflow"] = True
-        return out
-
-    return config
+# the other stages' departures: ``2t`` ZeRO's overlap_comm; ``2c`` DeepSpeed's own bf16 test of every gradient
+# tensor for inf/NaN before the step turned back on (the before of its removal)
+STAGE_EDITS = {"2t": lambda out: out["zero_optimization"].update(overlap_comm=True),
+               "2c": lambda out: out["bf16"].update(check_grad_overflow=True)}
 
 
 def stabledrl_loss_fn(est_cfg, loss_cfg):
@@ -383,14 +366,10 @@ def run_stage(a: argparse.Namespace, res: bl.Result, rank: int, stage_name: str,
         import stabledrl.learner.engine
 
         cfg, stabledrl.learner.engine.deepspeed_config = tuned_zero3(cfg)
-    elif stage_name == "2t":
+    elif stage_name in STAGE_EDITS:
         import stabledrl.learner.engine
 
-        stabledrl.learner.engine.deepspeed_config = overlap_comm_zero2()
-    elif stage_name == "2c":
-        import stabledrl.learner.engine
-
-        stabledrl.learner.engine.deepspeed_config = overflow_test_zero2()
+        stabledrl.learner.engine.deepspeed_config = edited_deepspeed_config(STAGE_EDITS[stage_name])
     engine, init_s = bl.timed(lambda: LearnerEngine(policy, cfg), dev)
     # the LM head runs at the scored (masked) positions only (common/estimators/scoring.py): half the
     # completion in expectation, the masking level being uniform
