@@ -10,6 +10,10 @@ FAST = SAMPLER_FAST + ["algorithm.max_staleness=1"]  # placed apart: rollouts on
 # cluster.colocate (what the recipes ship): a learner rank and a rollout worker on every GPU, taking turns (eta = 0)
 COLOCATED = ["cluster.colocate=true", "weights.backend=auto", "algorithm.max_staleness=0"]
 APART = ["cluster.colocate=false", "weights.backend=auto"]  # 1 learner rank and 1 worker, each on a GPU of its own
+NO_CKPT = ["model.gradient_checkpointing=false", "model.checkpointed_layers=null"]  # every activation kept
+# the fast sampler with its dual-cache step replayed as a CUDA graph (sampler.cuda_graph): at the few rows a
+# colocated worker decodes, the eager step waits on its kernels' launches
+FAST_GRAPH = SAMPLER_FAST + ["sampler.cuda_graph=true"]
 VARIANTS = {"release_sampler": [],  # the recipe as committed (colocated)
             "fast": SAMPLER_FAST,  # the recipe with the fast sampler, still colocated at eta = 0
             "apart": APART, "apart_fast": APART + FAST,
@@ -18,17 +22,12 @@ VARIANTS = {"release_sampler": [],  # the recipe as committed (colocated)
             "colocated_eager": COLOCATED + ["sampler.compile=false"],
             # the learner without activation checkpointing (at d1's 32 layers colocated on 80 GB it ran out of
             # memory at its second step): for a learner on a GPU of its own
-            "colocated_no_ckpt": COLOCATED + ["model.gradient_checkpointing=false", "model.checkpointed_layers=null"],
-            "colocated_fast_no_ckpt": SAMPLER_FAST + COLOCATED + ["model.gradient_checkpointing=false",
-                                                                  "model.checkpointed_layers=null"],
-            # the fast sampler with its dual-cache step replayed as a CUDA graph (sampler.cuda_graph): at the few
-            # rows a colocated worker decodes, the eager step waits on its kernels' launches
-            "fast_graph": SAMPLER_FAST + ["sampler.cuda_graph=true"],
-            "fast_graph_no_ckpt": SAMPLER_FAST + ["sampler.cuda_graph=true", "model.gradient_checkpointing=false",
-                                                  "model.checkpointed_layers=null"],
-            # the graphed step compiled before its capture (sampler.compile with cuda_graph): its elementwise
-            # kernels fused, each of which a graph still runs on its own
-            "fast_graph_compiled": SAMPLER_FAST + ["sampler.cuda_graph=true", "sampler.compile=true"]}
+            "colocated_no_ckpt": COLOCATED + NO_CKPT,
+            "colocated_fast_no_ckpt": SAMPLER_FAST + COLOCATED + NO_CKPT,
+            "fast_graph": FAST_GRAPH, "fast_graph_no_ckpt": FAST_GRAPH + NO_CKPT,
+            # the graphed step compiled before its capture (sampler.compile, set after SAMPLER_FAST's false: the
+            # later override wins): its elementwise kernels fused, each of which a graph still runs on its own
+            "fast_graph_compiled": FAST_GRAPH + ["sampler.compile=true"]}
 # what a pair's project loops always set, so that both sides run the same estimator on the same prompts
 PAIR_SETS = {"stabledrl": [], "d1": ["estimator.masks=per_iteration", "task.long_prompts=keep_last"]}
 FULL_LAYERS = 32  # LLaDA-8B's
