@@ -93,32 +93,34 @@ def test_engine_captures_once_and_replays_across_requests_and_weight_loads():
     assert not torch.equal(after.completion_ids, first.completion_ids)
 
 
+DUAL_PROMPTS = [torch.arange(10, 42), torch.arange(60, 80)]  # width 32: the graphed canvas is the eager one
+DUAL = SamplerConfig(gen_length=64, block_length=16, steps=64, threshold=0.004, temperature=0.9, cache="dual",
+                     stop_at_eos=False)
+
+
+def dual_llada(dtype=torch.float32):
+    return build_tiny_policy("llada", dtype=dtype, **{**SHAPE, "num_key_value_heads": 4}).to(CUDA)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_captured_dual_step_replays_the_eager_dual_step(dtype):
-    llada = build_tiny_policy("llada", dtype=dtype, **{**SHAPE, "num_key_value_heads": 4}).to(CUDA)
-    prompts = [torch.arange(10, 42), torch.arange(60, 80)]  # width 32: the graphed canvas is the eager one
-    c = SamplerConfig(gen_length=64, block_length=16, steps=64, threshold=0.004, temperature=0.9, cache="dual",
-                      stop_at_eos=False)
+    llada = dual_llada(dtype)
     graphs = StepGraphs()
-    graphed = generate(llada, prompts, torch.arange(2), c.model_copy(update={"cuda_graph": True}), graphs)
-    eager = generate(llada, prompts, torch.arange(2), c)
+    graphed = generate(llada, DUAL_PROMPTS, torch.arange(2), DUAL.model_copy(update={"cuda_graph": True}), graphs)
+    eager = generate(llada, DUAL_PROMPTS, torch.arange(2), DUAL)
     assert same_tokens(graphed, eager) and graphed.num_forwards == eager.num_forwards
     assert graphs.captures == 1 and graphs.replays == graphed.num_forwards - 4  # all but the 4 refreshes
-
 
 
 def test_compiled_graphed_dual_cache_follows_the_eager_dual_cache_in_fp32():
     """``compile`` with the graphed dual cache: the cached step compiled before its capture and each
     block's refresh through the compiled decoder layers. Triton's fused kernels may round unlike the
     eager ones, so the tokens are held to near-agreement with the eager dual cache."""
-    llada = build_tiny_policy("llada", **{**SHAPE, "num_key_value_heads": 4}).to(CUDA)
-    prompts = [torch.arange(10, 42), torch.arange(60, 80)]
-    c = SamplerConfig(gen_length=64, block_length=16, steps=64, threshold=0.004, temperature=0.9, cache="dual",
-                      stop_at_eos=False)
+    llada = dual_llada()
     graphs = StepGraphs()
-    compiled = generate(llada, prompts, torch.arange(2), c.model_copy(update={"cuda_graph": True, "compile": True}),
-                        graphs)
-    eager = generate(llada, prompts, torch.arange(2), c)
+    compiled = generate(llada, DUAL_PROMPTS, torch.arange(2),
+                        DUAL.model_copy(update={"cuda_graph": True, "compile": True}), graphs)
+    eager = generate(llada, DUAL_PROMPTS, torch.arange(2), DUAL)
     agreement = float((compiled.completion_ids == eager.completion_ids).float().mean())
     assert agreement >= 0.95, agreement
     assert graphs.captures == 1 and graphs.replays == compiled.num_forwards - 4  # all but the 4 refreshes
