@@ -286,12 +286,12 @@ RUN_PEERS: dict[str, PeerSuite] = {
         shape="llada8b-lora",
         args=d1_depth("peer,fast"), tiny=DEPTH_TINY),
     # the full protocol for d1's pair at 32 layers, spread over commands of at most 10 minutes on one machine:
-    # --loops peer; --loops fast,peer --merge PREV/results.json, twice; --loops fast --merge PREV/results.json
+    # --loops peer, then --loops fast_graph_compiled --merge PREV/results.json, alternating, six commands
     # (each command's runs numbered on from the merged record's; the header says whether one machine ran them)
     "protocol-fast-d1": PeerSuite(
         "d1's pair at its full 32 layers, the protocol: the release and the recipe as committed with the shipped "
-        "fast sampler, 3 runs each in alternating order, a warm-up and 5 timed cycles a run. One H200; one or two "
-        "loops a command, each command merging the one before",
+        "fast sampler (its step compiled and graphed: --loops fast_graph_compiled), 3 runs each in alternating "
+        "order, a warm-up and 5 timed cycles a run. One H200; one loop a command, each merging the one before",
         shape="llada8b-32l",
         args=d1_depth("peer", cycles=5, part_timeout_s=420), tiny=DEPTH_TINY),
     # the same protocol for d1's recipe as committed (the release's sampler), split the same way
