@@ -13,11 +13,12 @@ Two forms, one flag:
 
 - the graphed steps (``cuda_graph``): each static step's forward is compiled with static shapes
   before its capture (``compiled``; graphs.py);
-- the exact full forward (full attention, ``cache`` none): every decoder layer is compiled on its
-  own ("regional" compilation, ``compiled_layers``). The layers share their code, so one
+- the exact full forward (full attention, ``cache`` none, and the refresh at each block start of a
+  graphed dual cache): every decoder layer is compiled on its own ("regional" compilation,
+  ``compiled_layers``). The layers share their code, so one
   compilation serves them all; a canvas of another width or row count recompiles once with
   dynamic sizes (seconds) and is then reused. The compiled forwards replace the layers' own only
-  while a generation runs, so scoring passes on the same policy stay eager.
+  while a generation (or a refresh) runs, so scoring passes on the same policy stay eager.
 
 Compiled kernels round differently from eager ones, so tokens match the eager path's in
 distribution, not bit for bit (equal in fp32 at the tiny shape: tests/unit/rollout/test_sampler_compile.py).
