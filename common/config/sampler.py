@@ -112,7 +112,8 @@ class SamplerConfig(StrictModel):
         False,
         description="the sampler's forwards through torch.compile: the elementwise work between the matmuls (norms, "
         "rotary, activations, residual adds) fused into a few kernels per layer. Two places: with cuda_graph, each "
-        "graphed step before its capture (static shapes, compiled once per shape and process, over a minute at 8B; "
+        "graphed step before its capture (the first shape with static sizes, the second recompiled with dynamic "
+        "ones that every later prompt width reuses: two compilations a process, each over a minute at 8B; "
         "measured at SDAR-8B on an H100: no speed-up, 0.96x the uncompiled graph), and the dual cache's refresh at "
         "each block start through the compiled decoder layers below (together, at LLaDA-8B in d1's colocated job "
         "of 12 rows on an H200: generation at 62% of the matmul rate, the graph alone 44%); without, the exact "

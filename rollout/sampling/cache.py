@@ -21,7 +21,8 @@ we wrap (Llama, Qwen2, Qwen3 in transformers 5.x), which is why a plain class su
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import contextlib
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -34,6 +35,22 @@ class SlotKVCache:
         self._slots: Optional[torch.Tensor] = None  # [B, Lq] int64
         self._rows_heads: tuple[torch.Tensor, torch.Tensor] | None = None  # [B, 1, 1], [1, H, 1] indices
         self._visible = 0
+
+    @contextlib.contextmanager
+    def outside_graphs(self) -> Iterator[None]:
+        """Inside: ``update`` is a graph break of a compiled caller, run eagerly. Under regional
+        compilation (compiled.py: every decoder layer compiled on its own, one compilation for all)
+        the update would be traced into each layer's graph, and its reads of the layer's index (the
+        buffer list, its length) would specialise the graph to that layer: one compilation a layer
+        and shape (64 at LLaDA-8B over two shapes: the whole recompile limit, common/compiling.py).
+        Called from outside the graph, it leaves the layers one compilation, its writes the same
+        index_put_ in place. (The instance's own ``update``, so that the caller's trace never
+        enters it.)"""
+        self.update = torch.compiler.disable(self._update)
+        try:
+            yield
+        finally:
+            del self.update
 
     @property
     def scratch_slot(self) -> int:
@@ -48,6 +65,10 @@ class SlotKVCache:
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         """key/value_states [B, H, Lq, D] -> (K, V) [B, H, visible, D] with the new entries written."""
+        return self._update(key_states, value_states, layer_idx)
+
+    def _update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if self._slots is None:
             raise RuntimeError("SlotKVCache.update called before set_slots")
         if layer_idx == len(self.keys):

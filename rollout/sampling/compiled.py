@@ -11,8 +11,9 @@ well, the exact sampler's step goes from 62% to 83% of the card's measured matmu
 
 Two forms, one flag:
 
-- the graphed steps (``cuda_graph``): each static step's forward is compiled with static shapes
-  before its capture (``compiled``; graphs.py);
+- the graphed steps (``cuda_graph``): each static step's forward is compiled before its capture
+  (``compiled``; graphs.py), static sizes for the first shape, dynamic ones from the second on, so
+  that a stream of prompt widths compiles twice in all;
 - the exact full forward (full attention, ``cache`` none, and the refresh at each block start of a
   graphed dual cache): every decoder layer is compiled on its own ("regional" compilation,
   ``compiled_layers``). The layers share their code, so one
@@ -38,10 +39,13 @@ log = logging.getLogger(__name__)
 
 
 def compiled(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
-    """``fn`` (a static step's forward) through ``torch.compile`` with static shapes, compiled at its
-    first call (the capture's warm-up)."""
+    """``fn`` (a static step's forward) through ``torch.compile``, compiled at its first call (the
+    capture's warm-up). The first shape compiles with static sizes; the static steps share their
+    code, so the first step of another shape (a new prompt width, another row count) recompiles once
+    with dynamic sizes, and every later shape reuses that compilation: a stream of prompt widths
+    costs two compilations, not one a width (at 8B over a minute each)."""
     raise_recompile_limit()
-    return torch.compile(fn, dynamic=False)
+    return torch.compile(fn)
 
 
 def decoder_layers(policy: torch.nn.Module) -> torch.nn.ModuleList:
@@ -63,7 +67,18 @@ def forget_compiled(policy: torch.nn.Module) -> None:
 @contextlib.contextmanager
 def compiled_layers(policy: torch.nn.Module) -> Iterator[int]:
     """Inside: every decoder layer of ``policy`` runs its compiled forward (built at the first use and
-    kept on the layer); yields the number of layers. On exit the layers' own forwards are back."""
+    kept on the layer); yields the number of layers. On exit the layers' own forwards are back.
+
+    One compilation serves every layer only if no graph depends on which layer it is. A layer's
+    index (``layer_idx``, an int attribute of its attention) is a constant to torch.compile, which
+    guards every graph that reads it on its value: a layer that writes a KV cache (the dual cache's
+    refresh) would compile once per layer and shape, 64 compilations at LLaDA-8B over two canvas
+    widths, the whole recompile limit (common/compiling.py), after which the rest run eager (seen
+    in StableDRL's job at 24 layers: generation at 15% of the matmul rate). Inside, module ints
+    are inputs of the graphs instead (``allow_unspec_int_on_nn_module``), and a caller writing a
+    cache keeps the cache's update out of the graphs (``SlotKVCache.outside_graphs``)."""
+    import torch._dynamo
+
     raise_recompile_limit()
     layers = list(decoder_layers(policy))
     if any(_ATTR not in layer.__dict__ for layer in layers):
@@ -75,7 +90,8 @@ def compiled_layers(policy: torch.nn.Module) -> Iterator[int]:
             layer.__dict__[_ATTR] = torch.compile(type(layer).forward.__get__(layer))
         layer.forward = layer.__dict__[_ATTR]
     try:
-        yield len(layers)
+        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=True):
+            yield len(layers)
     finally:
         for layer in layers:
             layer.__dict__.pop("forward", None)

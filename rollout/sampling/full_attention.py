@@ -95,7 +95,10 @@ class FullAttentionLogits:
         if self.cache is not None:
             self.cache.set_slots(self.all_slots, c.total_length)
         self._count(c.total_length)
-        with compiled_layers(self.policy) if self.compiled_refresh else contextlib.nullcontext():
+        # a graphed, compiled dual cache: its refresh through the compiled layers, the cache's writes
+        # outside their graphs (one compilation for every layer: compiled.py)
+        with compiled_layers(self.policy) if self.compiled_refresh else contextlib.nullcontext(), \
+                self.cache.outside_graphs() if self.compiled_refresh else contextlib.nullcontext():
             return forward_block_logits(
                 self.policy, c.ids, attention_mask=self.mask, position_ids=c.position_ids,
                 logits_from=c.prompt_width + view.lo, offsets=self._offsets(state, view),

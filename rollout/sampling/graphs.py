@@ -28,7 +28,8 @@ SDAR-8B: BENCHMARKS.md, "Sampler speed".)
 Compiled (``SamplerConfig.compile``): a replayed graph still runs every kernel the eager forward
 launches, ~2,500 per forward at SDAR-8B's 36 layers, most of them small elementwise kernels (fp32
 RMSNorm's casts, powers and means, rotary's halves, residual adds). With ``compile`` each static
-step's forward goes through ``torch.compile`` (static shapes) before its capture, so the graph
+step's forward goes through ``torch.compile`` before its capture (static sizes for the first shape,
+dynamic ones shared by every later shape: compiled.py), so the graph
 replays inductor's fused kernels instead. Measured at SDAR-8B on an H100 it gains nothing (0.96x
 the uncompiled graph; 2.2x at the tiny shape on a CPU): the replay is not bound by those kernels,
 so it stays off by default. Reading all T slots through a

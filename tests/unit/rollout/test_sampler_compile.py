@@ -155,3 +155,47 @@ def test_a_compiled_cache_write_goes_into_the_buffer_in_place():
                 keys[row, :, slot], values[row, :, slot] = fresh[row, :, j], 2 * fresh[row, :, j]
     assert torch.equal(cache.keys[0][:, :, :12], keys)
     assert torch.equal(cache.values[0][:, :, :12], values)
+
+
+def test_a_stream_of_prompt_widths_compiles_the_graphed_step_twice(llada):
+    """The graphed, compiled dual-cache step of each new prompt width is a new static step (widths
+    rounded up to 32): the first compiles with static sizes, the second with dynamic ones, and every
+    width after that reuses them: nothing new is compiled (before, one compilation a width)."""
+    from stabledrl.rollout.sampling import StepGraphs
+
+    graphed = cfg(cache="dual", threshold=0.012, cuda_graph=True, compile=True)
+    graphs = StepGraphs(capacity=1)  # every new width a new static step, the one before dropped
+    new = []
+    for width in (5, 40, 70, 100, 130):
+        prompts = [torch.arange(width) % 40 + 4, torch.arange(4, 6)]
+        before = counters["stats"]["unique_graphs"]
+        got = generate(llada, prompts, SEEDS[:2], graphed, graphs)
+        new.append(counters["stats"]["unique_graphs"] - before)
+        ref = generate(llada, prompts, SEEDS[:2], cfg(cache="dual", threshold=0.012))
+        assert torch.equal(got.completion_ids, ref.completion_ids), width
+    assert graphs.built == 5
+    assert new[0] > 0 and new[2:] == [0, 0, 0], new
+
+
+def test_a_compiled_refresh_compiles_once_for_all_its_layers():
+    """The graphed dual cache's refresh runs every decoder layer through one compilation: the cache
+    writes outside the graphs and the layer's index an input, so that the layers' count does not
+    multiply the compilations (at LLaDA-8B's 32 it reached torch's recompile limit over two prompt
+    widths, and the refreshes after it ran eager)."""
+    import torch._dynamo
+
+    from stabledrl.rollout.sampling import StepGraphs
+
+    graphed = cfg(cache="dual", threshold=0.012, cuda_graph=True, compile=True)
+    compilations = {}
+    for layers in (2, 5):
+        torch._dynamo.reset()  # nothing compiled for the other depth is reused
+        policy, graphs = build_tiny_policy("llada", num_hidden_layers=layers), StepGraphs(capacity=2)
+        before = counters["stats"]["unique_graphs"]
+        for width in (16, 40, 70):
+            prompts = [torch.arange(width) % 40 + 4, torch.arange(4, 6)]
+            got = generate(policy, prompts, SEEDS[:2], graphed, graphs)
+            ref = generate(policy, prompts, SEEDS[:2], cfg(cache="dual", threshold=0.012))
+            assert torch.equal(got.completion_ids, ref.completion_ids), (layers, width)
+        compilations[layers] = counters["stats"]["unique_graphs"] - before
+    assert compilations[5] == compilations[2] > 0, compilations
