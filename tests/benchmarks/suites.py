@@ -106,6 +106,17 @@ RUN_ALL: dict[str, ComponentSuite] = {
                   tiny=("--pool-requests", "3")),
               Job("block_diffusion", "bench_block_diffusion.py",
                   ("--quick", "--parts", "compiled,split_counter,decode"), peak="matmul_gpu0", timeout_s=900))),
+    "roofline": ComponentSuite(
+        "where generation's time goes at LLaDA-8B on one GPU: the decoder layer's matmuls at the widths a job feeds "
+        "(the whole canvas, the block), attention with the sampler's mask and without, and the exact sampler and "
+        "the graphed, compiled dual-cache step profiled by kernel, at d1's worker (12 rows of 200 + 256 tokens) and "
+        "StableDRL's (16 rows of 128 + 256)",
+        min_gpus=1, shape="llada8b",
+        jobs=(MATMUL,
+              Job("roofline_d1", "bench_roofline.py", ("--rows", "12", "--prompt", "200"), peak="matmul_gpu0",
+                  timeout_s=900, tiny=("--no-compile", "--prompt", "16")),
+              Job("roofline_stabledrl", "bench_roofline.py", ("--rows", "16", "--prompt", "128"),
+                  peak="matmul_gpu0", timeout_s=900, tiny=("--no-compile", "--rows", "2", "--prompt", "16")))),
     "push": ComponentSuite(
         "the learner's weight push against the raw broadcast of the same bytes: 1 ZeRO-3 rank to 1 receiver at "
         "LLaDA-8B's width with 11 layers, idle and beside the receiver's generation, broadcast and pull; the "

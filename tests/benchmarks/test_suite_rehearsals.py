@@ -117,6 +117,27 @@ def test_the_push_suite(tmp_path):
     assert pull["pull_idle"]["median_s"] > 0 and pull["pull_busy"]["median_s"] > 0
 
 
+def test_the_roofline_suite(tmp_path):
+    """d1's worker shape at the tiny model (StableDRL's job is the same script at other rows and
+    prompt): the layer's matmuls at both widths, attention, and both samplers timed and profiled,
+    the shape's ceiling computed from the gemm part's rates against the measured matmul rate."""
+    results = rehearse("run_all", "roofline", tmp_path, "--only", "matmul_gpu0,roofline_d1")
+    assert results["jobs"]["roofline_stabledrl"] == {"status": "skipped", "reason": "not in --only"}
+    parts = parts_of(results, "roofline_d1")
+    model = parts["model"]
+    canvas, block = model["rows"] * (model["prompt"] + model["gen"]), model["rows"] * model["block"]
+    assert [w["m"] for w in parts["gemm"].values()] == [canvas, block]
+    for width in parts["gemm"].values():
+        assert width["layer_tflops"] > 0 and len(width["linears"]) == 7, width  # LLaDA: q, k, v, o and the MLP's 3
+    assert parts["attention"]["as the sampler calls it (boolean mask)"]["ms_per_forward"] > 0
+    assert parts["attention"]["no mask"]["ms_per_forward"] > 0
+    for name, fed in (("exact", canvas), ("dual", None)):
+        row = parts[name]
+        assert row["forwards"] > 0 and row["of_matmul"] > 0 and row["shape_ceiling_of_matmul"] > 0, (name, row)
+        assert fed is None or row["tokens_per_forward"] == fed
+    assert parts["dual"]["tokens_per_forward"] < canvas  # the cached steps feed the block, not the canvas
+
+
 def test_the_learner_suite(tmp_path):
     """The bench's steps eager and with learner.compile, the compiled ones traced and run without
     inductor's C++ build: the fused norms and activation with inductor are checked against eager
