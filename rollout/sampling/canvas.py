@@ -22,6 +22,7 @@ class Canvas:
     position_ids: torch.Tensor  # [B, P + C] int64, counted from each row's first real token
     prompt_mask: torch.Tensor  # [B, P] bool
     gen_length: int
+    padded: bool = True  # any row left-padded (build_canvas reads it on the host: no device sync)
 
     @property
     def prompt_width(self) -> int:
@@ -59,4 +60,5 @@ def build_canvas(
     ids = torch.cat([prompt_ids, torch.full((b, gen_length), mask_token_id, dtype=torch.long)], dim=1)
     valid = torch.cat([prompt_mask, torch.ones(b, gen_length, dtype=torch.bool)], dim=1)
     positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
-    return Canvas(ids.to(device), valid.to(device), positions.to(device), prompt_mask.to(device), gen_length)
+    return Canvas(ids.to(device), valid.to(device), positions.to(device), prompt_mask.to(device), gen_length,
+                  padded=not bool(prompt_mask.all()))

@@ -58,7 +58,12 @@ class FullAttentionLogits:
         self.policy, self.canvas, self.block_length, self.mode = policy, canvas, block_length, mode
         self.rows = self.fed = self.attended = 0  # what the forwards carried (``_count``)
         self.shift = int(policy.spec.shifted_logits)
-        self.mask = full_mask(canvas.valid)  # [B, 1, T, T], fixed for the whole generation
+        # [B, 1, T, T], fixed for the whole generation. The exact path of a canvas without padding
+        # passes none: every row attends to every key, and sdpa takes its fused kernel without a mask
+        # operand (LLaDA-8B's width at d1's canvas on an H200: attention 3.8 ms a forward, 7.1 with
+        # the mask; BENCHMARKS.md). A cached forward keeps it: without one, transformers derives the
+        # mask from the cache, which this cache does not describe.
+        self.mask = None if mode == "none" and not canvas.padded else full_mask(canvas.valid)
         t = canvas.total_length
         self.cache = None if mode == "none" else SlotKVCache(t)
         self.all_slots = torch.arange(t, device=canvas.ids.device).expand(canvas.batch_size, t)

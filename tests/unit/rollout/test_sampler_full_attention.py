@@ -1,6 +1,8 @@
 """Full-attention sampler on tiny random LLaDA (and Dream, where the preset exists)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -132,3 +134,38 @@ def test_dream_shifted_logits_cached_paths_agree_on_the_first_step_and_rows_are_
     alone = generate(dream, PROMPTS[2:], SEEDS[2:], c.model_copy(update={"temperature": 0.9}))
     together = generate(dream, PROMPTS, SEEDS, c.model_copy(update={"temperature": 0.9}))
     assert torch.equal(alone.completion_ids[0], together.completion_ids[2])
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_the_exact_path_of_an_unpadded_batch_runs_without_a_mask_and_decodes_the_same(family, monkeypatch):
+    """Rows of one prompt length need no attention mask on the exact path (sdpa's unmasked kernel);
+    a padded canvas, and every cached forward, still carry one. Forcing the mask changes no token."""
+    import stabledrl.rollout.sampling.full_attention as fa
+
+    policy = build_tiny_policy(family)
+    same_length = [torch.tensor([5, 6, 7, 8]), torch.tensor([9, 10, 11, 12]), torch.tensor([13, 14, 15, 16])]
+    masks: list = []
+    forward = policy.forward
+
+    def spy(*args, **kwargs):
+        masks.append(kwargs.get("attention_mask"))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "forward", spy)
+    c = cfg(stop_at_eos=False)
+    unmasked = generate(policy, same_length, SEEDS, c)
+    assert masks and all(m is None for m in masks)
+    masks.clear()
+    generate(policy, PROMPTS, SEEDS, c)
+    assert masks and all(m is not None for m in masks)
+    masks.clear()
+    generate(policy, same_length, SEEDS, cfg(cache="dual"))
+    assert masks and all(m is not None for m in masks)
+
+    masks.clear()
+    build = fa.build_canvas
+    monkeypatch.setattr(fa, "build_canvas", lambda *a, **k: dataclasses.replace(build(*a, **k), padded=True))
+    masked = generate(policy, same_length, SEEDS, c)
+    assert masks and all(m is not None for m in masks)
+    assert torch.equal(unmasked.completion_ids, masked.completion_ids)
+    assert torch.equal(unmasked.decode_step, masked.decode_step)
