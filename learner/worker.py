@@ -32,6 +32,7 @@ import ray
 import torch
 
 from stabledrl.common.actor_time import BACKGROUND, TRAIN_PARTS, ActorClock
+from stabledrl.common.compiling import graphs_compiled
 from stabledrl.common.gil import prompt_gil, settle_heap
 from stabledrl.common.config.estimator import EstimatorConfig
 from stabledrl.common.config.learner import LearnerConfig
@@ -118,7 +119,7 @@ class LearnerWorker:
         """μ updates on this rank's ``groups`` (collective). ``version`` is the learner version
         v_l the batch trains at; the returned ``learner/staleness_max`` is measured here, from the
         samples' own stamps, as an independent check of the coordinator's bound."""
-        t0 = time.perf_counter()
+        t0, compiled0 = time.perf_counter(), graphs_compiled()
         if self.push is not None:  # a worker that views these parameters must not read them now
             self.push.begin_update()
         optimizer_s = self.engine.optimizer_s
@@ -139,6 +140,8 @@ class LearnerWorker:
         out["learner/samples"] = Stat(len(samples), Reduce.COUNT)
         out["learner/tokens"] = Stat(sum(s.completion_length for s in samples), Reduce.COUNT)
         out["time/train_rank"] = Stat(time.perf_counter() - t0, Reduce.MAX)
+        # graphs compiled in this step, the most of any rank (common/compiling.py: zero in the steady state)
+        out["learner/compiles"] = Stat(graphs_compiled() - compiled0, Reduce.MAX)
         out.update(self.engine.memory_metrics())
         with self.clock.timed("release"):
             hand_back_gpu_memory(self.share_gpu)

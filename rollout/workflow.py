@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from stabledrl.common.compiling import graphs_compiled
 from stabledrl.common.config.estimator import BlockRandomConfig, EstimatorConfig, SPGSandwichConfig
 from stabledrl.common.config.sampler import SamplerConfig
 from stabledrl.common.seeding import derive_seed
@@ -82,7 +83,7 @@ def run_episodes(
 ) -> list[Episode]:
     """One request: G completions of every prompt, rewarded, behaviour-estimated and stamped."""
     g = group_size
-    t0 = time.perf_counter()
+    t0, compiled0 = time.perf_counter(), graphs_compiled()
     prompts = [encode_prompt(tokenizer, task, r.row) for r in requests]
     rows = [(q, i) for q in range(len(requests)) for i in range(g)]  # row b = (prompt q, sample i)
     seeds = torch.tensor([sample_seed(seed, requests[q].uid, i) for q, i in rows], dtype=torch.long)
@@ -117,7 +118,8 @@ def run_episodes(
              "tokens": out.tokens_generated / n, "forwards": out.num_forwards / n,
              "forward_rows": out.forward_rows / n, "forward_tokens": out.forward_tokens / n,
              "forward_attended": out.forward_attended / n,
-             "prompt_tokens": sum(len(prompts[q]) for q, _ in rows) / n}
+             "prompt_tokens": sum(len(prompts[q]) for q, _ in rows) / n,
+             "compiles": (graphs_compiled() - compiled0) / n}  # common/compiling.py: zero in the steady state
     return [
         Episode(uid=r.uid, prompt_id=r.row.prompt_id, group=Group(r.row.prompt_id, s) if s else None,
                 worker=worker, stats=stats)

@@ -32,7 +32,7 @@ def rollout_metrics(batch: Sequence[Episode]) -> dict[str, float]:
         values = [s.reward_parts[part] for s in samples if part in s.reward_parts]
         out[f"rollout/reward/{part}"] = statistics.fmean(values)
     for key in ("generate_s", "reward_s", "estimate_s", "tokens", "forwards", "forward_rows", "forward_tokens",
-                "forward_attended", "prompt_tokens"):
+                "forward_attended", "prompt_tokens", "compiles"):
         out[f"rollout/{key}"] = sum(e.stats.get(key, 0.0) for e in batch)
     return out
 

@@ -112,6 +112,8 @@ def test_synchronous_run_pushes_every_version_and_trains_on_it(synchronous):
         assert {x.policy_version for e in batch for x in e.group.samples} == {s}
     assert [r["staleness/max"] for r in driver.history] == [0.0] * steps
     assert [r["learner/staleness_max"] for r in driver.history] == [0.0] * steps
+    # nothing compiled (no sampler.compile, no learner.compile), and both sides say so every step
+    assert [(r["rollout/compiles"], r["learner/compiles"]) for r in driver.history] == [(0.0, 0.0)] * steps
 
 
 def test_first_step_matches_a_single_process_reference(synchronous):

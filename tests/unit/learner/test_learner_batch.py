@@ -349,3 +349,27 @@ def test_lora_reference_is_the_frozen_base_with_its_adapters_off():
     loss, metrics = worker._loss(policy, mb)
     loss.backward()
     assert float(metrics["kl/k3_mean"].value) > 0 and all(a.lora_B.grad is not None for a in adapted)
+
+
+def test_a_step_reports_the_graphs_it_compiled():
+    """``learner/compiles``: the graphs torch.compile built during the step (common/compiling.py), so a
+    recompilation in the steady state shows in the job's metrics. Here the step's work is one compiled
+    function: its first shape compiles, the same shape again does not."""
+    worker = LearnerWorker(0, 1, ModelConfig(preset="tiny-llada"), LearnerConfig(), BlockRandomConfig(),
+                           StableDrlLossConfig(), inner_iterations=1, advantage_scale="none", micro_batch_size=4)
+    double = torch.compile(lambda x: x * 2 + 1)
+
+    class Engine:  # what train reads of the engine besides _updates
+        module, optimizer_s = None, 0.0
+
+        def memory_metrics(self):
+            return {}
+
+    def updates(*args, **kwargs):
+        double(torch.ones(3))
+        return [{"train/loss": Stat(0.5, replicated=True), "train/grad_norm": Stat(1.0, replicated=True)}]
+
+    worker.engine, worker._updates = Engine(), updates
+    counts = [float(worker.train(groups([2]), version=0, group_offset=0).metrics["learner/compiles"])
+              for _ in range(2)]
+    assert counts[0] >= 1 and counts[1] == 0

@@ -186,3 +186,16 @@ def test_call_rows_keep_each_call_within_its_rows_and_tokens():
     # widths 7, 9, 9, 12, 14, 24: [7, 9, 9] -> 27; [12, 14] -> 28; the 24-token row alone
     assert call_rows(order, lengths, cfg) == [[0, 2, 3], [4, 1], [5]]
     assert call_rows(order, lengths, cfg.model_copy(update={"max_tokens_per_forward": 5})) == [[i] for i in order]
+
+
+def test_a_request_reports_the_graphs_it_compiled(setup):
+    """``compiles`` in an episode's stats (summed into ``rollout/compiles``): the graphs torch.compile
+    built during the request, common/compiling.py. A compiled sampler's first request compiles, the
+    same request again does not; an uncompiled one never does."""
+    _, _, _, rows = setup
+    requests = [PromptRequest(1, rows[0])]
+    torch._dynamo.reset()  # nothing compiled by an earlier test in this process is reused
+    compiled = SAMPLER.model_copy(update={"compile": True})
+    first, again = (sum(e.stats["compiles"] for e in episodes(setup, requests, sampler=compiled)) for _ in range(2))
+    assert first > 0 and again == 0
+    assert sum(e.stats["compiles"] for e in episodes(setup, requests)) == 0
