@@ -66,7 +66,7 @@ def analyse(records: list[dict], gpu_samples: list[tuple[float, int, float, floa
                       if k in steps[0]},
         "per_step": [{k: r.get(k) for k in ("step", "time/step", "time/train", "time/weight_push", "time/generate",
                                              "perf/mfu", "perf/samples_per_s", "rollout/tokens", "rollout/forwards",
-                                             "learner/samples")}
+                                             "learner/samples", "rollout/compiles", "learner/compiles")}
                      # each actor's push clocks in this step (a slow push: which end, and what part of it)
                      | {"push_by_actor_s": {k.removeprefix("time/"): v for k, v in sorted(r.items())
                                             if k.startswith("time/") and k.count("/") == 2
@@ -94,6 +94,9 @@ def analyse(records: list[dict], gpu_samples: list[tuple[float, int, float, floa
         ("step_s", "time/step"), ("samples", "learner/samples"), ("prompt_tokens", "rollout/prompt_tokens"),
         ("forward_rows", "rollout/forward_rows"), ("forward_tokens", "rollout/forward_tokens"),
         ("forward_attended", "rollout/forward_attended"), ("tokens", "rollout/tokens"))}
+    # graphs torch.compile built during the timed steps, by side: zero once the shapes have been seen
+    # (common/compiling.py); a count here is a recompilation in the steady state, which the rates carry
+    out["compiles_timed"] = {side: sum_of(f"{side}/compiles") for side in ("rollout", "learner")}
     generate_s = sum_of("rollout/generate_s")
     out["rollout_tokens_per_s_generating"] = sum_of("rollout/tokens") / generate_s if generate_s else None
     out["rollout_tokens_per_forward"] = sum_of("rollout/tokens") / max(1.0, sum_of("rollout/forwards"))
@@ -180,6 +183,8 @@ def markdown(name: str, f: dict[str, Any]) -> str:
         f"rollout {num(f['rollout_tokens_per_s_generating'], '{:.0f}')} "
         f"tokens/s per worker while generating ({num(f['rollout_tokens_per_forward'])} tokens/forward); "
         f"push {', '.join(num(p) for p in f['push_s'])} s"
+        + (f"; graphs compiled in the timed steps: rollout {f['compiles_timed']['rollout']:g}, learner "
+           f"{f['compiles_timed']['learner']:g}" if f.get("compiles_timed") else "")
         + (
             f" (per step: {', '.join(f'{k} {v:.2f}' for k, v in f['push_by_actor_s'].items())} s)"
             if f.get("push_by_actor_s")

@@ -243,6 +243,7 @@ def project_figures(record: dict, *, n_gpus: int) -> dict[str, Any]:
         "first_step_s": f.get("first_step_s"),
         "peak_memory_gib": max(peaks) if peaks else None,
         "learner_mfu": f.get("learner_mfu"),
+        "compiles_timed": f.get("compiles_timed"),  # graphs compiled in the timed steps, rollout and learner
     }
 
 

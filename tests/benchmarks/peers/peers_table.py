@@ -91,6 +91,11 @@ def table_rows(results: dict) -> list[dict]:
                 row["ceiling_ratio"] = ceiling_ratio
             row["target"] = FAST_TARGET if is_fast(sets) else rl.target(ceiling_ratio)
             row["memory"] = memory_of(part, peer, pair, layers)
+            # the most graphs any finished run compiled in its timed steps, per side (a steady-state
+            # recompilation, which its rates carry; common/compiling.py)
+            counts = [r["figures"].get("compiles_timed") or {} for r in part["runs"] if finished(r)]
+            row["compiles_timed"] = {side: max((c.get(side) or 0.0 for c in counts), default=0.0)
+                                     for side in ("rollout", "learner")}
             out.append(row)
     return out
 
@@ -298,6 +303,11 @@ def markdown(rows: list[dict]) -> str:
                      f"{_cell(r, 'samples_per_s_per_gpu', 3)} | {_cell(r, 'rollout_tokens_per_s_per_gpu', 0)} | "
                      f"{_cell(r, 'learner_s_per_sample', 3)} | {_cell(r, 'first_step_s', 1)} | "
                      f"{_fmt(f.get('peak_memory_gib'), 1)} / {_fmt(f.get('gpu_memory_used_max_gib'), 1)} | {cell} |")
+    recompiled = [f"{r['name']} ({r['layers']} layers): rollout {c['rollout']:g}, learner {c['learner']:g}"
+                  for r in rows if any((c := r.get("compiles_timed") or {}).values())]
+    if recompiled:
+        lines += ["", "Graphs compiled during the timed steps, the most of any run (the shapes recompile in the "
+                  "steady state, and the rates above include it): " + "; ".join(recompiled) + "."]
     lines += ["", "| loop | layers | generate TFLOP/s (of matmul) | positions / row-forward | score TFLOP/s | "
               "learner TFLOP/s (of matmul) | shares: generate / score / learner / optimizer / push / reward / idle | "
               "ceiling samples/s/GPU (over the release) |", "|---|---|---|---|---|---|---|---|"]

@@ -170,6 +170,27 @@ def test_table_rows_give_medians_ranges_ratios_and_targets():
     assert next(line for line in table.splitlines() if line.startswith("| d1:")).endswith("| failed: not compared |")
 
 
+def test_a_loop_that_compiles_in_its_timed_steps_is_named_under_the_table():
+    steady = {"rollout": 0.0, "learner": 0.0}
+    results = {"card": {"name": "cpu"}, "host": "h", "n_gpus": 1, "matmul_tflops": None,
+               "variants": dict(run_peers.VARIANTS), "parts": {
+                   "d1_L32_peer": part("d1", "peer", 32, run(1.0)),
+                   "d1_L32_colocated": part("d1", "colocated", 32, run(2.0, compiles_timed=steady),
+                                            run(2.1, compiles_timed=steady)),
+                   "d1_L32_fast": part("d1", "fast", 32, run(4.0, compiles_timed={"rollout": 96.0, "learner": 0.0}),
+                                       run(5.0, compiles_timed=steady), run(0.1, rc=1, compiles_timed={"rollout": 7})),
+               }}
+    rows = pt.table_rows(results)
+    by_loop = {r["name"].split(", ")[1].split(" (")[0]: r for r in rows if "train" in r["name"]}
+    assert by_loop["colocated"]["compiles_timed"] == steady
+    assert by_loop["fast"]["compiles_timed"] == {"rollout": 96.0, "learner": 0.0}  # the failed run not counted
+    table = pt.markdown(rows)
+    note = next(line for line in table.splitlines() if line.startswith("Graphs compiled during the timed steps"))
+    assert "d1: stabledrl train, fast (1 of 3 FAILED: rc 1) (32 layers): rollout 96, learner 0" in note
+    assert "colocated" not in note
+    assert "Graphs compiled" not in pt.markdown([by_loop["colocated"]])
+
+
 def test_the_roofline_of_a_row_is_the_median_of_its_runs_and_sets_the_target():
     roof = {"flops": {"generate": 6e12, "score": 1e12, "learner_score": 0.0, "train": 4e12},
             "seconds": {"generate": 10.0, "score": 2.0, "learner": 6.0, "optimizer": 2.0}, "gpu_s": 25.0,
