@@ -571,14 +571,7 @@ def main() -> None:
         res.error("model", exc)
         raise
     bench.parts = [p for p in a.parts.split(",") if p]
-    for name in bench.parts:
-        if name not in PARTS:
-            bench.res.error(name, ValueError(f"unknown part {name!r}; valid: {PARTS}"))
-            continue
-        bl.log(f"full_attention: {name}")
-        with bench.res.part(name, bench.dev):
-            getattr(bench, name)()
-    bench.res.put("memory", {"peak_gib": bl.peak_memory_gib(bench.dev)})
+    res.run_parts(bench, bench.parts, PARTS, bench.dev)
 
 
 if __name__ == "__main__":

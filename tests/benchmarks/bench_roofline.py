@@ -246,14 +246,7 @@ def main() -> None:
     except Exception as exc:  # the model build: nothing can run without it
         res.error("model", exc)
         raise
-    for name in [p for p in a.parts.split(",") if p]:
-        if name not in PARTS:
-            res.error(name, ValueError(f"unknown part {name!r}; valid: {PARTS}"))
-            continue
-        bl.log(f"roofline: {name}")
-        with res.part(name, bench.dev):
-            getattr(bench, name)()
-    res.put("memory", {"peak_gib": bl.peak_memory_gib(bench.dev)})
+    res.run_parts(bench, [p for p in a.parts.split(",") if p], PARTS, bench.dev)
 
 
 if __name__ == "__main__":

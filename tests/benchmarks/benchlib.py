@@ -310,6 +310,18 @@ class Result:
             if dev is not None and dev.type == "cuda":
                 torch.cuda.empty_cache()
 
+    def run_parts(self, bench: Any, names: Sequence[str], known: Sequence[str], dev: torch.device) -> None:
+        """``bench.<name>()`` for each of ``names`` in order, each a ``part`` (a name not in ``known``
+        is recorded as that part's error, and the others still run); then the peak memory."""
+        for name in names:
+            if name not in known:
+                self.error(name, ValueError(f"unknown part {name!r}; valid: {tuple(known)}"))
+                continue
+            log(f"{self.data['benchmark']}: {name}")
+            with self.part(name, dev):
+                getattr(bench, name)()
+        self.put("memory", {"peak_gib": peak_memory_gib(dev)})
+
 
 def _jsonable(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
