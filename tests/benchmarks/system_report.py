@@ -183,13 +183,13 @@ def markdown(name: str, f: dict[str, Any]) -> str:
         f"rollout {num(f['rollout_tokens_per_s_generating'], '{:.0f}')} "
         f"tokens/s per worker while generating ({num(f['rollout_tokens_per_forward'])} tokens/forward); "
         f"push {', '.join(num(p) for p in f['push_s'])} s"
-        + (f"; graphs compiled in the timed steps: rollout {f['compiles_timed']['rollout']:g}, learner "
-           f"{f['compiles_timed']['learner']:g}" if f.get("compiles_timed") else "")
         + (
             f" (per step: {', '.join(f'{k} {v:.2f}' for k, v in f['push_by_actor_s'].items())} s)"
             if f.get("push_by_actor_s")
             else ""
         )
+        + (f"; graphs compiled in the timed steps: rollout {f['compiles_timed']['rollout']:g}, learner "
+           f"{f['compiles_timed']['learner']:g}" if f.get("compiles_timed") else "")
         + "".join(
             f"; learner peak {kind.upper()} GB {', '.join(f'{r} {v:.1f}' for r, v in f[key].items())}"
             for kind, key in (("gpu", "learner_peak_gpu_gb"), ("rss", "learner_peak_rss_gb"))
