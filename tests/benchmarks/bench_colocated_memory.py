@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out)
     peers = run_peers.parse(["--peer-root", str(out / "none"), "--out", str(out), "--pairs", "stabledrl", "--loops",
-                             "release_sampler", "--layers", str(a.layers), "--cycles", str(a.steps - 1), "--runs", "1",
-                             "--round-scale", str(a.groups), *(["--tiny"] if a.tiny else [])])
+                             "release_sampler", "--layers", str(a.layers), "--project-skip", "1",
+                             "--cycles", str(a.steps - 1), "--runs", "1", "--round-scale", str(a.groups),
+                             *(["--tiny"] if a.tiny else [])])
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     n_gpus = run_peers.gpu_count(peers)

@@ -198,16 +198,16 @@ D1 = d1_colocated(8)
 ONE_ROUND = ("--runs", "1", "--cycles", "1", "--peer-cycles", "1")
 # the StableDRL pair at ``layers`` of LLaDA-8B's 32 (24 on one H200, 32 on two): the release on the halved
 # round (2 accumulation rounds a GPU), a warm-up round and ``peer_cycles`` timed, the project timed after its
-# first step
+# first two steps (run_peers.py --project-skip)
 def stabledrl_depth(loops: str, cycles: int, part_timeout_s: int, layers: int = 24, peer_cycles: int = 1,
                     runs: int = 1) -> tuple[str, ...]:
     return ("--pairs", "stabledrl", "--layers", str(layers), "--loops", loops, "--cycles", str(cycles),
-            "--peer-cycles", str(peer_cycles), "--runs", str(runs), "--project-skip", "1", "--round-scale", "0.5",
+            "--peer-cycles", str(peer_cycles), "--runs", str(runs), "--project-skip", "2", "--round-scale", "0.5",
             "--part-timeout-s", str(part_timeout_s))
 
 
 DEPTH_TINY = ("--cycles", "1", "--part-timeout-s", "400")  # a depth suite's rehearsal: one timed step, one round
-# the StableDRL pair at all 32 layers over two GPUs (a warm-up step and 5 timed, a warm-up round and 4 timed),
+# the StableDRL pair at all 32 layers over two GPUs (two warm-up steps and 5 timed, a warm-up round and 4 timed),
 # rehearsed on one
 DEPTH32_TINY = (*DEPTH_TINY, "--peer-cycles", "1", "--gpus", "1")
 
@@ -216,7 +216,8 @@ def stabledrl_depth32(loops: str) -> tuple[str, ...]:
     return (*stabledrl_depth(loops, cycles=5, part_timeout_s=545, layers=32, peer_cycles=4), "--gpus", "2")
 
 
-# d1's pair at its full 32 layers on one GPU (LoRA), one run of each loop: a warm-up and ``cycles`` timed
+# d1's pair at its full 32 layers on one GPU (LoRA), one run of each loop: a warm-up (the project's two steps) and
+# ``cycles`` timed
 def d1_depth(loops: str, cycles: int = 2, part_timeout_s: int = 320, runs: int = 1) -> tuple[str, ...]:
     return ("--pairs", "d1", "--layers", "32", "--loops", loops, "--cycles", str(cycles), "--runs", str(runs),
             "--part-timeout-s", str(part_timeout_s))
@@ -250,30 +251,30 @@ RUN_PEERS: dict[str, PeerSuite] = {
     "depth-budget-stabledrl": PeerSuite(
         "the StableDRL recipe as committed (colocated, the workers viewing their ranks' weights) at 24 of "
         "LLaDA-8B's 32 layers for 5 steps of 2 groups a GPU: its peak memory per GPU against the release's, and "
-        "its rate; then the release on the same halved round (2 accumulation rounds), a warm-up round and one "
-        "timed. One H200, one command of at most 10 minutes",
+        "its rate over the last 3; then the release on the same halved round (2 accumulation rounds), a warm-up "
+        "round and one timed. One H200, one command of at most 10 minutes",
         shape="llada8b-24l",
-        args=stabledrl_depth("release_sampler,peer", cycles=4, part_timeout_s=360), tiny=DEPTH_TINY),
-    # the budget's pair again with a longer window for the recipe's rate (its memory run's 5 steps cut to 4 to
-    # leave room for the release's), and the recipe with the shipped fast paths (Fast-dLLM's dual cache,
-    # threshold decoding 0.9; deploy/configs/llada8b_1node.yaml) against the release in the same command
+        args=stabledrl_depth("release_sampler,peer", cycles=3, part_timeout_s=360), tiny=DEPTH_TINY),
+    # the budget's pair again (4 steps of the recipe, to leave room for the release's round), and the recipe with
+    # the shipped fast paths (Fast-dLLM's dual cache, threshold decoding 0.9; deploy/configs/llada8b_1node.yaml)
+    # against the release in the same command
     "depth-runs-stabledrl": PeerSuite(
-        "the StableDRL pair at 24 of LLaDA-8B's 32 layers: the recipe as committed (a warm-up step and 3 timed), "
+        "the StableDRL pair at 24 of LLaDA-8B's 32 layers: the recipe as committed (two warm-up steps and 2 timed), "
         "then the release (a warm-up round and one timed); --loops peer,release_sampler for the other order. "
         "One H200, one command of at most 10 minutes",
         shape="llada8b-24l",
-        args=stabledrl_depth("release_sampler,peer", cycles=3, part_timeout_s=330), tiny=DEPTH_TINY),
+        args=stabledrl_depth("release_sampler,peer", cycles=2, part_timeout_s=330), tiny=DEPTH_TINY),
     "depth-fast-stabledrl": PeerSuite(
         "the StableDRL pair at 24 of LLaDA-8B's 32 layers: the release (a warm-up round and one timed), then the "
-        "recipe with the fast paths (a warm-up step and 3 timed). One H200, one command of at most 10 minutes",
+        "recipe with the fast paths (two warm-up steps and 2 timed). One H200, one command of at most 10 minutes",
         shape="llada8b-24l",
-        args=stabledrl_depth("peer,fast", cycles=3, part_timeout_s=330), tiny=DEPTH_TINY),
+        args=stabledrl_depth("peer,fast", cycles=2, part_timeout_s=330), tiny=DEPTH_TINY),
     # all 32 layers, full-parameter: the release's FSDP and the recipe's ZeRO-3 over two GPUs, the same halved
     # round a GPU as at 24 layers (4 groups a step over the 2 GPUs); each side is one command of at most 10
     # minutes: --loops release_sampler, then --loops peer --merge OUT/results.json for the table of both
     "depth32-stabledrl": PeerSuite(
         "the StableDRL pair at all 32 of LLaDA-8B's layers, full-parameter on two GPUs: the recipe as committed "
-        "(a warm-up step and 5 timed; its peak memory per GPU over the 6 steps), then the release (a warm-up "
+        "(two warm-up steps and 5 timed; its peak memory per GPU over the 7 steps), then the release (a warm-up "
         "round and 4 timed). Two H200s; on a machine that limits a command to 10 minutes, one loop a command",
         shape="llada8b-32l",
         args=stabledrl_depth32("release_sampler,peer"), tiny=DEPTH32_TINY),
@@ -281,7 +282,7 @@ RUN_PEERS: dict[str, PeerSuite] = {
     # depth-fast-stabledrl): --loops peer, then --loops fast --merge OUT/results.json
     "depth32-fast-stabledrl": PeerSuite(
         "the StableDRL pair at all 32 of LLaDA-8B's layers, full-parameter on two GPUs: the release (a warm-up "
-        "round and 4 timed), then the recipe with the fast paths (a warm-up step and 5 timed). Two H200s; on a "
+        "round and 4 timed), then the recipe with the fast paths (two warm-up steps and 5 timed). Two H200s; on a "
         "machine that limits a command to 10 minutes, one loop a command",
         shape="llada8b-32l",
         args=stabledrl_depth32("peer,fast"), tiny=DEPTH32_TINY),

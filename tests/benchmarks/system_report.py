@@ -95,7 +95,8 @@ def analyse(records: list[dict], gpu_samples: list[tuple[float, int, float, floa
         ("forward_rows", "rollout/forward_rows"), ("forward_tokens", "rollout/forward_tokens"),
         ("forward_attended", "rollout/forward_attended"), ("tokens", "rollout/tokens"))}
     # graphs torch.compile built during the timed steps, by side: zero once the shapes have been seen
-    # (common/compiling.py); a count here is a recompilation in the steady state, which the rates carry
+    # (common/compiling.py); a count here is compiling that the rates carry (a new shape's recompile inside
+    # the window, or shapes that keep recompiling)
     out["compiles_timed"] = {side: sum_of(f"{side}/compiles") for side in ("rollout", "learner")}
     generate_s = sum_of("rollout/generate_s")
     out["rollout_tokens_per_s_generating"] = sum_of("rollout/tokens") / generate_s if generate_s else None

@@ -306,8 +306,9 @@ def markdown(rows: list[dict]) -> str:
     recompiled = [f"{r['name']} ({r['layers']} layers): rollout {c['rollout']:g}, learner {c['learner']:g}"
                   for r in rows if any((c := r.get("compiles_timed") or {}).values())]
     if recompiled:
-        lines += ["", "Graphs compiled during the timed steps, the most of any run (the shapes recompile in the "
-                  "steady state, and the rates above include it): " + "; ".join(recompiled) + "."]
+        lines += ["", "Graphs compiled during the timed steps, the most of any run (the rates above include the "
+                  "compiling: a warm-up too short for the shapes the job meets, or shapes that keep recompiling): "
+                  + "; ".join(recompiled) + "."]
     lines += ["", "| loop | layers | generate TFLOP/s (of matmul) | positions / row-forward | score TFLOP/s | "
               "learner TFLOP/s (of matmul) | shares: generate / score / learner / optimizer / push / reward / idle | "
               "ceiling samples/s/GPU (over the release) |", "|---|---|---|---|---|---|---|---|"]

@@ -101,8 +101,10 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--peer-cycles", type=int, default=None, help="timed rounds of the peer (default --cycles)")
     ap.add_argument("--runs", type=int, default=3, help="runs of every loop, in alternating order")
     ap.add_argument("--peer-warmup", type=int, default=1, help="rounds of the peer before its window")
-    ap.add_argument("--project-skip", type=int, default=1,
-                    help="first steps of the project's loops left out (2: the first weight push too)")
+    ap.add_argument("--project-skip", type=int, default=2,
+                    help="first steps of the project's loops left out: the first compiles and captures, the "
+                    "second carries the first weight push and meets a second prompt width, for which the compiled "
+                    "forwards recompile once with dynamic sizes (a minute or more at 8B)")
     ap.add_argument("--project-steps", type=int, default=None,
                     help="steps of the project's loops, outright (default: --project-skip + --cycles)")
     ap.add_argument("--peer-steps", type=int, default=None,
