@@ -267,6 +267,8 @@ def test_the_peer_suites_of_each_pair(pair, tmp_path):
         assert record["rc"] == 0 and record["layers"] == 2, record.get("log_tail")
         assert "--ranks 1 --workers 1" in record["command"], record["command"]
         assert f["steps"] == 2 and f["timed_steps"] == [2] and f["samples"] == 8  # tiny: 2 groups of 4
+        assert [s["step"] for s in f["per_step"]] == [1, 2] and f["per_step"][0]["step_s"] > 0
+        assert set(f["per_step"][0]["compiles"]) == {"rollout", "learner"}
         assert f["samples_per_s_per_gpu"] > 0 and f["rollout_tokens_per_s_per_gpu"] > 0 and f["first_step_s"] > 0
         assert record["actors"]["learner0"]["seconds"]["train"] > 0 and record["actors"]["rollout0"]["seconds"]
         assert ("cluster.colocate=false" in record["overrides"]) == (loop == "apart"), record["overrides"]

@@ -244,6 +244,11 @@ def project_figures(record: dict, *, n_gpus: int) -> dict[str, Any]:
         "peak_memory_gib": max(peaks) if peaks else None,
         "learner_mfu": f.get("learner_mfu"),
         "compiles_timed": f.get("compiles_timed"),  # graphs compiled in the timed steps, rollout and learner
+        # every step, the warm-up's too: where the time went and which steps compiled
+        "per_step": [{"step": s["step"], "step_s": s.get("time/step"), "train_s": s.get("time/train"),
+                      "generate_s": s.get("time/generate"),
+                      "compiles": {side: s.get(f"{side}/compiles") for side in ("rollout", "learner")}}
+                     for s in f["per_step"]],
     }
 
 

@@ -91,11 +91,15 @@ def table_rows(results: dict) -> list[dict]:
                 row["ceiling_ratio"] = ceiling_ratio
             row["target"] = FAST_TARGET if is_fast(sets) else rl.target(ceiling_ratio)
             row["memory"] = memory_of(part, peer, pair, layers)
-            # the most graphs any finished run compiled in its timed steps, per side (a steady-state
-            # recompilation, which its rates carry; common/compiling.py)
-            counts = [r["figures"].get("compiles_timed") or {} for r in part["runs"] if finished(r)]
+            # the most graphs any finished run compiled in its timed steps, per side (compiling that its
+            # rates carry; common/compiling.py), and the timed steps that compiled in any of them
+            done = [r for r in part["runs"] if finished(r)]
+            counts = [r["figures"].get("compiles_timed") or {} for r in done]
             row["compiles_timed"] = {side: max((c.get(side) or 0.0 for c in counts), default=0.0)
                                      for side in ("rollout", "learner")}
+            row["compiled_steps"] = sorted({s["step"] for r in done for s in r["figures"].get("per_step") or []
+                                            if s["step"] in (r["figures"].get("timed_steps") or [])
+                                            and any((s.get("compiles") or {}).values())})
             out.append(row)
     return out
 
@@ -304,6 +308,7 @@ def markdown(rows: list[dict]) -> str:
                      f"{_cell(r, 'learner_s_per_sample', 3)} | {_cell(r, 'first_step_s', 1)} | "
                      f"{_fmt(f.get('peak_memory_gib'), 1)} / {_fmt(f.get('gpu_memory_used_max_gib'), 1)} | {cell} |")
     recompiled = [f"{r['name']} ({r['layers']} layers): rollout {c['rollout']:g}, learner {c['learner']:g}"
+                  + (f" (at step {', '.join(map(str, r['compiled_steps']))})" if r.get("compiled_steps") else "")
                   for r in rows if any((c := r.get("compiles_timed") or {}).values())]
     if recompiled:
         lines += ["", "Graphs compiled during the timed steps, the most of any run (the rates above include the "

@@ -134,6 +134,12 @@ def run(sps, rc=0, **figures):
     return {"rc": rc, "stopped": False, "figures": {"samples_per_s_per_gpu": sps, **figures}}
 
 
+def step(n, rollout=0.0, learner=0.0):
+    """A project step of a record's ``per_step`` (peer_events.project_figures)."""
+    return {"step": n, "step_s": 1.0, "train_s": 0.5, "generate_s": 0.4,
+            "compiles": {"rollout": rollout, "learner": learner}}
+
+
 def part(pair, loop, layers, *runs):
     return pt.summarise({"pair": pair, "loop": loop, "layers": layers, "runs": list(runs)})
 
@@ -177,7 +183,10 @@ def test_a_loop_that_compiles_in_its_timed_steps_is_named_under_the_table():
                    "d1_L32_peer": part("d1", "peer", 32, run(1.0)),
                    "d1_L32_colocated": part("d1", "colocated", 32, run(2.0, compiles_timed=steady),
                                             run(2.1, compiles_timed=steady)),
-                   "d1_L32_fast": part("d1", "fast", 32, run(4.0, compiles_timed={"rollout": 96.0, "learner": 0.0}),
+                   "d1_L32_fast": part("d1", "fast", 32, run(4.0, compiles_timed={"rollout": 96.0, "learner": 0.0},
+                                                             timed_steps=[2, 3], per_step=[
+                                                                 step(1, rollout=40.0, learner=6.0),
+                                                                 step(2, rollout=96.0), step(3)]),
                                        run(5.0, compiles_timed=steady), run(0.1, rc=1, compiles_timed={"rollout": 7})),
                }}
     rows = pt.table_rows(results)
@@ -186,7 +195,7 @@ def test_a_loop_that_compiles_in_its_timed_steps_is_named_under_the_table():
     assert by_loop["fast"]["compiles_timed"] == {"rollout": 96.0, "learner": 0.0}  # the failed run not counted
     table = pt.markdown(rows)
     note = next(line for line in table.splitlines() if line.startswith("Graphs compiled during the timed steps"))
-    assert "d1: stabledrl train, fast (1 of 3 FAILED: rc 1) (32 layers): rollout 96, learner 0" in note
+    assert "d1: stabledrl train, fast (1 of 3 FAILED: rc 1) (32 layers): rollout 96, learner 0 (at step 2)" in note
     assert "colocated" not in note
     assert "Graphs compiled" not in pt.markdown([by_loop["colocated"]])
 
