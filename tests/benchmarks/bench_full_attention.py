@@ -125,6 +125,7 @@ def parse() -> argparse.Namespace:
 class Bench:
     def __init__(self, a: argparse.Namespace, res: bl.Result) -> None:
         self.a, self.dev, self.res = a, bl.device(), res
+        self.parts = bl.part_names(a)
         self.peak = bl.read_peak_tflops(a.peak_from)
         built, secs = bl.timed(lambda: bl.build_policy(a.shape, self.dev, bl.compute_dtype(self.dev)), self.dev)
         self.policy, self.sc = built, bl.count_shape(built)
@@ -563,15 +564,7 @@ def probe_same_state(policy, prompts, seeds, cfg: SamplerConfig):
 
 
 def main() -> None:
-    a = parse()
-    res = bl.Result("full_attention", a.out, vars(a))
-    try:
-        bench = Bench(a, res)
-    except Exception as exc:  # the model build: nothing can run without it
-        res.error("model", exc)
-        raise
-    bench.parts = [p for p in a.parts.split(",") if p]
-    res.run_parts(bench, bench.parts, PARTS, bench.dev)
+    bl.run_benchmark("full_attention", parse(), Bench, PARTS)
 
 
 if __name__ == "__main__":

@@ -239,14 +239,7 @@ class Bench:
 
 
 def main() -> None:
-    a = parse()
-    res = bl.Result("roofline", a.out, vars(a))
-    try:
-        bench = Bench(a, res)
-    except Exception as exc:  # the model build: nothing can run without it
-        res.error("model", exc)
-        raise
-    res.run_parts(bench, [p for p in a.parts.split(",") if p], PARTS, bench.dev)
+    bl.run_benchmark("roofline", parse(), Bench, PARTS)
 
 
 if __name__ == "__main__":

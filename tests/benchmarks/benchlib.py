@@ -323,6 +323,24 @@ class Result:
         self.put("memory", {"peak_gib": peak_memory_gib(dev)})
 
 
+def part_names(a: Any) -> list[str]:
+    """``--parts`` of a class-based benchmark as a list (empty names dropped)."""
+    return [p for p in a.parts.split(",") if p]
+
+
+def run_benchmark(name: str, a: Any, make: Callable[[Any, Result], Any], known: Sequence[str]) -> None:
+    """A class-based benchmark's main: its ``Result`` at ``a.out``, the bench built by ``make(a, res)``
+    (a failure there, the model's build, is recorded and raised: nothing can run without it), then
+    ``Result.run_parts`` over ``a.parts``."""
+    res = Result(name, a.out, vars(a))
+    try:
+        bench = make(a, res)
+    except Exception as exc:
+        res.error("model", exc)
+        raise
+    res.run_parts(bench, part_names(a), known, bench.dev)
+
+
 def _jsonable(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return x.tolist()
