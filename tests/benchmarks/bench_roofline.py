@@ -13,9 +13,11 @@ gemm       every Linear of a decoder layer (LLaDA: q, k, v, attn_out; ff_proj, u
            sum of its matmuls' times, the best a forward at that M does while its matmuls run one
            after another.
 attention  ``scaled_dot_product_attention`` at the exact forward's shape [rows, heads, T, head_dim]
-           as the sampler calls it (the 4-D boolean mask of full attention), without a mask, and with
-           the mask on cuDNN's backend: ms per layer and TFLOP/s. A backend that cannot run the
-           shape is recorded as such.
+           with the 4-D boolean mask of full attention, without a mask, and with the mask on cuDNN's
+           backend; and flash attention's variable-length kernel over each row's real keys (the
+           rows flattened, each row's padding a sequence of keys that no query reads: the padding
+           hidden without a mask): ms per layer and TFLOP/s. A backend that cannot run the shape
+           is recorded as such.
 exact      the exact sampler (cache none, ``sampler.compile`` unless --no-compile): a warm-up
            generation (it compiles), a timed one, then a profiled one: the rate over the card's
            matmul rate and, per forward, the device time by kernel category, the matmul kernels'
@@ -23,6 +25,10 @@ exact      the exact sampler (cache none, ``sampler.compile`` unless --no-compil
 dual       the dual cache's step graphed (``sampler.cuda_graph``) and compiled, a fixed number of
            steps: the same figures over the whole generation (a full forward per block, then the
            cached steps).
+
+``--short-prompts N``: the second half of the rows' prompts N tokens shorter, as d1's requests of two
+prompts of different lengths give the sampler left-padded calls (the default: one length, no padding;
+a graphed canvas is padded to its prompt bucket either way).
 
 ``--lora R``: the samplers run with unmerged adapters of rank R on d1's targets (q, k, v and the
 MLP's up projection; common/models/lora.py), as a LoRA recipe's rollout worker holds them: their
@@ -70,6 +76,8 @@ def parse() -> argparse.Namespace:
                     help="steps of the exact part's generations (default 2 a block: every step is the same forward)")
     ap.add_argument("--dual-steps", type=int, default=None, help="steps of the dual part's generations (default gen/2)")
     ap.add_argument("--no-compile", action="store_true", help="the samplers eager (sampler.compile off)")
+    ap.add_argument("--short-prompts", type=int, default=0,
+                    help="the second half of the rows' prompts this many tokens shorter (left-padded calls)")
     ap.add_argument("--lora", type=int, default=0, help="adapters of this rank on q, k, v and up_proj (0: none)")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {PARTS}")
     ap.add_argument("--peak-from", default=None, help="bench_matmul JSON of this card (the denominator)")
@@ -97,12 +105,20 @@ class Bench:
             model = self.policy.model
             attach_adapters(model, target_paths(model, LORA_TARGETS), a.lora, scale=0.5)
         self.canvas = a.prompt + a.gen
+        if not 0 <= a.short_prompts < a.prompt:
+            raise ValueError(f"--short-prompts {a.short_prompts}: between 0 and the prompt's {a.prompt} tokens")
         self.prompts = bl.random_prompts(a.rows, a.prompt, self.policy.vocab_size, seed=1)
+        half = a.rows // 2
+        self.prompts[half:] = [p[a.short_prompts:] for p in self.prompts[half:]]
+        # the canvas's real positions: the short rows' first tokens are left padding
+        self.valid = torch.ones(a.rows, self.canvas, dtype=torch.bool, device=self.dev)
+        self.valid[half:, : a.short_prompts] = False
         self.seeds = torch.arange(a.rows)
         self.layer_rate: dict[int, float] = {}  # M -> the layer's matmul TFLOP/s (gemm part)
         self.res.put("model", {"shape": a.shape, "layers": self.sc.layers, "params": self.sc.total,
                                "linear_params": self.sc.linear, "dtype": str(self.dtype),
                                "rows": a.rows, "prompt": a.prompt, "gen": a.gen, "block": a.block,
+                               "short_prompts": a.short_prompts,
                                "compile": not a.no_compile, "lora_rank": a.lora,
                                "measured_matmul_tflops": self.peak})
 
@@ -150,19 +166,36 @@ class Bench:
         g = torch.Generator(self.dev).manual_seed(0)
         q, k, v = (torch.randn(a.rows, sc.heads, self.canvas, sc.head_dim, device=self.dev, generator=g)
                    .to(self.dtype) for _ in range(3))
-        mask = full_mask(torch.ones(a.rows, self.canvas, dtype=torch.bool, device=self.dev))
+        mask = full_mask(self.valid)
         flops = 4.0 * a.rows * sc.heads * sc.head_dim * self.canvas * self.canvas
-        backends = {"as the sampler calls it (boolean mask)": (mask, None),
-                    "no mask": (None, None),
-                    "boolean mask on cuDNN": (mask, [SDPBackend.CUDNN_ATTENTION]),
-                    "boolean mask, efficient kernel": (mask, [SDPBackend.EFFICIENT_ATTENTION])}
-        out: dict[str, Any] = {"shape": [a.rows, sc.heads, self.canvas, sc.head_dim]}
-        for name, (m, kernels) in backends.items():
+        # the rows flattened to [B*T, H, D] as 2B sequences: row b's padding (keys only, no queries),
+        # then its real keys, read by all T of the row's queries
+        flat = [x.transpose(1, 2).reshape(-1, sc.heads, sc.head_dim).contiguous() for x in (q, k, v)]
+        t, pad = self.canvas, (~self.valid).sum(dim=1, dtype=torch.int32)
+        starts = torch.arange(a.rows, dtype=torch.int32, device=self.dev) * t
+        end = torch.full((1,), a.rows * t, dtype=torch.int32, device=self.dev)
+        cu_q = torch.cat([torch.stack([starts, starts], 1).flatten(), end])
+        cu_k = torch.cat([torch.stack([starts, starts + pad], 1).flatten(), end])
+
+        def varlen() -> torch.Tensor:
+            return torch.ops.aten._flash_attention_forward(*flat, cu_q, cu_k, t, t, 0.0, False, False,
+                                                           scale=sc.head_dim ** -0.5)[0]
+
+        def sdpa(m: Optional[torch.Tensor]) -> Any:
+            return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+        backends = {"boolean mask (sdpa's choice)": (sdpa(mask), None),
+                    "no mask": (sdpa(None), None),
+                    "boolean mask on cuDNN": (sdpa(mask), [SDPBackend.CUDNN_ATTENTION]),
+                    "boolean mask, efficient kernel": (sdpa(mask), [SDPBackend.EFFICIENT_ATTENTION]),
+                    "the rows' real keys, variable-length flash": (varlen, None)}
+        out: dict[str, Any] = {"shape": [a.rows, sc.heads, self.canvas, sc.head_dim],
+                               "padded_rows": int((~self.valid).any(dim=1).sum())}
+        for name, (fn, kernels) in backends.items():
             ctx = sdpa_kernel(kernels) if kernels else contextlib.nullcontext()
             try:
                 with torch.inference_mode(), ctx:
-                    ms = bl.median(bl.event_times_ms(
-                        lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=m), self.dev, warmup=3, reps=10))
+                    ms = bl.median(bl.event_times_ms(fn, self.dev, warmup=3, reps=10))
             except RuntimeError as exc:  # no kernel of that backend for this shape, mask or device
                 out[name] = {"unavailable": str(exc).splitlines()[0][:200]}
                 continue

@@ -129,13 +129,33 @@ def test_the_roofline_suite(tmp_path):
     assert [w["m"] for w in parts["gemm"].values()] == [canvas, block]
     for width in parts["gemm"].values():
         assert width["layer_tflops"] > 0 and len(width["linears"]) == 7, width  # LLaDA: q, k, v, o and the MLP's 3
-    assert parts["attention"]["as the sampler calls it (boolean mask)"]["ms_per_forward"] > 0
+    assert parts["attention"]["boolean mask (sdpa's choice)"]["ms_per_forward"] > 0
     assert parts["attention"]["no mask"]["ms_per_forward"] > 0
     for name, fed in (("exact", canvas), ("dual", None)):
         row = parts[name]
         assert row["forwards"] > 0 and row["of_matmul"] > 0 and row["shape_ceiling_of_matmul"] > 0, (name, row)
         assert fed is None or row["tokens_per_forward"] == fed
     assert parts["dual"]["tokens_per_forward"] < canvas  # the cached steps feed the block, not the canvas
+
+
+def test_the_roofline_of_left_padded_calls(tmp_path):
+    """``--short-prompts``: half the rows' prompts shorter, so the samplers' calls are left-padded as in
+    d1's job; attention is timed with the padding's mask and through the variable-length kernel (a CUDA
+    kernel: recorded as unavailable on the CPU)."""
+    python, env = warm_workers.python(SAFE_ENV)
+    out = tmp_path / "roofline.json"
+    done = subprocess.run([python, str(HERE / "bench_roofline.py"), "--tiny", "--short-prompts", "5",
+                           "--parts", "attention,exact", "--out", str(out)],
+                          cwd=REPO, timeout=900, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    parts, model = record["parts"], record["parts"]["model"]
+    assert record["errors"] == {} and model["short_prompts"] == 5
+    assert parts["attention"]["padded_rows"] == model["rows"] // 2
+    assert parts["attention"]["boolean mask (sdpa's choice)"]["ms_per_forward"] > 0
+    assert "unavailable" in parts["attention"]["the rows' real keys, variable-length flash"]
+    # the canvas keeps the long prompts' width: the short rows are padded, not shortened
+    assert parts["exact"]["tokens_per_forward"] == model["rows"] * (model["prompt"] + model["gen"])
 
 
 def test_the_learner_suite(tmp_path):
