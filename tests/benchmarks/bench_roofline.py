@@ -57,6 +57,7 @@ from stabledrl.common.config.sampler import SamplerConfig
 from stabledrl.common.models.lora import attach_adapters, target_paths
 from stabledrl.rollout.sampling.compiled import decoder_layers
 from stabledrl.rollout.sampling import StepGraphs, generate
+from stabledrl.rollout.sampling.canvas import build_canvas
 
 PARTS = ("gemm", "attention", "exact", "dual")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "up_proj"]  # d1's effective targets, in the project's names
@@ -110,9 +111,9 @@ class Bench:
         self.prompts = bl.random_prompts(a.rows, a.prompt, self.policy.vocab_size, seed=1)
         half = a.rows // 2
         self.prompts[half:] = [p[a.short_prompts:] for p in self.prompts[half:]]
-        # the canvas's real positions: the short rows' first tokens are left padding
-        self.valid = torch.ones(a.rows, self.canvas, dtype=torch.bool, device=self.dev)
-        self.valid[half:, : a.short_prompts] = False
+        # the canvas's real positions, as the samplers lay it out (the short rows left-padded)
+        self.valid = build_canvas(self.prompts, a.gen, mask_token_id=self.policy.mask_token_id,
+                                  pad_token_id=self.policy.pad_token_id, device=self.dev).valid
         self.seeds = torch.arange(a.rows)
         self.layer_rate: dict[int, float] = {}  # M -> the layer's matmul TFLOP/s (gemm part)
         self.res.put("model", {"shape": a.shape, "layers": self.sc.layers, "params": self.sc.total,
